@@ -1,0 +1,47 @@
+"""The `stepwise` console script: one subcommand per module, imported only when used.
+
+Each subcommand module defines `add_arguments(parser)` and `run(args) -> int`, so
+`stepwise api` never imports torch and `stepwise generate` never imports Flask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "generate": ("stepwise_cli.generate", "generate one image locally (no Redis)"),
+    "up": ("stepwise_cli.up", "run everything on this machine with embedded defaults"),
+    "api": ("stepwise_cli.api_cmd", "serve the HTTP API with gunicorn"),
+    "worker": ("stepwise_cli.worker_cmd", "run a GPU worker (Celery, threads pool)"),
+    "submit": ("stepwise_cli.submit", "submit a job to the API and optionally wait for it"),
+    "backfill": ("stepwise_cli.backfill", "push a JSONL/CSV file of prompts through the API"),
+    "bench": ("stepwise_cli.bench", "run the benchmark suite"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stepwise", description="step-level continuous batching for diffusion")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    wanted = argv[0] if argv else None
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return int(args.module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

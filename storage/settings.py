@@ -1,0 +1,64 @@
+"""Settings shared by everything that talks to Redis or image storage (worker and API).
+
+Read from `STEPWISE_*` environment variables; each default is the embedded one-machine setup.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def default_storage_url() -> str:
+    return (Path.cwd() / "var" / "images").resolve().as_uri()
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValueError(f"{name} must be an integer (got {raw!r})") from e
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as e:
+        raise ValueError(f"{name} must be a number (got {raw!r})") from e
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    redis_url: str = DEFAULT_REDIS_URL  # STEPWISE_REDIS_URL
+    storage_url: str = ""  # STEPWISE_STORAGE_URL: file:///path or s3://bucket/prefix
+    s3_endpoint_url: str | None = None  # STEPWISE_S3_ENDPOINT_URL: MinIO or any S3-compatible server
+    presign_expiry_seconds: int = 3600  # STEPWISE_PRESIGN_EXPIRY
+    job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
+    job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
+
+    @classmethod
+    def from_env(cls) -> StorageSettings:
+        return cls(
+            redis_url=os.environ.get("STEPWISE_REDIS_URL") or DEFAULT_REDIS_URL,
+            storage_url=os.environ.get("STEPWISE_STORAGE_URL") or default_storage_url(),
+            s3_endpoint_url=os.environ.get("STEPWISE_S3_ENDPOINT_URL") or None,
+            presign_expiry_seconds=env_int("STEPWISE_PRESIGN_EXPIRY", 3600),
+            job_ttl_seconds=env_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
+            job_lease_seconds=env_int("STEPWISE_JOB_LEASE_SECONDS", 60),
+        )

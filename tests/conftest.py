@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import os
+
+import boto3
+import pytest
+import redis
+
+from tests.servers import S3_TEST_ENV, MotoS3Server, RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real redis-server for the session, on its own free port."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """A clean database on the session's redis-server."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server of this test's own, which the test may stop and restart."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    server = MotoS3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A fresh bucket on moto's S3 server; AWS_* variables set for boto3 in this process."""
+    for name, value in S3_TEST_ENV.items():
+        monkeypatch.setenv(name, value)
+    name = f"stepwise-{os.urandom(4).hex()}"
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,131 @@
+"""Real servers for tests: a redis-server and moto's S3 server, each on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
+
+
+class RedisServer:
+    """A redis-server child process; `restart()` keeps its append-only data."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed (make test installs it)"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
+             "--save", "", "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        client = redis.Redis.from_url(self.url)
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:  # noqa: PERF203
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+            except redis.exceptions.BusyLoadingError:
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class MotoS3Server:
+    """moto's S3-compatible server over HTTP (it does not check signatures or expiry)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> MotoS3Server:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+S3_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def s3_env(endpoint_url: str, bucket: str) -> dict[str, str]:
+    return {**S3_TEST_ENV, "STEPWISE_S3_ENDPOINT_URL": endpoint_url, "STEPWISE_STORAGE_URL": f"s3://{bucket}/images"}
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    """The environment for a child process of a test, with STEPWISE_* cleared first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWISE_")}
+    env.update(overrides)
+    return env
