@@ -1,0 +1,36 @@
+"""Sampler names (ComfyUI's) mapped to diffusers scheduler classes.
+
+A sampler keeps state between steps (Euler a step index, DPM++ a history of model
+outputs), so every job gets its own instance, built from the model's scheduler config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffusers import (
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerAncestralDiscreteScheduler,
+    EulerDiscreteScheduler,
+)
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from batching.params import SAMPLERS
+
+SAMPLER_CLASSES: dict[str, tuple[type[SchedulerMixin], dict[str, Any]]] = {
+    "ddim": (DDIMScheduler, {}),
+    "euler": (EulerDiscreteScheduler, {}),
+    "euler_ancestral": (EulerAncestralDiscreteScheduler, {}),
+    "dpmpp_2m": (DPMSolverMultistepScheduler, {"algorithm_type": "dpmsolver++", "solver_order": 2}),
+}
+assert set(SAMPLER_CLASSES) == set(SAMPLERS)
+
+
+def make_sampler(name: str, model_scheduler_config: Any, num_inference_steps: int, device: Any) -> SchedulerMixin:
+    """A fresh sampler for one job, with its timesteps set."""
+    sampler_class, overrides = SAMPLER_CLASSES[name]
+    sampler = sampler_class.from_config(model_scheduler_config, **overrides)
+    sampler.set_timesteps(num_inference_steps, device=device)
+    assert len(sampler.timesteps) == num_inference_steps, f"{name} takes one model call per step"
+    return sampler
