@@ -1,0 +1,102 @@
+"""Webhook payloads and Standard Webhooks signatures (https://www.standardwebhooks.com).
+
+A delivery carries three headers: `webhook-id` (the same on every retry of one event),
+`webhook-timestamp` (unix seconds of this attempt) and `webhook-signature`
+(`v1,` + base64 HMAC-SHA256 of `{id}.{timestamp}.{body}`). The secret comes from
+`STEPWISE_WEBHOOK_SECRET`: `whsec_<base64>` is decoded, anything else is used as UTF-8 bytes.
+Pure standard library, so receivers can copy `verify` as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.job_record import JobRecord
+
+EVENTS = ("started", "completed", "failed", "canceled")
+SECRET_PREFIX = "whsec_"
+DEFAULT_TOLERANCE_SECONDS = 5 * 60
+
+
+class WebhookSignatureError(ValueError):
+    """A webhook's signature headers are missing, stale or do not match its body."""
+
+
+def secret_bytes(secret: str) -> bytes:
+    """The HMAC key for a configured secret (`whsec_<base64>` or a plain string)."""
+    if secret.startswith(SECRET_PREFIX):
+        try:
+            return base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except binascii.Error as e:
+            raise ValueError("STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64") from e
+    return secret.encode("utf-8")
+
+
+def secret_from_env() -> bytes | None:
+    secret = os.environ.get("STEPWISE_WEBHOOK_SECRET") or ""
+    return secret_bytes(secret) if secret else None
+
+
+def sign(key: bytes, webhook_id: str, timestamp: int, body: str) -> str:
+    digest = hmac.new(key, f"{webhook_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+def signed_headers(key: bytes | None, webhook_id: str, body: str, *, timestamp: int | None = None) -> dict[str, str]:
+    """Headers for one delivery attempt; without a key the signature header is left out."""
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    headers = {"webhook-id": webhook_id, "webhook-timestamp": str(timestamp), "content-type": "application/json"}
+    if key is not None:
+        headers["webhook-signature"] = sign(key, webhook_id, timestamp, body)
+    return headers
+
+
+def verify(key: bytes, headers: dict[str, str], body: str | bytes, *,
+           tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS, now: float | None = None) -> None:
+    """Raise WebhookSignatureError unless the headers sign this body with `key` recently enough.
+
+    `webhook-signature` may hold several space-separated signatures (key rotation); one
+    matching `v1` signature is enough.
+    """
+    lowered = {name.lower(): value for name, value in headers.items()}
+    webhook_id = lowered.get("webhook-id")
+    raw_timestamp = lowered.get("webhook-timestamp")
+    signatures = lowered.get("webhook-signature")
+    if not webhook_id or not raw_timestamp or not signatures:
+        raise WebhookSignatureError("missing webhook-id, webhook-timestamp or webhook-signature header")
+    try:
+        timestamp = int(raw_timestamp)
+    except ValueError as e:
+        raise WebhookSignatureError(f"webhook-timestamp is not an integer (got {raw_timestamp!r})") from e
+    now = time.time() if now is None else now
+    if abs(now - timestamp) > tolerance_seconds:
+        raise WebhookSignatureError(f"webhook-timestamp is more than {tolerance_seconds}s away from now")
+    text = body.decode("utf-8") if isinstance(body, bytes) else body
+    expected = sign(key, webhook_id, timestamp, text)
+    for candidate in signatures.split():
+        if candidate.startswith("v1,") and hmac.compare_digest(candidate, expected):
+            return
+    raise WebhookSignatureError("no signature matches")
+
+
+def build_payload(record: JobRecord, event: str) -> dict[str, Any]:
+    """The JSON body for `event` about this job, as the receiver sees it."""
+    assert event in EVENTS, event
+    data: dict[str, Any] = {"job_id": record.job_id, "state": record.state.value}
+    if record.image_keys:
+        data["image_keys"] = list(record.image_keys)
+    if record.error_code or record.error_message:
+        data["error"] = {"code": record.error_code, "message": record.error_message}
+    return {
+        "type": f"job.{event}",
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "data": data,
+    }

@@ -1,0 +1,47 @@
+"""The Celery app, configured so that `celery -A worker worker` is right for a GPU worker.
+
+- threads pool: every task thread of the process shares one engine, so jobs batch together
+  (prefork would load the model per child; solo runs one job at a time and cannot answer
+  `inspect` while it runs);
+- concurrency from `max_num_seqs`: the batch full plus a few jobs waiting in the engine;
+- prefetch multiplier 1 and late acknowledgement with rejection on worker loss: a message
+  leaves Redis only after its job reached an end, and a worker holds no more than it runs;
+- a visibility timeout longer than the longest job, so Redis does not redeliver running work
+  (a dead worker's jobs come back sooner through job leases, see `worker.leases`);
+- task events on, for Flower.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from worker.settings import DELIVER_WEBHOOK_TASK, GENERATE_QUEUE, GENERATE_TASK, WEBHOOK_QUEUE, WorkerSettings
+
+settings = WorkerSettings.from_env()
+
+app = Celery("stepwise", broker=settings.storage.redis_url, backend=settings.storage.redis_url)
+app.conf.update(
+    worker_pool="threads",
+    worker_concurrency=settings.concurrency,
+    worker_prefetch_multiplier=1,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+    result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    task_ignore_result=True,  # the job record is the result; nothing reads Celery's
+    task_queues=(
+        Queue(GENERATE_QUEUE, Exchange(GENERATE_QUEUE), routing_key=GENERATE_QUEUE),
+        Queue(WEBHOOK_QUEUE, Exchange(WEBHOOK_QUEUE), routing_key=WEBHOOK_QUEUE),
+    ),
+    task_default_queue=GENERATE_QUEUE,
+    task_routes={
+        GENERATE_TASK: {"queue": GENERATE_QUEUE},
+        DELIVER_WEBHOOK_TASK: {"queue": WEBHOOK_QUEUE},
+    },
+    task_serializer="json",
+    accept_content=["json"],
+    broker_connection_retry_on_startup=True,
+)

@@ -1,0 +1,71 @@
+"""The worker's own settings, read from `STEPWISE_*` environment variables.
+
+Storage settings (Redis, image store, job lease) live in `storage.settings` and are shared
+with the API; these are the ones only a worker reads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from storage.settings import StorageSettings, env_bool, env_float, env_int
+
+GENERATE_QUEUE = "stepwise.generate"
+WEBHOOK_QUEUE = "stepwise.webhooks"
+GENERATE_TASK = "stepwise.generate"
+DELIVER_WEBHOOK_TASK = "stepwise.deliver_webhook"
+
+
+def default_concurrency(max_num_seqs: int) -> int:
+    """Task threads: enough to fill the batch plus a few waiting in the engine, so the
+    scheduler can pick compatible jobs from behind an incompatible one."""
+    return max_num_seqs + max(2, max_num_seqs // 2)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    storage: StorageSettings
+    model: str = "builtin:tiny"  # STEPWISE_MODEL
+    device: str = ""  # STEPWISE_DEVICE: cuda, cuda:1, cpu; empty lets the engine choose
+    max_num_seqs: int = 8  # STEPWISE_MAX_NUM_SEQS: the engine's running capacity, in jobs
+    policy: str = "default"  # STEPWISE_POLICY: default or fifo
+    deterministic: bool = False  # STEPWISE_DETERMINISTIC: pad forwards for bit-identical results
+    concurrency: int = 12  # STEPWISE_WORKER_CONCURRENCY: task threads (default from max_num_seqs)
+    visibility_timeout: int = 7200  # STEPWISE_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacked message
+    metrics_port: int = 9101  # STEPWISE_WORKER_METRICS_PORT: Prometheus exporter; 0 turns it off
+    poll_interval: float = 0.2  # STEPWISE_WORKER_POLL_INTERVAL: how often a task thread checks its job's cancel flag
+    progress_interval: float = 0.5  # STEPWISE_PROGRESS_INTERVAL: at most one progress write per job per interval
+    lease_sweep_interval: float = 15.0  # STEPWISE_LEASE_SWEEP_INTERVAL: how often to look for lapsed leases
+    shutdown_grace: float = 30.0  # STEPWISE_SHUTDOWN_GRACE: warm shutdown lets running jobs finish this long, then re-queues them
+    webhook_max_attempts: int = 8  # STEPWISE_WEBHOOK_MAX_ATTEMPTS
+    webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
+    webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
+
+    @classmethod
+    def from_env(cls) -> WorkerSettings:
+        storage = StorageSettings.from_env()
+        max_num_seqs = env_int("STEPWISE_MAX_NUM_SEQS", 8)
+        if max_num_seqs < 1:
+            raise ValueError(f"STEPWISE_MAX_NUM_SEQS must be at least 1 (got {max_num_seqs})")
+        policy = os.environ.get("STEPWISE_POLICY") or "default"
+        if policy not in ("default", "fifo"):
+            raise ValueError(f"STEPWISE_POLICY must be default or fifo (got {policy!r})")
+        return cls(
+            storage=storage,
+            model=os.environ.get("STEPWISE_MODEL") or "builtin:tiny",
+            device=os.environ.get("STEPWISE_DEVICE") or "",
+            max_num_seqs=max_num_seqs,
+            policy=policy,
+            deterministic=env_bool("STEPWISE_DETERMINISTIC", False),
+            concurrency=env_int("STEPWISE_WORKER_CONCURRENCY", default_concurrency(max_num_seqs)),
+            visibility_timeout=env_int("STEPWISE_VISIBILITY_TIMEOUT", 7200),
+            metrics_port=env_int("STEPWISE_WORKER_METRICS_PORT", 9101),
+            poll_interval=env_float("STEPWISE_WORKER_POLL_INTERVAL", 0.2),
+            progress_interval=env_float("STEPWISE_PROGRESS_INTERVAL", 0.5),
+            lease_sweep_interval=env_float("STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, storage.job_lease_seconds / 4)),
+            shutdown_grace=env_float("STEPWISE_SHUTDOWN_GRACE", 30.0),
+            webhook_max_attempts=env_int("STEPWISE_WEBHOOK_MAX_ATTEMPTS", 8),
+            webhook_backoff=env_float("STEPWISE_WEBHOOK_BACKOFF", 2.0),
+            webhook_timeout=env_float("STEPWISE_WEBHOOK_TIMEOUT", 10.0),
+        )
