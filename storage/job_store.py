@@ -1,100 +1,360 @@
 """Job records in Redis: one hash per job, atomic state transitions, per-tenant index.
 
-CONTRACT SKELETON (to be implemented): the signatures below are what the worker and the
-API code against. Keep names and semantics; add what you need.
+Every transition is one Lua script (see lua.py), so it is atomic and safe to repeat: a job
+leaves a terminal state never, two workers cannot both take it, and a worker that lost its
+lease cannot finish a job another worker now holds. Terminal records expire after
+`job_ttl_seconds`; index entries that outlive their record are dropped when a listing meets them.
+
+`counts_by_state()` is O(1): queued and running are the sizes of the queue and lease sets (jobs
+now in that state); the terminal states are totals of jobs that ever reached them, since their
+records expire.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+import base64
+import binascii
+import functools
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from storage import lua
+from storage.errors import (
+    IdempotencyConflictError,
+    InvalidCursorError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    StorageError,
+    StorageUnavailableError,
+)
+from storage.job_record import (
+    RECORD_FIELDS,
+    TERMINAL_STATES,
+    JobRecord,
+    JobState,
+    encode_field,
+    record_from_flat,
+    record_from_hash,
+    record_to_hash,
+)
+from storage.settings import StorageSettings
+
+__all__ = [
+    "IdempotencyConflictError", "InvalidCursorError", "InvalidTransitionError", "JobNotFoundError",
+    "JobRecord", "JobState", "JobStore", "StorageError", "StorageUnavailableError",
+]
+
+# Fields that finish() may set; the rest belong to the store's own transitions.
+FINISH_FIELDS = RECORD_FIELDS - {
+    "job_id", "tenant", "state", "created_at", "finished_at", "attempts", "worker_id",
+    "lease_expires_at", "idempotency_key",
+}
+_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError)
+_INDEX_CHUNK = 100
 
 
-class JobState(str, enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    EXPIRED = "expired"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self not in (JobState.QUEUED, JobState.RUNNING)
-
-
-@dataclass
-class JobRecord:
-    job_id: str
-    tenant: str
-    state: JobState
-    params: dict[str, Any]  # GenerationParams.to_dict(), seed already drawn
-    created_at: float  # unix seconds
-    started_at: float | None = None
-    finished_at: float | None = None
-    deadline: float | None = None  # unix seconds; not started by then -> expired
-    progress_step: int = 0
-    progress_total: int = 0
-    image_keys: list[str] = field(default_factory=list)  # storage keys, one per image
-    error_code: str | None = None
-    error_message: str | None = None
-    attempts: int = 0  # times a worker took the job
-    worker_id: str | None = None  # holder while running
-    lease_expires_at: float | None = None  # running job's lease (renewed by its worker)
-    cancel_requested: bool = False
-    timings: dict[str, float] = field(default_factory=dict)  # queue_wait, denoise, decode, upload, total (seconds)
-    webhook_url: str | None = None
-    webhook_events: list[str] = field(default_factory=list)
-    webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
-    idempotency_key: str | None = None
+def _wraps_redis_errors(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def wrapper(self: JobStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except _UNAVAILABLE as e:
+            raise StorageUnavailableError(f"Redis at {self.redis_location} is unavailable: {e}") from e
+        except redis.exceptions.RedisError as e:
+            raise StorageError(f"Redis error in JobStore.{method.__name__}: {e}") from e
+    return wrapper
 
 
-class StorageError(Exception):
-    """Base of every error raised by the `storage` package."""
+def _encode_cursor(score: float, job_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{score!r}:{job_id}".encode()).decode().rstrip("=")
 
 
-class IdempotencyConflictError(StorageError):
-    """The idempotency key was used before with a different request body."""
-
-
-class InvalidTransitionError(StorageError):
-    """The job is not in a state that allows this transition (for example it is terminal)."""
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        score, job_id = text.split(":", 1)
+        return float(score), job_id
+    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
+        raise InvalidCursorError(f"cursor {cursor!r} is not one this service returned") from e
 
 
 class JobStore:
-    def __init__(self, redis_url: str, *, job_ttl_seconds: int = 7 * 24 * 3600, namespace: str = "stepwise") -> None: ...
+    def __init__(self, redis_url: str, *, job_ttl_seconds: int = 7 * 24 * 3600, namespace: str = "stepwise",
+                 clock: Callable[[], float] = time.time) -> None:
+        self.job_ttl_seconds = job_ttl_seconds
+        self.namespace = namespace
+        self.clock = clock
+        # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
+        # quick 503, not as a request hanging for half a minute.
+        self._redis = redis.Redis.from_url(
+            redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
+        )
+        kwargs = self._redis.get_connection_kwargs()
+        self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        register = self._redis.register_script
+        self._create = register(lua.CREATE)
+        self._take = register(lua.TAKE)
+        self._renew_lease = register(lua.RENEW_LEASE)
+        self._set_progress = register(lua.SET_PROGRESS)
+        self._finish = register(lua.FINISH)
+        self._request_cancel = register(lua.REQUEST_CANCEL)
+        self._release = register(lua.RELEASE)
+        self._add_webhook_attempt = register(lua.ADD_WEBHOOK_ATTEMPT)
 
-    def ping(self) -> bool: ...
+    @classmethod
+    def from_settings(cls, settings: StorageSettings) -> JobStore:
+        return cls(settings.redis_url, job_ttl_seconds=settings.job_ttl_seconds)
+
+    # Keys (the full layout is in lua.py's docstring).
+
+    def job_key(self, job_id: str) -> str:
+        return f"{self.namespace}:job:{job_id}"
+
+    def _tenant_index(self, tenant: str, state: JobState | None) -> str:
+        return f"{self.namespace}:tenant-jobs:{state.value if state else 'all'}:{tenant}"
+
+    def _idempotency_key(self, tenant: str, key: str) -> str:
+        return f"{self.namespace}:idem:{quote(tenant, safe='')}:{key}"
+
+    @property
+    def _queued_key(self) -> str:
+        return f"{self.namespace}:queued"
+
+    @property
+    def _leases_key(self) -> str:
+        return f"{self.namespace}:leases"
+
+    @property
+    def _finished_counts_key(self) -> str:
+        return f"{self.namespace}:finished-counts"
+
+    # Reads.
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except redis.exceptions.RedisError:
+            return False
+
+    @_wraps_redis_errors
+    def get(self, job_id: str) -> JobRecord | None:
+        mapping = self._redis.hgetall(self.job_key(job_id))
+        return record_from_hash(mapping) if mapping else None
+
+    @_wraps_redis_errors
+    def list_for_tenant(self, tenant: str, *, state: JobState | None = None, limit: int = 20,
+                        cursor: str | None = None) -> tuple[list[JobRecord], str | None]:
+        """Newest first; returns (records, next_cursor or None)."""
+        assert limit > 0
+        state = JobState(state) if state is not None else None
+        after = _decode_cursor(cursor) if cursor else None
+        records: list[tuple[float, JobRecord]] = []
+        for score, record in self._iter_tenant_records(tenant, state, after):
+            records.append((score, record))
+            if len(records) > limit:
+                break
+        if len(records) <= limit:
+            return [record for _, record in records], None
+        last_score, last_record = records[limit - 1]
+        return [record for _, record in records[:limit]], _encode_cursor(last_score, last_record.job_id)
+
+    def _iter_tenant_records(self, tenant: str, state: JobState | None,
+                             after: tuple[float, str] | None) -> Iterator[tuple[float, JobRecord]]:
+        """Live records in index order (newest first, ties by job id descending) after `after`.
+
+        Keyset pagination on (score, job id), so jobs created meanwhile never shift a page; the
+        offset only steps over entries sharing the boundary score.
+        """
+        index_key = self._tenant_index(tenant, state)
+        bound_score, bound_id = after if after else (float("inf"), None)
+        num_skip = 0
+        while True:
+            top = "+inf" if bound_id is None and num_skip == 0 else repr(bound_score)
+            chunk = self._redis.zrevrangebyscore(index_key, top, "-inf", start=num_skip,
+                                                 num=_INDEX_CHUNK, withscores=True)
+            entries = chunk if bound_id is None else [
+                (job_id, score) for job_id, score in chunk if score < bound_score or job_id < bound_id]
+            with self._redis.pipeline(transaction=False) as pipe:
+                for job_id, _ in entries:
+                    pipe.hgetall(self.job_key(job_id))
+                mappings = pipe.execute()
+            expired_ids = {job_id for (job_id, _), mapping in zip(entries, mappings, strict=True) if not mapping}
+            if expired_ids:
+                self._forget(tenant, sorted(expired_ids))
+            for (_, score), mapping in zip(entries, mappings, strict=True):
+                if mapping:
+                    record = record_from_hash(mapping)
+                    if state is None or record.state == state:
+                        yield score, record
+            if len(chunk) < _INDEX_CHUNK:
+                return
+            last_id, last_score = chunk[-1]
+            num_ties = sum(1 for job_id, score in chunk if score == last_score and job_id not in expired_ids)
+            num_skip = (num_skip if last_score == bound_score else 0) + num_ties
+            bound_score, bound_id = last_score, last_id
+
+    def _forget(self, tenant: str, job_ids: list[str]) -> None:
+        """Drop index entries whose record expired."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            for state in (None, *JobState):
+                pipe.zrem(self._tenant_index(tenant, state), *job_ids)
+            pipe.execute()
+
+    @_wraps_redis_errors
+    def queue_position(self, job_id: str) -> int | None:
+        """0-based position among queued jobs (oldest first), None if not queued."""
+        return self._redis.zrank(self._queued_key, job_id)
+
+    @_wraps_redis_errors
+    def queue_depth(self) -> int:
+        return self._redis.zcard(self._queued_key)
+
+    @_wraps_redis_errors
+    def counts_by_state(self) -> dict[str, int]:
+        """Queued and running: jobs in that state now. Terminal states: jobs that ever reached them."""
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zcard(self._queued_key)
+            pipe.zcard(self._leases_key)
+            pipe.hgetall(self._finished_counts_key)
+            num_queued, num_running, finished = pipe.execute()
+        counts = {JobState.QUEUED.value: num_queued, JobState.RUNNING.value: num_running}
+        for state in TERMINAL_STATES:
+            counts[state.value] = int(finished.get(state.value, 0))
+        return counts
+
+    @_wraps_redis_errors
+    def is_cancel_requested(self, job_id: str) -> bool:
+        """True once a cancel was requested while the job ran, or if it is canceled by now."""
+        state, flag = self._redis.hmget(self.job_key(job_id), "state", "cancel_requested")
+        return flag == "1" or state == JobState.CANCELED.value
+
+    @_wraps_redis_errors
+    def lapsed_job_ids(self, now: float | None = None) -> list[str]:
+        """Running jobs whose lease expired."""
+        now = self.clock() if now is None else now
+        return self._redis.zrangebyscore(self._leases_key, "-inf", repr(now))
+
+    # Transitions.
+
+    @_wraps_redis_errors
     def create(self, *, tenant: str, params: dict[str, Any], deadline: float | None = None,
                webhook_url: str | None = None, webhook_events: list[str] | None = None,
                idempotency_key: str | None = None, request_hash: str | None = None) -> tuple[JobRecord, bool]:
         """Create a queued job. Returns (record, created). Same tenant+idempotency_key with the
         same request_hash returns the original (created=False); a different hash raises
         IdempotencyConflictError."""
-    def get(self, job_id: str) -> JobRecord | None: ...
-    def list_for_tenant(self, tenant: str, *, state: JobState | None = None, limit: int = 20,
-                        cursor: str | None = None) -> tuple[list[JobRecord], str | None]:
-        """Newest first; returns (records, next_cursor or None)."""
-    def queue_position(self, job_id: str) -> int | None:
-        """0-based position among queued jobs (oldest first), None if not queued."""
-    def queue_depth(self) -> int: ...
-    def counts_by_state(self) -> dict[str, int]: ...
+        assert tenant, "tenant must not be empty"
+        record = JobRecord(
+            job_id=uuid.uuid4().hex, tenant=tenant, state=JobState.QUEUED, params=params,
+            created_at=self.clock(), deadline=deadline, webhook_url=webhook_url,
+            webhook_events=list(webhook_events or []), idempotency_key=idempotency_key,
+        )
+        keys = [self.job_key(record.job_id)]
+        if idempotency_key is not None:
+            keys.append(self._idempotency_key(tenant, idempotency_key))
+        flat = [item for pair in record_to_hash(record).items() for item in pair]
+        reply = self._create(keys=keys, args=[self.namespace, record.job_id, request_hash or "", *flat])
+        if reply[0] == 1:
+            return record, True
+        _, stored_hash, earlier = reply
+        if stored_hash != (request_hash or ""):
+            raise IdempotencyConflictError(
+                f"idempotency key {idempotency_key!r} was already used with a different request")
+        return record_from_flat(earlier), False
+
+    @_wraps_redis_errors
     def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
         """Atomically queued -> running (attempts+1, started_at, lease). None if the job is not
         queued (terminal, or another worker holds it)."""
-    def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool: ...
-    def set_progress(self, job_id: str, step: int, total: int) -> None: ...
+        now = self.clock()
+        reply = self._take(keys=[self.job_key(job_id)],
+                           args=[self.namespace, job_id, worker_id, repr(now), repr(now + lease_seconds)])
+        return record_from_flat(reply) if reply else None
+
+    @_wraps_redis_errors
+    def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool:
+        """Extend the lease of a job this worker holds; False if it no longer holds it."""
+        expires_at = self.clock() + lease_seconds
+        return self._renew_lease(keys=[self.job_key(job_id)],
+                                 args=[self.namespace, job_id, worker_id, repr(expires_at)]) == 1
+
+    @_wraps_redis_errors
+    def set_progress(self, job_id: str, step: int, total: int) -> None:
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, int(step), int(total)])
+
+    @_wraps_redis_errors
     def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:
         """Atomically move a non-terminal job to a terminal state with extra fields (image_keys,
-        timings, error_code, error_message). Refused (False) if already terminal."""
+        timings, error_code, error_message). Refused (False) if already terminal, or, when
+        worker_id is given, if that worker does not hold the job now."""
+        state = JobState(state)
+        if not state.is_terminal:
+            raise ValueError(f"finish() needs a terminal state, got {state.value!r}")
+        unknown = set(fields) - FINISH_FIELDS
+        if unknown:
+            raise ValueError(f"finish() cannot set {sorted(unknown)}; allowed: {sorted(FINISH_FIELDS)}")
+        encoded = {name: encode_field(name, value) for name, value in fields.items()}
+        to_set = [item for name, value in encoded.items() if value is not None for item in (name, value)]
+        to_delete = [name for name, value in encoded.items() if value is None]
+        reply = self._finish(keys=[self.job_key(job_id)], args=[
+            self.namespace, job_id, state.value, repr(self.clock()), self.job_ttl_seconds,
+            worker_id or "", len(to_set), *to_set, *to_delete,
+        ])
+        return reply == 1
+
+    @_wraps_redis_errors
     def request_cancel(self, job_id: str) -> JobState:
         """Queued -> canceled at once; running -> cancel_requested flag (the worker stops it at the
-        next step boundary). Raises InvalidTransitionError if terminal. Returns the new state."""
-    def is_cancel_requested(self, job_id: str) -> bool: ...
+        next step boundary). Raises InvalidTransitionError if terminal, JobNotFoundError if there is
+        no such job. Returns the new state."""
+        outcome, state = self._request_cancel(
+            keys=[self.job_key(job_id)], args=[self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds])
+        if outcome == "missing":
+            raise JobNotFoundError(f"no job {job_id!r}")
+        if outcome == "refused":
+            raise InvalidTransitionError(f"job {job_id!r} is already {state}; it cannot be canceled")
+        return JobState(state)
+
+    @_wraps_redis_errors
     def release(self, job_id: str, worker_id: str) -> bool:
-        """Running -> queued again (warm shutdown or a lapsed lease); the caller re-enqueues it."""
-    def lapsed_job_ids(self, now: float | None = None) -> list[str]:
-        """Running jobs whose lease expired."""
-    def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None: ...
-    def close(self) -> None: ...
+        """Running -> queued again (warm shutdown or a lapsed lease); the caller re-enqueues it.
+        Attempts are kept and progress restarts. False if this worker does not hold the job, or
+        if a cancel was requested: then the job becomes canceled and must not be re-enqueued."""
+        return self._release_script(job_id, worker_id=worker_id, lapsed_at=None) == 1
+
+    @_wraps_redis_errors
+    def release_if_lapsed(self, job_id: str, now: float | None = None) -> bool:
+        """Release a running job only if its lease is still lapsed at `now` (whoever held it), so a
+        reaper cannot take a job away from a worker that renewed its lease in the meantime."""
+        now = self.clock() if now is None else now
+        return self._release_script(job_id, worker_id=None, lapsed_at=now) == 1
+
+    def _release_script(self, job_id: str, *, worker_id: str | None, lapsed_at: float | None) -> int:
+        return self._release(keys=[self.job_key(job_id)], args=[
+            self.namespace, job_id, worker_id or "", repr(self.clock()), self.job_ttl_seconds,
+            "" if lapsed_at is None else repr(lapsed_at),
+        ])
+
+    @_wraps_redis_errors
+    def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
+        attempt_json = json.dumps(attempt, separators=(",", ":"), sort_keys=True)
+        self._add_webhook_attempt(keys=[self.job_key(job_id)], args=[self.namespace, attempt_json])
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def __enter__(self) -> JobStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

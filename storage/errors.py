@@ -1,0 +1,31 @@
+"""The `storage` package's one error hierarchy; foreign errors are wrapped with `raise ... from e`."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of every error raised by the `storage` package."""
+
+
+class StorageUnavailableError(StorageError):
+    """Redis or the image store could not be reached (after retries); the API answers 503."""
+
+
+class IdempotencyConflictError(StorageError):
+    """The idempotency key was used before with a different request body."""
+
+
+class InvalidTransitionError(StorageError):
+    """The job is not in a state that allows this transition (for example it is terminal)."""
+
+
+class JobNotFoundError(StorageError):
+    """No record for this job id (never created, or expired after its TTL)."""
+
+
+class InvalidCursorError(StorageError, ValueError):
+    """A listing cursor that this store did not hand out."""
+
+
+class ImageNotFoundError(StorageError):
+    """No image stored under this key."""

@@ -1,0 +1,110 @@
+"""A job's record and how it is laid out in its Redis hash.
+
+Every value is stored as a string: the state as its lowercase name, floats with `repr` (exact
+round trip), booleans as "1"/"0", lists and dicts as compact JSON. A field whose value is None
+is absent from the hash. Fields the hash holds that the record does not know are ignored, so
+an older reader survives a newer writer.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobState.QUEUED, JobState.RUNNING)
+
+
+TERMINAL_STATES = tuple(state for state in JobState if state.is_terminal)
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    tenant: str
+    state: JobState
+    params: dict[str, Any]  # GenerationParams.to_dict(), seed already drawn
+    created_at: float  # unix seconds
+    started_at: float | None = None
+    finished_at: float | None = None
+    deadline: float | None = None  # unix seconds; not started by then -> expired
+    progress_step: int = 0
+    progress_total: int = 0
+    image_keys: list[str] = field(default_factory=list)  # storage keys, one per image
+    error_code: str | None = None
+    error_message: str | None = None
+    attempts: int = 0  # times a worker took the job
+    worker_id: str | None = None  # holder while running
+    lease_expires_at: float | None = None  # running job's lease (renewed by its worker)
+    cancel_requested: bool = False
+    timings: dict[str, float] = field(default_factory=dict)  # queue_wait, denoise, decode, upload, total (seconds)
+    webhook_url: str | None = None
+    webhook_events: list[str] = field(default_factory=list)
+    webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
+    idempotency_key: str | None = None
+
+
+RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
+_FLOAT_FIELDS = frozenset({"created_at", "started_at", "finished_at", "deadline", "lease_expires_at"})
+_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts"})
+_BOOL_FIELDS = frozenset({"cancel_requested"})
+_JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})
+
+
+def encode_field(name: str, value: Any) -> str | None:
+    """The hash value for one record field; None means "absent from the hash"."""
+    assert name in RECORD_FIELDS, f"unknown job record field {name!r}"
+    if value is None:
+        return None
+    if name == "state":
+        return JobState(value).value
+    if name in _FLOAT_FIELDS:
+        return repr(float(value))
+    if name in _INT_FIELDS:
+        return str(int(value))
+    if name in _BOOL_FIELDS:
+        return "1" if value else "0"
+    if name in _JSON_FIELDS:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
+def decode_field(name: str, raw: str) -> Any:
+    if name == "state":
+        return JobState(raw)
+    if name in _FLOAT_FIELDS:
+        return float(raw)
+    if name in _INT_FIELDS:
+        return int(raw)
+    if name in _BOOL_FIELDS:
+        return raw == "1"
+    if name in _JSON_FIELDS:
+        return json.loads(raw)
+    return raw
+
+
+def record_to_hash(record: JobRecord) -> dict[str, str]:
+    encoded = {f.name: encode_field(f.name, getattr(record, f.name)) for f in fields(JobRecord)}
+    return {name: value for name, value in encoded.items() if value is not None}
+
+
+def record_from_hash(mapping: dict[str, str]) -> JobRecord:
+    values = {name: decode_field(name, raw) for name, raw in mapping.items() if name in RECORD_FIELDS}
+    return JobRecord(**values)
+
+
+def record_from_flat(items: list[str]) -> JobRecord:
+    """A record from HGETALL's reply as a Lua script returns it: [field, value, field, value, ...]."""
+    return record_from_hash(dict(zip(items[::2], items[1::2], strict=True)))

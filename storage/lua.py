@@ -1,0 +1,186 @@
+"""Lua scripts for the job store's state transitions: each runs atomically inside Redis.
+
+Every script takes the job's hash as KEYS[1] and the namespace as ARGV[1]. The index keys
+(a tenant's per-state sets, the queued set, the lease set) are derived from the namespace and
+the tenant read from the hash, so the store needs one Redis instance, not a cluster.
+
+Keys, with ns the namespace:
+    {ns}:job:{job_id}                 hash, the record (see job_record.py)
+    {ns}:tenant-jobs:{state}:{tenant} sorted set, job ids by created_at; state "all" holds every job
+    {ns}:queued                       sorted set, queued job ids by the time they were (re)queued
+    {ns}:leases                       sorted set, running job ids by lease expiry
+    {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
+    {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
+"""
+
+from __future__ import annotations
+
+_PREAMBLE = """
+local ns = ARGV[1]
+
+local function tenant_index(state, tenant)
+  return ns .. ':tenant-jobs:' .. state .. ':' .. tenant
+end
+
+local function set_state(job_key, job_id, from_state, to_state)
+  local tenant, created_at = unpack(redis.call('HMGET', job_key, 'tenant', 'created_at'))
+  redis.call('ZREM', tenant_index(from_state, tenant), job_id)
+  redis.call('ZADD', tenant_index(to_state, tenant), created_at, job_id)
+  redis.call('HSET', job_key, 'state', to_state)
+end
+
+-- Out of the queue and the lease set, counted, and kept only for ttl seconds from now on.
+local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
+  set_state(job_key, job_id, from_state, to_state)
+  redis.call('HSET', job_key, 'finished_at', now)
+  redis.call('HDEL', job_key, 'lease_expires_at')
+  redis.call('ZREM', ns .. ':queued', job_id)
+  redis.call('ZREM', ns .. ':leases', job_id)
+  redis.call('HINCRBY', ns .. ':finished-counts', to_state, 1)
+  redis.call('EXPIRE', job_key, ttl)
+  local idem_key = redis.call('HGET', job_key, 'idem_redis_key')
+  if idem_key then
+    redis.call('EXPIRE', idem_key, ttl)
+  end
+end
+"""
+
+# KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, field, value, ...
+# Returns {1} when created, or {0, stored_request_hash, HGETALL of the earlier job}.
+CREATE = _PREAMBLE + """
+local job_id = ARGV[2]
+if KEYS[2] then
+  local held = redis.call('HMGET', KEYS[2], 'job_id', 'request_hash')
+  if held[1] then
+    local held_key = ns .. ':job:' .. held[1]
+    if redis.call('EXISTS', held_key) == 1 then
+      return {0, held[2], redis.call('HGETALL', held_key)}
+    end
+  end
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'job_id', job_id, 'request_hash', ARGV[3])
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+if KEYS[2] then
+  redis.call('HSET', KEYS[1], 'idem_redis_key', KEYS[2])
+end
+local tenant, created_at = unpack(redis.call('HMGET', KEYS[1], 'tenant', 'created_at'))
+redis.call('ZADD', tenant_index('all', tenant), created_at, job_id)
+redis.call('ZADD', tenant_index('queued', tenant), created_at, job_id)
+redis.call('ZADD', ns .. ':queued', created_at, job_id)
+return {1}
+"""
+
+# ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
+TAKE = _PREAMBLE + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
+  return false
+end
+set_state(KEYS[1], ARGV[2], 'queued', 'running')
+redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_expires_at', ARGV[5],
+           'progress_step', '0')
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('ZREM', ns .. ':queued', ARGV[2])
+redis.call('ZADD', ns .. ':leases', ARGV[5], ARGV[2])
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# ARGV: ns, job_id, worker_id, lease_expires_at. Returns 1 if renewed.
+RENEW_LEASE = _PREAMBLE + """
+local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+if state ~= 'running' or holder ~= ARGV[3] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[4])
+redis.call('ZADD', ns .. ':leases', ARGV[4], ARGV[2])
+return 1
+"""
+
+# ARGV: ns, step, total. Only a running job's progress moves (never recreates an expired hash).
+SET_PROGRESS = _PREAMBLE + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3])
+return 1
+"""
+
+# ARGV: ns, job_id, to_state, now, ttl, worker_id or '', num_set, field, value, ..., field_to_delete, ...
+# Returns 1 if the job moved to to_state.
+FINISH = _PREAMBLE + """
+local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+if state ~= 'queued' and state ~= 'running' then
+  return 0
+end
+if ARGV[6] ~= '' and (state ~= 'running' or holder ~= ARGV[6]) then
+  return 0
+end
+local num_set = tonumber(ARGV[7])
+if num_set > 0 then
+  redis.call('HSET', KEYS[1], unpack(ARGV, 8, 7 + num_set))
+end
+for i = 8 + num_set, #ARGV do
+  redis.call('HDEL', KEYS[1], ARGV[i])
+end
+finish_job(KEYS[1], ARGV[2], state, ARGV[3], ARGV[4], ARGV[5])
+return 1
+"""
+
+# ARGV: ns, job_id, now, ttl. Returns {outcome, state}: outcome is 'canceled' (was queued),
+# 'flagged' (running; the worker stops it), 'refused' (terminal) or 'missing'.
+REQUEST_CANCEL = _PREAMBLE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return {'missing', ''}
+end
+if state == 'queued' then
+  finish_job(KEYS[1], ARGV[2], 'queued', 'canceled', ARGV[3], ARGV[4])
+  return {'canceled', 'canceled'}
+end
+if state == 'running' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+  return {'flagged', 'running'}
+end
+return {'refused', state}
+"""
+
+# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or ''.
+# Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused.
+RELEASE = _PREAMBLE + """
+local state, holder, lease, cancel = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'worker_id', 'lease_expires_at', 'cancel_requested'))
+if state ~= 'running' then
+  return 0
+end
+if ARGV[3] ~= '' and holder ~= ARGV[3] then
+  return 0
+end
+if ARGV[6] ~= '' and lease and tonumber(lease) > tonumber(ARGV[6]) then
+  return 0
+end
+if cancel == '1' then
+  finish_job(KEYS[1], ARGV[2], 'running', 'canceled', ARGV[4], ARGV[5])
+  return 2
+end
+set_state(KEYS[1], ARGV[2], 'running', 'queued')
+redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at')
+redis.call('HSET', KEYS[1], 'progress_step', '0')
+redis.call('ZREM', ns .. ':leases', ARGV[2])
+redis.call('ZADD', ns .. ':queued', ARGV[4], ARGV[2])
+return 1
+"""
+
+# ARGV: ns, attempt as a JSON object. Appends to the JSON list without decoding it.
+ADD_WEBHOOK_ATTEMPT = _PREAMBLE + """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local attempts = redis.call('HGET', KEYS[1], 'webhook_attempts')
+if not attempts or attempts == '[]' then
+  attempts = '[' .. ARGV[2] .. ']'
+else
+  attempts = string.sub(attempts, 1, -2) .. ',' .. ARGV[2] .. ']'
+end
+redis.call('HSET', KEYS[1], 'webhook_attempts', attempts)
+return 1
+"""
