@@ -1,0 +1,162 @@
+"""`stepwise submit "a red fox" --wait --out DIR`: one job through the HTTP API.
+
+Without `--wait` it prints the job id and its status URL. With `--wait` (implied by `--out`)
+it polls the job with a progress bar, saves the images, and exits 1 with the job's error
+message if the job does not succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from stepwise_cli.client import (
+    TERMINAL_STATES,
+    ApiClient,
+    ApiError,
+    ClientError,
+    add_api_arguments,
+    resolve_target,
+)
+
+POLL_INTERVAL_SECONDS = 0.25
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """`128` -> (128, 128); `WIDTHxHEIGHT` -> (width, height)."""
+    parts = text.lower().split("x")
+    try:
+        if len(parts) == 1:
+            return int(parts[0]), int(parts[0])
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"size must be N or WIDTHxHEIGHT (got {text!r})")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="what to draw")
+    parser.add_argument("--negative-prompt", help="what not to draw")
+    parser.add_argument("--seed", type=int, help="random seed (default: drawn by the service)")
+    parser.add_argument("--steps", type=int, dest="num_inference_steps", help="denoise steps")
+    parser.add_argument("--size", type=parse_size, help="N or WIDTHxHEIGHT in pixels, e.g. 128 or 192x128")
+    parser.add_argument("--guidance", type=float, dest="guidance_scale", help="classifier-free guidance scale")
+    parser.add_argument("--sampler", help="ddim, euler, euler_ancestral or dpmpp_2m")
+    parser.add_argument("--num-images", type=int, dest="num_images", help="images from this prompt (seeds seed..seed+N-1)")
+    parser.add_argument("--model", help="model name (default: the worker's)")
+    parser.add_argument("--wait", action="store_true", help="wait for the job, showing its progress")
+    parser.add_argument("--out", type=Path, help="save the images in this folder (implies --wait)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job (default 600)")
+    parser.add_argument("--json", action="store_true", help="print the final job record as JSON")
+    add_api_arguments(parser)
+
+
+def request_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": args.prompt}
+    for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model"):
+        value = getattr(args, name)
+        if value is not None:
+            body[name] = value
+    if args.size is not None:
+        body["width"], body["height"] = args.size
+    return body
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        client = ApiClient(resolve_target(args))
+    except ClientError as e:
+        print(f"stepwise submit: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _submit(client, args)
+    except ApiError as e:
+        field = f" (field: {e.field})" if e.field else ""
+        print(f"stepwise submit: the API refused the request: {e.message}{field}", file=sys.stderr)
+        return 1
+    except ClientError as e:
+        print(f"stepwise submit: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+
+
+def _submit(client: ApiClient, args: argparse.Namespace) -> int:
+    accepted = client.submit_job(request_body(args))
+    job_id = accepted["job_id"]
+    if not (args.wait or args.out):
+        if args.json:
+            print(json.dumps(accepted, indent=2))
+        else:
+            print(f"{job_id} {accepted.get('state', 'queued')} {client.target.url}/v1/jobs/{job_id}")
+        return 0
+    print(f"job {job_id} submitted", file=sys.stderr)
+    job = wait_for_job(client, job_id, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(job, indent=2))
+    if job["state"] != "succeeded":
+        print(f"stepwise submit: job {job_id} {job['state']}: {job_error_message(job)}", file=sys.stderr)
+        return 1
+    if args.out:
+        for path in save_images(client, job, args.out):
+            print(path)
+    elif not args.json:
+        for url in image_urls(job):
+            print(url)
+    return 0
+
+
+def wait_for_job(client: ApiClient, job_id: str, *, timeout: float) -> dict[str, Any]:
+    """Poll until the job is terminal, drawing its step progress; raise ClientError on timeout."""
+    deadline = time.monotonic() + timeout
+    with tqdm(desc=job_id[:12], unit="step", total=None, file=sys.stderr, leave=False) as bar:
+        while True:
+            job = client.get_job(job_id)
+            progress = job.get("progress") or {}
+            total, step = progress.get("total") or 0, progress.get("step") or 0
+            if total and bar.total != total:
+                bar.reset(total=total)
+            bar.n = step
+            bar.set_postfix_str(job["state"], refresh=False)
+            bar.refresh()
+            if job["state"] in TERMINAL_STATES:
+                return job
+            if time.monotonic() > deadline:
+                raise ClientError(f"job {job_id} is still {job['state']} after {timeout:.0f}s "
+                                  f"(it keeps running; check {client.target.url}/v1/jobs/{job_id})")
+            time.sleep(POLL_INTERVAL_SECONDS)
+
+
+def job_error_message(job: dict[str, Any]) -> str:
+    error = job.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("code") or "no error message")
+    return str(error or job.get("error_message") or "no error message")
+
+
+def image_urls(job: dict[str, Any]) -> list[str]:
+    urls = job.get("image_urls")
+    if urls:
+        return list(urls)
+    return [job["image_url"]] if job.get("image_url") else []
+
+
+def num_images(job: dict[str, Any]) -> int:
+    return max(len(image_urls(job)), 1)
+
+
+def save_images(client: ApiClient, job: dict[str, Any], out_dir: Path, stem: str | None = None) -> list[Path]:
+    stem = stem or job["job_id"]
+    count = num_images(job)
+    paths = []
+    for index in range(count):
+        name = f"{stem}.png" if count == 1 else f"{stem}-{index}.png"
+        paths.append(client.download_image(job["job_id"], out_dir / name, index=index))
+    return paths
