@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from batching.params import CompatibilityKey
 from batching.plan import NewJob, RunnerOutput, SchedulerPlan
@@ -130,7 +131,7 @@ class Scheduler:
         job = self._running.get(job_id) or self._waiting.get(job_id)
         return None if job is None else (job.num_steps_done, job.num_steps)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """Counts for stats(): jobs waiting and running, in total and per key."""
         return {
             "policy": self.config.policy,
@@ -149,13 +150,14 @@ class Scheduler:
         for job in self._running.values():
             plan.groups.setdefault(job.key, []).append(job.job_id)
             plan.num_rows_by_key[job.key] = plan.num_rows_by_key.get(job.key, 0) + job.num_rows
-        assert self.config.policy != "fifo" or len(plan.groups) <= 1
-        assert len(plan.groups) <= self.config.max_num_groups or self.config.policy == "fifo"
+        max_num_groups = 1 if self.config.policy == "fifo" else self.config.max_num_groups
+        assert len(plan.groups) <= max_num_groups and len(self._running) <= self.config.max_num_seqs
         return plan
 
     def update_from_output(self, plan: SchedulerPlan, output: RunnerOutput) -> list[str]:
         """Apply the runner's result for `plan`; return the ids that left the running set.
 
+        A job that ran its last step is in both `stepped_job_ids` and `finished_job_ids`.
         Failed and finished jobs leave (their ids go to the next plan's freed_job_ids).
         Ids of jobs aborted after `plan` was made are ignored.
         """

@@ -52,7 +52,7 @@ for module in modules:
     try:
         importlib.import_module(module)
     except BaseException:
-        report["errors"][module] = traceback.format_exc(limit=3)
+        report["errors"][module] = traceback.format_exc(limit=-3)
     new = offending() - seen
     if new:
         report["pulled_in"][module] = sorted(new)
