@@ -174,7 +174,7 @@ class ApiClient:
         return response
 
 
-_backoff = tenacity.wait_exponential_jitter(initial=0.5, max=30)
+_backoff = tenacity.wait_exponential(multiplier=0.5, max=30) + tenacity.wait_random(0, 0.5)
 
 
 def _wait_retry_after_or_backoff(retry_state: tenacity.RetryCallState) -> float:

@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model for the worker (default: $STEPWISE_MODEL or builtin:tiny)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: $STEPWISE_DEVICE, else cpu)")
     parser.add_argument("--max-num-seqs", type=int, help="jobs the worker batches at once (default: the worker's)")
+    parser.add_argument("--api-workers", type=int, default=2,
+                        help="gunicorn worker processes for the API (default 2: the model needs the CPU more)")
     parser.add_argument("--redis-port", type=int, help="port for the embedded redis-server (default: a free one)")
     parser.add_argument("--var-dir", type=Path, default=None,
                         help="where Redis data, images and the saved URL and key go (default: $STEPWISE_VAR_DIR or ./var)")
@@ -268,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
         stepwise = [sys.executable, "-m", "stepwise_cli.main"]
         grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)
         supervisor.start("worker", [*stepwise, "worker"], env, stop_timeout=grace + 15)
-        supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port)], env)
+        supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port),
+                                        "--workers", str(args.api_workers)], env)
         wait_for_api(supervisor, api_url, args.startup_timeout)
         wait_for_worker(supervisor, redis_url, args.startup_timeout)
 
