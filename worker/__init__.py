@@ -1,0 +1,11 @@
+"""The stepwise GPU worker: `celery -A worker worker` (or `stepwise worker`).
+
+Importing this package registers everything the Celery tools need: the tasks
+(`stepwise.generate`, `stepwise.deliver_webhook`), the project's inspect and control
+commands (`engine_stats`, `drain`, `resume`) and the worker start/stop hooks.
+"""
+
+from worker.app import app
+from worker import control, lifecycle, tasks, webhooks  # noqa: F401  (registration)
+
+__all__ = ["app"]

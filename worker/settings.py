@@ -27,7 +27,7 @@ def default_concurrency(max_num_seqs: int) -> int:
 class WorkerSettings:
     storage: StorageSettings
     model: str = "builtin:tiny"  # STEPWISE_MODEL
-    device: str = ""  # STEPWISE_DEVICE: cuda, cuda:1, cpu; empty lets the engine choose
+    device: str = "auto"  # STEPWISE_DEVICE: auto (cuda when available), cuda, cuda:N, cpu
     max_num_seqs: int = 8  # STEPWISE_MAX_NUM_SEQS: the engine's running capacity, in jobs
     policy: str = "default"  # STEPWISE_POLICY: default or fifo
     deterministic: bool = False  # STEPWISE_DETERMINISTIC: pad forwards for bit-identical results
@@ -54,7 +54,7 @@ class WorkerSettings:
         return cls(
             storage=storage,
             model=os.environ.get("STEPWISE_MODEL") or "builtin:tiny",
-            device=os.environ.get("STEPWISE_DEVICE") or "",
+            device=os.environ.get("STEPWISE_DEVICE") or "auto",
             max_num_seqs=max_num_seqs,
             policy=policy,
             deterministic=env_bool("STEPWISE_DETERMINISTIC", False),

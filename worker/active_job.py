@@ -1,0 +1,48 @@
+"""What a worker knows about a job while the engine has it.
+
+The engine calls `on_progress` on its loop thread, so that method only stores numbers;
+the job's task thread reads them and does the Redis writes.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+
+class StopReason(str, enum.Enum):
+    CANCELED = "canceled"  # the client asked; the job ends `canceled`
+    REQUEUE = "requeue"  # drain or warm shutdown; the job goes back to the queue for any worker
+    LEASE_LOST = "lease_lost"  # another worker took the job over; this one lets it go silently
+
+
+@dataclass(slots=True)
+class ActiveJob:
+    job_id: str
+    future: Future | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    step: int = 0  # written by the engine loop thread
+    total: int = 0  # written by the engine loop thread
+    step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
+    stop_reason: StopReason | None = None
+
+    @property
+    def has_started_denoising(self) -> bool:
+        return self.step > 0
+
+    def on_progress(self, step: int, total: int) -> None:
+        self.step = step
+        self.total = total
+        self.step_times.append(time.monotonic())
+
+    def take_step_intervals(self) -> list[float]:
+        """Seconds between consecutive steps reported since the last call."""
+        times = self.step_times
+        count = len(times)
+        if count < 2:
+            return []
+        intervals = [times[i] - times[i - 1] for i in range(1, count)]
+        del times[: count - 1]  # keep the last time: the next interval starts there
+        return intervals

@@ -1,0 +1,59 @@
+"""The project's own remote commands, used through Celery's command-line tools:
+
+    celery -A worker inspect engine_stats   # the engine's batching statistics, per worker
+    celery -A worker control drain          # stop admitting jobs (maintenance)
+    celery -A worker control resume         # admit jobs again
+
+`drain` stops consuming the generate queue, pauses the engine's admission and sends jobs
+that have not started denoising back to the queue (another worker, or this one after
+`resume`, runs them); jobs already denoising finish. Webhook deliveries continue.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery.worker.control import control_command, inspect_command
+
+from worker.runtime import current_runtime
+from worker.settings import GENERATE_QUEUE
+
+log = logging.getLogger(__name__)
+
+NO_ENGINE = "this worker runs no engine (it does not consume the generate queue)"
+
+
+@inspect_command()
+def engine_stats(state) -> dict:
+    """Running jobs per compatibility key, waiting jobs, rows per forward, steps per second, model."""
+    runtime = current_runtime()
+    if runtime is None or not runtime.runs_engine:
+        return {"error": NO_ENGINE}
+    return runtime.stats()
+
+
+@control_command()
+def drain(state) -> dict:
+    """Stop admitting new jobs; jobs already denoising finish."""
+    runtime = current_runtime()
+    if runtime is None or not runtime.runs_engine:
+        return {"error": NO_ENGINE}
+    state.consumer.call_soon(state.consumer.cancel_task_queue, GENERATE_QUEUE)
+    requeued = runtime.stop_admission()
+    log.info("drain: stopped admitting jobs; re-queued %d that had not started", len(requeued))
+    return {"ok": "draining", "requeued_job_ids": requeued,
+            "running_job_ids": [active.job_id for active in runtime.active_jobs()]}
+
+
+@control_command()
+def resume(state) -> dict:
+    """Admit new jobs again after `drain`."""
+    runtime = current_runtime()
+    if runtime is None or not runtime.runs_engine:
+        return {"error": NO_ENGINE}
+    if runtime.is_shutting_down:
+        return {"error": "this worker is shutting down"}
+    runtime.resume_admission()
+    state.consumer.call_soon(state.consumer.add_task_queue, GENERATE_QUEUE)
+    log.info("resume: admitting jobs again")
+    return {"ok": "admitting"}

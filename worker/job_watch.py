@@ -1,0 +1,69 @@
+"""A task thread's wait for its job's result.
+
+While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
+the job's Redis I/O there, never on the engine loop thread: it writes progress (at most once
+per `STEPWISE_PROGRESS_INTERVAL`), notices a cancel request recorded by the API and passes it
+to the engine, and renews the job's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from storage.errors import StorageError
+from worker import metrics
+from worker.active_job import ActiveJob, StopReason
+from worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+class JobWatch:
+    def __init__(self, runtime: WorkerRuntime, active: ActiveJob) -> None:
+        self.runtime = runtime
+        self.active = active
+        self.written_step = 0
+        self.last_progress_write = 0.0
+        self.next_lease_renewal = time.monotonic() + runtime.lease_seconds / 3
+
+    def wait(self) -> Any:
+        """The engine's result; raises what the engine's future raises."""
+        assert self.active.future is not None
+        while True:
+            try:
+                return self.active.future.result(timeout=self.runtime.settings.poll_interval)
+            except FutureTimeout:
+                pass
+            try:
+                self.tick(time.monotonic())
+            except StorageError as e:  # Redis trouble must not end a job the engine is running
+                log.warning("job %s: could not update its record (%s); retrying", self.active.job_id, e)
+
+    def tick(self, now: float) -> None:
+        active = self.active
+        for interval in active.take_step_intervals():
+            metrics.STEP_LATENCY.observe(interval)
+        self.write_progress(now)
+        store = self.runtime.job_store
+        if active.stop_reason is None and store.is_cancel_requested(active.job_id):
+            log.info("job %s: cancel requested; stopping at the next step", active.job_id)
+            self.runtime.stop_job(active, StopReason.CANCELED)
+        if now >= self.next_lease_renewal and active.stop_reason is None:
+            if store.renew_lease(active.job_id, self.runtime.worker_id, self.runtime.lease_seconds):
+                self.next_lease_renewal = now + self.runtime.lease_seconds / 3
+            else:
+                log.warning("job %s: lease lost to another worker; dropping it here", active.job_id)
+                self.runtime.stop_job(active, StopReason.LEASE_LOST)
+
+    def write_progress(self, now: float, *, force: bool = False) -> None:
+        step, total = self.active.step, self.active.total
+        if step == self.written_step:
+            return
+        if not force and now - self.last_progress_write < self.runtime.settings.progress_interval:
+            return
+        self.runtime.job_store.set_progress(self.active.job_id, step, total)
+        self.written_step = step
+        self.last_progress_write = now

@@ -1,0 +1,69 @@
+"""Worker process start and stop, hooked to Celery's worker signals.
+
+- `worker_init` (once, in the worker's main process, before it consumes anything): check the
+  pool, load the model into this process's engine, start the metrics exporter and the lapsed
+  lease sweeper. A worker that consumes only the webhook queue loads no model.
+- `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
+  ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
+  Celery meanwhile stops consuming and waits for the task threads.
+- `worker_shutdown`: stop the sweeper and the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import signals
+from celery.exceptions import ImproperlyConfigured
+
+from worker import metrics
+from worker.app import app, settings
+from worker.leases import LapsedLeaseSweeper
+from worker.runtime import current_runtime, start_runtime
+from worker.settings import GENERATE_QUEUE, GENERATE_TASK
+
+log = logging.getLogger(__name__)
+
+_sweeper: LapsedLeaseSweeper | None = None
+
+
+def _pool_name(pool_cls: object) -> str:
+    return pool_cls if isinstance(pool_cls, str) else f"{getattr(pool_cls, '__module__', '')}"
+
+
+def _enqueue_generate(job_id: str) -> None:
+    app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
+
+
+@signals.worker_init.connect
+def on_worker_init(sender, **_) -> None:
+    global _sweeper
+    pool = _pool_name(sender.pool_cls)
+    if "thread" not in pool:
+        raise ImproperlyConfigured(
+            f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
+            "its one engine to batch. Drop -P/--pool, or pass --pool threads.")
+    runs_engine = GENERATE_QUEUE in sender.app.amqp.queues.consume_from
+    runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
+    if runs_engine:
+        runtime.load_engine()
+    metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
+    _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval).start()
+    log.info("stepwise worker %s ready (engine: %s, concurrency %d)", runtime.worker_id,
+             settings.model if runs_engine else "none", sender.concurrency)
+
+
+@signals.worker_shutting_down.connect
+def on_worker_shutting_down(how: str = "Warm", **_) -> None:
+    runtime = current_runtime()
+    if runtime is not None:
+        runtime.begin_shutdown(grace=settings.shutdown_grace if how == "Warm" else 0.0)
+
+
+@signals.worker_shutdown.connect
+def on_worker_shutdown(**_) -> None:
+    if _sweeper is not None:
+        _sweeper.stop()
+    runtime = current_runtime()
+    if runtime is not None:
+        runtime.close()

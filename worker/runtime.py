@@ -1,0 +1,205 @@
+"""One worker process's shared state: its engine, its stores and the jobs it holds.
+
+There is one `WorkerRuntime` per worker process. The model is loaded once, when the worker
+starts (`worker.lifecycle`), and every task thread submits to the same engine, which is what
+lets their jobs share forwards. Admission (drain, resume, warm shutdown) is decided here,
+under one lock, so a job is either in the engine or sent back to the queue, never neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from batching.errors import EngineShutdownError
+from batching.params import GenerationParams
+from storage.job_store import JobStore
+from worker.active_job import ActiveJob, StopReason
+from worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from batching import DiffusionEngine
+
+log = logging.getLogger(__name__)
+
+
+def new_worker_id(nodename: str | None = None) -> str:
+    """Unique per process start, so a restarted worker never mistakes old leases for its own."""
+    name = nodename or f"{socket.gethostname()}"
+    return f"{name}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class WorkerRuntime:
+    def __init__(self, settings: WorkerSettings, worker_id: str | None = None, *, runs_engine: bool = True) -> None:
+        self.settings = settings
+        self.runs_engine = runs_engine  # False in a worker that only delivers webhooks
+        self.worker_id = worker_id or new_worker_id()
+        self.job_store = JobStore(settings.storage.redis_url, job_ttl_seconds=settings.storage.job_ttl_seconds)
+        self._image_store = None
+        self._engine: DiffusionEngine | None = None
+        self._lock = threading.Lock()
+        self._active: dict[str, ActiveJob] = {}
+        self._is_idle = threading.Event()  # set while no job is held
+        self._is_idle.set()
+        self.is_admitting = True
+        self.is_shutting_down = False
+
+    @property
+    def lease_seconds(self) -> int:
+        return self.settings.storage.job_lease_seconds
+
+    @property
+    def image_store(self):
+        if self._image_store is None:
+            from storage.image_store import open_image_store
+
+            self._image_store = open_image_store(self.settings.storage)
+        return self._image_store
+
+    @property
+    def engine(self) -> DiffusionEngine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = self._build_engine()
+            return self._engine
+
+    def _build_engine(self) -> DiffusionEngine:
+        from batching import DiffusionEngine, EngineConfig
+
+        s = self.settings
+        config = EngineConfig(model=s.model, device=s.device, max_num_seqs=s.max_num_seqs, policy=s.policy,
+                              deterministic=s.deterministic)
+        log.info("loading model %s (max_num_seqs=%d, policy=%s)", s.model, s.max_num_seqs, s.policy)
+        return DiffusionEngine(config)
+
+    def load_engine(self) -> None:
+        self.engine  # noqa: B018  (builds it)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def submit(self, job_id: str, params: GenerationParams) -> ActiveJob | None:
+        """Hand the job to the engine, or return None while admission is stopped."""
+        engine = self.engine
+        with self._lock:
+            if not self.is_admitting:
+                return None
+            active = ActiveJob(job_id)
+            try:
+                active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress)
+            except EngineShutdownError:
+                return None
+            self._active[job_id] = active
+            self._is_idle.clear()
+            return active
+
+    def release_active(self, job_id: str) -> None:
+        with self._lock:
+            self._active.pop(job_id, None)
+            if not self._active:
+                self._is_idle.set()
+
+    def stop_job(self, active: ActiveJob, reason: StopReason) -> None:
+        """Ask the engine to stop the job at its next step boundary."""
+        if active.stop_reason is None:
+            active.stop_reason = reason
+        self.engine.cancel(active.job_id)
+
+    def stop_admission(self) -> list[str]:
+        """Stop admitting jobs; send back to the queue those that have not started denoising.
+
+        Returns their ids. Jobs already denoising keep running to their end.
+        """
+        with self._lock:
+            self.is_admitting = False
+            if self._engine is not None:
+                self._engine.pause()
+            waiting = [active for active in self._active.values() if not active.has_started_denoising]
+        for active in waiting:
+            self.stop_job(active, StopReason.REQUEUE)
+        return [active.job_id for active in waiting]
+
+    def resume_admission(self) -> None:
+        with self._lock:
+            if self.is_shutting_down:
+                return
+            self.is_admitting = True
+            if self._engine is not None:
+                self._engine.resume()
+
+    def requeue_all(self) -> list[str]:
+        """Send every job this worker holds back to the queue (end of the shutdown grace)."""
+        with self._lock:
+            held = list(self._active.values())
+        for active in held:
+            self.stop_job(active, StopReason.REQUEUE)
+        return [active.job_id for active in held]
+
+    def active_jobs(self) -> list[ActiveJob]:
+        with self._lock:
+            return list(self._active.values())
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def begin_shutdown(self, grace: float) -> None:
+        """Admit nothing new, re-queue waiting jobs, give running ones `grace` seconds and
+        re-queue what still runs after it. Returns at once (it is called in a signal handler)."""
+        if self.is_shutting_down:
+            if grace == 0:
+                threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
+            return
+        self.is_shutting_down = True
+        threading.Thread(target=self._shutdown, args=(grace,), name="stepwise-shutdown", daemon=True).start()
+
+    def _shutdown(self, grace: float) -> None:
+        requeued = self.stop_admission()
+        if requeued:
+            log.info("shutdown: re-queued %d jobs that had not started", len(requeued))
+        if not self._is_idle.wait(grace):
+            remaining = self.requeue_all()
+            log.warning("shutdown: re-queued %d jobs still running after %.0fs", len(remaining), grace)
+
+    def stats(self) -> dict[str, Any]:
+        engine_stats = self._engine.stats() if self._engine is not None else {}
+        return {
+            **engine_stats,
+            "worker_id": self.worker_id,
+            "is_admitting": self.is_admitting,
+            "is_shutting_down": self.is_shutting_down,
+            "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
+        }
+
+    def engine_stats_or_none(self) -> dict[str, Any] | None:
+        return self._engine.stats() if self._engine is not None else None
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+        self.job_store.close()
+
+
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> WorkerRuntime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = WorkerRuntime(WorkerSettings.from_env())
+        return _runtime
+
+
+def start_runtime(settings: WorkerSettings, nodename: str, *, runs_engine: bool) -> WorkerRuntime:
+    global _runtime
+    with _runtime_lock:
+        assert _runtime is None, "the worker runtime is started once per process"
+        _runtime = WorkerRuntime(settings, new_worker_id(nodename), runs_engine=runs_engine)
+        return _runtime
+
+
+def current_runtime() -> WorkerRuntime | None:
+    return _runtime

@@ -1,0 +1,167 @@
+"""The generate task: one job from its queued record to an end state.
+
+1. load the record; an ended job is left alone, so a redelivered message is harmless;
+2. take the job (atomic queued -> running with a lease); refused if another worker holds it;
+3. a job whose deadline passed before it started ends `expired`;
+4. submit it to this process's engine and wait, writing progress and watching for a cancel
+   request (`worker.job_watch`);
+5. encode and upload the images here, on the task thread, then mark the job `succeeded`.
+
+Engine errors end the job `failed` with the engine's message. A job that drain or warm
+shutdown stops before it finishes goes back to the queue for any worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
+from batching.params import GenerationParams
+from storage.errors import StorageUnavailableError
+from storage.job_record import JobRecord, JobState
+from worker import metrics
+from worker.active_job import ActiveJob, StopReason
+from worker.app import app
+from worker.job_watch import JobWatch
+from worker.runtime import WorkerRuntime, get_runtime
+from worker.settings import GENERATE_QUEUE, GENERATE_TASK
+from worker.uploads import upload_images
+from worker.webhooks import emit_event
+
+log = logging.getLogger(__name__)
+
+STORAGE_RETRY_SECONDS = 5
+
+
+@app.task(name=GENERATE_TASK, bind=True, queue=GENERATE_QUEUE, max_retries=None)
+def generate(self, job_id: str) -> str:
+    """Returns the job's outcome for this delivery (for logs and Flower)."""
+    try:
+        return run_job(get_runtime(), job_id)
+    except StorageUnavailableError as e:
+        # Before the job was taken nothing changed: try the message again later. After it was
+        # taken, its lease lapses and another worker's lease sweeper re-queues it.
+        log.warning("job %s: Redis unavailable (%s); retrying in %ds", job_id, e, STORAGE_RETRY_SECONDS)
+        raise self.retry(countdown=STORAGE_RETRY_SECONDS) from e
+
+
+def run_job(runtime: WorkerRuntime, job_id: str) -> str:
+    store = runtime.job_store
+    record = store.get(job_id)
+    if record is None:
+        log.warning("job %s: no record (never created, or expired); dropping the message", job_id)
+        return "missing"
+    if record.state.is_terminal:
+        log.info("job %s: already %s; nothing to do", job_id, record.state.value)
+        return f"already {record.state.value}"
+    taken = store.take(job_id, runtime.worker_id, runtime.lease_seconds)
+    if taken is None:
+        log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
+        metrics.JOBS.labels("skipped").inc()
+        return "skipped"
+    record = taken
+    if record.deadline is not None and record.started_at > record.deadline:
+        late = record.started_at - record.deadline
+        return end_job(runtime, record, JobState.EXPIRED, error_code="deadline_exceeded",
+                       error_message=f"the job did not start before its deadline ({late:.1f}s late)")
+    emit_event(record, "started")
+    try:
+        params = GenerationParams.from_dict(record.params)
+    except InvalidParamsError as e:
+        return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
+    try:
+        active = runtime.submit(job_id, params)
+    except InvalidParamsError as e:  # for example a model this worker does not serve
+        return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
+    if active is None:
+        return requeue(runtime, job_id, "admission is stopped")
+    return run_in_engine(runtime, record, active)
+
+
+def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) -> str:
+    job_id = record.job_id
+    watch = JobWatch(runtime, active)
+    try:
+        result = watch.wait()
+    except JobCanceledError:
+        if active.stop_reason is StopReason.REQUEUE:
+            return requeue(runtime, job_id, "admission stopped before it finished")
+        if active.stop_reason is StopReason.LEASE_LOST:
+            metrics.JOBS.labels("lease_lost").inc()
+            return "lease lost"
+        return end_job(runtime, record, JobState.CANCELED, progress_step=active.step, progress_total=active.total,
+                       error_code="canceled", error_message=f"canceled at step {active.step}/{active.total}")
+    except EngineShutdownError:
+        return requeue(runtime, job_id, "the engine shut down")
+    except Exception as e:  # one job's failure must not take the worker down
+        log.exception("job %s: engine error", job_id)
+        return end_job(runtime, record, JobState.FAILED, error_code="engine_error",
+                       error_message=str(e) or type(e).__name__)
+    finally:
+        runtime.release_active(job_id)
+
+    engine_timings = dict(result.timings)
+    metrics.QUEUE_WAIT.observe(_queue_wait(record, engine_timings))
+    upload_started = time.perf_counter()
+    try:
+        image_keys = upload_images(runtime.image_store, job_id, list(result.images), list(result.seeds))
+    except Exception as e:
+        log.exception("job %s: upload failed", job_id)
+        return end_job(runtime, record, JobState.FAILED, error_code="upload_failed",
+                       error_message=f"the image could not be stored: {e}")
+    upload_seconds = time.perf_counter() - upload_started
+    metrics.UPLOAD_SECONDS.observe(upload_seconds)
+    timings = {
+        "queue_wait": _queue_wait(record, engine_timings),
+        "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
+        "denoise": float(engine_timings.get("denoise", 0.0)),
+        "decode": float(engine_timings.get("decode", 0.0)),
+        "upload": upload_seconds,
+    }
+    timings["total"] = time.time() - record.created_at
+    return end_job(runtime, record, JobState.SUCCEEDED, image_keys=image_keys, timings=timings,
+                   progress_step=active.total, progress_total=active.total)
+
+
+def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
+    """From the job's creation until the engine admitted it: the broker's queue plus the engine's."""
+    return (record.started_at - record.created_at) + float(engine_timings.get("queue_wait", 0.0))
+
+
+EVENT_FOR_STATE = {JobState.SUCCEEDED: "completed", JobState.FAILED: "failed", JobState.CANCELED: "canceled"}
+
+
+def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
+    """Record the job's end state (only if this worker still holds it) and announce it."""
+    if not runtime.job_store.finish(record.job_id, state, worker_id=runtime.worker_id, **fields):
+        log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
+        metrics.JOBS.labels("lease_lost").inc()
+        return "lease lost"
+    metrics.JOBS.labels(state.value).inc()
+    metrics.JOB_SECONDS.observe(max(0.0, time.time() - record.created_at))
+    if state is not JobState.SUCCEEDED:
+        log.info("job %s: %s (%s)", record.job_id, state.value, fields.get("error_message", ""))
+    event = EVENT_FOR_STATE.get(state)
+    if event is not None:
+        shown = {name: fields[name] for name in ("image_keys", "error_code", "error_message") if name in fields}
+        emit_event(dataclasses.replace(record, state=state, **shown), event)
+    return state.value
+
+
+def requeue(runtime: WorkerRuntime, job_id: str, why: str) -> str:
+    """Put a job this worker holds back in the queue for any worker."""
+    store = runtime.job_store
+    if not store.release(job_id, runtime.worker_id):
+        record = store.get(job_id)
+        if record is not None and record.state is JobState.CANCELED:  # a cancel request won over the re-queue
+            metrics.JOBS.labels("canceled").inc()
+            emit_event(record, "canceled")
+            return "canceled"
+        log.info("job %s: not re-queued (%s): another worker holds it", job_id, why)
+        return "not requeued"
+    app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
+    log.info("job %s: re-queued (%s)", job_id, why)
+    metrics.JOBS.labels("requeued").inc()
+    return "requeued"

@@ -1,0 +1,100 @@
+"""Webhook events: `emit_event` queues a delivery; `deliver_webhook` POSTs it, with retries.
+
+Delivery runs as its own task on its own queue, so a slow or failing receiver never delays
+or fails a generation. Every attempt of one event carries the same `webhook-id` (receivers
+deduplicate on it), is signed afresh (Standard Webhooks, see `storage.webhooks`), re-checks
+the URL against the webhook URL policy, does not follow redirects, and is recorded on the job.
+Retries back off exponentially: `STEPWISE_WEBHOOK_BACKOFF` * 2**(attempt-1) seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from storage.job_record import JobRecord
+from storage.url_policy import WebhookURLError, check_webhook_url
+from storage.webhooks import build_payload, secret_from_env, signed_headers
+from worker.app import app, settings
+from worker.runtime import get_runtime
+from worker.settings import DELIVER_WEBHOOK_TASK, WEBHOOK_QUEUE
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 3600.0
+GONE = 410  # the receiver says: stop sending
+
+
+def emit_event(record: JobRecord, event: str) -> str | None:
+    """Queue delivery of `event` if the job asked for it; returns the webhook id. Never raises."""
+    if not record.webhook_url or event not in record.webhook_events:
+        return None
+    webhook_id = f"msg_{uuid.uuid4().hex}"
+    try:
+        payload = build_payload(record, event)
+        app.send_task(DELIVER_WEBHOOK_TASK, args=[record.job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)
+    except Exception:
+        log.exception("job %s: could not queue the %s webhook", record.job_id, event)
+        return None
+    return webhook_id
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    is_delivered: bool
+    is_final: bool  # no point retrying (refused URL, 410 Gone)
+    status_code: int | None = None
+    error: str | None = None
+
+
+def post_once(url: str, webhook_id: str, payload: dict[str, Any], *, timeout: float) -> AttemptOutcome:
+    try:
+        check_webhook_url(url)
+    except WebhookURLError as e:
+        return AttemptOutcome(False, True, error=f"webhook URL refused: {e}")
+    body = json.dumps(payload, separators=(",", ":"))
+    headers = signed_headers(secret_from_env(), webhook_id, body)
+    try:
+        response = requests.post(url, data=body.encode("utf-8"), headers=headers, timeout=timeout,
+                                 allow_redirects=False)
+    except requests.RequestException as e:
+        return AttemptOutcome(False, False, error=f"{type(e).__name__}: {e}")
+    response.close()
+    code = response.status_code
+    return AttemptOutcome(200 <= code < 300, code == GONE, status_code=code)
+
+
+def backoff_seconds(attempt: int) -> float:
+    return min(settings.webhook_backoff * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS, settings.visibility_timeout / 2)
+
+
+@app.task(name=DELIVER_WEBHOOK_TASK, bind=True, queue=WEBHOOK_QUEUE, max_retries=None)
+def deliver_webhook(self, job_id: str, event: str, webhook_id: str, payload: dict[str, Any]) -> str:
+    attempt = self.request.retries + 1
+    store = get_runtime().job_store
+    record = store.get(job_id)
+    if record is None or not record.webhook_url:
+        log.info("webhook %s: job %s has no record or no webhook URL any more; dropped", webhook_id, job_id)
+        return "dropped"
+    outcome = post_once(record.webhook_url, webhook_id, payload, timeout=settings.webhook_timeout)
+    store.add_webhook_attempt(job_id, {
+        "webhook_id": webhook_id, "event": event, "attempt": attempt, "at": time.time(),
+        "status_code": outcome.status_code, "error": outcome.error, "delivered": outcome.is_delivered,
+    })
+    if outcome.is_delivered:
+        return "delivered"
+    reason = outcome.error or f"HTTP {outcome.status_code}"
+    if outcome.is_final or attempt >= settings.webhook_max_attempts:
+        log.warning("webhook %s (%s for job %s): giving up after attempt %d: %s",
+                    webhook_id, event, job_id, attempt, reason)
+        return "failed"
+    delay = backoff_seconds(attempt)
+    log.info("webhook %s (%s for job %s): attempt %d failed (%s); retrying in %.1fs",
+             webhook_id, event, job_id, attempt, reason, delay)
+    raise self.retry(countdown=delay)
