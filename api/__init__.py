@@ -1,0 +1,42 @@
+"""The HTTP API: a Flask application factory.
+
+Resources (the job store, the image store, the Celery client, the key ring, the OpenAPI
+document) are created once per application and kept on `app.extensions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+
+from api import errors, health, jobs, metrics, openapi
+from api.auth import KeyRing
+from api.queue import TaskQueue
+from api.settings import ApiSettings
+from storage.image_store import open_image_store
+from storage.job_store import JobStore
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """`test_config` updates `app.config`; its `STEPWISE_SETTINGS` (an ApiSettings) replaces the environment."""
+    app = Flask(__name__)
+    app.config.from_mapping(test_config or {})
+    settings: ApiSettings = app.config.get("STEPWISE_SETTINGS") or ApiSettings.from_env()
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.sort_keys = False
+    app.json.compact = True
+
+    app.extensions["stepwise.settings"] = settings
+    app.extensions["stepwise.keyring"] = KeyRing(settings.api_keys)
+    app.extensions["stepwise.store"] = JobStore.from_settings(settings.storage)
+    app.extensions["stepwise.images"] = open_image_store(settings.storage)
+    app.extensions["stepwise.queue"] = TaskQueue(settings.storage.redis_url)
+    app.extensions["stepwise.openapi"] = openapi.build_document(settings)
+
+    errors.register(app)
+    metrics.register(app)
+    for blueprint in (jobs.bp, health.bp, openapi.bp):
+        app.register_blueprint(blueprint)
+    return app

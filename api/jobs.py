@@ -1,0 +1,155 @@
+"""The /v1/jobs blueprint: submit, batch, poll, list, cancel, image. Every route needs an API key."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from flask import Blueprint, Response, current_app, g, redirect, request
+from pydantic import ValidationError
+
+from api.auth import require_tenant
+from api.errors import ApiError, from_validation_error, invalid, not_found
+from api.request_body import read_json
+from api.schemas import BatchRequest, ImageQuery, ListQuery
+from api.submission import check_idempotency_key, check_queue_room, create_job, validate_job
+from api.views import job_url, job_view
+from storage.errors import ImageNotFoundError, InvalidCursorError, InvalidTransitionError
+from storage.job_store import JobRecord, JobState
+from storage.webhooks import build_payload
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
+bp.before_request(require_tenant)
+
+MAX_JOB_ID_CHARS = 128
+
+
+def resources():
+    ext = current_app.extensions
+    return ext["stepwise.settings"], ext["stepwise.store"], ext["stepwise.queue"]
+
+
+def own_job(job_id: str) -> JobRecord:
+    """The caller's job, or 404 (also for another tenant's job: its existence is not revealed)."""
+    _, store, _ = resources()
+    record = store.get(job_id) if len(job_id) <= MAX_JOB_ID_CHARS else None
+    if record is None or record.tenant != g.tenant:
+        raise not_found()
+    return record
+
+
+def view_with_position(record: JobRecord) -> dict:
+    _, store, _ = resources()
+    position = store.queue_position(record.job_id) if record.state is JobState.QUEUED else None
+    return job_view(record, position)
+
+
+@bp.post("")
+def submit():
+    settings, store, queue = resources()
+    idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
+    job = validate_job(read_json(), settings)
+    check_queue_room(store, settings)
+    record, created = create_job(store, queue, g.tenant, job, idempotency_key)
+    headers = {"Location": job_url(record.job_id)}
+    if not created:
+        headers["Idempotent-Replayed"] = "true"
+    return view_with_position(record), 202, headers
+
+
+@bp.post("/batch")
+def submit_batch():
+    settings, store, queue = resources()
+    idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
+    try:
+        items = BatchRequest.model_validate(read_json()).jobs
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+    if len(items) > settings.max_batch_jobs:
+        raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
+    check_queue_room(store, settings)
+    results = []
+    for index, item in enumerate(items):
+        try:
+            job = validate_job(item, settings, field_prefix=f"jobs[{index}].")
+            item_key = f"{idempotency_key}#{index}" if idempotency_key else None
+            record, _ = create_job(store, queue, g.tenant, job, item_key)
+            results.append({"index": index, "status": 202, "job": view_with_position(record)})
+        except ApiError as e:
+            if e.status >= 500:
+                raise
+            results.append({"index": index, "status": e.status, "error": e.body()["error"]})
+    num_accepted = sum(1 for result in results if result["status"] == 202)
+    return {"results": results, "num_accepted": num_accepted}, 200
+
+
+@bp.get("")
+def list_jobs():
+    _, store, _ = resources()
+    try:
+        query = ListQuery.model_validate(request.args.to_dict())
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+    state = JobState(query.state) if query.state else None
+    try:
+        records, next_cursor = store.list_for_tenant(g.tenant, state=state, limit=query.limit, cursor=query.cursor)
+    except InvalidCursorError as e:
+        raise invalid("cursor", "cursor is not one this API handed out") from e
+    return {"jobs": [view_with_position(record) for record in records], "next_cursor": next_cursor}
+
+
+@bp.get("/<job_id>")
+def get_job(job_id: str):
+    return view_with_position(own_job(job_id))
+
+
+@bp.post("/<job_id>/cancel")
+def cancel_job(job_id: str):
+    _, store, queue = resources()
+    record = own_job(job_id)
+    try:
+        new_state = store.request_cancel(job_id)
+    except InvalidTransitionError as e:
+        current = store.get(job_id) or record
+        raise ApiError(409, "job_finished", f"the job is already {current.state.value}; nothing to cancel") from e
+    record = store.get(job_id) or record
+    if new_state is JobState.CANCELED:
+        send_canceled_webhook(record)
+        return view_with_position(record), 200
+    return view_with_position(record), 202
+
+
+def send_canceled_webhook(record: JobRecord) -> None:
+    """A queued job canceled here never reaches a worker, so the API sends its `canceled` event."""
+    if not record.webhook_url or "canceled" not in record.webhook_events:
+        return
+    _, _, queue = resources()
+    try:
+        queue.enqueue_webhook(record.job_id, "canceled", f"msg_{uuid.uuid4().hex}", build_payload(record, "canceled"))
+    except Exception as e:  # the cancel happened; a lost notification must not turn it into an error
+        log.warning("could not enqueue the canceled webhook of job %s: %s", record.job_id, e)
+
+
+@bp.get("/<job_id>/image")
+def get_image(job_id: str):
+    record = own_job(job_id)
+    try:
+        index = ImageQuery.model_validate(request.args.to_dict()).index
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+    if record.state is not JobState.SUCCEEDED:
+        raise ApiError(409, "no_image", f"the job is {record.state.value}; its image exists once it has succeeded")
+    if index >= len(record.image_keys):
+        raise not_found("image")
+    images = current_app.extensions["stepwise.images"]
+    key = record.image_keys[index]
+    presigned = images.presigned_url(key)
+    if presigned:
+        return redirect(presigned, 302)
+    try:
+        data = images.get_bytes(key)
+    except ImageNotFoundError as e:
+        raise not_found("image") from e
+    return Response(data, mimetype="image/png", headers={"Cache-Control": "private, max-age=3600"})

@@ -1,0 +1,159 @@
+"""The OpenAPI 3.1 document served at GET /openapi.json, built from the same pydantic
+models that validate requests, so the document cannot drift from the code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, current_app
+from pydantic import BaseModel
+
+from api import schemas
+from api.settings import ApiSettings
+
+bp = Blueprint("openapi", __name__)
+
+REF = "#/components/schemas/{model}"
+ERROR = schemas.ErrorResponse
+JOB_ID = {"name": "job_id", "in": "path", "required": True, "description": "The job's id.",
+          "schema": {"type": "string", "minLength": 1, "maxLength": 128}}
+IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
+                   "description": "Retries with the same key and body return the original job; "
+                                  "the same key with another body gets 409.",
+                   "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
+
+
+class DocumentBuilder:
+    def __init__(self) -> None:
+        self.components: dict[str, Any] = {}
+
+    def ref(self, model: type[BaseModel], mode: str = "serialization") -> dict[str, str]:
+        schema = model.model_json_schema(ref_template=REF, mode=mode)
+        self.components.update(schema.pop("$defs", {}))
+        self.components[model.__name__] = schema
+        return {"$ref": REF.format(model=model.__name__)}
+
+    def json_body(self, model: type[BaseModel]) -> dict[str, Any]:
+        return {"required": True, "content": {"application/json": {"schema": self.ref(model, "validation")}}}
+
+    def response(self, description: str, model: type[BaseModel] | None = None,
+                 headers: dict[str, Any] | None = None) -> dict[str, Any]:
+        answer: dict[str, Any] = {"description": description}
+        if model is not None:
+            answer["content"] = {"application/json": {"schema": self.ref(model)}}
+        if headers:
+            answer["headers"] = headers
+        return answer
+
+    def errors(self, *statuses: int) -> dict[str, Any]:
+        meanings = {400: "Malformed JSON.", 401: "Missing or invalid API key.", 404: "No such job for this key.",
+                    409: "Conflict with the job's state or an earlier request.", 413: "Request body too large.",
+                    422: "A field is invalid; `error.field` names it.", 429: "The queue is full.",
+                    503: "Redis, storage or the queue is unavailable."}
+        return {str(status): self.response(meanings[status], ERROR, RETRY_AFTER if status in (429, 503) else None)
+                for status in statuses}
+
+
+def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A query model's fields as OpenAPI parameters (a query string cannot carry null)."""
+    parameters = []
+    for name, schema in model.model_json_schema(mode="validation")["properties"].items():
+        options = [option for option in schema.pop("anyOf", []) if option.get("type") != "null"]
+        if options:
+            schema.update(options[0])
+        if schema.get("default") is None:
+            schema.pop("default", None)
+        parameters.append({"name": name, "in": "query", "required": False,
+                           "description": schema.pop("description", ""), "schema": schema})
+    return parameters
+
+
+def build_document(settings: ApiSettings) -> dict[str, Any]:
+    b = DocumentBuilder()
+    job = b.response("The job.", schemas.JobView)
+    paths = {
+        "/v1/jobs": {
+            "post": {
+                "operationId": "submitJob", "summary": "Submit a generation job.",
+                "parameters": [IDEMPOTENCY_KEY], "requestBody": b.json_body(schemas.JobRequest),
+                "responses": {"202": b.response("Queued (or the original job, for a replayed Idempotency-Key).",
+                                                schemas.JobView),
+                              **b.errors(400, 401, 409, 413, 422, 429, 503)},
+            },
+            "get": {
+                "operationId": "listJobs", "summary": "The caller's jobs, newest first.",
+                "parameters": query_parameters(schemas.ListQuery),
+                "responses": {"200": b.response("A page of jobs.", schemas.JobList), **b.errors(401, 422, 503)},
+            },
+        },
+        "/v1/jobs/batch": {
+            "post": {
+                "operationId": "submitBatch",
+                "summary": f"Submit up to {settings.max_batch_jobs} jobs; each item gets its own result.",
+                "parameters": [IDEMPOTENCY_KEY], "requestBody": b.json_body(schemas.BatchRequest),
+                "responses": {"200": b.response("One result per item.", schemas.BatchResponse),
+                              **b.errors(400, 401, 413, 422, 429, 503)},
+            },
+        },
+        "/v1/jobs/{job_id}": {
+            "get": {
+                "operationId": "getJob", "summary": "A job's state, progress, timings and image URL.",
+                "parameters": [JOB_ID], "responses": {"200": job, **b.errors(401, 404, 503)},
+            },
+        },
+        "/v1/jobs/{job_id}/cancel": {
+            "post": {
+                "operationId": "cancelJob",
+                "summary": "Cancel: a queued job at once, a running one at its next step.",
+                "parameters": [JOB_ID],
+                "responses": {"200": b.response("Canceled.", schemas.JobView),
+                              "202": b.response("Cancel requested; the running job stops at its next step.",
+                                                schemas.JobView),
+                              **b.errors(401, 404, 409, 503)},
+            },
+        },
+        "/v1/jobs/{job_id}/image": {
+            "get": {
+                "operationId": "getJobImage", "summary": "The PNG (local storage) or a redirect to it (S3).",
+                "parameters": [JOB_ID, *query_parameters(schemas.ImageQuery)],
+                "responses": {
+                    "200": {"description": "The image.",
+                            "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
+                    "302": {"description": "Redirect to a presigned URL.",
+                            "headers": {"Location": {"schema": {"type": "string"}}}},
+                    **b.errors(401, 404, 409, 422, 503),
+                },
+            },
+        },
+        "/healthz": {"get": {"operationId": "healthz", "summary": "The process is alive.", "security": [],
+                             "responses": {"200": b.response("Alive.", schemas.Health)}}},
+        "/readyz": {"get": {"operationId": "readyz", "summary": "Redis and image storage are reachable.",
+                            "security": [],
+                            "responses": {"200": b.response("Ready.", schemas.Readiness),
+                                          "503": b.response("Not ready.", schemas.Readiness)}}},
+        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics.", "security": [],
+                             "responses": {"200": {"description": "Prometheus text format.",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document.", "security": [],
+                                  "responses": {"200": {"description": "OpenAPI 3.1.",
+                                                        "content": {"application/json": {
+                                                            "schema": {"type": "object"}}}}}}},
+    }
+    b.components["BatchRequest"]["properties"]["jobs"]["maxItems"] = settings.max_batch_jobs
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "stepwise", "version": "1", "description": "Diffusion image generation jobs."},
+        "paths": paths,
+        "components": {
+            "schemas": b.components,
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
+                                               "description": "An API key from STEPWISE_API_KEYS."}},
+        },
+        "security": [{"bearerAuth": []}],
+    }
+
+
+@bp.get("/openapi.json")
+def openapi_json():
+    return current_app.extensions["stepwise.openapi"]

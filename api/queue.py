@@ -1,0 +1,35 @@
+"""The API's Celery client: it only sends tasks by name and never imports the worker.
+
+Generation and webhook delivery have their own queues, so a slow webhook receiver never
+delays generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+GENERATE_TASK = "stepwise.generate"
+GENERATE_QUEUE = "stepwise.generate"
+WEBHOOK_TASK = "stepwise.deliver_webhook"
+WEBHOOK_QUEUE = "stepwise.webhooks"
+
+
+class TaskQueue:
+    def __init__(self, broker_url: str) -> None:
+        self.celery = Celery("stepwise-api", broker=broker_url, set_as_current=False)
+        self.celery.conf.update(
+            broker_connection_timeout=3,
+            task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
+                                       "interval_max": 0.5},
+        )
+
+    def enqueue_generation(self, job_id: str) -> None:
+        self.celery.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE, task_id=job_id)
+
+    def enqueue_webhook(self, job_id: str, event: str, webhook_id: str, payload: dict[str, Any]) -> None:
+        self.celery.send_task(WEBHOOK_TASK, args=[job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)
+
+    def close(self) -> None:
+        self.celery.close()

@@ -1,0 +1,28 @@
+"""Reading request bodies: strict JSON (no NaN or Infinity), 400 when it does not parse.
+
+The size limit is Flask's MAX_CONTENT_LENGTH (STEPWISE_MAX_BODY_BYTES): reading a larger
+body raises 413 before any of it is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import request
+
+from api.errors import ApiError
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def read_json() -> Any:
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {e}") from e

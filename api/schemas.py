@@ -1,0 +1,152 @@
+"""Request and response models. Their JSON schemas are the OpenAPI document's schemas.
+
+Request limits come from the engine's constants in `batching.params`, so the document
+shows the real limits; `GenerationParams` still validates every job afterwards, so the
+API and the engine cannot disagree about what a valid job is.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SkipValidation
+
+from batching import params as P
+
+WEBHOOK_EVENTS = ("started", "completed", "failed", "canceled")
+JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
+
+WebhookEvent = Literal["started", "completed", "failed", "canceled"]
+JobStateName = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
+Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
+
+# Fields of the request that are generation parameters (the rest is about the job itself).
+PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
+                "seed", "sampler", "num_images", "model", "num_frames", "lora", "lora_scale")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class JobRequest(StrictModel):
+    """One image-generation job. Unknown fields are refused."""
+
+    prompt: str = Field(min_length=1, max_length=P.MAX_PROMPT_CHARS, description="What to draw.")
+    negative_prompt: str = Field("", max_length=P.MAX_PROMPT_CHARS, description="What to steer away from.")
+    height: int = Field(128, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
+                        description=f"Pixels; height*width at most {P.MAX_PIXELS}.")
+    width: int = Field(128, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE, description="Pixels.")
+    num_inference_steps: int = Field(20, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="Denoising steps.")
+    guidance_scale: float = Field(7.5, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
+                                  description="Classifier-free guidance; at most 1.0 turns it off.")
+    seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
+    sampler: Sampler = Field("euler", description="Sampler (scheduler) for the denoise loop.")  # type: ignore[valid-type]
+    num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
+    model: str = Field(P.DEFAULT_MODEL, min_length=1, max_length=500, description="Model the workers serve.")
+    num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
+    lora: str | None = Field(None, min_length=1, max_length=500, description="LoRA adapter identity.")
+    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="LoRA adapter weight.")
+    webhook_url: str | None = Field(None, min_length=1, max_length=2048,
+                                    description="http(s) URL called on the events in webhook_events.")
+    webhook_events: list[WebhookEvent] | None = Field(
+        None, min_length=1, max_length=len(WEBHOOK_EVENTS),
+        description="Events to deliver; default all of started, completed, failed, canceled. Needs webhook_url.")
+    deadline: Annotated[AwareDatetime | None, Field(strict=False)] = Field(
+        None, description="RFC 3339 time with offset; a job not started by then ends `expired`.")
+
+    def params_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
+
+
+class BatchRequest(StrictModel):
+    """Up to STEPWISE_MAX_BATCH_JOBS jobs. Items are validated one by one, each with its own result."""
+
+    jobs: list[SkipValidation[JobRequest]] = Field(min_length=1)
+
+
+class ListQuery(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    state: JobStateName | None = Field(None, description="Only jobs in this state.")
+    limit: int = Field(20, ge=1, le=100, description="Page size.")
+    cursor: str | None = Field(None, max_length=200, description="`next_cursor` of the previous page.")
+
+
+class ImageQuery(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    index: int = Field(0, ge=0, lt=P.MAX_NUM_IMAGES, description="Which image of a num_images>1 job.")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Machine-readable, e.g. invalid_params, not_found, queue_full.")
+    message: str = Field(description="For humans.")
+    field: str | None = Field(None, description="The request field at fault, when there is one.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Progress(BaseModel):
+    step: int = Field(description="Denoising steps done (summed over the job's images).")
+    total: int = Field(description="Steps in all; 0 until a worker starts the job.")
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class WebhookView(BaseModel):
+    url: str
+    events: list[WebhookEvent]
+    attempts: list[dict[str, Any]] = Field(description="One entry per delivery attempt, oldest first.")
+
+
+class JobView(BaseModel):
+    job_id: str
+    state: JobStateName
+    queue_position: int | None = Field(description="Queued jobs ahead of this one (0: next); null unless queued.")
+    progress: Progress
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    deadline: datetime | None
+    params: dict[str, Any] = Field(description="The generation parameters, with the seed that was used.")
+    timings: dict[str, float] = Field(description="Seconds: queue_wait, denoise, decode, upload, total.")
+    image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")
+    image_urls: list[str] = Field(description="One URL per image, when succeeded.")
+    error: JobError | None = Field(description="Why the job failed or expired.")
+    webhook: WebhookView | None
+    status_url: str
+    cancel_url: str
+
+
+class JobList(BaseModel):
+    jobs: list[JobView] = Field(description="Newest first.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class BatchItemResult(BaseModel):
+    index: int
+    status: int = Field(description="What POST /v1/jobs would have answered for this item (202, 422...).")
+    job: JobView | None = None
+    error: ErrorDetail | None = None
+
+
+class BatchResponse(BaseModel):
+    results: list[BatchItemResult]
+    num_accepted: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, bool] = Field(description="redis, storage: reachable or not.")

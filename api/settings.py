@@ -1,0 +1,108 @@
+"""The API's own settings, read from `STEPWISE_*` environment variables.
+
+Storage settings (Redis, image storage) are shared with the worker and live in
+`storage.settings`; this module holds only what the HTTP layer decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage.settings import StorageSettings, env_int
+from storage.url_policy import AllowList
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TENANT = "default"
+DEFAULT_MAX_QUEUE_DEPTH = 10_000
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_BATCH_JOBS = 100
+
+
+class SettingsError(ValueError):
+    """A `STEPWISE_*` variable the API reads is malformed."""
+
+
+def parse_api_keys(text: str) -> tuple[tuple[str, str], ...]:
+    """`name:key,name:key` -> ((tenant, key), ...). A tenant may hold several keys (rotation)."""
+    pairs = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        tenant, sep, key = item.partition(":")
+        tenant, key = tenant.strip(), key.strip()
+        if not sep or not tenant or not key:
+            raise SettingsError("STEPWISE_API_KEYS must be comma-separated name:key pairs")
+        if not key.isascii() or not key.isprintable():
+            raise SettingsError(f"STEPWISE_API_KEYS: the key of tenant {tenant!r} must be printable ASCII")
+        pairs.append((tenant, key))
+    if not pairs:
+        raise SettingsError("STEPWISE_API_KEYS names no keys")
+    return tuple(pairs)
+
+
+def local_dev_key(path: Path) -> str:
+    """The key of the single local tenant when STEPWISE_API_KEYS is unset.
+
+    Generated once and kept in a 0600 file, so every gunicorn worker and every restart
+    agrees on it without a well-known default key ever being accepted.
+    """
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"sk_{secrets.token_urlsafe(24)}\n")
+    try:
+        os.link(temp, path)  # atomic: the first worker to get here wins
+        log.warning("STEPWISE_API_KEYS is unset: generated a key for tenant %r in %s", DEFAULT_TENANT, path)
+    except FileExistsError:
+        pass
+    finally:
+        temp.unlink()
+    return path.read_text().strip()
+
+
+def default_key_file() -> Path:
+    return Path(os.environ.get("STEPWISE_VAR_DIR") or "var") / "api-key"
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    api_keys: tuple[tuple[str, str], ...]  # STEPWISE_API_KEYS: (tenant, key) pairs
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH  # STEPWISE_MAX_QUEUE_DEPTH: 429 at or above this many queued jobs
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # STEPWISE_MAX_BODY_BYTES: larger request bodies get 413
+    max_batch_jobs: int = DEFAULT_MAX_BATCH_JOBS  # STEPWISE_MAX_BATCH_JOBS: jobs per POST /v1/jobs/batch
+    public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
+    webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
+    retry_after_seconds: int = 5  # Retry-After sent with 429
+
+    @classmethod
+    def from_env(cls) -> ApiSettings:
+        keys_text = os.environ.get("STEPWISE_API_KEYS", "").strip()
+        if keys_text:
+            api_keys = parse_api_keys(keys_text)
+        else:
+            api_keys = ((DEFAULT_TENANT, local_dev_key(default_key_file())),)
+        settings = cls(
+            api_keys=api_keys,
+            storage=StorageSettings.from_env(),
+            max_queue_depth=env_int("STEPWISE_MAX_QUEUE_DEPTH", DEFAULT_MAX_QUEUE_DEPTH),
+            max_body_bytes=env_int("STEPWISE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
+            public_url=(os.environ.get("STEPWISE_PUBLIC_URL") or "").rstrip("/") or None,
+            webhook_allow=AllowList.from_env(),
+        )
+        for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
+            if getattr(settings, name) < 1:
+                raise SettingsError(f"STEPWISE_{name.upper()} must be at least 1")
+        return settings

@@ -1,0 +1,69 @@
+"""JobRecord -> the JSON a client sees (the `JobView` schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from flask import current_app, request
+
+from storage.job_store import JobRecord, JobState
+
+
+def iso_time(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def base_url() -> str:
+    return current_app.extensions["stepwise.settings"].public_url or request.host_url.rstrip("/")
+
+
+def job_url(job_id: str, suffix: str = "") -> str:
+    return f"{base_url()}/v1/jobs/{job_id}{suffix}"
+
+
+def image_urls(record: JobRecord) -> list[str]:
+    if record.state is not JobState.SUCCEEDED:
+        return []
+    images = current_app.extensions["stepwise.images"]
+    urls = []
+    for index, key in enumerate(record.image_keys):
+        presigned = images.presigned_url(key)
+        urls.append(presigned or job_url(record.job_id, "/image" + (f"?index={index}" if index else "")))
+    return urls
+
+
+def error_view(record: JobRecord) -> dict[str, str] | None:
+    if record.error_code or record.error_message:
+        return {"code": record.error_code or record.state.value, "message": record.error_message or ""}
+    if record.state is JobState.EXPIRED:
+        return {"code": "expired", "message": "the job did not start before its deadline"}
+    return None
+
+
+def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, Any]:
+    urls = image_urls(record)
+    webhook = None
+    if record.webhook_url:
+        webhook = {"url": record.webhook_url, "events": record.webhook_events, "attempts": record.webhook_attempts}
+    return {
+        "job_id": record.job_id,
+        "state": record.state.value,
+        "queue_position": queue_position if record.state is JobState.QUEUED else None,
+        "progress": {"step": record.progress_step, "total": record.progress_total},
+        "cancel_requested": record.cancel_requested,
+        "created_at": iso_time(record.created_at),
+        "started_at": iso_time(record.started_at),
+        "finished_at": iso_time(record.finished_at),
+        "deadline": iso_time(record.deadline),
+        "params": record.params,
+        "timings": record.timings,
+        "image_url": urls[0] if urls else None,
+        "image_urls": urls,
+        "error": error_view(record),
+        "webhook": webhook,
+        "status_url": job_url(record.job_id),
+        "cancel_url": job_url(record.job_id, "/cancel"),
+    }

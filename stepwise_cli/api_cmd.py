@@ -1,0 +1,83 @@
+"""`stepwise api`: serve the HTTP API with gunicorn (gthread workers, one app per worker)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+
+def default_workers() -> int:
+    return min(2 * (os.cpu_count() or 1) + 1, 8)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=os.environ.get("STEPWISE_API_HOST", "127.0.0.1"),
+                        help="address to listen on (default: $STEPWISE_API_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("STEPWISE_API_PORT", "8000")),
+                        help="port (default: $STEPWISE_API_PORT or 8000)")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="gunicorn worker processes (default: 2 x CPUs + 1, at most 8)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
+    parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
+
+
+def prepare_metrics_dir() -> str | None:
+    """Several workers share request metrics through files; returns a folder to remove at exit."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    folder = tempfile.mkdtemp(prefix="stepwise-api-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    return folder
+
+
+def run(args: argparse.Namespace) -> int:
+    from gunicorn.app.base import BaseApplication
+
+    metrics_dir = prepare_metrics_dir()  # before anything imports prometheus_client
+
+    from api.settings import ApiSettings, SettingsError
+
+    try:
+        settings = ApiSettings.from_env()  # fail here, once, rather than in every worker
+    except (SettingsError, ValueError) as e:
+        print(f"stepwise api: {e}", file=sys.stderr)
+        return 2
+    tenants = sorted({tenant for tenant, _ in settings.api_keys})
+    print(f"stepwise api: http://{args.host}:{args.port} ({args.workers} workers x {args.threads} threads), "
+          f"tenants: {', '.join(tenants)}", file=sys.stderr)
+
+    def child_exit(server: Any, worker: Any) -> None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
+    class ApiServer(BaseApplication):
+        def load_config(self) -> None:
+            options = {
+                "bind": f"{args.host}:{args.port}",
+                "workers": args.workers,
+                "threads": args.threads,
+                "worker_class": "gthread",
+                "accesslog": "-" if args.access_log else None,
+                "errorlog": "-",
+                "child_exit": child_exit,
+                "proc_name": "stepwise-api",
+            }
+            for name, value in options.items():
+                self.cfg.set(name, value)
+
+        def load(self) -> Any:
+            from api import create_app
+
+            return create_app()
+
+    try:
+        ApiServer().run()
+    finally:
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,41 @@
+"""HTTP calls the API tests make again and again."""
+
+from __future__ import annotations
+
+import time
+
+import requests
+
+from tests.api.processes import TENANT_KEYS, ApiProcess
+
+TERMINAL_STATES = {"succeeded", "failed", "canceled", "expired"}
+
+
+def auth(tenant: str = "alice") -> dict[str, str]:
+    return {"Authorization": f"Bearer {TENANT_KEYS[tenant]}"}
+
+
+def submit(http: requests.Session, api: ApiProcess, body: object, tenant: str = "alice",
+           **headers: str) -> requests.Response:
+    return http.post(f"{api.url}/v1/jobs", json=body, headers={**auth(tenant), **headers}, timeout=10)
+
+
+def get_job(http: requests.Session, api: ApiProcess, job_id: str, tenant: str = "alice") -> requests.Response:
+    return http.get(f"{api.url}/v1/jobs/{job_id}", headers=auth(tenant), timeout=10)
+
+
+def wait_for(http: requests.Session, api: ApiProcess, job_id: str, states: set[str], *, timeout: float = 120.0,
+             tenant: str = "alice") -> dict:
+    """Poll until the job is in one of `states`; fail with its last view after `timeout`."""
+    deadline = time.monotonic() + timeout
+    job: dict = {}
+    while time.monotonic() < deadline:
+        response = get_job(http, api, job_id, tenant)
+        assert response.status_code == 200, response.text
+        job = response.json()
+        if job["state"] in states:
+            return job
+        if job["state"] in TERMINAL_STATES:
+            raise AssertionError(f"job ended {job['state']}, not in {states}: {job}")
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} not in {states} within {timeout}s: {job}")

@@ -1,0 +1,120 @@
+"""Real processes for the API tests: `stepwise api` (gunicorn) and a Celery worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from tests.servers import child_env, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TENANT_KEYS = {"alice": "sk_test_alice", "bob": "sk_test_bob", "carol": "sk_test_carol"}
+WEBHOOK_SECRET = "whsec_" + "c3Rlc3dpc2UtdGVzdC13ZWJob29rLXNlY3JldA=="  # base64 of a test secret
+
+
+def api_keys_setting() -> str:
+    return ",".join(f"{tenant}:{key}" for tenant, key in TENANT_KEYS.items())
+
+
+class ChildProcess:
+    """A child process in its own process group, logging to a file the failure message shows."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def log_tail(self, num_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-num_chars:]
+        except FileNotFoundError:
+            return ""
+
+    def assert_running(self) -> None:
+        assert self.process is not None and self.process.poll() is None, (
+            f"{self.name} exited with {self.process and self.process.returncode}:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+class ApiProcess(ChildProcess):
+    """`stepwise api` on a free loopback port."""
+
+    def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, *, workers: int = 2,
+                 **env_overrides: str) -> None:
+        self.port = free_port()
+        env = child_env(
+            STEPWISE_REDIS_URL=redis_url, STEPWISE_STORAGE_URL=storage_url, STEPWISE_API_KEYS=api_keys_setting(),
+            STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
+            STEPWISE_VAR_DIR=str(tmp_dir / "var"), **env_overrides,
+        )
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        argv = [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(self.port),
+                "--workers", str(workers), "--threads", "4"]
+        super().__init__("stepwise api", argv, env, tmp_dir / "api.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ApiProcess:
+        super().start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_running()
+            try:
+                if requests.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"stepwise api did not answer /healthz within {timeout}s:\n{self.log_tail()}")
+
+
+class WorkerProcess(ChildProcess):
+    """A Celery worker (threads pool) for both queues, with the built-in tiny model on the CPU."""
+
+    def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, **env_overrides: str) -> None:
+        env = child_env(
+            STEPWISE_REDIS_URL=redis_url, STEPWISE_STORAGE_URL=storage_url, STEPWISE_MODEL="builtin:tiny",
+            STEPWISE_DEVICE="cpu", STEPWISE_MAX_NUM_SEQS="4", STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
+            STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_BACKOFF="0.2",
+            STEPWISE_WORKER_METRICS_PORT="0", **env_overrides,
+        )
+        argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", "stepwise.generate,stepwise.webhooks",
+                "--pool", "threads", "--loglevel", "INFO", "--hostname", f"api-test-{free_port()}@%h"]
+        super().__init__("celery worker", argv, env, tmp_dir / "worker.log")
+
+    def start(self, timeout: float = 120.0) -> WorkerProcess:
+        super().start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_running()
+            if " ready." in self.log_tail(20_000):
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"the worker was not ready within {timeout}s:\n{self.log_tail()}")
