@@ -9,6 +9,7 @@ same `from_pretrained(local_files_only=True)` call; nothing is downloaded.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -38,15 +39,19 @@ class StableDiffusionAdapter:
         from diffusers import StableDiffusionPipeline
 
         source = str(builtin_model_path(model)) if is_builtin(model) else os.path.expanduser(model)
+        if _looks_like_path(model) and not os.path.isdir(source):
+            raise ModelLoadError(f"model folder {model!r} does not exist")
         try:
-            pipeline = StableDiffusionPipeline.from_pretrained(
-                source,
-                torch_dtype=dtype,
-                local_files_only=True,
-                safety_checker=None,
-                feature_extractor=None,
-                requires_safety_checker=False,
-            )
+            with warnings.catch_warnings():  # newer diffusers renames torch_dtype; older ones know only it
+                warnings.simplefilter("ignore", FutureWarning)
+                pipeline = StableDiffusionPipeline.from_pretrained(
+                    source,
+                    torch_dtype=dtype,
+                    local_files_only=True,
+                    safety_checker=None,
+                    feature_extractor=None,
+                    requires_safety_checker=False,
+                )
         except Exception as e:
             raise ModelLoadError(
                 f"could not load model {model!r} from a local folder or the Hugging Face cache "
@@ -96,3 +101,8 @@ class StableDiffusionAdapter:
         pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
         array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
         return [Image.fromarray(np.ascontiguousarray(image)) for image in array]
+
+
+def _looks_like_path(model: str) -> bool:
+    """Repo ids are `org/name`; a folder is named from /, . or ~."""
+    return model.startswith(("/", ".", "~"))

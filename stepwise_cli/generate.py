@@ -1,0 +1,99 @@
+"""`stepwise generate`: one image on this machine, through the same engine the worker runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from batching.params import DEFAULT_MODEL, SAMPLERS
+
+FLAG_OF_FIELD = {
+    "prompt": "--prompt",
+    "negative_prompt": "--negative-prompt",
+    "num_inference_steps": "--steps",
+    "guidance_scale": "--guidance",
+    "seed": "--seed",
+    "sampler": "--sampler",
+    "height": "--height",
+    "width": "--width",
+    "model": "--model",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True, help="what to draw")
+    parser.add_argument("--negative-prompt", default="", help="what to steer away from (with guidance > 1)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: a random one, printed)")
+    parser.add_argument("--steps", type=int, default=20, help="denoise steps (default: 20)")
+    parser.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale; <= 1 turns it off")
+    parser.add_argument("--sampler", default="euler", choices=SAMPLERS, help="sampler (default: euler)")
+    parser.add_argument("--height", type=int, default=128, help="image height in pixels, a multiple of 8")
+    parser.add_argument("--width", type=int, default=128, help="image width in pixels, a multiple of 8")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("STEPWISE_MODEL", DEFAULT_MODEL),
+        help="builtin:tiny, builtin:small, a diffusers folder or a cached Hugging Face repo id "
+        "(default: $STEPWISE_MODEL or builtin:tiny)",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from batching.errors import BatchingError, InvalidParamsError
+    from batching.params import GenerationParams
+
+    try:
+        params = GenerationParams(
+            prompt=args.prompt,
+            negative_prompt=args.negative_prompt,
+            seed=args.seed,
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            sampler=args.sampler,
+            height=args.height,
+            width=args.width,
+            model=args.model,
+        )
+    except InvalidParamsError as e:
+        flag = FLAG_OF_FIELD.get(e.field, e.field)
+        print(f"stepwise generate: error: {flag}: {e}", file=sys.stderr)
+        return 2
+    if not args.out.parent.is_dir():
+        print(f"stepwise generate: error: --out: folder {str(args.out.parent)!r} does not exist", file=sys.stderr)
+        return 2
+    try:
+        image = _generate(params, args.device)
+        image.save(args.out, format="PNG")
+    except (BatchingError, OSError) as e:
+        print(f"stepwise generate: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out} ({params.width}x{params.height}, seed {params.seed})")
+    return 0
+
+
+def _generate(params, device: str):
+    _quiet_model_loading()
+    from tqdm import tqdm
+
+    from batching.engine import DiffusionEngine, EngineConfig
+
+    with DiffusionEngine(EngineConfig(model=params.model, device=device, max_num_seqs=1)) as engine:
+        with tqdm(total=params.num_inference_steps, desc="denoising", unit="step") as bar:
+
+            def show_progress(num_steps_done: int, num_steps_total: int) -> None:
+                bar.update(num_steps_done - bar.n)
+
+            return engine.submit(params, on_progress=show_progress).result().image
+
+
+def _quiet_model_loading() -> None:
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()

@@ -1,0 +1,98 @@
+"""Factories and session-scoped engines on the built-in tiny model (CPU).
+
+Engines are shared across tests to keep the suite fast; a test that changes an
+engine's state for good (shutdown, a broken model) builds its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batching import DiffusionEngine, EngineConfig, GenerationParams
+
+
+def make_params(**overrides) -> GenerationParams:
+    values = dict(prompt="a red fox in the forest", seed=7, num_inference_steps=8, guidance_scale=7.5, height=64, width=64)
+    values.update(overrides)
+    return GenerationParams(**values)
+
+
+def mixed_params() -> list[GenerationParams]:
+    """Eight jobs that differ in everything a group may mix: steps, guidance, negative prompt, sampler."""
+    return [
+        make_params(prompt="a red fox", seed=1, sampler="euler", num_inference_steps=12),
+        make_params(prompt="a blue bird", seed=2, sampler="ddim", num_inference_steps=6, guidance_scale=1.0),
+        make_params(prompt="an old castle", seed=3, sampler="euler_ancestral", num_inference_steps=10, negative_prompt="blurry"),
+        make_params(prompt="a calm lake", seed=4, sampler="dpmpp_2m", num_inference_steps=9, guidance_scale=3.0),
+        make_params(prompt="a city at night", seed=5, sampler="euler", num_inference_steps=5, guidance_scale=0.0),
+        make_params(prompt="snow", seed=6, sampler="ddim", num_inference_steps=11, negative_prompt="dark, low quality"),
+        make_params(prompt="a cute dog", seed=7, sampler="euler_ancestral", num_inference_steps=7, guidance_scale=1.0),
+        make_params(prompt="a tiger", seed=8, sampler="dpmpp_2m", num_inference_steps=8, guidance_scale=12.0, negative_prompt="cat"),
+    ]
+
+
+def pixels(image) -> np.ndarray:
+    return np.asarray(image).astype(np.int16)
+
+
+def max_pixel_diff(image_a, image_b) -> int:
+    return int(np.abs(pixels(image_a) - pixels(image_b)).max())
+
+
+def run_alone(engine: DiffusionEngine, params_list: list[GenerationParams]) -> list:
+    """Each job on its own: submitted only after the previous one finished."""
+    return [engine.submit(params).result(timeout=120).image for params in params_list]
+
+
+def run_staggered(engine: DiffusionEngine, params_list: list[GenerationParams], *, steps_between_joins: int = 1) -> list:
+    """The first job starts; job i joins when the first has taken i * steps_between_joins steps."""
+    futures = {}
+    join_at_step = {i * steps_between_joins: i for i in range(1, len(params_list))}
+
+    def submit_next(num_steps_done: int, num_steps_total: int) -> None:
+        index = join_at_step.get(num_steps_done)
+        if index is not None:
+            futures[index] = engine.submit(params_list[index])
+
+    first = params_list[0]
+    assert first.num_inference_steps > (len(params_list) - 1) * steps_between_joins
+    futures[0] = engine.submit(first, on_progress=submit_next)
+    futures[0].result(timeout=120)
+    return [futures[i].result(timeout=120).image for i in range(len(params_list))]
+
+
+@pytest.fixture(scope="session")
+def solo_engine():
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="session")
+def batched_engine():
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=8))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="session")
+def deterministic_engine():
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, deterministic=True))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture
+def fresh_engine():
+    """An engine of the test's own, for tests that break or shut it down."""
+    engines = []
+
+    def build(**overrides) -> DiffusionEngine:
+        engine = DiffusionEngine(EngineConfig(**{"device": "cpu", "max_num_seqs": 4, **overrides}))
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        engine.shutdown(abort=True)
