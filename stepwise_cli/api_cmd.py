@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
                 "errorlog": "-",
                 "child_exit": child_exit,
                 "proc_name": "stepwise-api",
+                "limit_request_line": 8190,  # gunicorn's maximum: long listing cursors and image URLs fit
             }
             for name, value in options.items():
                 self.cfg.set(name, value)

@@ -1,0 +1,46 @@
+"""Health, readiness, Prometheus metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+import re
+
+from tests.api.calls import submit
+
+ROUTES = {
+    ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/batch", "post"), ("/v1/jobs/{job_id}", "get"),
+    ("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/image", "get"), ("/healthz", "get"),
+    ("/readyz", "get"), ("/metrics", "get"), ("/openapi.json", "get"),
+}
+
+
+def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up(api, http):
+    assert http.get(f"{api.url}/healthz", timeout=10).json() == {"status": "ok"}
+    assert http.get(f"{api.url}/readyz", timeout=10).json() == {"status": "ok",
+                                                               "checks": {"redis": True, "storage": True}}
+
+
+def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):
+    submit(http, api, {"prompt": "a metric", "num_inference_steps": 2})
+    for _ in range(4):  # reach both gunicorn workers
+        http.get(f"{api.url}/healthz", timeout=10)
+
+    text = http.get(f"{api.url}/metrics", timeout=10).text
+
+    assert re.search(r'^stepwise_jobs\{state="queued"\} [1-9]', text, re.M)
+    assert re.search(r"^stepwise_queue_depth [1-9]", text, re.M)
+    assert re.search(r'^stepwise_api_request_duration_seconds_count\{method="POST",route="/v1/jobs"\} [1-9]',
+                     text, re.M)
+    healthz_count = re.search(r'^stepwise_api_requests_total\{method="GET",route="/healthz",status="200"\} (\S+)',
+                              text, re.M)
+    assert healthz_count and float(healthz_count.group(1)) >= 4  # summed over the workers
+
+
+def test_the_openapi_document_covers_every_route_with_the_engines_limits(api, http):
+    document = http.get(f"{api.url}/openapi.json", timeout=10).json()
+
+    assert document["openapi"].startswith("3.")
+    assert {(path, method) for path, item in document["paths"].items() for method in item} == ROUTES
+    job = document["components"]["schemas"]["JobRequest"]["properties"]
+    assert job["height"]["maximum"] == 2048 and job["height"]["multipleOf"] == 8
+    assert job["sampler"]["enum"] == ["ddim", "euler", "euler_ancestral", "dpmpp_2m"]
+    assert document["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
