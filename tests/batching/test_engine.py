@@ -1,0 +1,179 @@
+"""The engine as a user drives it: submit, results, progress, cancel, failures, stats, shutdown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from batching import (
+    EngineShutdownError,
+    GenerationResult,
+    InvalidParamsError,
+    JobCanceledError,
+    JobFailedError,
+)
+from tests.batching.conftest import make_params, max_pixel_diff, pixels, run_alone
+
+
+def test_a_job_at_default_size_returns_an_image_with_its_timings(batched_engine):
+    params = make_params(height=128, width=128, num_inference_steps=20)
+
+    result = batched_engine.submit(params, job_id="fox-1").result(timeout=120)
+
+    assert isinstance(result, GenerationResult)
+    assert result.job_id == "fox-1"
+    assert result.image.size == (128, 128) and result.image.mode == "RGB"
+    assert result.seeds == [params.seed] and result.params == params
+    assert set(result.timings) == {"queue_wait", "denoise", "decode"}
+    assert all(seconds >= 0 for seconds in result.timings.values())
+
+
+def test_eight_jobs_submitted_together_share_forwards(fresh_engine):
+    engine = fresh_engine(max_num_seqs=8)
+    futures = [engine.submit(make_params(prompt=f"fox {i}", seed=i)) for i in range(8)]
+
+    for future in futures:
+        future.result(timeout=120)
+
+    stats = engine.stats()
+    assert stats["jobs_finished"] == 8
+    assert max(stats["jobs_per_forward"]) > 1
+    assert max(stats["rows_per_forward"]) > 2
+    assert stats["forwards"] < 8 * 8
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+
+
+def test_num_images_gives_distinct_images_with_consecutive_seeds(batched_engine, solo_engine):
+    params = make_params(seed=40, num_images=3)
+
+    result = batched_engine.submit(params).result(timeout=120)
+
+    assert result.seeds == [40, 41, 42]
+    assert len({pixels(image).tobytes() for image in result.images}) == 3
+    singles = run_alone(solo_engine, [make_params(seed=seed) for seed in result.seeds])
+    for image, single in zip(result.images, singles):
+        assert max_pixel_diff(image, single) <= 1
+
+
+def test_progress_is_reported_once_per_step_and_a_raising_callback_is_ignored(batched_engine):
+    reported = []
+
+    def on_progress(num_steps_done, num_steps_total):
+        reported.append((num_steps_done, num_steps_total))
+        raise RuntimeError("callback bug")
+
+    batched_engine.submit(make_params(num_inference_steps=5), on_progress=on_progress).result(timeout=120)
+
+    assert reported == [(step, 5) for step in range(1, 6)]
+
+
+def test_canceling_a_running_job_raises_job_canceled_and_others_finish(batched_engine):
+    has_started = threading.Event()
+    long_job = batched_engine.submit(
+        make_params(num_inference_steps=200), on_progress=lambda done, total: has_started.set()
+    )
+    other = batched_engine.submit(make_params(seed=99, num_inference_steps=10))
+    assert has_started.wait(timeout=60)
+    canceled_before = batched_engine.stats()["jobs_canceled"]
+
+    assert batched_engine.cancel(long_job)
+
+    with pytest.raises(JobCanceledError):
+        long_job.result(timeout=60)
+    assert other.result(timeout=120).image is not None
+    assert batched_engine.stats()["jobs_canceled"] == canceled_before + 1
+    assert not batched_engine.cancel(long_job)
+
+
+def test_a_job_can_be_canceled_by_its_id_while_waiting(fresh_engine):
+    engine = fresh_engine(max_num_seqs=1)
+    engine.pause()
+    future = engine.submit(make_params(), job_id="queued-job")
+
+    assert engine.cancel("queued-job")
+
+    with pytest.raises(JobCanceledError):
+        future.result(timeout=60)
+    assert not engine.cancel("no-such-job")
+
+
+def test_a_failing_group_fails_its_jobs_readably_and_the_engine_serves_the_next(fresh_engine, monkeypatch):
+    engine = fresh_engine()
+    model = engine.model_runner.model
+    real_forward = model.forward
+    calls = []
+
+    def broken_forward(latents, timesteps, embeds):
+        calls.append(latents.shape[0])
+        if len(calls) == 3:
+            raise RuntimeError("injected denoiser failure")
+        return real_forward(latents, timesteps, embeds)
+
+    monkeypatch.setattr(model, "forward", broken_forward)
+    engine.pause()
+    doomed = [engine.submit(make_params(seed=i)) for i in range(2)]
+    engine.resume()
+
+    for future in doomed:
+        with pytest.raises(JobFailedError, match="denoiser forward failed.*injected denoiser failure"):
+            future.result(timeout=60)
+    assert engine.submit(make_params(seed=5)).result(timeout=120).image is not None
+    assert engine.stats()["jobs_failed"] == 2
+
+
+def test_a_request_for_another_model_is_rejected_naming_the_model_field(batched_engine):
+    with pytest.raises(InvalidParamsError) as error:
+        batched_engine.submit(make_params(model="builtin:small"))
+
+    assert error.value.field == "model"
+
+
+def test_pause_holds_waiting_jobs_until_resume(fresh_engine):
+    engine = fresh_engine()
+    engine.pause()
+    future = engine.submit(make_params(num_inference_steps=3))
+
+    with pytest.raises(TimeoutError):
+        future.result(timeout=1.0)
+    assert engine.stats()["num_waiting"] == 1
+
+    engine.resume()
+    assert future.result(timeout=120).image is not None
+
+
+def test_shutdown_drains_accepted_jobs_by_default(fresh_engine):
+    engine = fresh_engine()
+    futures = [engine.submit(make_params(seed=i, num_inference_steps=4)) for i in range(3)]
+
+    engine.shutdown()
+
+    assert all(future.result(timeout=0).image is not None for future in futures)
+    with pytest.raises(EngineShutdownError):
+        engine.submit(make_params())
+
+
+def test_shutdown_with_abort_fails_unfinished_jobs(fresh_engine):
+    engine = fresh_engine(max_num_seqs=1)
+    has_started = threading.Event()
+    running = engine.submit(make_params(num_inference_steps=200), on_progress=lambda done, total: has_started.set())
+    waiting = engine.submit(make_params(seed=3))
+    assert has_started.wait(timeout=60)
+
+    engine.shutdown(abort=True)
+
+    for future in (running, waiting):
+        with pytest.raises(EngineShutdownError):
+            future.result(timeout=0)
+
+
+def test_importing_batching_does_not_import_torch_or_service_packages():
+    code = (
+        "import sys, batching, batching.params, batching.scheduler, batching.plan\n"
+        "from batching import EngineConfig, GenerationParams, GenerationResult\n"
+        "loaded = [m for m in ('torch', 'diffusers', 'flask', 'celery', 'redis', 'boto3') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

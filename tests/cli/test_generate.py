@@ -1,0 +1,50 @@
+"""`stepwise generate`: a PNG on disk, or one clear line and exit code 2 for bad arguments."""
+
+from __future__ import annotations
+
+import shutil
+
+from PIL import Image
+
+from batching.builtin_model import builtin_model_path
+from stepwise_cli.main import main
+
+
+def test_generate_writes_a_png_of_the_requested_size(tmp_path, capsys):
+    out = tmp_path / "fox.png"
+
+    code = main(["generate", "--prompt", "a red fox", "--seed", "7", "--steps", "4",
+                 "--height", "64", "--width", "96", "--device", "cpu", "--out", str(out)])
+
+    assert code == 0
+    with Image.open(out) as image:
+        assert image.format == "PNG" and image.size == (96, 64)
+    assert "seed 7" in capsys.readouterr().out
+
+
+def test_generate_with_bad_steps_exits_2_with_one_line_naming_the_field(tmp_path, capsys):
+    code = main(["generate", "--prompt", "a red fox", "--steps", "0", "--out", str(tmp_path / "x.png")])
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "--steps" in err and "num_inference_steps" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_generate_loads_a_model_folder_given_with_model(tmp_path):
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(builtin_model_path("builtin:tiny"), folder)
+    out = tmp_path / "out.png"
+
+    code = main(["generate", "--prompt", "a house", "--steps", "3", "--height", "64", "--width", "64",
+                 "--model", str(folder), "--device", "cpu", "--out", str(out)])
+
+    assert code == 0 and out.stat().st_size > 0
+
+
+def test_generate_with_a_missing_model_folder_exits_with_a_message(tmp_path, capsys):
+    code = main(["generate", "--prompt", "x", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png")])
+
+    assert code != 0
+    assert "does not exist" in capsys.readouterr().err
