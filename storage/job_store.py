@@ -201,7 +201,8 @@ class JobStore:
             last_id, last_score = chunk[-1]
             num_ties = sum(1 for job_id, score in chunk if score == last_score and job_id not in expired_ids)
             num_skip = (num_skip if last_score == bound_score else 0) + num_ties
-            bound_score, bound_id = last_score, last_id
+            if bound_id is None or last_score < bound_score or last_id < bound_id:
+                bound_score, bound_id = last_score, last_id
 
     def _forget(self, tenant: str, job_ids: list[str]) -> None:
         """Drop index entries whose record expired."""
