@@ -35,6 +35,7 @@ from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
     ApiError,
+    ApiTarget,
     ClientError,
     add_api_arguments,
     resolve_target,
@@ -168,9 +169,10 @@ class FatalApiError(ClientError):
 
 
 class Backfill:
-    def __init__(self, client: ApiClient, *, run_name: str, out_dir: Path | None, concurrency: int,
-                 manifest: Manifest, bar: tqdm) -> None:
-        self.client = client
+    def __init__(self, target: ApiTarget, *, retry_seconds: float, run_name: str, out_dir: Path | None,
+                 concurrency: int, manifest: Manifest, bar: tqdm) -> None:
+        self.client = ApiClient(target, retry_seconds=retry_seconds, max_connections=2 * concurrency,
+                                on_retry=self._count_retry)
         self.run_name = run_name
         self.out_dir = out_dir
         self.concurrency = concurrency
@@ -178,6 +180,7 @@ class Backfill:
         self.manifest = manifest
         self.bar = bar
         self.results: list[RowResult] = []
+        self.num_retries = 0  # transient failures retried (full queue, API restarting)
         self._submitted: queue.Queue[tuple[Row, dict[str, Any] | ClientError]] = queue.Queue()
 
     def run(self, rows: list[Row], timeout: float | None) -> list[RowResult]:
@@ -287,7 +290,11 @@ class Backfill:
 
     def _postfix(self, num_in_flight: int) -> dict[str, int]:
         num_failed = sum(not r.is_ok for r in self.results)
-        return {"ok": len(self.results) - num_failed, "failed": num_failed, "in_flight": num_in_flight}
+        return {"ok": len(self.results) - num_failed, "failed": num_failed, "in_flight": num_in_flight,
+                "retries": self.num_retries}
+
+    def _count_retry(self, error: ClientError, delay: float) -> None:
+        self.num_retries += 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -300,12 +307,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ClientError) as e:
         print(f"stepwise backfill: {e}", file=sys.stderr)
         return 2
-    client = ApiClient(target, retry_seconds=args.retry_for, max_connections=2 * args.concurrency)
     manifest = Manifest(args.manifest)
     started = time.monotonic()
     bar = tqdm(total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True)
-    backfill = Backfill(client, run_name=args.run_name or args.file.name, out_dir=args.out,
-                        concurrency=args.concurrency, manifest=manifest, bar=bar)
+    backfill = Backfill(target, retry_seconds=args.retry_for, run_name=args.run_name or args.file.name,
+                        out_dir=args.out, concurrency=args.concurrency, manifest=manifest, bar=bar)
     try:
         results = backfill.run(rows, args.timeout)
     except KeyboardInterrupt:
@@ -318,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"stepwise backfill: {e}", file=sys.stderr)
         return 2
     finally:
-        client.close()
+        backfill.client.close()
         manifest.close()
     bar.close()
     print_summary(results, time.monotonic() - started, args.manifest)

@@ -18,7 +18,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import requests
 import tenacity
@@ -112,7 +112,7 @@ class ApiClient:
     """Thread-safe: one `requests.Session` with a connection pool sized for `max_connections`."""
 
     def __init__(self, target: ApiTarget, *, timeout: float = 30.0, retry_seconds: float = 60.0,
-                 max_connections: int = 10) -> None:
+                 max_connections: int = 10, on_retry: Callable[[ClientError, float], None] | None = None) -> None:
         self.target = target
         self.timeout = timeout
         self.session = requests.Session()
@@ -127,6 +127,7 @@ class ApiClient:
             wait=_wait_retry_after_or_backoff,
             stop=tenacity.stop_after_delay(retry_seconds),
             sleep=self._sleep_unless_closed,
+            before_sleep=(lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None,
             reraise=True,
         )
 
@@ -164,8 +165,10 @@ class ApiClient:
         url = self.target.url + path
         try:
             response = self.session.request(method, url, timeout=self.timeout, **kwargs)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            raise TransientError(f"{method} {url}: {e.__class__.__name__}: {e}") from e
+        except requests.Timeout as e:
+            raise TransientError(f"{method} {url}: no answer within {self.timeout:.0f}s") from e
+        except requests.ConnectionError as e:
+            raise TransientError(f"{method} {url}: cannot connect ({_connection_failure(e)})") from e
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientError(f"{method} {url}: HTTP {response.status_code} {_error_message(response)}",
                                  retry_after=_retry_after_seconds(response))
@@ -182,6 +185,12 @@ def _wait_retry_after_or_backoff(retry_state: tenacity.RetryCallState) -> float:
     if isinstance(error, TransientError) and error.retry_after is not None:
         return min(error.retry_after, MAX_RETRY_AFTER_SECONDS)
     return _backoff(retry_state)
+
+
+def _connection_failure(error: requests.ConnectionError) -> str:
+    """`[Errno 111] Connection refused` rather than urllib3's nested repr."""
+    reason = getattr(error.args[0], "reason", None) if error.args else None
+    return str(reason or error).rsplit(": ", 1)[-1]
 
 
 def _retry_after_seconds(response: requests.Response) -> float | None:

@@ -71,7 +71,7 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        client = ApiClient(resolve_target(args))
+        client = ApiClient(resolve_target(args), on_retry=_say_retrying)
     except ClientError as e:
         print(f"stepwise submit: {e}", file=sys.stderr)
         return 2
@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         client.close()
+
+
+def _say_retrying(error: ClientError, delay: float) -> None:
+    print(f"stepwise submit: {error}; retrying in {delay:.1f}s", file=sys.stderr)
 
 
 def _submit(client: ApiClient, args: argparse.Namespace) -> int:
