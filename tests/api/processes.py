@@ -97,14 +97,15 @@ class ApiProcess(ChildProcess):
 class WorkerProcess(ChildProcess):
     """A Celery worker (threads pool) for both queues, with the built-in tiny model on the CPU."""
 
-    def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, **env_overrides: str) -> None:
+    def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, *,
+                 queues: str = "stepwise.generate,stepwise.webhooks", **env_overrides: str) -> None:
         env = child_env(
             STEPWISE_REDIS_URL=redis_url, STEPWISE_STORAGE_URL=storage_url, STEPWISE_MODEL="builtin:tiny",
             STEPWISE_DEVICE="cpu", STEPWISE_MAX_NUM_SEQS="4", STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
             STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_BACKOFF="0.2",
             STEPWISE_WORKER_METRICS_PORT="0", **env_overrides,
         )
-        argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", "stepwise.generate,stepwise.webhooks",
+        argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues,
                 "--pool", "threads", "--loglevel", "INFO", "--hostname", f"api-test-{free_port()}@%h"]
         super().__init__("celery worker", argv, env, tmp_dir / "worker.log")
 

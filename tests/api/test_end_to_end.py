@@ -1,0 +1,172 @@
+"""End to end over real HTTP: `stepwise api`, a real Celery worker with the built-in tiny model,
+real Redis, local image storage, and a webhook receiver started by the test."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import io
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from PIL import Image
+
+from tests.api.calls import auth, get_job, submit, wait_for
+from tests.api.processes import WEBHOOK_SECRET, WorkerProcess
+from tests.api.webhook_receiver import Delivery, WebhookReceiver
+
+SMALL = {"prompt": "a red fox in snow", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 96,
+         "guidance_scale": 1.0}
+SLOW = {"prompt": "a long walk", "seed": 3, "num_inference_steps": 200, "height": 256, "width": 256}
+
+
+@pytest.fixture(scope="module")
+def worker(module_redis, storage_url, tmp_path_factory):
+    process = WorkerProcess(tmp_path_factory.mktemp("worker"), module_redis.url, storage_url).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def receiver():
+    with WebhookReceiver() as server:
+        yield server
+
+
+@pytest.fixture
+def paused_generation(module_redis, worker):
+    """The worker stops taking generation jobs (Celery's cancel_consumer) until the test ends."""
+    control = Celery(broker=module_redis.url, set_as_current=False).control
+    control.cancel_consumer("stepwise.generate", reply=True, timeout=10)
+    yield
+    control.add_consumer("stepwise.generate", reply=True, timeout=10)
+
+
+def verify_signature(delivery: Delivery) -> None:
+    """Standard Webhooks, computed here independently of the project's own helper."""
+    key = base64.b64decode(WEBHOOK_SECRET.removeprefix("whsec_"))
+    headers = delivery.headers
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + delivery.body
+    expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    assert expected in headers["webhook-signature"].split(), headers
+    assert abs(time.time() - int(headers["webhook-timestamp"])) < 300
+
+
+def test_a_submitted_job_succeeds_and_its_image_is_a_png_of_the_requested_size(api, worker, http):
+    job = submit(http, api, SMALL).json()
+
+    done = wait_for(http, api, job["job_id"], {"succeeded"})
+    image = http.get(done["image_url"], headers=auth(), timeout=30)
+
+    assert done["image_url"] == f"{api.url}/v1/jobs/{job['job_id']}/image"
+    assert done["progress"]["step"] == done["progress"]["total"] > 0
+    assert done["started_at"] and done["finished_at"] and done["timings"]["total"] > 0
+    assert image.status_code == 200 and image.headers["Content-Type"] == "image/png"
+    assert image.content.startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(io.BytesIO(image.content)) as png:
+        png.verify()
+    with Image.open(io.BytesIO(image.content)) as png:
+        assert png.size == (SMALL["width"], SMALL["height"])
+
+
+def test_a_multi_image_job_has_one_image_per_seed(api, worker, http):
+    job = submit(http, api, {**SMALL, "num_images": 2}).json()
+
+    done = wait_for(http, api, job["job_id"], {"succeeded"})
+    images = [http.get(url, headers=auth(), timeout=30) for url in done["image_urls"]]
+
+    assert len(images) == 2 and all(image.status_code == 200 for image in images)
+    assert images[0].content != images[1].content
+    assert http.get(f"{done['status_url']}/image", params={"index": 2}, headers=auth(), timeout=10).status_code == 404
+
+
+def test_the_receiver_gets_started_and_completed_events_signed_with_the_secret(api, worker, http, receiver):
+    job = submit(http, api, {**SMALL, "webhook_url": receiver.url("/hooks/signed")}).json()
+    wait_for(http, api, job["job_id"], {"succeeded"})
+
+    deliveries = receiver.wait_for("/hooks/signed", lambda got: len(got) >= 2)
+
+    assert sorted(d.payload["type"] for d in deliveries) == ["job.completed", "job.started"]
+    assert all(d.payload["data"]["job_id"] == job["job_id"] for d in deliveries)
+    for delivery in deliveries:
+        verify_signature(delivery)
+    assert len({d.headers["webhook-id"] for d in deliveries}) == 2
+
+
+def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt_with_the_same_id(
+        api, worker, http, receiver):
+    path = "/hooks/fail-2"
+    job = submit(http, api, {**SMALL, "webhook_url": receiver.url(path), "webhook_events": ["completed"]}).json()
+    wait_for(http, api, job["job_id"], {"succeeded"})
+
+    deliveries = receiver.wait_for(path, lambda got: any(d.status == 204 for d in got))
+
+    assert [d.status for d in deliveries] == [500, 500, 204]
+    assert len({d.headers["webhook-id"] for d in deliveries}) == 1
+    assert len({d.body for d in deliveries}) == 1
+    for delivery in deliveries:
+        verify_signature(delivery)
+    attempts = wait_until_attempts(http, api, job["job_id"], 3)
+    assert [(a["attempt"], a["delivered"]) for a in attempts] == [(1, False), (2, False), (3, True)]
+
+
+def wait_until_attempts(http, api, job_id: str, count: int, timeout: float = 20.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    attempts: list[dict] = []
+    while time.monotonic() < deadline:
+        attempts = get_job(http, api, job_id).json()["webhook"]["attempts"]
+        if len(attempts) >= count:
+            return attempts
+        time.sleep(0.1)
+    raise AssertionError(f"{len(attempts)} webhook attempts recorded within {timeout}s: {attempts}")
+
+
+def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, receiver):
+    job = submit(http, api, {**SLOW, "webhook_url": receiver.url("/hooks/cancel-running")}).json()
+    running = wait_for(http, api, job["job_id"], {"running"})
+    deadline = time.monotonic() + 60
+    while running["progress"]["step"] < 1 and time.monotonic() < deadline:
+        running = get_job(http, api, job["job_id"]).json()
+        time.sleep(0.05)
+
+    response = http.post(job["cancel_url"], headers=auth(), timeout=10)
+    canceled = wait_for(http, api, job["job_id"], {"canceled"}, timeout=60)
+
+    assert response.status_code == 202 and response.json()["cancel_requested"] is True
+    assert 0 < canceled["progress"]["step"] < SLOW["num_inference_steps"]
+    assert canceled["image_url"] is None
+    events = receiver.wait_for("/hooks/cancel-running", lambda got: any(d.payload["type"] == "job.canceled"
+                                                                         for d in got))
+    assert [d.payload["type"] for d in events] == ["job.started", "job.canceled"]
+
+
+def test_canceling_a_queued_job_sends_its_canceled_event_from_the_api(api, worker, http, receiver,
+                                                                          paused_generation):
+    job = submit(http, api, {**SMALL, "webhook_url": receiver.url("/hooks/cancel-queued")}).json()
+    assert get_job(http, api, job["job_id"]).json()["state"] == "queued"
+
+    response = http.post(job["cancel_url"], headers=auth(), timeout=10)
+
+    assert response.status_code == 200 and response.json()["state"] == "canceled"
+    [delivery] = receiver.wait_for("/hooks/cancel-queued", lambda got: len(got) >= 1)
+    assert delivery.payload["type"] == "job.canceled" and delivery.payload["data"]["job_id"] == job["job_id"]
+    verify_signature(delivery)
+
+
+def test_a_job_not_started_by_its_deadline_ends_expired(api, worker, http, module_redis):
+    control = Celery(broker=module_redis.url, set_as_current=False).control
+    control.cancel_consumer("stepwise.generate", reply=True, timeout=10)
+    try:
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=1)
+        job = submit(http, api, {**SMALL, "deadline": deadline.isoformat()}).json()
+        time.sleep(1.5)
+    finally:
+        control.add_consumer("stepwise.generate", reply=True, timeout=10)
+
+    expired = wait_for(http, api, job["job_id"], {"expired"})
+
+    assert expired["error"]["code"] == "deadline_exceeded"
+    assert expired["image_url"] is None
