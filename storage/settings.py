@@ -51,6 +51,7 @@ class StorageSettings:
     presign_expiry_seconds: int = 3600  # STEPWISE_PRESIGN_EXPIRY
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
     job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
+    storage_max_attempts: int = 5  # STEPWISE_STORAGE_MAX_ATTEMPTS: tries of one image store call on transient errors
 
     @classmethod
     def from_env(cls) -> StorageSettings:
@@ -61,4 +62,5 @@ class StorageSettings:
             presign_expiry_seconds=env_int("STEPWISE_PRESIGN_EXPIRY", 3600),
             job_ttl_seconds=env_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
             job_lease_seconds=env_int("STEPWISE_JOB_LEASE_SECONDS", 60),
+            storage_max_attempts=env_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
         )

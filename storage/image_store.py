@@ -1,0 +1,86 @@
+"""Where generated images live: a local folder (the embedded default) or an S3 bucket.
+
+`open_image_store(settings)` picks the backend from `STEPWISE_STORAGE_URL`: `file:///path` or
+`s3://bucket/prefix`. Keys are deterministic (`{prefix}/{job_id}/{index}.png`), so a retried
+upload overwrites the same object and never leaves a duplicate.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from storage.settings import StorageSettings
+
+PNG_CONTENT_TYPE = "image/png"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for transient errors (connection errors, 5xx, throttling)."""
+
+    max_attempts: int = 5  # tries in all, the first one included
+    initial_wait: float = 0.2  # seconds before the second try, doubling after each failure (+ up to this much jitter)
+    max_wait: float = 5.0  # cap on the exponential part of one wait, in seconds
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    size: int  # bytes
+    content_type: str
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class ImageStore(abc.ABC):
+    prefix: str = ""
+
+    def key_for(self, job_id: str, index: int) -> str:
+        name = f"{job_id}/{int(index)}.png"
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    @abc.abstractmethod
+    def put_png(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+        """Store (or replace) a PNG with string metadata such as job id, seed and model."""
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """The stored bytes; ImageNotFoundError if there are none."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ImageInfo | None:
+        """Size, content type and metadata of a stored image; None if there is none."""
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    @abc.abstractmethod
+    def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
+        """A URL clients can GET for `expiry` seconds, or None when the API must serve the bytes."""
+
+    @abc.abstractmethod
+    def ping(self) -> bool:
+        """Whether the store can be reached now (one try, no retries)."""
+
+    def close(self) -> None:  # noqa: B027 (a no-op unless the backend holds connections)
+        pass
+
+
+def open_image_store(settings: StorageSettings, *, retry: RetryPolicy | None = None) -> ImageStore:
+    retry = retry or RetryPolicy(max_attempts=settings.storage_max_attempts)
+    url = settings.storage_url
+    parts = urlsplit(url)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        from storage.local_image_store import LocalImageStore
+
+        return LocalImageStore(Path(unquote(parts.path)))
+    if parts.scheme == "s3" and parts.netloc:
+        # Imported here: boto3 takes a noticeable time to import and local setups never need it.
+        from storage.s3_image_store import S3ImageStore
+
+        return S3ImageStore(
+            bucket=parts.netloc, prefix=parts.path.strip("/"), endpoint_url=settings.s3_endpoint_url,
+            presign_expiry_seconds=settings.presign_expiry_seconds, retry=retry,
+        )
+    raise ValueError(f"STEPWISE_STORAGE_URL must be file:///absolute/path or s3://bucket/prefix (got {url!r})")

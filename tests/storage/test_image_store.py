@@ -1,0 +1,196 @@
+"""The same assertions against the local folder and S3 (moto's server over real HTTP), then S3's
+own concerns: content type, presigned URLs and retries of transient failures."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import urllib.request
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import pytest
+
+from storage.errors import ImageNotFoundError, StorageUnavailableError
+from storage.image_store import RetryPolicy, open_image_store
+from storage.local_image_store import LocalImageStore
+from storage.s3_image_store import S3ImageStore
+from storage.settings import StorageSettings
+from tests.storage.network import LateProxy, ThrottlingS3
+
+METADATA = {"job_id": "job1", "seed": "7", "model": "builtin:tiny"}
+QUICK_RETRY = RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05)
+
+
+def png_bytes() -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + os.urandom(256)
+
+
+def s3_settings(endpoint_url: str, bucket: str, **kwargs) -> StorageSettings:
+    return StorageSettings(storage_url=f"s3://{bucket}/images", s3_endpoint_url=endpoint_url, **kwargs)
+
+
+@pytest.fixture(params=["local", "s3"])
+def image_store(request, tmp_path):
+    if request.param == "local":
+        settings = StorageSettings(storage_url=(tmp_path / "images").as_uri())
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        settings = s3_settings(request.getfixturevalue("s3_server").endpoint_url, bucket)
+    store = open_image_store(settings)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def s3_store(s3_server, s3_bucket):
+    store = open_image_store(s3_settings(s3_server.endpoint_url, s3_bucket))
+    yield store
+    store.close()
+
+
+def test_the_url_picks_the_backend(image_store):
+    assert isinstance(image_store, (LocalImageStore, S3ImageStore))
+    assert image_store.ping()
+
+
+def test_keys_are_deterministic_per_job_and_image(image_store):
+    assert image_store.key_for("job1", 2) == image_store.key_for("job1", 2)
+    assert image_store.key_for("job1", 2).endswith("job1/2.png")
+    assert image_store.key_for("job1", 2) != image_store.key_for("job1", 3)
+
+
+def test_a_stored_png_reads_back_with_its_metadata(image_store):
+    key = image_store.key_for("job1", 0)
+    data = png_bytes()
+    assert not image_store.exists(key)
+
+    image_store.put_png(key, data, METADATA)
+
+    assert image_store.exists(key)
+    assert image_store.get_bytes(key) == data
+    info = image_store.head(key)
+    assert (info.size, info.content_type, info.metadata) == (len(data), "image/png", METADATA)
+
+
+def test_storing_under_the_same_key_replaces_the_image(image_store):
+    key = image_store.key_for("job1", 0)
+    image_store.put_png(key, png_bytes(), METADATA)
+    second = png_bytes()
+
+    image_store.put_png(key, second, {**METADATA, "seed": "8"})
+
+    assert image_store.get_bytes(key) == second
+    assert image_store.head(key).metadata["seed"] == "8"
+
+
+def test_a_missing_image_is_not_found(image_store):
+    key = image_store.key_for("nobody", 0)
+
+    assert image_store.head(key) is None
+    with pytest.raises(ImageNotFoundError, match="nobody"):
+        image_store.get_bytes(key)
+
+
+def test_a_retried_upload_leaves_one_object(s3_store, s3_server, s3_bucket):
+    key = s3_store.key_for("job1", 0)
+    for _ in range(3):
+        s3_store.put_png(key, png_bytes(), METADATA)
+
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint_url)
+    listed = client.list_objects_v2(Bucket=s3_bucket, Prefix="images/job1/")
+    assert [item["Key"] for item in listed["Contents"]] == ["images/job1/0.png"]
+    assert client.head_object(Bucket=s3_bucket, Key=key)["ContentType"] == "image/png"
+
+
+def test_the_local_folder_holds_only_finished_files(tmp_path):
+    store = open_image_store(StorageSettings(storage_url=(tmp_path / "images").as_uri()))
+    key = store.key_for("job1", 0)
+    store.put_png(key, png_bytes(), METADATA)
+    store.put_png(key, png_bytes(), METADATA)
+
+    assert sorted(path.name for path in (tmp_path / "images" / "job1").iterdir()) == ["0.png", "0.png.meta.json"]
+    assert store.presigned_url(key) is None
+
+
+def test_a_local_key_cannot_leave_the_image_folder(tmp_path):
+    store = LocalImageStore(tmp_path)
+
+    for key in ("../outside.png", "/etc/passwd", "job1/../../x.png"):
+        with pytest.raises(ValueError, match="inside the image folder"):
+            store.put_png(key, png_bytes(), {})
+
+
+def test_a_presigned_url_downloads_the_image_over_http(s3_store):
+    key = s3_store.key_for("job1", 0)
+    data = png_bytes()
+    s3_store.put_png(key, data, METADATA)
+
+    url = s3_store.presigned_url(key)
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.read() == data
+        assert response.headers["Content-Type"] == "image/png"
+
+
+def test_a_presigned_url_expires_after_the_configured_time(s3_server, s3_bucket):
+    # moto does not enforce expiry, so this checks what the URL asks S3 to enforce.
+    store = open_image_store(s3_settings(s3_server.endpoint_url, s3_bucket, presign_expiry_seconds=900))
+    key = store.key_for("job1", 0)
+
+    def expires(url: str) -> str:
+        return parse_qs(urlsplit(url).query)["X-Amz-Expires"][0]
+
+    assert expires(store.presigned_url(key)) == "900"
+    assert expires(store.presigned_url(key, expiry=60)) == "60"
+
+
+def test_ping_is_false_for_a_bucket_that_does_not_exist(s3_server, s3_bucket):
+    store = open_image_store(s3_settings(s3_server.endpoint_url, "no-such-bucket"))
+
+    assert store.ping() is False
+
+
+def test_an_unknown_storage_url_is_refused_with_the_variable_name():
+    with pytest.raises(ValueError, match="STEPWISE_STORAGE_URL"):
+        open_image_store(StorageSettings(storage_url="ftp://example.com/images"))
+
+
+def test_an_upload_is_retried_until_the_server_starts_listening(s3_server, s3_bucket, caplog):
+    proxy = LateProxy(s3_server.port, delay=0.6).start()
+    retry = RetryPolicy(max_attempts=8, initial_wait=0.1, max_wait=0.5)
+    store = open_image_store(s3_settings(proxy.endpoint_url, s3_bucket), retry=retry)
+    key = store.key_for("job1", 0)
+    data = png_bytes()
+    started = time.monotonic()
+
+    with caplog.at_level(logging.WARNING, logger="storage.s3_image_store"):
+        store.put_png(key, data, METADATA)
+
+    assert proxy.listening_at is not None and time.monotonic() - started >= 0.6
+    assert any("Retrying" in message for message in caplog.messages)
+    direct = open_image_store(s3_settings(s3_server.endpoint_url, s3_bucket))
+    assert direct.get_bytes(key) == data
+    proxy.stop()
+
+
+def test_a_server_that_keeps_throttling_gives_storage_unavailable_after_the_retries(s3_bucket):
+    # A stub HTTP server answering every request with S3's 503 SlowDown: real HTTP, fake S3.
+    throttling = ThrottlingS3().start()
+    store = open_image_store(s3_settings(throttling.endpoint_url, "stepwise-images"), retry=QUICK_RETRY)
+
+    with pytest.raises(StorageUnavailableError, match="after 3 attempts"):
+        store.put_png(store.key_for("job1", 0), png_bytes(), METADATA)
+
+    assert throttling.num_requests == 3
+    throttling.stop()
+
+
+def test_an_unreachable_server_gives_storage_unavailable_after_the_retries(s3_bucket):
+    proxy = LateProxy(target_port=1, delay=3600).start()  # a port on which nothing listens
+    store = open_image_store(s3_settings(proxy.endpoint_url, "stepwise-images"), retry=QUICK_RETRY)
+
+    with pytest.raises(StorageUnavailableError, match="download of s3://stepwise-images/images/job1/0.png"):
+        store.get_bytes(store.key_for("job1", 0))
+    proxy.stop()
