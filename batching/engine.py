@@ -99,6 +99,8 @@ class DiffusionEngine:
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         if params.model != self.config.model:
             raise InvalidParamsError("model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
+        if params.lora is not None:
+            raise InvalidParamsError("lora", params.lora, "is not supported by this engine yet")
         request_id = job_id or uuid.uuid4().hex
         future: Future = Future()
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()

@@ -177,3 +177,10 @@ def test_importing_batching_does_not_import_torch_or_service_packages():
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_lora_request_is_rejected_until_adapters_are_supported(batched_engine):
+    with pytest.raises(InvalidParamsError) as error:
+        batched_engine.submit(make_params(lora="some-adapter"))
+
+    assert error.value.field == "lora"
