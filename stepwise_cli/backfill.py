@@ -309,7 +309,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     manifest = Manifest(args.manifest)
     started = time.monotonic()
-    bar = tqdm(total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True,
+                disable=None)  # None: no bar when stderr is not a terminal (logs, CI)
     backfill = Backfill(target, retry_seconds=args.retry_for, run_name=args.run_name or args.file.name,
                         out_dir=args.out, concurrency=args.concurrency, manifest=manifest, bar=bar)
     try:

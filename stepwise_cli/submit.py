@@ -120,7 +120,7 @@ def _submit(client: ApiClient, args: argparse.Namespace) -> int:
 def wait_for_job(client: ApiClient, job_id: str, *, timeout: float) -> dict[str, Any]:
     """Poll until the job is terminal, drawing its step progress; raise ClientError on timeout."""
     deadline = time.monotonic() + timeout
-    with tqdm(desc=job_id[:12], unit="step", total=None, file=sys.stderr, leave=False) as bar:
+    with tqdm(desc=job_id[:12], unit="step", total=None, file=sys.stderr, leave=False, disable=None) as bar:
         while True:
             job = client.get_job(job_id)
             progress = job.get("progress") or {}

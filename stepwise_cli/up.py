@@ -136,7 +136,10 @@ class Supervisor:
 
     def _relay(self, name: str, stream) -> None:
         for raw in iter(stream.readline, b""):
-            self._write(f"[{name}] {raw.decode('utf-8', 'replace').rstrip()}\n")
+            text = raw.decode("utf-8", "replace").rstrip()
+            if "\r" in text:  # a progress bar redrawn in place: keep its last state
+                text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
+            self._write(f"[{name}] {text}\n")
         stream.close()
 
     def _write(self, text: str) -> None:
@@ -222,7 +225,7 @@ def wait_for_api(supervisor: Supervisor, api_url: str, timeout: float) -> None:
         supervisor.sleep(0.25)
 
 
-def wait_for_worker(supervisor: Supervisor, redis_url: str, timeout: float) -> None:
+def wait_for_worker(supervisor: Supervisor, redis_url: str, worker_name: str, timeout: float) -> None:
     """The worker answers a Celery ping once its consumer runs, which is after its model loaded."""
     from celery import Celery
 
@@ -231,7 +234,7 @@ def wait_for_worker(supervisor: Supervisor, redis_url: str, timeout: float) -> N
     try:
         while True:
             with contextlib.suppress(Exception):
-                if app.control.ping(timeout=1.0):
+                if app.control.ping(destination=[worker_name], timeout=1.0):
                     return
             if time.monotonic() > deadline:
                 raise ServiceError(f"the worker did not come up within {timeout:.0f}s")
@@ -269,11 +272,12 @@ def run(args: argparse.Namespace) -> int:
 
         stepwise = [sys.executable, "-m", "stepwise_cli.main"]
         grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)
-        supervisor.start("worker", [*stepwise, "worker"], env, stop_timeout=grace + 15)
+        worker_name = f"up{os.getpid()}@{socket.gethostname()}"
+        supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
         supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port),
                                         "--workers", str(args.api_workers)], env)
         wait_for_api(supervisor, api_url, args.startup_timeout)
-        wait_for_worker(supervisor, redis_url, args.startup_timeout)
+        wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
         state_file = save_local_target(var_dir, ApiTarget(api_url, api_key))
         print_banner(supervisor, api_url, api_key, state_file, env, redis_url, time.monotonic() - started,
