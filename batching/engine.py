@@ -50,6 +50,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
+        self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

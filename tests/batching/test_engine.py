@@ -184,3 +184,28 @@ def test_a_lora_request_is_rejected_until_adapters_are_supported(batched_engine)
         batched_engine.submit(make_params(lora="some-adapter"))
 
     assert error.value.field == "lora"
+
+
+def test_jobs_submitted_from_many_threads_at_once_all_finish(batched_engine):
+    futures = []
+    lock = threading.Lock()
+
+    def submit(seed):
+        future = batched_engine.submit(make_params(seed=seed, num_inference_steps=4))
+        with lock:
+            futures.append(future)
+
+    threads = [threading.Thread(target=submit, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(future.result(timeout=120).seeds[0] for future in futures) == list(range(6))
+
+
+def test_an_invalid_engine_config_is_refused_before_loading_a_model():
+    from batching import EngineConfig
+
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=0)
