@@ -1,8 +1,8 @@
 """Job records in Redis: one hash per job, atomic state transitions, per-tenant index.
 
-Every transition is one Lua script (see lua.py), so it is atomic and safe to repeat: a job
-leaves a terminal state never, two workers cannot both take it, and a worker that lost its
-lease cannot finish a job another worker now holds. Terminal records expire after
+Every transition is one Lua script (see lua.py), so it is atomic and safe to repeat: nothing
+leaves a terminal state, two workers cannot both take a job, and a worker that lost its lease
+cannot finish a job another worker now holds. Terminal records expire after
 `job_ttl_seconds`; index entries that outlive their record are dropped when a listing meets them.
 
 `counts_by_state()` is O(1): queued and running are the sizes of the queue and lease sets (jobs
@@ -12,15 +12,12 @@ records expire.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -45,7 +42,9 @@ from storage.job_record import (
     record_from_hash,
     record_to_hash,
 )
+from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
+from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
 
 __all__ = [
     "IdempotencyConflictError", "InvalidCursorError", "InvalidTransitionError", "JobNotFoundError",
@@ -59,7 +58,6 @@ FINISH_FIELDS = RECORD_FIELDS - {
 }
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError)
-_INDEX_CHUNK = 100
 
 
 def _wraps_redis_errors(method: Callable) -> Callable:
@@ -74,24 +72,12 @@ def _wraps_redis_errors(method: Callable) -> Callable:
     return wrapper
 
 
-def _encode_cursor(score: float, job_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{score!r}:{job_id}".encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        score, job_id = text.split(":", 1)
-        return float(score), job_id
-    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
-        raise InvalidCursorError(f"cursor {cursor!r} is not one this service returned") from e
-
-
 class JobStore:
     def __init__(self, redis_url: str, *, job_ttl_seconds: int = 7 * 24 * 3600, namespace: str = "stepwise",
                  clock: Callable[[], float] = time.time) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
+        self.keys = RedisKeys(namespace)
         self.clock = clock
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
         # quick 503, not as a request hanging for half a minute.
@@ -115,28 +101,8 @@ class JobStore:
     def from_settings(cls, settings: StorageSettings) -> JobStore:
         return cls(settings.redis_url, job_ttl_seconds=settings.job_ttl_seconds)
 
-    # Keys (the full layout is in lua.py's docstring).
-
     def job_key(self, job_id: str) -> str:
-        return f"{self.namespace}:job:{job_id}"
-
-    def _tenant_index(self, tenant: str, state: JobState | None) -> str:
-        return f"{self.namespace}:tenant-jobs:{state.value if state else 'all'}:{tenant}"
-
-    def _idempotency_key(self, tenant: str, key: str) -> str:
-        return f"{self.namespace}:idem:{quote(tenant, safe='')}:{key}"
-
-    @property
-    def _queued_key(self) -> str:
-        return f"{self.namespace}:queued"
-
-    @property
-    def _leases_key(self) -> str:
-        return f"{self.namespace}:leases"
-
-    @property
-    def _finished_counts_key(self) -> str:
-        return f"{self.namespace}:finished-counts"
+        return self.keys.job(job_id)
 
     # Reads.
 
@@ -157,76 +123,33 @@ class JobStore:
         """Newest first; returns (records, next_cursor or None)."""
         assert limit > 0
         state = JobState(state) if state is not None else None
-        after = _decode_cursor(cursor) if cursor else None
+        after = decode_cursor(cursor) if cursor else None
         records: list[tuple[float, JobRecord]] = []
-        for score, record in self._iter_tenant_records(tenant, state, after):
+        for score, record in iter_tenant_records(self._redis, self.keys, tenant, state, after):
             records.append((score, record))
             if len(records) > limit:
                 break
         if len(records) <= limit:
             return [record for _, record in records], None
         last_score, last_record = records[limit - 1]
-        return [record for _, record in records[:limit]], _encode_cursor(last_score, last_record.job_id)
-
-    def _iter_tenant_records(self, tenant: str, state: JobState | None,
-                             after: tuple[float, str] | None) -> Iterator[tuple[float, JobRecord]]:
-        """Live records in index order (newest first, ties by job id descending) after `after`.
-
-        Keyset pagination on (score, job id), so jobs created meanwhile never shift a page; the
-        offset only steps over entries sharing the boundary score.
-        """
-        index_key = self._tenant_index(tenant, state)
-        bound_score, bound_id = after if after else (float("inf"), None)
-        num_skip = 0
-        while True:
-            top = "+inf" if bound_id is None and num_skip == 0 else repr(bound_score)
-            chunk = self._redis.zrevrangebyscore(index_key, top, "-inf", start=num_skip,
-                                                 num=_INDEX_CHUNK, withscores=True)
-            entries = chunk if bound_id is None else [
-                (job_id, score) for job_id, score in chunk if score < bound_score or job_id < bound_id]
-            with self._redis.pipeline(transaction=False) as pipe:
-                for job_id, _ in entries:
-                    pipe.hgetall(self.job_key(job_id))
-                mappings = pipe.execute()
-            expired_ids = {job_id for (job_id, _), mapping in zip(entries, mappings, strict=True) if not mapping}
-            if expired_ids:
-                self._forget(tenant, sorted(expired_ids))
-            for (_, score), mapping in zip(entries, mappings, strict=True):
-                if mapping:
-                    record = record_from_hash(mapping)
-                    if state is None or record.state == state:
-                        yield score, record
-            if len(chunk) < _INDEX_CHUNK:
-                return
-            last_id, last_score = chunk[-1]
-            num_ties = sum(1 for job_id, score in chunk if score == last_score and job_id not in expired_ids)
-            num_skip = (num_skip if last_score == bound_score else 0) + num_ties
-            if bound_id is None or last_score < bound_score or last_id < bound_id:
-                bound_score, bound_id = last_score, last_id
-
-    def _forget(self, tenant: str, job_ids: list[str]) -> None:
-        """Drop index entries whose record expired."""
-        with self._redis.pipeline(transaction=False) as pipe:
-            for state in (None, *JobState):
-                pipe.zrem(self._tenant_index(tenant, state), *job_ids)
-            pipe.execute()
+        return [record for _, record in records[:limit]], encode_cursor(last_score, last_record.job_id)
 
     @_wraps_redis_errors
     def queue_position(self, job_id: str) -> int | None:
         """0-based position among queued jobs (oldest first), None if not queued."""
-        return self._redis.zrank(self._queued_key, job_id)
+        return self._redis.zrank(self.keys.queued, job_id)
 
     @_wraps_redis_errors
     def queue_depth(self) -> int:
-        return self._redis.zcard(self._queued_key)
+        return self._redis.zcard(self.keys.queued)
 
     @_wraps_redis_errors
     def counts_by_state(self) -> dict[str, int]:
         """Queued and running: jobs in that state now. Terminal states: jobs that ever reached them."""
         with self._redis.pipeline(transaction=True) as pipe:
-            pipe.zcard(self._queued_key)
-            pipe.zcard(self._leases_key)
-            pipe.hgetall(self._finished_counts_key)
+            pipe.zcard(self.keys.queued)
+            pipe.zcard(self.keys.leases)
+            pipe.hgetall(self.keys.finished_counts)
             num_queued, num_running, finished = pipe.execute()
         counts = {JobState.QUEUED.value: num_queued, JobState.RUNNING.value: num_running}
         for state in TERMINAL_STATES:
@@ -243,7 +166,7 @@ class JobStore:
     def lapsed_job_ids(self, now: float | None = None) -> list[str]:
         """Running jobs whose lease expired."""
         now = self.clock() if now is None else now
-        return self._redis.zrangebyscore(self._leases_key, "-inf", repr(now))
+        return self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now))
 
     # Transitions.
 
@@ -262,7 +185,7 @@ class JobStore:
         )
         keys = [self.job_key(record.job_id)]
         if idempotency_key is not None:
-            keys.append(self._idempotency_key(tenant, idempotency_key))
+            keys.append(self.keys.idempotency(tenant, idempotency_key))
         flat = [item for pair in record_to_hash(record).items() for item in pair]
         reply = self._create(keys=keys, args=[self.namespace, record.job_id, request_hash or "", *flat])
         if reply[0] == 1:

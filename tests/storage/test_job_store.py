@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from storage import job_store as job_store_module
+from storage import tenant_listing
 from storage.job_store import (
     IdempotencyConflictError,
     InvalidCursorError,
@@ -82,7 +82,7 @@ def test_a_page_that_ends_exactly_at_the_last_job_has_no_cursor(store, clock):
 
 
 def test_jobs_created_in_the_same_instant_page_without_loss_or_repeats(store, monkeypatch):
-    monkeypatch.setattr(job_store_module, "_INDEX_CHUNK", 3)
+    monkeypatch.setattr(tenant_listing, "INDEX_CHUNK", 3)
     job_ids = {make_job(store).job_id for _ in range(11)}
 
     pages = list_all_pages(store, "acme", limit=2)

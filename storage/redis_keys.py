@@ -1,0 +1,36 @@
+"""Names of the job store's Redis keys (lua.py's docstring describes what each holds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from storage.job_record import JobState
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    namespace: str
+
+    def job(self, job_id: str) -> str:
+        return f"{self.namespace}:job:{job_id}"
+
+    def tenant_index(self, tenant: str, state: JobState | None = None) -> str:
+        """The tenant's jobs in `state`, or all of them; the tenant comes last so no name can collide."""
+        return f"{self.namespace}:tenant-jobs:{state.value if state else 'all'}:{tenant}"
+
+    def idempotency(self, tenant: str, key: str) -> str:
+        # Quoted, so tenant "a:b" with key "c" and tenant "a" with key "b:c" stay apart.
+        return f"{self.namespace}:idem:{quote(tenant, safe='')}:{key}"
+
+    @property
+    def queued(self) -> str:
+        return f"{self.namespace}:queued"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.namespace}:leases"
+
+    @property
+    def finished_counts(self) -> str:
+        return f"{self.namespace}:finished-counts"
