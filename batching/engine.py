@@ -247,12 +247,14 @@ class DiffusionEngine:
             request = self._request_of_job.get(job_id)
             if request is not None:
                 self._end(request, JobFailedError(message))
+        decoded: dict[str, Request] = {}
         for job_id in output.finished_job_ids:
             request = self._request_of_job.pop(job_id, None)
-            if request is None:
-                continue
-            request.images[job_id] = output.images[job_id]
-            request.decode_seconds += output.decode_seconds
+            if request is not None:
+                request.images[job_id] = output.images[job_id]
+                decoded[request.request_id] = request
+        for request in decoded.values():
+            request.decode_seconds += output.decode_seconds  # one decode call per iteration, shared
             if request.is_complete:
                 request.denoised_at = now - output.decode_seconds
                 self._end(request, None)
