@@ -1,0 +1,221 @@
+"""End to end: `stepwise up` on free ports, then `stepwise submit` and `stepwise backfill` against it.
+
+One `stepwise up` serves the whole module (the worker loads its model once); the last test
+stops it with SIGTERM and checks that no process it started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from PIL import Image
+
+from storage.job_store import JobStore
+from tests.servers import child_env, free_port
+
+STARTUP_TIMEOUT = 240
+STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
+TINY = ["--size", "64", "--steps", "4"]
+
+
+class UpProcess:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.var_dir = workdir / "var"
+        self.api_port = free_port()
+        self.redis_port = free_port()
+        self.log_path = workdir / "up.log"
+        self.process: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def start(self) -> UpProcess:
+        self.started_at = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [*STEPWISE, "up", "--port", str(self.api_port), "--redis-port", str(self.redis_port),
+                 "--var-dir", str(self.var_dir), "--max-num-seqs", "4", "--api-workers", "1"],
+                cwd=self.workdir, env=child_env(STEPWISE_SHUTDOWN_GRACE="5"), stdout=log, stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not (self.var_dir / "stepwise.json").exists():
+            assert self.process.poll() is None, f"stepwise up exited early:\n{self.log()}"
+            assert time.monotonic() < deadline, f"stepwise up was not ready in {STARTUP_TIMEOUT}s:\n{self.log()}"
+            time.sleep(0.2)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def stop(self) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(90)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*STEPWISE, *args], cwd=cwd, env=child_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    service = UpProcess(tmp_path_factory.mktemp("up"))
+    leftovers: list[psutil.Process] = []
+    try:
+        service.start()
+        leftovers = service.descendants()
+        yield service
+    finally:
+        service.stop()
+        for process in leftovers:
+            if process.is_running():
+                process.kill()
+
+
+def test_submit_wait_saves_the_image_from_a_fresh_stepwise_up(up, tmp_path):
+    result = run_cli("submit", "a red fox", "--seed", "7", *TINY, "--wait", "--out", str(tmp_path / "out"),
+                     "--var-dir", str(up.var_dir), cwd=tmp_path)
+    elapsed = time.monotonic() - up.started_at
+    assert result.returncode == 0, result.stderr + up.log()
+    (path,) = (tmp_path / "out").glob("*.png")
+    assert result.stdout.strip() == str(path)
+    with Image.open(path) as image:
+        assert image.size == (64, 64)
+    print(f"stepwise up start -> first image saved: {elapsed:.1f}s")
+
+
+def test_submit_finds_the_api_through_the_environment(up, tmp_path):
+    saved = json.loads((up.var_dir / "stepwise.json").read_text())
+    env = child_env(STEPWISE_API_URL=saved["api_url"], STEPWISE_API_KEY=saved["api_key"])
+    result = subprocess.run([*STEPWISE, "submit", "a blue bird", *TINY, "--wait"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "/v1/jobs/" in result.stdout  # without --out it prints the image URL
+
+
+def test_submit_refused_field_exits_non_zero_naming_the_field(up, tmp_path):
+    result = run_cli("submit", "a red fox", "--size", "65", "--var-dir", str(up.var_dir), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "width" in result.stderr or "height" in result.stderr
+
+
+def test_submit_wait_exits_non_zero_with_the_jobs_error_when_it_does_not_succeed(up, tmp_path):
+    waiting = subprocess.Popen([*STEPWISE, "submit", "a slow fox", "--size", "64", "--steps", "200", "--wait",
+                                "--var-dir", str(up.var_dir), "--json"],
+                               cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        store = JobStore(up.redis_url)
+        deadline = time.monotonic() + 60
+        job_id = None
+        while job_id is None and time.monotonic() < deadline:
+            records, _ = store.list_for_tenant("local", limit=5)
+            job_id = next((r.job_id for r in records if r.params["prompt"] == "a slow fox"), None)
+            time.sleep(0.1)
+        assert job_id, "the job never appeared in Redis"
+        store.request_cancel(job_id)
+        store.close()
+        stdout, stderr = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert waiting.returncode == 1
+    assert f"job {job_id} canceled" in stderr
+
+
+INVALID_LINES = {5: "{not json", 12: {"prompt": "odd size", "height": 65},
+                 23: {"prompt": "typo", "num_steps": 4}, 34: {"prompt": "  "},
+                 45: {"prompt": "no steps", "num_inference_steps": 0}}
+
+
+def write_prompts(path: Path) -> int:
+    lines = []
+    for line in range(1, 51):
+        row = INVALID_LINES.get(line) or {"prompt": f"prompt number {line}", "seed": line, "height": 64,
+                                          "width": 64, "num_inference_steps": 8, "guidance_scale": 1.0}
+        lines.append(row if isinstance(row, str) else json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return 50 - len(INVALID_LINES)
+
+
+def count_jobs(redis_url: str, tenant: str = "local") -> int:
+    store = JobStore(redis_url)
+    try:
+        total, cursor = 0, None
+        while True:
+            records, cursor = store.list_for_tenant(tenant, limit=100, cursor=cursor)
+            total += len(records)
+            if cursor is None:
+                return total
+    finally:
+        store.close()
+
+
+def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
+    num_jobs_before = count_jobs(up.redis_url)
+    prompts = tmp_path / "prompts.jsonl"
+    num_valid = write_prompts(prompts)
+    out, manifest = tmp_path / "images", tmp_path / "results.jsonl"
+    argv = [*STEPWISE, "backfill", str(prompts), "--out", str(out), "--manifest", str(manifest),
+            "--concurrency", "4", "--var-dir", str(up.var_dir), "--timeout", "240"]
+
+    first = subprocess.Popen(argv, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while count_jobs(up.redis_url) - num_jobs_before < num_valid // 2:
+            assert first.poll() is None, "the first backfill ended before it was interrupted"
+            assert time.monotonic() < deadline, "the first backfill submitted too few jobs"
+            time.sleep(0.02)
+        assert first.poll() is None
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait()
+
+    second = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1, second.stderr  # the invalid rows fail the run
+    assert count_jobs(up.redis_url) - num_jobs_before == num_valid
+
+    results = {entry["line"]: entry for entry in map(json.loads, manifest.read_text().splitlines())}
+    assert sorted(results) == list(range(1, 51))
+    for line, entry in results.items():
+        if line in INVALID_LINES:
+            assert entry["state"] == "invalid" and entry["job_id"] is None and entry["error"]
+            assert f"line {line}: invalid" in second.stderr
+        else:
+            assert entry["state"] == "succeeded", entry
+            assert Path(entry["image"]).is_file()
+    assert len({entry["job_id"] for entry in results.values() if entry["job_id"]}) == num_valid
+    assert "45 succeeded, 5 failed" in second.stderr
+
+
+def test_sigterm_stops_every_child_and_leaves_no_process(up):
+    children = up.descendants()
+    names = " ".join(" ".join(p.cmdline()) for p in children)
+    assert "redis-server" in names and " worker" in names and " api" in names
+    assert up.stop() == 0, up.log()
+    time.sleep(0.5)
+    alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}\n{up.log()}"
+    assert "[api]" in up.log() and "[worker]" in up.log() and "[redis]" in up.log()
