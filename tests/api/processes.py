@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -105,8 +106,9 @@ class WorkerProcess(ChildProcess):
             STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_BACKOFF="0.2",
             STEPWISE_WORKER_METRICS_PORT="0", **env_overrides,
         )
+        self.hostname = f"api-test-{free_port()}@{socket.gethostname()}"
         argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues,
-                "--pool", "threads", "--loglevel", "INFO", "--hostname", f"api-test-{free_port()}@%h"]
+                "--pool", "threads", "--loglevel", "INFO", "--hostname", self.hostname]
         super().__init__("celery worker", argv, env, tmp_dir / "worker.log")
 
     def start(self, timeout: float = 120.0) -> WorkerProcess:

@@ -4,6 +4,7 @@ real Redis, local image storage, and a webhook receiver started by the test."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import io
@@ -36,13 +37,15 @@ def receiver():
         yield server
 
 
-@pytest.fixture
-def paused_generation(module_redis, worker):
-    """The worker stops taking generation jobs (Celery's cancel_consumer) until the test ends."""
-    control = Celery(broker=module_redis.url, set_as_current=False).control
-    control.cancel_consumer("stepwise.generate", reply=True, timeout=10)
-    yield
-    control.add_consumer("stepwise.generate", reply=True, timeout=10)
+@contextlib.contextmanager
+def generation_paused(worker: WorkerProcess, redis_url: str):
+    """The worker stops taking generation jobs (Celery's cancel_consumer) inside the block."""
+    control = Celery(broker=redis_url, set_as_current=False).control
+    control.cancel_consumer("stepwise.generate", destination=[worker.hostname], reply=True, timeout=10)
+    try:
+        yield
+    finally:
+        control.add_consumer("stepwise.generate", destination=[worker.hostname], reply=True, timeout=10)
 
 
 def verify_signature(delivery: Delivery) -> None:
@@ -143,12 +146,12 @@ def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, 
     assert [d.payload["type"] for d in events] == ["job.started", "job.canceled"]
 
 
-def test_canceling_a_queued_job_sends_its_canceled_event_from_the_api(api, worker, http, receiver,
-                                                                          paused_generation):
-    job = submit(http, api, {**SMALL, "webhook_url": receiver.url("/hooks/cancel-queued")}).json()
-    assert get_job(http, api, job["job_id"]).json()["state"] == "queued"
+def test_canceling_a_queued_job_sends_its_canceled_event_from_the_api(api, worker, http, receiver, module_redis):
+    with generation_paused(worker, module_redis.url):
+        job = submit(http, api, {**SMALL, "webhook_url": receiver.url("/hooks/cancel-queued")}).json()
+        assert get_job(http, api, job["job_id"]).json()["state"] == "queued"
 
-    response = http.post(job["cancel_url"], headers=auth(), timeout=10)
+        response = http.post(job["cancel_url"], headers=auth(), timeout=10)
 
     assert response.status_code == 200 and response.json()["state"] == "canceled"
     [delivery] = receiver.wait_for("/hooks/cancel-queued", lambda got: len(got) >= 1)
@@ -157,14 +160,10 @@ def test_canceling_a_queued_job_sends_its_canceled_event_from_the_api(api, worke
 
 
 def test_a_job_not_started_by_its_deadline_ends_expired(api, worker, http, module_redis):
-    control = Celery(broker=module_redis.url, set_as_current=False).control
-    control.cancel_consumer("stepwise.generate", reply=True, timeout=10)
-    try:
+    with generation_paused(worker, module_redis.url):
         deadline = datetime.now(timezone.utc) + timedelta(seconds=1)
         job = submit(http, api, {**SMALL, "deadline": deadline.isoformat()}).json()
         time.sleep(1.5)
-    finally:
-        control.add_consumer("stepwise.generate", reply=True, timeout=10)
 
     expired = wait_for(http, api, job["job_id"], {"expired"})
 
