@@ -86,9 +86,9 @@ class ApiProcess(ChildProcess):
         while time.monotonic() < deadline:
             self.assert_running()
             try:
-                if requests.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if requests.get(f"{self.url}/healthz", timeout=2).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # workers still booting on a busy machine
                 pass
             time.sleep(0.1)
         self.stop()
