@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from flask import Flask, jsonify
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
@@ -106,7 +105,7 @@ def to_api_error(error: Exception) -> ApiError:
         return ApiError(error.code, code, message)
     if isinstance(error, JobNotFoundError):
         return not_found()
-    if isinstance(error, (StorageUnavailableError, redis.RedisError, BrokerError)):
+    if isinstance(error, (StorageUnavailableError, BrokerError)):
         log.warning("dependency unavailable: %s: %s", type(error).__name__, error)
         return ApiError(503, "unavailable", "a backing service (Redis or image storage) is unavailable; retry later",
                         headers={"Retry-After": "5"})

@@ -42,7 +42,7 @@ class JobRequest(StrictModel):
     guidance_scale: float = Field(7.5, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
                                   description="Classifier-free guidance; at most 1.0 turns it off.")
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field("euler", description="Sampler (scheduler) for the denoise loop.")  # type: ignore[valid-type]
+    sampler: Sampler = Field("euler", description="Sampler for the denoise loop.")  # type: ignore[valid-type]
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(P.DEFAULT_MODEL, min_length=1, max_length=500, description="Model the workers serve.")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")

@@ -5,9 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from dataclasses import fields
+
 from flask import current_app, request
 
+from batching.params import GenerationParams
 from storage.job_store import JobRecord, JobState
+
+PARAM_ORDER = {f.name: index for index, f in enumerate(fields(GenerationParams))}
 
 
 def iso_time(seconds: float | None) -> str | None:
@@ -58,7 +63,7 @@ def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, 
         "started_at": iso_time(record.started_at),
         "finished_at": iso_time(record.finished_at),
         "deadline": iso_time(record.deadline),
-        "params": record.params,
+        "params": dict(sorted(record.params.items(), key=lambda item: PARAM_ORDER.get(item[0], 99))),
         "timings": record.timings,
         "image_url": urls[0] if urls else None,
         "image_urls": urls,

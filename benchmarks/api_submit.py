@@ -57,7 +57,8 @@ def local_api(num_workers: int, num_threads: int):
     folder = Path(tempfile.mkdtemp(prefix="stepwise-bench-"))
     redis_port, api_port, key = free_port(), free_port(), f"sk_bench_{secrets.token_hex(8)}"
     env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
-    env.update(STEPWISE_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", STEPWISE_STORAGE_URL=(folder / "images").as_uri(),
+    env.update(STEPWISE_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+               STEPWISE_STORAGE_URL=(folder / "images").as_uri(),
                STEPWISE_API_KEYS=f"bench:{key}", STEPWISE_MAX_QUEUE_DEPTH=str(10**9))
     children = []
     try:

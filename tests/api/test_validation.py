@@ -116,8 +116,8 @@ def test_a_valid_job_with_every_field_is_accepted(api, http):
     assert job["deadline"] is not None
 
 
-@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/jobs"), ("PUT", "/v1/jobs/x"), ("GET", "/v1/jobs/x/cancel"),
-                                              ("GET", "/nowhere"), ("POST", "/healthz")])
+@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/jobs"), ("PUT", "/v1/jobs/x"),
+                                              ("GET", "/v1/jobs/x/cancel"), ("GET", "/nowhere"), ("POST", "/healthz")])
 def test_unknown_routes_and_methods_answer_in_the_json_error_shape(api, http, method, path):
     response = http.request(method, f"{api.url}{path}", headers=auth(), timeout=10)
 
