@@ -18,12 +18,16 @@ from batching.errors import (
     ModelLoadError,
 )
 from batching.params import CompatibilityKey, GenerationParams
-from batching.request import GenerationResult
 
 if TYPE_CHECKING:
     from batching.engine import DiffusionEngine, EngineConfig
+    from batching.request import GenerationResult
 
-_LAZY = {"DiffusionEngine": "batching.engine", "EngineConfig": "batching.engine"}
+_LAZY = {
+    "DiffusionEngine": "batching.engine",
+    "EngineConfig": "batching.engine",
+    "GenerationResult": "batching.request",
+}
 
 __all__ = [
     "BatchingError",
