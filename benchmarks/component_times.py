@@ -1,0 +1,115 @@
+"""Raw component timings, for engine efficiency: what the engine's work costs with no engine around it.
+
+`ForwardTrace` watches a running engine: for every denoiser forward it records the
+latent size and the row count (from the scheduler's plan), and it sums the encode and
+decode seconds the runner reports. `time_forwards` then times the bare UNet at exactly
+those (size, rows) shapes, in the same process, so
+
+    ideal seconds = sum over forwards of t_forward(size, rows) + encode + decode
+
+is the time the engine would need if scheduling, batch building, per-job sampler steps
+and Python overhead were free. The trace wraps `ModelRunner.execute` of one engine
+instance (a benchmark probe; the engine itself is unchanged).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+ForwardShape = tuple[int, int, int]  # (height, width, rows): image pixels, rows in the forward
+
+
+@dataclass
+class ForwardTrace:
+    forwards: Counter = field(default_factory=Counter)  # (height, width, rows) -> forwards run
+    forward_seconds: float = 0.0  # in-run wall time of those forwards (batch building and guidance included)
+    encode_seconds: float = 0.0  # in-run text-encoder time
+    decode_seconds: float = 0.0  # in-run VAE decode time
+    is_complete: bool = True  # False if a forward could not be matched to its group (a failed group)
+
+    def attach(self, engine) -> None:
+        runner = engine.model_runner
+        execute = runner.execute
+
+        def traced_execute(plan):
+            output = execute(plan)
+            self._record(plan, output)
+            return output
+
+        runner.execute = traced_execute
+
+    def reset(self) -> None:
+        """Call only while the engine is idle."""
+        self.forwards.clear()
+        self.forward_seconds = self.encode_seconds = self.decode_seconds = 0.0
+        self.is_complete = True
+
+    def _record(self, plan, output) -> None:
+        keys = list(plan.groups)
+        if len(keys) != len(output.rows_per_forward):
+            self.is_complete = False
+        for key, rows in zip(keys, output.rows_per_forward):
+            self.forwards[(key.height, key.width, rows)] += 1
+        self.forward_seconds += sum(output.forward_seconds)
+        self.encode_seconds += output.encode_seconds
+        self.decode_seconds += output.decode_seconds
+
+    def as_dict(self) -> dict:
+        return {
+            "forwards": [{"height": h, "width": w, "rows": r, "count": n} for (h, w, r), n in sorted(self.forwards.items())],
+            "forward_seconds": self.forward_seconds,
+            "encode_seconds": self.encode_seconds,
+            "decode_seconds": self.decode_seconds,
+            "is_complete": self.is_complete,
+        }
+
+
+class UNetRowCounter:
+    """Counts the rows of every UNet call of a diffusers pipeline (static batching's forwards)."""
+
+    def __init__(self, unet: torch.nn.Module) -> None:
+        self.forwards: Counter = Counter()  # rows -> forwards
+        unet.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.forwards[int(args[0].shape[0])] += 1
+
+    def reset(self) -> None:
+        self.forwards.clear()
+
+
+def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[ForwardShape, float]:
+    """Median seconds of one bare UNet forward per shape (after one untimed call per shape)."""
+    dim = adapter.unet.config.cross_attention_dim
+    seq = adapter.tokenizer.model_max_length
+    medians = {}
+    for height, width, rows in sorted(shapes):
+        latents = torch.randn(rows, *adapter.latent_shape(height, width), dtype=adapter.dtype, device=adapter.device)
+        timesteps = torch.linspace(900, 100, rows, device=adapter.device)  # [rows], one per row as in the engine
+        embeds = torch.randn(rows, seq, dim, dtype=adapter.dtype, device=adapter.device)  # [rows, seq, dim]
+        adapter.forward(latents, timesteps, embeds)
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            adapter.forward(latents, timesteps, embeds)
+            if adapter.device.type == "cuda":
+                torch.cuda.synchronize(adapter.device)
+            seconds.append(time.perf_counter() - start)
+        medians[(height, width, rows)] = statistics.median(seconds)
+    return medians
+
+
+def ideal_seconds(trace: dict, forward_times: dict[ForwardShape, float]) -> dict:
+    """The run's time by raw component timings, from `ForwardTrace.as_dict()` and `time_forwards`."""
+    denoise = sum(f["count"] * forward_times[(f["height"], f["width"], f["rows"])] for f in trace["forwards"])
+    return {
+        "denoise": denoise,
+        "encode": trace["encode_seconds"],
+        "decode": trace["decode_seconds"],
+        "total": denoise + trace["encode_seconds"] + trace["decode_seconds"],
+    }

@@ -1,0 +1,129 @@
+"""Benchmark workloads: seeded arrival schedules of generation requests.
+
+A workload is a list of arrivals (offset in seconds from the start, params), identical
+for every variant it runs on: same prompts, seeds, sizes, step counts and arrival times.
+Poisson schedules draw exponential inter-arrival gaps from a seeded generator, so a
+rate names one fixed schedule, not a random one per run.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from batching import GenerationParams
+
+PROMPTS = (
+    "a red fox in the snow",
+    "a lighthouse on a cliff at dusk",
+    "a bowl of ramen, studio lighting",
+    "an astronaut riding a horse",
+    "a watercolor of a mountain lake",
+    "a robot reading a newspaper",
+    "a cat wearing a wizard hat",
+    "a city street in the rain at night",
+)
+NEGATIVE_PROMPT = "blurry, low quality"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at_seconds: float  # offset from the start of the run
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # unique within a suite: "burst", "poisson_1.0x", "two_resolution" ...
+    kind: str  # "burst" or "poisson"
+    description: str  # one line for the report
+    arrivals: tuple[Arrival, ...]
+    rate_per_second: float | None = None  # Poisson arrival rate; None for a burst
+    rate_multiple: float | None = None  # the rate as a multiple of the measured serial capacity
+
+    @property
+    def num_jobs(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """Distinct (height, width) in the workload, for warm-ups."""
+        return sorted({(a.params.height, a.params.width) for a in self.arrivals})
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What every job of a workload shares unless the workload varies it."""
+
+    model: str
+    num_steps: int = 20
+    size: int = 128
+    second_size: int = 192  # the other resolution of the two-resolution mix
+    guidance_scale: float = 7.5
+    sampler: str = "euler"  # one sampler everywhere: the static-batching pipeline holds one scheduler
+
+
+def uniform_params(shape: JobShape, index: int, **changes) -> GenerationParams:
+    fields = dict(
+        prompt=PROMPTS[index % len(PROMPTS)],
+        negative_prompt=NEGATIVE_PROMPT,
+        seed=1000 + index,
+        model=shape.model,
+        num_inference_steps=shape.num_steps,
+        height=shape.size,
+        width=shape.size,
+        guidance_scale=shape.guidance_scale,
+        sampler=shape.sampler,
+    )
+    fields.update(changes)
+    return GenerationParams(**fields)
+
+
+def burst(shape: JobShape, num_jobs: int) -> Workload:
+    arrivals = tuple(Arrival(0.0, uniform_params(shape, i)) for i in range(num_jobs))
+    return Workload("burst", "burst", f"{num_jobs} identical-shape jobs at once", arrivals)
+
+
+def poisson(shape: JobShape, num_jobs: int, rate_per_second: float, rate_multiple: float, seed: int = 0) -> Workload:
+    rng = random.Random(f"poisson-{seed}-{rate_multiple}")
+    at, arrivals = 0.0, []
+    for i in range(num_jobs):
+        arrivals.append(Arrival(at, uniform_params(shape, i)))
+        at += rng.expovariate(rate_per_second)
+    return Workload(
+        f"poisson_{rate_multiple:g}x",
+        "poisson",
+        f"{num_jobs} jobs, Poisson arrivals at {rate_per_second:.2f}/s ({rate_multiple:g}x serial capacity)",
+        tuple(arrivals),
+        rate_per_second=rate_per_second,
+        rate_multiple=rate_multiple,
+    )
+
+
+def mixed_steps(shape: JobShape, num_jobs: int) -> Workload:
+    """Step counts cycle through half, full and 1.5x the base count: same total work as uniform."""
+    counts = (shape.num_steps // 2, shape.num_steps, shape.num_steps * 3 // 2)
+    arrivals = tuple(
+        Arrival(0.0, uniform_params(shape, i, num_inference_steps=max(1, counts[i % 3]))) for i in range(num_jobs)
+    )
+    steps = "/".join(str(max(1, c)) for c in counts)
+    return Workload("mixed_steps", "burst", f"{num_jobs} jobs at once, {steps} steps interleaved", arrivals)
+
+
+def two_resolution(shape: JobShape, num_jobs: int) -> Workload:
+    sizes = (shape.size, shape.second_size)
+    arrivals = tuple(
+        Arrival(0.0, uniform_params(shape, i, height=sizes[i % 2], width=sizes[i % 2])) for i in range(num_jobs)
+    )
+    return Workload(
+        "two_resolution", "burst", f"{num_jobs} jobs at once, {sizes[0]}px and {sizes[1]}px interleaved", arrivals
+    )
+
+
+def mixed_guidance(shape: JobShape, num_jobs: int) -> Workload:
+    """Guidance cycles through none (1.0: one row), 4.0, 7.5 and 12.0."""
+    scales = (1.0, 4.0, 7.5, 12.0)
+    arrivals = tuple(Arrival(0.0, uniform_params(shape, i, guidance_scale=scales[i % 4])) for i in range(num_jobs))
+    return Workload(
+        "mixed_guidance", "burst", f"{num_jobs} jobs at once, guidance 1.0 (none)/4.0/7.5/12.0 interleaved", arrivals
+    )

@@ -1,0 +1,62 @@
+"""`stepwise bench`: what step-level batching buys, side by side (see docs/benchmarks.md).
+
+    stepwise bench                      # the full suite (about 15 minutes on 2 CPU cores)
+    stepwise bench --quick              # a few minutes
+    stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from benchmarks.run import SIZES, SuiteOptions
+
+DEFAULT_OUT = Path("benchmarks/results")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", dest="size", const="quick",
+                      help="fewer and shorter jobs: a few minutes on 2 cores")
+    size.add_argument("--smoke", action="store_const", dest="size", const="smoke", help=argparse.SUPPRESS)
+    parser.set_defaults(size="full")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: %(default)s)")
+    parser.add_argument("--models", nargs="+", default=["builtin:tiny", "builtin:small"],
+                        choices=["builtin:tiny", "builtin:small"], help="built-in models to run (default: both)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads for every variant and the e2e worker (default 1: on a shared "
+                             "machine more threads than free cores oversubscribe)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    parser.add_argument("--no-e2e", dest="e2e", action="store_false",
+                        help="skip the end-to-end runs through `stepwise up` (they need redis-server)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.threads < 1:
+        raise SystemExit("stepwise bench: --threads must be at least 1")
+    options = SuiteOptions(out=args.out, size=SIZES[args.size], models=tuple(dict.fromkeys(args.models)),
+                           device=args.device, num_threads=args.threads, run_e2e=args.e2e)
+    from benchmarks.run import run_suite
+
+    summary = run_suite(options)
+    print(f"results: {args.out / 'results.md'}")
+    for model, ratios in summary["headlines"].items():
+        if model == "e2e":
+            print(f"  end to end: {ratios}")
+            continue
+        print(f"  {model}: default/serial {_x(ratios['throughput_default_over_serial_burst'])}, "
+              f"default/static {_x(ratios['throughput_default_over_static_burst'])}, "
+              f"default/fifo two-resolution {_x(ratios['throughput_default_over_fifo_two_resolution'])}, "
+              f"engine efficiency {_pct(ratios['engine_efficiency_default_burst'])}")
+    return 0
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
