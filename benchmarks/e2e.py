@@ -63,7 +63,8 @@ class UpStack:
         self.key = ""
 
     def __enter__(self) -> UpStack:
-        env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("STEPWISE_") or name == "STEPWISE_CACHE_DIR"}
         env.update(OMP_NUM_THREADS=str(self.num_threads), STEPWISE_SHUTDOWN_GRACE="3",
                    STEPWISE_MAX_QUEUE_DEPTH=str(10**9), STEPWISE_WORKER_METRICS_PORT="0")
         argv = [sys.executable, "-m", "stepwise_cli.main", "up", "--port", str(self.port), "--var-dir",

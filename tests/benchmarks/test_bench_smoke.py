@@ -1,0 +1,107 @@
+"""`stepwise bench` end to end at the smallest size: every output exists and is well-formed.
+
+One `stepwise bench --smoke` run (builtin:tiny, a few 2-step jobs, `stepwise up` for the
+end-to-end part) serves the module. The tests check shapes, keys and types, never the
+measured values: those depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from numbers import Real
+
+import pytest
+from PIL import Image
+
+from tests.servers import child_env
+
+VARIANTS = {"serial", "static", "fifo", "default"}
+WORKLOADS = {"burst", "poisson_1x", "poisson_3x", "mixed_steps", "two_resolution", "mixed_guidance"}
+MACHINE_KEYS = {"cpu_count", "cpu_model", "torch", "diffusers", "device", "torch_num_threads"}
+METRIC_KEYS = {"num_jobs", "wall_seconds", "throughput_images_per_second", "latency_seconds", "queue_wait_seconds",
+               "mean_rows_per_forward", "efficiency"}
+PERCENTILE_KEYS = {"mean", "p50", "p95", "p99", "max"}
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="the e2e part needs redis-server")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    completed = subprocess.run(
+        [sys.executable, "-m", "stepwise_cli.main", "bench", "--smoke", "--models", "builtin:tiny", "--out", str(out)],
+        env=child_env(), capture_output=True, text=True, timeout=240,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return out
+
+
+def is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def test_summary_has_every_variant_on_every_workload_with_its_metrics(results):
+    summary = json.loads((results / "summary.json").read_text())
+
+    assert MACHINE_KEYS <= summary["machine"].keys()
+    assert is_number(summary["load_average"]["one_minute_mean"])
+    [model] = summary["models"]
+    assert {(r["workload"], r["variant"]) for r in model["runs"]} == {(w, v) for w in WORKLOADS for v in VARIANTS}
+    for run in model["runs"]:
+        assert METRIC_KEYS <= run["metrics"].keys()
+        assert PERCENTILE_KEYS <= run["metrics"]["latency_seconds"].keys()
+        assert (run["metrics"]["efficiency"] is None) == (run["variant"] == "static")
+    headlines = summary["headlines"]["builtin:tiny"]
+    for name in ("throughput_default_over_serial_burst", "throughput_default_over_static_burst",
+                 "throughput_default_over_fifo_two_resolution", "engine_efficiency_default_burst"):
+        assert is_number(headlines[name]), name
+
+
+def test_every_run_file_records_the_machine_and_the_load_average(results):
+    files = sorted((results / "runs").glob("*.json"))
+
+    assert len(files) == len(WORKLOADS) * len(VARIANTS) + 2  # + the two end-to-end runs
+    for path in files:
+        document = json.loads(path.read_text())
+        assert document["schema"].startswith("stepwise-bench-"), path.name
+        assert MACHINE_KEYS <= document["machine"].keys(), path.name
+        assert all(len(document["load_average"][when]) == 3 for when in ("start", "end")), path.name
+        assert document["jobs"] and document["metrics"], path.name
+
+
+def test_end_to_end_runs_report_overhead_and_submit_throughput(results):
+    e2e = json.loads((results / "summary.json").read_text())["e2e"]
+
+    assert "error" not in e2e
+    assert set(e2e["runs"]) == {"burst", "poisson_1x"}
+    for run in e2e["runs"].values():
+        assert run["num_succeeded"] == run["num_jobs"]
+        assert PERCENTILE_KEYS <= run["overhead_seconds"].keys()
+    assert is_number(e2e["api_submit"]["requests_per_second"])
+
+
+def test_markdown_links_only_files_that_exist(results):
+    text = (results / "results.md").read_text()
+
+    assert text.startswith("# stepwise benchmark results")
+    assert "Load average" in text
+    for variant in VARIANTS:
+        assert f"| {variant} |" in text
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert any(link.endswith(".png") for link in links) and any(link.endswith(".json") for link in links)
+    for link in links:
+        assert (results / link).is_file(), link
+
+
+def test_plots_are_readable_png_images(results):
+    names = {path.name for path in results.glob("*.png")}
+
+    assert names == {"throughput_vs_rate.png", "latency_cdf_tiny.png"}
+    for name in names:
+        with Image.open(results / name) as image:
+            image.verify()
+            assert image.format == "PNG"
