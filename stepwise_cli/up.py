@@ -164,6 +164,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_is_free(host: str, port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
@@ -249,6 +259,12 @@ def run(args: argparse.Namespace) -> int:
     redis_binary = shutil.which("redis-server")
     if not redis_url and not redis_binary:
         sys.stderr.write(REDIS_MISSING)
+        return 1
+    if not port_is_free(args.host, args.port):
+        sys.stderr.write(f"stepwise up: port {args.port} on {args.host} is in use; choose another with --port\n")
+        return 1
+    if args.redis_port and not redis_url and not port_is_free("127.0.0.1", args.redis_port):
+        sys.stderr.write(f"stepwise up: port {args.redis_port} is in use; choose another --redis-port\n")
         return 1
     var_dir.mkdir(parents=True, exist_ok=True)
     api_key = choose_api_key(var_dir)

@@ -1,0 +1,60 @@
+"""`stepwise up` as a supervisor: an external Redis, a missing redis-server, a child that dies."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.servers import child_env, free_port
+
+STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
+
+
+def test_a_missing_redis_server_is_explained_with_how_to_install_it(tmp_path):
+    empty_path = tmp_path / "bin"
+    empty_path.mkdir()
+    result = subprocess.run([*STEPWISE, "up", "--var-dir", str(tmp_path / "var")], cwd=tmp_path,
+                            env=child_env(PATH=str(empty_path)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "redis-server is not installed" in result.stderr
+    assert "apt-get install redis-server" in result.stderr
+
+
+def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everything(redis_url, tmp_path):
+    var_dir = tmp_path / "var"
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        up = subprocess.Popen(
+            [*STEPWISE, "up", "--port", str(free_port()), "--var-dir", str(var_dir), "--api-workers", "1"],
+            cwd=tmp_path, env=child_env(STEPWISE_REDIS_URL=redis_url, STEPWISE_SHUTDOWN_GRACE="5"),
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (var_dir / "stepwise.json").exists():
+            assert up.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        children = psutil.Process(up.pid).children(recursive=True)
+        command_lines = [" ".join(child.cmdline()) for child in children]
+        assert not any("redis-server" in line for line in command_lines)
+
+        api = next(child for child in psutil.Process(up.pid).children() if " api " in " ".join(child.cmdline()) + " ")
+        api.send_signal(signal.SIGKILL)
+        assert up.wait(90) == 1
+        time.sleep(0.5)
+        alive = [child for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, [child.cmdline() for child in alive]
+        assert "api exited" in log_path.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        for child in children:
+            if child.is_running():
+                child.kill()
