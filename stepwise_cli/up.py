@@ -253,18 +253,28 @@ def wait_for_worker(supervisor: Supervisor, redis_url: str, worker_name: str, ti
         app.close()
 
 
+def preflight_error(args: argparse.Namespace, redis_url: str | None, redis_binary: str | None) -> str | None:
+    """Why `stepwise up` cannot start, found before any child is started."""
+    if not redis_url and not redis_binary:
+        return REDIS_MISSING
+    if not port_is_free(args.host, args.port):
+        return f"stepwise up: port {args.port} on {args.host} is in use; choose another with --port\n"
+    if args.redis_port and not redis_url and not port_is_free("127.0.0.1", args.redis_port):
+        return f"stepwise up: port {args.redis_port} is in use; choose another --redis-port\n"
+    try:
+        float(os.environ.get("STEPWISE_SHUTDOWN_GRACE") or 30)
+    except ValueError:
+        return "stepwise up: STEPWISE_SHUTDOWN_GRACE must be a number of seconds\n"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     var_dir = (args.var_dir or default_var_dir()).resolve()
     redis_url = os.environ.get("STEPWISE_REDIS_URL")
     redis_binary = shutil.which("redis-server")
-    if not redis_url and not redis_binary:
-        sys.stderr.write(REDIS_MISSING)
-        return 1
-    if not port_is_free(args.host, args.port):
-        sys.stderr.write(f"stepwise up: port {args.port} on {args.host} is in use; choose another with --port\n")
-        return 1
-    if args.redis_port and not redis_url and not port_is_free("127.0.0.1", args.redis_port):
-        sys.stderr.write(f"stepwise up: port {args.redis_port} is in use; choose another --redis-port\n")
+    error = preflight_error(args, redis_url, redis_binary)
+    if error:
+        sys.stderr.write(error)
         return 1
     var_dir.mkdir(parents=True, exist_ok=True)
     api_key = choose_api_key(var_dir)
@@ -277,21 +287,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, supervisor.on_signal)
     try:
         if not redis_url:
-            redis_port = args.redis_port or free_port()
-            (var_dir / "redis").mkdir(exist_ok=True)
-            supervisor.start("redis", [redis_binary, "--port", str(redis_port), "--bind", "127.0.0.1",
-                                       "--dir", str(var_dir / "redis"), "--appendonly", "yes",
-                                       "--daemonize", "no"], env)
-            redis_url = f"redis://127.0.0.1:{redis_port}/0"
+            redis_url = start_redis(supervisor, redis_binary, args.redis_port or free_port(), var_dir / "redis", env)
         env["STEPWISE_REDIS_URL"] = redis_url
         wait_for_redis(supervisor, redis_url, timeout=30)
-
-        stepwise = [sys.executable, "-m", "stepwise_cli.main"]
-        grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)
-        worker_name = f"up{os.getpid()}@{socket.gethostname()}"
-        supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
-        supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port),
-                                        "--workers", str(args.api_workers)], env)
+        worker_name = start_worker_and_api(supervisor, args, env)
         wait_for_api(supervisor, api_url, args.startup_timeout)
         wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
@@ -309,6 +308,24 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all()
         supervisor.say("stopped")
+
+
+def start_redis(supervisor: Supervisor, binary: str, port: int, data_dir: Path, env: dict[str, str]) -> str:
+    data_dir.mkdir(exist_ok=True)
+    supervisor.start("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+                               "--appendonly", "yes", "--daemonize", "no"], env)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: dict[str, str]) -> str:
+    """Start both (the worker loads its model meanwhile); returns the worker's Celery node name."""
+    stepwise = [sys.executable, "-m", "stepwise_cli.main"]
+    worker_name = f"up{os.getpid()}@{socket.gethostname()}"
+    grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)  # the worker's warm shutdown, plus a margin
+    supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
+    supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port),
+                             "--workers", str(args.api_workers)], env)
+    return worker_name
 
 
 def print_banner(supervisor: Supervisor, api_url: str, api_key: str, state_file: Path, env: dict[str, str],
