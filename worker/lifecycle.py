@@ -49,8 +49,15 @@ def on_worker_init(sender, **_) -> None:
         runtime.load_engine()
     metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
     _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval).start()
-    log.info("stepwise worker %s ready (engine: %s, concurrency %d)", runtime.worker_id,
-             settings.model if runs_engine else "none", sender.concurrency)
+
+
+@signals.worker_ready.connect
+def on_worker_ready(**_) -> None:
+    runtime = current_runtime()
+    if runtime is not None:
+        engine = f"model {settings.model}, max_num_seqs {settings.max_num_seqs}" if runtime.runs_engine else "no engine"
+        log.info("stepwise worker %s ready (%s, %d task threads, metrics port %s)", runtime.worker_id, engine,
+                 settings.concurrency, settings.metrics_port or "off")
 
 
 @signals.worker_shutting_down.connect

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from batching.errors import EngineShutdownError
 from batching.params import GenerationParams
+from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from worker.active_job import ActiveJob, StopReason
 from worker.settings import WorkerSettings
@@ -39,7 +40,7 @@ class WorkerRuntime:
         self.runs_engine = runs_engine  # False in a worker that only delivers webhooks
         self.worker_id = worker_id or new_worker_id()
         self.job_store = JobStore(settings.storage.redis_url, job_ttl_seconds=settings.storage.job_ttl_seconds)
-        self._image_store = None
+        self._image_store: ImageStore | None = None
         self._engine: DiffusionEngine | None = None
         self._lock = threading.Lock()
         self._active: dict[str, ActiveJob] = {}
@@ -53,12 +54,11 @@ class WorkerRuntime:
         return self.settings.storage.job_lease_seconds
 
     @property
-    def image_store(self):
-        if self._image_store is None:
-            from storage.image_store import open_image_store
-
-            self._image_store = open_image_store(self.settings.storage)
-        return self._image_store
+    def image_store(self) -> ImageStore:
+        with self._lock:
+            if self._image_store is None:
+                self._image_store = open_image_store(self.settings.storage)
+            return self._image_store
 
     @property
     def engine(self) -> DiffusionEngine:

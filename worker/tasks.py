@@ -106,7 +106,8 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.QUEUE_WAIT.observe(_queue_wait(record, engine_timings))
     upload_started = time.perf_counter()
     try:
-        image_keys = upload_images(runtime.image_store, job_id, list(result.images), list(result.seeds))
+        image_keys = upload_images(runtime.image_store, job_id, list(result.images), list(result.seeds),
+                                   result.params.model)
     except Exception as e:
         log.exception("job %s: upload failed", job_id)
         return end_job(runtime, record, JobState.FAILED, error_code="upload_failed",

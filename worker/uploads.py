@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from storage.image_store import ImageStore
+
 
 def encode_png(image: Any) -> bytes:
     buffer = io.BytesIO()
@@ -12,16 +14,12 @@ def encode_png(image: Any) -> bytes:
     return buffer.getvalue()
 
 
-def upload_images(image_store: Any, job_id: str, images: list[Any], seeds: list[int]) -> list[str]:
+def upload_images(image_store: ImageStore, job_id: str, images: list[Any], seeds: list[int], model: str) -> list[str]:
     """Store each image under its deterministic key; a repeated run overwrites the same keys."""
-    from storage.image_store import key_for
-
     keys = []
     for index, image in enumerate(images):
-        key = key_for(job_id, index)
-        metadata = {"job_id": job_id, "index": str(index)}
-        if index < len(seeds):
-            metadata["seed"] = str(seeds[index])
+        key = image_store.key_for(job_id, index)
+        metadata = {"job_id": job_id, "index": str(index), "seed": str(seeds[index]), "model": model}
         image_store.put_png(key, encode_png(image), metadata)
         keys.append(key)
     return keys

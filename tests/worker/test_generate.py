@@ -1,0 +1,123 @@
+"""A real worker process generating jobs end to end: Redis records, Celery messages, images in
+S3 (moto's server over HTTP) or a local folder."""
+
+from __future__ import annotations
+
+from storage.image_store import open_image_store
+from storage.job_record import JobState
+from storage.settings import StorageSettings
+from tests.worker.cluster import Cluster, engine_stats_from_cli, long_params, png_size, small_params, wait_for
+
+
+def key_for(cluster: Cluster, job_id: str, index: int = 0) -> str:
+    """The deterministic key the image store gives this image."""
+    settings = StorageSettings(storage_url=cluster.storage_env["STEPWISE_STORAGE_URL"],
+                               s3_endpoint_url=cluster.storage_env.get("STEPWISE_S3_ENDPOINT_URL"))
+    return open_image_store(settings).key_for(job_id, index)
+
+
+def bucket_objects(cluster: Cluster, job_id: str) -> dict[str, bytes]:
+    """Every object in the bucket whose key mentions the job, read over HTTP with boto3."""
+    listing = cluster.s3.list_objects_v2(Bucket=cluster.bucket)
+    return {item["Key"]: cluster.s3.get_object(Bucket=cluster.bucket, Key=item["Key"])["Body"].read()
+            for item in listing.get("Contents", []) if job_id in item["Key"]}
+
+
+def shared_forwards(stats: dict) -> int:
+    """Forwards that carried more than one job (JSON makes the histogram's keys strings)."""
+    return sum(count for num_jobs, count in stats["jobs_per_forward"].items() if int(num_jobs) > 1)
+
+
+def test_eight_jobs_enqueued_together_succeed_with_their_pngs_in_the_bucket_and_share_forwards(s3_cluster, main_worker):
+    params = [small_params(prompt=f"fox number {i}", seed=100 + i, height=64, width=96) for i in range(8)]
+    job_ids = [s3_cluster.create_job(p).job_id for p in params]
+    for job_id in job_ids:
+        s3_cluster.enqueue(job_id)
+
+    records = [s3_cluster.wait_for_end(job_id) for job_id in job_ids]
+
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * 8, [(r.state, r.error_message) for r in records]
+    for record in records:
+        key = key_for(s3_cluster, record.job_id)
+        assert record.image_keys == [key]
+        assert png_size(bucket_objects(s3_cluster, record.job_id)[key]) == (96, 64)
+        assert record.progress_step == record.progress_total == 4
+        assert {"queue_wait", "denoise", "decode", "upload", "total"} <= set(record.timings)
+    stats = engine_stats_from_cli(s3_cluster, main_worker)
+    assert shared_forwards(stats) > 0, stats["jobs_per_forward"]
+    assert stats["model"] == "builtin:tiny"
+
+
+def test_eight_jobs_succeed_with_their_pngs_in_a_local_folder(folder_cluster):
+    worker = folder_cluster.start_worker()
+    job_ids = [folder_cluster.submit(small_params(prompt=f"owl {i}", seed=i)) for i in range(8)]
+
+    records = [folder_cluster.wait_for_end(job_id) for job_id in job_ids]
+
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * 8, [(r.state, r.error_message) for r in records]
+    for record in records:
+        assert record.image_keys == [key_for(folder_cluster, record.job_id)]
+        assert png_size((folder_cluster.images / record.image_keys[0]).read_bytes()) == (64, 64)
+    assert shared_forwards(folder_cluster.command(worker, "engine_stats")) > 0
+
+
+def test_a_job_canceled_while_running_stops_at_a_step_boundary_and_its_batch_mates_finish(s3_cluster, main_worker):
+    long_id = s3_cluster.submit(long_params())
+    mate_ids = [s3_cluster.submit(small_params(prompt=f"batch mate {i}", height=128, width=128,
+                                               num_inference_steps=30)) for i in range(3)]
+    s3_cluster.wait_for_progress(long_id, min_step=2)
+
+    assert s3_cluster.store.request_cancel(long_id) is JobState.RUNNING
+
+    canceled = s3_cluster.wait_for_end(long_id)
+    assert canceled.state is JobState.CANCELED
+    assert 2 <= canceled.progress_step < 200
+    assert canceled.image_keys == []
+    assert [s3_cluster.wait_for_end(job_id).state for job_id in mate_ids] == [JobState.SUCCEEDED] * 3
+
+
+def test_a_queued_job_canceled_before_any_worker_takes_it_never_runs(s3_cluster, main_worker):
+    record = s3_cluster.create_job()
+    assert s3_cluster.store.request_cancel(record.job_id) is JobState.CANCELED
+    s3_cluster.enqueue(record.job_id)
+
+    wait_for(s3_cluster.broker_is_idle, 30, "the message to be consumed and acknowledged")
+
+    after = s3_cluster.store.get(record.job_id)
+    assert after.state is JobState.CANCELED and after.attempts == 0 and after.started_at is None
+
+
+def test_the_same_job_message_delivered_twice_runs_once_and_stores_one_image(s3_cluster, main_worker):
+    finished_before = s3_cluster.command(main_worker, "engine_stats")["jobs_finished"]
+    record = s3_cluster.create_job(small_params(prompt="only once"))
+    s3_cluster.enqueue(record.job_id, task_id=record.job_id)
+    s3_cluster.enqueue(record.job_id, task_id=record.job_id)
+
+    done = s3_cluster.wait_for_end(record.job_id)
+    wait_for(s3_cluster.broker_is_idle, 30, "both deliveries to be consumed and acknowledged")
+
+    assert done.state is JobState.SUCCEEDED and done.attempts == 1
+    assert list(bucket_objects(s3_cluster, record.job_id)) == [key_for(s3_cluster, record.job_id)]
+    assert s3_cluster.command(main_worker, "engine_stats")["jobs_finished"] == finished_before + 1
+
+
+def test_a_job_whose_deadline_passed_before_it_started_ends_expired(s3_cluster, main_worker):
+    job_id = s3_cluster.submit(small_params(), deadline=1.0)
+
+    record = s3_cluster.wait_for_end(job_id)
+
+    assert record.state is JobState.EXPIRED
+    assert record.error_code == "deadline_exceeded"
+    assert record.image_keys == []
+
+
+def test_a_job_the_engine_cannot_serve_fails_with_a_readable_message_and_the_worker_keeps_working(
+        s3_cluster, main_worker):
+    bad_id = s3_cluster.submit(small_params(model="builtin:not-this-one"))
+    good_id = s3_cluster.submit(small_params())
+
+    bad = s3_cluster.wait_for_end(bad_id)
+
+    assert bad.state is JobState.FAILED
+    assert "builtin:not-this-one" in bad.error_message
+    assert s3_cluster.wait_for_end(good_id).state is JobState.SUCCEEDED

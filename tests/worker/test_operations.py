@@ -1,0 +1,59 @@
+"""Operating a worker with Celery's own tools, and its Prometheus metrics."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from storage.job_record import JobState
+from tests.worker.cluster import long_params, small_params
+
+
+@pytest.mark.timeout(600)
+def test_drain_stops_admission_while_in_flight_jobs_finish_and_resume_restarts_it(s3_cluster, main_worker):
+    in_flight_id = s3_cluster.submit(long_params(prompt="in flight"))
+    s3_cluster.wait_for_progress(in_flight_id, min_step=1)
+
+    drained = s3_cluster.celery_cli("control", "drain", "-d", main_worker.name, "-t", "10")
+    assert drained.returncode == 0 and "draining" in drained.stdout, drained.stdout + drained.stderr
+    try:
+        held_id = s3_cluster.submit(small_params(prompt="sent while drained"))
+        assert s3_cluster.wait_for_end(in_flight_id).state is JobState.SUCCEEDED
+        stats = s3_cluster.command(main_worker, "engine_stats")
+        queue_names = [q["name"] for q in s3_cluster.command(main_worker, "active_queues")]
+        # The in-flight job ran to its end meanwhile: a consuming worker would have taken this one.
+        assert s3_cluster.store.get(held_id).state is JobState.QUEUED
+        assert s3_cluster.queue_length() == 1
+        assert stats["is_admitting"] is False and stats["is_admission_paused"] is True
+        assert "stepwise.generate" not in queue_names and "stepwise.webhooks" in queue_names
+    finally:
+        resumed = s3_cluster.celery_cli("control", "resume", "-d", main_worker.name, "-t", "10")
+    assert resumed.returncode == 0 and "admitting" in resumed.stdout, resumed.stdout + resumed.stderr
+
+    assert s3_cluster.wait_for_end(held_id).state is JobState.SUCCEEDED
+    assert s3_cluster.command(main_worker, "engine_stats")["is_admitting"] is True
+
+
+def test_engine_stats_reports_batching_per_key_throughput_and_the_model(s3_cluster, main_worker):
+    result = s3_cluster.celery_cli("inspect", "engine_stats", "-d", main_worker.name, "-t", "10")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    for field in ("rows_per_forward", "jobs_per_forward", "running_by_key", "num_waiting",
+                  "steps_per_second", "builtin:tiny"):
+        assert field in result.stdout
+
+
+def test_worker_metrics_are_served_in_prometheus_format(s3_cluster, main_worker):
+    job_id = s3_cluster.submit(small_params(prompt="measured"))
+    assert s3_cluster.wait_for_end(job_id).state is JobState.SUCCEEDED
+
+    text = requests.get(f"http://127.0.0.1:{main_worker.metrics_port}/metrics", timeout=10).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    assert samples[("stepwise_worker_jobs_total", (("outcome", "succeeded"),))] >= 1
+    assert samples[("stepwise_engine_rows_per_forward_count", ())] >= 1
+    assert samples[("stepwise_worker_step_seconds_count", ())] >= 1
+    assert samples[("stepwise_worker_queue_wait_seconds_count", ())] >= 1
+    assert samples[("stepwise_worker_upload_seconds_count", ())] >= 1

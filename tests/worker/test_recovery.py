@@ -1,0 +1,53 @@
+"""Workers stopping, gracefully or not: no job is lost and none runs twice to completion."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from storage.job_record import JobState
+from tests.worker.cluster import long_params, small_params
+
+FAST_LEASES = {"STEPWISE_JOB_LEASE_SECONDS": "3", "STEPWISE_LEASE_SWEEP_INTERVAL": "0.5"}
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_warm_shutdown_lets_a_running_job_finish_before_the_worker_exits(folder_cluster):
+    worker = folder_cluster.start_worker(STEPWISE_SHUTDOWN_GRACE="400")
+    job_id = folder_cluster.submit(long_params(prompt="finish me", num_inference_steps=100))
+    folder_cluster.wait_for_progress(job_id, min_step=1)
+
+    assert worker.stop(signal.SIGTERM, timeout=400) == 0
+
+    record = folder_cluster.store.get(job_id)
+    assert record.state is JobState.SUCCEEDED and record.attempts == 1
+
+
+def test_warm_shutdown_requeues_what_outlives_the_grace_period_and_another_worker_finishes_it(folder_cluster):
+    first = folder_cluster.start_worker("first", STEPWISE_SHUTDOWN_GRACE="0")
+    long_id = folder_cluster.submit(long_params())
+    short_ids = [folder_cluster.submit(small_params(prompt=f"short {i}")) for i in range(2)]
+    folder_cluster.wait_for_progress(long_id, min_step=1)
+
+    assert first.stop(signal.SIGTERM, timeout=60) == 0
+    requeued = folder_cluster.store.get(long_id)
+    assert requeued.state is JobState.QUEUED and requeued.attempts == 1
+
+    folder_cluster.start_worker("second")
+    finished = folder_cluster.wait_for_end(long_id)
+    assert finished.state is JobState.SUCCEEDED and finished.attempts == 2
+    assert [folder_cluster.wait_for_end(job_id).state for job_id in short_ids] == [JobState.SUCCEEDED] * 2
+
+
+def test_a_killed_workers_job_is_requeued_when_its_lease_lapses_and_runs_to_the_end_elsewhere(folder_cluster):
+    doomed = folder_cluster.start_worker("doomed", **FAST_LEASES)
+    job_id = folder_cluster.submit(long_params(prompt="survives a SIGKILL"))
+    folder_cluster.wait_for_progress(job_id, min_step=1)
+
+    doomed.stop(signal.SIGKILL)
+    folder_cluster.start_worker("rescuer", **FAST_LEASES)
+
+    record = folder_cluster.wait_for_end(job_id)
+    assert record.state is JobState.SUCCEEDED and record.attempts == 2
