@@ -8,7 +8,8 @@ those (size, rows) shapes, in the same process, so
     ideal seconds = sum over forwards of t_forward(size, rows) + encode + decode
 
 is the time the engine would need if scheduling, batch building, per-job sampler steps
-and Python overhead were free. The trace wraps `ModelRunner.execute` of one engine
+and Python overhead were free. The bare timings are taken right after each run, for the
+shapes that run used. The trace wraps `ModelRunner.execute` of one engine
 instance (a benchmark probe; the engine itself is unchanged).
 """
 
@@ -84,7 +85,10 @@ class UNetRowCounter:
 
 
 def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[ForwardShape, float]:
-    """Median seconds of one bare UNet forward per shape (after one untimed call per shape)."""
+    """Median seconds of one bare UNet forward per shape (after one untimed call per shape).
+
+    Called right after the run whose shapes these are, so the machine's load is as close
+    as it gets to the load the run saw."""
     dim = adapter.unet.config.cross_attention_dim
     seq = adapter.tokenizer.model_max_length
     medians = {}

@@ -11,6 +11,9 @@ the service itself:
     engine time = engine queue wait + denoise + decode  (engine.submit -> future resolved)
     overhead    = latency - engine time: broker delivery and waiting for a free task
                   thread, PNG encoding, upload, record writes
+    broker wait = started_at - created_at: delivery, plus waiting for a free task thread
+                  when more jobs are in flight than the worker has threads (a burst)
+    worker overhead = overhead - broker wait: the task thread's own work around the engine
 
 Last, the API's submit throughput is measured against the same stack with
 `benchmarks.api_submit` (client processes posting back to back, the worker busy).
@@ -150,6 +153,7 @@ def _measure(session: requests.Session, url: str, workload: workloads.Workload, 
             engine_seconds=percentiles([job["engine_seconds"] for job in ok]),
             overhead_seconds=percentiles([job["overhead"] for job in ok]),
             broker_wait_seconds=percentiles([job["broker_wait"] for job in ok]),
+            worker_overhead_seconds=percentiles([job["overhead"] - job["broker_wait"] for job in ok]),
             upload_seconds=percentiles([job["timings"].get("upload", 0.0) for job in ok]),
             submit_request_seconds=percentiles([job["submit_seconds"] for job in ok]),
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.component_times import ForwardShape, ideal_seconds
+from benchmarks.component_times import ideal_seconds
 from benchmarks.variants import RunRecord
 
 
@@ -29,7 +29,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def summarize(record: RunRecord, forward_times: dict[ForwardShape, float] | None = None) -> dict:
+def summarize(record: RunRecord) -> dict:
     jobs = record.jobs
     metrics = {
         "num_jobs": len(jobs),
@@ -40,8 +40,8 @@ def summarize(record: RunRecord, forward_times: dict[ForwardShape, float] | None
         "mean_rows_per_forward": _mean_rows(record),
         "efficiency": None,
     }
-    if record.variant.kind == "engine" and forward_times is not None and record.trace["is_complete"]:
-        ideal = ideal_seconds(record.trace, forward_times)
+    if record.variant.kind == "engine" and record.trace["is_complete"]:
+        ideal = ideal_seconds(record.trace, record.forward_times)
         busy = record.engine_stats["busy_seconds"]
         metrics["efficiency"] = {
             "ideal_seconds": ideal,
@@ -105,7 +105,12 @@ def headline_ratios(models: list[dict], end_to_end: dict | None) -> dict:
             "per_workload": per_workload,
         }
     if end_to_end:
-        headlines["e2e"] = {
-            name: run["overhead_seconds"]["p50"] for name, run in end_to_end["runs"].items() if run.get("overhead_seconds")
-        } | {"api_submit_requests_per_second": (end_to_end.get("api_submit") or {}).get("requests_per_second")}
+        e2e: dict = {}
+        for name, run in end_to_end["runs"].items():
+            if run.get("overhead_seconds"):
+                e2e[f"overhead_p50_seconds_{name}"] = run["overhead_seconds"]["p50"]
+                e2e[f"worker_overhead_p50_seconds_{name}"] = run["worker_overhead_seconds"]["p50"]
+                e2e[f"throughput_images_per_second_{name}"] = run["throughput_images_per_second"]
+        e2e["api_submit_requests_per_second"] = (end_to_end.get("api_submit") or {}).get("requests_per_second")
+        headlines["e2e"] = e2e
     return headlines

@@ -102,19 +102,22 @@ def _e2e_section(e2e: dict) -> list[str]:
         "",
         f"{e2e['description']}",
         "",
+        *([f"**The end-to-end part failed:** {e2e['error']}", ""] if e2e.get("error") else []),
         "| run | jobs | images/s | latency p50 s | p95 s | overhead p50 s | overhead p95 s "
-        "| broker wait p50 s | upload p50 s | run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| broker wait p50 s | p95 s | worker overhead p50 s | p95 s | upload p50 s | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, run in e2e["runs"].items():
         if run.get("error"):
-            lines.append(f"| {name} | failed: {run['error']} | | | | | | | | |")
+            lines.append(f"| {name} | failed: {run['error']} |" + " |" * 11)
             continue
         lat, over = run["latency_seconds"], run["overhead_seconds"]
         lines.append(
             f"| {name} | {run['num_jobs']} | {_num(run['throughput_images_per_second'])} | {_num(lat['p50'])} "
             f"| {_num(lat['p95'])} | {_num(over['p50'], 3)} | {_num(over['p95'], 3)} "
-            f"| {_num(run['broker_wait_seconds']['p50'], 3)} | {_num(run['upload_seconds']['p50'], 3)} "
+            f"| {_num(run['broker_wait_seconds']['p50'], 3)} | {_num(run['broker_wait_seconds']['p95'], 3)} "
+            f"| {_num(run['worker_overhead_seconds']['p50'], 3)} | {_num(run['worker_overhead_seconds']['p95'], 3)} "
+            f"| {_num(run['upload_seconds']['p50'], 3)} "
             f"| [json]({run['file']}) |"
         )
     submit = e2e.get("api_submit")

@@ -3,9 +3,9 @@
 Per model, the serial burst runs first: its throughput is the serial capacity, which
 sets the Poisson rates (multiples of it) and static batching's launch timeout (one
 serial job time). Each workload then runs on every variant in turn (serial, static,
-fifo, default), so slow drifts in the machine's load fall on all variants alike. After
-the model's runs, the bare UNet is timed at every (size, rows) shape the engines ran,
-for engine efficiency.
+fifo, default), so slow drifts in the machine's load fall on all variants alike. Right
+after each engine run, the bare UNet is timed at every (size, rows) shape that run used,
+for engine efficiency (see component_times).
 
 Output under `out/`: `runs/<model>__<workload>__<variant>.json` (one per run, with the
 machine and the load average), `runs/e2e__*.json`, `summary.json`, `results.md` and the
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import workloads
-from benchmarks.component_times import time_forwards
 from benchmarks.machine import LoadSampler, describe_machine
 from benchmarks.metrics import headline_ratios, summarize
 from benchmarks.variants import EngineVariant, RunRecord, StaticBatchVariant, variant_specs
@@ -107,7 +106,8 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs)}
     short = model.removeprefix("builtin:")
 
-    serial = EngineVariant(specs["serial"], model, options.device, options.num_threads)
+    repeats = size.forward_repeats
+    serial = EngineVariant(specs["serial"], model, options.device, options.num_threads, repeats)
     serial.open(sizes)
     burst = workloads.burst(shape, num_jobs)
     serial_burst = serial.run(burst)
@@ -118,8 +118,8 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     variants = {
         "serial": serial,
         "static": StaticBatchVariant(specs["static"], model, options.device, options.num_threads, static_timeout),
-        "fifo": EngineVariant(specs["fifo"], model, options.device, options.num_threads),
-        "default": EngineVariant(specs["default"], model, options.device, options.num_threads),
+        "fifo": EngineVariant(specs["fifo"], model, options.device, options.num_threads, repeats),
+        "default": EngineVariant(specs["default"], model, options.device, options.num_threads, repeats),
     }
     for name in ("static", "fifo", "default"):
         variants[name].open(sizes)
@@ -139,9 +139,6 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
                      workload.num_jobs / record.wall_seconds,
                      sorted(j.finished - j.submitted for j in record.jobs)[len(record.jobs) // 2],
                      record.load_average_end[0])
-
-    shapes = {(f["height"], f["width"], f["rows"]) for r in records if r.trace for f in r.trace["forwards"]}
-    forward_times = time_forwards(variants["default"].adapter, shapes, size.forward_repeats)
     for variant in variants.values():
         variant.close()
 
@@ -150,9 +147,9 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
               "static_timeout_seconds": static_timeout}
     runs = []
     for record in records:
-        metrics = summarize(record, forward_times)
+        metrics = summarize(record)
         path = runs_dir / f"{short}__{record.workload.name}__{record.variant.name}.json"
-        path.write_text(json.dumps(_run_document(record, metrics, config, machine, forward_times), indent=2) + "\n")
+        path.write_text(json.dumps(_run_document(record, metrics, config, machine), indent=2) + "\n")
         runs.append({"workload": record.workload.name, "variant": record.variant.name, "file": f"runs/{path.name}",
                      "metrics": metrics, "latencies": sorted(j.finished - j.submitted for j in record.jobs)})
     return {
@@ -160,13 +157,11 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         "serial_capacity": serial_capacity,
         "static_timeout_seconds": static_timeout,
         "workloads": [_workload_summary(w) for w in suite],
-        "forward_seconds": [{"height": h, "width": w, "rows": r, "seconds": s}
-                            for (h, w, r), s in sorted(forward_times.items())],
         "runs": runs,
     }
 
 
-def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict, forward_times: dict) -> dict:
+def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict) -> dict:
     document = {
         "schema": RUN_SCHEMA,
         "kind": "engine_level",
@@ -182,12 +177,11 @@ def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict,
         "jobs": [dataclasses.asdict(job) for job in record.jobs],
     }
     if record.variant.kind == "engine":
-        used = {(f["height"], f["width"], f["rows"]) for f in record.trace["forwards"]}
         document["engine"] = {
             "stats_delta": record.engine_stats,
             "trace": record.trace,
-            "bare_forward_seconds": [{"height": h, "width": w, "rows": r, "seconds": forward_times[(h, w, r)]}
-                                     for (h, w, r) in sorted(used)],
+            "bare_forward_seconds": [{"height": h, "width": w, "rows": r, "seconds": seconds}
+                                     for (h, w, r), seconds in sorted(record.forward_times.items())],
         }
     else:
         document["static"] = {"unet_rows_per_call": record.static_forwards, "requests_per_group": record.static_groups}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from benchmarks.component_times import ForwardTrace, UNetRowCounter
+from benchmarks.component_times import ForwardShape, ForwardTrace, UNetRowCounter, time_forwards
 from benchmarks.workloads import Workload
 
 WARM_UP_STEPS = 2
@@ -74,6 +74,7 @@ class RunRecord:
     load_average_end: tuple[float, float, float]
     engine_stats: dict = field(default_factory=dict)  # engine: stats() difference over the run
     trace: dict | None = None  # engine: ForwardTrace.as_dict()
+    forward_times: dict[ForwardShape, float] = field(default_factory=dict)  # engine: bare-UNet seconds per shape that ran
     static_forwards: dict[int, int] = field(default_factory=dict)  # static: rows -> UNet calls
     static_groups: list[int] = field(default_factory=list)  # static: requests in each pipeline call
 
@@ -85,8 +86,9 @@ def sleep_until(deadline: float) -> None:
 
 
 class EngineVariant:
-    def __init__(self, spec: VariantSpec, model: str, device: str, num_threads: int) -> None:
+    def __init__(self, spec: VariantSpec, model: str, device: str, num_threads: int, forward_repeats: int = 3) -> None:
         self.spec = spec
+        self.forward_repeats = forward_repeats  # bare-UNet timings per shape, right after each run
         self.config = EngineConfig(model=model, device=device, max_num_seqs=spec.max_num_seqs, policy=spec.policy,
                                    num_threads=num_threads)
         self.engine: DiffusionEngine | None = None
@@ -127,8 +129,13 @@ class EngineVariant:
                                   finished[index] - started, params.height, params.width, params.num_inference_steps,
                                   params.guidance_scale))
         wall = max(job.finished for job in jobs) - min(job.submitted for job in jobs)
-        return RunRecord(workload, self.spec, jobs, wall, load_start, _load_average(),
-                         engine_stats=_stats_delta(before, engine.stats()), trace=self.trace.as_dict())
+        load_end = _load_average()
+        stats = _stats_delta(before, engine.stats())
+        trace = self.trace.as_dict()
+        shapes = {(f["height"], f["width"], f["rows"]) for f in trace["forwards"]}
+        forward_times = time_forwards(self.adapter, shapes, self.forward_repeats)
+        return RunRecord(workload, self.spec, jobs, wall, load_start, load_end, engine_stats=stats, trace=trace,
+                         forward_times=forward_times)
 
     def close(self) -> None:
         if self.engine is not None:
