@@ -15,8 +15,9 @@ def markdown(summary: dict) -> str:
     lines = [
         "# stepwise benchmark results",
         "",
-        f"Suite `{suite['name']}`, {summary['suite_seconds'] / 60:.1f} minutes; models {', '.join(options['models'])}; "
-        f"end to end {'included' if options['e2e'] else 'skipped'}.",
+        f"`{summary['command']}`: suite `{suite['name']}`, {summary['suite_seconds'] / 60:.1f} minutes; "
+        f"models {', '.join(options['models'])}; end to end {'included' if options['e2e'] else 'skipped'}; "
+        f"code at `{summary['git_commit']}`.",
         f"Machine: {machine['cpu_count']} × {machine['cpu_model']}, {machine['memory_gib']} GiB; device `{machine['device']}`; "
         f"torch {machine['torch']} with {machine['torch_num_threads']} thread(s), diffusers {machine['diffusers']}.",
         f"Load average (1 min) during the suite: min {load['one_minute_min']:.2f}, mean {load['one_minute_mean']:.2f}, "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
+import sys
 from pathlib import Path
 
 from benchmarks.run import SIZES, SuiteOptions
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise SystemExit("stepwise bench: --threads must be at least 1")
     options = SuiteOptions(out=args.out, size=SIZES[args.size], models=tuple(dict.fromkeys(args.models)),
-                           device=args.device, num_threads=args.threads, run_e2e=args.e2e)
+                           device=args.device, num_threads=args.threads, run_e2e=args.e2e,
+                           command=" ".join(["stepwise", *map(shlex.quote, sys.argv[1:])]))
     from benchmarks.run import run_suite
 
     summary = run_suite(options)
