@@ -42,7 +42,8 @@ class WorkerRuntime:
         self.job_store = JobStore(settings.storage.redis_url, job_ttl_seconds=settings.storage.job_ttl_seconds)
         self._image_store: ImageStore | None = None
         self._engine: DiffusionEngine | None = None
-        self._lock = threading.Lock()
+        self._build_lock = threading.Lock()  # guards building the engine and the image store
+        self._lock = threading.Lock()  # guards admission and the held jobs
         self._active: dict[str, ActiveJob] = {}
         self._is_idle = threading.Event()  # set while no job is held
         self._is_idle.set()
@@ -55,14 +56,14 @@ class WorkerRuntime:
 
     @property
     def image_store(self) -> ImageStore:
-        with self._lock:
+        with self._build_lock:
             if self._image_store is None:
                 self._image_store = open_image_store(self.settings.storage)
             return self._image_store
 
     @property
     def engine(self) -> DiffusionEngine:
-        with self._lock:
+        with self._build_lock:
             if self._engine is None:
                 self._engine = self._build_engine()
             return self._engine
@@ -106,7 +107,8 @@ class WorkerRuntime:
         """Ask the engine to stop the job at its next step boundary."""
         if active.stop_reason is None:
             active.stop_reason = reason
-        self.engine.cancel(active.job_id)
+        if self._engine is not None:
+            self._engine.cancel(active.job_id)
 
     def stop_admission(self) -> list[str]:
         """Stop admitting jobs; send back to the queue those that have not started denoising.
@@ -177,7 +179,7 @@ class WorkerRuntime:
 
     def close(self) -> None:
         if self._engine is not None:
-            self._engine.shutdown()
+            self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
         self.job_store.close()
 
 

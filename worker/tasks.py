@@ -56,6 +56,9 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
     if record.state.is_terminal:
         log.info("job %s: already %s; nothing to do", job_id, record.state.value)
         return f"already {record.state.value}"
+    if not runtime.is_admitting:  # drained or shutting down: leave the job to another worker, untouched
+        app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
+        return "passed on"
     taken = store.take(job_id, runtime.worker_id, runtime.lease_seconds)
     if taken is None:
         log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)

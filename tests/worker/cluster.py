@@ -24,6 +24,7 @@ from tests.servers import RedisServer, child_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))
+STEPWISE = str(Path(sys.executable).with_name("stepwise"))
 BOOT_TIMEOUT = 180.0
 JOB_TIMEOUT = 240.0  # a busy shared 2-core machine runs these jobs 30 times slower than an idle one
 T = TypeVar("T")
@@ -111,18 +112,22 @@ class Cluster:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def start_worker(self, label: str | None = None, *, wait: bool = True, **env: str) -> WorkerProcess:
+    def start_worker(self, label: str | None = None, *, via_stepwise: bool = False, wait: bool = True,
+                     **env: str) -> WorkerProcess:
+        """`celery -A worker worker` with no pool, concurrency or prefetch flags (the app's defaults
+        must be right), or `stepwise worker`."""
         label = label or f"w{len(self.workers) + 1}"
         name = f"{label}-{uuid.uuid4().hex[:6]}@stepwise-tests"
         metrics_port = free_port()
         log_path = self.log_dir / f"worker-{label}.log"
         child = child_env(**self.env, STEPWISE_WORKER_METRICS_PORT=str(metrics_port), **env)
+        if via_stepwise:
+            command = [STEPWISE, "worker", "--hostname", name]
+        else:
+            command = [CELERY, "-A", "worker", "worker", "-Q", "stepwise.generate,stepwise.webhooks", "-n", name,
+                       "--loglevel", "INFO"]
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                [CELERY, "-A", "worker", "worker", "-Q", "stepwise.generate,stepwise.webhooks", "-n", name,
-                 "--loglevel", "INFO"],
-                cwd=ROOT, env=child, stdout=log_file, stderr=subprocess.STDOUT,
-            )
+            process = subprocess.Popen(command, cwd=ROOT, env=child, stdout=log_file, stderr=subprocess.STDOUT)
         worker = WorkerProcess(name, process, log_path, metrics_port)
         self.workers.append(worker)
         if wait:

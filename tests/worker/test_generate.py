@@ -48,8 +48,8 @@ def test_eight_jobs_enqueued_together_succeed_with_their_pngs_in_the_bucket_and_
     assert stats["model"] == "builtin:tiny"
 
 
-def test_eight_jobs_succeed_with_their_pngs_in_a_local_folder(folder_cluster):
-    worker = folder_cluster.start_worker()
+def test_eight_jobs_succeed_with_their_pngs_in_a_local_folder_under_stepwise_worker(folder_cluster):
+    worker = folder_cluster.start_worker(via_stepwise=True)
     job_ids = [folder_cluster.submit(small_params(prompt=f"owl {i}", seed=i)) for i in range(8)]
 
     records = [folder_cluster.wait_for_end(job_id) for job_id in job_ids]

@@ -57,3 +57,15 @@ def test_worker_metrics_are_served_in_prometheus_format(s3_cluster, main_worker)
     assert samples[("stepwise_worker_step_seconds_count", ())] >= 1
     assert samples[("stepwise_worker_queue_wait_seconds_count", ())] >= 1
     assert samples[("stepwise_worker_upload_seconds_count", ())] >= 1
+
+
+def test_a_plain_celery_worker_gets_threads_sized_from_max_num_seqs_late_acks_and_prefetch_one(s3_cluster, main_worker):
+    stats = s3_cluster.command(main_worker, "stats")
+    conf = s3_cluster.command(main_worker, "conf")
+
+    assert "thread" in stats["pool"]["implementation"]
+    assert stats["pool"]["max-concurrency"] == 12  # max_num_seqs 8 + 4 waiting
+    assert stats["prefetch_count"] == 12  # multiplier 1: one message per task thread
+    assert conf["task_acks_late"] is True and conf["task_reject_on_worker_lost"] is True
+    assert conf["broker_transport_options"]["visibility_timeout"] == 7200
+    assert conf["worker_send_task_events"] is True

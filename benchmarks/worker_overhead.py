@@ -1,0 +1,189 @@
+"""Per-job overhead of the worker path (job record I/O, PNG encode, upload) next to engine time.
+
+    python -m benchmarks.worker_overhead [--jobs 16] [--steps 20] [--size 128] [--storage file|s3]
+
+Runs the generate task's own code (`worker.tasks.run_job`) for each job on a pool of task
+threads in this process, against a redis-server it starts and a local folder or moto's S3
+server over HTTP, with one engine (builtin:tiny on the CPU unless STEPWISE_DEVICE says
+otherwise). Celery's message transport is left out: it is the same for any task. Every
+JobStore call is timed and charged to its job; encode and upload are timed around the
+worker's own functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not ready within {timeout}s")
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path):
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed")
+    port = free_port()
+    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+                                "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server")
+        yield url
+    finally:
+        process.terminate()
+        process.wait()
+
+
+@contextlib.contextmanager
+def storage_env(kind: str, folder: Path):
+    if kind == "file":
+        yield {"STEPWISE_STORAGE_URL": (folder / "images").as_uri()}
+        return
+    import boto3
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    os.environ.update(credentials)
+    try:
+        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.5), 30, "moto server")
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="stepwise-bench")
+        yield {"STEPWISE_STORAGE_URL": "s3://stepwise-bench/images", "STEPWISE_S3_ENDPOINT_URL": endpoint}
+    finally:
+        process.terminate()
+        process.wait()
+
+
+class TimedJobStore:
+    """Forwards to a JobStore and charges each call's wall time to the job it names."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.seconds = defaultdict(float)  # job_id -> seconds in JobStore calls
+        self.calls = defaultdict(lambda: defaultdict(int))  # job_id -> method -> calls
+
+    def __getattr__(self, name: str):
+        method = getattr(self._store, name)
+        if not callable(method):
+            return method
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if args and isinstance(args[0], str):
+                    self.seconds[args[0]] += time.perf_counter() - started
+                    self.calls[args[0]][name] += 1
+        return timed
+
+
+def summarize(label: str, values: list[float]) -> str:
+    return (f"  {label:<40} median {statistics.median(values) * 1000:8.1f} ms"
+            f"   mean {statistics.fmean(values) * 1000:8.1f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--storage", choices=("file", "s3"), default="file")
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="stepwise-worker-bench-"))
+    with redis_server(folder) as redis_url, storage_env(args.storage, folder) as storage:
+        os.environ.update({"STEPWISE_REDIS_URL": redis_url, "STEPWISE_WORKER_METRICS_PORT": "0", **storage})
+        os.environ.setdefault("STEPWISE_DEVICE", "cpu")
+        from batching.params import GenerationParams
+        from worker import tasks, uploads
+        from worker.runtime import WorkerRuntime
+        from worker.settings import WorkerSettings
+
+        settings = WorkerSettings.from_env()
+        runtime = WorkerRuntime(settings)
+        runtime.load_engine()
+        store = TimedJobStore(runtime.job_store)
+        runtime.job_store = store
+        encode_seconds: dict[int, float] = {}
+        encode_png = uploads.encode_png
+
+        def timed_encode(image):
+            started = time.perf_counter()
+            data = encode_png(image)
+            encode_seconds[id(image)] = time.perf_counter() - started
+            return data
+        uploads.encode_png = timed_encode
+
+        def params(index: int) -> dict:
+            return GenerationParams(prompt=f"a lighthouse, take {index}", seed=index, num_inference_steps=args.steps,
+                                    height=args.size, width=args.size).to_dict()
+
+        warm_up = runtime.job_store._store.create(tenant="bench", params=params(-1 + 2**31))[0]
+        tasks.run_job(runtime, warm_up.job_id)
+        job_ids = [runtime.job_store._store.create(tenant="bench", params=params(i))[0].job_id
+                   for i in range(args.jobs)]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+            outcomes = list(pool.map(lambda job_id: tasks.run_job(runtime, job_id), job_ids))
+        wall = time.perf_counter() - started
+        records = [runtime.job_store._store.get(job_id) for job_id in job_ids]
+        stats = runtime.engine.stats()
+        runtime.close()
+
+    assert outcomes == ["succeeded"] * args.jobs, outcomes
+    engine = [r.timings["denoise"] + r.timings["decode"] for r in records]
+    record_io = [store.seconds[r.job_id] for r in records]
+    upload = [r.timings["upload"] for r in records]
+    encode = sorted(encode_seconds.values())[-args.jobs:]
+    overhead = [io + up for io, up in zip(record_io, upload, strict=True)]
+    num_calls = [sum(store.calls[r.job_id].values()) for r in records]
+    print(f"{args.jobs} jobs, {args.steps} steps, {args.size}x{args.size}, storage={args.storage}, "
+          f"model {stats['model']} on {stats['device']}, max_num_seqs {settings.max_num_seqs}, "
+          f"task threads {settings.concurrency}")
+    print(f"wall {wall:.2f} s for all jobs; engine: {stats['steps_per_second']:.1f} steps/s, "
+          f"rows per forward {stats['rows_per_forward']}")
+    print("per job:")
+    print(summarize("engine (denoise + decode)", engine))
+    print(summarize(f"record I/O ({statistics.median(num_calls):.0f} JobStore calls)", record_io))
+    print(summarize("PNG encode", encode))
+    print(summarize("upload (encode + put)", upload))
+    print(summarize("worker overhead (record I/O + upload)", overhead))
+    ratios = [o / e for o, e in zip(overhead, engine, strict=True)]
+    print(f"  {'overhead / engine time':<40} median {statistics.median(ratios) * 100:8.1f} %")
+    print("JobStore calls of one job:", dict(store.calls[records[0].job_id]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
