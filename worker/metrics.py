@@ -49,7 +49,8 @@ class EngineCollector(Collector):
         for name, help_text, key in (
             ("stepwise_engine_running_jobs", "Jobs in the running batch", "num_running"),
             ("stepwise_engine_waiting_jobs", "Jobs submitted to the engine and not yet admitted", "num_waiting"),
-            ("stepwise_engine_steps_per_second", "Denoise steps per second of busy engine time, over all jobs", "steps_per_second"),
+            ("stepwise_engine_steps_per_second", "Denoise steps per second of busy engine time, all jobs",
+             "steps_per_second"),
         ):
             if isinstance(stats.get(key), (int, float)):
                 yield GaugeMetricFamily(name, help_text, value=float(stats[key]))

@@ -37,7 +37,7 @@ class WorkerSettings:
     poll_interval: float = 0.2  # STEPWISE_WORKER_POLL_INTERVAL: how often a task thread checks its job's cancel flag
     progress_interval: float = 0.5  # STEPWISE_PROGRESS_INTERVAL: at most one progress write per job per interval
     lease_sweep_interval: float = 15.0  # STEPWISE_LEASE_SWEEP_INTERVAL: how often to look for lapsed leases
-    shutdown_grace: float = 30.0  # STEPWISE_SHUTDOWN_GRACE: warm shutdown lets running jobs finish this long, then re-queues them
+    shutdown_grace: float = 30.0  # STEPWISE_SHUTDOWN_GRACE: seconds running jobs get at warm shutdown before re-queue
     webhook_max_attempts: int = 8  # STEPWISE_WEBHOOK_MAX_ATTEMPTS
     webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
     webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
