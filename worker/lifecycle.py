@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+import traceback
 
 from celery import signals
 from celery.exceptions import ImproperlyConfigured
@@ -37,6 +39,17 @@ def _enqueue_generate(job_id: str) -> None:
 
 @signals.worker_init.connect
 def on_worker_init(sender, **_) -> None:
+    try:
+        start(sender)
+    except Exception as e:
+        # Celery logs and ignores a signal handler's exception (and its logging is not set up
+        # yet): say why here and exit, so a worker without its engine never takes a job.
+        traceback.print_exc()
+        sys.stderr.write(f"stepwise worker: cannot start: {e}\n")
+        raise SystemExit(1) from e
+
+
+def start(sender) -> None:
     global _sweeper
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:

@@ -19,7 +19,7 @@ import time
 
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
 from batching.params import GenerationParams
-from storage.errors import StorageUnavailableError
+from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
@@ -64,7 +64,18 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
         metrics.JOBS.labels("skipped").inc()
         return "skipped"
-    record = taken
+    try:
+        return run_taken_job(runtime, taken)
+    except StorageError:
+        raise  # the job's lease lapses and a lease sweeper re-queues it
+    except Exception as e:  # a bug must end the job readably, not leave it running
+        log.exception("job %s: worker error", job_id)
+        return end_job(runtime, taken, JobState.FAILED, error_code="worker_error",
+                       error_message=f"{type(e).__name__}: {e}")
+
+
+def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
+    job_id = record.job_id
     if record.deadline is not None and record.started_at > record.deadline:
         late = record.started_at - record.deadline
         return end_job(runtime, record, JobState.EXPIRED, error_code="deadline_exceeded",
