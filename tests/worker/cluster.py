@@ -192,6 +192,11 @@ class Cluster:
             return (client.llen("stepwise.generate") == 0 and client.llen("stepwise.webhooks") == 0
                     and client.hlen("unacked") == 0)
 
+    def num_unacked(self) -> int:
+        """Messages delivered to some worker and not acknowledged (kombu's `unacked` hash)."""
+        with redis.Redis.from_url(self.redis.url) as client:
+            return client.hlen("unacked")
+
     def queue_length(self, queue: str = "stepwise.generate") -> int:
         with redis.Redis.from_url(self.redis.url) as client:
             return client.llen(queue)

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from storage.job_record import JobState
-from tests.worker.cluster import long_params, small_params
+from tests.worker.cluster import long_params, small_params, wait_for
 
 FAST_LEASES = {"STEPWISE_JOB_LEASE_SECONDS": "3", "STEPWISE_LEASE_SWEEP_INTERVAL": "0.5"}
 
@@ -51,3 +51,12 @@ def test_a_killed_workers_job_is_requeued_when_its_lease_lapses_and_runs_to_the_
 
     record = folder_cluster.wait_for_end(job_id)
     assert record.state is JobState.SUCCEEDED and record.attempts == 2
+
+    # The killed worker's message is still unacknowledged in Redis (back after the visibility
+    # timeout); the same message delivered now stands in for that redelivery and must do nothing.
+    assert folder_cluster.num_unacked() == 1
+    folder_cluster.enqueue(job_id)
+    wait_for(lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == 1, 60,
+             "the redelivered message to be consumed and acknowledged")
+    after = folder_cluster.store.get(job_id)
+    assert after.state is JobState.SUCCEEDED and after.attempts == 2 and after.image_keys == record.image_keys
