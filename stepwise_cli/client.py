@@ -71,14 +71,14 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
                        help="where `stepwise up` saved its URL and key (default: $STEPWISE_VAR_DIR or ./var)")
 
 
-def save_local_target(var_dir: Path, target: ApiTarget) -> Path:
-    """Write `{api_url, api_key}` readable by the owner only (it holds a secret)."""
+def save_local_target(var_dir: Path, target: ApiTarget, **extra: str) -> Path:
+    """Write `{api_url, api_key, **extra}` readable by the owner only (it holds a secret)."""
     var_dir.mkdir(parents=True, exist_ok=True)
     path = var_dir / STATE_FILE_NAME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"api_url": target.url, "api_key": target.key}, f)
+        json.dump({"api_url": target.url, "api_key": target.key, **extra}, f)
         f.write("\n")
     return path
 

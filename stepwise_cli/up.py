@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         wait_for_api(supervisor, api_url, args.startup_timeout)
         wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
-        state_file = save_local_target(var_dir, ApiTarget(api_url, api_key))
+        state_file = save_local_target(var_dir, ApiTarget(api_url, api_key), redis_url=redis_url)
         print_banner(supervisor, api_url, api_key, state_file, env, redis_url, time.monotonic() - started,
                      custom_var_dir=args.var_dir is not None)
         while True:
@@ -343,6 +343,7 @@ def print_banner(supervisor: Supervisor, api_url: str, api_key: str, state_file:
         f"  try:\n"
         f"    stepwise submit \"a red fox\" --wait --out out/{var_option}\n"
         f"    curl -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\\n"
-        f"         -d '{{\"prompt\": \"a red fox\"}}' {api_url}/v1/jobs\n\n"
+        f"         -d '{{\"prompt\": \"a red fox\"}}' {api_url}/v1/jobs\n"
+        f"    STEPWISE_REDIS_URL={redis_url} celery -A worker inspect engine_stats\n\n"
         f"  Ctrl-C stops everything."
     )
