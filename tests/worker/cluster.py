@@ -120,7 +120,7 @@ class Cluster:
         name = f"{label}-{uuid.uuid4().hex[:6]}@stepwise-tests"
         metrics_port = free_port()
         log_path = self.log_dir / f"worker-{label}.log"
-        child = child_env(**self.env, STEPWISE_WORKER_METRICS_PORT=str(metrics_port), **env)
+        child = child_env(**{**self.env, "STEPWISE_WORKER_METRICS_PORT": str(metrics_port), **env})  # env wins
         if via_stepwise:
             command = [STEPWISE, "worker", "--hostname", name]
         else:

@@ -1,0 +1,82 @@
+"""Workers that die or race: every job ends `succeeded` exactly once, with one image, and a late
+redelivery of an old message changes nothing."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from storage.job_record import JobState
+from tests.faults.conftest import FAST_RECOVERY
+from tests.worker.cluster import Cluster, small_params, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+NUM_IN_FLIGHT = 20
+
+
+def stored_images(cluster: Cluster) -> list[str]:
+    """Every PNG in the deployment's image folder, as keys relative to it."""
+    return sorted(str(path.relative_to(cluster.images)) for path in cluster.images.rglob("*.png"))
+
+
+def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_twice(folder_cluster):
+    doomed = folder_cluster.start_worker("doomed", STEPWISE_MAX_NUM_SEQS=str(NUM_IN_FLIGHT), **FAST_RECOVERY)
+    job_ids = [folder_cluster.submit(small_params(prompt=f"crash survivor {i}", seed=i, num_inference_steps=150))
+               for i in range(NUM_IN_FLIGHT)]
+    wait_for(lambda: folder_cluster.store.counts_by_state()["running"] == NUM_IN_FLIGHT, 120,
+             lambda: f"all {NUM_IN_FLIGHT} jobs to be taken (now {folder_cluster.store.counts_by_state()})")
+    folder_cluster.wait_for_progress(job_ids[0], min_step=1)
+
+    doomed.stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert folder_cluster.num_unacked() == NUM_IN_FLIGHT  # Redis would hand these back only after 10 hours
+    folder_cluster.start_worker("rescuer", **FAST_RECOVERY)
+
+    records = [folder_cluster.wait_for_end(job_id) for job_id in job_ids]
+    recovered_in = time.monotonic() - killed_at
+
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * NUM_IN_FLIGHT, [r.error_message for r in records]
+    assert [r.attempts for r in records] == [2] * NUM_IN_FLIGHT
+    assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT  # each reached it once
+    assert folder_cluster.store.counts_by_state()["running"] == 0
+    assert stored_images(folder_cluster) == sorted(r.image_keys[0] for r in records)
+    assert recovered_in < 200, f"recovery took {recovered_in:.0f}s"
+
+    # The dead worker's 20 messages come back from Redis some day; the same messages now stand in
+    # for that redelivery, and must change nothing.
+    for job_id in job_ids:
+        folder_cluster.enqueue(job_id)
+    wait_for(lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == NUM_IN_FLIGHT, 60,
+             "the redelivered messages to be consumed and acknowledged")
+    after = [folder_cluster.store.get(job_id) for job_id in job_ids]
+    assert [(r.state, r.attempts, r.image_keys) for r in after] == [(r.state, 2, r.image_keys) for r in records]
+    assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT
+    assert len(stored_images(folder_cluster)) == NUM_IN_FLIGHT
+
+
+def received_tasks(log_text: str) -> int:
+    return len(re.findall(r"Task stepwise\.generate\[[^\]]+\] received", log_text))
+
+
+def test_the_same_message_delivered_to_two_workers_at_once_runs_once_with_one_image(folder_cluster):
+    workers = [folder_cluster.start_worker("twin-a"), folder_cluster.start_worker("twin-b")]
+    job_ids = [folder_cluster.create_job(small_params(prompt=f"twin {i}", seed=i)).job_id for i in range(6)]
+    for job_id in job_ids:
+        folder_cluster.enqueue(job_id, task_id=job_id)
+        folder_cluster.enqueue(job_id, task_id=job_id)
+
+    records = [folder_cluster.wait_for_end(job_id) for job_id in job_ids]
+    wait_for(folder_cluster.broker_is_idle, 60, "all twelve messages to be consumed and acknowledged")
+
+    assert [(r.state, r.attempts) for r in records] == [(JobState.SUCCEEDED, 1)] * len(job_ids)
+    assert folder_cluster.store.counts_by_state()["succeeded"] == len(job_ids)
+    assert stored_images(folder_cluster) == sorted(r.image_keys[0] for r in records)
+    logs = [worker.log_path.read_text(errors="replace") for worker in workers]
+    assert all(received_tasks(text) > 0 for text in logs), "both workers should have taken messages"
+    assert sum(received_tasks(text) for text in logs) == 2 * len(job_ids)
+    skipped = sum(len(re.findall(r"not queued any more|already succeeded; nothing to do", text)) for text in logs)
+    assert skipped == len(job_ids)
