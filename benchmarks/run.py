@@ -49,7 +49,7 @@ SIZES = {
                        rate_multiples=(1.0, 3.0), max_num_seqs=2, forward_repeats=1, e2e_num_jobs=3),
     "quick": SuiteSize("quick", {"builtin:tiny": 8, "builtin:small": 6}, num_steps=10, size=128, second_size=192,
                        rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=4, forward_repeats=2, e2e_num_jobs=8),
-    # full: about 13-15 minutes on 2 shared cores; the Poisson runs at 0.5x take longest (their length is set by
+    # full: about 10-15 minutes on 2 shared cores; the Poisson runs at 0.5x take longest (their length is set by
     # the arrival schedule), and builtin:small gets fewer jobs because each costs about 3x more.
     "full": SuiteSize("full", {"builtin:tiny": 16, "builtin:small": 10}, num_steps=20, size=128, second_size=192,
                       rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=8, forward_repeats=3, e2e_num_jobs=16),

@@ -1,6 +1,6 @@
 """`stepwise bench`: what step-level batching buys, side by side (see docs/benchmarks.md).
 
-    stepwise bench                      # the full suite (about 15 minutes on 2 CPU cores)
+    stepwise bench                      # the full suite (10-15 minutes on 2 CPU cores)
     stepwise bench --quick              # a few minutes
     stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
 """
