@@ -115,13 +115,21 @@ class EngineVariant:
         submitted: dict[int, float] = {}
         finished: dict[int, float] = {}
         futures: dict[int, Future] = {}
+        num_done = threading.Semaphore(0)  # a Future wakes result() before it runs its done callbacks
+
+        def on_done(_: Future, index: int) -> None:
+            finished[index] = time.perf_counter() - t0
+            num_done.release()
+
         t0 = time.perf_counter()
         for index, arrival in enumerate(workload.arrivals):
             sleep_until(t0 + arrival.at_seconds)
             submitted[index] = time.perf_counter() - t0
             future = engine.submit(arrival.params, job_id=f"{workload.name}-{index}")
-            future.add_done_callback(lambda _, i=index: finished.setdefault(i, time.perf_counter() - t0))
+            future.add_done_callback(lambda f, i=index: on_done(f, i))
             futures[index] = future
+        for _ in futures:
+            num_done.acquire()
         jobs = []
         for index, future in futures.items():
             result = future.result()
