@@ -15,9 +15,10 @@ Guarantees of both policies:
   per-job state remains.
 
 Policy "fifo" (the reference behaviour, kept for comparison): jobs are admitted in
-strict arrival order and the running set holds one key (the wave). When the head of
-the queue has another key than the wave, nothing is admitted until the running set
-drains; then the head's key becomes the wave.
+strict arrival order and the running set holds one key (the wave). As in the reference,
+that key also holds the guidance scale. When the head of the queue has another key than
+the wave, nothing is admitted until the running set drains; then the head's key becomes
+the wave.
 
 Policy "default": the running set holds up to `max_num_groups` keys, one forward each
 per iteration. Each iteration walks the queue in arrival order and admits every job
@@ -75,6 +76,11 @@ class ScheduledJob:
     @property
     def key(self) -> CompatibilityKey:
         return self.new_job.key
+
+    @property
+    def reference_key(self) -> tuple[CompatibilityKey, float]:
+        """The reference design's key, which also holds the guidance setting (fifo policy)."""
+        return self.new_job.key, self.new_job.params.guidance_scale
 
 
 class Scheduler:
@@ -191,15 +197,15 @@ class Scheduler:
         return admitted
 
     def _admit_fifo(self) -> list[ScheduledJob]:
-        wave_key = next(iter(self._running.values())).key if self._running else None
+        wave_key = next(iter(self._running.values())).reference_key if self._running else None
         num_free = self.config.max_num_seqs - len(self._running)
         admitted = []
         for job in self._waiting.values():
             if len(admitted) == num_free:
                 break
             if wave_key is None:
-                wave_key = job.key
-            if job.key != wave_key:
+                wave_key = job.reference_key
+            if job.reference_key != wave_key:
                 break
             admitted.append(job)
         return admitted

@@ -164,6 +164,17 @@ def test_fifo_incompatible_head_blocks_everything_behind_it_until_the_wave_drain
     assert runner.forwards == [["a1"]] * 3 + [["b1"]] * 2 + [["a2", "a3"]]
 
 
+def test_fifo_keeps_guidance_in_its_key_like_the_reference_and_default_does_not():
+    jobs = [make_job("g7", guidance=7.5, steps=2), make_job("g1", guidance=1.0, steps=2),
+            make_job("g7b", guidance=7.5, steps=2)]
+
+    fifo = make_scheduler(*jobs, policy="fifo")
+    default = make_scheduler(*jobs)
+
+    assert admitted_ids(fifo.schedule()) == ["g7"], "another guidance scale is another wave in the reference"
+    assert admitted_ids(default.schedule()) == ["g7", "g1", "g7b"], "guidance is applied per row after the forward"
+
+
 def test_incompatible_head_does_not_block_compatible_jobs_under_the_default_policy():
     scheduler = make_scheduler(make_job("a1", key="A"), make_job("b1", key="B"), make_job("a2", key="A"),
                                max_num_groups=1)
