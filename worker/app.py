@@ -8,7 +8,9 @@
   leaves Redis only after its job reached an end, and a worker holds no more than it runs;
 - a visibility timeout longer than the longest job, so Redis does not redeliver running work
   (a dead worker's jobs come back sooner through job leases, see `worker.leases`);
-- task events on, for Flower.
+- task events on, for Flower;
+- kombu's Redis transport with a fix that lets the consumer reconnect after Redis restarts
+  (`worker.broker`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
+from worker.broker import TRANSPORT
 from worker.settings import DELIVER_WEBHOOK_TASK, GENERATE_QUEUE, GENERATE_TASK, WEBHOOK_QUEUE, WorkerSettings
 
 settings = WorkerSettings.from_env()
 
 app = Celery("stepwise", broker=settings.storage.redis_url, backend=settings.storage.redis_url)
 app.conf.update(
+    broker_transport=TRANSPORT,  # kombu's Redis transport, reconnecting after Redis restarts
     worker_pool="threads",
     worker_concurrency=settings.concurrency,
     worker_prefetch_multiplier=1,

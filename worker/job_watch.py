@@ -28,6 +28,7 @@ class JobWatch:
         self.written_step = 0
         self.last_progress_write = 0.0
         self.next_lease_renewal = time.monotonic() + runtime.lease_seconds / 3
+        self.is_store_failing = False  # log an outage once, not at every poll
 
     def wait(self) -> Any:
         """The engine's result; raises what the engine's future raises."""
@@ -40,7 +41,13 @@ class JobWatch:
             try:
                 self.tick(time.monotonic())
             except StorageError as e:  # Redis trouble must not end a job the engine is running
-                log.warning("job %s: could not update its record (%s); retrying", self.active.job_id, e)
+                if not self.is_store_failing:
+                    log.warning("job %s: could not update its record (%s); retrying", self.active.job_id, e)
+                self.is_store_failing = True
+            else:
+                if self.is_store_failing:
+                    log.info("job %s: its record can be updated again", self.active.job_id)
+                self.is_store_failing = False
 
     def tick(self, now: float) -> None:
         active = self.active

@@ -41,6 +41,7 @@ class WorkerSettings:
     webhook_max_attempts: int = 8  # STEPWISE_WEBHOOK_MAX_ATTEMPTS
     webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
     webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
+    redis_retry_seconds: float = 60.0  # STEPWISE_REDIS_RETRY_SECONDS: how long a task thread retries its record I/O
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -68,4 +69,5 @@ class WorkerSettings:
             webhook_max_attempts=env_int("STEPWISE_WEBHOOK_MAX_ATTEMPTS", 8),
             webhook_backoff=env_float("STEPWISE_WEBHOOK_BACKOFF", 2.0),
             webhook_timeout=env_float("STEPWISE_WEBHOOK_TIMEOUT", 10.0),
+            redis_retry_seconds=env_float("STEPWISE_REDIS_RETRY_SECONDS", 60.0),
         )

@@ -25,6 +25,7 @@ from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.app import app
 from worker.job_watch import JobWatch
+from worker.outage_retry import retry_through_outage
 from worker.runtime import WorkerRuntime, get_runtime
 from worker.settings import GENERATE_QUEUE, GENERATE_TASK
 from worker.uploads import upload_images
@@ -47,9 +48,14 @@ def generate(self, job_id: str) -> str:
         raise self.retry(countdown=STORAGE_RETRY_SECONDS) from e
 
 
+def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
+    """Record I/O that rides out a short Redis outage (`worker.outage_retry`)."""
+    return retry_through_outage(runtime.settings.redis_retry_seconds, call, *args, **kwargs)
+
+
 def run_job(runtime: WorkerRuntime, job_id: str) -> str:
     store = runtime.job_store
-    record = store.get(job_id)
+    record = patiently(runtime, store.get, job_id)
     if record is None:
         log.warning("job %s: no record (never created, or expired); dropping the message", job_id)
         return "missing"
@@ -59,7 +65,7 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
     if not runtime.is_admitting:  # drained or shutting down: leave the job to another worker, untouched
         app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
         return "passed on"
-    taken = store.take(job_id, runtime.worker_id, runtime.lease_seconds)
+    taken = patiently(runtime, store.take, job_id, runtime.worker_id, runtime.lease_seconds)
     if taken is None:
         log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
         metrics.JOBS.labels("skipped").inc()
@@ -122,6 +128,10 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     try:
         image_keys = upload_images(runtime.image_store, job_id, list(result.images), list(result.seeds),
                                    result.params.model)
+    except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries
+        log.warning("job %s: image storage unavailable: %s", job_id, e)
+        return end_job(runtime, record, JobState.FAILED, error_code="storage_unavailable",
+                       error_message=f"the image could not be stored, image storage stayed unavailable: {e}")
     except Exception as e:
         log.exception("job %s: upload failed", job_id)
         return end_job(runtime, record, JobState.FAILED, error_code="upload_failed",
@@ -150,7 +160,7 @@ EVENT_FOR_STATE = {JobState.SUCCEEDED: "completed", JobState.FAILED: "failed", J
 
 def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
     """Record the job's end state (only if this worker still holds it) and announce it."""
-    if not runtime.job_store.finish(record.job_id, state, worker_id=runtime.worker_id, **fields):
+    if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
         log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
         metrics.JOBS.labels("lease_lost").inc()
         return "lease lost"
@@ -168,8 +178,8 @@ def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields
 def requeue(runtime: WorkerRuntime, job_id: str, why: str) -> str:
     """Put a job this worker holds back in the queue for any worker."""
     store = runtime.job_store
-    if not store.release(job_id, runtime.worker_id):
-        record = store.get(job_id)
+    if not patiently(runtime, store.release, job_id, runtime.worker_id):
+        record = patiently(runtime, store.get, job_id)
         if record is not None and record.state is JobState.CANCELED:  # a cancel request won over the re-queue
             metrics.JOBS.labels("canceled").inc()
             emit_event(record, "canceled")

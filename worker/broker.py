@@ -1,0 +1,46 @@
+"""The Redis broker transport the worker uses: kombu's, with one fix for reconnecting.
+
+When the connection to Redis drops, Celery's consumer (5.7) first detaches the connection's
+transport (`collect()`) and then closes the connection. Closing its channel tries to put the
+channel's unacknowledged messages back in the queue through the detached transport, and so does
+acknowledging, later, a message that channel delivered. Both raise `AttributeError` instead of a
+connection error, and the consumer then stops for good instead of reconnecting. Here both finish
+quietly. Those messages stay in Redis' unacked set, so they come back after the visibility
+timeout and do nothing then (their jobs have ended); their jobs keep running on this worker, and
+a job whose worker dies is re-queued through its lease (`worker.leases`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kombu.transport import redis
+
+log = logging.getLogger(__name__)
+
+
+class Channel(redis.Channel):
+    def basic_ack(self, delivery_tag, multiple: bool = False) -> None:
+        if self.closed:  # delivered before the connection was lost: see the module docstring
+            log.info("message %s left unacknowledged: its broker connection was lost", delivery_tag)
+            return
+        super().basic_ack(delivery_tag, multiple=multiple)
+
+    def basic_reject(self, delivery_tag, requeue: bool = False) -> None:
+        if self.closed:
+            log.info("message %s left unrejected: its broker connection was lost", delivery_tag)
+            return
+        super().basic_reject(delivery_tag, requeue=requeue)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except AttributeError as e:  # the transport was detached: see the module docstring
+            log.info("broker channel closed after its connection was lost (%s)", e)
+
+
+class Transport(redis.Transport):
+    Channel = Channel
+
+
+TRANSPORT = f"{__name__}:Transport"
