@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
                 "threads": args.threads,
                 "worker_class": "gthread",
                 "accesslog": "-" if args.access_log else None,
+                # No query string, referer or Basic-auth user: clients put keys there by mistake.
+                "access_log_format": '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"',
                 "errorlog": "-",
                 "child_exit": child_exit,
                 "proc_name": "stepwise-api",

@@ -83,11 +83,28 @@ class RedisServer:
         self.start()
 
 
-class MotoS3Server:
-    """moto's S3-compatible server over HTTP (it does not check signatures or expiry)."""
+# moto keeps everything in memory; this serves S3 with `buckets` existing before the port opens.
+MOTO_WITH_BUCKETS = """
+import sys, threading
+from moto.s3.models import s3_backends
+from moto.server import ThreadedMotoServer
+port, *buckets = sys.argv[1:]
+for name in buckets:
+    s3_backends["123456789012"]["global"].create_bucket(name, "us-east-1")
+ThreadedMotoServer(ip_address="127.0.0.1", port=int(port)).start()
+threading.Event().wait()
+"""
 
-    def __init__(self, port: int | None = None) -> None:
+
+class MotoS3Server:
+    """moto's S3-compatible server over HTTP (it does not check signatures or expiry).
+
+    With `buckets`, those exist from the moment the port opens, also after `restart()` (which
+    loses every object: moto keeps nothing on disk)."""
+
+    def __init__(self, port: int | None = None, buckets: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
+        self.buckets = buckets
         self.process: subprocess.Popen | None = None
 
     @property
@@ -95,12 +112,17 @@ class MotoS3Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> MotoS3Server:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        if self.buckets:
+            argv = [sys.executable, "-c", MOTO_WITH_BUCKETS, str(self.port), *self.buckets]
+        else:
+            argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port)
         return self
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -64,16 +64,17 @@ class ApiProcess(ChildProcess):
     """`stepwise api` on a free loopback port."""
 
     def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, *, workers: int = 2,
-                 **env_overrides: str) -> None:
+                 access_log: bool = False, **env_overrides: str) -> None:
         self.port = free_port()
-        env = child_env(
-            STEPWISE_REDIS_URL=redis_url, STEPWISE_STORAGE_URL=storage_url, STEPWISE_API_KEYS=api_keys_setting(),
-            STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
-            STEPWISE_VAR_DIR=str(tmp_dir / "var"), **env_overrides,
-        )
+        defaults = {
+            "STEPWISE_REDIS_URL": redis_url, "STEPWISE_STORAGE_URL": storage_url,
+            "STEPWISE_API_KEYS": api_keys_setting(), "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+            "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET, "STEPWISE_VAR_DIR": str(tmp_dir / "var"),
+        }
+        env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         argv = [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(self.port),
-                "--workers", str(workers), "--threads", "4"]
+                "--workers", str(workers), "--threads", "4", *(["--access-log"] if access_log else [])]
         super().__init__("stepwise api", argv, env, tmp_dir / "api.log")
 
     @property

@@ -1,6 +1,7 @@
 """A webhook receiver for tests: an HTTP server in a thread that records every delivery.
 
-A path ending in `/fail-N` answers 500 to its first N deliveries, then 204.
+A path ending in `/fail-N` answers 500 to its first N deliveries, then 204; a path ending in
+`/redirect` answers 302 to `redirect_to`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class Delivery:
 
 
 class WebhookReceiver:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, redirect_to: str | None = None) -> None:
+        self.host = host
+        self.redirect_to = redirect_to
         self.deliveries: list[Delivery] = []
         self._lock = threading.Lock()
         receiver = self
@@ -39,16 +42,20 @@ class WebhookReceiver:
                     receiver.deliveries.append(Delivery(
                         self.path, {k.lower(): v for k, v in self.headers.items()}, body, status))
                 self.send_response(status)
+                if status == 302:
+                    self.send_header("Location", receiver.redirect_to)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def _status_for(self, path: str) -> int:
+        if path.endswith("/redirect"):
+            return 302
         match = re.search(r"/fail-(\d+)$", path)
         if match is None:
             return 204
@@ -57,7 +64,7 @@ class WebhookReceiver:
         return 500 if num_seen < int(match.group(1)) else 204
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}{path}"
+        return f"http://{self.host}:{self.server.server_port}{path}"
 
     def received(self, path: str) -> list[Delivery]:
         with self._lock:
