@@ -98,6 +98,7 @@ class DiffusionEngine:
         """Queue a request; the Future resolves to a GenerationResult or raises a BatchingError."""
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
+        params.validate()  # again: a params object altered after it was built allocates nothing either
         if params.model != self.config.model:
             raise InvalidParamsError("model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
         if params.lora is not None:

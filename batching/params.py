@@ -49,9 +49,13 @@ class GenerationParams:
     lora_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        _validate(self)
+        self.validate()
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbelow(2**31))
+
+    def validate(self) -> None:
+        """Raise InvalidParamsError naming the first field that breaks a rule."""
+        _validate(self)
 
     @property
     def has_guidance(self) -> bool:
@@ -95,11 +99,11 @@ def _validate(p: GenerationParams) -> None:
         raise InvalidParamsError("height", p.height, f"height*width must be at most {MAX_PIXELS}")
     _check_int(p, "num_inference_steps", MIN_STEPS, MAX_STEPS)
     _check_number(p, "guidance_scale", MIN_GUIDANCE, MAX_GUIDANCE)
-    if p.seed is not None:
-        _check_int(p, "seed", 0, MAX_SEED)
+    num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
+    if p.seed is not None:  # image i uses seed + i: the last one must fit too
+        _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
     if p.sampler not in SAMPLERS:
         raise InvalidParamsError("sampler", p.sampler, f"must be one of {', '.join(SAMPLERS)}")
-    _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
     _check_str(p, "model", 500, allow_empty=False)
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:
