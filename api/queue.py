@@ -21,6 +21,7 @@ class TaskQueue:
         self.celery = Celery("stepwise-api", broker=broker_url, set_as_current=False)
         self.celery.conf.update(
             broker_connection_timeout=3,
+            task_send_sent_event=True,  # Flower shows jobs from the moment they are queued
             task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
                                        "interval_max": 0.5},
         )

@@ -69,3 +69,13 @@ def test_every_variable_compose_reads_is_in_env_example(compose):
     example = (ROOT / ".env.example").read_text()
     documented = set(re.findall(r"^#?\s*([A-Z0-9_]+)=", example, flags=re.M))
     assert used <= documented, f"missing from .env.example: {sorted(used - documented)}"
+
+
+def test_the_worker_gets_longer_to_stop_than_its_shutdown_grace(compose):
+    from worker.settings import WorkerSettings
+
+    worker = compose["services"]["worker"]
+    grace = float(worker["environment"].get("STEPWISE_SHUTDOWN_GRACE", WorkerSettings.shutdown_grace))
+    match = re.fullmatch(r"(\d+)s", worker["stop_grace_period"])
+
+    assert match and int(match.group(1)) > grace + 10  # time to re-queue what outlived the grace
