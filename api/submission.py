@@ -22,7 +22,7 @@ from api.schemas import WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.errors import InvalidParamsError
 from batching.params import GenerationParams
-from storage.errors import IdempotencyConflictError
+from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import JobRecord, JobState, JobStore
 from storage.url_policy import WebhookURLError, check_webhook_url
 
@@ -122,4 +122,8 @@ def create_job(store: JobStore, queue: TaskQueue, tenant: str, job: ValidJob,
                          error_message="the job could not be queued; submit it again")
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry later",
                            headers={"Retry-After": "5"}) from e
+        try:
+            store.mark_sent(record.job_id)
+        except StorageError as e:  # the job is queued and sent; workers will send it once more, harmlessly
+            log.warning("could not mark job %s sent: %s", record.job_id, e)
     return record, created

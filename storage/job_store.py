@@ -168,6 +168,12 @@ class JobStore:
         now = self.clock() if now is None else now
         return self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now))
 
+    @_wraps_redis_errors
+    def unsent_job_ids(self, created_before: float) -> list[str]:
+        """Jobs created before then that no worker took and whose message nobody confirmed sending
+        (`mark_sent`): their creator may have died between storing the record and sending it."""
+        return self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before))
+
     # Transitions.
 
     @_wraps_redis_errors
@@ -195,6 +201,11 @@ class JobStore:
             raise IdempotencyConflictError(
                 f"idempotency key {idempotency_key!r} was already used with a different request")
         return record_from_flat(earlier), False
+
+    @_wraps_redis_errors
+    def mark_sent(self, job_id: str) -> None:
+        """The job's generate message is in the broker; `unsent_job_ids` forgets it."""
+        self._redis.zrem(self.keys.unsent, job_id)
 
     @_wraps_redis_errors
     def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:

@@ -36,6 +36,7 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   redis.call('HDEL', job_key, 'lease_expires_at')
   redis.call('ZREM', ns .. ':queued', job_id)
   redis.call('ZREM', ns .. ':leases', job_id)
+  redis.call('ZREM', ns .. ':unsent', job_id)
   redis.call('HINCRBY', ns .. ':finished-counts', to_state, 1)
   redis.call('EXPIRE', job_key, ttl)
   local idem_key = redis.call('HGET', job_key, 'idem_redis_key')
@@ -68,6 +69,7 @@ local tenant, created_at = unpack(redis.call('HMGET', KEYS[1], 'tenant', 'create
 redis.call('ZADD', tenant_index('all', tenant), created_at, job_id)
 redis.call('ZADD', tenant_index('queued', tenant), created_at, job_id)
 redis.call('ZADD', ns .. ':queued', created_at, job_id)
+redis.call('ZADD', ns .. ':unsent', created_at, job_id)
 return {1}
 """
 
@@ -81,6 +83,7 @@ redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_
            'progress_step', '0')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('ZREM', ns .. ':queued', ARGV[2])
+redis.call('ZREM', ns .. ':unsent', ARGV[2])
 redis.call('ZADD', ns .. ':leases', ARGV[5], ARGV[2])
 return redis.call('HGETALL', KEYS[1])
 """

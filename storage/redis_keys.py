@@ -28,6 +28,10 @@ class RedisKeys:
         return f"{self.namespace}:queued"
 
     @property
+    def unsent(self) -> str:
+        return f"{self.namespace}:unsent"
+
+    @property
     def leases(self) -> str:
         return f"{self.namespace}:leases"
 

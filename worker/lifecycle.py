@@ -61,7 +61,8 @@ def start(sender) -> None:
     if runs_engine:
         runtime.load_engine()
     metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
-    _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval).start()
+    _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval,
+                                  unsent_grace=runtime.lease_seconds).start()
 
 
 @signals.worker_ready.connect

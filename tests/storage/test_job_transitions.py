@@ -263,3 +263,17 @@ def test_webhook_attempts_are_appended_in_order(store):
     assert store.get(record.job_id).webhook_attempts == [{"attempt": 1, "status": 500}, {"attempt": 2, "status": 200}]
     store.add_webhook_attempt("no-such-job", {"attempt": 1})
     assert store.get("no-such-job") is None
+
+
+def test_a_job_stays_unsent_until_its_message_is_marked_sent_taken_or_ended(store, clock):
+    sent, taken, canceled, orphan = (make_job(store) for _ in range(4))
+    clock.advance(10)
+    assert set(store.unsent_job_ids(created_before=clock.now)) == {
+        sent.job_id, taken.job_id, canceled.job_id, orphan.job_id}
+
+    store.mark_sent(sent.job_id)
+    store.take(taken.job_id, "worker-1", lease_seconds=30)
+    store.request_cancel(canceled.job_id)
+
+    assert store.unsent_job_ids(created_before=clock.now) == [orphan.job_id]
+    assert store.unsent_job_ids(created_before=clock.now - 60) == []  # younger than that

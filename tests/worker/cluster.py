@@ -158,7 +158,9 @@ class Cluster:
         return record
 
     def enqueue(self, job_id: str, *, task_id: str | None = None) -> None:
+        """Send the job's message, and say so, as the API does."""
         self.celery.send_task("stepwise.generate", args=[job_id], queue="stepwise.generate", task_id=task_id)
+        self.store.mark_sent(job_id)
 
     def submit(self, params: dict[str, Any] | None = None, **fields: Any) -> str:
         record = self.create_job(params, **fields)
