@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,24 +27,10 @@ from pathlib import Path
 
 import requests
 
+from benchmarks.local_services import free_port, wait_until
+
 BODY = {"prompt": "a lighthouse on a cliff at dusk", "num_inference_steps": 20, "height": 128, "width": 128}
 WARM_UP_SECONDS = 1.0
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} not ready within {timeout}s")
 
 
 @contextlib.contextmanager

@@ -28,21 +28,7 @@ from pathlib import Path
 
 import redis
 
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"{what} not ready within {timeout}s")
+from benchmarks.local_services import free_port, wait_until
 
 
 @contextlib.contextmanager
