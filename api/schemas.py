@@ -92,7 +92,7 @@ class ErrorResponse(BaseModel):
 
 class Progress(BaseModel):
     step: int = Field(description="Denoising steps done (summed over the job's images).")
-    total: int = Field(description="Steps in all; 0 until a worker starts the job.")
+    total: int = Field(description="Steps in all (num_inference_steps x num_images).")
 
 
 class JobError(BaseModel):

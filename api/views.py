@@ -48,6 +48,12 @@ def error_view(record: JobRecord) -> dict[str, str] | None:
     return None
 
 
+def planned_steps(record: JobRecord) -> int:
+    """Steps the job will take (summed over its images), known before a worker reports any."""
+    params = record.params
+    return int(params.get("num_inference_steps", 0)) * int(params.get("num_images", 1))
+
+
 def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, Any]:
     urls = image_urls(record)
     webhook = None
@@ -57,7 +63,7 @@ def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, 
         "job_id": record.job_id,
         "state": record.state.value,
         "queue_position": queue_position if record.state is JobState.QUEUED else None,
-        "progress": {"step": record.progress_step, "total": record.progress_total},
+        "progress": {"step": record.progress_step, "total": record.progress_total or planned_steps(record)},
         "cancel_requested": record.cancel_requested,
         "created_at": iso_time(record.created_at),
         "started_at": iso_time(record.started_at),
