@@ -16,7 +16,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
-from batching.errors import InvalidParamsError
+from batching.params import InvalidParamsError
 from storage.errors import JobNotFoundError, StorageUnavailableError
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SkipValidation
 
-from batching import params as P
+import batching.params as P
 
 WEBHOOK_EVENTS = ("started", "completed", "failed", "canceled")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")

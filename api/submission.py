@@ -20,7 +20,7 @@ from api.errors import ApiError, from_params_error, from_validation_error, inval
 from api.queue import TaskQueue
 from api.schemas import WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
-from batching.errors import InvalidParamsError
+from batching.params import InvalidParamsError
 from batching.params import GenerationParams
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import JobRecord, JobState, JobStore

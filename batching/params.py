@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from batching.errors import InvalidParamsError
+from batching.errors import InvalidParamsError  # re-exported: the API imports it from here
 
 SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 DEFAULT_MODEL = "builtin:tiny"
