@@ -24,7 +24,7 @@ class ActiveJob:
     future: Future | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     step: int = 0  # written by the engine loop thread
-    total: int = 0  # written by the engine loop thread
+    total: int = 0  # steps in all (num_inference_steps x num_images); the engine loop thread keeps it current
     step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None
 
