@@ -16,24 +16,22 @@ def default_storage_url() -> str:
     return (Path.cwd() / "var" / "images").resolve().as_uri()
 
 
-def env_int(name: str, default: int) -> int:
+def _env_number(name: str, default, convert, kind: str):
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return convert(raw)
     except ValueError as e:
-        raise ValueError(f"{name} must be an integer (got {raw!r})") from e
+        raise ValueError(f"{name} must be {kind} (got {raw!r})") from e
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_number(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as e:
-        raise ValueError(f"{name} must be a number (got {raw!r})") from e
+    return _env_number(name, default, float, "a number")
 
 
 def env_bool(name: str, default: bool) -> bool:

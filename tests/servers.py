@@ -30,6 +30,18 @@ def wait_for_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
 
 
+def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """Terminate a child process, killing it if it does not exit within `timeout`."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class RedisServer:
     """A redis-server child process; `restart()` keeps its append-only data."""
 
@@ -69,13 +81,7 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self.process = None
 
     def restart(self) -> None:
@@ -125,13 +131,7 @@ class MotoS3Server:
         self.start()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self.process = None
 
 
