@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from batching.job_state import JobState
+from batching.sample_tensors import SampleTensors
 
 
 class InputBatch:
@@ -31,7 +31,7 @@ class InputBatch:
         self.timesteps: torch.Tensor | None = None  # [num_buffer_rows]
         self.embeds: torch.Tensor | None = None  # [num_buffer_rows, seq, dim]
 
-    def prepare(self, jobs: Sequence[JobState]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def prepare(self, jobs: Sequence[SampleTensors]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Fill the buffers for this step: (latents, timesteps, embeds), padding included."""
         job_ids = tuple(job.job_id for job in jobs)
         if job_ids != self.job_ids:
@@ -47,7 +47,7 @@ class InputBatch:
         num_used = self.num_padded_rows or self.num_rows
         return self.latents[:num_used], self.timesteps[:num_used], self.embeds[:num_used]
 
-    def guided_predictions(self, noise_pred: torch.Tensor, jobs: Sequence[JobState]) -> list[torch.Tensor]:
+    def guided_predictions(self, noise_pred: torch.Tensor, jobs: Sequence[SampleTensors]) -> list[torch.Tensor]:
         """Each job's prediction [1, c, h, w], with its own guidance scale applied."""
         predictions = []
         row = 0
@@ -60,7 +60,7 @@ class InputBatch:
             row += job.num_rows
         return predictions
 
-    def _refill_embeds(self, jobs: Sequence[JobState]) -> None:
+    def _refill_embeds(self, jobs: Sequence[SampleTensors]) -> None:
         self.num_rows = sum(job.num_rows for job in jobs)
         num_buffer_rows = self.num_padded_rows or self.num_rows
         assert self.num_rows <= num_buffer_rows, f"{self.num_rows} rows exceed the fixed row count {num_buffer_rows}"

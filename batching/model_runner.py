@@ -18,7 +18,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.input_batch import InputBatch
-from batching.job_state import JobState
+from batching.sample_tensors import SampleTensors
 from batching.params import CompatibilityKey
 from batching.pipelines import StableDiffusionAdapter
 from batching.plan import NewJob, RunnerOutput, SchedulerPlan
@@ -34,7 +34,7 @@ class ModelRunner:
         # Deterministic mode fixes every batch size: forwards carry 2 rows per job slot,
         # the text encoder sees fixed-size chunks, and the VAE decodes one image at a time.
         self.num_padded_rows = 2 * max_num_seqs if is_deterministic else None
-        self.jobs: dict[str, JobState] = {}
+        self.jobs: dict[str, SampleTensors] = {}
         self.input_batches: dict[CompatibilityKey, InputBatch] = {}
 
     @torch.inference_mode()
@@ -47,7 +47,7 @@ class ModelRunner:
                 del self.input_batches[key]
         if plan.new_jobs:
             self._admit(plan.new_jobs, output)
-        finished: list[JobState] = []
+        finished: list[SampleTensors] = []
         for key, job_ids in plan.groups.items():
             jobs = [self.jobs[job_id] for job_id in job_ids if job_id in self.jobs]
             if jobs:
@@ -75,7 +75,7 @@ class ModelRunner:
                 generator = torch.Generator("cpu").manual_seed(params.seed)
                 shape = (1, *self.model.latent_shape(params.height, params.width))
                 noise = randn_tensor(shape, generator=generator, device=self.model.device, dtype=self.model.dtype)
-                self.jobs[new_job.job_id] = JobState(
+                self.jobs[new_job.job_id] = SampleTensors(
                     job_id=new_job.job_id,
                     params=params,
                     sampler=sampler,
@@ -99,7 +99,7 @@ class ModelRunner:
             chunks.append(self.model.encode_prompts(padded)[0][: len(chunk)])
         return torch.cat(chunks)
 
-    def _run_group(self, key: CompatibilityKey, jobs: list[JobState], output: RunnerOutput) -> list[JobState]:
+    def _run_group(self, key: CompatibilityKey, jobs: list[SampleTensors], output: RunnerOutput) -> list[SampleTensors]:
         try:
             input_batch = self.input_batches.get(key)
             if input_batch is None:
@@ -134,7 +134,7 @@ class ModelRunner:
                 finished.append(job)
         return finished
 
-    def _decode(self, jobs: list[JobState], output: RunnerOutput) -> None:
+    def _decode(self, jobs: list[SampleTensors], output: RunnerOutput) -> None:
         start = time.perf_counter()
         for batch in self._decode_batches(jobs):
             try:
@@ -150,15 +150,15 @@ class ModelRunner:
                 del self.jobs[job.job_id]
         output.decode_seconds = time.perf_counter() - start
 
-    def _decode_batches(self, jobs: list[JobState]) -> list[list[JobState]]:
+    def _decode_batches(self, jobs: list[SampleTensors]) -> list[list[SampleTensors]]:
         if self.is_deterministic:
             return [[job] for job in jobs]
-        by_shape: dict[tuple[int, ...], list[JobState]] = {}
+        by_shape: dict[tuple[int, ...], list[SampleTensors]] = {}
         for job in jobs:
             by_shape.setdefault(tuple(job.latents.shape), []).append(job)
         return list(by_shape.values())
 
-    def _fail(self, job: JobState, message: str, output: RunnerOutput) -> None:
+    def _fail(self, job: SampleTensors, message: str, output: RunnerOutput) -> None:
         output.failed[job.job_id] = message
         self.jobs.pop(job.job_id, None)
 

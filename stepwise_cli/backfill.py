@@ -34,7 +34,7 @@ from tqdm import tqdm
 from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
-    ApiError,
+    ApiResponseError,
     ApiTarget,
     ClientError,
     add_api_arguments,
@@ -239,9 +239,9 @@ class Backfill:
                 return
             timeout = 0
             del awaiting_submit[row.line]
-            if isinstance(outcome, ApiError) and outcome.status in FATAL_STATUSES:
+            if isinstance(outcome, ApiResponseError) and outcome.status in FATAL_STATUSES:
                 raise FatalApiError(f"the API refused the key: {outcome.message}") from outcome
-            if isinstance(outcome, ApiError) and outcome.status == 422:
+            if isinstance(outcome, ApiResponseError) and outcome.status == 422:
                 field = f" (field: {outcome.field})" if outcome.field else ""
                 self._finish(RowResult(row.line, None, "invalid", None, f"{outcome.message}{field}"))
             elif isinstance(outcome, ClientError):

@@ -34,7 +34,7 @@ class ClientError(Exception):
     """Base of every error raised by the stepwise HTTP client."""
 
 
-class ApiError(ClientError):
+class ApiResponseError(ClientError):
     """The API refused the request (a 4xx other than 429); `code` and `field` come from its body."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
@@ -217,9 +217,9 @@ def _error_message(response: requests.Response) -> str:
     return str(error.get("message") or response.reason or "")
 
 
-def _api_error(response: requests.Response) -> ApiError:
+def _api_error(response: requests.Response) -> ApiResponseError:
     error = _error_body(response)
-    return ApiError(
+    return ApiResponseError(
         status=response.status_code,
         code=str(error.get("code") or f"http_{response.status_code}"),
         message=str(error.get("message") or response.text[:200] or response.reason),

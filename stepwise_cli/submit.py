@@ -19,7 +19,7 @@ from tqdm import tqdm
 from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
-    ApiError,
+    ApiResponseError,
     ClientError,
     add_api_arguments,
     resolve_target,
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return _submit(client, args)
-    except ApiError as e:
+    except ApiResponseError as e:
         field = f" (field: {e.field})" if e.field else ""
         print(f"stepwise submit: the API refused the request: {e.message}{field}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stepwise_cli.client import ApiClient, ApiError, ApiTarget, TransientError, resolve_target, save_local_target
+from stepwise_cli.client import ApiClient, ApiResponseError, ApiTarget, TransientError, resolve_target, save_local_target
 
 
 class ScriptedServer:
@@ -95,7 +95,7 @@ def test_an_invalid_field_is_not_retried_and_names_the_field(scripted):
     error = {"error": {"code": "invalid_params", "message": "height must be a multiple of 8", "field": "height"}}
     server = scripted([(422, {}, error)])
     client = ApiClient(ApiTarget(server.url, None), retry_seconds=10)
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(ApiResponseError) as caught:
         client.submit_job({"prompt": "a fox", "height": 100})
     assert (caught.value.status, caught.value.field) == (422, "height")
     assert len(server.requests) == 1

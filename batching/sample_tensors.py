@@ -11,7 +11,7 @@ from batching.params import GenerationParams
 
 
 @dataclass(slots=True)
-class JobState:
+class SampleTensors:
     job_id: str
     params: GenerationParams
     sampler: SchedulerMixin  # this job's own instance: samplers keep state between steps
