@@ -11,7 +11,8 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, metrics, openapi
+from api import errors, health, jobs, metrics, models, openapi
+from api.fleet import Fleet
 from api.auth import KeyRing
 from api.queue import TaskQueue
 from api.settings import ApiSettings
@@ -31,12 +32,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["stepwise.settings"] = settings
     app.extensions["stepwise.keyring"] = KeyRing(settings.api_keys)
     app.extensions["stepwise.store"] = JobStore.from_settings(settings.storage)
+    app.extensions["stepwise.fleet"] = Fleet(app.extensions["stepwise.store"], settings)
     app.extensions["stepwise.images"] = open_image_store(settings.storage)
     app.extensions["stepwise.queue"] = TaskQueue(settings.storage.redis_url)
     app.extensions["stepwise.openapi"] = openapi.build_document(settings)
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     return app

@@ -12,7 +12,7 @@ from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
 from api.schemas import BatchRequest, ImageQuery, ListQuery
-from api.submission import check_idempotency_key, check_queue_room, create_job, validate_job
+from api.submission import check_idempotency_key, create_jobs, validate_job
 from api.views import job_url, job_view
 from storage.errors import ImageNotFoundError, InvalidCursorError, InvalidTransitionError
 from storage.job_store import JobRecord, JobState
@@ -31,6 +31,10 @@ def resources():
     return ext["stepwise.settings"], ext["stepwise.store"], ext["stepwise.queue"]
 
 
+def fleet():
+    return current_app.extensions["stepwise.fleet"]
+
+
 def own_job(job_id: str) -> JobRecord:
     """The caller's job, or 404 (also for another tenant's job: its existence is not revealed)."""
     _, store, _ = resources()
@@ -41,22 +45,35 @@ def own_job(job_id: str) -> JobRecord:
 
 
 def view_with_position(record: JobRecord) -> dict:
+    return views_with_positions([record])[0]
+
+
+def views_with_positions(records: list[JobRecord]) -> list[dict]:
+    """Job views; queued ones with their queue position and ETA inputs (one Redis round trip)."""
     _, store, _ = resources()
-    position = store.queue_position(record.job_id) if record.state is JobState.QUEUED else None
-    return job_view(record, position)
+    queued = [record for record in records if record.state is JobState.QUEUED]
+    positions = dict(zip((record.job_id for record in queued), store.queue_positions(queued))) if queued else {}
+    return [queued_view(record, positions.get(record.job_id)) for record in records]
+
+
+def queued_view(record: JobRecord, position: int | None) -> dict:
+    return job_view(record, position, fleet().queue_info(record, position))
 
 
 @bp.post("")
 def submit():
     settings, store, queue = resources()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    job = validate_job(read_json(), settings)
-    check_queue_room(store, settings)
-    record, created = create_job(store, queue, g.tenant, job, idempotency_key)
+    job = validate_job(read_json(), settings, fleet(), g.tenant)
+    outcome = create_jobs(store, queue, settings, g.tenant, [(job, idempotency_key)])[0]
+    if isinstance(outcome, ApiError):
+        raise outcome
+    record = outcome.record
     headers = {"Location": job_url(record.job_id)}
-    if not created:
+    if not outcome.created:
         headers["Idempotent-Replayed"] = "true"
-    return view_with_position(record), 202, headers
+        return view_with_position(record), 202, headers
+    return queued_view(record, outcome.queue_position), 202, headers
 
 
 @bp.post("/batch")
@@ -64,23 +81,32 @@ def submit_batch():
     settings, store, queue = resources()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     try:
-        items = BatchRequest.model_validate(read_json()).jobs
+        batch = BatchRequest.model_validate(read_json())
     except ValidationError as e:
         raise from_validation_error(e) from e
+    items = batch.jobs
     if len(items) > settings.max_batch_jobs:
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
-    check_queue_room(store, settings)
-    results = []
+    results: list[dict | None] = [None] * len(items)
+    valid = []  # (index, job, item idempotency key)
     for index, item in enumerate(items):
         try:
-            job = validate_job(item, settings, field_prefix=f"jobs[{index}].")
-            item_key = f"{idempotency_key}#{index}" if idempotency_key else None
-            record, _ = create_job(store, queue, g.tenant, job, item_key)
-            results.append({"index": index, "status": 202, "job": view_with_position(record)})
+            job = validate_job(item, settings, fleet(), g.tenant, field_prefix=f"jobs[{index}].",
+                               default_priority=batch.priority)
         except ApiError as e:
-            if e.status >= 500:
-                raise
-            results.append({"index": index, "status": e.status, "error": e.body()["error"]})
+            results[index] = {"index": index, "status": e.status, "error": e.body()["error"]}
+            continue
+        valid.append((index, job, f"{idempotency_key}#{index}" if idempotency_key else None))
+    outcomes = create_jobs(store, queue, settings, g.tenant, [(job, key) for _, job, key in valid]) if valid else []
+    replayed = [outcome.record for outcome in outcomes if not isinstance(outcome, ApiError) and not outcome.created]
+    replayed_views = dict(zip((record.job_id for record in replayed), views_with_positions(replayed)))
+    for (index, _, _), outcome in zip(valid, outcomes):
+        if isinstance(outcome, ApiError):
+            results[index] = {"index": index, "status": outcome.status, "error": outcome.body()["error"]}
+        elif outcome.created:
+            results[index] = {"index": index, "status": 202, "job": queued_view(outcome.record, outcome.queue_position)}
+        else:
+            results[index] = {"index": index, "status": 202, "job": replayed_views[outcome.record.job_id]}
     num_accepted = sum(1 for result in results if result["status"] == 202)
     return {"results": results, "num_accepted": num_accepted}, 200
 
@@ -97,7 +123,7 @@ def list_jobs():
         records, next_cursor = store.list_for_tenant(g.tenant, state=state, limit=query.limit, cursor=query.cursor)
     except InvalidCursorError as e:
         raise invalid("cursor", "cursor is not one this API handed out") from e
-    return {"jobs": [view_with_position(record) for record in records], "next_cursor": next_cursor}
+    return {"jobs": views_with_positions(records), "next_cursor": next_cursor}
 
 
 @bp.get("/<job_id>")

@@ -126,9 +126,17 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 },
             },
         },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "The models workers serve (from their heartbeats), with queue depth and engine statistics.",
+                "responses": {"200": b.response("Served models, by name.", schemas.ModelList),
+                              **b.errors(401, 503)},
+            },
+        },
         "/healthz": {"get": {"operationId": "healthz", "summary": "The process is alive.", "security": [],
                              "responses": {"200": b.response("Alive.", schemas.Health)}}},
-        "/readyz": {"get": {"operationId": "readyz", "summary": "Redis and image storage are reachable.",
+        "/readyz": {"get": {"operationId": "readyz", "summary": "Redis and image storage are reachable; says whether workers run.",
                             "security": [],
                             "responses": {"200": b.response("Ready.", schemas.Readiness),
                                           "503": b.response("Not ready.", schemas.Readiness)}}},

@@ -1,7 +1,8 @@
 """The API's Celery client: it only sends tasks by name and never imports the worker.
 
-Generation and webhook delivery have their own queues, so a slow webhook receiver never
-delays generation.
+Each job goes to its model's generate queue (named in its record) at its priority; webhook
+delivery has its own queue, so a slow webhook receiver never delays generation. Several jobs'
+messages go out in one Redis round trip through kombu's producer batch.
 """
 
 from __future__ import annotations
@@ -10,10 +11,15 @@ from typing import Any
 
 from celery import Celery
 
-GENERATE_TASK = "stepwise.generate"
-GENERATE_QUEUE = "stepwise.generate"
-WEBHOOK_TASK = "stepwise.deliver_webhook"
-WEBHOOK_QUEUE = "stepwise.webhooks"
+from storage.job_record import JobRecord
+from storage.queues import (
+    BROKER_PRIORITY,
+    DEFAULT_PRIORITY,
+    GENERATE_TASK,
+    WEBHOOK_QUEUE,
+    WEBHOOK_TASK,
+    celery_transport_options,
+)
 
 
 class TaskQueue:
@@ -21,13 +27,22 @@ class TaskQueue:
         self.celery = Celery("stepwise-api", broker=broker_url, set_as_current=False)
         self.celery.conf.update(
             broker_connection_timeout=3,
+            broker_transport_options=celery_transport_options(),
+            task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
             task_send_sent_event=True,  # Flower shows jobs from the moment they are queued
             task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
                                        "interval_max": 0.5},
         )
 
-    def enqueue_generation(self, job_id: str) -> None:
-        self.celery.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE, task_id=job_id)
+    def enqueue_generation(self, record: JobRecord) -> None:
+        self.enqueue_generations([record])
+
+    def enqueue_generations(self, records: list[JobRecord]) -> None:
+        """Send the jobs' messages, flushed to Redis together (a failure sends none of the unflushed)."""
+        with self.celery.producer_or_acquire() as producer, producer.batch():
+            for record in records:
+                self.celery.send_task(GENERATE_TASK, args=[record.job_id], queue=record.queue, task_id=record.job_id,
+                                      priority=BROKER_PRIORITY[record.priority], producer=producer)
 
     def enqueue_webhook(self, job_id: str, event: str, webhook_id: str, payload: dict[str, Any]) -> None:
         self.celery.send_task(WEBHOOK_TASK, args=[job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)

@@ -20,6 +20,7 @@ JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
 WebhookEvent = Literal["started", "completed", "failed", "canceled"]
 JobStateName = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
+Priority = Literal[P.PRIORITIES]  # type: ignore[valid-type]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
 PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
@@ -55,6 +56,9 @@ class JobRequest(StrictModel):
         description="Events to deliver; default all of started, completed, failed, canceled. Needs webhook_url.")
     deadline: Annotated[AwareDatetime | None, Field(strict=False)] = Field(
         None, description="RFC 3339 time with offset; a job not started by then ends `expired`.")
+    priority: Priority | None = Field(  # type: ignore[valid-type]
+        None, description="high, normal (the default) or low: taken from the queue and admitted by the engine "
+                          "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).")
 
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
@@ -64,6 +68,7 @@ class BatchRequest(StrictModel):
     """Up to STEPWISE_MAX_BATCH_JOBS jobs. Items are validated one by one, each with its own result."""
 
     jobs: list[SkipValidation[JobRequest]] = Field(min_length=1)
+    priority: Priority | None = Field(None, description="Priority of the items that do not name their own.")  # type: ignore[valid-type]
 
 
 class ListQuery(BaseModel):
@@ -106,10 +111,40 @@ class WebhookView(BaseModel):
     attempts: list[dict[str, Any]] = Field(description="One entry per delivery attempt, oldest first.")
 
 
+class QueueInfo(BaseModel):
+    jobs_ahead: int = Field(description="Jobs of its model queued ahead of it: its position plus the jobs queued at "
+                                        "higher priorities (approximate: counted up to a second ago).")
+    workers: int = Field(description="Workers serving its model now.")
+    images_per_second: float = Field(description="Those workers' throughput while busy (engine statistics).")
+    eta_seconds: float | None = Field(description="(jobs_ahead + 1) / images_per_second; null while no worker "
+                                                  "serves the model or none has finished an image yet.")
+
+
+class ModelView(BaseModel):
+    model: str
+    family: str
+    available: bool = Field(description="A worker serving it sent a heartbeat within STEPWISE_WORKER_TIMEOUT.")
+    workers: int
+    capacity: int = Field(description="Jobs its live workers run at once (summed max_num_seqs).")
+    queue_depth: int = Field(description="Jobs queued for it.")
+    queued_by_priority: dict[str, int]
+    last_seen: datetime
+    defaults: dict[str, Any] = Field(description="What omitted fields become for this model's family.")
+    limits: dict[str, Any] = Field(description="What this model's family accepts.")
+    engine: dict[str, Any] = Field(description="Engine statistics summed over its live workers.")
+
+
+class ModelList(BaseModel):
+    models: list[ModelView]
+
+
 class JobView(BaseModel):
     job_id: str
     state: JobStateName
-    queue_position: int | None = Field(description="Queued jobs ahead of this one (0: next); null unless queued.")
+    priority: Priority  # type: ignore[valid-type]
+    queue_position: int | None = Field(description="Queued jobs of the same model and priority ahead of this one "
+                                                   "(0: next); null unless queued.")
+    queue: QueueInfo | None = Field(description="ETA inputs while queued; null otherwise.")
     progress: Progress
     cancel_requested: bool
     created_at: datetime
@@ -147,6 +182,16 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class WorkerReadiness(BaseModel):
+    seen_recently: bool = Field(description="A worker sent a heartbeat within STEPWISE_WORKER_TIMEOUT and admits jobs.")
+    num_workers: int
+    available_models: list[str]
+    last_seen: datetime | None = Field(description="The newest heartbeat of any worker; null if none within the retention.")
+
+
 class Readiness(BaseModel):
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "unavailable"] = Field(description="This API can take jobs (Redis and storage reachable). "
+                                                            "Workers do not count: jobs queue while none runs.")
     checks: dict[str, bool] = Field(description="redis, storage: reachable or not.")
+    workers: WorkerReadiness | None = Field(None, description="Whether any worker is running (null when Redis is down).")
+    warnings: list[str] = Field(default_factory=list, description="For example: no worker seen recently.")

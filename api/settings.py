@@ -12,7 +12,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.settings import StorageSettings, env_int
+from batching.params import PRIORITIES
+from storage.settings import StorageSettings, env_bool, env_int
 from storage.url_policy import AllowList
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,20 @@ def parse_api_keys(text: str) -> tuple[tuple[str, str], ...]:
     if not pairs:
         raise SettingsError("STEPWISE_API_KEYS names no keys")
     return tuple(pairs)
+
+
+def parse_tenant_priorities(text: str) -> dict[str, str]:
+    """`tenant:normal,other:low` -> the highest priority each named tenant may ask for."""
+    limits = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        tenant, sep, priority = (part.strip() for part in item.partition(":"))
+        if not sep or not tenant or priority not in PRIORITIES:
+            raise SettingsError("STEPWISE_TENANT_MAX_PRIORITY must be comma-separated tenant:priority pairs, "
+                                f"priority one of {', '.join(PRIORITIES)} (got {item.strip()!r})")
+        limits[tenant] = priority
+    return limits
 
 
 def local_dev_key(path: Path) -> str:
@@ -85,6 +100,11 @@ class ApiSettings:
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
     retry_after_seconds: int = 5  # Retry-After sent with 429
+    tenant_max_priority: dict[str, str] = field(default_factory=dict)  # STEPWISE_TENANT_MAX_PRIORITY: tenant -> highest priority it may use
+    accept_unserved_models: bool = False  # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
+
+    def max_priority(self, tenant: str) -> str:
+        return self.tenant_max_priority.get(tenant, PRIORITIES[0])
 
     @classmethod
     def from_env(cls) -> ApiSettings:
@@ -101,6 +121,8 @@ class ApiSettings:
             max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
             public_url=(os.environ.get("STEPWISE_PUBLIC_URL") or "").rstrip("/") or None,
             webhook_allow=AllowList.from_env(),
+            tenant_max_priority=parse_tenant_priorities(os.environ.get("STEPWISE_TENANT_MAX_PRIORITY", "")),
+            accept_unserved_models=env_bool("STEPWISE_ACCEPT_UNSERVED_MODELS", False),
         )
         for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
             if getattr(settings, name) < 1:

@@ -1,8 +1,14 @@
 """Turning one submitted job into a queued record and a Celery message.
 
-Validation runs in two layers: the pydantic model (types and the documented limits,
-naming the field) and then `GenerationParams`, the engine's own rules, which have the
-last word. Everything here is shared by `POST /v1/jobs` and `POST /v1/jobs/batch`.
+Validation runs in three layers: the pydantic model (types and the documented limits,
+naming the field), `GenerationParams` (the engine's own rules), and the fleet (a worker
+serves the model, and its family supports the fields). Everything here is shared by
+`POST /v1/jobs` and `POST /v1/jobs/batch`.
+
+Creating jobs keeps the order that makes them safe: every record is stored (one pipelined
+round trip of atomic scripts) before any message is sent (one flushed producer batch), and
+the records stay in the unsent set until the messages are out, so a process that dies in
+between leaves jobs that a worker's lease sweeper sends (`worker.leases`).
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
+from api.fleet import Fleet
 from api.queue import TaskQueue
 from api.schemas import WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
-from batching.params import InvalidParamsError
-from batching.params import GenerationParams
+from batching.params import PRIORITIES, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
-from storage.job_store import JobRecord, JobState, JobStore
+from storage.job_store import Created, JobState, JobStore, NewJobSpec, QueueFullError
+from storage.queues import DEFAULT_PRIORITY
 from storage.url_policy import WebhookURLError, check_webhook_url
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,7 @@ class ValidJob:
     webhook_url: str | None
     webhook_events: list[str]
     request_hash: str  # identifies the body for Idempotency-Key replays
+    priority: str
 
 
 def request_hash(data: Any) -> str:
@@ -45,7 +53,8 @@ def request_hash(data: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") -> ValidJob:
+def validate_job(data: Any, settings: ApiSettings, fleet: Fleet, tenant: str, *, field_prefix: str = "",
+                 default_priority: str | None = None) -> ValidJob:
     """Raise a 422 ApiError naming the first bad field, or return the job ready to store."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
@@ -56,6 +65,11 @@ def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") ->
         params = GenerationParams.from_dict(job.params_dict())
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
+    fleet.check_job(params, field_prefix)
+    priority = job.priority or default_priority or DEFAULT_PRIORITY
+    allowed = settings.max_priority(tenant)
+    if PRIORITIES.index(priority) < PRIORITIES.index(allowed):
+        raise invalid(f"{field_prefix}priority", f"{field_prefix}priority: this API key may use at most {allowed!r}")
 
     deadline = None
     if job.deadline is not None:
@@ -74,7 +88,8 @@ def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") ->
         except WebhookURLError as e:
             raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
     return ValidJob(params=params, deadline=deadline, webhook_url=job.webhook_url,
-                    webhook_events=events if job.webhook_url else [], request_hash=request_hash(data))
+                    webhook_events=events if job.webhook_url else [], request_hash=request_hash(data),
+                    priority=priority)
 
 
 def _loc(field_prefix: str) -> list[Any]:
@@ -94,36 +109,44 @@ def check_idempotency_key(raw: str | None) -> str | None:
     return raw
 
 
-def check_queue_room(store: JobStore, settings: ApiSettings) -> None:
-    depth = store.queue_depth()
-    if depth >= settings.max_queue_depth:
-        raise ApiError(429, "queue_full",
-                       f"{depth} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
-                       headers={"Retry-After": str(settings.retry_after_seconds)})
+def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
+    return ApiError(429, "queue_full",
+                    f"{num_queued} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
+                    headers={"Retry-After": str(settings.retry_after_seconds)})
 
 
-def create_job(store: JobStore, queue: TaskQueue, tenant: str, job: ValidJob,
-               idempotency_key: str | None) -> tuple[JobRecord, bool]:
-    """Store the job and enqueue it. Returns (record, created); a replay is not enqueued again."""
-    try:
-        record, created = store.create(
-            tenant=tenant, params=job.params.to_dict(), deadline=job.deadline, webhook_url=job.webhook_url,
-            webhook_events=job.webhook_events, idempotency_key=idempotency_key, request_hash=job.request_hash,
-        )
-    except IdempotencyConflictError as e:
-        raise ApiError(409, "idempotency_conflict",
-                       "this Idempotency-Key was used with a different request body") from e
-    if created:
+def create_jobs(store: JobStore, queue: TaskQueue, settings: ApiSettings, tenant: str,
+                jobs: list[tuple[ValidJob, str | None]]) -> list[Created | ApiError]:
+    """Store the jobs, then send their messages. One outcome per (job, idempotency key): Created
+    (an idempotent replay is not sent again) or the item's ApiError (409, 429). Raises a 503 if
+    the messages cannot be sent (the jobs it created end `failed`, saying to submit again)."""
+    specs = [NewJobSpec(tenant=tenant, params=job.params.to_dict(), deadline=job.deadline, webhook_url=job.webhook_url,
+                        webhook_events=job.webhook_events, idempotency_key=key, request_hash=job.request_hash,
+                        priority=job.priority) for job, key in jobs]
+    outcomes = store.create_many(specs, max_queued=settings.max_queue_depth)
+    new_records = [outcome.record for outcome in outcomes if isinstance(outcome, Created) and outcome.created]
+    if new_records:
         try:
-            queue.enqueue_generation(record.job_id)
+            queue.enqueue_generations(new_records)
         except Exception as e:
-            log.warning("could not enqueue job %s: %s", record.job_id, e)
-            store.finish(record.job_id, JobState.FAILED, error_code="enqueue_failed",
-                         error_message="the job could not be queued; submit it again")
+            log.warning("could not enqueue %d jobs: %s", len(new_records), e)
+            for record in new_records:
+                store.finish(record.job_id, JobState.FAILED, error_code="enqueue_failed",
+                             error_message="the job could not be queued; submit it again")
             raise ApiError(503, "unavailable", "the job queue is unavailable; retry later",
                            headers={"Retry-After": "5"}) from e
         try:
-            store.mark_sent(record.job_id)
-        except StorageError as e:  # the job is queued and sent; workers will send it once more, harmlessly
-            log.warning("could not mark job %s sent: %s", record.job_id, e)
-    return record, created
+            store.mark_sent_many([record.job_id for record in new_records])
+        except StorageError as e:  # the jobs are queued and sent; workers will send them once more, harmlessly
+            log.warning("could not mark %d jobs sent: %s", len(new_records), e)
+    return [_api_outcome(outcome, settings) for outcome in outcomes]
+
+
+def _api_outcome(outcome: Created | StorageError, settings: ApiSettings) -> Created | ApiError:
+    if isinstance(outcome, Created):
+        return outcome
+    if isinstance(outcome, IdempotencyConflictError):
+        return ApiError(409, "idempotency_conflict", "this Idempotency-Key was used with a different request body")
+    if isinstance(outcome, QueueFullError):
+        return queue_full(settings, outcome.num_queued)
+    raise outcome

@@ -54,7 +54,8 @@ def planned_steps(record: JobRecord) -> int:
     return int(params.get("num_inference_steps", 0)) * int(params.get("num_images", 1))
 
 
-def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, Any]:
+def job_view(record: JobRecord, queue_position: int | None = None,
+             queue_info: dict[str, Any] | None = None) -> dict[str, Any]:
     urls = image_urls(record)
     webhook = None
     if record.webhook_url:
@@ -62,7 +63,9 @@ def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, 
     return {
         "job_id": record.job_id,
         "state": record.state.value,
+        "priority": record.priority,
         "queue_position": queue_position if record.state is JobState.QUEUED else None,
+        "queue": queue_info if record.state is JobState.QUEUED else None,
         "progress": {"step": record.progress_step, "total": record.progress_total or planned_steps(record)},
         "cancel_requested": record.cancel_requested,
         "created_at": iso_time(record.created_at),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
-from batching.params import CompatibilityKey, GenerationParams
+from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
 from batching.plan import NewJob, RunnerOutput
 from batching.request import ProgressCallback, Request, job_ids_for
 from batching.scheduler import Scheduler, SchedulerConfig
@@ -93,9 +93,12 @@ class DiffusionEngine:
         self._thread.start()
 
     def submit(
-        self, params: GenerationParams, *, job_id: str | None = None, on_progress: ProgressCallback | None = None
+        self, params: GenerationParams, *, job_id: str | None = None, on_progress: ProgressCallback | None = None,
+        priority: str = "normal",
     ) -> Future:
-        """Queue a request; the Future resolves to a GenerationResult or raises a BatchingError."""
+        """Queue a request; the Future resolves to a GenerationResult or raises a BatchingError.
+
+        `priority` (high, normal, low): the scheduler admits waiting jobs of a higher priority first."""
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         params.validate()  # again: a params object altered after it was built allocates nothing either
@@ -103,6 +106,8 @@ class DiffusionEngine:
             raise InvalidParamsError("model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
         if params.lora is not None:
             raise InvalidParamsError("lora", params.lora, "is not supported by this engine yet")
+        if priority not in PRIORITIES:
+            raise InvalidParamsError("priority", priority, f"must be one of {', '.join(PRIORITIES)}")
         request_id = job_id or uuid.uuid4().hex
         future: Future = Future()
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
@@ -113,6 +118,7 @@ class DiffusionEngine:
             job_ids=job_ids_for(request_id, params.num_images),
             on_progress=on_progress,
             submitted_at=time.perf_counter(),
+            priority=priority,
         )
         with self._cond:
             if not self._is_accepting:
@@ -222,7 +228,8 @@ class DiffusionEngine:
             for index, job_id in enumerate(request.job_ids):
                 params = request.params.for_image(index)
                 self._request_of_job[job_id] = request
-                self.scheduler.add(NewJob(job_id=job_id, params=params, key=CompatibilityKey.of(params)))
+                self.scheduler.add(NewJob(job_id=job_id, params=params, key=CompatibilityKey.of(params)),
+                                   priority=request.priority)
         for request_id in cancel_ids:
             with self._cond:
                 request = self._requests.get(request_id)

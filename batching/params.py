@@ -17,6 +17,7 @@ from batching.errors import InvalidParamsError  # re-exported: the API imports i
 
 SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 DEFAULT_MODEL = "builtin:tiny"
+PRIORITIES = ("high", "normal", "low")  # a job's priority, highest first: queue order and engine admission
 
 MIN_SIZE = 64
 MAX_SIZE = 2048

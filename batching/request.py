@@ -38,6 +38,7 @@ class Request:
     job_ids: list[str]  # one engine job per image, in seed order
     on_progress: ProgressCallback | None
     submitted_at: float
+    priority: str = "normal"  # one of batching.params.PRIORITIES; the scheduler admits higher first
     admitted_at: float | None = None  # when its first job took its first step
     denoised_at: float | None = None  # when its last job took its last step
     decode_seconds: float = 0.0

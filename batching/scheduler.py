@@ -29,6 +29,13 @@ a waiting job is overtaken (a later arrival admitted before it) in at most
 before it, so it is admitted at the latest once every job that was running or queued
 ahead of it at that moment has left the running set. `max_wait_iterations=0` gives
 arrival-order admission with several groups.
+
+Priority (default policy only; fifo is the reference and ignores it): each iteration walks
+the waiting jobs that reached the starvation bound first, in arrival order, then the others
+by priority (high, normal, low) and arrival within a priority. A job admitted ahead of an
+earlier arrival overtakes it, whichever the reason (key or priority), so the bound above
+holds for low-priority jobs too: a low job is passed over by higher ones for at most
+`max_wait_iterations` iterations.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from batching.params import CompatibilityKey
+from batching.params import PRIORITIES, CompatibilityKey
 from batching.plan import NewJob, RunnerOutput, SchedulerPlan
 
 POLICIES = ("default", "fifo")
@@ -68,6 +75,7 @@ class ScheduledJob:
     num_rows: int  # rows in its group's forward: 2 with guidance, 1 without
     num_steps_done: int = 0
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
+    priority_rank: int = 1  # index in PRIORITIES: 0 high, 1 normal, 2 low
 
     @property
     def job_id(self) -> str:
@@ -103,13 +111,14 @@ class Scheduler:
     def is_admission_paused(self) -> bool:
         return self._is_admission_paused
 
-    def add(self, job: NewJob) -> None:
-        """Queue a job behind every job already waiting."""
+    def add(self, job: NewJob, priority: str = "normal") -> None:
+        """Queue a job behind every job already waiting (of its priority, for the default policy)."""
         if job.job_id in self._waiting or job.job_id in self._running:
             raise ValueError(f"job {job.job_id!r} is already scheduled")
         assert job.params.num_images == 1, "split multi-image requests into one job per image"
         self._waiting[job.job_id] = ScheduledJob(
-            new_job=job, num_steps=job.params.num_inference_steps, num_rows=job.params.num_rows
+            new_job=job, num_steps=job.params.num_inference_steps, num_rows=job.params.num_rows,
+            priority_rank=PRIORITIES.index(priority),
         )
 
     def abort(self, job_id: str) -> bool:
@@ -213,20 +222,28 @@ class Scheduler:
     def _admit_default(self) -> list[ScheduledJob]:
         running_keys = {job.key for job in self._running.values()}
         num_free = self.config.max_num_seqs - len(self._running)
+        arrival = {job_id: index for index, job_id in enumerate(self._waiting)}
+        bound = self.config.max_wait_iterations
+
+        def walk_order(job: ScheduledJob) -> tuple[int, int, int]:
+            if job.num_iterations_overtaken >= bound:
+                return (0, 0, arrival[job.job_id])  # at the bound: first, in arrival order
+            return (1, job.priority_rank, arrival[job.job_id])
+
         admitted: list[ScheduledJob] = []
-        passed_over: list[ScheduledJob] = []
-        for job in self._waiting.values():
+        for job in sorted(self._waiting.values(), key=walk_order):
             if len(admitted) == num_free:
                 break
             if job.key in running_keys or len(running_keys) < self.config.max_num_groups:
                 running_keys.add(job.key)
                 admitted.append(job)
-                if passed_over:
-                    for earlier in passed_over:
-                        earlier.num_iterations_overtaken += 1
-                    passed_over = []  # each job counts at most once per iteration
                 continue
-            if job.num_iterations_overtaken >= self.config.max_wait_iterations:
+            if job.num_iterations_overtaken >= bound:
                 break  # starvation bound: hold every later arrival back until this job is admitted
-            passed_over.append(job)
+        if admitted:  # each waiting job that arrived before an admitted one was overtaken, once per iteration
+            latest = max(arrival[job.job_id] for job in admitted)
+            admitted_ids = {job.job_id for job in admitted}
+            for job_id, job in self._waiting.items():
+                if arrival[job_id] < latest and job_id not in admitted_ids:
+                    job.num_iterations_overtaken += 1
         return admitted

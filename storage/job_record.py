@@ -54,6 +54,8 @@ class JobRecord:
     webhook_events: list[str] = field(default_factory=list)
     webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
     idempotency_key: str | None = None
+    queue: str | None = None  # the Celery queue of the job's model (storage.queues.generate_queue); None: older record
+    priority: str = "normal"  # high, normal or low (batching.params.PRIORITIES)
 
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))

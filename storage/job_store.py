@@ -23,6 +23,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from batching.params import PRIORITIES
 from storage import lua
 from storage.errors import (
     IdempotencyConflictError,
@@ -42,12 +43,15 @@ from storage.job_record import (
     record_from_hash,
     record_to_hash,
 )
+from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.new_job import Created, NewJobSpec, QueueFullError
+from storage.queues import DEFAULT_PRIORITY
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
 from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
 
 __all__ = [
-    "IdempotencyConflictError", "InvalidCursorError", "InvalidTransitionError", "JobNotFoundError",
+    "Created", "NewJobSpec", "QueueFullError", "IdempotencyConflictError", "InvalidCursorError", "InvalidTransitionError", "JobNotFoundError",
     "JobRecord", "JobState", "JobStore", "StorageError", "StorageUnavailableError",
 ]
 
@@ -74,7 +78,8 @@ def _wraps_redis_errors(method: Callable) -> Callable:
 
 class JobStore:
     def __init__(self, redis_url: str, *, job_ttl_seconds: int = 7 * 24 * 3600, namespace: str = "stepwise",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, worker_timeout: float = 15.0,
+                 model_retention: float = 3600.0) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
         self.keys = RedisKeys(namespace)
@@ -87,6 +92,8 @@ class JobStore:
         )
         kwargs = self._redis.get_connection_kwargs()
         self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        self._heartbeats = HeartbeatStore(self._redis, self.keys.workers, worker_timeout=worker_timeout,
+                                          retention=model_retention)
         register = self._redis.register_script
         self._create = register(lua.CREATE)
         self._take = register(lua.TAKE)
@@ -99,7 +106,8 @@ class JobStore:
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> JobStore:
-        return cls(settings.redis_url, job_ttl_seconds=settings.job_ttl_seconds)
+        return cls(settings.redis_url, job_ttl_seconds=settings.job_ttl_seconds,
+                   worker_timeout=settings.worker_timeout, model_retention=settings.model_retention)
 
     def job_key(self, job_id: str) -> str:
         return self.keys.job(job_id)
@@ -135,13 +143,52 @@ class JobStore:
         return [record for _, record in records[:limit]], encode_cursor(last_score, last_record.job_id)
 
     @_wraps_redis_errors
-    def queue_position(self, job_id: str) -> int | None:
-        """0-based position among queued jobs (oldest first), None if not queued."""
-        return self._redis.zrank(self.keys.queued, job_id)
+    def queue_position(self, record: JobRecord) -> int | None:
+        """0-based position among queued jobs of its model and priority (oldest first); None if not
+        queued. A record from before per-model queues counts among all queued jobs."""
+        if record.queue is None:
+            return self._redis.zrank(self.keys.queued, record.job_id)
+        return self._redis.zrank(self.keys.queued_in(record.queue, record.priority), record.job_id)
+
+    @_wraps_redis_errors
+    def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
+        """queue_position of each record, in one round trip (non-queued records: None)."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            for record in records:
+                key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
+                pipe.zrank(key, record.job_id)
+            ranks = pipe.execute()
+        return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
+
+    @_wraps_redis_errors
+    def queued_by_priority(self, queue: str) -> dict[str, int]:
+        """Jobs queued in one model's queue, per priority."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            for priority in PRIORITIES:
+                pipe.zcard(self.keys.queued_in(queue, priority))
+            return dict(zip(PRIORITIES, pipe.execute()))
 
     @_wraps_redis_errors
     def queue_depth(self) -> int:
         return self._redis.zcard(self.keys.queued)
+
+    @_wraps_redis_errors
+    def beat(self, heartbeat: Heartbeat) -> None:
+        """Record a worker's heartbeat (storage.heartbeats)."""
+        self._heartbeats.beat(heartbeat)
+
+    @_wraps_redis_errors
+    def models(self) -> list[ModelStatus]:
+        """The models workers served within the retention, with their queue depths."""
+        statuses = self._heartbeats.models(self.clock())
+        with self._redis.pipeline(transaction=False) as pipe:
+            for status in statuses:
+                for priority in PRIORITIES:
+                    pipe.zcard(self.keys.queued_in(status.queue, priority))
+            depths = pipe.execute()
+        for index, status in enumerate(statuses):
+            status.queued_by_priority = dict(zip(PRIORITIES, depths[index * len(PRIORITIES):]))
+        return statuses
 
     @_wraps_redis_errors
     def counts_by_state(self) -> dict[str, int]:
@@ -179,28 +226,55 @@ class JobStore:
     @_wraps_redis_errors
     def create(self, *, tenant: str, params: dict[str, Any], deadline: float | None = None,
                webhook_url: str | None = None, webhook_events: list[str] | None = None,
-               idempotency_key: str | None = None, request_hash: str | None = None) -> tuple[JobRecord, bool]:
+               idempotency_key: str | None = None, request_hash: str | None = None,
+               priority: str = DEFAULT_PRIORITY) -> tuple[JobRecord, bool]:
         """Create a queued job. Returns (record, created). Same tenant+idempotency_key with the
         same request_hash returns the original (created=False); a different hash raises
         IdempotencyConflictError."""
-        assert tenant, "tenant must not be empty"
-        record = JobRecord(
-            job_id=uuid.uuid4().hex, tenant=tenant, state=JobState.QUEUED, params=params,
-            created_at=self.clock(), deadline=deadline, webhook_url=webhook_url,
-            webhook_events=list(webhook_events or []), idempotency_key=idempotency_key,
-        )
-        keys = [self.job_key(record.job_id)]
-        if idempotency_key is not None:
-            keys.append(self.keys.idempotency(tenant, idempotency_key))
-        flat = [item for pair in record_to_hash(record).items() for item in pair]
-        reply = self._create(keys=keys, args=[self.namespace, record.job_id, request_hash or "", *flat])
+        spec = NewJobSpec(tenant=tenant, params=params, deadline=deadline, webhook_url=webhook_url,
+                          webhook_events=list(webhook_events or []), idempotency_key=idempotency_key,
+                          request_hash=request_hash, priority=priority)
+        outcome = self.create_many([spec])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome.record, outcome.created
+
+    @_wraps_redis_errors
+    def create_many(self, specs: list[NewJobSpec], *, max_queued: int = 0) -> list[Created | StorageError]:
+        """Create queued jobs in one round trip (a pipeline of atomic scripts, run in order).
+
+        One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
+        QueueFullError once `max_queued` jobs are queued; 0 means no limit)."""
+        pending = []
+        with self._redis.pipeline(transaction=False) as pipe:
+            for spec in specs:
+                record = spec.new_record(uuid.uuid4().hex, self.clock())
+                keys = [self.job_key(record.job_id)]
+                if spec.idempotency_key is not None:
+                    keys.append(self.keys.idempotency(spec.tenant, spec.idempotency_key))
+                flat = [item for pair in record_to_hash(record).items() for item in pair]
+                self._create(keys=keys, args=[self.namespace, record.job_id, spec.request_hash or "",
+                                              max_queued, *flat], client=pipe)
+                pending.append((spec, record))
+            replies = pipe.execute()
+        return [self._create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
+
+    @staticmethod
+    def _create_outcome(spec: NewJobSpec, record: JobRecord, reply: list) -> Created | StorageError:
         if reply[0] == 1:
-            return record, True
+            return Created(record, True, int(reply[1]))
+        if reply[0] == 2:
+            return QueueFullError(int(reply[1]))
         _, stored_hash, earlier = reply
-        if stored_hash != (request_hash or ""):
-            raise IdempotencyConflictError(
-                f"idempotency key {idempotency_key!r} was already used with a different request")
-        return record_from_flat(earlier), False
+        if stored_hash != (spec.request_hash or ""):
+            return IdempotencyConflictError(
+                f"idempotency key {spec.idempotency_key!r} was already used with a different request")
+        return Created(record_from_flat(earlier), False, None)
+
+    @_wraps_redis_errors
+    def mark_sent_many(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self._redis.zrem(self.keys.unsent, *job_ids)
 
     @_wraps_redis_errors
     def mark_sent(self, job_id: str) -> None:

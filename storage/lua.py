@@ -8,6 +8,9 @@ Keys, with ns the namespace:
     {ns}:job:{job_id}                 hash, the record (see job_record.py)
     {ns}:tenant-jobs:{state}:{tenant} sorted set, job ids by created_at; state "all" holds every job
     {ns}:queued                       sorted set, queued job ids by the time they were (re)queued
+    {ns}:queued:{queue}:{priority}    sorted set, the same for one model's queue and one priority
+                                      (queue positions and per-model depths; records without a queue
+                                      field, written before per-model queues, are only in {ns}:queued)
     {ns}:leases                       sorted set, running job ids by lease expiry
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
@@ -22,6 +25,30 @@ local function tenant_index(state, tenant)
   return ns .. ':tenant-jobs:' .. state .. ':' .. tenant
 end
 
+local function queue_index(job_key)
+  local queue, priority = unpack(redis.call('HMGET', job_key, 'queue', 'priority'))
+  if not queue then
+    return nil
+  end
+  return ns .. ':queued:' .. queue .. ':' .. (priority or 'normal')
+end
+
+local function add_queued(job_key, job_id, score)
+  redis.call('ZADD', ns .. ':queued', score, job_id)
+  local index = queue_index(job_key)
+  if index then
+    redis.call('ZADD', index, score, job_id)
+  end
+end
+
+local function remove_queued(job_key, job_id)
+  redis.call('ZREM', ns .. ':queued', job_id)
+  local index = queue_index(job_key)
+  if index then
+    redis.call('ZREM', index, job_id)
+  end
+end
+
 local function set_state(job_key, job_id, from_state, to_state)
   local tenant, created_at = unpack(redis.call('HMGET', job_key, 'tenant', 'created_at'))
   redis.call('ZREM', tenant_index(from_state, tenant), job_id)
@@ -34,7 +61,7 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   set_state(job_key, job_id, from_state, to_state)
   redis.call('HSET', job_key, 'finished_at', now)
   redis.call('HDEL', job_key, 'lease_expires_at')
-  redis.call('ZREM', ns .. ':queued', job_id)
+  remove_queued(job_key, job_id)
   redis.call('ZREM', ns .. ':leases', job_id)
   redis.call('ZREM', ns .. ':unsent', job_id)
   redis.call('HINCRBY', ns .. ':finished-counts', to_state, 1)
@@ -46,31 +73,39 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
 end
 """
 
-# KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, field, value, ...
-# Returns {1} when created, or {0, stored_request_hash, HGETALL of the earlier job}.
+# KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), field, value, ...
+# Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
+# the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
 CREATE = _PREAMBLE + """
 local job_id = ARGV[2]
+local max_queued = tonumber(ARGV[4])
 if KEYS[2] then
   local held = redis.call('HMGET', KEYS[2], 'job_id', 'request_hash')
-  if held[1] then
-    local held_key = ns .. ':job:' .. held[1]
-    if redis.call('EXISTS', held_key) == 1 then
-      return {0, held[2], redis.call('HGETALL', held_key)}
-    end
+  if held[1] and redis.call('EXISTS', ns .. ':job:' .. held[1]) == 1 then
+    return {0, held[2], redis.call('HGETALL', ns .. ':job:' .. held[1])}
   end
+end
+if max_queued > 0 then
+  local num_queued = redis.call('ZCARD', ns .. ':queued')
+  if num_queued >= max_queued then
+    return {2, num_queued}
+  end
+end
+if KEYS[2] then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'job_id', job_id, 'request_hash', ARGV[3])
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 if KEYS[2] then
   redis.call('HSET', KEYS[1], 'idem_redis_key', KEYS[2])
 end
 local tenant, created_at = unpack(redis.call('HMGET', KEYS[1], 'tenant', 'created_at'))
 redis.call('ZADD', tenant_index('all', tenant), created_at, job_id)
 redis.call('ZADD', tenant_index('queued', tenant), created_at, job_id)
-redis.call('ZADD', ns .. ':queued', created_at, job_id)
+add_queued(KEYS[1], job_id, created_at)
 redis.call('ZADD', ns .. ':unsent', created_at, job_id)
-return {1}
+local index = queue_index(KEYS[1])
+return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', ns .. ':queued', job_id)}
 """
 
 # ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
@@ -82,7 +117,7 @@ set_state(KEYS[1], ARGV[2], 'queued', 'running')
 redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_expires_at', ARGV[5],
            'progress_step', '0')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('ZREM', ns .. ':queued', ARGV[2])
+remove_queued(KEYS[1], ARGV[2])
 redis.call('ZREM', ns .. ':unsent', ARGV[2])
 redis.call('ZADD', ns .. ':leases', ARGV[5], ARGV[2])
 return redis.call('HGETALL', KEYS[1])
@@ -169,7 +204,7 @@ set_state(KEYS[1], ARGV[2], 'running', 'queued')
 redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at')
 redis.call('HSET', KEYS[1], 'progress_step', '0')
 redis.call('ZREM', ns .. ':leases', ARGV[2])
-redis.call('ZADD', ns .. ':queued', ARGV[4], ARGV[2])
+add_queued(KEYS[1], ARGV[2], ARGV[4])
 return 1
 """
 

@@ -27,6 +27,10 @@ class RedisKeys:
     def queued(self) -> str:
         return f"{self.namespace}:queued"
 
+    def queued_in(self, queue: str, priority: str) -> str:
+        """Queued jobs of one model's queue and one priority (lua.py builds the same name)."""
+        return f"{self.namespace}:queued:{queue}:{priority}"
+
     @property
     def unsent(self) -> str:
         return f"{self.namespace}:unsent"
@@ -34,6 +38,11 @@ class RedisKeys:
     @property
     def leases(self) -> str:
         return f"{self.namespace}:leases"
+
+    @property
+    def workers(self) -> str:
+        """Hash: worker id -> its latest heartbeat (storage.heartbeats)."""
+        return f"{self.namespace}:workers"
 
     @property
     def finished_counts(self) -> str:

@@ -50,6 +50,9 @@ class StorageSettings:
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
     job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
     storage_max_attempts: int = 5  # STEPWISE_STORAGE_MAX_ATTEMPTS: tries of one image store call on transient errors
+    heartbeat_interval: float = 3.0  # STEPWISE_HEARTBEAT_INTERVAL: seconds between a worker's heartbeats
+    worker_timeout: float = 15.0  # STEPWISE_WORKER_TIMEOUT: a worker silent this long is gone (its model unavailable)
+    model_retention: float = 3600.0  # STEPWISE_MODEL_RETENTION: a model stays listed (and accepts jobs) this long after its last heartbeat
 
     @classmethod
     def from_env(cls) -> StorageSettings:
@@ -61,4 +64,7 @@ class StorageSettings:
             job_ttl_seconds=env_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
             job_lease_seconds=env_int("STEPWISE_JOB_LEASE_SECONDS", 60),
             storage_max_attempts=env_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
+            heartbeat_interval=env_float("STEPWISE_HEARTBEAT_INTERVAL", 3.0),
+            worker_timeout=env_float("STEPWISE_WORKER_TIMEOUT", 15.0),
+            model_retention=env_float("STEPWISE_MODEL_RETENTION", 3600.0),
         )

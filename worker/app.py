@@ -8,6 +8,9 @@
   leaves Redis only after its job reached an end, and a worker holds no more than it runs;
 - a visibility timeout longer than the longest job, so Redis does not redeliver running work
   (a dead worker's jobs come back sooner through job leases, see `worker.leases`);
+- one generate queue per model (`storage.queues`): this worker's task queues are its model's
+  queue and the webhook queue; `-Q stepwise.generate` names its model's queue (`worker.lifecycle`);
+- kombu priorities on the Redis lists (high, normal, low), normal for anything sent without one;
 - task events on, for Flower;
 - kombu's Redis transport with a fix that lets the consumer reconnect after Redis restarts
   (`worker.broker`).
@@ -19,9 +22,17 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from worker.broker import TRANSPORT
-from worker.settings import DELIVER_WEBHOOK_TASK, GENERATE_QUEUE, GENERATE_TASK, WEBHOOK_QUEUE, WorkerSettings
+from storage.queues import (
+    BROKER_PRIORITY,
+    DEFAULT_PRIORITY,
+    WEBHOOK_QUEUE,
+    WEBHOOK_TASK,
+    celery_transport_options,
+)
+from worker.settings import WorkerSettings
 
 settings = WorkerSettings.from_env()
+generate_queue = settings.queue
 
 app = Celery("stepwise", broker=settings.storage.redis_url, backend=settings.storage.redis_url)
 app.conf.update(
@@ -31,20 +42,18 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+    broker_transport_options={"visibility_timeout": settings.visibility_timeout, **celery_transport_options()},
     result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
     worker_send_task_events=True,
     task_send_sent_event=True,
     task_ignore_result=True,  # the job record is the result; nothing reads Celery's
     task_queues=(
-        Queue(GENERATE_QUEUE, Exchange(GENERATE_QUEUE), routing_key=GENERATE_QUEUE),
+        Queue(generate_queue, Exchange(generate_queue), routing_key=generate_queue),
         Queue(WEBHOOK_QUEUE, Exchange(WEBHOOK_QUEUE), routing_key=WEBHOOK_QUEUE),
     ),
-    task_default_queue=GENERATE_QUEUE,
-    task_routes={
-        GENERATE_TASK: {"queue": GENERATE_QUEUE},
-        DELIVER_WEBHOOK_TASK: {"queue": WEBHOOK_QUEUE},
-    },
+    task_default_queue=generate_queue,
+    task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
+    task_routes={WEBHOOK_TASK: {"queue": WEBHOOK_QUEUE}},
     task_serializer="json",
     accept_content=["json"],
     broker_connection_retry_on_startup=True,

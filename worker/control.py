@@ -4,7 +4,7 @@
     celery -A worker control drain          # stop admitting jobs (maintenance)
     celery -A worker control resume         # admit jobs again
 
-`drain` stops consuming the generate queue, pauses the engine's admission and sends jobs
+`drain` stops consuming its model's generate queue, pauses the engine's admission and sends jobs
 that have not started denoising back to the queue (another worker, or this one after
 `resume`, runs them); jobs already denoising finish. Webhook deliveries continue.
 """
@@ -15,12 +15,13 @@ import logging
 
 from celery.worker.control import control_command, inspect_command
 
+from worker.app import generate_queue
+from worker.heartbeat import beat_now
 from worker.runtime import current_runtime
-from worker.settings import GENERATE_QUEUE
 
 log = logging.getLogger(__name__)
 
-NO_ENGINE = "this worker runs no engine (it does not consume the generate queue)"
+NO_ENGINE = "this worker runs no engine (it does not consume its model's generate queue)"
 
 
 @inspect_command()
@@ -38,8 +39,9 @@ def drain(state) -> dict:
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
         return {"error": NO_ENGINE}
-    state.consumer.call_soon(state.consumer.cancel_task_queue, GENERATE_QUEUE)
+    state.consumer.call_soon(state.consumer.cancel_task_queue, generate_queue)
     requeued = runtime.stop_admission()
+    beat_now()
     log.info("drain: stopped admitting jobs; re-queued %d that had not started", len(requeued))
     return {"ok": "draining", "requeued_job_ids": requeued,
             "running_job_ids": [active.job_id for active in runtime.active_jobs()]}
@@ -54,6 +56,7 @@ def resume(state) -> dict:
     if runtime.is_shutting_down:
         return {"error": "this worker is shutting down"}
     runtime.resume_admission()
-    state.consumer.call_soon(state.consumer.add_task_queue, GENERATE_QUEUE)
+    state.consumer.call_soon(state.consumer.add_task_queue, generate_queue)
+    beat_now()
     log.info("resume: admitting jobs again")
     return {"ok": "admitting"}

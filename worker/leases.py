@@ -21,14 +21,14 @@ import threading
 from collections.abc import Callable
 
 from storage.errors import StorageError
-from storage.job_record import JobState
+from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
 
 log = logging.getLogger(__name__)
 
 
 class LapsedLeaseSweeper:
-    def __init__(self, job_store: JobStore, enqueue: Callable[[str], None], interval: float,
+    def __init__(self, job_store: JobStore, enqueue: Callable[[JobRecord], None], interval: float,
                  unsent_grace: float) -> None:
         self.job_store = job_store
         self.enqueue = enqueue
@@ -61,7 +61,10 @@ class LapsedLeaseSweeper:
         requeued = []
         for job_id in self.job_store.lapsed_job_ids():
             if self.job_store.release_if_lapsed(job_id):
-                self.enqueue(job_id)
+                record = self.job_store.get(job_id)
+                if record is None:
+                    continue
+                self.enqueue(record)  # to the job's own queue, at its priority
                 requeued.append(job_id)
                 log.warning("job %s: its worker stopped renewing the lease; re-queued", job_id)
         return requeued
@@ -72,7 +75,7 @@ class LapsedLeaseSweeper:
         for job_id in self.job_store.unsent_job_ids(self.job_store.clock() - self.unsent_grace):
             record = self.job_store.get(job_id)
             if record is not None and record.state is JobState.QUEUED:
-                self.enqueue(job_id)
+                self.enqueue(record)
                 sent.append(job_id)
                 log.warning("job %s: queued for %.0fs with no message sent; sent one", job_id, self.unsent_grace)
             self.job_store.mark_sent(job_id)

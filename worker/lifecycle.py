@@ -1,12 +1,16 @@
 """Worker process start and stop, hooked to Celery's worker signals.
 
+- `celeryd_after_setup`: `-Q stepwise.generate` (the name before per-model queues, still what
+  operators type) becomes this worker's model queue.
 - `worker_init` (once, in the worker's main process, before it consumes anything): check the
-  pool, load the model into this process's engine, start the metrics exporter and the lapsed
-  lease sweeper. A worker that consumes only the webhook queue loads no model.
+  pool, load the model into this process's engine, start the metrics exporter, the heartbeat
+  and the lapsed lease sweeper. A worker that consumes only the webhook queue loads no model
+  and sends no heartbeat.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
   ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
   Celery meanwhile stops consuming and waits for the task threads.
-- `worker_shutdown`: stop the sweeper and the engine.
+- `worker_shutdown`: stop the sweeper, the heartbeat (its last beat says the model lost this
+  worker) and the engine.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from celery import signals
 from celery.exceptions import ImproperlyConfigured
 
 from worker import metrics
-from worker.app import app, settings
+from storage.queues import GENERATE_QUEUE_ALIAS
+from worker.app import generate_queue, settings
+from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.leases import LapsedLeaseSweeper
+from worker.queueing import send_generate
 from worker.runtime import current_runtime, start_runtime
-from worker.settings import GENERATE_QUEUE, GENERATE_TASK
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +39,12 @@ def _pool_name(pool_cls: object) -> str:
     return pool_cls if isinstance(pool_cls, str) else f"{getattr(pool_cls, '__module__', '')}"
 
 
-def _enqueue_generate(job_id: str) -> None:
-    app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
+@signals.celeryd_after_setup.connect
+def use_model_queue(sender, instance, **_) -> None:
+    queues = instance.app.amqp.queues
+    if GENERATE_QUEUE_ALIAS in queues.consume_from:
+        queues.deselect([GENERATE_QUEUE_ALIAS])
+        queues.select_add(generate_queue)
 
 
 @signals.worker_init.connect
@@ -56,12 +66,13 @@ def start(sender) -> None:
         raise ImproperlyConfigured(
             f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
             "its one engine to batch. Drop -P/--pool, or pass --pool threads.")
-    runs_engine = GENERATE_QUEUE in sender.app.amqp.queues.consume_from
+    runs_engine = generate_queue in sender.app.amqp.queues.consume_from
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
         runtime.load_engine()
+        start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
-    _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval,
+    _sweeper = LapsedLeaseSweeper(runtime.job_store, send_generate, settings.lease_sweep_interval,
                                   unsent_grace=runtime.lease_seconds).start()
 
 
@@ -69,7 +80,8 @@ def start(sender) -> None:
 def on_worker_ready(**_) -> None:
     runtime = current_runtime()
     if runtime is not None:
-        engine = f"model {settings.model}, max_num_seqs {settings.max_num_seqs}" if runtime.runs_engine else "no engine"
+        engine = (f"model {settings.model}, queue {generate_queue}, max_num_seqs {settings.max_num_seqs}"
+                  if runtime.runs_engine else "no engine")
         log.info("stepwise worker %s ready (%s, %d task threads, metrics port %s)", runtime.worker_id, engine,
                  settings.concurrency, settings.metrics_port or "off")
 
@@ -85,6 +97,7 @@ def on_worker_shutting_down(how: str = "Warm", **_) -> None:
 def on_worker_shutdown(**_) -> None:
     if _sweeper is not None:
         _sweeper.stop()
+    stop_heartbeat()
     runtime = current_runtime()
     if runtime is not None:
         runtime.close()

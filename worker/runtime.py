@@ -39,7 +39,7 @@ class WorkerRuntime:
         self.settings = settings
         self.runs_engine = runs_engine  # False in a worker that only delivers webhooks
         self.worker_id = worker_id or new_worker_id()
-        self.job_store = JobStore(settings.storage.redis_url, job_ttl_seconds=settings.storage.job_ttl_seconds)
+        self.job_store = JobStore.from_settings(settings.storage)
         self._image_store: ImageStore | None = None
         self._engine: DiffusionEngine | None = None
         self._build_lock = threading.Lock()  # guards building the engine and the image store
@@ -82,7 +82,7 @@ class WorkerRuntime:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def submit(self, job_id: str, params: GenerationParams) -> ActiveJob | None:
+    def submit(self, job_id: str, params: GenerationParams, priority: str = "normal") -> ActiveJob | None:
         """Hand the job to the engine, or return None while admission is stopped."""
         engine = self.engine
         with self._lock:
@@ -90,7 +90,8 @@ class WorkerRuntime:
                 return None
             active = ActiveJob(job_id, total=params.num_inference_steps * params.num_images)
             try:
-                active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress)
+                active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress,
+                                              priority=priority)
             except EngineShutdownError:
                 return None
             self._active[job_id] = active

@@ -9,12 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from storage.queues import generate_queue
 from storage.settings import StorageSettings, env_bool, env_float, env_int
-
-GENERATE_QUEUE = "stepwise.generate"
-WEBHOOK_QUEUE = "stepwise.webhooks"
-GENERATE_TASK = "stepwise.generate"
-DELIVER_WEBHOOK_TASK = "stepwise.deliver_webhook"
 
 
 def default_concurrency(max_num_seqs: int) -> int:
@@ -42,6 +38,11 @@ class WorkerSettings:
     webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
     webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
     redis_retry_seconds: float = 60.0  # STEPWISE_REDIS_RETRY_SECONDS: how long a task thread retries its record I/O
+
+    @property
+    def queue(self) -> str:
+        """The generate queue of the model this worker serves."""
+        return generate_queue(self.model)
 
     @classmethod
     def from_env(cls) -> WorkerSettings:

@@ -26,8 +26,9 @@ from worker.active_job import ActiveJob, StopReason
 from worker.app import app
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
+from storage.queues import GENERATE_TASK
+from worker.queueing import send_generate
 from worker.runtime import WorkerRuntime, get_runtime
-from worker.settings import GENERATE_QUEUE, GENERATE_TASK
 from worker.uploads import upload_images
 from worker.webhooks import emit_event
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 STORAGE_RETRY_SECONDS = 5
 
 
-@app.task(name=GENERATE_TASK, bind=True, queue=GENERATE_QUEUE, max_retries=None)
+@app.task(name=GENERATE_TASK, bind=True, max_retries=None)
 def generate(self, job_id: str) -> str:
     """Returns the job's outcome for this delivery (for logs and Flower)."""
     try:
@@ -63,7 +64,7 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         log.info("job %s: already %s; nothing to do", job_id, record.state.value)
         return f"already {record.state.value}"
     if not runtime.is_admitting:  # drained or shutting down: leave the job to another worker, untouched
-        app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
+        send_generate(record)
         return "passed on"
     taken = patiently(runtime, store.take, job_id, runtime.worker_id, runtime.lease_seconds)
     if taken is None:
@@ -92,11 +93,11 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
     except InvalidParamsError as e:
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
     try:
-        active = runtime.submit(job_id, params)
+        active = runtime.submit(job_id, params, priority=record.priority)
     except InvalidParamsError as e:  # for example a model this worker does not serve
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
     if active is None:
-        return requeue(runtime, job_id, "admission is stopped")
+        return requeue(runtime, record, "admission is stopped")
     return run_in_engine(runtime, record, active)
 
 
@@ -107,14 +108,14 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         result = watch.wait()
     except JobCanceledError:
         if active.stop_reason is StopReason.REQUEUE:
-            return requeue(runtime, job_id, "admission stopped before it finished")
+            return requeue(runtime, record, "admission stopped before it finished")
         if active.stop_reason is StopReason.LEASE_LOST:
             metrics.JOBS.labels("lease_lost").inc()
             return "lease lost"
         return end_job(runtime, record, JobState.CANCELED, progress_step=active.step, progress_total=active.total,
                        error_code="canceled", error_message=f"canceled at step {active.step}/{active.total}")
     except EngineShutdownError:
-        return requeue(runtime, job_id, "the engine shut down")
+        return requeue(runtime, record, "the engine shut down")
     except Exception as e:  # one job's failure must not take the worker down
         log.exception("job %s: engine error", job_id)
         return end_job(runtime, record, JobState.FAILED, error_code="engine_error",
@@ -175,9 +176,10 @@ def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields
     return state.value
 
 
-def requeue(runtime: WorkerRuntime, job_id: str, why: str) -> str:
-    """Put a job this worker holds back in the queue for any worker."""
+def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
+    """Put a job this worker holds back in its queue, at its priority, for any worker."""
     store = runtime.job_store
+    job_id = record.job_id
     if not patiently(runtime, store.release, job_id, runtime.worker_id):
         record = patiently(runtime, store.get, job_id)
         if record is not None and record.state is JobState.CANCELED:  # a cancel request won over the re-queue
@@ -186,7 +188,7 @@ def requeue(runtime: WorkerRuntime, job_id: str, why: str) -> str:
             return "canceled"
         log.info("job %s: not re-queued (%s): another worker holds it", job_id, why)
         return "not requeued"
-    app.send_task(GENERATE_TASK, args=[job_id], queue=GENERATE_QUEUE)
+    send_generate(record)
     log.info("job %s: re-queued (%s)", job_id, why)
     metrics.JOBS.labels("requeued").inc()
     return "requeued"

@@ -19,11 +19,11 @@ from typing import Any
 import requests
 
 from storage.job_record import JobRecord
+from storage.queues import WEBHOOK_QUEUE, WEBHOOK_TASK
 from storage.url_policy import WebhookURLError, check_webhook_url
 from storage.webhooks import build_payload, secret_from_env, signed_headers
 from worker.app import app, settings
 from worker.runtime import get_runtime
-from worker.settings import DELIVER_WEBHOOK_TASK, WEBHOOK_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def emit_event(record: JobRecord, event: str) -> str | None:
     webhook_id = f"msg_{uuid.uuid4().hex}"
     try:
         payload = build_payload(record, event)
-        app.send_task(DELIVER_WEBHOOK_TASK, args=[record.job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)
+        app.send_task(WEBHOOK_TASK, args=[record.job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)
     except Exception:
         log.exception("job %s: could not queue the %s webhook", record.job_id, event)
         return None
@@ -74,7 +74,7 @@ def backoff_seconds(attempt: int) -> float:
     return min(settings.webhook_backoff * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS, settings.visibility_timeout / 2)
 
 
-@app.task(name=DELIVER_WEBHOOK_TASK, bind=True, queue=WEBHOOK_QUEUE, max_retries=None)
+@app.task(name=WEBHOOK_TASK, bind=True, queue=WEBHOOK_QUEUE, max_retries=None)
 def deliver_webhook(self, job_id: str, event: str, webhook_id: str, payload: dict[str, Any]) -> str:
     attempt = self.request.retries + 1
     store = get_runtime().job_store

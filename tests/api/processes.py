@@ -70,6 +70,9 @@ class ApiProcess(ChildProcess):
             "STEPWISE_REDIS_URL": redis_url, "STEPWISE_STORAGE_URL": storage_url,
             "STEPWISE_API_KEYS": api_keys_setting(), "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
             "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET, "STEPWISE_VAR_DIR": str(tmp_dir / "var"),
+            # Most API tests run without a worker: jobs for builtin:tiny queue as they would for an
+            # autoscaled fleet. tests/api/test_fleet.py runs with the default (refuse unserved models).
+            "STEPWISE_ACCEPT_UNSERVED_MODELS": "true",
         }
         env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -15,6 +15,7 @@ import pytest
 from celery import Celery
 from PIL import Image
 
+from storage.queues import generate_queue
 from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.api.webhook_receiver import Delivery, WebhookReceiver
@@ -41,11 +42,11 @@ def receiver():
 def generation_paused(worker: WorkerProcess, redis_url: str):
     """The worker stops taking generation jobs (Celery's cancel_consumer) inside the block."""
     control = Celery(broker=redis_url, set_as_current=False).control
-    control.cancel_consumer("stepwise.generate", destination=[worker.hostname], reply=True, timeout=10)
+    control.cancel_consumer(generate_queue("builtin:tiny"), destination=[worker.hostname], reply=True, timeout=10)
     try:
         yield
     finally:
-        control.add_consumer("stepwise.generate", destination=[worker.hostname], reply=True, timeout=10)
+        control.add_consumer(generate_queue("builtin:tiny"), destination=[worker.hostname], reply=True, timeout=10)
 
 
 def verify_signature(delivery: Delivery) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.params import CompatibilityKey, GenerationParams
+from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
 from batching.plan import NewJob, RunnerOutput, SchedulerPlan
 from batching.scheduler import Scheduler, SchedulerConfig
 
@@ -220,6 +220,34 @@ def _iterations_in_which_b_was_overtaken(plans: list[SchedulerPlan]) -> list[int
     return overtaken
 
 
+def test_a_high_priority_job_is_admitted_before_normal_ones_that_arrived_earlier():
+    scheduler, runner = make_scheduler(make_job("running", steps=2), max_num_seqs=1), FakeRunner()
+    run_iteration(scheduler, runner)
+    for name in ("normal-1", "normal-2"):
+        scheduler.add(make_job(name, steps=1))
+    scheduler.add(make_job("high", steps=1), priority="high")
+    scheduler.add(make_job("low", steps=1), priority="low")
+
+    order = []
+    while scheduler.has_unfinished():
+        order += admitted_ids(run_iteration(scheduler, runner)[0])
+
+    assert order == ["high", "normal-1", "normal-2", "low"]
+
+
+def test_a_low_priority_job_passed_over_by_a_stream_of_high_ones_is_admitted_at_the_bound():
+    scheduler, runner = make_scheduler(max_num_seqs=1, max_wait_iterations=3), FakeRunner()
+    scheduler.add(make_job("low", steps=1), priority="low")
+    admitted_at = {}
+    for iteration in range(20):
+        scheduler.add(make_job(f"high-{iteration}", steps=1), priority="high")
+        for job_id in admitted_ids(run_iteration(scheduler, runner)[0]):
+            admitted_at[job_id] = iteration
+
+    assert admitted_at["low"] == 3, "overtaken in 3 iterations (the bound), then admitted next"
+    assert scheduler.progress("low") is None
+
+
 def test_without_a_starvation_bound_a_stream_of_compatible_jobs_passes_over_a_job_forever():
     scheduler, runner = make_scheduler(max_num_seqs=2, max_num_groups=1, max_wait_iterations=10**9), FakeRunner()
 
@@ -360,7 +388,8 @@ def test_random_arrivals_aborts_and_failures_keep_every_guarantee(seed, policy, 
     for iteration in range(400):
         if iteration < 60 and rng.random() < 0.6:
             arrival = len(num_overtaken_by_arrival)
-            scheduler.add(make_job(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)))
+            scheduler.add(make_job(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)),
+                          priority=rng.choice(PRIORITIES))
             waiting_arrivals.append(arrival)
             num_overtaken_by_arrival[arrival] = 0
         if rng.random() < 0.05 and num_overtaken_by_arrival:

@@ -117,7 +117,7 @@ def test_a_queued_job_can_be_expired_without_a_worker(store):
 
     assert store.finish(record.job_id, JobState.EXPIRED, error_code="deadline_exceeded")
     assert store.get(record.job_id).state is JobState.EXPIRED
-    assert store.queue_position(record.job_id) is None
+    assert store.queue_position(record) is None
 
 
 def test_canceling_a_queued_job_cancels_it_at_once(store):
@@ -166,7 +166,7 @@ def test_a_lapsed_lease_is_found_and_released_back_to_the_queue(store, clock):
     assert released.state is JobState.QUEUED
     assert released.worker_id is None and released.lease_expires_at is None
     assert released.attempts == 1
-    assert store.queue_position(record.job_id) == 0
+    assert store.queue_position(record) == 0
     assert store.lapsed_job_ids(clock.now + 1000) == []
     assert store.take(record.job_id, "w2", 30).attempts == 2
 

@@ -20,6 +20,7 @@ from celery import Celery
 from batching.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
+from storage.queues import BROKER_PRIORITY, GENERATE_TASK, WEBHOOK_QUEUE, broker_queue_keys, generate_queue
 from tests.servers import RedisServer, child_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,8 +159,10 @@ class Cluster:
         return record
 
     def enqueue(self, job_id: str, *, task_id: str | None = None) -> None:
-        """Send the job's message, and say so, as the API does."""
-        self.celery.send_task("stepwise.generate", args=[job_id], queue="stepwise.generate", task_id=task_id)
+        """Send the job's message to its queue at its priority, and say so, as the API does."""
+        record = self.store.get(job_id)
+        self.celery.send_task(GENERATE_TASK, args=[job_id], queue=record.queue, task_id=task_id,
+                              priority=BROKER_PRIORITY[record.priority])
         self.store.mark_sent(job_id)
 
     def submit(self, params: dict[str, Any] | None = None, **fields: Any) -> str:
@@ -188,20 +191,21 @@ class Cluster:
             return "no record"
         return f"{record.state.value}, step {record.progress_step}/{record.progress_total}, attempts {record.attempts}"
 
-    def broker_is_idle(self) -> bool:
+    def broker_is_idle(self, models: tuple[str, ...] = ("builtin:tiny",)) -> bool:
         """No message waits in a stepwise queue and none is delivered but unacknowledged."""
         with redis.Redis.from_url(self.redis.url) as client:
-            return (client.llen("stepwise.generate") == 0 and client.llen("stepwise.webhooks") == 0
-                    and client.hlen("unacked") == 0)
+            return (all(self.queue_length(generate_queue(model)) == 0 for model in models)
+                    and self.queue_length(WEBHOOK_QUEUE) == 0 and client.hlen("unacked") == 0)
 
     def num_unacked(self) -> int:
         """Messages delivered to some worker and not acknowledged (kombu's `unacked` hash)."""
         with redis.Redis.from_url(self.redis.url) as client:
             return client.hlen("unacked")
 
-    def queue_length(self, queue: str = "stepwise.generate") -> int:
+    def queue_length(self, queue: str = generate_queue("builtin:tiny")) -> int:
+        """Messages waiting in `queue`, over its priority lists."""
         with redis.Redis.from_url(self.redis.url) as client:
-            return client.llen(queue)
+            return sum(client.llen(key) for key in broker_queue_keys(queue))
 
     # -- Celery's tools -----------------------------------------------------------------------
 

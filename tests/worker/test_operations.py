@@ -7,6 +7,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from storage.job_record import JobState
+from storage.queues import generate_queue
 from tests.worker.cluster import long_params, small_params
 
 
@@ -26,7 +27,7 @@ def test_drain_stops_admission_while_in_flight_jobs_finish_and_resume_restarts_i
         assert s3_cluster.store.get(held_id).state is JobState.QUEUED
         assert s3_cluster.queue_length() == 1
         assert stats["is_admitting"] is False and stats["is_admission_paused"] is True
-        assert "stepwise.generate" not in queue_names and "stepwise.webhooks" in queue_names
+        assert generate_queue("builtin:tiny") not in queue_names and "stepwise.webhooks" in queue_names
     finally:
         resumed = s3_cluster.celery_cli("control", "resume", "-d", main_worker.name, "-t", "10")
     assert resumed.returncode == 0 and "admitting" in resumed.stdout, resumed.stdout + resumed.stderr

@@ -1,0 +1,88 @@
+"""What the API knows of the workers: the served models (from their heartbeats), cached briefly.
+
+Submits check each job against it: a model no worker served within STEPWISE_MODEL_RETENTION is
+refused (unless STEPWISE_ACCEPT_UNSERVED_MODELS), and so is a field the model's family does not
+support. A queued job's view gets its ETA inputs from it. The list is read from Redis at most once
+per `ttl` per process (and once more when a job names a model the cached list lacks, so a worker
+that just started is seen at once), which keeps the submit path at one Redis round trip.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from api.errors import invalid
+from api.settings import ApiSettings
+from batching.params import PRIORITIES, GenerationParams
+from storage.heartbeats import ModelStatus
+from storage.job_record import JobRecord
+from storage.job_store import JobStore
+
+CACHE_SECONDS = 1.0
+MIN_REFRESH_SECONDS = 0.2  # an unknown model forces a refresh at most this often
+
+
+class Fleet:
+    def __init__(self, store: JobStore, settings: ApiSettings, ttl: float = CACHE_SECONDS) -> None:
+        self.store = store
+        self.settings = settings
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._models: dict[str, ModelStatus] = {}
+        self._read_at = float("-inf")
+
+    def models(self, *, max_age: float | None = None) -> dict[str, ModelStatus]:
+        max_age = self.ttl if max_age is None else max_age
+        with self._lock:
+            if time.monotonic() - self._read_at > max_age:
+                self._models = {status.model: status for status in self.store.models()}
+                self._read_at = time.monotonic()
+            return self._models
+
+    def status(self, model: str) -> ModelStatus | None:
+        status = self.models().get(model)
+        if status is None:
+            status = self.models(max_age=MIN_REFRESH_SECONDS).get(model)
+        return status
+
+    def check_job(self, params: GenerationParams, field_prefix: str = "") -> None:
+        """Raise a 422 naming the field when no worker serves the job's model or its family lacks a feature."""
+        status = self.status(params.model)
+        if status is None:
+            if self.settings.accept_unserved_models:
+                return
+            served = ", ".join(sorted(self.models())) or "none"
+            raise invalid(f"{field_prefix}model",
+                          f"{field_prefix}model {params.model!r} is not served by any worker seen in the last "
+                          f"{self.store_retention():.0f}s; served models: {served}")
+        limits = status.limits
+        if params.lora is not None and not limits.get("supports_lora", True):
+            raise invalid(f"{field_prefix}lora", f"{field_prefix}lora: the {status.family} family served for "
+                                                 f"{params.model!r} does not support LoRA adapters")
+        if "num_frames" in limits and params.num_frames not in limits["num_frames"]:
+            raise invalid(f"{field_prefix}num_frames", f"{field_prefix}num_frames must be one of "
+                                                       f"{limits['num_frames']} for {params.model!r}")
+        if "samplers" in limits and params.sampler not in limits["samplers"]:
+            raise invalid(f"{field_prefix}sampler", f"{field_prefix}sampler must be one of "
+                                                    f"{', '.join(limits['samplers'])} for {params.model!r}")
+
+    def store_retention(self) -> float:
+        return self.settings.storage.model_retention
+
+    def queue_info(self, record: JobRecord, position: int | None) -> dict[str, Any] | None:
+        """ETA inputs of a queued job: jobs ahead of it (approximate), live workers, their throughput."""
+        if position is None:
+            return None
+        status = self.models().get(record.params.get("model", ""))
+        rank = PRIORITIES.index(record.priority) if record.priority in PRIORITIES else 1
+        ahead = position
+        images_per_second, workers = 0.0, 0
+        if status is not None:
+            ahead += sum(status.queued_by_priority.get(higher, 0) for higher in PRIORITIES[:rank])
+            images_per_second = float(status.engine.get("images_per_second") or 0.0)
+            workers = status.workers
+        eta = (ahead + 1) / images_per_second if images_per_second > 0 and workers else None
+        return {"jobs_ahead": ahead, "workers": workers, "images_per_second": round(images_per_second, 4),
+                "eta_seconds": None if eta is None else round(eta, 1)}

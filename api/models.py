@@ -1,0 +1,40 @@
+"""GET /v1/models: the models the workers serve, from their heartbeats (storage.heartbeats).
+
+Any tenant may read it: it names models, families, counts and engine statistics, never a job
+id or a prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, current_app
+
+from api.auth import require_tenant
+from api.views import iso_time
+from storage.heartbeats import ModelStatus
+
+bp = Blueprint("models", __name__, url_prefix="/v1/models")
+bp.before_request(require_tenant)
+
+
+def model_view(status: ModelStatus) -> dict[str, Any]:
+    return {
+        "model": status.model,
+        "family": status.family,
+        "available": status.available,
+        "workers": status.workers,
+        "capacity": status.capacity,
+        "queue_depth": status.queue_depth,
+        "queued_by_priority": status.queued_by_priority,
+        "last_seen": iso_time(status.last_seen),
+        "defaults": status.defaults,
+        "limits": status.limits,
+        "engine": status.engine,
+    }
+
+
+@bp.get("")
+def list_models():
+    statuses = current_app.extensions["stepwise.store"].models()  # fresh: this is what operators watch
+    return {"models": [model_view(status) for status in statuses]}

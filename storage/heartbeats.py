@@ -1,0 +1,136 @@
+"""Worker heartbeats in Redis, and the fleet they describe (GET /v1/models, /readyz).
+
+Every engine worker writes its heartbeat, a small JSON object, into one hash (`{ns}:workers`,
+field = worker id) every few seconds: its model, the model's family, capacity, the family's
+defaults and limits, and a snapshot of its engine's statistics. Readers group the heartbeats
+by model:
+
+- a worker is *live* while its last heartbeat is younger than `worker_timeout` and it admits jobs
+  (not draining, not shutting down); a model is *available* while it has a live worker;
+- a model stays listed (unavailable) for `retention` seconds after its last heartbeat, so jobs
+  for a model whose worker is restarting are still accepted; then its heartbeats are dropped.
+
+Nothing here holds job ids or prompts: the hash is safe to show every tenant.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+# The engine statistics a heartbeat carries (the rest of engine.stats() stays in the worker).
+ENGINE_FIELDS = ("num_running", "num_waiting", "jobs_per_forward", "steps_per_second", "images_per_second",
+                 "running_by_key", "waiting_by_key")
+_SUMMED_NUMBERS = ("num_running", "num_waiting", "steps_per_second", "images_per_second")
+_SUMMED_COUNTERS = ("jobs_per_forward", "running_by_key", "waiting_by_key")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    worker_id: str
+    model: str
+    queue: str
+    family: str
+    capacity: int  # the engine's max_num_seqs
+    seen_at: float  # unix seconds
+    is_admitting: bool = True  # False while drained or shutting down: it takes no new job
+    defaults: dict[str, Any] = field(default_factory=dict)  # the family's defaults for omitted fields
+    limits: dict[str, Any] = field(default_factory=dict)  # what the family accepts (sizes, samplers, lora...)
+    engine: dict[str, Any] = field(default_factory=dict)  # ENGINE_FIELDS of engine.stats()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Heartbeat | None:
+        try:
+            data = json.loads(text)
+            return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+        except (ValueError, TypeError):
+            return None  # a malformed or foreign entry is ignored, never fatal
+
+
+def engine_snapshot(stats: dict[str, Any]) -> dict[str, Any]:
+    return {name: stats[name] for name in ENGINE_FIELDS if name in stats}
+
+
+@dataclass
+class ModelStatus:
+    """One served model, as GET /v1/models shows it."""
+
+    model: str
+    queue: str
+    family: str
+    available: bool
+    workers: int  # live workers
+    capacity: int  # summed over live workers
+    last_seen: float  # newest heartbeat of any of its workers
+    defaults: dict[str, Any]
+    limits: dict[str, Any]
+    engine: dict[str, Any]  # summed over live workers
+    queued_by_priority: dict[str, int] = field(default_factory=dict)  # jobs queued for it, per priority (filled in by JobStore.models)
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(self.queued_by_priority.values())
+
+
+def summed_engine_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {name: 0 for name in _SUMMED_NUMBERS}
+    for name in _SUMMED_COUNTERS:
+        counter: Counter = Counter()
+        for snapshot in snapshots:
+            counter.update(snapshot.get(name) or {})
+        total[name] = dict(sorted(counter.items()))
+    for snapshot in snapshots:
+        for name in _SUMMED_NUMBERS:
+            total[name] += snapshot.get(name) or 0
+    return total
+
+
+class HeartbeatStore:
+    def __init__(self, client: redis.Redis, key: str, *, worker_timeout: float, retention: float) -> None:
+        self._redis = client
+        self.key = key
+        self.worker_timeout = worker_timeout
+        self.retention = retention
+
+    def beat(self, heartbeat: Heartbeat) -> None:
+        self._redis.hset(self.key, heartbeat.worker_id, heartbeat.to_json())
+
+    def heartbeats(self, now: float) -> list[Heartbeat]:
+        """Heartbeats younger than the retention; older ones are deleted on the way."""
+        beats, expired = [], []
+        for worker_id, text in self._redis.hgetall(self.key).items():
+            beat = Heartbeat.from_json(text)
+            if beat is None or now - beat.seen_at > self.retention:
+                expired.append(worker_id)
+            else:
+                beats.append(beat)
+        if expired:
+            self._redis.hdel(self.key, *expired)
+        return beats
+
+    def is_live(self, beat: Heartbeat, now: float) -> bool:
+        return beat.is_admitting and now - beat.seen_at <= self.worker_timeout
+
+    def models(self, now: float) -> list[ModelStatus]:
+        """One entry per model with a heartbeat within the retention, sorted by name."""
+        by_model: dict[str, list[Heartbeat]] = {}
+        for beat in self.heartbeats(now):
+            by_model.setdefault(beat.model, []).append(beat)
+        statuses = []
+        for model, beats in sorted(by_model.items()):
+            live = [beat for beat in beats if self.is_live(beat, now)]
+            newest = max(beats, key=lambda beat: beat.seen_at)
+            statuses.append(ModelStatus(
+                model=model, queue=newest.queue, family=newest.family, available=bool(live), workers=len(live),
+                capacity=sum(beat.capacity for beat in live), last_seen=newest.seen_at,
+                defaults=newest.defaults, limits=newest.limits,
+                engine=summed_engine_stats([beat.engine for beat in live]),
+            ))
+        return statuses

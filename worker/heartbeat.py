@@ -1,0 +1,108 @@
+"""The worker's heartbeat: who serves which model, with what capacity, how busy (storage.heartbeats).
+
+A thread writes one heartbeat every STEPWISE_HEARTBEAT_INTERVAL seconds from worker start to
+shutdown; the last one, at shutdown, says the worker admits nothing more, so its model shows
+unavailable at once instead of after STEPWISE_WORKER_TIMEOUT. A failed write is logged and retried
+at the next beat: the heartbeat never stops the worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from batching.params import MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS, SAMPLERS, SIZE_MULTIPLE, GenerationParams
+from storage.errors import StorageError
+from storage.heartbeats import Heartbeat, engine_snapshot
+from worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FIELDS = ("height", "width", "num_inference_steps", "guidance_scale", "sampler")
+
+
+def engine_family(runtime: WorkerRuntime) -> str:
+    """The model family the engine serves. Until the engine reports it (DiffusionEngine.family), every
+    model the engine loads is a Stable Diffusion one."""
+    return "sd"
+
+
+def family_defaults(family: str) -> dict:
+    """What an omitted field becomes (GenerationParams' defaults until the family table lands)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(GenerationParams)}
+    return {name: defaults[name] for name in DEFAULT_FIELDS}
+
+
+def family_limits(family: str) -> dict:
+    """What the served family accepts; the API refuses a job outside it naming the field."""
+    return {"max_size": MAX_SIZE, "max_pixels": MAX_PIXELS, "size_multiple": SIZE_MULTIPLE, "max_steps": MAX_STEPS,
+            "max_num_images": MAX_NUM_IMAGES, "samplers": list(SAMPLERS), "num_frames": [1], "supports_lora": False}
+
+
+def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
+    settings = runtime.settings
+    family = engine_family(runtime)
+    return Heartbeat(
+        worker_id=runtime.worker_id, model=settings.model, queue=settings.queue, family=family,
+        capacity=settings.max_num_seqs, seen_at=time.time(),
+        is_admitting=runtime.is_admitting and not runtime.is_shutting_down,
+        defaults=family_defaults(family), limits=family_limits(family),
+        engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
+    )
+
+
+class HeartbeatThread:
+    def __init__(self, runtime: WorkerRuntime, interval: float) -> None:
+        self.runtime = runtime
+        self.interval = interval
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stepwise-heartbeat", daemon=True)
+
+    def start(self) -> HeartbeatThread:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        try:
+            self.runtime.job_store.beat(current_heartbeat(self.runtime))
+        except StorageError as e:
+            log.warning("heartbeat not written (%s); trying again in %.0fs", e, self.interval)
+
+    def wake(self) -> None:
+        """Beat now (admission changed)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if not self._stopped.is_set():
+                self.beat()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self.beat()  # the last one: the runtime admits nothing any more
+
+
+_thread: HeartbeatThread | None = None
+
+
+def start_heartbeat(runtime: WorkerRuntime, interval: float) -> None:
+    global _thread
+    _thread = HeartbeatThread(runtime, interval).start()
+
+
+def beat_now() -> None:
+    if _thread is not None:
+        _thread.wake()
+
+
+def stop_heartbeat() -> None:
+    if _thread is not None:
+        _thread.stop()
