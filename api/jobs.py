@@ -12,7 +12,7 @@ from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
 from api.schemas import BatchRequest, ImageQuery, ListQuery
-from api.submission import check_idempotency_key, create_jobs, validate_job
+from api.submission import check_idempotency_key, create_jobs, queue_full, validate_job
 from api.views import job_url, job_view
 from storage.errors import ImageNotFoundError, InvalidCursorError, InvalidTransitionError
 from storage.job_store import JobRecord, JobState
@@ -87,6 +87,9 @@ def submit_batch():
     items = batch.jobs
     if len(items) > settings.max_batch_jobs:
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
+    num_queued = store.queue_depth()
+    if num_queued >= settings.max_queue_depth:  # full already: refuse the whole batch (items that fill it get 429)
+        raise queue_full(settings, num_queued)
     results: list[dict | None] = [None] * len(items)
     valid = []  # (index, job, item idempotency key)
     for index, item in enumerate(items):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from batching.params import DEFAULT_MODEL
 from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from storage.queues import DEFAULT_PRIORITY, generate_queue
@@ -34,7 +35,7 @@ class NewJobSpec:
         return JobRecord(
             job_id=job_id, tenant=self.tenant, state=JobState.QUEUED, params=self.params, created_at=now,
             deadline=self.deadline, webhook_url=self.webhook_url, webhook_events=list(self.webhook_events),
-            idempotency_key=self.idempotency_key, queue=generate_queue(self.params["model"]),
+            idempotency_key=self.idempotency_key, queue=generate_queue(self.params.get("model", DEFAULT_MODEL)),
             priority=self.priority,
         )
 

@@ -1,9 +1,8 @@
 """Worker process start and stop, hooked to Celery's worker signals.
 
-- `celeryd_after_setup`: `-Q stepwise.generate` (the name before per-model queues, still what
-  operators type) becomes this worker's model queue.
 - `worker_init` (once, in the worker's main process, before it consumes anything): check the
-  pool, load the model into this process's engine, start the metrics exporter, the heartbeat
+  pool; make `-Q stepwise.generate` (the name before per-model queues, still what operators
+  type) mean this worker's model queue; load the model into this process's engine, start the metrics exporter, the heartbeat
   and the lapsed lease sweeper. A worker that consumes only the webhook queue loads no model
   and sends no heartbeat.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
@@ -39,9 +38,7 @@ def _pool_name(pool_cls: object) -> str:
     return pool_cls if isinstance(pool_cls, str) else f"{getattr(pool_cls, '__module__', '')}"
 
 
-@signals.celeryd_after_setup.connect
-def use_model_queue(sender, instance, **_) -> None:
-    queues = instance.app.amqp.queues
+def use_model_queue(queues) -> None:
     if GENERATE_QUEUE_ALIAS in queues.consume_from:
         queues.deselect([GENERATE_QUEUE_ALIAS])
         queues.select_add(generate_queue)
@@ -66,6 +63,7 @@ def start(sender) -> None:
         raise ImproperlyConfigured(
             f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
             "its one engine to batch. Drop -P/--pool, or pass --pool threads.")
+    use_model_queue(sender.app.amqp.queues)
     runs_engine = generate_queue in sender.app.amqp.queues.consume_from
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:

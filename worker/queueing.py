@@ -6,13 +6,14 @@ The message goes to the job's own queue at the job's own priority, both read fro
 
 from __future__ import annotations
 
+from batching.params import DEFAULT_MODEL
 from storage.job_record import JobRecord
 from storage.queues import BROKER_PRIORITY, GENERATE_TASK, generate_queue
 from worker.app import app
 
 
 def job_queue(record: JobRecord) -> str:
-    return record.queue or generate_queue(record.params["model"])
+    return record.queue or generate_queue(record.params.get("model", DEFAULT_MODEL))
 
 
 def send_generate(record: JobRecord) -> None:

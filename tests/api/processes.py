@@ -104,12 +104,13 @@ class WorkerProcess(ChildProcess):
 
     def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, *,
                  queues: str = "stepwise.generate,stepwise.webhooks", **env_overrides: str) -> None:
-        env = child_env(
+        defaults = dict(
             STEPWISE_REDIS_URL=redis_url, STEPWISE_STORAGE_URL=storage_url, STEPWISE_MODEL="builtin:tiny",
             STEPWISE_DEVICE="cpu", STEPWISE_MAX_NUM_SEQS="4", STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
             STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_BACKOFF="0.2",
-            STEPWISE_WORKER_METRICS_PORT="0", **env_overrides,
+            STEPWISE_WORKER_METRICS_PORT="0",
         )
+        env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         self.hostname = f"api-test-{free_port()}@{socket.gethostname()}"
         argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues,
                 "--pool", "threads", "--loglevel", "INFO", "--hostname", self.hostname]
@@ -117,6 +118,14 @@ class WorkerProcess(ChildProcess):
 
     def start(self, timeout: float = 120.0) -> WorkerProcess:
         super().start()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> WorkerProcess:
+        """Start the process without waiting (start several, then `wait_ready` each)."""
+        super().start()
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> WorkerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.assert_running()

@@ -9,14 +9,16 @@ from tests.api.calls import submit
 ROUTES = {
     ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/batch", "post"), ("/v1/jobs/{job_id}", "get"),
     ("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/image", "get"), ("/healthz", "get"),
-    ("/readyz", "get"), ("/metrics", "get"), ("/openapi.json", "get"),
+    ("/readyz", "get"), ("/metrics", "get"), ("/openapi.json", "get"), ("/v1/models", "get"),
 }
 
 
-def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up(api, http):
+def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_warns_that_no_worker_runs(api, http):
     assert http.get(f"{api.url}/healthz", timeout=10).json() == {"status": "ok"}
-    assert http.get(f"{api.url}/readyz", timeout=10).json() == {"status": "ok",
-                                                               "checks": {"redis": True, "storage": True}}
+    ready = http.get(f"{api.url}/readyz", timeout=10).json()
+    assert ready["status"] == "ok" and ready["checks"] == {"redis": True, "storage": True}
+    assert ready["workers"] == {"seen_recently": False, "num_workers": 0, "available_models": [], "last_seen": None}
+    assert len(ready["warnings"]) == 1 and "no worker has been seen" in ready["warnings"][0]
 
 
 def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):

@@ -213,19 +213,23 @@ def test_terminal_records_expire_and_live_ones_do_not(store, client):
     assert 3590 < client.ttl(f"stepwise:job:{done.job_id}") <= 3600
 
 
-def test_queue_position_counts_from_the_oldest_queued_job(store, clock):
-    job_ids = []
+def test_queue_position_counts_from_the_oldest_queued_job_of_the_same_model_and_priority(store, clock):
+    records = []
     for _ in range(3):
-        job_ids.append(make_job(store).job_id)
+        records.append(make_job(store))
         clock.advance(1)
-    assert [store.queue_position(job_id) for job_id in job_ids] == [0, 1, 2]
-    assert store.queue_depth() == 3
+    other_model, _ = store.create(tenant="t", params={"prompt": "x", "model": "builtin:small"})
+    high, _ = store.create(tenant="t", params={"prompt": "x"}, priority="high")
+    assert [store.queue_position(record) for record in records] == [0, 1, 2]
+    assert store.queue_position(other_model) == 0 and store.queue_position(high) == 0
+    assert store.queue_depth() == 5
+    assert store.queued_by_priority(records[0].queue) == {"high": 1, "normal": 3, "low": 0}
 
-    store.take(job_ids[0], "w1", 30)
-    store.request_cancel(job_ids[1])
+    store.take(records[0].job_id, "w1", 30)
+    store.request_cancel(records[1].job_id)
 
-    assert [store.queue_position(job_id) for job_id in job_ids] == [None, None, 0]
-    assert store.queue_depth() == 1
+    assert [store.queue_position(record) for record in records] == [None, None, 0]
+    assert store.queued_by_priority(records[0].queue) == {"high": 1, "normal": 1, "low": 0}
 
 
 def test_counts_by_state_follow_every_transition(store):

@@ -1,0 +1,125 @@
+"""A fleet on one Redis: two real workers serving two built-in models, behind a real `stepwise api`
+with its default of refusing jobs for models no worker serves; then priorities on one busy worker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.api.calls import auth, get_job, submit, wait_for
+from tests.api.processes import ApiProcess, WorkerProcess
+
+JOB_TIMEOUT = 240.0
+
+
+def cheap(model: str, **fields) -> dict:
+    return {"prompt": "a red fox", "model": model, "height": 64, "width": 64, "num_inference_steps": 4,
+            "guidance_scale": 1.0, "seed": 3, **fields}
+
+
+def models_by_name(http, api) -> dict[str, dict]:
+    response = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10)
+    assert response.status_code == 200, response.text
+    return {entry["model"]: entry for entry in response.json()["models"]}
+
+
+def poll(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet_api(module_redis, storage_url, tmp_path_factory):
+    server = ApiProcess(tmp_path_factory.mktemp("fleet-api"), module_redis.url, storage_url,
+                        STEPWISE_ACCEPT_UNSERVED_MODELS="false", STEPWISE_WORKER_TIMEOUT="5",
+                        STEPWISE_TENANT_MAX_PRIORITY="bob:normal").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def workers(module_redis, storage_url, tmp_path_factory, fleet_api):
+    """builtin:tiny (one job at a time, four task threads: a busy worker) and builtin:small, started together."""
+    common = {"STEPWISE_HEARTBEAT_INTERVAL": "0.5", "STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WORKER_CONCURRENCY": "4"}
+    tiny = WorkerProcess(tmp_path_factory.mktemp("tiny"), module_redis.url, storage_url,
+                         STEPWISE_MODEL="builtin:tiny", **common)
+    small = WorkerProcess(tmp_path_factory.mktemp("small"), module_redis.url, storage_url,
+                          STEPWISE_MODEL="builtin:small", **common)
+    tiny.launch(), small.launch()
+    yield {"builtin:tiny": tiny.wait_ready(), "builtin:small": small.wait_ready(180)}
+    tiny.stop(), small.stop()
+
+
+def test_with_no_worker_every_model_is_refused_naming_model_and_none_is_listed(fleet_api, http):
+    refused = submit(http, fleet_api, cheap("builtin:tiny"))
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "model"
+    assert "served models: none" in refused.json()["error"]["message"]
+    assert models_by_name(http, fleet_api) == {}
+
+
+def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields_are_refused(
+        fleet_api, http, workers):
+    served = poll(lambda: (lambda m: m if {"builtin:tiny", "builtin:small"} <= {k for k, v in m.items()
+                                                                               if v["available"]} else None)(
+        models_by_name(http, fleet_api)), 30, "both models to be listed as available")
+    for name in ("builtin:tiny", "builtin:small"):
+        assert served[name]["workers"] == 1 and served[name]["capacity"] == 1 and served[name]["family"] == "sd"
+        assert served[name]["limits"]["supports_lora"] is False and "num_running" in served[name]["engine"]
+    refused = submit(http, fleet_api, cheap("builtin:does-not-exist")).json()["error"]
+    assert refused["field"] == "model" and "builtin:small" in refused["message"] and "builtin:tiny" in refused["message"]
+    lora = submit(http, fleet_api, cheap("builtin:tiny", lora="my-style"))
+    assert lora.status_code == 422 and lora.json()["error"]["field"] == "lora"
+
+
+def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_still_finishes_low_ones(
+        fleet_api, http, workers):
+    body = cheap("builtin:tiny", num_inference_steps=12)
+    backlog = [submit(http, fleet_api, body).json()["job_id"] for _ in range(6)]
+    wait_for(http, fleet_api, backlog[0], {"running", "succeeded"}, timeout=JOB_TIMEOUT)
+    high = [submit(http, fleet_api, {**body, "priority": "high"}).json()["job_id"] for _ in range(2)]
+    low = submit(http, fleet_api, {**body, "priority": "low"}).json()["job_id"]
+    assert get_job(http, fleet_api, high[0]).json()["priority"] == "high"
+
+    ended = {job_id: wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
+             for job_id in [*backlog, *high, low]}
+    finished = sorted(ended, key=lambda job_id: ended[job_id]["finished_at"])
+    # One job at a time: finishing order is start order. The first backlog job was running and the
+    # second already admitted when the high ones reached the worker; every later one waited for them.
+    for job_id in high:
+        assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), finished
+    assert ended[low]["state"] == "succeeded"
+
+
+def test_a_tenant_limited_to_normal_priority_cannot_ask_for_high(fleet_api, http, workers):
+    refused = submit(http, fleet_api, cheap("builtin:tiny", priority="high"), tenant="bob")
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "priority"
+
+
+def test_each_model_runs_on_its_own_worker_and_stopping_one_leaves_the_other_running_and_its_jobs_queued(
+        fleet_api, http, workers):
+    job_ids = {model: [submit(http, fleet_api, cheap(model, seed=seed)).json()["job_id"] for seed in range(3)]
+               for model in workers}
+    for model, ids in job_ids.items():
+        for job_id in ids:
+            job = wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
+            assert job["params"]["model"] == model
+
+    workers["builtin:small"].stop()
+    poll(lambda: not models_by_name(http, fleet_api)["builtin:small"]["available"], 10,
+         "builtin:small to show unavailable once its worker stopped")
+    assert models_by_name(http, fleet_api)["builtin:tiny"]["available"]
+    waiting = submit(http, fleet_api, cheap("builtin:small"))
+    assert waiting.status_code == 202, "a model that just lost its worker still accepts jobs (they queue)"
+    tiny_job = submit(http, fleet_api, cheap("builtin:tiny")).json()["job_id"]
+    assert wait_for(http, fleet_api, tiny_job, {"succeeded"}, timeout=JOB_TIMEOUT)["state"] == "succeeded"
+    queued = get_job(http, fleet_api, waiting.json()["job_id"]).json()
+    assert queued["state"] == "queued" and queued["queue_position"] == 0
+    assert queued["queue"]["workers"] == 0 and queued["queue"]["eta_seconds"] is None
+    assert models_by_name(http, fleet_api)["builtin:small"]["queue_depth"] == 1
