@@ -1,8 +1,8 @@
 """The API's Celery client: it only sends tasks by name and never imports the worker.
 
-Each job goes to its model's generate queue (named in its record) at its priority; webhook
-delivery has its own queue, so a slow webhook receiver never delays generation. Several jobs'
-messages go out in one Redis round trip through kombu's producer batch.
+Each job goes to its model's generate queue (named in its record) at its priority; its message
+is built by `api.messages` and pushed by the job store together with the record. Webhook delivery
+has its own queue, so a slow webhook receiver never delays generation.
 """
 
 from __future__ import annotations
@@ -11,15 +11,8 @@ from typing import Any
 
 from celery import Celery
 
-from storage.job_record import JobRecord
-from storage.queues import (
-    BROKER_PRIORITY,
-    DEFAULT_PRIORITY,
-    GENERATE_TASK,
-    WEBHOOK_QUEUE,
-    WEBHOOK_TASK,
-    celery_transport_options,
-)
+from api.messages import GenerateMessages
+from storage.queues import BROKER_PRIORITY, DEFAULT_PRIORITY, WEBHOOK_QUEUE, WEBHOOK_TASK, celery_transport_options
 
 
 class TaskQueue:
@@ -29,20 +22,11 @@ class TaskQueue:
             broker_connection_timeout=3,
             broker_transport_options=celery_transport_options(),
             task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
-            task_send_sent_event=True,  # Flower shows jobs from the moment they are queued
+            task_send_sent_event=True,  # Flower shows webhook deliveries from the moment they are queued
             task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
                                        "interval_max": 0.5},
         )
-
-    def enqueue_generation(self, record: JobRecord) -> None:
-        self.enqueue_generations([record])
-
-    def enqueue_generations(self, records: list[JobRecord]) -> None:
-        """Send the jobs' messages, flushed to Redis together (a failure sends none of the unflushed)."""
-        with self.celery.producer_or_acquire() as producer, producer.batch():
-            for record in records:
-                self.celery.send_task(GENERATE_TASK, args=[record.job_id], queue=record.queue, task_id=record.job_id,
-                                      priority=BROKER_PRIORITY[record.priority], producer=producer)
+        self.generate_messages = GenerateMessages(self.celery)
 
     def enqueue_webhook(self, job_id: str, event: str, webhook_id: str, payload: dict[str, Any]) -> None:
         self.celery.send_task(WEBHOOK_TASK, args=[job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)

@@ -5,14 +5,14 @@ naming the field), `GenerationParams` (the engine's own rules), and the fleet (a
 serves the model, and its family supports the fields). Everything here is shared by
 `POST /v1/jobs` and `POST /v1/jobs/batch`.
 
-Creating jobs keeps the order that makes them safe: every record is stored (one pipelined
-round trip of atomic scripts) before any message is sent (one flushed producer batch), and
-the records stay in the unsent set until the messages are out, so a process that dies in
-between leaves jobs that a worker's lease sweeper sends (`worker.leases`).
+Creating jobs is one Redis round trip whatever their number: a pipeline of atomic scripts,
+each storing one record and pushing its Celery message together (`api.messages`,
+`storage.lua.CREATE`), so no job exists without its message and no message without its record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,7 +29,7 @@ from api.schemas import WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.params import PRIORITIES, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
-from storage.job_store import Created, JobState, JobStore, NewJobSpec, QueueFullError
+from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
 from storage.queues import DEFAULT_PRIORITY
 from storage.url_policy import WebhookURLError, check_webhook_url
 
@@ -109,6 +109,14 @@ def check_idempotency_key(raw: str | None) -> str | None:
     return raw
 
 
+PARAM_NAMES = tuple(f.name for f in dataclasses.fields(GenerationParams))
+
+
+def params_dict(params: GenerationParams) -> dict[str, Any]:
+    """GenerationParams.to_dict() without dataclasses.asdict's deep copy (every field is a plain value)."""
+    return {name: getattr(params, name) for name in PARAM_NAMES}
+
+
 def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
     return ApiError(429, "queue_full",
                     f"{num_queued} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
@@ -117,28 +125,13 @@ def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
 
 def create_jobs(store: JobStore, queue: TaskQueue, settings: ApiSettings, tenant: str,
                 jobs: list[tuple[ValidJob, str | None]]) -> list[Created | ApiError]:
-    """Store the jobs, then send their messages. One outcome per (job, idempotency key): Created
-    (an idempotent replay is not sent again) or the item's ApiError (409, 429). Raises a 503 if
-    the messages cannot be sent (the jobs it created end `failed`, saying to submit again)."""
-    specs = [NewJobSpec(tenant=tenant, params=job.params.to_dict(), deadline=job.deadline, webhook_url=job.webhook_url,
+    """Store the jobs with their messages. One outcome per (job, idempotency key): Created (an
+    idempotent replay is not sent again) or the item's ApiError (409, 429)."""
+    specs = [NewJobSpec(tenant=tenant, params=params_dict(job.params), deadline=job.deadline, webhook_url=job.webhook_url,
                         webhook_events=job.webhook_events, idempotency_key=key, request_hash=job.request_hash,
                         priority=job.priority) for job, key in jobs]
-    outcomes = store.create_many(specs, max_queued=settings.max_queue_depth)
-    new_records = [outcome.record for outcome in outcomes if isinstance(outcome, Created) and outcome.created]
-    if new_records:
-        try:
-            queue.enqueue_generations(new_records)
-        except Exception as e:
-            log.warning("could not enqueue %d jobs: %s", len(new_records), e)
-            for record in new_records:
-                store.finish(record.job_id, JobState.FAILED, error_code="enqueue_failed",
-                             error_message="the job could not be queued; submit it again")
-            raise ApiError(503, "unavailable", "the job queue is unavailable; retry later",
-                           headers={"Retry-After": "5"}) from e
-        try:
-            store.mark_sent_many([record.job_id for record in new_records])
-        except StorageError as e:  # the jobs are queued and sent; workers will send them once more, harmlessly
-            log.warning("could not mark %d jobs sent: %s", len(new_records), e)
+    outcomes = store.create_many(specs, max_queued=settings.max_queue_depth,
+                                 message_for=queue.generate_messages.for_record)
     return [_api_outcome(outcome, settings) for outcome in outcomes]
 
 

@@ -240,24 +240,46 @@ class JobStore:
         return outcome.record, outcome.created
 
     @_wraps_redis_errors
-    def create_many(self, specs: list[NewJobSpec], *, max_queued: int = 0) -> list[Created | StorageError]:
+    def create_many(self, specs: list[NewJobSpec], *, max_queued: int = 0,
+                    message_for: Callable[[JobRecord], tuple[str, str]] | None = None) -> list[Created | StorageError]:
         """Create queued jobs in one round trip (a pipeline of atomic scripts, run in order).
 
         One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
-        QueueFullError once `max_queued` jobs are queued; 0 means no limit)."""
-        pending = []
-        with self._redis.pipeline(transaction=False) as pipe:
-            for spec in specs:
-                record = spec.new_record(uuid.uuid4().hex, self.clock())
-                keys = [self.job_key(record.job_id)]
-                if spec.idempotency_key is not None:
-                    keys.append(self.keys.idempotency(spec.tenant, spec.idempotency_key))
-                flat = [item for pair in record_to_hash(record).items() for item in pair]
-                self._create(keys=keys, args=[self.namespace, record.job_id, spec.request_hash or "",
-                                              max_queued, *flat], client=pipe)
-                pending.append((spec, record))
-            replies = pipe.execute()
+        QueueFullError once `max_queued` jobs are queued; 0 means no limit). `message_for(record)`
+        gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
+        without it the jobs wait in the unsent set until `mark_sent`."""
+        pending = [(spec, spec.new_record(uuid.uuid4().hex, self.clock())) for spec in specs]
+        replies = self._run_creates(pending, max_queued, message_for)
         return [self._create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
+
+    def _run_creates(self, pending: list[tuple[NewJobSpec, JobRecord]], max_queued: int,
+                     message_for: Callable[[JobRecord], tuple[str, str]] | None) -> list[Any]:
+        # EVALSHA straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
+        # round trip to every pipeline. After a Redis restart (scripts gone) the script is loaded
+        # and the jobs that got NOSCRIPT (so did not run) run again; no job runs twice.
+        replies: list[Any] = [None] * len(pending)
+        todo = list(range(len(pending)))
+        for attempt in range(2):
+            with self._redis.pipeline(transaction=False) as pipe:
+                for index in todo:
+                    spec, record = pending[index]
+                    keys = [self.job_key(record.job_id)]
+                    if spec.idempotency_key is not None:
+                        keys.append(self.keys.idempotency(spec.tenant, spec.idempotency_key))
+                    message_list, message = message_for(record) if message_for else ("", "")
+                    flat = json.dumps([item for pair in record_to_hash(record).items() for item in pair])
+                    pipe.evalsha(self._create.sha, len(keys), *keys, self.namespace, record.job_id,
+                                 spec.request_hash or "", max_queued, message_list, message, flat)
+                for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
+                    replies[index] = reply
+            todo = [index for index in todo if isinstance(replies[index], redis.exceptions.NoScriptError)]
+            if not todo:
+                break
+            self._redis.script_load(lua.CREATE)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     @staticmethod
     def _create_outcome(spec: NewJobSpec, record: JobRecord, reply: list) -> Created | StorageError:

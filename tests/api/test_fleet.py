@@ -47,7 +47,8 @@ def fleet_api(module_redis, storage_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def workers(module_redis, storage_url, tmp_path_factory, fleet_api):
     """builtin:tiny (one job at a time, four task threads: a busy worker) and builtin:small, started together."""
-    common = {"STEPWISE_HEARTBEAT_INTERVAL": "0.5", "STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WORKER_CONCURRENCY": "4"}
+    common = {"STEPWISE_HEARTBEAT_INTERVAL": "0.5", "STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WORKER_CONCURRENCY": "4",
+              "OMP_NUM_THREADS": "1"}  # two workers on two cores
     tiny = WorkerProcess(tmp_path_factory.mktemp("tiny"), module_redis.url, storage_url,
                          STEPWISE_MODEL="builtin:tiny", **common)
     small = WorkerProcess(tmp_path_factory.mktemp("small"), module_redis.url, storage_url,
@@ -80,7 +81,7 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
 
 def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_still_finishes_low_ones(
         fleet_api, http, workers):
-    body = cheap("builtin:tiny", num_inference_steps=12)
+    body = cheap("builtin:tiny", num_inference_steps=8)
     backlog = [submit(http, fleet_api, body).json()["job_id"] for _ in range(6)]
     wait_for(http, fleet_api, backlog[0], {"running", "succeeded"}, timeout=JOB_TIMEOUT)
     high = [submit(http, fleet_api, {**body, "priority": "high"}).json()["job_id"] for _ in range(2)]
@@ -104,7 +105,7 @@ def test_a_tenant_limited_to_normal_priority_cannot_ask_for_high(fleet_api, http
 
 def test_each_model_runs_on_its_own_worker_and_stopping_one_leaves_the_other_running_and_its_jobs_queued(
         fleet_api, http, workers):
-    job_ids = {model: [submit(http, fleet_api, cheap(model, seed=seed)).json()["job_id"] for seed in range(3)]
+    job_ids = {model: [submit(http, fleet_api, cheap(model, seed=seed)).json()["job_id"] for seed in range(2)]
                for model in workers}
     for model, ids in job_ids.items():
         for job_id in ids:
