@@ -1,18 +1,24 @@
-"""Submit throughput of `stepwise api`: POST /v1/jobs requests per second, with latency percentiles.
+"""Submit throughput of `stepwise api`: POST /v1/jobs and POST /v1/jobs/batch, jobs per second.
 
-    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--workers N] [--threads 4]
+    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100]
+    python -m benchmarks.api_submit --compare 9e3133e        # today's tree and REF's, side by side
     python -m benchmarks.api_submit --url http://127.0.0.1:8000 --key KEY   # an API already running
 
 Without --url it starts its own redis-server and `stepwise api` on free ports (no worker: the
-jobs stay queued; the queue limit is raised so nothing answers 429). Client processes keep
-one connection each and submit small jobs back to back; the first second is a warm-up.
-Clients and server share this machine's CPUs, so the number is a floor for the server.
+jobs stay queued; the queue limit is raised so nothing answers 429, and jobs for a model no worker
+serves are accepted). Client processes keep one HTTP/1.1 connection each (http.client: a light
+client, so more of the shared CPUs go to the server) and submit back to back; the first second is
+a warm-up. `--compare REF` also extracts REF with `git archive` and runs its API the same way, on
+its own redis-server, alternating the two trees round by round so that load from other work on a
+shared machine falls on both: the ratio is the number to trust, more than either rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
+import json
 import multiprocessing
 import os
 import secrets
@@ -24,6 +30,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
@@ -31,11 +38,12 @@ from benchmarks.local_services import free_port, wait_until
 
 BODY = {"prompt": "a lighthouse on a cliff at dusk", "num_inference_steps": 20, "height": 128, "width": 128}
 WARM_UP_SECONDS = 1.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def local_api(num_workers: int, num_threads: int):
-    """redis-server + `stepwise api` on free ports; yields (url, key)."""
+def local_api(num_workers: int | None, num_threads: int, tree: Path = ROOT, server: str | None = None):
+    """redis-server + `stepwise api --server SERVER` of the source tree `tree` on free ports; yields (url, key)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (or pass --url and --key of a running API)")
@@ -43,15 +51,18 @@ def local_api(num_workers: int, num_threads: int):
     redis_port, api_port, key = free_port(), free_port(), f"sk_bench_{secrets.token_hex(8)}"
     env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
     env.update(STEPWISE_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-               STEPWISE_STORAGE_URL=(folder / "images").as_uri(),
-               STEPWISE_API_KEYS=f"bench:{key}", STEPWISE_MAX_QUEUE_DEPTH=str(10**9))
+               STEPWISE_STORAGE_URL=(folder / "images").as_uri(), STEPWISE_VAR_DIR=str(folder / "var"),
+               STEPWISE_API_KEYS=f"bench:{key}", STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
+               STEPWISE_ACCEPT_UNSERVED_MODELS="true", PYTHONPATH=str(tree))
     children = []
     try:
         children.append(subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                                           "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL))
         children.append(subprocess.Popen(
             [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(api_port),
-             "--workers", str(num_workers), "--threads", str(num_threads)], env=env, stderr=subprocess.DEVNULL))
+             *(["--workers", str(num_workers)] if num_workers else []), "--threads", str(num_threads),
+             *(["--server", server] if server else [])], cwd=tree, env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{api_port}"
         wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
         yield url, key
@@ -63,47 +74,119 @@ def local_api(num_workers: int, num_threads: int):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def client(url: str, key: str, start_at: float, stop_at: float, results) -> None:
-    """Submit back to back until stop_at; report (latencies of measured requests, status counts)."""
-    latencies, statuses = [], Counter()
-    with requests.Session() as session:
-        session.headers["Authorization"] = f"Bearer {key}"
-        while (now := time.perf_counter()) < stop_at:
-            response = session.post(f"{url}/v1/jobs", json=BODY, timeout=30)
-            if now >= start_at:
-                latencies.append(time.perf_counter() - now)
-                statuses[response.status_code] += 1
-    results.put((latencies, dict(statuses)))
+@contextlib.contextmanager
+def source_tree(ref: str):
+    """The project's files at git `ref`, extracted to a temporary folder."""
+    folder = Path(tempfile.mkdtemp(prefix="stepwise-ref-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def client(url: str, key: str, batch: int, start_at: float, stop_at: float, results) -> None:
+    """Submit back to back until stop_at; report (latencies of measured requests, jobs accepted, statuses)."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    path, body = ("/v1/jobs/batch", {"jobs": [BODY] * batch}) if batch else ("/v1/jobs", BODY)
+    payload = json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    latencies, num_jobs, statuses = [], 0, Counter()
+    while (now := time.perf_counter()) < stop_at:
+        connection.request("POST", path, payload, headers)
+        response = connection.getresponse()
+        answer = response.read()
+        if now >= start_at:
+            latencies.append(time.perf_counter() - now)
+            statuses[response.status] += 1
+            if response.status == 202:
+                num_jobs += 1
+            elif response.status == 200 and batch:
+                num_jobs += json.loads(answer)["num_accepted"]
+    connection.close()
+    results.put((latencies, num_jobs, dict(statuses)))
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def measure(url: str, key: str, num_clients: int, seconds: float) -> dict:
+def measure(url: str, key: str, num_clients: int, seconds: float, batch: int = 0) -> dict:
+    """`batch` 0: POST /v1/jobs; N: POST /v1/jobs/batch with N jobs per request."""
     results = multiprocessing.Queue()
     start_at = time.perf_counter() + WARM_UP_SECONDS
     stop_at = start_at + seconds
-    processes = [multiprocessing.Process(target=client, args=(url, key, start_at, stop_at, results))
+    processes = [multiprocessing.Process(target=client, args=(url, key, batch, start_at, stop_at, results))
                  for _ in range(num_clients)]
     for process in processes:
         process.start()
-    latencies, statuses = [], Counter()
+    latencies, num_jobs, statuses = [], 0, Counter()
     for _ in processes:
-        client_latencies, client_statuses = results.get(timeout=seconds + 120)
+        client_latencies, client_jobs, client_statuses = results.get(timeout=seconds + 120)
         latencies += client_latencies
+        num_jobs += client_jobs
         statuses.update(client_statuses)
     for process in processes:
         process.join(30)
     latencies.sort()
     return {
+        "batch": batch,
         "requests": len(latencies),
         "requests_per_second": len(latencies) / seconds,
+        "jobs_per_second": num_jobs / seconds,
         "p50_ms": 1000 * statistics.median(latencies),
         "p95_ms": 1000 * percentile(latencies, 0.95),
         "p99_ms": 1000 * percentile(latencies, 0.99),
-        "statuses": dict(statuses),
+        "statuses": {str(status): count for status, count in statuses.items()},
     }
+
+
+VARIANTS = (("ref", "gunicorn"), ("this tree", "gunicorn"), ("this tree", "granian"))
+
+
+def compare(ref: str, num_threads: int, num_clients: int, seconds: float, batch: int, rounds: int) -> dict:
+    """REF's API (gunicorn) and this tree's with each server, all up at once and measured in turn,
+    round after round. Each server gets its default number of workers."""
+    names = [f"{ref if tree == 'ref' else tree} ({server})" for tree, server in VARIANTS]
+    runs: dict[str, dict[str, list[dict]]] = {name: {"single": [], "batch": []} for name in names}
+    with contextlib.ExitStack() as stack:
+        old_tree = stack.enter_context(source_tree(ref))
+        targets = [stack.enter_context(local_api(None, num_threads, old_tree if tree == "ref" else ROOT,
+                                                 None if tree == "ref" else server))
+                   for tree, server in VARIANTS]
+        for _ in range(rounds):
+            for name, (url, key) in zip(names, targets):
+                runs[name]["single"].append(measure(url, key, num_clients, seconds))
+                if batch:
+                    runs[name]["batch"].append(measure(url, key, num_clients, seconds, batch))
+    summary: dict = {"ref": ref, "rounds": rounds, "clients": num_clients, "seconds": seconds, "batch_size": batch,
+                     "threads": num_threads, "load_average": os.getloadavg(), "variants": {}}
+    for name in names:
+        summary["variants"][name] = {
+            mode: {"jobs_per_second_median": statistics.median(run["jobs_per_second"] for run in mode_runs),
+                   "runs": mode_runs} for mode, mode_runs in runs[name].items() if mode_runs}
+    baseline = summary["variants"][names[0]]
+    summary["ratios_to_ref"] = {name: {mode: variant[mode]["jobs_per_second_median"]
+                                       / max(baseline[mode]["jobs_per_second_median"], 1e-9) for mode in variant}
+                                for name, variant in summary["variants"].items()}
+    return summary
+
+
+def print_comparison(summary: dict) -> None:
+    print(f"{os.cpu_count()} CPUs shared by clients, servers and Redis; load average at the end "
+          f"{', '.join(f'{x:.1f}' for x in summary['load_average'])}")
+    print(f"{summary['clients']} client processes, {summary['seconds']:.0f}s per run, {summary['rounds']} rounds, "
+          f"batches of {summary['batch_size']}; jobs/s, median of the rounds (each round's value), ratio to the ref")
+    for name, variant in summary["variants"].items():
+        cells = []
+        for mode, label in (("single", "POST /v1/jobs"), ("batch", "POST /v1/jobs/batch")):
+            if mode in variant:
+                runs = [round(run["jobs_per_second"]) for run in variant[mode]["runs"]]
+                cells.append(f"{label} {variant[mode]['jobs_per_second_median']:6.0f} {runs} "
+                             f"{summary['ratios_to_ref'][name][mode]:.2f}x")
+        print(f"  {name:32s} " + "   ".join(cells))
 
 
 def main() -> None:
@@ -111,30 +194,48 @@ def main() -> None:
     parser.add_argument("--url", help="base URL of a running API (default: start redis-server and stepwise api)")
     parser.add_argument("--key", help="API key for --url")
     parser.add_argument("--clients", type=int, default=8, help="client processes, one connection each")
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured duration")
-    parser.add_argument("--workers", type=int, default=None, help="gunicorn workers of the started API")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker of the started API")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured duration of each run")
+    parser.add_argument("--batch", type=int, default=100, help="jobs per POST /v1/jobs/batch (0: skip batches)")
+    parser.add_argument("--workers", type=int, default=None, help="workers of the started API (default: the server's)")
+    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian", help="server of the started API")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker process of the started API")
+    parser.add_argument("--compare", metavar="REF",
+                        help="run git REF's API and this tree's (gunicorn and granian) in turn, and print ratios")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds with --compare")
+    parser.add_argument("--json", type=Path, help="write the results to this file")
     args = parser.parse_args()
 
     from stepwise_cli.api_cmd import default_workers
 
-    num_workers = args.workers or default_workers()
+    num_workers = args.workers or default_workers(args.server)
+    if args.compare:
+        summary = compare(args.compare, args.threads, args.clients, args.seconds, args.batch, args.rounds)
+        print_comparison(summary)
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2))
+        return
     if args.url:
         if not args.key:
             parser.error("--url needs --key")
         target = contextlib.nullcontext((args.url.rstrip("/"), args.key))
         where = args.url
     else:
-        target = local_api(num_workers, args.threads)
-        where = f"stepwise api --workers {num_workers} --threads {args.threads} (started here)"
+        target = local_api(num_workers, args.threads, server=args.server)
+        where = f"stepwise api --server {args.server} --workers {num_workers} --threads {args.threads} (started here)"
     with target as (url, key):
-        result = measure(url, key, args.clients, args.seconds)
+        results = [measure(url, key, args.clients, args.seconds)]
+        if args.batch:
+            results.append(measure(url, key, args.clients, args.seconds, args.batch))
     print(f"target:   {where}")
     print(f"machine:  {os.cpu_count()} CPUs, shared by the clients and the server")
     print(f"clients:  {args.clients} processes, {args.seconds:.0f}s measured after {WARM_UP_SECONDS:.0f}s warm-up")
-    print(f"submits:  {result['requests']} -> {result['requests_per_second']:.0f} requests/s")
-    print(f"latency:  p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms")
-    print(f"statuses: {result['statuses']}")
+    for result in results:
+        what = f"batches of {result['batch']}" if result["batch"] else "single submits"
+        print(f"{what}: {result['requests']} requests -> {result['jobs_per_second']:.0f} jobs/s; latency p50 "
+              f"{result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms; "
+              f"statuses {result['statuses']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

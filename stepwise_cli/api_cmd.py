@@ -1,4 +1,9 @@
-"""`stepwise api`: serve the HTTP API with gunicorn (gthread workers, one app per worker)."""
+"""`stepwise api`: serve the HTTP API with granian (default) or gunicorn, one app per worker process.
+
+granian serves the WSGI app from a Rust HTTP server (one process per core, each with a pool of
+Python threads) and took about 1.4-1.5x gunicorn's gthread submit rate on 2 cores (docs/api.md);
+`--server gunicorn` (gthread workers) stays available.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,15 @@ import tempfile
 from typing import Any
 
 
-def default_workers() -> int:
+SERVERS = ("gunicorn", "granian")
+# No query string, referer or Basic-auth user: clients put keys there by mistake.
+GUNICORN_ACCESS_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"'
+GRANIAN_ACCESS_FORMAT = '%(addr)s [%(time)s] "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).1fms'
+
+
+def default_workers(server: str = "gunicorn") -> int:
+    if server == "granian":  # a Rust event loop per process: one process per core
+        return max(os.cpu_count() or 1, 2)
     return min(2 * (os.cpu_count() or 1) + 1, 8)
 
 
@@ -19,9 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default: $STEPWISE_API_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("STEPWISE_API_PORT", "8000")),
                         help="port (default: $STEPWISE_API_PORT or 8000)")
-    parser.add_argument("--workers", type=int, default=default_workers(),
-                        help="gunicorn worker processes (default: 2 x CPUs + 1, at most 8)")
-    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
+    parser.add_argument("--server", default=os.environ.get("STEPWISE_API_SERVER") or "granian",
+                        help="granian or gunicorn (default: $STEPWISE_API_SERVER or granian)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes (default: gunicorn 2 x CPUs + 1, at most 8; granian one per CPU)")
+    parser.add_argument("--threads", type=int, default=4, help="Python threads per worker process (default: 4)")
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
 
@@ -35,8 +50,11 @@ def prepare_metrics_dir() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gunicorn.app.base import BaseApplication
-
+    if args.server not in SERVERS:
+        print(f"stepwise api: STEPWISE_API_SERVER must be one of {', '.join(SERVERS)} (got {args.server!r})",
+              file=sys.stderr)
+        return 2
+    args.workers = args.workers or default_workers(args.server)
     metrics_dir = prepare_metrics_dir()  # before anything imports prometheus_client
 
     from api.settings import ApiSettings, SettingsError
@@ -47,8 +65,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"stepwise api: {e}", file=sys.stderr)
         return 2
     tenants = sorted({tenant for tenant, _ in settings.api_keys})
-    print(f"stepwise api: http://{args.host}:{args.port} ({args.workers} workers x {args.threads} threads), "
-          f"tenants: {', '.join(tenants)}", file=sys.stderr)
+    print(f"stepwise api: http://{args.host}:{args.port} ({args.server}, {args.workers} workers x {args.threads} "
+          f"threads), tenants: {', '.join(tenants)}", file=sys.stderr)
+    try:
+        if args.server == "granian":
+            serve_granian(args)
+        else:
+            serve_gunicorn(args)
+    finally:
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def serve_granian(args: argparse.Namespace) -> None:
+    from granian.constants import Interfaces
+    from granian.server import Server
+
+    Server("api.wsgi:app", address=args.host, port=args.port, interface=Interfaces.WSGI, workers=args.workers,
+           blocking_threads=args.threads, log_access=args.access_log, log_access_format=GRANIAN_ACCESS_FORMAT,
+           respawn_failed_workers=True).serve()
+
+
+def serve_gunicorn(args: argparse.Namespace) -> None:
+    from gunicorn.app.base import BaseApplication
 
     def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess
@@ -64,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 "worker_class": "gthread",
                 "accesslog": "-" if args.access_log else None,
                 # No query string, referer or Basic-auth user: clients put keys there by mistake.
-                "access_log_format": '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"',
+                "access_log_format": GUNICORN_ACCESS_FORMAT,
                 "errorlog": "-",
                 "child_exit": child_exit,
                 "proc_name": "stepwise-api",
@@ -78,9 +118,4 @@ def run(args: argparse.Namespace) -> int:
 
             return create_app()
 
-    try:
-        ApiServer().run()
-    finally:
-        if metrics_dir:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-    return 0
+    ApiServer().run()

@@ -138,6 +138,15 @@ class ApiClient:
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}").json()
 
+    def model_status(self, model: str) -> dict[str, Any] | None:
+        """The model's entry of GET /v1/models; None when no worker served it recently (or the API
+        predates /v1/models)."""
+        try:
+            models = self.request("GET", "/v1/models").json().get("models", [])
+        except ApiResponseError:
+            return None
+        return next((entry for entry in models if entry.get("model") == model), None)
+
     def download_image(self, job_id: str, dest: Path, *, index: int = 0) -> Path:
         """Save image `index` of a finished job to `dest` (written whole, then renamed into place)."""
         response = self.request("GET", f"/v1/jobs/{job_id}/image", params={"index": index}, stream=True)

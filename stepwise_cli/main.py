@@ -13,7 +13,7 @@ import sys
 COMMANDS = {
     "generate": ("stepwise_cli.generate", "generate one image locally (no Redis)"),
     "up": ("stepwise_cli.up", "run everything on this machine with embedded defaults"),
-    "api": ("stepwise_cli.api_cmd", "serve the HTTP API with gunicorn"),
+    "api": ("stepwise_cli.api_cmd", "serve the HTTP API (granian or gunicorn)"),
     "worker": ("stepwise_cli.worker_cmd", "run a GPU worker (Celery, threads pool)"),
     "submit": ("stepwise_cli.submit", "submit a job to the API and optionally wait for it"),
     "backfill": ("stepwise_cli.backfill", "push a JSONL/CSV file of prompts through the API"),

@@ -3,6 +3,10 @@
 Without `--wait` it prints the job id and its status URL. With `--wait` (implied by `--out`)
 it polls the job with a progress bar, saves the images, and exits 1 with the job's error
 message if the job does not succeed.
+
+When no worker serving the job's model has been seen recently (GET /v1/models), it says so at
+once; with `--wait` it gives up, exit 1, once the job has stayed queued that way for
+`--no-worker-timeout` seconds (the job itself stays queued and runs when a worker starts).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from stepwise_cli.client import (
 )
 
 POLL_INTERVAL_SECONDS = 0.25
+WORKER_CHECK_SECONDS = 2.0
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -54,13 +59,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait for the job, showing its progress")
     parser.add_argument("--out", type=Path, help="save the images in this folder (implies --wait)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job (default 600)")
+    parser.add_argument("--no-worker-timeout", type=float, default=30.0,
+                        help="with --wait: give up once the job has stayed queued this long with no worker serving "
+                             "its model (default 30)")
+    parser.add_argument("--priority", choices=("high", "normal", "low"), help="queue priority (default normal)")
     parser.add_argument("--json", action="store_true", help="print the final job record as JSON")
     add_api_arguments(parser)
 
 
 def request_body(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": args.prompt}
-    for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model"):
+    for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model",
+                 "priority"):
         value = getattr(args, name)
         if value is not None:
             body[name] = value
@@ -95,6 +105,10 @@ def _say_retrying(error: ClientError, delay: float) -> None:
 def _submit(client: ApiClient, args: argparse.Namespace) -> int:
     accepted = client.submit_job(request_body(args))
     job_id = accepted["job_id"]
+    model = (accepted.get("params") or {}).get("model", "")
+    if accepted.get("state") == "queued" and not is_served(client, model):
+        print(f"stepwise submit: warning: no worker serving {model!r} has been seen recently; the job waits in "
+              "the queue until one starts (stepwise worker, or `stepwise up`)", file=sys.stderr)
     if not (args.wait or args.out):
         if args.json:
             print(json.dumps(accepted, indent=2))
@@ -102,7 +116,7 @@ def _submit(client: ApiClient, args: argparse.Namespace) -> int:
             print(f"{job_id} {accepted.get('state', 'queued')} {client.target.url}/v1/jobs/{job_id}")
         return 0
     print(f"job {job_id} submitted", file=sys.stderr)
-    job = wait_for_job(client, job_id, timeout=args.timeout)
+    job = wait_for_job(client, job_id, timeout=args.timeout, no_worker_timeout=args.no_worker_timeout)
     if args.json:
         print(json.dumps(job, indent=2))
     if job["state"] != "succeeded":
@@ -117,9 +131,18 @@ def _submit(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def wait_for_job(client: ApiClient, job_id: str, *, timeout: float) -> dict[str, Any]:
-    """Poll until the job is terminal, drawing its step progress; raise ClientError on timeout."""
+def is_served(client: ApiClient, model: str) -> bool:
+    status = client.model_status(model)
+    return bool(status and status.get("available"))
+
+
+def wait_for_job(client: ApiClient, job_id: str, *, timeout: float,
+                 no_worker_timeout: float | None = None) -> dict[str, Any]:
+    """Poll until the job is terminal, drawing its step progress; raise ClientError on timeout, or once
+    the job has stayed queued for `no_worker_timeout` seconds while no worker served its model."""
     deadline = time.monotonic() + timeout
+    unserved_since: float | None = None
+    next_worker_check = time.monotonic()
     with tqdm(desc=job_id[:12], unit="step", total=None, file=sys.stderr, leave=False, disable=None) as bar:
         while True:
             job = client.get_job(job_id)
@@ -132,6 +155,15 @@ def wait_for_job(client: ApiClient, job_id: str, *, timeout: float) -> dict[str,
             bar.refresh()
             if job["state"] in TERMINAL_STATES:
                 return job
+            now = time.monotonic()
+            if no_worker_timeout is not None and job["state"] == "queued" and now >= next_worker_check:
+                next_worker_check = now + WORKER_CHECK_SECONDS
+                model = job["params"].get("model", "")
+                unserved_since = None if is_served(client, model) else (unserved_since or now)
+                if unserved_since is not None and now - unserved_since >= no_worker_timeout:
+                    raise ClientError(f"job {job_id} is still queued: no worker serving {model!r} has been seen for "
+                                      f"{now - unserved_since:.0f}s (the job stays queued and runs once one starts; "
+                                      f"check {client.target.url}/v1/jobs/{job_id})")
             if time.monotonic() > deadline:
                 raise ClientError(f"job {job_id} is still {job['state']} after {timeout:.0f}s "
                                   f"(it keeps running; check {client.target.url}/v1/jobs/{job_id})")

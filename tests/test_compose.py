@@ -79,3 +79,10 @@ def test_the_worker_gets_longer_to_stop_than_its_shutdown_grace(compose):
     match = re.fullmatch(r"(\d+)s", worker["stop_grace_period"])
 
     assert match and int(match.group(1)) > grace + 10  # time to re-queue what outlived the grace
+
+
+def test_the_two_workers_serve_two_models_with_the_same_settings_otherwise(compose):
+    first, second = compose["services"]["worker"], compose["services"]["worker-2"]
+    assert first["environment"]["STEPWISE_MODEL"] != second["environment"]["STEPWISE_MODEL"]
+    assert first["command"] == second["command"] and first["stop_grace_period"] == second["stop_grace_period"]
+    assert second["environment"]["STEPWISE_REDIS_URL"] == first["environment"]["STEPWISE_REDIS_URL"]

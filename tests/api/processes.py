@@ -1,4 +1,4 @@
-"""Real processes for the API tests: `stepwise api` (gunicorn) and a Celery worker."""
+"""Real processes for the API tests: `stepwise api` (its default server) and a Celery worker."""
 
 from __future__ import annotations
 

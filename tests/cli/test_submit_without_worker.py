@@ -1,0 +1,48 @@
+"""`stepwise submit` against an API whose queue no worker serves: it says so, and `--wait` gives up
+after `--no-worker-timeout` instead of waiting out its whole timeout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.api.processes import TENANT_KEYS, ApiProcess
+from tests.servers import RedisServer, child_env
+
+STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
+
+
+@pytest.fixture(scope="module")
+def lonely_api(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lonely")
+    redis = RedisServer(root / "redis", appendonly=False).start()
+    api = ApiProcess(root, redis.url, (root / "images").as_uri()).start()  # accepts jobs for unserved models
+    yield api
+    api.stop()
+    redis.stop()
+
+
+def submit(api: ApiProcess, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*STEPWISE, "submit", "a red fox", "--size", "64", "--steps", "4", "--api-url", api.url,
+                           "--api-key", TENANT_KEYS["alice"], *args],
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_submit_warns_that_no_worker_serves_the_model_and_still_queues_the_job(lonely_api):
+    result = submit(lonely_api)
+
+    assert result.returncode == 0, result.stderr
+    assert "queued" in result.stdout
+    assert "no worker serving 'builtin:tiny' has been seen recently" in result.stderr
+
+
+def test_submit_wait_gives_up_after_the_no_worker_timeout_not_the_job_timeout(lonely_api):
+    started = time.monotonic()
+    result = submit(lonely_api, "--wait", "--no-worker-timeout", "2", "--timeout", "600")
+
+    assert result.returncode == 1
+    assert "is still queued: no worker serving 'builtin:tiny' has been seen for" in result.stderr
+    assert time.monotonic() - started < 60
