@@ -3,6 +3,7 @@
     stepwise bench                      # the full suite (10-15 minutes on 2 CPU cores)
     stepwise bench --quick              # a few minutes
     stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
+    stepwise bench --submit                # submit throughput only: BASELINE_REF's API and this tree's
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from benchmarks.run import SIZES, SuiteOptions
 
 DEFAULT_OUT = Path("benchmarks/results")
+# The last commit before per-model queues and the one-round-trip submit path: "today's path" of issue 14.
+BASELINE_REF = "9e3133e"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads for every variant and the e2e worker (default 1: on a shared "
                              "machine more threads than free cores oversubscribe)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    parser.add_argument("--submit", action="store_true",
+                        help="only measure submit throughput (POST /v1/jobs and /batch, no worker), this tree's API "
+                             "with granian and gunicorn against --baseline's, alternating in one run")
+    parser.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline API (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --submit: alternating rounds (default 3)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="with --submit: seconds per measured run")
     parser.add_argument("--no-e2e", dest="e2e", action="store_false",
                         help="skip the end-to-end runs through `stepwise up` (they need redis-server)")
 
@@ -39,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if args.threads < 1:
         raise SystemExit("stepwise bench: --threads must be at least 1")
+    if args.submit:
+        return run_submit(args)
     options = SuiteOptions(out=args.out, size=SIZES[args.size], models=tuple(dict.fromkeys(args.models)),
                            device=args.device, num_threads=args.threads, run_e2e=args.e2e,
                            command=" ".join(["stepwise", *map(shlex.quote, sys.argv[1:])]))
@@ -54,6 +65,21 @@ def run(args: argparse.Namespace) -> int:
               f"default/static {_x(ratios['throughput_default_over_static_burst'])}, "
               f"default/fifo two-resolution {_x(ratios['throughput_default_over_fifo_two_resolution'])}, "
               f"engine efficiency {_pct(ratios['engine_efficiency_default_burst'])}")
+    return 0
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    import json
+
+    from benchmarks.api_submit import compare, print_comparison
+
+    summary = compare(args.baseline, num_threads=4, num_clients=8, seconds=args.seconds, batch=100, rounds=args.rounds)
+    summary["command"] = " ".join(["stepwise", *map(shlex.quote, sys.argv[1:])])
+    print_comparison(summary)
+    if args.out != DEFAULT_OUT:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "submit.json").write_text(json.dumps(summary, indent=2))
+        print(f"results: {args.out / 'submit.json'}")
     return 0
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from celery import Celery
 
+from storage.queues import generate_queue
 from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import ApiProcess, WorkerProcess
 
@@ -63,6 +65,15 @@ def test_with_no_worker_every_model_is_refused_naming_model_and_none_is_listed(f
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "model"
     assert "served models: none" in refused.json()["error"]["message"]
     assert models_by_name(http, fleet_api) == {}
+
+
+def test_each_worker_consumes_only_its_models_queue(module_redis, workers):
+    control = Celery(broker=module_redis.url, set_as_current=False).control
+    for model, worker in workers.items():
+        replies = control.inspect(destination=[worker.hostname], timeout=10).active_queues() or {}
+        names = {queue["name"] for queue in replies.get(worker.hostname, [])}
+        others = {generate_queue(other) for other in workers if other != model}
+        assert generate_queue(model) in names and "stepwise.webhooks" in names and not names & others, names
 
 
 def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields_are_refused(
