@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from storage.image_store import open_image_store
 from storage.job_record import JobState
+from storage.queues import generate_queue
 from storage.settings import StorageSettings
 from tests.worker.cluster import Cluster, engine_stats_from_cli, long_params, png_size, small_params, wait_for
 
@@ -111,9 +112,20 @@ def test_a_job_whose_deadline_passed_before_it_started_ends_expired(s3_cluster, 
     assert record.image_keys == []
 
 
+def test_a_job_for_another_model_stays_in_its_own_queue_untouched_by_this_worker(s3_cluster, main_worker):
+    other_id = s3_cluster.submit(small_params(model="builtin:not-this-one"))
+    good_id = s3_cluster.submit(small_params())
+
+    assert s3_cluster.wait_for_end(good_id).state is JobState.SUCCEEDED
+    assert s3_cluster.store.get(other_id).state is JobState.QUEUED
+    assert s3_cluster.queue_length(generate_queue("builtin:not-this-one")) == 1
+
+
 def test_a_job_the_engine_cannot_serve_fails_with_a_readable_message_and_the_worker_keeps_working(
         s3_cluster, main_worker):
-    bad_id = s3_cluster.submit(small_params(model="builtin:not-this-one"))
+    bad = s3_cluster.create_job(small_params(model="builtin:not-this-one"))
+    s3_cluster.celery.send_task("stepwise.generate", args=[bad.job_id], queue=generate_queue("builtin:tiny"))
+    bad_id = bad.job_id  # misrouted onto this worker's queue by hand: the engine refuses it
     good_id = s3_cluster.submit(small_params())
 
     bad = s3_cluster.wait_for_end(bad_id)
