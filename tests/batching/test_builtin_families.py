@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from diffusers import FluxPipeline, StableDiffusionXLPipeline, ZImagePipeline
 
-from batching.builtin_model import build_builtin_pipeline, builtin_model_path, save_builtin_model
+from batching.builtin_model import (
+    build_builtin_pipeline,
+    builtin_family,
+    builtin_model_path,
+    main,
+    save_builtin_model,
+)
 
 
 @dataclass(frozen=True)
 class FamilyCase:
     model: str
+    family: str
     pipeline_class: type
     size: int  # the smallest size the family handles well: a multiple of its latent patch and VAE factor
 
 
 CASES = [
-    FamilyCase("builtin:tiny-sdxl", StableDiffusionXLPipeline, 64),
-    FamilyCase("builtin:tiny-flux", FluxPipeline, 64),
-    FamilyCase("builtin:tiny-zimage", ZImagePipeline, 64),
+    FamilyCase("builtin:tiny-sdxl", "sdxl", StableDiffusionXLPipeline, 64),
+    FamilyCase("builtin:tiny-flux", "flux", FluxPipeline, 64),
+    FamilyCase("builtin:tiny-zimage", "zimage", ZImagePipeline, 64),
 ]
 
 
@@ -68,6 +77,16 @@ def test_building_twice_gives_identical_files_that_load_back_exactly(case, tmp_p
     built = _weights(build_builtin_pipeline(case.model))
     assert loaded.keys() == built.keys()
     assert all(torch.equal(loaded[key], built[key]) for key in built)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.model)
+def test_the_build_command_prints_a_cached_folder_of_the_family_pipeline(case, cache, capsys):
+    assert main([case.model]) == 0
+
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == builtin_model_path(case.model)
+    assert json.loads((folder / "model_index.json").read_text())["_class_name"] == case.pipeline_class.__name__
+    assert builtin_family(case.model) == case.family
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.model)
