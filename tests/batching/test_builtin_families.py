@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,3 +102,18 @@ def test_diffusers_own_pipeline_generates_the_same_image_for_the_same_seed(case,
 
     assert (first == again).all()
     assert (first != other_prompt).any(), "the prompt must change the image"
+
+
+def test_naming_a_builtin_and_its_family_does_not_import_torch():
+    """The torch-free family table and the API can ask which built-ins exist without loading a model stack."""
+    code = (
+        "import json, sys\n"
+        "from batching.builtin_model import builtin_family, builtin_names\n"
+        "print(json.dumps({'families': {name: builtin_family(name) for name in builtin_names()},"
+        " 'torch_imported': 'torch' in sys.modules}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    answer = json.loads(done.stdout)
+
+    assert answer["torch_imported"] is False
+    assert {case.model: case.family for case in CASES}.items() <= answer["families"].items()
