@@ -11,7 +11,9 @@ import logging
 
 from typing import Any
 
-from flask import Blueprint, current_app
+from flask import Blueprint
+
+from api.resources import get_image_store, get_job_store, get_settings
 
 from api.views import iso_time
 from storage.errors import StorageError
@@ -28,7 +30,7 @@ def healthz():
 
 def storage_reachable() -> bool:
     try:
-        return bool(current_app.extensions["stepwise.images"].ping())
+        return bool(get_image_store().ping())
     except Exception as e:  # any failure means "not ready", and readiness must never raise
         log.warning("image storage is not reachable: %s", e)
         return False
@@ -36,7 +38,7 @@ def storage_reachable() -> bool:
 
 def worker_readiness() -> tuple[dict[str, Any] | None, list[str]]:
     try:
-        statuses = current_app.extensions["stepwise.store"].models()
+        statuses = get_job_store().models()
     except StorageError:
         return None, []
     available = [status for status in statuses if status.available]
@@ -45,7 +47,7 @@ def worker_readiness() -> tuple[dict[str, Any] | None, list[str]]:
                "last_seen": iso_time(max((status.last_seen for status in statuses), default=None))}
     warnings = []
     if not available:
-        timeout = current_app.extensions["stepwise.settings"].storage.worker_timeout
+        timeout = get_settings().storage.worker_timeout
         warnings.append(f"no worker has been seen in the last {timeout:.0f}s: submitted jobs wait in the queue "
                         "until one starts")
     return workers, warnings
@@ -53,7 +55,7 @@ def worker_readiness() -> tuple[dict[str, Any] | None, list[str]]:
 
 @bp.get("/readyz")
 def readyz():
-    checks = {"redis": current_app.extensions["stepwise.store"].ping(), "storage": storage_reachable()}
+    checks = {"redis": get_job_store().ping(), "storage": storage_reachable()}
     if all(checks.values()):
         workers, warnings = worker_readiness()
         return {"status": "ok", "checks": checks, "workers": workers, "warnings": warnings}

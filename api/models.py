@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app
+from flask import Blueprint
+
+from api.resources import get_job_store
 
 from api.auth import require_tenant
 from api.views import iso_time
@@ -36,5 +38,5 @@ def model_view(status: ModelStatus) -> dict[str, Any]:
 
 @bp.get("")
 def list_models():
-    statuses = current_app.extensions["stepwise.store"].models()  # fresh: this is what operators watch
+    statuses = get_job_store().models()  # fresh: this is what operators watch
     return {"models": [model_view(status) for status in statuses]}
