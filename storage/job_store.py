@@ -41,10 +41,9 @@ from storage.job_record import (
     encode_field,
     record_from_flat,
     record_from_hash,
-    record_to_hash,
 )
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
-from storage.new_job import Created, NewJobSpec, QueueFullError
+from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
 from storage.queues import DEFAULT_PRIORITY
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
@@ -249,49 +248,8 @@ class JobStore:
         gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
         without it the jobs wait in the unsent set until `mark_sent`."""
         pending = [(spec, spec.new_record(uuid.uuid4().hex, self.clock())) for spec in specs]
-        replies = self._run_creates(pending, max_queued, message_for)
-        return [self._create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
-
-    def _run_creates(self, pending: list[tuple[NewJobSpec, JobRecord]], max_queued: int,
-                     message_for: Callable[[JobRecord], tuple[str, str]] | None) -> list[Any]:
-        # EVALSHA straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
-        # round trip to every pipeline. After a Redis restart (scripts gone) the script is loaded
-        # and the jobs that got NOSCRIPT (so did not run) run again; no job runs twice.
-        replies: list[Any] = [None] * len(pending)
-        todo = list(range(len(pending)))
-        for attempt in range(2):
-            with self._redis.pipeline(transaction=False) as pipe:
-                for index in todo:
-                    spec, record = pending[index]
-                    keys = [self.job_key(record.job_id)]
-                    if spec.idempotency_key is not None:
-                        keys.append(self.keys.idempotency(spec.tenant, spec.idempotency_key))
-                    message_list, message = message_for(record) if message_for else ("", "")
-                    flat = json.dumps([item for pair in record_to_hash(record).items() for item in pair])
-                    pipe.evalsha(self._create.sha, len(keys), *keys, self.namespace, record.job_id,
-                                 spec.request_hash or "", max_queued, message_list, message, flat)
-                for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
-                    replies[index] = reply
-            todo = [index for index in todo if isinstance(replies[index], redis.exceptions.NoScriptError)]
-            if not todo:
-                break
-            self._redis.script_load(lua.CREATE)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
-
-    @staticmethod
-    def _create_outcome(spec: NewJobSpec, record: JobRecord, reply: list) -> Created | StorageError:
-        if reply[0] == 1:
-            return Created(record, True, int(reply[1]))
-        if reply[0] == 2:
-            return QueueFullError(int(reply[1]))
-        _, stored_hash, earlier = reply
-        if stored_hash != (spec.request_hash or ""):
-            return IdempotencyConflictError(
-                f"idempotency key {spec.idempotency_key!r} was already used with a different request")
-        return Created(record_from_flat(earlier), False, None)
+        replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, message_for)
+        return [create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
     def mark_sent_many(self, job_ids: list[str]) -> None:

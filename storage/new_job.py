@@ -1,14 +1,20 @@
-"""What creating a job takes and gives back (JobStore.create_many)."""
+"""Creating jobs (JobStore.create_many): what it takes, the pipelined CREATE scripts, what it gives back."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from batching.params import DEFAULT_MODEL
-from storage.errors import StorageError
-from storage.job_record import JobRecord, JobState
+from storage import lua
+from storage.errors import IdempotencyConflictError, StorageError
+from storage.job_record import JobRecord, JobState, record_from_flat, record_to_hash
 from storage.queues import DEFAULT_PRIORITY, generate_queue
+from storage.redis_keys import RedisKeys
 
 
 class QueueFullError(StorageError):
@@ -45,3 +51,51 @@ class Created:
     record: JobRecord  # the new job, or the earlier one on an idempotent replay
     created: bool  # False: an idempotent replay (send no message)
     queue_position: int | None  # position among queued jobs of its model and priority, when created
+
+
+MessageFor = Callable[[JobRecord], tuple[str, str]]  # record -> (Redis list, broker message payload)
+
+
+def run_creates(client: redis.Redis, create_sha: str, keys: RedisKeys, pending: list[tuple[NewJobSpec, JobRecord]],
+                max_queued: int, message_for: MessageFor | None) -> list[Any]:
+    """One pipeline of CREATE scripts (storage.lua), one per pending job; their raw replies.
+
+    EVALSHA goes straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
+    round trip to every pipeline. After a Redis restart (scripts gone) the script is loaded and
+    the jobs that got NOSCRIPT (so did not run) run again; no job runs twice."""
+    replies: list[Any] = [None] * len(pending)
+    todo = list(range(len(pending)))
+    for _ in range(2):
+        with client.pipeline(transaction=False) as pipe:
+            for index in todo:
+                spec, record = pending[index]
+                script_keys = [keys.job(record.job_id)]
+                if spec.idempotency_key is not None:
+                    script_keys.append(keys.idempotency(spec.tenant, spec.idempotency_key))
+                message_list, message = message_for(record) if message_for else ("", "")
+                flat = json.dumps([item for pair in record_to_hash(record).items() for item in pair])
+                pipe.evalsha(create_sha, len(script_keys), *script_keys, keys.namespace, record.job_id,
+                             spec.request_hash or "", max_queued, message_list, message, flat)
+            for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
+                replies[index] = reply
+        todo = [index for index in todo if isinstance(replies[index], redis.exceptions.NoScriptError)]
+        if not todo:
+            break
+        client.script_load(lua.CREATE)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def create_outcome(spec: NewJobSpec, record: JobRecord, reply: list) -> Created | StorageError:
+    """A CREATE reply -> what became of the job."""
+    if reply[0] == 1:
+        return Created(record, True, int(reply[1]))
+    if reply[0] == 2:
+        return QueueFullError(int(reply[1]))
+    _, stored_hash, earlier = reply
+    if stored_hash != (spec.request_hash or ""):
+        return IdempotencyConflictError(
+            f"idempotency key {spec.idempotency_key!r} was already used with a different request")
+    return Created(record_from_flat(earlier), False, None)
