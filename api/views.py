@@ -45,6 +45,8 @@ def error_view(record: JobRecord) -> dict[str, str] | None:
         return {"code": record.error_code or record.state.value, "message": record.error_message or ""}
     if record.state is JobState.EXPIRED:
         return {"code": "expired", "message": "the job did not start before its deadline"}
+    if record.state is JobState.CANCELED:
+        return {"code": "canceled", "message": "the job was canceled"}
     return None
 
 

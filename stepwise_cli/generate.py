@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from batching.params import DEFAULT_MODEL, SAMPLERS
+from batching.params import DEFAULT_SERVICE_MODEL, SAMPLERS, service_model
 
 FLAG_OF_FIELD = {
     "prompt": "--prompt",
@@ -33,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=128, help="image width in pixels, a multiple of 8")
     parser.add_argument(
         "--model",
-        default=os.environ.get("STEPWISE_MODEL", DEFAULT_MODEL),
+        default=service_model(),
         help="builtin:tiny, builtin:small, a diffusers folder or a cached Hugging Face repo id "
-        "(default: $STEPWISE_MODEL or builtin:tiny)",
+        f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from batching.params import DEFAULT_SERVICE_MODEL, service_model
 from storage.settings import StorageSettings, env_bool, env_float, env_int
 
 GENERATE_QUEUE = "stepwise.generate"
@@ -26,7 +27,7 @@ def default_concurrency(max_num_seqs: int) -> int:
 @dataclass(frozen=True)
 class WorkerSettings:
     storage: StorageSettings
-    model: str = "builtin:tiny"  # STEPWISE_MODEL
+    model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL
     device: str = "auto"  # STEPWISE_DEVICE: auto (cuda when available), cuda, cuda:N, cpu
     max_num_seqs: int = 8  # STEPWISE_MAX_NUM_SEQS: the engine's running capacity, in jobs
     policy: str = "default"  # STEPWISE_POLICY: default or fifo
@@ -54,7 +55,7 @@ class WorkerSettings:
             raise ValueError(f"STEPWISE_POLICY must be default or fifo (got {policy!r})")
         return cls(
             storage=storage,
-            model=os.environ.get("STEPWISE_MODEL") or "builtin:tiny",
+            model=service_model(),
             device=os.environ.get("STEPWISE_DEVICE") or "auto",
             max_num_seqs=max_num_seqs,
             policy=policy,
