@@ -14,7 +14,7 @@ from pathlib import Path
 
 from api.limits import LimitTable
 from batching.params import DEFAULT_SERVICE_MODEL, service_model
-from storage.settings import StorageSettings, env_int
+from storage.settings import StorageSettings, env_int, env_url
 from storage.url_policy import AllowList
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class ApiSettings:
             max_queue_depth=env_int("STEPWISE_MAX_QUEUE_DEPTH", DEFAULT_MAX_QUEUE_DEPTH),
             max_body_bytes=env_int("STEPWISE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
-            public_url=(os.environ.get("STEPWISE_PUBLIC_URL") or "").rstrip("/") or None,
+            public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
             webhook_allow=AllowList.from_env(),
             default_model=service_model(),
             limits=LimitTable.from_env(),

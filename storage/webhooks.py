@@ -34,9 +34,14 @@ def secret_bytes(secret: str) -> bytes:
     """The HMAC key for a configured secret (`whsec_<base64>` or a plain string)."""
     if secret.startswith(SECRET_PREFIX):
         try:
-            return base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
-        except binascii.Error as e:
-            raise ValueError("STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64") from e
+            key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except binascii.Error:
+            key = b""
+        if not key:
+            raise ValueError("STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64 "
+                             "(make one: python3 -c \"import base64, os; print('whsec_' + "
+                             "base64.b64encode(os.urandom(24)).decode())\")")
+        return key
     return secret.encode("utf-8")
 
 

@@ -7,6 +7,7 @@ with the API; these are the ones only a worker reads.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from batching.params import DEFAULT_SERVICE_MODEL, service_model
@@ -16,6 +17,9 @@ GENERATE_QUEUE = "stepwise.generate"
 WEBHOOK_QUEUE = "stepwise.webhooks"
 GENERATE_TASK = "stepwise.generate"
 DELIVER_WEBHOOK_TASK = "stepwise.deliver_webhook"
+
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def default_concurrency(max_num_seqs: int) -> int:
@@ -53,10 +57,13 @@ class WorkerSettings:
         policy = os.environ.get("STEPWISE_POLICY") or "default"
         if policy not in ("default", "fifo"):
             raise ValueError(f"STEPWISE_POLICY must be default or fifo (got {policy!r})")
-        return cls(
+        device = os.environ.get("STEPWISE_DEVICE") or "auto"
+        if not DEVICE_PATTERN.fullmatch(device):
+            raise ValueError(f"STEPWISE_DEVICE must be auto, cpu, cuda or cuda:N (got {device!r})")
+        settings = cls(
             storage=storage,
             model=service_model(),
-            device=os.environ.get("STEPWISE_DEVICE") or "auto",
+            device=device,
             max_num_seqs=max_num_seqs,
             policy=policy,
             deterministic=env_bool("STEPWISE_DETERMINISTIC", False),
@@ -72,3 +79,28 @@ class WorkerSettings:
             webhook_timeout=env_float("STEPWISE_WEBHOOK_TIMEOUT", 10.0),
             redis_retry_seconds=env_float("STEPWISE_REDIS_RETRY_SECONDS", 60.0),
         )
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse values that parse but make no sense, naming the variable."""
+        for name in ("concurrency", "visibility_timeout", "webhook_max_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{ENV_NAMES[name]} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})")
+        for name in ("poll_interval", "progress_interval", "lease_sweep_interval", "webhook_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{ENV_NAMES[name]} must be a positive number of seconds (got {getattr(self, name)})")
+        for name in ("shutdown_grace", "webhook_backoff", "redis_retry_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{ENV_NAMES[name]} must be a number of seconds, 0 or more (got {getattr(self, name)})")
+
+
+ENV_NAMES = {
+    "concurrency": "STEPWISE_WORKER_CONCURRENCY", "visibility_timeout": "STEPWISE_VISIBILITY_TIMEOUT",
+    "webhook_max_attempts": "STEPWISE_WEBHOOK_MAX_ATTEMPTS", "poll_interval": "STEPWISE_WORKER_POLL_INTERVAL",
+    "progress_interval": "STEPWISE_PROGRESS_INTERVAL", "lease_sweep_interval": "STEPWISE_LEASE_SWEEP_INTERVAL",
+    "webhook_timeout": "STEPWISE_WEBHOOK_TIMEOUT", "shutdown_grace": "STEPWISE_SHUTDOWN_GRACE",
+    "webhook_backoff": "STEPWISE_WEBHOOK_BACKOFF", "redis_retry_seconds": "STEPWISE_REDIS_RETRY_SECONDS",
+}

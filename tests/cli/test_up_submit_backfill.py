@@ -205,7 +205,7 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
             assert f"line {line}: invalid" in second.stderr
         else:
             assert entry["state"] == "succeeded", entry
-            assert Path(entry["image"]).is_file()
+            assert len(entry["images"]) == 1 and Path(entry["images"][0]).is_file()
     assert len({entry["job_id"] for entry in results.values() if entry["job_id"]}) == num_valid
     assert "45 succeeded, 5 failed" in second.stderr
 

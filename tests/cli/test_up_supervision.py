@@ -50,7 +50,7 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
         time.sleep(0.5)
         alive = [child for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [child.cmdline() for child in alive]
-        assert "api exited" in log_path.read_text()
+        assert "api was killed by SIGKILL" in log_path.read_text()
     finally:
         if up.poll() is None:
             up.kill()
