@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,10 @@ MAX_GUIDANCE = 50.0
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+
+
+# Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def service_model() -> str:

@@ -7,19 +7,15 @@ with the API; these are the ones only a worker reads.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
-from batching.params import DEFAULT_SERVICE_MODEL, service_model
+from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, service_model
 from storage.settings import StorageSettings, env_bool, env_float, env_int
 
 GENERATE_QUEUE = "stepwise.generate"
 WEBHOOK_QUEUE = "stepwise.webhooks"
 GENERATE_TASK = "stepwise.generate"
 DELIVER_WEBHOOK_TASK = "stepwise.deliver_webhook"
-
-
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def default_concurrency(max_num_seqs: int) -> int:
