@@ -216,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(error)
         return 2
     api_url = f"http://{connect_host(args.host)}:{args.port}"
+    env.setdefault("STEPWISE_PUBLIC_URL", api_url)  # the worker's webhook payloads link to this API
     started = time.monotonic()
 
     supervisor = Supervisor()

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, service_model
-from storage.settings import StorageSettings, env_bool, env_float, env_int
+from storage.settings import StorageSettings, env_bool, env_float, env_int, env_url
 
 GENERATE_QUEUE = "stepwise.generate"
 WEBHOOK_QUEUE = "stepwise.webhooks"
@@ -43,6 +43,7 @@ class WorkerSettings:
     webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
     webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
     redis_retry_seconds: float = 60.0  # STEPWISE_REDIS_RETRY_SECONDS: how long a task thread retries its record I/O
+    public_url: str | None = None  # STEPWISE_PUBLIC_URL: the API's base URL, for the URLs in webhook payloads
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -74,6 +75,7 @@ class WorkerSettings:
             webhook_backoff=env_float("STEPWISE_WEBHOOK_BACKOFF", 2.0),
             webhook_timeout=env_float("STEPWISE_WEBHOOK_TIMEOUT", 10.0),
             redis_retry_seconds=env_float("STEPWISE_REDIS_RETRY_SECONDS", 60.0),
+            public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
         )
         settings.check()
         return settings
