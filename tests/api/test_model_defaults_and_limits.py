@@ -38,6 +38,8 @@ def test_a_job_that_names_no_model_gets_the_model_the_service_serves(make_app):
     assert unnamed.status_code == 202, unnamed.json
     assert unnamed.json["params"]["model"] == "builtin:small"
     assert named.json["params"]["model"] == "builtin:tiny"
+    document = client.get("/openapi.json").json
+    assert document["components"]["schemas"]["JobRequest"]["properties"]["model"]["default"] == "builtin:small"
 
 
 def test_stepwise_model_sets_the_apis_default_model_as_it_sets_the_workers(monkeypatch):
