@@ -30,9 +30,6 @@ class ModelLimits:
     max_pixels: int  # height x width of one image
     max_pixel_steps: int  # num_images x height x width x num_inference_steps of one job
 
-    def as_dict(self) -> dict[str, int]:
-        return {"max_pixels": self.max_pixels, "max_pixel_steps": self.max_pixel_steps}
-
 
 CPU_LIMITS = ModelLimits(max_pixels=512 * 512, max_pixel_steps=8 * 256 * 256 * 50)
 GPU_LIMITS = ModelLimits(max_pixels=P.MAX_PIXELS, max_pixel_steps=8 * 1024 * 1024 * 50)
