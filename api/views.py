@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime, timezone
 from typing import Any
 
-from dataclasses import fields
+from flask import request
 
-from flask import current_app, request
-
+from api.resources import get_image_store, get_settings
 from batching.params import GenerationParams
 from storage import public_urls
 from storage.job_store import JobRecord, JobState
@@ -23,7 +23,7 @@ def iso_time(seconds: float | None) -> str | None:
 
 
 def base_url() -> str:
-    return current_app.extensions["stepwise.settings"].public_url or request.host_url.rstrip("/")
+    return get_settings().public_url or request.host_url.rstrip("/")
 
 
 def job_url(job_id: str, suffix: str = "") -> str:
@@ -33,7 +33,7 @@ def job_url(job_id: str, suffix: str = "") -> str:
 def image_urls(record: JobRecord) -> list[str]:
     if record.state is not JobState.SUCCEEDED:
         return []
-    return public_urls.image_urls(base_url(), record.job_id, record.image_keys, current_app.extensions["stepwise.images"])
+    return public_urls.image_urls(base_url(), record.job_id, record.image_keys, get_image_store())
 
 
 def attempt_view(attempt: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def make_app(redis_url, tmp_path):
 
 
 def store_of(app) -> JobStore:
-    return app.extensions["stepwise.store"]
+    return app.extensions["stepwise.job_store"]
 
 
 def test_a_job_that_names_no_model_gets_the_model_the_service_serves(make_app):

@@ -35,7 +35,7 @@ class LiveApi:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.store = self.app.extensions["stepwise.store"]
+        self.store = self.app.extensions["stepwise.job_store"]
 
     def cli(self, *argv: str) -> int:
         return main([*argv, "--api-url", self.url, "--api-key", KEY])
