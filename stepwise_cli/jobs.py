@@ -7,12 +7,11 @@ import json
 
 from stepwise_cli.client import ApiClient, add_api_arguments
 from stepwise_cli.status import run_with_client
-
-STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
+from storage.job_record import JOB_STATE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state", choices=STATES, help="only jobs in this state")
+    parser.add_argument("--state", choices=JOB_STATE_NAMES, help="only jobs in this state")
     parser.add_argument("--limit", type=int, default=20, help="jobs to show (default 20; pages of at most 100)")
     parser.add_argument("--all", action="store_true", help="every job, page after page")
     parser.add_argument("--json", action="store_true", help="one JSON job view per line")

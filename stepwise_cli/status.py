@@ -13,8 +13,9 @@ from typing import Any
 
 from stepwise_cli.client import ApiClient, ApiResponseError, ClientError, add_api_arguments, resolve_target
 from stepwise_cli.submit import image_urls, job_error_message
+from storage.job_record import TERMINAL_STATE_NAMES
 
-FAILED_STATES = frozenset({"failed", "canceled", "expired"})
+FAILED_STATES = TERMINAL_STATE_NAMES - {"succeeded"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

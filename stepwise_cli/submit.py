@@ -26,6 +26,7 @@ from stepwise_cli.client import (
     add_api_arguments,
     resolve_target,
 )
+from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 POLL_INTERVAL_SECONDS = 0.25
 
@@ -44,7 +45,6 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-WEBHOOK_EVENTS = ("started", "completed", "failed", "canceled")
 
 
 def parse_deadline(text: str) -> str:
