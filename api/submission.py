@@ -62,10 +62,11 @@ def validate_job(data: Any, settings: ApiSettings, fleet: Fleet, tenant: str, *,
     except ValidationError as e:
         raise from_validation_error(e, prefix_loc) from e
     try:
-        params = GenerationParams.from_dict(job.params_dict())
+        params = GenerationParams.from_dict({"model": settings.default_model, **job.params_dict()})
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
     fleet.check_job(params, field_prefix)
+    settings.limits.check(params, field_prefix)
     priority = job.priority or default_priority or DEFAULT_PRIORITY
     allowed = settings.max_priority(tenant)
     if PRIORITIES.index(priority) < PRIORITIES.index(allowed):
