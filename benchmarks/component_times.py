@@ -2,7 +2,7 @@
 
 `ForwardTrace` watches a running engine: for every denoiser forward it records the
 latent size and the row count (from the scheduler's plan), and it sums the encode and
-decode seconds the runner reports. `time_forwards` then times the bare UNet at exactly
+decode seconds the runner reports. `time_forwards` then times the bare denoiser at exactly
 those (size, rows) shapes, in the same process, so
 
     ideal seconds = sum over forwards of t_forward(size, rows) + encode + decode
@@ -37,8 +37,8 @@ class ForwardTrace:
         runner = engine.model_runner
         execute = runner.execute
 
-        def traced_execute(plan):
-            output = execute(plan)
+        def traced_execute(plan, *args):
+            output = execute(plan, *args)
             self._record(plan, output)
             return output
 
@@ -85,22 +85,31 @@ class UNetRowCounter:
 
 
 def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[ForwardShape, float]:
-    """Median seconds of one bare UNet forward per shape (after one untimed call per shape).
+    """Median seconds of one bare denoiser forward per shape (after one untimed call per shape).
 
     Called right after the run whose shapes these are, so the machine's load is as close
-    as it gets to the load the run saw."""
-    dim = adapter.unet.config.cross_attention_dim
-    seq = adapter.tokenizer.model_max_length
+    as it gets to the load the run saw. Any family: the rows are the adapter's padding row."""
+    from batching.params import GenerationParams
+    from batching.pipelines.contract import ForwardBatch
+
     medians = {}
     for height, width, rows in sorted(shapes):
-        latents = torch.randn(rows, *adapter.latent_shape(height, width), dtype=adapter.dtype, device=adapter.device)
-        timesteps = torch.linspace(900, 100, rows, device=adapter.device)  # [rows], one per row as in the engine
-        embeds = torch.randn(rows, seq, dim, dtype=adapter.dtype, device=adapter.device)  # [rows, seq, dim]
-        adapter.forward(latents, timesteps, embeds)
+        params = GenerationParams(prompt="timing", model=adapter.model, height=height, width=width, seed=0)
+        sampler = adapter.new_sampler(params)
+        latents = adapter.initial_latents(params, sampler, torch.Generator("cpu").manual_seed(0))  # [1, *latent_shape]
+        padding = adapter.padding_row()
+        batch = ForwardBatch(
+            latents=latents.expand(rows, *latents.shape[1:]).contiguous(),
+            timesteps=sampler.timesteps[:1].float().expand(rows).contiguous(),  # [rows]
+            conditioning={name: tensor.unsqueeze(0).expand(rows, *tensor.shape).contiguous()
+                          for name, tensor in padding.items()},
+            lengths={},
+        )
+        adapter.forward(batch)
         seconds = []
         for _ in range(repeats):
             start = time.perf_counter()
-            adapter.forward(latents, timesteps, embeds)
+            adapter.forward(batch)
             if adapter.device.type == "cuda":
                 torch.cuda.synchronize(adapter.device)
             seconds.append(time.perf_counter() - start)

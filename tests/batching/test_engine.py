@@ -106,11 +106,11 @@ def test_a_failing_group_fails_its_jobs_readably_and_the_engine_serves_the_next(
     real_forward = model.forward
     calls = []
 
-    def broken_forward(latents, timesteps, embeds):
-        calls.append(latents.shape[0])
+    def broken_forward(batch):
+        calls.append(batch.latents.shape[0])
         if len(calls) == 3:
             raise RuntimeError("injected denoiser failure")
-        return real_forward(latents, timesteps, embeds)
+        return real_forward(batch)
 
     monkeypatch.setattr(model, "forward", broken_forward)
     engine.pause()
