@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX  # torch-free
+
 UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
 
@@ -61,15 +63,6 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
 }
 
-BUILTIN_FAMILIES = {
-    "builtin:tiny": "sd",
-    "builtin:small": "sd",
-    "builtin:shapes": "sd",
-    "builtin:tiny-sdxl": "sdxl",
-    "builtin:tiny-flux": "flux",
-    "builtin:tiny-zimage": "zimage",
-}
-
 # Jobs for a model whose family is not known yet (a folder or repo id) get these defaults and the
 # loosest rules; the engine serving the model checks them against its family at submit.
 FALLBACK_FAMILY = "sd"
@@ -77,7 +70,10 @@ FALLBACK_FAMILY = "sd"
 
 def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
-    return BUILTIN_FAMILIES.get(model)
+    from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX
+
+    built_in = BUILTIN_MODELS.get(model.removeprefix(BUILTIN_PREFIX)) if model.startswith(BUILTIN_PREFIX) else None
+    return built_in.family if built_in else None
 
 
 def family_of_pipeline_class(class_name: str) -> str | None:

@@ -6,6 +6,7 @@ import torch
 
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.loading import detect_family, model_source
+from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
 
 __all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "resolve_dtype"]
@@ -13,7 +14,7 @@ __all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "
 
 def adapter_class(family: str) -> type:
     """The adapter class of a family in batching.families.FAMILIES."""
-    return {"sd": StableDiffusionAdapter}[family]
+    return {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter}[family]
 
 
 def resolve_device(device: str) -> torch.device:
