@@ -61,7 +61,7 @@ class InputBatch:
         assert self.num_rows <= num_buffer_rows, f"{self.num_rows} rows exceed the fixed row count {num_buffer_rows}"
         rows: list[Conditioning] = [row for sample in samples for row in sample.row_conditioning]
         if num_buffer_rows > self.num_rows:
-            rows += [self.adapter.padding_row()] * (num_buffer_rows - self.num_rows)
+            rows += [self.adapter.padding_row(samples[0].params)] * (num_buffer_rows - self.num_rows)
         latents = samples[0].latents
         self.latents = self._reuse(self.latents, (num_buffer_rows, *latents.shape[1:]), latents.dtype)
         self.timesteps = self._reuse(self.timesteps, (num_buffer_rows,), torch.float32)

@@ -104,6 +104,9 @@ class GenerationParams:
 def _validate(p: GenerationParams, spec: FamilySpec) -> None:
     _check_str(p, "prompt", MAX_PROMPT_CHARS, allow_empty=False)
     _check_str(p, "negative_prompt", MAX_PROMPT_CHARS, allow_empty=True)
+    if p.negative_prompt and spec.guidance_kind != "cfg":
+        raise InvalidParamsError("negative_prompt", p.negative_prompt,
+                                 f"is not supported by {spec.name} models (they run no classifier-free guidance)")
     for name in ("height", "width"):
         value = _check_int(p, name, MIN_SIZE, MAX_SIZE)
         if value % spec.size_multiple:

@@ -97,7 +97,7 @@ def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[
         params = GenerationParams(prompt="timing", model=adapter.model, height=height, width=width, seed=0)
         sampler = adapter.new_sampler(params)
         latents = adapter.initial_latents(params, sampler, torch.Generator("cpu").manual_seed(0))  # [1, *latent_shape]
-        padding = adapter.padding_row()
+        padding = adapter.padding_row(params)
         batch = ForwardBatch(
             latents=latents.expand(rows, *latents.shape[1:]).contiguous(),
             timesteps=sampler.timesteps[:1].float().expand(rows).contiguous(),  # [rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from batching.pipelines.contract import PipelineAdapter
+from batching.pipelines.flux import FluxAdapter
 from batching.pipelines.loading import detect_family, model_source
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -14,7 +15,7 @@ __all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "
 
 def adapter_class(family: str) -> type:
     """The adapter class of a family in batching.families.FAMILIES."""
-    return {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter}[family]
+    return {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter}[family]
 
 
 def resolve_device(device: str) -> torch.device:

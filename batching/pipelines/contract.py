@@ -72,8 +72,9 @@ class PipelineAdapter(Protocol):
         """The conditioning of each row the sample contributes, from its encoded texts."""
         ...
 
-    def padding_row(self) -> Conditioning:
-        """The conditioning of a padding row in deterministic mode (its result is discarded)."""
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        """A padding row's conditioning in deterministic mode, for a group of samples like `params`
+        (its result is discarded)."""
         ...
 
     def model_input(self, sample: SampleTensors) -> torch.Tensor:

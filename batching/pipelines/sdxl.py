@@ -72,7 +72,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
             return [params.prompt]
         return super().texts_to_encode(params)
 
-    def padding_row(self) -> Conditioning:
+    def padding_row(self, params: GenerationParams) -> Conditioning:
         pipeline = self.pipeline
         width = pipeline.text_encoder.config.hidden_size + pipeline.text_encoder_2.config.hidden_size
         zeros = dict(device=self.device, dtype=self.dtype)

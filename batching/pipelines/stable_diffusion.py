@@ -79,7 +79,7 @@ class StableDiffusionAdapter:
             return [encoded[params.negative_prompt], encoded[params.prompt]]
         return [encoded[params.prompt]]
 
-    def padding_row(self) -> Conditioning:
+    def padding_row(self, params: GenerationParams) -> Conditioning:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
         return {"embeds": torch.zeros(tokenizer.model_max_length, text_encoder.config.hidden_size,
                                       device=self.device, dtype=self.dtype)}
