@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from diffusers import FluxPipeline, StableDiffusionXLPipeline
+from diffusers import FluxPipeline, StableDiffusionXLPipeline, ZImagePipeline
 
 from batching.builtin_model import build_builtin_pipeline, builtin_model_path, save_builtin_model
 
@@ -22,6 +22,7 @@ class FamilyCase:
 CASES = [
     FamilyCase("builtin:tiny-sdxl", StableDiffusionXLPipeline, 64),
     FamilyCase("builtin:tiny-flux", FluxPipeline, 64),
+    FamilyCase("builtin:tiny-zimage", ZImagePipeline, 64),
 ]
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from transformers import T5TokenizerFast
+from transformers import Qwen2Tokenizer, T5TokenizerFast
 
-from batching.assets import make_t5_tokenizer
+from batching.assets import make_qwen_tokenizer, make_t5_tokenizer, make_tokenizer
 
 
-@pytest.mark.parametrize("generator", [make_t5_tokenizer], ids=lambda module: module.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("generator", [make_t5_tokenizer, make_qwen_tokenizer], ids=lambda module: module.__name__.rsplit(".", 1)[-1])
 def test_each_shipped_tokenizer_is_what_its_script_generates(generator, tmp_path):
     generator.write_tokenizer(tmp_path)
 
@@ -27,3 +27,31 @@ def test_the_t5_tokenizer_keeps_known_words_whole_and_ends_with_eos():
     assert ids[9:] == [tokenizer.pad_token_id] * 3
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a red fox, in the forest!"
     assert tokenizer.model_max_length == 512
+
+
+def test_the_qwen_tokenizer_renders_the_chat_prompt_zimage_encodes_and_pads_on_the_right():
+    tokenizer = Qwen2Tokenizer.from_pretrained(make_qwen_tokenizer.OUT_DIR, local_files_only=True)
+
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "a red fox"}], tokenize=False, add_generation_prompt=True, enable_thinking=True
+    )
+    encoded = tokenizer(text, padding="max_length", max_length=16)
+
+    assert text == "<|im_start|>user\na red fox<|im_end|>\n<|im_start|>assistant\n"
+    tokens = ["<|im_start|>", "user", "Ċ", "a", "Ġred", "Ġfox", "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ"]
+    assert tokenizer.convert_ids_to_tokens(encoded.input_ids[:11]) == tokens
+    assert encoded.input_ids[11:] == [tokenizer.pad_token_id] * 5
+    assert encoded.attention_mask == [1] * 11 + [0] * 5
+
+
+@pytest.mark.parametrize(
+    "out_dir, tokenizer_class",
+    [(make_t5_tokenizer.OUT_DIR, T5TokenizerFast), (make_qwen_tokenizer.OUT_DIR, Qwen2Tokenizer)],
+    ids=["t5", "qwen"],
+)
+def test_every_word_of_the_prompt_vocabulary_is_one_token(out_dir, tokenizer_class):
+    tokenizer = tokenizer_class.from_pretrained(out_dir, local_files_only=True)
+
+    split = [word for word in make_tokenizer.WORDS if len(tokenizer.tokenize(" " + word)) != 1]
+
+    assert split == []
