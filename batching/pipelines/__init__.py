@@ -9,13 +9,15 @@ from batching.pipelines.flux import FluxAdapter
 from batching.pipelines.loading import detect_family, model_source
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
+from batching.pipelines.zimage import ZImageAdapter
 
 __all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "resolve_dtype"]
 
 
 def adapter_class(family: str) -> type:
     """The adapter class of a family in batching.families.FAMILIES."""
-    return {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter}[family]
+    adapters = {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter, "zimage": ZImageAdapter}
+    return adapters[family]
 
 
 def resolve_device(device: str) -> torch.device:

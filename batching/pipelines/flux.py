@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
@@ -67,23 +67,8 @@ class FluxAdapter:
         return [{"embeds": row.to(self.dtype), "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
 
     def new_sampler(self, params: GenerationParams) -> Any:
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
         config = self.pipeline.scheduler.config
-        sampler = FlowMatchEulerDiscreteScheduler.from_config(config)
-        steps = params.num_inference_steps
-        sigmas = None if config.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)
-        mu = calculate_shift(
-            self._num_tokens(params),
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        sampler.set_timesteps(sigmas=sigmas, mu=mu, device=self.device)
-        sampler.set_begin_index(0)
-        return sampler
+        return flow_matching_sampler(config, params.num_inference_steps, self._num_tokens(params), self.device)
 
     def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
         channels = self.transformer.config.in_channels // 4
