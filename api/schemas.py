@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SkipValidation
 
 import batching.params as P
+from batching.families import FAMILIES
 
 WEBHOOK_EVENTS = ("started", "completed", "failed", "canceled")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
@@ -20,6 +21,8 @@ JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
 WebhookEvent = Literal["started", "completed", "failed", "canceled"]
 JobStateName = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
+# Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
+_SD = FAMILIES["sd"]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
 PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
@@ -35,14 +38,20 @@ class JobRequest(StrictModel):
 
     prompt: str = Field(min_length=1, max_length=P.MAX_PROMPT_CHARS, description="What to draw.")
     negative_prompt: str = Field("", max_length=P.MAX_PROMPT_CHARS, description="What to steer away from.")
-    height: int = Field(128, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
-                        description=f"Pixels; height*width at most {P.MAX_PIXELS}.")
-    width: int = Field(128, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE, description="Pixels.")
-    num_inference_steps: int = Field(20, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="Denoising steps.")
-    guidance_scale: float = Field(7.5, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
-                                  description="Classifier-free guidance; at most 1.0 turns it off.")
+    height: int = Field(_SD.default_size, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
+                        description=f"Pixels; height*width at most {P.MAX_PIXELS}; a multiple of 16 for FLUX "
+                        "and Z-Image. Default: the model family's.")
+    width: int = Field(_SD.default_size, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
+                       description="Pixels. Default: the model family's.")
+    num_inference_steps: int = Field(_SD.default_steps, ge=P.MIN_STEPS, le=P.MAX_STEPS,
+                                     description="Denoising steps. Default: the model family's.")
+    guidance_scale: float = Field(
+        _SD.default_guidance, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
+        description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
+        "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).")
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field("euler", description="Sampler for the denoise loop.")  # type: ignore[valid-type]
+    sampler: Sampler = Field("euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). "
+                                    "Default: euler.")  # type: ignore[valid-type]
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(P.DEFAULT_MODEL, min_length=1, max_length=500, description="Model the workers serve.")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
