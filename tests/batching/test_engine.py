@@ -209,3 +209,31 @@ def test_an_invalid_engine_config_is_refused_before_loading_a_model():
 
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineConfig(max_num_seqs=0)
+
+
+def test_a_cancel_takes_effect_before_the_next_group_forward_of_the_same_iteration(fresh_engine, monkeypatch):
+    engine = fresh_engine(max_num_seqs=4, max_num_groups=2)
+    model = engine.model_runner.model
+    real_forward = model.forward
+    steps_of = {"small": [], "large": []}
+    steps_at_cancel = []
+
+    def forward_that_cancels_the_other_group(batch):
+        if batch.latents.shape[-1] == 8 and len(steps_of["small"]) == 3 and not steps_at_cancel:
+            steps_at_cancel.append(len(steps_of["large"]))
+            assert engine.cancel("large")  # called from inside the small group's forward
+        return real_forward(batch)
+
+    monkeypatch.setattr(model, "forward", forward_that_cancels_the_other_group)
+    engine.pause()
+    small = engine.submit(make_params(height=64, width=64, num_inference_steps=8), job_id="small",
+                          on_progress=lambda done, total: steps_of["small"].append(done))
+    large = engine.submit(make_params(height=96, width=96, num_inference_steps=8), job_id="large",
+                          on_progress=lambda done, total: steps_of["large"].append(done))
+    engine.resume()
+
+    with pytest.raises(JobCanceledError):
+        large.result(timeout=60)
+    assert small.result(timeout=60).image is not None
+    assert steps_at_cancel == [3]
+    assert len(steps_of["large"]) == 3, "the canceled job's group ran no forward after the cancel"
