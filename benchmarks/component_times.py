@@ -71,14 +71,18 @@ class ForwardTrace:
 
 
 class UNetRowCounter:
-    """Counts the rows of every UNet call of a diffusers pipeline (static batching's forwards)."""
+    """Counts the rows of every denoiser call of a diffusers pipeline (static batching's forwards).
 
-    def __init__(self, unet: torch.nn.Module) -> None:
+    The UNet takes its latents first; FLUX's transformer takes them as `hidden_states=`; Z-Image's
+    takes a list with one latent per row."""
+
+    def __init__(self, denoiser: torch.nn.Module) -> None:
         self.forwards: Counter = Counter()  # rows -> forwards
-        unet.register_forward_pre_hook(self._count)
+        denoiser.register_forward_pre_hook(self._count, with_kwargs=True)
 
-    def _count(self, module, args) -> None:
-        self.forwards[int(args[0].shape[0])] += 1
+    def _count(self, module, args, kwargs) -> None:
+        latents = args[0] if args else kwargs.get("hidden_states", kwargs.get("sample", kwargs.get("x")))
+        self.forwards[len(latents) if isinstance(latents, list) else int(latents.shape[0])] += 1
 
     def reset(self) -> None:
         self.forwards.clear()
@@ -88,21 +92,22 @@ def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[
     """Median seconds of one bare denoiser forward per shape (after one untimed call per shape).
 
     Called right after the run whose shapes these are, so the machine's load is as close
-    as it gets to the load the run saw. Any family: the rows are the adapter's padding row."""
+    as it gets to the load the run saw. Any family: every row is the conditional row of one prompt."""
     from batching.params import GenerationParams
     from batching.pipelines.contract import ForwardBatch
 
     medians = {}
     for height, width, rows in sorted(shapes):
-        params = GenerationParams(prompt="timing", model=adapter.model, height=height, width=width, seed=0)
+        params = GenerationParams(prompt="a red fox in the snow", model=adapter.model, height=height, width=width, seed=0)
         sampler = adapter.new_sampler(params)
         latents = adapter.initial_latents(params, sampler, torch.Generator("cpu").manual_seed(0))  # [1, *latent_shape]
-        padding = adapter.padding_row(params)
+        texts = adapter.texts_to_encode(params)
+        row = adapter.row_conditioning(params, dict(zip(texts, adapter.encode_prompts(texts))))[0]
         batch = ForwardBatch(
             latents=latents.expand(rows, *latents.shape[1:]).contiguous(),
             timesteps=sampler.timesteps[:1].float().expand(rows).contiguous(),  # [rows]
             conditioning={name: tensor.unsqueeze(0).expand(rows, *tensor.shape).contiguous()
-                          for name, tensor in padding.items()},
+                          for name, tensor in row.items()},
             lengths={},
         )
         adapter.forward(batch)
