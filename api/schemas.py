@@ -14,12 +14,11 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SkipValidation
 
 import batching.params as P
 from batching.families import FAMILIES
+from storage.job_record import JOB_STATE_NAMES
+from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
-WEBHOOK_EVENTS = ("started", "completed", "failed", "canceled")
-JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
-
-WebhookEvent = Literal["started", "completed", "failed", "canceled"]
-JobStateName = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
+WebhookEvent = Literal[WEBHOOK_EVENTS]  # type: ignore[valid-type]
+JobStateName = Literal[JOB_STATE_NAMES]  # type: ignore[valid-type]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
 # Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
 _SD = FAMILIES["sd"]
@@ -50,8 +49,8 @@ class JobRequest(StrictModel):
         description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).")
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field("euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). "
-                                    "Default: euler.")  # type: ignore[valid-type]
+    sampler: Sampler = Field(  # type: ignore[valid-type]
+        "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler.")
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(P.DEFAULT_MODEL, min_length=1, max_length=500, description="Model the workers serve.")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
@@ -61,7 +60,7 @@ class JobRequest(StrictModel):
                                     description="http(s) URL called on the events in webhook_events.")
     webhook_events: list[WebhookEvent] | None = Field(
         None, min_length=1, max_length=len(WEBHOOK_EVENTS),
-        description="Events to deliver; default all of started, completed, failed, canceled. Needs webhook_url.")
+        description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.")
     deadline: Annotated[AwareDatetime | None, Field(strict=False)] = Field(
         None, description="RFC 3339 time with offset; a job not started by then ends `expired`.")
 

@@ -21,6 +21,7 @@ from batching.builtin_models.registry import (
     is_builtin,
     save_builtin_model,
 )
+from batching.errors import ModelLoadError
 
 __all__ = [
     "BUILTIN_PREFIX",
@@ -39,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", default="builtin:tiny", help=", ".join(builtin_names()))
     parser.add_argument("--out", type=Path, help="save here instead of the cache folder")
     args = parser.parse_args(argv)
-    folder = save_builtin_model(args.model, args.out) if args.out else builtin_model_path(args.model)
+    try:
+        folder = save_builtin_model(args.model, args.out) if args.out else builtin_model_path(args.model)
+    except ModelLoadError as error:
+        parser.error(str(error))
     print(folder)
     return 0
 
