@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
+from batching.families import FAMILIES
 from batching.params import CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
 from batching.plan import NewSample, RunnerOutput
@@ -75,6 +76,8 @@ class DiffusionEngine:
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
+        # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
+        self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
         self.model_runner = ModelRunner(
             model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic
         )
@@ -226,7 +229,8 @@ class DiffusionEngine:
         for job in new_jobs:
             for index, sample_id in enumerate(job.sample_ids):
                 params = job.params.for_image(index)
-                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=CompatibilityKey.of(params)))
+                key = CompatibilityKey.of(params, has_size=self._key_has_size)
+                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key))
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()

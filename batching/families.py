@@ -29,6 +29,7 @@ class FamilySpec:
     max_guidance: float
     guidance_kind: str  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
+    mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
 
     @property
     def default_sampler(self) -> str:
@@ -59,7 +60,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
         name="zimage", pipeline_classes=("ZImagePipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
-        cfg_above=0.0,
+        cfg_above=0.0, mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
     ),
 }
 

@@ -29,7 +29,7 @@ class InputBatch:
         self.num_padded_rows = num_padded_rows
         self.sample_ids: tuple[str, ...] = ()  # membership the conditioning buffers were filled for
         self.num_rows = 0  # real rows, padding excluded
-        self.latents: torch.Tensor | None = None  # [num_buffer_rows, *latent_shape]
+        self.latents: torch.Tensor | None = None  # [num_buffer_rows, *latent_shape]; None when sizes differ
         self.timesteps: torch.Tensor | None = None  # [num_buffer_rows]
         self.conditioning: dict[str, torch.Tensor] = {}  # name -> [num_buffer_rows, *shape]
         self.lengths: dict[str, list[int]] = {}  # name -> each buffer row's true first-dim length
@@ -41,17 +41,26 @@ class InputBatch:
             self._refill_conditioning(samples)
             self.sample_ids = sample_ids
         row = 0
+        mixed_latents: list[torch.Tensor] = []
         for sample in samples:
-            self.latents[row : row + sample.num_rows] = self.adapter.model_input(sample)  # [1, *latent_shape] broadcast
+            model_input = self.adapter.model_input(sample)  # [1, *latent_shape]
+            if self.latents is None:
+                mixed_latents += [model_input[0]] * sample.num_rows
+            else:
+                self.latents[row : row + sample.num_rows] = model_input  # broadcast over the sample's rows
             self.timesteps[row : row + sample.num_rows] = sample.timestep
             row += sample.num_rows
-        return ForwardBatch(self.latents, self.timesteps, self.conditioning, self.lengths)
+        return ForwardBatch(self.latents if self.latents is not None else mixed_latents, self.timesteps,
+                            self.conditioning, self.lengths)
 
-    def split(self, predictions: torch.Tensor, samples: Sequence[SampleTensors]) -> list[torch.Tensor]:
+    def split(self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]) -> list[torch.Tensor]:
         """Each sample's rows [num_rows, *latent_shape] of the forward's output."""
         rows, row = [], 0
         for sample in samples:
-            rows.append(predictions[row : row + sample.num_rows])
+            if isinstance(predictions, list):
+                rows.append(torch.stack(predictions[row : row + sample.num_rows]))
+            else:
+                rows.append(predictions[row : row + sample.num_rows])
             row += sample.num_rows
         return rows
 
@@ -63,9 +72,13 @@ class InputBatch:
         if num_buffer_rows > self.num_rows:
             rows += [self.adapter.padding_row(samples[0].params)] * (num_buffer_rows - self.num_rows)
         latents = samples[0].latents
-        self.latents = self._reuse(self.latents, (num_buffer_rows, *latents.shape[1:]), latents.dtype)
+        if all(sample.latents.shape == latents.shape for sample in samples):
+            self.latents = self._reuse(self.latents, (num_buffer_rows, *latents.shape[1:]), latents.dtype)
+            self.latents[self.num_rows :] = 0
+        else:  # a family that mixes sizes: one latent per row, gathered every step
+            assert self.num_padded_rows is None, "deterministic mode keeps the size in the key"
+            self.latents = None
         self.timesteps = self._reuse(self.timesteps, (num_buffer_rows,), torch.float32)
-        self.latents[self.num_rows :] = 0
         self.timesteps[self.num_rows :] = 0
         self.lengths = {}
         for name, first in rows[0].items():

@@ -80,7 +80,7 @@ class GenerationParams:
         return FAMILIES[family or FALLBACK_FAMILY]
 
     def for_image(self, index: int) -> GenerationParams:
-        """The single-image job for image `index` of this request."""
+        """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
 
@@ -163,22 +163,24 @@ class CompatibilityKey:
     """What must match for two jobs to share one denoiser forward.
 
     Only what changes the denoiser's tensor contract or weights. Prompt, seed, step
-    count, current step, guidance scale and sampler are deliberately absent.
+    count, current step, guidance scale and sampler are deliberately absent, and so is
+    the size for families whose denoiser mixes sizes in one forward (`FamilySpec.mixes_sizes`).
     """
 
     model: str
-    height: int
-    width: int
+    height: int | None  # None: any size shares the forward
+    width: int | None
     num_frames: int = 1
     lora: str | None = None
     lora_scale: float = 1.0
 
     @classmethod
-    def of(cls, params: GenerationParams) -> CompatibilityKey:
+    def of(cls, params: GenerationParams, *, has_size: bool = True) -> CompatibilityKey:
+        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family)."""
         return cls(
             model=params.model,
-            height=params.height,
-            width=params.width,
+            height=params.height if has_size else None,
+            width=params.width if has_size else None,
             num_frames=params.num_frames,
             lora=params.lora,
             lora_scale=params.lora_scale if params.lora else 1.0,
@@ -186,4 +188,5 @@ class CompatibilityKey:
 
     def __str__(self) -> str:
         lora = f" lora={self.lora}@{self.lora_scale}" if self.lora else ""
-        return f"{self.model} {self.width}x{self.height}x{self.num_frames}{lora}"
+        size = f"{self.width}x{self.height}" if self.height is not None else "any size"
+        return f"{self.model} {size}x{self.num_frames}{lora}"

@@ -31,7 +31,7 @@ class ForwardTrace:
     forward_seconds: float = 0.0  # in-run wall time of those forwards (batch building and guidance included)
     encode_seconds: float = 0.0  # in-run text-encoder time
     decode_seconds: float = 0.0  # in-run VAE decode time
-    is_complete: bool = True  # False if a forward could not be matched to its group (a failed group)
+    is_complete: bool = True  # False if a forward could not be matched to one shape (a failed group, mixed sizes)
 
     def attach(self, engine) -> None:
         runner = engine.model_runner
@@ -55,6 +55,9 @@ class ForwardTrace:
         if len(keys) != len(output.rows_per_forward):
             self.is_complete = False
         for key, rows in zip(keys, output.rows_per_forward):
+            if key.height is None:  # a group mixing sizes (Z-Image) has no one shape to time bare
+                self.is_complete = False
+                continue
             self.forwards[(key.height, key.width, rows)] += 1
         self.forward_seconds += sum(output.forward_seconds)
         self.encode_seconds += output.encode_seconds

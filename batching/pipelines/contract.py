@@ -41,7 +41,8 @@ Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor
 class ForwardBatch:
     """One group's denoiser input; row i belongs to one sample and carries its own timestep."""
 
-    latents: torch.Tensor  # [num_rows, *latent_shape]: each row's model input
+    latents: torch.Tensor | list[torch.Tensor]  # [num_rows, *latent_shape], or one [*latent_shape] per row when
+    # the group mixes sizes (families whose key holds no size)
     timesteps: torch.Tensor  # [num_rows] float32: each row's sampler timestep, as the sampler states it
     conditioning: dict[str, torch.Tensor]  # name -> [num_rows, *shape]; first dims zero-padded where lengths differ
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
@@ -81,8 +82,9 @@ class PipelineAdapter(Protocol):
         """[1, *latent_shape]: the sample's latents as its denoiser row takes them this step."""
         ...
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """One denoiser call over every row: [num_rows, *latent_shape] predictions."""
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        """One denoiser call over every row: [num_rows, *latent_shape] predictions (a list per row when
+        `batch.latents` is a list)."""
         ...
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:

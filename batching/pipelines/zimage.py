@@ -7,7 +7,8 @@ drawn in float32 from the sample's own generator; the sampler is flow-matching E
 transformer takes a list of latents and a list of caption features and pads them itself
 with attention masks. Guidance is classifier-free for any scale above 0, with the
 pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
-negated velocity.
+negated velocity. Because the transformer takes one latent per row, samples of different
+sizes share a forward: the family's key holds no size (except in deterministic mode).
 """
 
 from __future__ import annotations
@@ -98,14 +99,18 @@ class ZImageAdapter:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
         lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
-        latents = batch.latents.to(self.transformer.dtype).unsqueeze(2)  # [rows, 16, 1, h, w]: one frame
+        dtype = self.transformer.dtype
+        latents = [row.to(dtype).unsqueeze(1) for row in batch.latents]  # per row [16, 1, h, w]: one frame
         outputs = self.transformer(
-            list(latents.unbind(0)),
+            latents,
             (1000 - batch.timesteps) / 1000,
             [row[:length] for row, length in zip(embeds, lengths)],
             return_dict=False,
         )[0]
-        return torch.stack([output.float() for output in outputs]).squeeze(2)  # [rows, 16, h, w]
+        predictions = [output.float().squeeze(1) for output in outputs]  # per row [16, h, w]
+        if isinstance(batch.latents, list):  # rows of different sizes: the transformer padded them with masks
+            return predictions
+        return torch.stack(predictions)  # [rows, 16, h, w]
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
         cond = rows[0:1]

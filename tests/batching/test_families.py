@@ -160,3 +160,28 @@ def test_a_checkpoint_of_an_unsupported_family_is_refused_naming_it_and_the_supp
 
     with pytest.raises(ModelLoadError, match="QwenImagePipeline.*FluxPipeline"):
         DiffusionEngine(EngineConfig(model=str(tmp_path), device="cpu"))
+
+
+def test_z_image_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone():
+    sizes = [(64, 64), (96, 96), (64, 128)]
+    params_list = [
+        GenerationParams(prompt=f"a fox {index}", model="builtin:tiny-zimage", seed=index, num_inference_steps=4,
+                         guidance_scale=(4.0, 0.0, 2.0)[index], height=height, width=width)
+        for index, (height, width) in enumerate(sizes)
+    ]
+    solo = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=1))
+    batched = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=4, max_num_groups=1))
+    try:
+        alone = run_alone(solo, params_list)
+        batched.pause()
+        futures = [batched.submit(params) for params in params_list]
+        batched.resume()
+        images = [future.result(timeout=120).image for future in futures]
+
+        assert [image.size for image in images] == [(width, height) for height, width in sizes]
+        for image_alone, image in zip(alone, images):
+            assert max_pixel_diff(image_alone, image) <= 1
+        assert batched.stats()["jobs_per_forward"] == {3: 4}, "one group, all three sizes in every forward"
+    finally:
+        solo.shutdown(abort=True)
+        batched.shutdown(abort=True)
