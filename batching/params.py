@@ -188,5 +188,5 @@ class CompatibilityKey:
 
     def __str__(self) -> str:
         lora = f" lora={self.lora}@{self.lora_scale}" if self.lora else ""
-        size = f"{self.width}x{self.height}" if self.height is not None else "any size"
+        size = f"{self.width}x{self.height}" if self.height is not None else "*x*"  # any size
         return f"{self.model} {size}x{self.num_frames}{lora}"
