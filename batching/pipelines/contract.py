@@ -18,7 +18,7 @@ Lifecycle of a sample, as the runner drives it:
    variable-length tensors, see `ForwardBatch.lengths`) and the adapter runs
    `forward(batch)` once for the group; `guided_prediction(rows, params)` turns a
    sample's rows into the prediction its sampler steps with.
-4. `decode(latents, params_list)` for finished samples of one latent shape.
+4. `decode(latents, params_list)` for finished samples of one size.
 """
 
 from __future__ import annotations
