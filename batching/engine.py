@@ -107,8 +107,8 @@ class DiffusionEngine:
         # Again, against the family this engine loaded: a params object altered after it was built
         # allocates nothing either, and a folder model's family is known only here.
         params.validate(self.family)
-        if params.lora is not None:
-            raise InvalidParamsError("lora", params.lora, "is not supported by this engine yet")
+        if params.lora is not None and not FAMILIES[self.family].supports_lora:
+            raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
         job_id = job_id or uuid.uuid4().hex
         future: Future = Future()
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()

@@ -30,6 +30,7 @@ class FamilySpec:
     guidance_kind: str  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
     mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
+    supports_lora: bool = False  # the engine serves LoRA adapters for it (none yet)
 
     @property
     def default_sampler(self) -> str:
