@@ -60,7 +60,7 @@ def start(sender) -> None:
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
         runtime.load_engine()
-    metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
+    metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
     _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval,
                                   unsent_grace=runtime.lease_seconds).start()
 

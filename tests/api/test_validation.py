@@ -83,7 +83,8 @@ def test_malformed_json_gets_400(api, http, body):
 
 @pytest.mark.parametrize("body", [[], "a red fox", 42, None])
 def test_a_body_that_is_not_an_object_gets_422(api, http, body):
-    response = http.post(f"{api.url}/v1/jobs", data=json.dumps(body), headers=auth(), timeout=10)
+    response = http.post(f"{api.url}/v1/jobs", data=json.dumps(body),
+                         headers={**auth(), "Content-Type": "application/json"}, timeout=10)
 
     assert response.status_code == 422
     assert "must be a JSON object" in response.json()["error"]["message"]
