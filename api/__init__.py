@@ -1,7 +1,8 @@
 """The HTTP API: a Flask application factory.
 
 Resources (the job store, the image store, the Celery client, the key ring, the OpenAPI
-document) are created once per application and kept on `app.extensions`.
+document) are created once per application from settings read once, and routes reach
+them through the named getters of `api.resources`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, metrics, openapi
+from api import errors, health, jobs, metrics, openapi, resources
 from api.auth import KeyRing
 from api.queue import TaskQueue
 from api.settings import ApiSettings
@@ -28,12 +29,15 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
     app.json.compact = True
 
-    app.extensions["stepwise.settings"] = settings
-    app.extensions["stepwise.keyring"] = KeyRing(settings.api_keys)
-    app.extensions["stepwise.store"] = JobStore.from_settings(settings.storage)
-    app.extensions["stepwise.images"] = open_image_store(settings.storage)
-    app.extensions["stepwise.queue"] = TaskQueue(settings.storage.redis_url)
-    app.extensions["stepwise.openapi"] = openapi.build_document(settings)
+    resources.install(
+        app,
+        settings=settings,
+        keyring=KeyRing(settings.api_keys),
+        job_store=JobStore.from_settings(settings.storage),
+        image_store=open_image_store(settings.storage),
+        task_queue=TaskQueue(settings.storage.redis_url),
+        openapi_document=openapi.build_document(settings),
+    )
 
     errors.register(app)
     metrics.register(app)

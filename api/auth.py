@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hmac
 
-from flask import current_app, g, request
+from flask import g, request
 
 from api.errors import ApiError
+from api.resources import get_keyring
 
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Bearer realm="stepwise"'}
 
@@ -42,7 +43,7 @@ def require_tenant() -> None:
     if token is None:
         raise ApiError(401, "unauthorized", "missing API key: send Authorization: Bearer <key>",
                        headers=UNAUTHORIZED_HEADERS)
-    tenant = current_app.extensions["stepwise.keyring"].tenant_for(token)
+    tenant = get_keyring().tenant_for(token)
     if tenant is None:
         raise ApiError(401, "unauthorized", "invalid API key", headers=UNAUTHORIZED_HEADERS)
     g.tenant = tenant

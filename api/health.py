@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, current_app
+from flask import Blueprint
+
+from api.resources import get_image_store, get_job_store
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +20,7 @@ def healthz():
 
 def storage_reachable() -> bool:
     try:
-        return bool(current_app.extensions["stepwise.images"].ping())
+        return bool(get_image_store().ping())
     except Exception as e:  # any failure means "not ready", and readiness must never raise
         log.warning("image storage is not reachable: %s", e)
         return False
@@ -26,7 +28,7 @@ def storage_reachable() -> bool:
 
 @bp.get("/readyz")
 def readyz():
-    checks = {"redis": current_app.extensions["stepwise.store"].ping(), "storage": storage_reachable()}
+    checks = {"redis": get_job_store().ping(), "storage": storage_reachable()}
     if all(checks.values()):
         return {"status": "ok", "checks": checks}
     failing = ", ".join(name for name, ok in checks.items() if not ok)

@@ -5,16 +5,21 @@ from __future__ import annotations
 import logging
 import uuid
 
-from flask import Blueprint, Response, current_app, g, redirect, request
+from flask import Blueprint, Response, g, redirect, request
 from pydantic import ValidationError
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
+from api.resources import get_image_store, get_job_store, get_settings, get_task_queue
 from api.schemas import BatchRequest, ImageQuery, ListQuery
 from api.submission import QueueRoom, batch_item_key, check_idempotency_key, create_job, validate_job
 from api.views import job_url, job_view
-from storage.errors import ImageNotFoundError, InvalidCursorError, InvalidTransitionError
+from storage.errors import (
+    ImageNotFoundError,
+    InvalidCursorError,
+    InvalidTransitionError,
+)
 from storage.job_store import JobRecord, JobState
 from storage.webhooks import build_payload
 
@@ -26,14 +31,9 @@ bp.before_request(require_tenant)
 MAX_JOB_ID_CHARS = 128
 
 
-def resources():
-    ext = current_app.extensions
-    return ext["stepwise.settings"], ext["stepwise.store"], ext["stepwise.queue"]
-
-
 def own_job(job_id: str) -> JobRecord:
     """The caller's job, or 404 (also for another tenant's job: its existence is not revealed)."""
-    _, store, _ = resources()
+    store = get_job_store()
     record = store.get(job_id) if len(job_id) <= MAX_JOB_ID_CHARS else None
     if record is None or record.tenant != g.tenant:
         raise not_found()
@@ -41,14 +41,14 @@ def own_job(job_id: str) -> JobRecord:
 
 
 def view_with_position(record: JobRecord) -> dict:
-    _, store, _ = resources()
+    store = get_job_store()
     position = store.queue_position(record.job_id) if record.state is JobState.QUEUED else None
     return job_view(record, position)
 
 
 @bp.post("")
 def submit():
-    settings, store, queue = resources()
+    settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job = validate_job(read_json(), settings)
     QueueRoom.read(store, settings, g.tenant).take_one()
@@ -61,7 +61,7 @@ def submit():
 
 @bp.post("/batch")
 def submit_batch():
-    settings, store, queue = resources()
+    settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     try:
         items = BatchRequest.model_validate(read_json()).jobs
@@ -88,7 +88,7 @@ def submit_batch():
 
 @bp.get("")
 def list_jobs():
-    _, store, _ = resources()
+    store = get_job_store()
     try:
         query = ListQuery.model_validate(request.args.to_dict())
     except ValidationError as e:
@@ -108,7 +108,7 @@ def get_job(job_id: str):
 
 @bp.post("/<job_id>/cancel")
 def cancel_job(job_id: str):
-    _, store, queue = resources()
+    store = get_job_store()
     record = own_job(job_id)
     try:
         new_state = store.request_cancel(job_id)
@@ -126,7 +126,7 @@ def send_canceled_webhook(record: JobRecord) -> None:
     """A queued job canceled here never reaches a worker, so the API sends its `canceled` event."""
     if not record.webhook_url or "canceled" not in record.webhook_events:
         return
-    _, _, queue = resources()
+    queue = get_task_queue()
     try:
         queue.enqueue_webhook(record.job_id, "canceled", f"msg_{uuid.uuid4().hex}", build_payload(record, "canceled"))
     except Exception as e:  # the cancel happened; a lost notification must not turn it into an error
@@ -144,7 +144,7 @@ def get_image(job_id: str):
         raise ApiError(409, "no_image", f"the job is {record.state.value}; its image exists once it has succeeded")
     if index >= len(record.image_keys):
         raise not_found("image")
-    images = current_app.extensions["stepwise.images"]
+    images = get_image_store()
     key = record.image_keys[index]
     presigned = images.presigned_url(key)
     if presigned:

@@ -11,11 +11,12 @@ import logging
 import os
 import time
 
-from flask import Blueprint, Flask, Response, current_app, g, request
+from flask import Blueprint, Flask, Response, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from api.resources import get_job_store
 from storage.errors import StorageError
 from storage.job_store import JobStore
 
@@ -82,7 +83,7 @@ def metrics():
     else:
         registry.register(REQUEST_LATENCY)
         registry.register(REQUESTS)
-    registry.register(JobStoreCollector(current_app.extensions["stepwise.store"]))
+    registry.register(JobStoreCollector(get_job_store()))
     return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app
+from flask import Blueprint
 from pydantic import BaseModel
 
 from api import schemas
+from api.resources import get_openapi_document
 from api.settings import ApiSettings
 
 bp = Blueprint("openapi", __name__)
@@ -158,4 +159,4 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
 
 @bp.get("/openapi.json")
 def openapi_json():
-    return current_app.extensions["stepwise.openapi"]
+    return get_openapi_document()

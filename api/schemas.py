@@ -14,12 +14,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation
 
 import batching.params as P
+from storage.job_record import JOB_STATE_NAMES
+from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
-WEBHOOK_EVENTS = ("started", "completed", "failed", "canceled")
-JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
-
-WebhookEvent = Literal["started", "completed", "failed", "canceled"]
-JobStateName = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
+WebhookEvent = Literal[WEBHOOK_EVENTS]  # type: ignore[valid-type]
+JobStateName = Literal[JOB_STATE_NAMES]  # type: ignore[valid-type]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
@@ -64,7 +63,7 @@ class JobRequest(StrictModel):
                                     description="http(s) URL called on the events in webhook_events.")
     webhook_events: list[WebhookEvent] | None = Field(
         None, min_length=1, max_length=len(WEBHOOK_EVENTS),
-        description="Events to deliver; default all of started, completed, failed, canceled. Needs webhook_url.")
+        description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.")
     deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
         None, description="RFC 3339 time with an offset (unix numbers are refused), at most 30 days ahead; "
                           "a job not started by then ends `expired`.")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime, timezone
 from typing import Any
 
-from dataclasses import fields
+from flask import request
 
-from flask import current_app, request
-
+from api.resources import get_image_store, get_settings
 from batching.params import GenerationParams
 from storage.job_store import JobRecord, JobState
 
@@ -28,7 +28,7 @@ def iso_time(seconds: float | None) -> str | None:
 
 
 def base_url() -> str:
-    return current_app.extensions["stepwise.settings"].public_url or request.host_url.rstrip("/")
+    return get_settings().public_url or request.host_url.rstrip("/")
 
 
 def job_url(job_id: str, suffix: str = "") -> str:
@@ -38,7 +38,7 @@ def job_url(job_id: str, suffix: str = "") -> str:
 def image_urls(record: JobRecord) -> list[str]:
     if record.state is not JobState.SUCCEEDED:
         return []
-    images = current_app.extensions["stepwise.images"]
+    images = get_image_store()
     urls = []
     for index, key in enumerate(record.image_keys):
         presigned = images.presigned_url(key)

@@ -39,6 +39,7 @@ import requests
 from benchmarks import workloads
 from benchmarks.metrics import percentiles
 from benchmarks.variants import sleep_until
+from storage.job_record import TERMINAL_STATE_NAMES
 
 RUN_SCHEMA = "stepwise-bench-e2e-run/1"
 STARTUP_TIMEOUT = 300.0
@@ -46,7 +47,7 @@ POLL_INTERVAL = 0.25
 LIST_LIMIT = 100  # newest jobs per listing: more than one workload's jobs
 SUBMIT_CLIENTS = 4
 SUBMIT_SECONDS = 5.0
-TERMINAL_STATES = ("succeeded", "failed", "canceled", "expired")
+TERMINAL_STATES = TERMINAL_STATE_NAMES
 REQUEST_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale", "seed",
                   "sampler", "model")
 

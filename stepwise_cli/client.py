@@ -24,10 +24,12 @@ import requests
 import tenacity
 from requests.adapters import HTTPAdapter
 
+from storage.job_record import TERMINAL_STATE_NAMES
+
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 STATE_FILE_NAME = "stepwise.json"
 MAX_RETRY_AFTER_SECONDS = 60.0
-TERMINAL_STATES = frozenset({"succeeded", "failed", "canceled", "expired"})
+TERMINAL_STATES = TERMINAL_STATE_NAMES
 
 
 class ClientError(Exception):

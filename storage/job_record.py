@@ -28,6 +28,8 @@ class JobState(str, enum.Enum):
 
 
 TERMINAL_STATES = tuple(state for state in JobState if state.is_terminal)
+JOB_STATE_NAMES = tuple(state.value for state in JobState)  # what clients see in a job's `state`
+TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 
 
 @dataclass

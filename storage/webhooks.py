@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from storage.job_record import JobRecord
 
 EVENTS = ("started", "completed", "failed", "canceled")
+EVENT_FOR_STATE = {"running": "started", "succeeded": "completed", "failed": "failed", "canceled": "canceled"}
+assert set(EVENT_FOR_STATE.values()) == set(EVENTS)
 SECRET_PREFIX = "whsec_"
 DEFAULT_TOLERANCE_SECONDS = 5 * 60
 

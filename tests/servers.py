@@ -30,6 +30,22 @@ def wait_for_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
 
 
+def wait_until_gone(processes: list, timeout: float = 10.0) -> list:
+    """Wait (bounded) until each psutil.Process has exited; return those still alive (zombies count as gone)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
 def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
     """Terminate a child process, killing it if it does not exit within `timeout`."""
     if process is None or process.poll() is not None:

@@ -200,8 +200,10 @@ _runtime_lock = threading.Lock()
 def get_runtime() -> WorkerRuntime:
     global _runtime
     with _runtime_lock:
-        if _runtime is None:
-            _runtime = WorkerRuntime(WorkerSettings.from_env())
+        if _runtime is None:  # no worker start (a task run in-process): the app's settings, read once
+            from worker.app import settings
+
+            _runtime = WorkerRuntime(settings)
         return _runtime
 
 

@@ -21,6 +21,7 @@ from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceled
 from batching.params import GenerationParams
 from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
+from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.app import app
@@ -158,7 +159,6 @@ def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
     return (record.started_at - record.created_at) + float(engine_timings.get("queue_wait", 0.0))
 
 
-EVENT_FOR_STATE = {JobState.SUCCEEDED: "completed", JobState.FAILED: "failed", JobState.CANCELED: "canceled"}
 
 
 def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
@@ -172,7 +172,7 @@ def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields
     metrics.JOB_SECONDS.observe(max(0.0, time.time() - record.created_at))
     if state is not JobState.SUCCEEDED:
         log.info("job %s: %s (%s)", record.job_id, state.value, fields.get("error_message", ""))
-    event = EVENT_FOR_STATE.get(state)
+    event = EVENT_FOR_STATE.get(state.value) if state.is_terminal else None
     if event is not None:
         shown = {name: fields[name] for name in ("image_keys", "error_code", "error_message") if name in fields}
         emit_event(dataclasses.replace(record, state=state, **shown), event)

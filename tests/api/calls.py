@@ -6,9 +6,10 @@ import time
 
 import requests
 
+from storage.job_record import TERMINAL_STATE_NAMES
 from tests.api.processes import TENANT_KEYS, ApiProcess
 
-TERMINAL_STATES = {"succeeded", "failed", "canceled", "expired"}
+TERMINAL_STATES = TERMINAL_STATE_NAMES
 
 
 def auth(tenant: str = "alice") -> dict[str, str]:

@@ -3,7 +3,12 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.api.processes import ApiProcess
+from api import create_app
+from api.resources import get_task_queue
+from api.settings import ApiSettings
+from storage.settings import StorageSettings
+from storage.url_policy import AllowList
+from tests.api.processes import TENANT_KEYS, ApiProcess
 from tests.servers import RedisServer
 
 
@@ -32,3 +37,27 @@ def api(module_redis, storage_url, tmp_path_factory):
 def http():
     with requests.Session() as session:
         yield session
+
+
+@pytest.fixture
+def app(redis_url, tmp_path):
+    """The Flask app in this process (create_app with test settings) on the session's real Redis:
+    for validation, auth and views, where no server process is needed."""
+    settings = ApiSettings(
+        api_keys=tuple(TENANT_KEYS.items()),
+        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
+        webhook_allow=AllowList.parse("127.0.0.1"),
+    )
+    app = create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+    yield app
+    get_task_queue_of(app).close()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+def get_task_queue_of(app):
+    with app.app_context():
+        return get_task_queue()

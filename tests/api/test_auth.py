@@ -1,10 +1,10 @@
-"""API keys: no or bad key gets 401; another tenant's job is 404, never revealed."""
+"""API keys: no or bad key gets 401; another tenant's job is 404, never revealed (in-process app)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.api.calls import auth, submit
+from tests.api.calls import auth
 
 BODY = {"prompt": "a quiet harbor", "seed": 3, "num_inference_steps": 2}
 
@@ -15,27 +15,27 @@ BODY = {"prompt": "a quiet harbor", "seed": 3, "num_inference_steps": 2}
 @pytest.mark.parametrize(("method", "path"), [("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/abc"),
                                               ("POST", "/v1/jobs/abc/cancel"), ("GET", "/v1/jobs/abc/image"),
                                               ("POST", "/v1/jobs/batch")])
-def test_requests_without_a_valid_key_get_401(api, http, headers, method, path):
-    response = http.request(method, f"{api.url}{path}", json=BODY, headers=headers, timeout=10)
+def test_requests_without_a_valid_key_get_401(client, headers, method, path):
+    response = client.open(path, method=method, json=BODY, headers=headers)
 
     assert response.status_code == 401
-    assert response.json()["error"]["code"] == "unauthorized"
+    assert response.get_json()["error"]["code"] == "unauthorized"
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_another_tenants_job_is_not_found(api, http):
-    job = submit(http, api, BODY, "alice").json()
+def test_another_tenants_job_is_not_found(client):
+    job = client.post("/v1/jobs", json=BODY, headers=auth("alice")).get_json()
 
     for method, suffix in [("GET", ""), ("POST", "/cancel"), ("GET", "/image")]:
-        response = http.request(method, f"{job['status_url']}{suffix}", headers=auth("bob"), timeout=10)
+        response = client.open(f"{job['status_url']}{suffix}", method=method, headers=auth("bob"))
         assert response.status_code == 404, (method, suffix)
-    assert http.get(job["status_url"], headers=auth("alice"), timeout=10).json()["state"] == "queued"
+    assert client.get(job["status_url"], headers=auth("alice")).get_json()["state"] == "queued"
 
 
-def test_another_tenants_jobs_are_not_listed(api, http):
-    job = submit(http, api, BODY, "alice").json()
+def test_another_tenants_jobs_are_not_listed(client):
+    job = client.post("/v1/jobs", json=BODY, headers=auth("alice")).get_json()
 
-    page = http.get(f"{api.url}/v1/jobs", params={"limit": 100}, headers=auth("bob"), timeout=10).json()
+    page = client.get("/v1/jobs", query_string={"limit": 100}, headers=auth("bob")).get_json()
 
     assert job["job_id"] not in {j["job_id"] for j in page["jobs"]}
 

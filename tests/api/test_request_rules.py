@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from api import create_app
+from api.resources import get_job_store, get_task_queue
 from api.settings import ApiSettings
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
@@ -37,12 +38,14 @@ def make_client(redis_url, tmp_path):
 
     yield make
     for app in apps:
-        app.extensions["stepwise.queue"].close()
-        app.extensions["stepwise.store"].close()
+        with app.app_context():
+            get_task_queue().close()
+            get_job_store().close()
 
 
 @pytest.fixture
 def client(make_client):
+    """Shadows tests/api/conftest.py's `client`: two tenants and the limits each test sets."""
     return make_client()
 
 

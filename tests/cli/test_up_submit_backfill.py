@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from storage.job_store import JobStore
-from tests.servers import child_env, free_port
+from tests.servers import child_env, free_port, wait_until_gone
 
 STARTUP_TIMEOUT = 240
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
@@ -215,7 +215,6 @@ def test_sigterm_stops_every_child_and_leaves_no_process(up):
     names = " ".join(" ".join(p.cmdline()) for p in children)
     assert "redis-server" in names and " worker" in names and " api" in names
     assert up.stop() == 0, up.log()
-    time.sleep(0.5)
-    alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = wait_until_gone(children, timeout=10)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}\n{up.log()}"
     assert "[api]" in up.log() and "[worker]" in up.log() and "[redis]" in up.log()

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from tests.servers import child_env, free_port
+from tests.servers import child_env, free_port, wait_until_gone
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 
@@ -47,8 +47,7 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
         api = next(child for child in psutil.Process(up.pid).children() if " api " in " ".join(child.cmdline()) + " ")
         api.send_signal(signal.SIGKILL)
         assert up.wait(90) == 1
-        time.sleep(0.5)
-        alive = [child for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+        alive = wait_until_gone(children, timeout=10)
         assert not alive, [child.cmdline() for child in alive]
         assert "api exited" in log_path.read_text()
     finally:

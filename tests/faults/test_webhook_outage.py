@@ -43,7 +43,7 @@ def test_a_receiver_that_comes_back_gets_the_event_with_its_webhook_id_and_a_dea
 
     assert {a["webhook_id"] for a in late} == {delivered[0].headers["webhook-id"]}
     assert [a["delivered"] for a in late] == [False] * (len(late) - 1) + [True]
-    assert all("ConnectionError" in a["error"] for a in late[:-1])
+    assert all(a["error"].startswith("ConnectionRefusedError") for a in late[:-1])  # nothing listened yet
     assert delivered[0].payload["data"] == {"job_id": late_id, "state": "succeeded",
                                             "image_keys": folder_cluster.store.get(late_id).image_keys}
 

@@ -1,0 +1,50 @@
+"""The application's shared resources, one named getter each (flaskr's `get_db()` style).
+
+`create_app` builds every resource once, from settings read once at start, and keeps it on
+`app.extensions`; routes reach them only through these getters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, current_app
+
+if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
+    from api.auth import KeyRing
+    from api.queue import TaskQueue
+    from api.settings import ApiSettings
+    from storage.image_store import ImageStore
+    from storage.job_store import JobStore
+
+_KEYS = ("settings", "keyring", "job_store", "image_store", "task_queue", "openapi_document")
+
+
+def install(app: Flask, **resources: Any) -> None:
+    assert set(resources) == set(_KEYS), f"resources must be exactly {_KEYS}"
+    for name, value in resources.items():
+        app.extensions[f"stepwise.{name}"] = value
+
+
+def get_settings() -> ApiSettings:
+    return current_app.extensions["stepwise.settings"]
+
+
+def get_keyring() -> KeyRing:
+    return current_app.extensions["stepwise.keyring"]
+
+
+def get_job_store() -> JobStore:
+    return current_app.extensions["stepwise.job_store"]
+
+
+def get_image_store() -> ImageStore:
+    return current_app.extensions["stepwise.image_store"]
+
+
+def get_task_queue() -> TaskQueue:
+    return current_app.extensions["stepwise.task_queue"]
+
+
+def get_openapi_document() -> dict[str, Any]:
+    return current_app.extensions["stepwise.openapi_document"]

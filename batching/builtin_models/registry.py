@@ -1,0 +1,91 @@
+"""Which built-in models exist, where their folders live, and how a folder is made.
+
+Torch-free: the family modules that build the pipelines are imported only when a
+folder is missing, so `is_builtin`, `builtin_family` and the cache paths cost nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from batching.errors import ModelLoadError
+
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    version: str  # bump when the configs or the seeds change: the cache folder is keyed on it
+    family: str  # the diffusers pipeline family: "sd", "sdxl", "flux" or "zimage"
+    builder: str  # module with `build_pipeline(name)`, imported only to build
+
+
+BUILTIN_MODELS = {
+    "tiny": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
+    "small": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
+    "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.builtin_models.sdxl"),
+    "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.builtin_models.flux"),
+    "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.builtin_models.zimage"),
+}
+
+
+def is_builtin(model: str) -> bool:
+    return model.startswith(BUILTIN_PREFIX)
+
+
+def builtin_names() -> list[str]:
+    return [BUILTIN_PREFIX + name for name in BUILTIN_MODELS]
+
+
+def builtin_family(model: str) -> str:
+    """The family of a built-in model ("sd", "sdxl", "flux", "zimage")."""
+    return BUILTIN_MODELS[_short_name(model)].family
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("STEPWISE_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "stepwise"
+
+
+def builtin_model_path(model: str) -> Path:
+    """The folder of a built-in model, building and saving it first if it is missing."""
+    name = _short_name(model)
+    folder = cache_dir() / f"builtin-{name}-{BUILTIN_MODELS[name].version}"
+    if not (folder / "model_index.json").exists():
+        save_builtin_model(model, folder)
+    return folder
+
+
+def save_builtin_model(model: str, folder: Path) -> Path:
+    """Build the pipeline and save it to `folder` atomically (safe against concurrent builders)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.parent / f".{folder.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        build_builtin_pipeline(model).save_pretrained(staging)
+        try:
+            os.rename(staging, folder)
+        except OSError:
+            if not (folder / "model_index.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def build_builtin_pipeline(model: str):
+    """The diffusers pipeline of a built-in model; its weights are a function of its seeds only."""
+    name = _short_name(model)
+    return importlib.import_module(BUILTIN_MODELS[name].builder).build_pipeline(name)
+
+
+def _short_name(model: str) -> str:
+    name = model[len(BUILTIN_PREFIX):] if is_builtin(model) else model
+    if name not in BUILTIN_MODELS:
+        raise ModelLoadError(f"unknown built-in model {model!r}; known: {', '.join(builtin_names())}")
+    return name

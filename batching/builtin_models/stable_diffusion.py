@@ -1,0 +1,70 @@
+"""builtin:tiny and builtin:small: Stable Diffusion 1.x-style pipelines.
+
+`builtin:tiny` is small enough that a 20-step 128x128 job takes well under a second on
+two CPU cores; `builtin:small` has a denoiser large enough to dominate the step time,
+for benchmarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batching.builtin_models.components import clip_text_config, clip_tokenizer, seeded, tiny_vae
+
+
+@dataclass(frozen=True)
+class StableDiffusionSize:
+    unet_channels: tuple[int, ...]
+    text_hidden_size: int  # also the UNet's cross-attention dim
+
+
+SIZES = {
+    "tiny": StableDiffusionSize(unet_channels=(32, 64), text_hidden_size=32),
+    "small": StableDiffusionSize(unet_channels=(64, 128, 256), text_hidden_size=64),
+}
+
+
+def build_pipeline(name: str):
+    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    size = SIZES[name]
+    tokenizer = clip_tokenizer()
+    num_unet_levels = len(size.unet_channels)
+    with seeded(0):
+        unet = UNet2DConditionModel(
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            block_out_channels=size.unet_channels,
+            layers_per_block=2,
+            down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (num_unet_levels - 1),
+            up_block_types=("CrossAttnUpBlock2D",) * (num_unet_levels - 1) + ("UpBlock2D",),
+            cross_attention_dim=size.text_hidden_size,
+            attention_head_dim=8,
+            norm_num_groups=32,
+        )
+    with seeded(1):
+        vae = tiny_vae(latent_channels=4)
+    with seeded(2):
+        text_encoder = CLIPTextModel(clip_text_config(tokenizer, size.text_hidden_size))
+    scheduler = DDIMScheduler(  # Stable Diffusion 1.x's training schedule
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        prediction_type="epsilon",
+    )
+    return StableDiffusionPipeline(
+        vae=vae.eval(),
+        text_encoder=text_encoder.eval(),
+        tokenizer=tokenizer,
+        unet=unet.eval(),
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )

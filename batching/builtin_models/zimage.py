@@ -1,0 +1,82 @@
+"""builtin:tiny-zimage: a ZImagePipeline with Z-Image-Turbo's structure at toy size.
+
+Like Z-Image: a single-stream transformer over 2x2 latent patches (16 VAE channels) and
+the caption tokens, which are the penultimate hidden states of a Qwen3 text encoder
+run on the prompt wrapped in Qwen3's chat template; FLUX's VAE scaling and shift; a
+flow-matching Euler sampler with a fixed shift of 3. The Qwen tokenizer is generated
+by `batching/assets/make_qwen_tokenizer.py`.
+"""
+
+from __future__ import annotations
+
+from batching.builtin_models.components import ASSETS_DIR, seeded, tiny_vae
+
+QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
+TEXT_HIDDEN_SIZE = 32  # the caption features' width (Z-Image: 2560)
+TRANSFORMER_DIM = 64
+NUM_HEADS = 2
+ROPE_AXES_DIMS = (8, 12, 12)  # Z-Image's (32, 48, 48) scaled down; sums to the head dim
+ROPE_AXES_LENS = (1536, 512, 512)  # Z-Image's: caption/frame, height and width positions
+LATENT_CHANNELS = 16
+VAE_SCALING_FACTOR, VAE_SHIFT_FACTOR = 0.3611, 0.1159  # Z-Image uses FLUX's VAE
+
+
+def build_pipeline(name: str):
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3Model
+
+    tokenizer = Qwen2Tokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
+    assert sum(ROPE_AXES_DIMS) == TRANSFORMER_DIM // NUM_HEADS
+    with seeded(0):
+        transformer = ZImageTransformer2DModel(
+            all_patch_size=(2,),
+            all_f_patch_size=(1,),
+            in_channels=LATENT_CHANNELS,
+            dim=TRANSFORMER_DIM,
+            n_layers=2,
+            n_refiner_layers=1,
+            n_heads=NUM_HEADS,
+            n_kv_heads=NUM_HEADS,
+            norm_eps=1e-5,
+            qk_norm=True,
+            cap_feat_dim=TEXT_HIDDEN_SIZE,
+            rope_theta=256.0,
+            t_scale=1000.0,
+            axes_dims=list(ROPE_AXES_DIMS),
+            axes_lens=list(ROPE_AXES_LENS),
+        )
+    with seeded(1):
+        vae = tiny_vae(
+            latent_channels=LATENT_CHANNELS,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            scaling_factor=VAE_SCALING_FACTOR,
+            shift_factor=VAE_SHIFT_FACTOR,
+        )
+    with seeded(2):
+        text_encoder = Qwen3Model(
+            Qwen3Config(
+                vocab_size=len(tokenizer),
+                hidden_size=TEXT_HIDDEN_SIZE,
+                intermediate_size=2 * TEXT_HIDDEN_SIZE,
+                num_hidden_layers=3,  # the pipeline reads the penultimate layer's states
+                num_attention_heads=4,
+                num_key_value_heads=2,  # grouped-query attention, as in Qwen3
+                head_dim=8,
+                max_position_embeddings=tokenizer.model_max_length,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        )
+    scheduler = FlowMatchEulerDiscreteScheduler(  # Z-Image-Turbo's scheduler config
+        num_train_timesteps=1000,
+        shift=3.0,
+        use_dynamic_shifting=False,
+    )
+    return ZImagePipeline(
+        scheduler=scheduler,
+        vae=vae.eval(),
+        text_encoder=text_encoder.eval(),
+        tokenizer=tokenizer,
+        transformer=transformer.eval(),
+    )
