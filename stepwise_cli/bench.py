@@ -3,6 +3,7 @@
     stepwise bench                      # the full suite (10-15 minutes on 2 CPU cores)
     stepwise bench --quick              # a few minutes
     stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
+    stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.run import SIZES, SuiteOptions
 
-DEFAULT_OUT = Path("benchmarks/results")
+DEFAULT_OUT = Path("var/bench")  # not benchmarks/results: a trial run must not overwrite the committed run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
