@@ -1,0 +1,122 @@
+"""LoRA adapters in the engine (builtin:tiny): rows with different adapters, scales and none share a forward,
+each job equal to itself alone and to diffusers' own pipeline with the adapter set at that scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from batching import DiffusionEngine, EngineConfig, JobFailedError
+from batching.lora.make_test_loras import make_lora
+from tests.batching.conftest import make_params, max_pixel_diff, run_alone
+
+ADAPTERS = ("style-a", "style-b")
+
+
+@pytest.fixture(scope="module")
+def lora_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loras")
+    for seed, name in enumerate(ADAPTERS):
+        make_lora("builtin:tiny", folder / f"{name}.safetensors", seed=seed)
+    (folder / "not-safetensors.safetensors").write_bytes(b"\x80\x04pickle, not safetensors")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lora_engines(lora_folder):
+    """A mixing engine (rows with different adapters share a forward) and one running jobs one by one."""
+    url = lora_folder.as_uri()
+    mixed = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=url, max_num_groups=1))
+    solo = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, lora_url=url))
+    yield mixed, solo
+    mixed.shutdown(abort=True)
+    solo.shutdown(abort=True)
+
+
+def lora_workload() -> list:
+    return [
+        make_params(prompt="a red fox", seed=1, lora="style-a", num_inference_steps=10),
+        make_params(prompt="a blue bird", seed=2, lora="style-b", lora_scale=0.5),
+        make_params(prompt="a red fox", seed=1),  # the first job without its adapter
+        make_params(prompt="a calm lake", seed=4, lora="style-a", lora_scale=-0.7, guidance_scale=1.0),
+        make_params(prompt="snow", seed=5, lora="style-b", lora_scale=1.5, sampler="ddim"),
+    ]
+
+
+def test_jobs_with_different_adapters_share_forwards_and_each_equals_itself_alone(lora_engines):
+    mixed, solo = lora_engines
+    workload = lora_workload()
+    futures = [mixed.submit(params) for params in workload]
+    together = [future.result(timeout=120).image for future in futures]
+    alone = run_alone(solo, workload)
+
+    for image_together, image_alone in zip(together, alone):
+        assert max_pixel_diff(image_together, image_alone) <= 1
+    assert max_pixel_diff(together[0], together[2]) > 8, "the adapter changes the image"
+    assert any(count >= 2 for count in mixed.stats()["loras_per_forward"]), mixed.stats()["loras_per_forward"]
+    assert max(mixed.stats()["jobs_per_forward"]) == len(workload)
+
+
+def test_an_adapter_job_equals_diffusers_pipeline_with_the_adapter_at_that_scale(lora_engines, lora_folder):
+    from diffusers import StableDiffusionPipeline
+
+    from batching.builtin_model import builtin_model_path
+
+    mixed, _ = lora_engines
+    params = make_params(prompt="a blue bird", seed=2, lora="style-b", lora_scale=0.5, negative_prompt="blurry")
+    others = [make_params(seed=9, lora="style-a"), make_params(seed=10)]
+    futures = [mixed.submit(p) for p in [params, *others]]
+    image = futures[0].result(timeout=120).image
+
+    pipeline = StableDiffusionPipeline.from_pretrained(builtin_model_path("builtin:tiny"), local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.load_lora_weights(str(lora_folder / "style-b.safetensors"), adapter_name="style_b")
+    pipeline.set_adapters(["style_b"], adapter_weights=[params.lora_scale])
+    expected = pipeline(
+        params.prompt, negative_prompt=params.negative_prompt, height=params.height, width=params.width,
+        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
+    ).images[0]
+    for future in futures[1:]:
+        future.result(timeout=120)
+
+    assert max_pixel_diff(image, expected) <= 2
+
+
+def test_a_missing_or_invalid_adapter_fails_only_its_own_job_naming_it(lora_engines):
+    mixed, _ = lora_engines
+    good = mixed.submit(make_params(lora="style-a", num_inference_steps=4))
+    missing = mixed.submit(make_params(lora="no-such-adapter"))
+    pickle = mixed.submit(make_params(lora="not-safetensors"))
+
+    with pytest.raises(JobFailedError, match="'no-such-adapter' does not exist"):
+        missing.result(timeout=60)
+    with pytest.raises(JobFailedError, match="'not-safetensors' is not a valid safetensors file"):
+        pickle.result(timeout=60)
+    assert good.result(timeout=120).image.size == (64, 64)
+
+
+def test_an_adapter_that_does_not_fit_the_model_fails_its_job_naming_it(lora_engines, lora_folder):
+    from safetensors.torch import save_file
+
+    save_file({"unet.down_blocks.0.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 7),
+               "unet.down_blocks.0.attentions.0.proj_in.lora_B.weight": torch.zeros(7, 4)},
+              str(lora_folder / "wrong-shape.safetensors"))
+    mixed, _ = lora_engines
+    with pytest.raises(JobFailedError, match="'wrong-shape' does not fit"):
+        mixed.submit(make_params(lora="wrong-shape")).result(timeout=60)
+    assert mixed.submit(make_params(lora="style-a", num_inference_steps=3)).result(timeout=60).image
+
+
+def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_folder, lora_engines):
+    mixed, _ = lora_engines
+    workload = lora_workload()[:3]
+    expected = [future.result(timeout=120).image for future in [mixed.submit(p) for p in workload]]
+    with DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=lora_folder.as_uri(),
+                                      lora_mode="group", max_num_groups=3)) as grouped:
+        images = [future.result(timeout=120).image for future in [grouped.submit(p) for p in workload]]
+        stats = grouped.stats()
+    assert set(stats["loras_per_forward"]) <= {0, 1}
+    for image, image_expected in zip(images, expected):
+        assert max_pixel_diff(image, image_expected) <= 1
