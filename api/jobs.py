@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
-from api.resources import get_image_store, get_job_store, get_settings, get_task_queue
+from api.resources import get_image_store, get_job_store, get_lora_store, get_settings, get_task_queue
 from api.schemas import BatchRequest, ImageQuery, ListQuery
 from api.submission import (
     check_idempotency_key,
+    check_lora,
     check_queue_room,
     create_job,
     validate_job,
@@ -56,6 +57,7 @@ def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job = validate_job(read_json(), settings)
+    check_lora(job.params, g.tenant, get_lora_store())
     check_queue_room(store, settings)
     record, created = create_job(store, queue, g.tenant, job, idempotency_key)
     headers = {"Location": job_url(record.job_id)}
@@ -79,6 +81,7 @@ def submit_batch():
     for index, item in enumerate(items):
         try:
             job = validate_job(item, settings, field_prefix=f"jobs[{index}].")
+            check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
             item_key = f"{idempotency_key}#{index}" if idempotency_key else None
             record, _ = create_job(store, queue, g.tenant, job, item_key)
             results.append({"index": index, "status": 202, "job": view_with_position(record)})
