@@ -15,7 +15,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from peft.tuners.lora import LoraLayer
+
+# PEFT's LoRA layers are recognised by their attributes: importing peft here would import accelerate,
+# which imports boto3 when it is installed (batching must not load it).
+LoraLayer = torch.nn.Module
+
+
+def is_lora_layer(module: torch.nn.Module) -> bool:
+    return isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict) and hasattr(module, "enable_adapters")
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class RowLoras:
         """Disable the PEFT layers' own adapter path and hook every LoRA layer of `module`; how many it has."""
         num_layers = 0
         for layer in module.modules():
-            if not isinstance(layer, LoraLayer):
+            if not is_lora_layer(layer):
                 continue
             num_layers += 1
             layer.enable_adapters(False)
