@@ -54,15 +54,18 @@ FAMILIES: dict[str, FamilySpec] = {
     "sdxl": FamilySpec(
         name="sdxl", pipeline_classes=("StableDiffusionXLPipeline",), samplers=UNET_SAMPLERS, size_multiple=8,
         default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
+        supports_lora=True,
     ),
     "flux": FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
         name="flux", pipeline_classes=("FluxPipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=3.5, max_guidance=20.0, guidance_kind="embedded",
+        supports_lora=True,
     ),
     "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
         name="zimage", pipeline_classes=("ZImagePipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
         cfg_above=0.0, mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
+        supports_lora=True,
     ),
 }
 

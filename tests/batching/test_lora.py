@@ -120,3 +120,23 @@ def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_f
     assert set(stats["loras_per_forward"]) <= {0, 1}
     for image, image_expected in zip(images, expected):
         assert max_pixel_diff(image, image_expected) <= 1
+
+
+@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage"])
+def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alone(model, tmp_path):
+    for seed, name in enumerate(ADAPTERS):
+        make_lora(model, tmp_path / f"{name}.safetensors", seed=seed)
+    workload = [
+        make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, lora="style-a", guidance_scale=None),
+        make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, guidance_scale=None),
+        make_params(model=model, prompt="a bird", seed=2, num_inference_steps=3, lora="style-b", lora_scale=0.5,
+                    guidance_scale=None),
+    ]
+    with DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, lora_url=tmp_path.as_uri())) as engine:
+        together = [future.result(timeout=120).image for future in [engine.submit(p) for p in workload]]
+        alone = run_alone(engine, workload)
+        assert engine.stats()["loras_per_forward"].get(2), engine.stats()["loras_per_forward"]
+
+    for image_together, image_alone in zip(together, alone):
+        assert max_pixel_diff(image_together, image_alone) <= 1
+    assert max_pixel_diff(together[0], together[1]) > 3, "the adapter changes the image"
