@@ -16,7 +16,8 @@ from urllib.parse import unquote, urlsplit
 from batching.errors import LoraError
 from batching.params import LORA_SUFFIX, MAX_LORA_BYTES
 
-LoraFetcher = Callable[[str], "bytes | None"]  # store key -> the file's bytes, None when there is none
+LoraFetcher = Callable[[str], "bytes | None"]  # a job's `lora` (the store key without suffix) -> the file's
+# bytes, None when there is none (storage.lora_store.LoraStore.get)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class LoraSource:
         from safetensors.torch import load
 
         try:
-            data = self._fetch(f"{name}{LORA_SUFFIX}")
+            data = self._fetch(name)
         except LoraError:
             raise
         except Exception as e:
@@ -63,11 +64,10 @@ class LoraSource:
             raise LoraError(f"LoRA adapter {name!r} is not a valid safetensors file: {e}") from e
         return LoraFile(name=name, data=data)
 
-    def _read_file(self, key: str) -> bytes | None:
-        path = self._root / key
-        if ".." in Path(key).parts or not path.is_file():
+    def _read_file(self, name: str) -> bytes | None:
+        path = self._root / f"{name}{LORA_SUFFIX}"
+        if ".." in Path(name).parts or not path.is_file():
             return None
-        if os.path.getsize(path) > self.max_bytes:
-            raise LoraError(f"LoRA adapter {key.removesuffix(LORA_SUFFIX)!r} is {os.path.getsize(path)} bytes, "
-                            f"above the limit of {self.max_bytes}")
+        if os.path.getsize(path) > self.max_bytes:  # checked before reading it
+            raise LoraError(f"LoRA adapter {name!r} is {os.path.getsize(path)} bytes, above the limit of {self.max_bytes}")
         return path.read_bytes()
