@@ -140,3 +140,20 @@ def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alo
     for image_together, image_alone in zip(together, alone):
         assert max_pixel_diff(image_together, image_alone) <= 1
     assert max_pixel_diff(together[0], together[1]) > 3, "the adapter changes the image"
+
+
+def test_the_cache_evicts_least_recently_used_adapters_but_never_one_in_use(lora_folder):
+    config = EngineConfig(device="cpu", max_num_seqs=4, lora_url=lora_folder.as_uri(), lora_cache_adapters=1)
+    with DiffusionEngine(config) as engine:
+        first = engine.submit(make_params(lora="style-a", num_inference_steps=3)).result(timeout=60).image
+        engine.submit(make_params(lora="style-b", num_inference_steps=3)).result(timeout=60)
+        again = engine.submit(make_params(lora="style-a", num_inference_steps=3)).result(timeout=60).image
+        after_one_at_a_time = engine.stats()
+        together = [engine.submit(make_params(lora=name, num_inference_steps=3)) for name in ADAPTERS]
+        images = [future.result(timeout=60).image for future in together]
+        stats = engine.stats()
+
+    assert (after_one_at_a_time["lora_loads"], after_one_at_a_time["lora_evictions"]) == (3, 2)
+    assert max_pixel_diff(first, again) == 0  # reloaded after its eviction, the same adapter
+    assert stats["loras_loaded"] == 2, "both in use at once: the bound waits until one is free"
+    assert max_pixel_diff(images[0], first) <= 1
