@@ -81,20 +81,35 @@ class ModelRunner:
 
     def _admit(self, new_samples: Sequence[NewSample], output: RunnerOutput) -> None:
         start = time.perf_counter()
-        texts = sorted({text for new in new_samples for text in self.model.texts_to_encode(new.params)})
+        ready = []
+        for new in new_samples:
+            try:
+                if new.params.lora is not None:  # the ones admitted with it are in use too
+                    self._prepare_lora(new.params.lora, also_in_use=[other.params.lora for other in ready])
+            except LoraError as e:
+                output.failed[new.sample_id] = str(e)
+                continue
+            ready.append(new)
+        # Prompts go through the text encoder once per text-encoder adapter (None: the base encoder).
+        texts_of_encoder: dict[tuple[str, float] | None, set[str]] = {}
+        for new in ready:
+            texts_of_encoder.setdefault(self._text_encoder_adapter(new.params), set()).update(
+                self.model.texts_to_encode(new.params))
+        encoded: dict[tuple[str, float] | None, dict] = {}
         try:
-            encoded = dict(zip(texts, self._encode(texts)))
+            for adapter, texts in texts_of_encoder.items():
+                texts = sorted(texts)
+                with self.loras.encoding_with(adapter) if self.loras else contextlib.nullcontext():
+                    encoded[adapter] = dict(zip(texts, self._encode(texts)))
         except Exception as e:
             logger.exception("text encoder failed")
-            for new in new_samples:
+            for new in ready:
                 output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
             return
         output.encode_seconds = time.perf_counter() - start
-        for new in new_samples:
+        for new in ready:
             params = new.params
             try:
-                if params.lora is not None:
-                    self._prepare_lora(params.lora)
                 sampler = self.model.new_sampler(params)
                 generator = torch.Generator("cpu").manual_seed(params.seed)
                 self.samples[new.sample_id] = SampleTensors(
@@ -103,17 +118,18 @@ class ModelRunner:
                     sampler=sampler,
                     generator=generator,
                     latents=self.model.initial_latents(params, sampler, generator),
-                    row_conditioning=self.model.row_conditioning(params, encoded),
+                    row_conditioning=self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)]),
                 )
-            except LoraError as e:
-                output.failed[new.sample_id] = str(e)
             except Exception as e:
                 logger.exception("could not start sample %s", new.sample_id)
                 output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
 
-    def _prepare_lora(self, name: str) -> None:
+    def _text_encoder_adapter(self, params) -> tuple[str, float] | None:
+        return self.loras.text_encoder_adapter(params.lora, params.lora_scale) if self.loras else None
+
+    def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"
-        self.loras.prepare(name, in_use={sample.params.lora for sample in self.samples.values()})
+        self.loras.prepare(name, in_use={sample.params.lora for sample in self.samples.values()} | set(also_in_use))
 
     def _encode(self, texts: list[str]) -> list:
         if not self.is_deterministic:

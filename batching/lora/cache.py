@@ -19,10 +19,11 @@ from typing import Any
 from batching.errors import LoraError
 from batching.lora.row_deltas import RowLoras
 from batching.lora.store import LoraFile
+from batching.lora.text_encoder import inject, split_text_encoder
 
 logger = logging.getLogger(__name__)
 
-TEXT_ENCODER_PREFIXES = ("text_encoder", "lora_te")  # diffusers' and kohya's text-encoder key prefixes
+TEXT_ENCODER_PREFIXES = ("text_encoder.", "lora_te_")  # diffusers' and kohya's text-encoder key prefixes
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class LoadedLora:
     name: str  # the job's `lora`
     internal_name: str  # the PEFT adapter name on the model's layers
     num_bytes: int
+    has_text_encoder: bool  # prompts of its jobs are encoded with it
 
 
 class LoraCache:
@@ -58,9 +60,16 @@ class LoraCache:
 
         name = lora_file.name
         state_dict = load(lora_file.data)
+        text_encoder_weights: dict = {}
+        alphas = None
         if any(key.startswith(TEXT_ENCODER_PREFIXES) for key in state_dict):
-            raise LoraError(f"LoRA adapter {name!r} has text-encoder weights, which this engine does not load yet "
-                            "(transformers 5 needs peft>=0.22 for them)")
+            text_encoder = getattr(self.pipeline, "text_encoder", None)
+            if text_encoder is None or hasattr(self.pipeline, "text_encoder_2"):
+                raise LoraError(f"LoRA adapter {name!r} has text-encoder weights, which this engine loads only "
+                                "for single-text-encoder SD models")
+            converted, alphas = self.pipeline.lora_state_dict(dict(state_dict))[:2]  # diffusers' key conversions
+            text_encoder_weights, _ = split_text_encoder(converted)
+            state_dict = {key: value for key, value in state_dict.items() if not key.startswith(TEXT_ENCODER_PREFIXES)}
         internal_name = next(self._internal_names)
         self._evict(in_use, incoming_bytes=lora_file.num_bytes)
         try:
@@ -68,12 +77,19 @@ class LoraCache:
         except Exception as e:
             self._delete(internal_name)
             raise LoraError(f"LoRA adapter {name!r} does not fit model: {type(e).__name__}: {e}") from e
+        if text_encoder_weights:
+            try:
+                inject(self.pipeline.text_encoder, text_encoder_weights, alphas, internal_name, name)
+            except LoraError:
+                self._delete(internal_name)
+                raise
+            self.row_loras.hook_new_layers(self.pipeline.text_encoder)
         self.row_loras.hook_new_layers(self.denoiser)
         num_layers = sum(1 for layer in self.denoiser.modules() if internal_name in getattr(layer, "lora_A", {}))
         if num_layers == 0:
             self._delete(internal_name)
             raise LoraError(f"LoRA adapter {name!r} does not fit the model: none of its weights match its layers")
-        self.loaded[name] = LoadedLora(name, internal_name, lora_file.num_bytes)
+        self.loaded[name] = LoadedLora(name, internal_name, lora_file.num_bytes, bool(text_encoder_weights))
         self.num_loads += 1
         logger.info("loaded LoRA adapter %r into %d layers", name, num_layers)
 

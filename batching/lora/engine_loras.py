@@ -64,6 +64,22 @@ class EngineLoras:
         with self.row_loras.rows(internal, self.device):
             yield
 
+    def text_encoder_adapter(self, name: str | None, scale: float) -> tuple[str, float] | None:
+        """(name, scale) when the loaded adapter changes the text encoder: its prompts are encoded with it."""
+        if name is None or not self.cache.loaded[name].has_text_encoder:
+            return None
+        return name, scale
+
+    @contextmanager
+    def encoding_with(self, adapter: tuple[str, float] | None) -> Iterator[None]:
+        """Text-encoder calls inside the block use `adapter` (from text_encoder_adapter) on every row."""
+        if adapter is None:
+            yield
+            return
+        name, scale = adapter
+        with self.row_loras.every_row(self.cache.internal_name(name), scale, self.device):
+            yield
+
     def stats(self) -> dict:
         return {"loras_loaded": len(self.cache.loaded), "lora_loads": self.cache.num_loads,
                 "lora_evictions": self.cache.num_evictions}

@@ -21,7 +21,7 @@ TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]  # CLIP's atte
 def make_lora(model: str, path: Path, *, rank: int = 4, seed: int = 0, with_text_encoder: bool = False) -> Path:
     """Write one random LoRA for `model` to `path` (a .safetensors file) and return the path."""
     import torch
-    from peft import LoraConfig
+    from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
 
     from batching.pipelines import load_model
@@ -33,10 +33,10 @@ def make_lora(model: str, path: Path, *, rank: int = 4, seed: int = 0, with_text
     denoiser = getattr(pipeline, denoiser_name)
     denoiser.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=DENOISER_TARGETS, init_lora_weights=False))
     layers[f"{denoiser_name}_lora_layers"] = _scaled(get_peft_model_state_dict(denoiser))
-    if with_text_encoder:
-        text_encoder = pipeline.text_encoder
-        text_encoder.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=TEXT_ENCODER_TARGETS,
-                                            init_lora_weights=False))
+    if with_text_encoder:  # PEFT directly: transformers 5's add_adapter asks for peft>=0.22
+        text_encoder = inject_adapter_in_model(
+            LoraConfig(r=rank, lora_alpha=rank, target_modules=TEXT_ENCODER_TARGETS, init_lora_weights=False),
+            pipeline.text_encoder)
         layers["text_encoder_lora_layers"] = _scaled(get_peft_model_state_dict(text_encoder))
     path.parent.mkdir(parents=True, exist_ok=True)
     type(pipeline).save_lora_weights(str(path.parent), weight_name=path.name, **layers)

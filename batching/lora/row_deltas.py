@@ -27,8 +27,8 @@ def is_lora_layer(module: torch.nn.Module) -> bool:
 
 @dataclass(frozen=True)
 class AdapterRows:
-    index: torch.Tensor  # [n] int64: the rows using this adapter
-    scales: torch.Tensor  # [n] float: each row's scale
+    index: torch.Tensor | None  # [n] int64: the rows using this adapter; None: every row
+    scales: torch.Tensor  # [n] float: each row's scale ([1] with index None)
 
 
 class RowLoras:
@@ -69,17 +69,32 @@ class RowLoras:
         finally:
             self._active = None
 
+    @contextmanager
+    def every_row(self, name: str, scale: float, device: torch.device) -> Iterator[None]:
+        """Within the block, every row of every call uses adapter `name` (a text-encoder call of one adapter)."""
+        self._active = {name: AdapterRows(None, torch.tensor([scale], device=device))}
+        try:
+            yield
+        finally:
+            self._active = None
+
     def _add_deltas(self, layer: LoraLayer, args: tuple, output: torch.Tensor) -> torch.Tensor:
         if self._active is None:
             return output
         x = args[0]
-        assert x.shape[0] == self._num_rows, f"a LoRA layer saw {x.shape[0]} rows, the forward has {self._num_rows}"
         for name, rows in self._active.items():
             if name not in layer.lora_A:
                 continue
             lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
-            sub_batch = x.index_select(0, rows.index).to(lora_A.weight.dtype)
+            if rows.index is None:
+                sub_batch = x.to(lora_A.weight.dtype)
+            else:
+                assert x.shape[0] == self._num_rows, f"a LoRA layer saw {x.shape[0]} rows, not {self._num_rows}"
+                sub_batch = x.index_select(0, rows.index).to(lora_A.weight.dtype)
             delta = lora_B(lora_A(sub_batch)) * layer.scaling[name]  # [n, *out_shape]
             row_scales = rows.scales.to(delta.dtype).view(-1, *([1] * (delta.dim() - 1)))
-            output.index_add_(0, rows.index, (delta * row_scales).to(output.dtype))
+            if rows.index is None:
+                output += (delta * row_scales).to(output.dtype)
+            else:
+                output.index_add_(0, rows.index, (delta * row_scales).to(output.dtype))
         return output
