@@ -67,8 +67,11 @@ class JobRequest(StrictModel):
     model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
                        description="Model to run; default: the model the service serves (STEPWISE_MODEL).")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
-    lora: str | None = Field(None, min_length=1, max_length=500, description="LoRA adapter identity.")
-    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="LoRA adapter weight.")
+    lora: str | None = Field(None, min_length=1, max_length=100, description=(
+        "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
+        "Jobs with different adapters share forwards."))
+    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE,
+                              description="The adapter's strength (0: none; 1: as trained).")
     webhook_url: str | None = Field(None, min_length=1, max_length=2048,
                                     description="http(s) URL called on the events in webhook_events.")
     webhook_events: list[WebhookEvent] | None = Field(

@@ -14,23 +14,30 @@ another thread). An exception raised by `on_progress` is logged and ignored.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from batching.engine_stats import EngineStats
-from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
+from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
-from batching.params import CompatibilityKey, GenerationParams
+from batching.params import MAX_LORA_BYTES, CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
 from batching.plan import NewSample, RunnerOutput
 from batching.scheduler import Scheduler, SchedulerConfig
 
+if TYPE_CHECKING:
+    from batching.lora.engine_loras import EngineLoras
+    from batching.lora.store import LoraFetcher
+
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LORA_MODES = ("rows", "group")
 IDLE_WAIT_SECONDS = 1.0
 
 
@@ -45,12 +52,20 @@ class EngineConfig:
     max_wait_iterations: int = 50  # default policy: bound on how long a waiting sample is passed over
     deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
     num_threads: int | None = None  # torch CPU threads, process-wide; None keeps torch's default
+    lora_url: str | None = field(default_factory=lambda: os.environ.get("STEPWISE_LORA_URL") or None)  # LoRA
+    # store: file:///folder, or any URL the engine's `lora_fetcher` reads (s3://...); None: adapters refused
+    lora_mode: str = "rows"  # "rows": rows with different adapters share a forward; "group": one adapter per group
+    lora_cache_adapters: int = 16  # adapters kept loaded on the model (LRU)
+    lora_cache_bytes: int = 2 * 2**30  # their summed file sizes (LRU)
+    lora_max_bytes: int = MAX_LORA_BYTES  # one adapter file
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
+        if self.lora_mode not in LORA_MODES:
+            raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
         self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property
@@ -64,7 +79,9 @@ class EngineConfig:
 
 
 class DiffusionEngine:
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, lora_fetcher: LoraFetcher | None = None) -> None:
+        """`lora_fetcher(key) -> bytes | None` reads a LoRA store the engine cannot read itself (the worker
+        passes one for s3:// stores); `file://` stores need none."""
         from batching.model_runner import ModelRunner
         from batching.pipelines import load_model
 
@@ -78,8 +95,10 @@ class DiffusionEngine:
         self.family: str = model.family
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
+        self._key_has_lora = self.config.lora_mode == "group"
+        self.loras = self._make_loras(model, lora_fetcher)
         self.model_runner = ModelRunner(
-            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic
+            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic, loras=self.loras
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -96,6 +115,16 @@ class DiffusionEngine:
         self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
         self._thread.start()
 
+    def _make_loras(self, model: object, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
+        if not self.config.lora_url or not FAMILIES[self.family].supports_lora:
+            return None
+        from batching.lora.engine_loras import EngineLoras
+        from batching.lora.store import LoraSource
+
+        source = LoraSource(self.config.lora_url, fetcher=lora_fetcher, max_bytes=self.config.lora_max_bytes)
+        return EngineLoras(source, model.pipeline, model.device, max_adapters=self.config.lora_cache_adapters,
+                           max_bytes=self.config.lora_cache_bytes)
+
     def submit(
         self, params: GenerationParams, *, job_id: str | None = None, on_progress: ProgressCallback | None = None
     ) -> Future:
@@ -109,9 +138,17 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
+        if params.lora is not None and self.loras is None:
+            raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         job_id = job_id or uuid.uuid4().hex
         future: Future = Future()
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
+        if params.lora is not None:
+            try:
+                self.loras.fetch(params.lora)  # on this thread: reading the store never stalls the loop
+            except LoraError as e:
+                future.set_exception(JobFailedError(str(e)))
+                return future
         job = Job(
             job_id=job_id,
             params=params,
@@ -166,6 +203,7 @@ class DiffusionEngine:
                 "max_num_seqs": self.config.max_num_seqs,
                 "is_deterministic": self.config.deterministic,
                 **self._stats.as_dict(),
+                **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
             }
 
@@ -229,7 +267,7 @@ class DiffusionEngine:
         for job in new_jobs:
             for index, sample_id in enumerate(job.sample_ids):
                 params = job.params.for_image(index)
-                key = CompatibilityKey.of(params, has_size=self._key_has_size)
+                key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
                 self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key))
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:

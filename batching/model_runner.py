@@ -13,17 +13,23 @@ step or decode fails that sample, and the runner keeps serving the rest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from batching.errors import LoraError
 from batching.input_batch import InputBatch
 from batching.params import CompatibilityKey
 from batching.pipelines.contract import PipelineAdapter
 from batching.plan import NewSample, RunnerOutput, SchedulerPlan
 from batching.sample_tensors import SampleTensors
+
+if TYPE_CHECKING:
+    from batching.lora.engine_loras import EngineLoras
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +37,10 @@ AbortedSince = Callable[[], Collection[str]]  # sample ids aborted since the las
 
 
 class ModelRunner:
-    def __init__(self, model: PipelineAdapter, *, max_num_seqs: int, is_deterministic: bool = False) -> None:
+    def __init__(self, model: PipelineAdapter, *, max_num_seqs: int, is_deterministic: bool = False,
+                 loras: EngineLoras | None = None) -> None:
         self.model = model
+        self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
         self.max_num_seqs = max_num_seqs
         self.is_deterministic = is_deterministic
         # Deterministic mode fixes every batch size: forwards carry the most rows a full group can,
@@ -73,16 +81,33 @@ class ModelRunner:
 
     def _admit(self, new_samples: Sequence[NewSample], output: RunnerOutput) -> None:
         start = time.perf_counter()
-        texts = sorted({text for new in new_samples for text in self.model.texts_to_encode(new.params)})
+        ready = []
+        for new in new_samples:
+            try:
+                if new.params.lora is not None:  # the ones admitted with it are in use too
+                    self._prepare_lora(new.params.lora, also_in_use=[other.params.lora for other in ready])
+            except LoraError as e:
+                output.failed[new.sample_id] = str(e)
+                continue
+            ready.append(new)
+        # Prompts go through the text encoder once per text-encoder adapter (None: the base encoder).
+        texts_of_encoder: dict[tuple[str, float] | None, set[str]] = {}
+        for new in ready:
+            texts_of_encoder.setdefault(self._text_encoder_adapter(new.params), set()).update(
+                self.model.texts_to_encode(new.params))
+        encoded: dict[tuple[str, float] | None, dict] = {}
         try:
-            encoded = dict(zip(texts, self._encode(texts)))
+            for adapter, texts in texts_of_encoder.items():
+                texts = sorted(texts)
+                with self.loras.encoding_with(adapter) if self.loras else contextlib.nullcontext():
+                    encoded[adapter] = dict(zip(texts, self._encode(texts)))
         except Exception as e:
             logger.exception("text encoder failed")
-            for new in new_samples:
+            for new in ready:
                 output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
             return
         output.encode_seconds = time.perf_counter() - start
-        for new in new_samples:
+        for new in ready:
             params = new.params
             try:
                 sampler = self.model.new_sampler(params)
@@ -93,11 +118,18 @@ class ModelRunner:
                     sampler=sampler,
                     generator=generator,
                     latents=self.model.initial_latents(params, sampler, generator),
-                    row_conditioning=self.model.row_conditioning(params, encoded),
+                    row_conditioning=self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)]),
                 )
             except Exception as e:
                 logger.exception("could not start sample %s", new.sample_id)
                 output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
+
+    def _text_encoder_adapter(self, params) -> tuple[str, float] | None:
+        return self.loras.text_encoder_adapter(params.lora, params.lora_scale) if self.loras else None
+
+    def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
+        assert self.loras is not None, "the engine refuses adapters without a LoRA store"
+        self.loras.prepare(name, in_use={sample.params.lora for sample in self.samples.values()} | set(also_in_use))
 
     def _encode(self, texts: list[str]) -> list:
         if not self.is_deterministic:
@@ -118,13 +150,16 @@ class ModelRunner:
                 input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
                 self.input_batches[key] = input_batch
             start = time.perf_counter()
-            predictions = self.model.forward(input_batch.prepare(samples))  # [num_buffer_rows, *latent_shape]
+            forward_batch = input_batch.prepare(samples)
+            with self._lora_rows(samples):
+                predictions = self.model.forward(forward_batch)  # [num_buffer_rows, *latent_shape]
             rows_of_samples = input_batch.split(predictions, samples)
             guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
             self._synchronize()
             output.forward_seconds.append(time.perf_counter() - start)
             output.rows_per_forward.append(input_batch.num_rows)
             output.samples_per_forward.append(len(samples))
+            output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
         except Exception as e:
             logger.exception("denoiser forward failed for group %s", key)
             self.input_batches.pop(key, None)
@@ -146,6 +181,15 @@ class ModelRunner:
             if sample.is_finished:
                 finished.append(sample)
         return finished
+
+    def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
+        """Each row's adapter for the group's forward (padding rows: none)."""
+        if all(sample.params.lora is None for sample in samples):
+            return contextlib.nullcontext()
+        row_adapters = [(sample.params.lora, sample.params.lora_scale) for sample in samples
+                        for _ in range(sample.num_rows)]
+        row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
+        return self.loras.rows(row_adapters)
 
     def _decode(self, samples: list[SampleTensors], output: RunnerOutput) -> None:
         start = time.perf_counter()

@@ -36,6 +36,12 @@ MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loose
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+# A LoRA adapter is `NAME` (an operator adapter) or `tenants/TENANT/NAME` (a tenant's upload, as the
+# worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
+LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LORA_KEY_PATTERN = re.compile(r"(tenants/[A-Za-z0-9_-]{1,64}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LORA_SUFFIX = ".safetensors"
+MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the engine's read limit
 
 
 # Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
@@ -61,8 +67,8 @@ class GenerationParams:
     num_images: int = 1  # N images become N samples with seeds seed..seed+N-1
     model: str = DEFAULT_MODEL
     num_frames: int = 1
-    lora: str | None = None  # adapter identity; part of the compatibility key
-    lora_scale: float = 1.0
+    lora: str | None = None  # LoRA adapter in the store (LORA_KEY_PATTERN); None: the base model
+    lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
 
     def __post_init__(self) -> None:
         spec = self.family_spec
@@ -138,7 +144,10 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
     _check_str(p, "model", 500, allow_empty=False)
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:
-        _check_str(p, "lora", 500, allow_empty=False)
+        _check_str(p, "lora", 200, allow_empty=False)
+        if not LORA_KEY_PATTERN.fullmatch(p.lora):
+            raise InvalidParamsError("lora", p.lora, "must be an adapter name: letters, digits, '_', '.', '-' "
+                                     "(at most 100, starting with a letter or digit)")
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
 
 
@@ -190,15 +199,16 @@ class CompatibilityKey:
     lora_scale: float = 1.0
 
     @classmethod
-    def of(cls, params: GenerationParams, *, has_size: bool = True) -> CompatibilityKey:
-        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family)."""
+    def of(cls, params: GenerationParams, *, has_size: bool = True, has_lora: bool = False) -> CompatibilityKey:
+        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family);
+        `has_lora=True` keeps the adapter in the key (one adapter per group, the reference behaviour)."""
         return cls(
             model=params.model,
             height=params.height if has_size else None,
             width=params.width if has_size else None,
             num_frames=params.num_frames,
-            lora=params.lora,
-            lora_scale=params.lora_scale if params.lora else 1.0,
+            lora=params.lora if has_lora else None,
+            lora_scale=params.lora_scale if has_lora and params.lora else 1.0,
         )
 
     def __str__(self) -> str:

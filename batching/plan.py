@@ -43,6 +43,7 @@ class RunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)  # sample_id -> readable error message
     rows_per_forward: list[int] = field(default_factory=list)  # one entry per forward run (padding excluded)
     samples_per_forward: list[int] = field(default_factory=list)  # samples each forward carried, same order
+    loras_per_forward: list[int] = field(default_factory=list)  # distinct LoRA adapters among each forward's rows
     forward_seconds: list[float] = field(default_factory=list)  # wall time of each forward, same order
     encode_seconds: float = 0.0  # text-encoder time for this iteration's new samples
     decode_seconds: float = 0.0  # VAE decode time for this iteration's finished samples
