@@ -12,13 +12,14 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, metrics, models, openapi, resources
+from api import errors, health, jobs, loras, metrics, models, openapi, resources
 from api.fleet import Fleet
 from api.auth import KeyRing
 from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.image_store import open_image_store
 from storage.job_store import JobStore
+from storage.lora_store import open_lora_store
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -38,12 +39,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         job_store=job_store,
         fleet=Fleet(job_store, settings),
         image_store=open_image_store(settings.storage),
+        lora_store=open_lora_store(settings.storage),
         task_queue=TaskQueue(settings.storage.redis_url),
         openapi_document=openapi.build_document(settings),
     )
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, models.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, loras.bp, models.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     return app

@@ -13,9 +13,10 @@ import threading
 import time
 from typing import Any
 
-from api.errors import invalid
+from api.errors import from_params_error, invalid
 from api.settings import ApiSettings
-from batching.params import PRIORITIES, GenerationParams
+from batching.families import FAMILIES
+from batching.params import PRIORITIES, GenerationParams, InvalidParamsError
 from storage.heartbeats import ModelStatus
 from storage.job_record import JobRecord
 from storage.job_store import JobStore
@@ -57,6 +58,12 @@ class Fleet:
             raise invalid(f"{field_prefix}model",
                           f"{field_prefix}model {params.model!r} is not served by any worker seen in the last "
                           f"{self.store_retention():.0f}s; served models: {served}")
+        if status.family in FAMILIES and status.family != params.family_spec.name:
+            # A folder or repo model's family is known only from its worker: check the job against it now.
+            try:
+                params.validate(status.family)
+            except InvalidParamsError as e:
+                raise from_params_error(e, field_prefix) from e
         limits = status.limits
         if params.lora is not None and not limits.get("supports_lora", True):
             raise invalid(f"{field_prefix}lora", f"{field_prefix}lora: the {status.family} family served for "

@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
-from api.resources import get_fleet, get_image_store, get_job_store, get_settings, get_task_queue
+from api.resources import get_fleet, get_image_store, get_job_store, get_lora_store, get_settings, get_task_queue
 from api.schemas import BatchRequest, ImageQuery, ListQuery
-from api.submission import check_idempotency_key, create_jobs, queue_full, validate_job
+from api.submission import QueueRoom, batch_item_key, check_idempotency_key, check_lora, create_jobs, validate_job
 from api.views import job_url, job_view
 from storage.errors import (
     ImageNotFoundError,
@@ -61,6 +61,8 @@ def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job = validate_job(read_json(), settings, get_fleet(), g.tenant)
+    check_lora(job.params, g.tenant, get_lora_store())
+    QueueRoom.read(store, settings, g.tenant).take_one()
     outcome = create_jobs(store, queue, settings, g.tenant, [(job, idempotency_key)])[0]
     if isinstance(outcome, ApiError):
         raise outcome
@@ -83,19 +85,22 @@ def submit_batch():
     items = batch.jobs
     if len(items) > settings.max_batch_jobs:
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
-    num_queued = store.queue_depth()
-    if num_queued >= settings.max_queue_depth:  # full already: refuse the whole batch (items that fill it get 429)
-        raise queue_full(settings, num_queued)
+    room = QueueRoom.read(store, settings, g.tenant)
+    room.check_depths()  # nothing fits: the whole batch gets 429, as POST /v1/jobs would
     results: list[dict | None] = [None] * len(items)
     valid = []  # (index, job, item idempotency key)
     for index, item in enumerate(items):
         try:
             job = validate_job(item, settings, get_fleet(), g.tenant, field_prefix=f"jobs[{index}].",
                                default_priority=batch.priority)
+            check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
+            room.take_one()
         except ApiError as e:
+            if e.status >= 500:
+                raise
             results[index] = {"index": index, "status": e.status, "error": e.body()["error"]}
             continue
-        valid.append((index, job, f"{idempotency_key}#{index}" if idempotency_key else None))
+        valid.append((index, job, batch_item_key(idempotency_key, index)))
     outcomes = create_jobs(store, queue, settings, g.tenant, [(job, key) for _, job, key in valid]) if valid else []
     replayed = [outcome.record for outcome in outcomes if not isinstance(outcome, ApiError) and not outcome.created]
     replayed_views = dict(zip((record.job_id for record in replayed), views_with_positions(replayed)))

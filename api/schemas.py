@@ -7,12 +7,14 @@ API and the engine cannot disagree about what a valid job is.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SkipValidation
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation
 
 import batching.params as P
+from batching.families import FAMILIES
 from storage.job_record import JOB_STATE_NAMES
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
@@ -20,10 +22,23 @@ WebhookEvent = Literal[WEBHOOK_EVENTS]  # type: ignore[valid-type]
 JobStateName = Literal[JOB_STATE_NAMES]  # type: ignore[valid-type]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
 Priority = Literal[P.PRIORITIES]  # type: ignore[valid-type]
+# Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
+_SD = FAMILIES["sd"]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
 PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
                 "seed", "sampler", "num_images", "model", "num_frames", "lora", "lora_scale")
+
+
+MAX_DEADLINE_SECONDS = 30 * 24 * 3600  # a deadline at most 30 days ahead: any later is no deadline at all
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def rfc3339_only(value: Any) -> Any:
+    """pydantic would also take unix seconds (as a number or a string of digits); the API takes one form."""
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
+        raise ValueError("must be an RFC 3339 time with an offset, e.g. 2030-01-01T12:00:00Z")
+    return value
 
 
 class StrictModel(BaseModel):
@@ -35,27 +50,37 @@ class JobRequest(StrictModel):
 
     prompt: str = Field(min_length=1, max_length=P.MAX_PROMPT_CHARS, description="What to draw.")
     negative_prompt: str = Field("", max_length=P.MAX_PROMPT_CHARS, description="What to steer away from.")
-    height: int = Field(128, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
-                        description=f"Pixels; height*width at most {P.MAX_PIXELS}.")
-    width: int = Field(128, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE, description="Pixels.")
-    num_inference_steps: int = Field(20, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="Denoising steps.")
-    guidance_scale: float = Field(7.5, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
-                                  description="Classifier-free guidance; at most 1.0 turns it off.")
+    height: int = Field(_SD.default_size, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
+                        description=f"Pixels; height*width at most {P.MAX_PIXELS}; a multiple of 16 for FLUX "
+                        "and Z-Image. Default: the model family's.")
+    width: int = Field(_SD.default_size, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
+                       description="Pixels. Default: the model family's.")
+    num_inference_steps: int = Field(_SD.default_steps, ge=P.MIN_STEPS, le=P.MAX_STEPS,
+                                     description="Denoising steps. Default: the model family's.")
+    guidance_scale: float = Field(
+        _SD.default_guidance, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
+        description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
+        "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).")
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field("euler", description="Sampler for the denoise loop.")  # type: ignore[valid-type]
+    sampler: Sampler = Field(  # type: ignore[valid-type]
+        "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler.")
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
                        description="Model to run; default: the model the service serves (STEPWISE_MODEL).")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
-    lora: str | None = Field(None, min_length=1, max_length=500, description="LoRA adapter identity.")
-    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="LoRA adapter weight.")
+    lora: str | None = Field(None, min_length=1, max_length=100, description=(
+        "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
+        "Jobs with different adapters share forwards."))
+    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE,
+                              description="The adapter's strength (0: none; 1: as trained).")
     webhook_url: str | None = Field(None, min_length=1, max_length=2048,
                                     description="http(s) URL called on the events in webhook_events.")
     webhook_events: list[WebhookEvent] | None = Field(
         None, min_length=1, max_length=len(WEBHOOK_EVENTS),
         description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.")
-    deadline: Annotated[AwareDatetime | None, Field(strict=False)] = Field(
-        None, description="RFC 3339 time with offset; a job not started by then ends `expired`.")
+    deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
+        None, description="RFC 3339 time with an offset (unix numbers are refused), at most 30 days ahead; "
+                          "a job not started by then ends `expired`.")
     priority: Priority | None = Field(  # type: ignore[valid-type]
         None, description="high, normal (the default) or low: taken from the queue and admitted by the engine "
                           "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).")

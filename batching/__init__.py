@@ -1,5 +1,20 @@
 """stepwise's engine: step-level continuous batching for diffusion models.
 
+Vocabulary (one meaning per word across the package):
+- job: one `DiffusionEngine.submit()` call (an API job), with its `job_id`; it may ask
+  for several images (`num_images`). `batching.job.Job` tracks it; its Future resolves
+  to a `GenerationResult` whose `job_id` is that id.
+- sample: one image of a job as the scheduler schedules it; `sample_id` is the job id
+  for a one-image job and `job_id#i` for image i of several. The engine keeps an
+  explicit sample -> job mapping (it never parses ids). The scheduler, the plan
+  (`NewSample`, `aborted_sample_ids`) and the runner speak only of samples.
+- SampleTensors: the runner's tensors of one running sample (`batching.sample_tensors`).
+- row: one row of a denoiser forward; a sample contributes one or more (two with
+  classifier-free guidance), as its family's adapter decides.
+- group: the running samples of one compatibility key; one forward per group per step.
+- family: a kind of model (sd, sdxl, flux, zimage; `batching.families`), served through
+  its adapter in `batching.pipelines` behind one contract (`pipelines/contract.py`).
+
 `import batching` does not import torch: the params, the errors and the scheduler are
 torch-free (the API process uses them); the engine names load torch on first use.
 """
@@ -21,12 +36,12 @@ from batching.params import CompatibilityKey, GenerationParams
 
 if TYPE_CHECKING:
     from batching.engine import DiffusionEngine, EngineConfig
-    from batching.request import GenerationResult
+    from batching.job import GenerationResult
 
 _LAZY = {
     "DiffusionEngine": "batching.engine",
     "EngineConfig": "batching.engine",
-    "GenerationResult": "batching.request",
+    "GenerationResult": "batching.job",
 }
 
 __all__ = [

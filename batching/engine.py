@@ -1,10 +1,10 @@
 """The diffusion engine: a loop thread that owns the model and steps every running job.
 
-`submit()` may be called from any thread; it queues the request and returns a
+`submit()` may be called from any thread; it queues the job and returns a
 `concurrent.futures.Future` at once. The loop thread runs `step()` (schedule ->
-execute -> update) while there is work, and resolves futures as jobs finish. Requests,
-cancellations and admission changes reach the loop through an inbox and take effect
-at the next step boundary.
+execute -> update) while there is work, and resolves futures as jobs finish. New jobs
+and admission changes reach the loop through an inbox and take effect at the next step
+boundary; a cancel or an abort takes effect before the next group forward.
 
 Callbacks (`on_progress`, and a Future's done callbacks) run on the loop thread,
 between two denoise steps of every running job: keep them cheap (hand heavy work to
@@ -14,42 +14,58 @@ another thread). An exception raised by `on_progress` is logged and ignored.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from batching.engine_stats import EngineStats
-from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
-from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
-from batching.plan import NewJob, RunnerOutput
-from batching.request import ProgressCallback, Request, job_ids_for
+from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
+from batching.families import FAMILIES
+from batching.params import MAX_LORA_BYTES, PRIORITIES, CompatibilityKey, GenerationParams
+from batching.job import Job, ProgressCallback, sample_ids_for
+from batching.plan import NewSample, RunnerOutput
 from batching.scheduler import Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from batching.lora.engine_loras import EngineLoras
+    from batching.lora.store import LoraFetcher
 
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LORA_MODES = ("rows", "group")
 IDLE_WAIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "builtin:tiny"  # "builtin:tiny", "builtin:small", a diffusers folder, or a cached Hugging Face repo id
+    model: str = "builtin:tiny"  # a built-in (batching.families.BUILTIN_FAMILIES), a diffusers folder, or a cached Hugging Face repo id
     device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda", "cuda:N"
     dtype: str = "auto"  # "auto" (float16 on cuda, float32 on cpu), "float32", "float16", "bfloat16"
-    max_num_seqs: int = 8  # running capacity in jobs; 1 = step-wise without batching
+    max_num_seqs: int = 8  # running capacity in samples (images); 1 = step-wise without batching
     policy: str = "default"  # admission policy: "default" or "fifo" (see batching.scheduler)
     max_num_groups: int = 2  # default policy: compatibility groups running at once
-    max_wait_iterations: int = 50  # default policy: bound on how long a waiting job is passed over
+    max_wait_iterations: int = 50  # default policy: bound on how long a waiting sample is passed over
     deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
     num_threads: int | None = None  # torch CPU threads, process-wide; None keeps torch's default
+    lora_url: str | None = field(default_factory=lambda: os.environ.get("STEPWISE_LORA_URL") or None)  # LoRA
+    # store: file:///folder, or any URL the engine's `lora_fetcher` reads (s3://...); None: adapters refused
+    lora_mode: str = "rows"  # "rows": rows with different adapters share a forward; "group": one adapter per group
+    lora_cache_adapters: int = 16  # adapters kept loaded on the model (LRU)
+    lora_cache_bytes: int = 2 * 2**30  # their summed file sizes (LRU)
+    lora_max_bytes: int = MAX_LORA_BYTES  # one adapter file
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
+        if self.lora_mode not in LORA_MODES:
+            raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
         self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property
@@ -63,7 +79,9 @@ class EngineConfig:
 
 
 class DiffusionEngine:
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, lora_fetcher: LoraFetcher | None = None) -> None:
+        """`lora_fetcher(key) -> bytes | None` reads a LoRA store the engine cannot read itself (the worker
+        passes one for s3:// stores); `file://` stores need none."""
         from batching.model_runner import ModelRunner
         from batching.pipelines import load_model
 
@@ -74,16 +92,21 @@ class DiffusionEngine:
 
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
+        self.family: str = model.family
+        # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
+        self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
+        self._key_has_lora = self.config.lora_mode == "group"
+        self.loras = self._make_loras(model, lora_fetcher)
         self.model_runner = ModelRunner(
-            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic
+            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic, loras=self.loras
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
-        self._requests: dict[str, Request] = {}  # request_id -> unfinished request
-        self._request_of_job: dict[str, Request] = {}  # engine job_id -> its request
-        self._inbox: list[Request] = []
+        self._jobs: dict[str, Job] = {}  # job_id -> unfinished job
+        self._job_of_sample: dict[str, Job] = {}  # sample_id -> its unfinished job
+        self._inbox: list[Job] = []
         self._ended: list[tuple[Future, object]] = []  # loop thread only: futures to resolve at _publish()
-        self._cancel_request_ids: list[str] = []
+        self._cancel_job_ids: list[str] = []
         self._is_pause_wanted = False
         self._is_accepting = True
         self._is_stopping = False
@@ -92,30 +115,50 @@ class DiffusionEngine:
         self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
         self._thread.start()
 
+    def _make_loras(self, model: object, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
+        if not self.config.lora_url or not FAMILIES[self.family].supports_lora:
+            return None
+        from batching.lora.engine_loras import EngineLoras
+        from batching.lora.store import LoraSource
+
+        source = LoraSource(self.config.lora_url, fetcher=lora_fetcher, max_bytes=self.config.lora_max_bytes)
+        return EngineLoras(source, model.pipeline, model.device, max_adapters=self.config.lora_cache_adapters,
+                           max_bytes=self.config.lora_cache_bytes)
+
     def submit(
         self, params: GenerationParams, *, job_id: str | None = None, on_progress: ProgressCallback | None = None,
         priority: str = "normal",
     ) -> Future:
-        """Queue a request; the Future resolves to a GenerationResult or raises a BatchingError.
+        """Queue a job; the Future resolves to a GenerationResult or raises a BatchingError.
 
-        `priority` (high, normal, low): the scheduler admits waiting jobs of a higher priority first."""
+        `priority` (high, normal, low): the scheduler admits waiting samples of a higher priority first."""
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
-        params.validate()  # again: a params object altered after it was built allocates nothing either
         if params.model != self.config.model:
             raise InvalidParamsError("model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
-        if params.lora is not None:
-            raise InvalidParamsError("lora", params.lora, "is not supported by this engine yet")
+        # Again, against the family this engine loaded: a params object altered after it was built
+        # allocates nothing either, and a folder model's family is known only here.
+        params.validate(self.family)
+        if params.lora is not None and not FAMILIES[self.family].supports_lora:
+            raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
+        if params.lora is not None and self.loras is None:
+            raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:
             raise InvalidParamsError("priority", priority, f"must be one of {', '.join(PRIORITIES)}")
-        request_id = job_id or uuid.uuid4().hex
+        job_id = job_id or uuid.uuid4().hex
         future: Future = Future()
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
-        request = Request(
-            request_id=request_id,
+        if params.lora is not None:
+            try:
+                self.loras.fetch(params.lora)  # on this thread: reading the store never stalls the loop
+            except LoraError as e:
+                future.set_exception(JobFailedError(str(e)))
+                return future
+        job = Job(
+            job_id=job_id,
             params=params,
             future=future,
-            job_ids=job_ids_for(request_id, params.num_images),
+            sample_ids=sample_ids_for(job_id, params.num_images),
             on_progress=on_progress,
             submitted_at=time.perf_counter(),
             priority=priority,
@@ -123,28 +166,30 @@ class DiffusionEngine:
         with self._cond:
             if not self._is_accepting:
                 raise EngineShutdownError("the engine is shutting down and accepts no new jobs")
-            if request_id in self._requests:
-                raise InvalidParamsError("job_id", request_id, "is already used by an unfinished job")
-            self._requests[request_id] = request
-            self._inbox.append(request)
+            if job_id in self._jobs or any(sample_id in self._job_of_sample for sample_id in job.sample_ids):
+                raise InvalidParamsError("job_id", job_id, "is already used by an unfinished job")
+            self._jobs[job_id] = job
+            self._job_of_sample.update(dict.fromkeys(job.sample_ids, job))
+            self._inbox.append(job)
             self._cond.notify()
         return future
 
     def cancel(self, future_or_job_id: Future | str) -> bool:
-        """Cancel a request at the next step boundary; False when it is unknown or already done.
+        """Cancel a job before its next denoiser forward; False when it is unknown or already done.
 
-        Its Future then raises JobCanceledError. Takes the Future from submit() or its job id.
+        Its Future then raises JobCanceledError. Takes the Future from submit(), its job id,
+        or the id of one of its samples.
         """
         with self._cond:
-            request = self._find_request(future_or_job_id)
-            if request is None or request.future.done():
+            job = self._find_job(future_or_job_id)
+            if job is None or job.future.done():
                 return False
-            self._cancel_request_ids.append(request.request_id)
+            self._cancel_job_ids.append(job.job_id)
             self._cond.notify()
             return True
 
     def pause(self) -> None:
-        """Stop admitting waiting jobs (for a worker drain); running jobs keep stepping."""
+        """Stop admitting waiting samples (for a worker drain); running ones keep stepping."""
         with self._cond:
             self._is_pause_wanted = True
             self._cond.notify()
@@ -158,17 +203,19 @@ class DiffusionEngine:
         with self._cond:
             return {
                 "model": self.config.model,
+                "family": self.family,
                 "device": str(self.model_runner.model.device),
                 "dtype": str(self.model_runner.model.dtype).removeprefix("torch."),
                 "max_num_seqs": self.config.max_num_seqs,
                 "is_deterministic": self.config.deterministic,
                 **self._stats.as_dict(),
+                **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
             }
 
     def shutdown(self, wait: bool = True, *, abort: bool = False) -> None:
         """Stop accepting jobs. By default finish every accepted job first (drain); with
-        abort=True fail unfinished ones with EngineShutdownError at the next step boundary.
+        abort=True fail unfinished ones with EngineShutdownError before the next forward.
         wait=True blocks until the loop thread has exited."""
         with self._cond:
             self._is_accepting = False
@@ -193,10 +240,10 @@ class DiffusionEngine:
         did_work = not plan.is_empty
         if did_work:
             start = time.perf_counter()
-            output = self.model_runner.execute(plan)
+            output = self.model_runner.execute(plan, self._take_cancels)
             self.scheduler.update_from_output(plan, output)
             with self._cond:
-                self._stats.record(plan, output, time.perf_counter() - start)
+                self._stats.record(output, time.perf_counter() - start)
             self._resolve(output, started_at=start)
         self._publish()
         return did_work
@@ -214,91 +261,98 @@ class DiffusionEngine:
                 did_work = False
             if not did_work:
                 with self._cond:
-                    if not (self._inbox or self._cancel_request_ids or self._is_stopping):
+                    if not (self._inbox or self._cancel_job_ids or self._is_stopping):
                         self._cond.wait(IDLE_WAIT_SECONDS)
         self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
         self._publish()
 
     def _take_inbox(self) -> None:
         with self._cond:
-            new_requests, self._inbox = self._inbox, []
-            cancel_ids, self._cancel_request_ids = self._cancel_request_ids, []
-            is_pause_wanted, is_abort_wanted = self._is_pause_wanted, self._is_abort_wanted
-        for request in new_requests:
-            for index, job_id in enumerate(request.job_ids):
-                params = request.params.for_image(index)
-                self._request_of_job[job_id] = request
-                self.scheduler.add(NewJob(job_id=job_id, params=params, key=CompatibilityKey.of(params)),
-                                   priority=request.priority)
-        for request_id in cancel_ids:
-            with self._cond:
-                request = self._requests.get(request_id)
-            if request is not None:
-                self._end(request, JobCanceledError(f"job {request_id} was canceled"), is_canceled=True)
-        if is_abort_wanted:
-            self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
+            new_jobs, self._inbox = self._inbox, []
+            is_pause_wanted = self._is_pause_wanted
+        for job in new_jobs:
+            for index, sample_id in enumerate(job.sample_ids):
+                params = job.params.for_image(index)
+                key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
+                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key), priority=job.priority)
+        self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()
 
+    def _take_cancels(self) -> list[str]:
+        """End canceled jobs (and every job on an abort); the ids of their samples that were scheduled."""
+        with self._cond:
+            cancel_ids, self._cancel_job_ids = self._cancel_job_ids, []
+            is_abort_wanted = self._is_abort_wanted
+            canceled = [self._jobs[job_id] for job_id in cancel_ids if job_id in self._jobs]
+        aborted = []
+        for job in canceled:
+            aborted += self._end(job, JobCanceledError(f"job {job.job_id} was canceled"), is_canceled=True)
+        if is_abort_wanted:
+            aborted += self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
+        return aborted
+
     def _resolve(self, output: RunnerOutput, *, started_at: float) -> None:
         now = time.perf_counter()
-        stepped: dict[str, Request] = {}
-        for job_id in output.stepped_job_ids:
-            request = self._request_of_job.get(job_id)
-            if request is not None:
-                request.admitted_at = request.admitted_at or started_at
-                request.num_steps_done += 1
-                stepped[request.request_id] = request
-        for request in stepped.values():
-            self._report_progress(request)
-        for job_id, message in output.failed.items():
-            request = self._request_of_job.get(job_id)
-            if request is not None:
-                self._end(request, JobFailedError(message))
-        decoded: dict[str, Request] = {}
-        for job_id in output.finished_job_ids:
-            request = self._request_of_job.pop(job_id, None)
-            if request is not None:
-                request.images[job_id] = output.images[job_id]
-                decoded[request.request_id] = request
-        for request in decoded.values():
-            request.decode_seconds += output.decode_seconds  # one decode call per iteration, shared
-            if request.is_complete:
-                request.denoised_at = now - output.decode_seconds
-                self._end(request, None)
-
-    def _end(self, request: Request, error: Exception | None, *, is_canceled: bool = False) -> None:
-        """Finish a request, aborting its jobs still scheduled; its future resolves at _publish()."""
-        num_aborted = sum(self.scheduler.abort(job_id) for job_id in request.job_ids)
-        for job_id in request.job_ids:
-            self._request_of_job.pop(job_id, None)
         with self._cond:
-            self._requests.pop(request.request_id, None)
-            if is_canceled:
-                self._stats.num_jobs_canceled += num_aborted
-        outcome = request.result() if error is None else error
-        self._ended.append((request.future, outcome))
+            job_of_sample = dict(self._job_of_sample)  # only jobs not ended: late outputs are ignored
+        stepped: dict[str, Job] = {}
+        for sample_id in output.stepped_sample_ids:
+            job = job_of_sample.get(sample_id)
+            if job is not None:
+                job.admitted_at = job.admitted_at or started_at
+                job.num_steps_done += 1
+                stepped[job.job_id] = job
+        for job in stepped.values():
+            self._report_progress(job)
+        ended: set[str] = set()
+        for sample_id, message in output.failed.items():
+            job = job_of_sample.get(sample_id)
+            if job is not None and job.job_id not in ended:
+                ended.add(job.job_id)
+                self._end(job, JobFailedError(message))
+        decoded: dict[str, Job] = {}
+        for sample_id in output.finished_sample_ids:
+            job = job_of_sample.get(sample_id)
+            if job is not None and job.job_id not in ended:
+                job.images[sample_id] = output.images[sample_id]
+                decoded[job.job_id] = job
+        for job in decoded.values():
+            job.decode_seconds += output.decode_seconds  # one decode call per iteration, shared
+            if job.is_complete:
+                job.denoised_at = now - output.decode_seconds
+                self._end(job, None)
 
-    def _report_progress(self, request: Request) -> None:
-        if request.on_progress is None:
+    def _end(self, job: Job, error: Exception | None, *, is_canceled: bool = False) -> list[str]:
+        """Finish a job, aborting its samples still scheduled (returned); its future resolves at _publish()."""
+        aborted = [sample_id for sample_id in job.sample_ids if self.scheduler.abort(sample_id)]
+        with self._cond:
+            self._jobs.pop(job.job_id, None)
+            for sample_id in job.sample_ids:
+                self._job_of_sample.pop(sample_id, None)
+            if is_canceled:
+                self._stats.num_samples_canceled += len(aborted)
+        outcome = job.result() if error is None else error
+        self._ended.append((job.future, outcome))
+        return aborted
+
+    def _report_progress(self, job: Job) -> None:
+        if job.on_progress is None:
             return
         try:
-            request.on_progress(request.num_steps_done, request.num_steps_total)
+            job.on_progress(job.num_steps_done, job.num_steps_total)
         except Exception:
-            logger.exception("on_progress callback of job %s raised; ignored", request.request_id)
+            logger.exception("on_progress callback of job %s raised; ignored", job.job_id)
 
-    def _fail_all(self, error: Exception) -> None:
+    def _fail_all(self, error: Exception) -> list[str]:
         with self._cond:
-            requests = list(self._requests.values())
-        for request in requests:
-            self._end(request, error)
+            jobs = list(self._jobs.values())
+        return [sample_id for job in jobs for sample_id in self._end(job, error)]
 
     def _recover(self, error: Exception) -> None:
         self._fail_all(JobFailedError(f"engine error: {type(error).__name__}: {error}"))
         self.scheduler = Scheduler(self.config.scheduler_config)
-        self._request_of_job.clear()
-        self.model_runner.jobs.clear()
-        self.model_runner.input_batches.clear()
+        self.model_runner.reset()
         self._publish()
 
     def _publish(self) -> None:
@@ -313,7 +367,7 @@ class DiffusionEngine:
             else:
                 future.set_result(outcome)
 
-    def _find_request(self, future_or_job_id: Future | str) -> Request | None:
-        if isinstance(future_or_job_id, Future):
-            return next((r for r in self._requests.values() if r.future is future_or_job_id), None)
-        return self._requests.get(future_or_job_id) or self._requests.get(future_or_job_id.rsplit("#", 1)[0])
+    def _find_job(self, future_or_id: Future | str) -> Job | None:
+        if isinstance(future_or_id, Future):
+            return next((job for job in self._jobs.values() if job.future is future_or_id), None)
+        return self._jobs.get(future_or_id) or self._job_of_sample.get(future_or_id)

@@ -1,14 +1,16 @@
-"""One group's denoiser input, gathered from its jobs, and the prediction scattered back.
+"""One group's denoiser input, gathered from its samples' rows.
 
-Row layout: jobs in group order; a guided job owns two rows [uncond, cond], an
-unguided job one row. Every row carries its own timestep, so jobs at different steps
-(and with different samplers) share the forward. The embedding buffer is refilled
-only when the group's membership changes; latents and timesteps are rewritten every
-step into the same buffers.
+Row layout: samples in group order, each with the rows its adapter gave it (for CFG
+families [uncond, cond] or one row). Every row carries its own timestep, so samples at
+different steps (and with different samplers) share the forward. The conditioning
+buffers are refilled only when the group's membership changes; latents and timesteps
+are rewritten every step into the same buffers. A conditioning tensor whose first
+dimension differs between rows (Z-Image's per-token text features) is zero-padded,
+and each row's true length is kept in `ForwardBatch.lengths`.
 
 With `num_padded_rows` set (deterministic mode) every forward carries exactly that many
-rows: the padding rows are zeros, and a row's result no longer depends on how many
-other jobs happen to run, so outputs are bit-identical alone and batched.
+rows, the extra ones being the adapter's padding row: a row's result no longer depends
+on how many other samples happen to run, so outputs are bit-identical alone and batched.
 """
 
 from __future__ import annotations
@@ -17,72 +19,84 @@ from collections.abc import Sequence
 
 import torch
 
+from batching.pipelines.contract import Conditioning, ForwardBatch, PipelineAdapter
 from batching.sample_tensors import SampleTensors
 
 
 class InputBatch:
-    def __init__(self, *, device: torch.device, dtype: torch.dtype, num_padded_rows: int | None = None) -> None:
-        self.device = device
-        self.dtype = dtype
+    def __init__(self, adapter: PipelineAdapter, *, num_padded_rows: int | None = None) -> None:
+        self.adapter = adapter
         self.num_padded_rows = num_padded_rows
-        self.job_ids: tuple[str, ...] = ()  # membership the embedding buffer was filled for
+        self.sample_ids: tuple[str, ...] = ()  # membership the conditioning buffers were filled for
         self.num_rows = 0  # real rows, padding excluded
-        self.latents: torch.Tensor | None = None  # [num_buffer_rows, c, h, w]
+        self.latents: torch.Tensor | None = None  # [num_buffer_rows, *latent_shape]; None when sizes differ
         self.timesteps: torch.Tensor | None = None  # [num_buffer_rows]
-        self.embeds: torch.Tensor | None = None  # [num_buffer_rows, seq, dim]
+        self.conditioning: dict[str, torch.Tensor] = {}  # name -> [num_buffer_rows, *shape]
+        self.lengths: dict[str, list[int]] = {}  # name -> each buffer row's true first-dim length
 
-    def prepare(self, jobs: Sequence[SampleTensors]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Fill the buffers for this step: (latents, timesteps, embeds), padding included."""
-        job_ids = tuple(job.job_id for job in jobs)
-        if job_ids != self.job_ids:
-            self._refill_embeds(jobs)
-            self.job_ids = job_ids
+    def prepare(self, samples: Sequence[SampleTensors]) -> ForwardBatch:
+        """Fill the buffers for this step, padding rows included."""
+        sample_ids = tuple(sample.sample_id for sample in samples)
+        if sample_ids != self.sample_ids:
+            self._refill_conditioning(samples)
+            self.sample_ids = sample_ids
         row = 0
-        for job in jobs:
-            timestep = job.timestep
-            model_input = job.sampler.scale_model_input(job.latents, timestep)  # [1, c, h, w]
-            self.latents[row : row + job.num_rows] = model_input
-            self.timesteps[row : row + job.num_rows] = timestep
-            row += job.num_rows
-        num_used = self.num_padded_rows or self.num_rows
-        return self.latents[:num_used], self.timesteps[:num_used], self.embeds[:num_used]
-
-    def guided_predictions(self, noise_pred: torch.Tensor, jobs: Sequence[SampleTensors]) -> list[torch.Tensor]:
-        """Each job's prediction [1, c, h, w], with its own guidance scale applied."""
-        predictions = []
-        row = 0
-        for job in jobs:
-            if job.has_guidance:
-                uncond, cond = noise_pred[row : row + 1], noise_pred[row + 1 : row + 2]
-                predictions.append(uncond + job.params.guidance_scale * (cond - uncond))
+        mixed_latents: list[torch.Tensor] = []
+        for sample in samples:
+            model_input = self.adapter.model_input(sample)  # [1, *latent_shape]
+            if self.latents is None:
+                mixed_latents += [model_input[0]] * sample.num_rows
             else:
-                predictions.append(noise_pred[row : row + 1])
-            row += job.num_rows
-        return predictions
+                self.latents[row : row + sample.num_rows] = model_input  # broadcast over the sample's rows
+            self.timesteps[row : row + sample.num_rows] = sample.timestep
+            row += sample.num_rows
+        return ForwardBatch(self.latents if self.latents is not None else mixed_latents, self.timesteps,
+                            self.conditioning, self.lengths)
 
-    def _refill_embeds(self, jobs: Sequence[SampleTensors]) -> None:
-        self.num_rows = sum(job.num_rows for job in jobs)
+    def split(self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]) -> list[torch.Tensor]:
+        """Each sample's rows [num_rows, *latent_shape] of the forward's output."""
+        rows, row = [], 0
+        for sample in samples:
+            if isinstance(predictions, list):
+                rows.append(torch.stack(predictions[row : row + sample.num_rows]))
+            else:
+                rows.append(predictions[row : row + sample.num_rows])
+            row += sample.num_rows
+        return rows
+
+    def _refill_conditioning(self, samples: Sequence[SampleTensors]) -> None:
+        self.num_rows = sum(sample.num_rows for sample in samples)
         num_buffer_rows = self.num_padded_rows or self.num_rows
         assert self.num_rows <= num_buffer_rows, f"{self.num_rows} rows exceed the fixed row count {num_buffer_rows}"
-        latent_shape = jobs[0].latents.shape[1:]
-        seq_len = max(job.cond_embeds.shape[0] for job in jobs)
-        embed_dim = jobs[0].cond_embeds.shape[1]
-        self.latents = self._reuse(self.latents, (num_buffer_rows, *latent_shape))
-        self.timesteps = self._reuse(self.timesteps, (num_buffer_rows,), dtype=torch.float32)
-        self.embeds = self._reuse(self.embeds, (num_buffer_rows, seq_len, embed_dim))
-        self.embeds.zero_()
-        row = 0
-        for job in jobs:
-            rows = [job.uncond_embeds, job.cond_embeds] if job.has_guidance else [job.cond_embeds]
-            for embeds in rows:
-                self.embeds[row, : embeds.shape[0]] = embeds  # shorter prompts are zero-padded
-                row += 1
-        if self.num_padded_rows:
+        rows: list[Conditioning] = [row for sample in samples for row in sample.row_conditioning]
+        if num_buffer_rows > self.num_rows:
+            rows += [self.adapter.padding_row(samples[0].params)] * (num_buffer_rows - self.num_rows)
+        latents = samples[0].latents
+        if all(sample.latents.shape == latents.shape for sample in samples):
+            self.latents = self._reuse(self.latents, (num_buffer_rows, *latents.shape[1:]), latents.dtype)
             self.latents[self.num_rows :] = 0
-            self.timesteps[self.num_rows :] = 0
+        else:  # a family that mixes sizes: one latent per row, gathered every step
+            assert self.num_padded_rows is None, "deterministic mode keeps the size in the key"
+            self.latents = None
+        self.timesteps = self._reuse(self.timesteps, (num_buffer_rows,), torch.float32)
+        self.timesteps[self.num_rows :] = 0
+        self.lengths = {}
+        for name, first in rows[0].items():
+            tensors = [row[name] for row in rows]
+            lengths = [tensor.shape[0] if tensor.dim() else 0 for tensor in tensors]
+            shape = (num_buffer_rows, max(lengths), *first.shape[1:]) if first.dim() else (num_buffer_rows,)
+            buffer = self._reuse(self.conditioning.get(name), shape, first.dtype)
+            if len(set(lengths)) > 1:
+                buffer.zero_()
+                self.lengths[name] = lengths
+            for index, tensor in enumerate(tensors):
+                if tensor.dim():
+                    buffer[index, : lengths[index]] = tensor  # shorter rows stay zero-padded
+                else:
+                    buffer[index] = tensor
+            self.conditioning[name] = buffer
 
-    def _reuse(self, buffer: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
-        dtype = dtype or self.dtype
+    def _reuse(self, buffer: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if buffer is not None and buffer.shape == shape and buffer.dtype == dtype:
             return buffer
-        return torch.zeros(shape, device=self.device, dtype=dtype)
+        return torch.zeros(shape, device=self.adapter.device, dtype=dtype)

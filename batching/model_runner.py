@@ -1,175 +1,228 @@
 """The model runner: executes a scheduler plan on the model and reports plain results.
 
-It owns every running job's tensors (sampler, generator, latents, prompt embeddings)
-and one `InputBatch` per group. Per plan: drop freed jobs, encode the new jobs' prompts
-in one text-encoder call, run one denoiser forward per group, step each job's own
-sampler, decode the jobs that finished. A failure is contained: an exception in a
-group's forward fails that group's jobs, one in a job's sampler step or decode fails
-that job, and the runner keeps serving the rest.
+It owns every running sample's tensors (sampler, generator, latents, row conditioning)
+and one `InputBatch` per group, and knows no model family: the adapter
+(`batching.pipelines.contract`) does everything family-specific. Per plan: drop aborted
+samples, encode the new samples' prompts in one text-encoder call, run one denoiser
+forward per group, step each sample's own sampler, decode the samples that finished.
+Between two group forwards it asks the engine for samples canceled meanwhile, so a
+cancel or an abort takes effect within one forward. A failure is contained: an
+exception in a group's forward fails that group's samples, one in a sample's sampler
+step or decode fails that sample, and the runner keeps serving the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers.utils.torch_utils import randn_tensor
 
+from batching.errors import LoraError
 from batching.input_batch import InputBatch
-from batching.sample_tensors import SampleTensors
 from batching.params import CompatibilityKey
-from batching.pipelines import StableDiffusionAdapter
-from batching.plan import NewJob, RunnerOutput, SchedulerPlan
+from batching.pipelines.contract import PipelineAdapter
+from batching.plan import NewSample, RunnerOutput, SchedulerPlan
+from batching.sample_tensors import SampleTensors
+
+if TYPE_CHECKING:
+    from batching.lora.engine_loras import EngineLoras
 
 logger = logging.getLogger(__name__)
 
+AbortedSince = Callable[[], Collection[str]]  # sample ids aborted since the last call
+
 
 class ModelRunner:
-    def __init__(self, model: StableDiffusionAdapter, *, max_num_seqs: int, is_deterministic: bool = False) -> None:
+    def __init__(self, model: PipelineAdapter, *, max_num_seqs: int, is_deterministic: bool = False,
+                 loras: EngineLoras | None = None) -> None:
         self.model = model
+        self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
         self.max_num_seqs = max_num_seqs
         self.is_deterministic = is_deterministic
-        # Deterministic mode fixes every batch size: forwards carry 2 rows per job slot,
+        # Deterministic mode fixes every batch size: forwards carry the most rows a full group can,
         # the text encoder sees fixed-size chunks, and the VAE decodes one image at a time.
-        self.num_padded_rows = 2 * max_num_seqs if is_deterministic else None
-        self.jobs: dict[str, SampleTensors] = {}
+        self.num_padded_rows = model.max_rows_per_sample * max_num_seqs if is_deterministic else None
+        self.samples: dict[str, SampleTensors] = {}
         self.input_batches: dict[CompatibilityKey, InputBatch] = {}
 
+    def reset(self) -> None:
+        """Forget every sample and buffer (after an engine error failed them all)."""
+        self.samples.clear()
+        self.input_batches.clear()
+
     @torch.inference_mode()
-    def execute(self, plan: SchedulerPlan) -> RunnerOutput:
+    def execute(self, plan: SchedulerPlan, aborted_since: AbortedSince = tuple) -> RunnerOutput:
         output = RunnerOutput()
-        for job_id in plan.freed_job_ids:
-            self.jobs.pop(job_id, None)
+        self._drop(plan.aborted_sample_ids)
         for key in list(self.input_batches):
             if key not in plan.groups:
                 del self.input_batches[key]
-        if plan.new_jobs:
-            self._admit(plan.new_jobs, output)
+        if plan.new_samples:
+            self._admit(plan.new_samples, output)
         finished: list[SampleTensors] = []
-        for key, job_ids in plan.groups.items():
-            jobs = [self.jobs[job_id] for job_id in job_ids if job_id in self.jobs]
-            if jobs:
-                finished += self._run_group(key, jobs, output)
+        for key, sample_ids in plan.groups.items():
+            self._drop(aborted_since())
+            samples = [self.samples[sample_id] for sample_id in sample_ids if sample_id in self.samples]
+            if samples:
+                finished += self._run_group(key, samples, output)
+        self._drop(aborted_since())
+        finished = [sample for sample in finished if sample.sample_id in self.samples]
         if finished:
             self._decode(finished, output)
         return output
 
-    def _admit(self, new_jobs: Sequence[NewJob], output: RunnerOutput) -> None:
+    def _drop(self, sample_ids: Collection[str]) -> None:
+        for sample_id in sample_ids:
+            self.samples.pop(sample_id, None)
+
+    def _admit(self, new_samples: Sequence[NewSample], output: RunnerOutput) -> None:
         start = time.perf_counter()
-        texts = sorted({text for new_job in new_jobs for text in _prompts_of(new_job)})
+        ready = []
+        for new in new_samples:
+            try:
+                if new.params.lora is not None:  # the ones admitted with it are in use too
+                    self._prepare_lora(new.params.lora, also_in_use=[other.params.lora for other in ready])
+            except LoraError as e:
+                output.failed[new.sample_id] = str(e)
+                continue
+            ready.append(new)
+        # Prompts go through the text encoder once per text-encoder adapter (None: the base encoder).
+        texts_of_encoder: dict[tuple[str, float] | None, set[str]] = {}
+        for new in ready:
+            texts_of_encoder.setdefault(self._text_encoder_adapter(new.params), set()).update(
+                self.model.texts_to_encode(new.params))
+        encoded: dict[tuple[str, float] | None, dict] = {}
         try:
-            embeds = self._encode(texts)  # [len(texts), seq, dim]
+            for adapter, texts in texts_of_encoder.items():
+                texts = sorted(texts)
+                with self.loras.encoding_with(adapter) if self.loras else contextlib.nullcontext():
+                    encoded[adapter] = dict(zip(texts, self._encode(texts)))
         except Exception as e:
             logger.exception("text encoder failed")
-            for new_job in new_jobs:
-                output.failed[new_job.job_id] = f"prompt encoding failed: {_describe(e)}"
+            for new in ready:
+                output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
             return
-        row_of = {text: row for row, text in enumerate(texts)}
         output.encode_seconds = time.perf_counter() - start
-        for new_job in new_jobs:
-            params = new_job.params
+        for new in ready:
+            params = new.params
             try:
-                sampler = self.model.new_sampler(params.sampler, params.num_inference_steps)
+                sampler = self.model.new_sampler(params)
                 generator = torch.Generator("cpu").manual_seed(params.seed)
-                shape = (1, *self.model.latent_shape(params.height, params.width))
-                noise = randn_tensor(shape, generator=generator, device=self.model.device, dtype=self.model.dtype)
-                self.jobs[new_job.job_id] = SampleTensors(
-                    job_id=new_job.job_id,
+                self.samples[new.sample_id] = SampleTensors(
+                    sample_id=new.sample_id,
                     params=params,
                     sampler=sampler,
                     generator=generator,
-                    latents=noise * sampler.init_noise_sigma,  # [1, c, h/8, w/8]
-                    cond_embeds=embeds[row_of[params.prompt]],
-                    uncond_embeds=embeds[row_of[params.negative_prompt]] if params.has_guidance else None,
+                    latents=self.model.initial_latents(params, sampler, generator),
+                    row_conditioning=self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)]),
                 )
             except Exception as e:
-                logger.exception("could not start job %s", new_job.job_id)
-                output.failed[new_job.job_id] = f"could not start the job: {_describe(e)}"
+                logger.exception("could not start sample %s", new.sample_id)
+                output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
 
-    def _encode(self, texts: list[str]) -> torch.Tensor:
+    def _text_encoder_adapter(self, params) -> tuple[str, float] | None:
+        return self.loras.text_encoder_adapter(params.lora, params.lora_scale) if self.loras else None
+
+    def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
+        assert self.loras is not None, "the engine refuses adapters without a LoRA store"
+        self.loras.prepare(name, in_use={sample.params.lora for sample in self.samples.values()} | set(also_in_use))
+
+    def _encode(self, texts: list[str]) -> list:
         if not self.is_deterministic:
-            return self.model.encode_prompts(texts)[0]
+            return self.model.encode_prompts(texts)
         chunk_size = self.num_padded_rows
-        chunks = []
+        encoded = []
         for start in range(0, len(texts), chunk_size):
             chunk = texts[start : start + chunk_size]
-            padded = chunk + [""] * (chunk_size - len(chunk))
-            chunks.append(self.model.encode_prompts(padded)[0][: len(chunk)])
-        return torch.cat(chunks)
+            encoded += self.model.encode_prompts(chunk + [""] * (chunk_size - len(chunk)))[: len(chunk)]
+        return encoded
 
-    def _run_group(self, key: CompatibilityKey, jobs: list[SampleTensors], output: RunnerOutput) -> list[SampleTensors]:
+    def _run_group(
+        self, key: CompatibilityKey, samples: list[SampleTensors], output: RunnerOutput
+    ) -> list[SampleTensors]:
         try:
             input_batch = self.input_batches.get(key)
             if input_batch is None:
-                input_batch = InputBatch(device=self.model.device, dtype=self.model.dtype, num_padded_rows=self.num_padded_rows)
+                input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
                 self.input_batches[key] = input_batch
             start = time.perf_counter()
-            latents, timesteps, embeds = input_batch.prepare(jobs)
-            noise_pred = self.model.forward(latents, timesteps, embeds)  # [num_buffer_rows, c, h/8, w/8]
-            predictions = input_batch.guided_predictions(noise_pred, jobs)
+            forward_batch = input_batch.prepare(samples)
+            with self._lora_rows(samples):
+                predictions = self.model.forward(forward_batch)  # [num_buffer_rows, *latent_shape]
+            rows_of_samples = input_batch.split(predictions, samples)
+            guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
             self._synchronize()
             output.forward_seconds.append(time.perf_counter() - start)
             output.rows_per_forward.append(input_batch.num_rows)
+            output.samples_per_forward.append(len(samples))
+            output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
         except Exception as e:
             logger.exception("denoiser forward failed for group %s", key)
             self.input_batches.pop(key, None)
-            for job in jobs:
-                self._fail(job, f"denoiser forward failed for {key}: {_describe(e)}", output)
+            for sample in samples:
+                self._fail(sample, f"denoiser forward failed for {key}: {_describe(e)}", output)
             return []
         finished = []
-        for job, prediction in zip(jobs, predictions):
+        for sample, prediction in zip(samples, guided):
             try:
-                job.latents = job.sampler.step(
-                    prediction, job.timestep, job.latents, generator=job.generator, return_dict=False
+                sample.latents = sample.sampler.step(
+                    prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
                 )[0]
-                job.num_steps_done += 1
+                sample.num_steps_done += 1
             except Exception as e:
-                logger.exception("sampler step failed for job %s", job.job_id)
-                self._fail(job, f"{job.params.sampler} sampler step failed: {_describe(e)}", output)
+                logger.exception("sampler step failed for sample %s", sample.sample_id)
+                self._fail(sample, f"{sample.params.sampler} sampler step failed: {_describe(e)}", output)
                 continue
-            output.stepped_job_ids.append(job.job_id)
-            if job.is_finished:
-                finished.append(job)
+            output.stepped_sample_ids.append(sample.sample_id)
+            if sample.is_finished:
+                finished.append(sample)
         return finished
 
-    def _decode(self, jobs: list[SampleTensors], output: RunnerOutput) -> None:
+    def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
+        """Each row's adapter for the group's forward (padding rows: none)."""
+        if all(sample.params.lora is None for sample in samples):
+            return contextlib.nullcontext()
+        row_adapters = [(sample.params.lora, sample.params.lora_scale) for sample in samples
+                        for _ in range(sample.num_rows)]
+        row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
+        return self.loras.rows(row_adapters)
+
+    def _decode(self, samples: list[SampleTensors], output: RunnerOutput) -> None:
         start = time.perf_counter()
-        for batch in self._decode_batches(jobs):
+        for batch in self._decode_batches(samples):
             try:
-                images = self.model.decode(torch.cat([job.latents for job in batch]))
+                latents = torch.cat([sample.latents for sample in batch])
+                images = self.model.decode(latents, [sample.params for sample in batch])
             except Exception as e:
                 logger.exception("decode failed")
-                for job in batch:
-                    self._fail(job, f"decoding the image failed: {_describe(e)}", output)
+                for sample in batch:
+                    self._fail(sample, f"decoding the image failed: {_describe(e)}", output)
                 continue
-            for job, image in zip(batch, images):
-                output.finished_job_ids.append(job.job_id)
-                output.images[job.job_id] = image
-                del self.jobs[job.job_id]
+            for sample, image in zip(batch, images):
+                output.finished_sample_ids.append(sample.sample_id)
+                output.images[sample.sample_id] = image
+                del self.samples[sample.sample_id]
         output.decode_seconds = time.perf_counter() - start
 
-    def _decode_batches(self, jobs: list[SampleTensors]) -> list[list[SampleTensors]]:
+    def _decode_batches(self, samples: list[SampleTensors]) -> list[list[SampleTensors]]:
         if self.is_deterministic:
-            return [[job] for job in jobs]
-        by_shape: dict[tuple[int, ...], list[SampleTensors]] = {}
-        for job in jobs:
-            by_shape.setdefault(tuple(job.latents.shape), []).append(job)
-        return list(by_shape.values())
+            return [[sample] for sample in samples]
+        by_size: dict[tuple[int, int], list[SampleTensors]] = {}
+        for sample in samples:
+            by_size.setdefault((sample.params.height, sample.params.width), []).append(sample)
+        return list(by_size.values())
 
-    def _fail(self, job: SampleTensors, message: str, output: RunnerOutput) -> None:
-        output.failed[job.job_id] = message
-        self.jobs.pop(job.job_id, None)
+    def _fail(self, sample: SampleTensors, message: str, output: RunnerOutput) -> None:
+        output.failed[sample.sample_id] = message
+        self.samples.pop(sample.sample_id, None)
 
     def _synchronize(self) -> None:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
-
-
-def _prompts_of(new_job: NewJob) -> list[str]:
-    params = new_job.params
-    return [params.prompt, params.negative_prompt] if params.has_guidance else [params.prompt]
 
 
 def _describe(error: Exception) -> str:

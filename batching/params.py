@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.errors import InvalidParamsError  # re-exported: the API imports it from here
+from batching.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
 
-SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
+SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
 DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
 # The model the service serves when STEPWISE_MODEL is unset: the worker's, `stepwise up`'s and
 # `stepwise generate`'s, and the model the API gives a job that names none.
@@ -26,16 +27,22 @@ PRIORITIES = ("high", "normal", "low")  # a job's priority, highest first: queue
 
 MIN_SIZE = 64
 MAX_SIZE = 2048
-SIZE_MULTIPLE = 8
+SIZE_MULTIPLE = min(spec.size_multiple for spec in FAMILIES.values())  # the loosest; families may ask more
 MAX_PIXELS = 2048 * 2048
 MIN_STEPS = 1
 MAX_STEPS = 200
 MAX_PROMPT_CHARS = 2000
 MIN_GUIDANCE = 0.0
-MAX_GUIDANCE = 50.0
+MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loosest; families may ask less
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+# A LoRA adapter is `NAME` (an operator adapter) or `tenants/TENANT/NAME` (a tenant's upload, as the
+# worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
+LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LORA_KEY_PATTERN = re.compile(r"(tenants/[A-Za-z0-9_-]{1,64}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LORA_SUFFIX = ".safetensors"
+MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the engine's read limit
 
 
 # Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
@@ -52,38 +59,50 @@ def service_model() -> str:
 class GenerationParams:
     prompt: str
     negative_prompt: str = ""
-    height: int = 128
-    width: int = 128
-    num_inference_steps: int = 20
-    guidance_scale: float = 7.5  # <= 1.0 means no classifier-free guidance: one row per job
+    height: int = None  # type: ignore[assignment]  # None: the model family's default (batching.families)
+    width: int = None  # type: ignore[assignment]  # None: the family's default
+    num_inference_steps: int = None  # type: ignore[assignment]  # None: the family's default
+    guidance_scale: float = None  # type: ignore[assignment]  # None: the family's default; its meaning is the family's
     seed: int | None = None  # None: a random seed is drawn and recorded
-    sampler: str = "euler"
-    num_images: int = 1  # N images become N engine jobs with seeds seed..seed+N-1
+    sampler: str = None  # type: ignore[assignment]  # None: "euler"
+    num_images: int = 1  # N images become N samples with seeds seed..seed+N-1
     model: str = DEFAULT_MODEL
     num_frames: int = 1
-    lora: str | None = None  # adapter identity; part of the compatibility key
-    lora_scale: float = 1.0
+    lora: str | None = None  # LoRA adapter in the store (LORA_KEY_PATTERN); None: the base model
+    lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
 
     def __post_init__(self) -> None:
+        spec = self.family_spec
+        defaults = {
+            "height": spec.default_size,
+            "width": spec.default_size,
+            "num_inference_steps": spec.default_steps,
+            "guidance_scale": spec.default_guidance,
+            "sampler": spec.default_sampler,
+        }
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         self.validate()
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbelow(2**31))
 
-    def validate(self) -> None:
-        """Raise InvalidParamsError naming the first field that breaks a rule."""
-        _validate(self)
+    def validate(self, family: str | None = None) -> None:
+        """Raise InvalidParamsError naming the first field that breaks a rule.
+
+        `family` overrides the family known from the model name: the engine passes the
+        family it loaded, for models the name does not classify (a folder, a repo id).
+        """
+        _validate(self, FAMILIES[family] if family else self.family_spec)
 
     @property
-    def has_guidance(self) -> bool:
-        return self.guidance_scale > 1.0
-
-    @property
-    def num_rows(self) -> int:
-        """Rows this job contributes to each denoiser forward."""
-        return 2 if self.has_guidance else 1
+    def family_spec(self) -> FamilySpec:
+        """The family the rules and defaults come from (the fallback one for unclassified models)."""
+        family = family_of_model(self.model) if isinstance(self.model, str) else None
+        return FAMILIES[family or FALLBACK_FAMILY]
 
     def for_image(self, index: int) -> GenerationParams:
-        """The single-image job for image `index` of this request."""
+        """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
 
@@ -104,26 +123,32 @@ class GenerationParams:
         return cls(**data)
 
 
-def _validate(p: GenerationParams) -> None:
+def _validate(p: GenerationParams, spec: FamilySpec) -> None:
     _check_str(p, "prompt", MAX_PROMPT_CHARS, allow_empty=False)
     _check_str(p, "negative_prompt", MAX_PROMPT_CHARS, allow_empty=True)
+    if p.negative_prompt and spec.guidance_kind != "cfg":
+        raise InvalidParamsError("negative_prompt", p.negative_prompt,
+                                 f"is not supported by {spec.name} models (they run no classifier-free guidance)")
     for name in ("height", "width"):
         value = _check_int(p, name, MIN_SIZE, MAX_SIZE)
-        if value % SIZE_MULTIPLE:
-            raise InvalidParamsError(name, value, f"must be a multiple of {SIZE_MULTIPLE}")
+        if value % spec.size_multiple:
+            raise InvalidParamsError(name, value, f"must be a multiple of {spec.size_multiple} for {spec.name} models")
     if p.height * p.width > MAX_PIXELS:
         raise InvalidParamsError("height", p.height, f"height*width must be at most {MAX_PIXELS}")
     _check_int(p, "num_inference_steps", MIN_STEPS, MAX_STEPS)
-    _check_number(p, "guidance_scale", MIN_GUIDANCE, MAX_GUIDANCE)
+    _check_number(p, "guidance_scale", MIN_GUIDANCE, spec.max_guidance)
     num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
     if p.seed is not None:  # image i uses seed + i: the last one must fit too
         _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
-    if p.sampler not in SAMPLERS:
-        raise InvalidParamsError("sampler", p.sampler, f"must be one of {', '.join(SAMPLERS)}")
+    if p.sampler not in spec.samplers:
+        raise InvalidParamsError("sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models")
     _check_str(p, "model", 500, allow_empty=False)
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:
-        _check_str(p, "lora", 500, allow_empty=False)
+        _check_str(p, "lora", 200, allow_empty=False)
+        if not LORA_KEY_PATTERN.fullmatch(p.lora):
+            raise InvalidParamsError("lora", p.lora, "must be an adapter name: letters, digits, '_', '.', '-' "
+                                     "(at most 100, starting with a letter or digit)")
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
 
 
@@ -163,27 +188,31 @@ class CompatibilityKey:
     """What must match for two jobs to share one denoiser forward.
 
     Only what changes the denoiser's tensor contract or weights. Prompt, seed, step
-    count, current step, guidance scale and sampler are deliberately absent.
+    count, current step, guidance scale and sampler are deliberately absent, and so is
+    the size for families whose denoiser mixes sizes in one forward (`FamilySpec.mixes_sizes`).
     """
 
     model: str
-    height: int
-    width: int
+    height: int | None  # None: any size shares the forward
+    width: int | None
     num_frames: int = 1
     lora: str | None = None
     lora_scale: float = 1.0
 
     @classmethod
-    def of(cls, params: GenerationParams) -> CompatibilityKey:
+    def of(cls, params: GenerationParams, *, has_size: bool = True, has_lora: bool = False) -> CompatibilityKey:
+        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family);
+        `has_lora=True` keeps the adapter in the key (one adapter per group, the reference behaviour)."""
         return cls(
             model=params.model,
-            height=params.height,
-            width=params.width,
+            height=params.height if has_size else None,
+            width=params.width if has_size else None,
             num_frames=params.num_frames,
-            lora=params.lora,
-            lora_scale=params.lora_scale if params.lora else 1.0,
+            lora=params.lora if has_lora else None,
+            lora_scale=params.lora_scale if has_lora and params.lora else 1.0,
         )
 
     def __str__(self) -> str:
         lora = f" lora={self.lora}@{self.lora_scale}" if self.lora else ""
-        return f"{self.model} {self.width}x{self.height}x{self.num_frames}{lora}"
+        size = f"{self.width}x{self.height}" if self.height is not None else "*x*"  # any size
+        return f"{self.model} {size}x{self.num_frames}{lora}"

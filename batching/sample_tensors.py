@@ -1,33 +1,29 @@
-"""A running job's tensor state, owned by the model runner from admission until it leaves."""
+"""A running sample's tensor state, owned by the model runner from admission until it leaves."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from batching.params import GenerationParams
+from batching.pipelines.contract import Conditioning
 
 
 @dataclass(slots=True)
 class SampleTensors:
-    job_id: str
+    sample_id: str
     params: GenerationParams
-    sampler: SchedulerMixin  # this job's own instance: samplers keep state between steps
+    sampler: Any  # this sample's own diffusers scheduler: samplers keep state between steps
     generator: torch.Generator  # seeded by params.seed; draws the initial noise and any sampler noise
-    latents: torch.Tensor  # [1, c, h/8, w/8]
-    cond_embeds: torch.Tensor  # [seq, dim]
-    uncond_embeds: torch.Tensor | None  # [seq, dim]; None when the job has no guidance
+    latents: torch.Tensor  # [1, *latent_shape], in the family's layout (FLUX: packed tokens)
+    row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
     num_steps_done: int = 0
 
     @property
     def num_rows(self) -> int:
-        return self.params.num_rows
-
-    @property
-    def has_guidance(self) -> bool:
-        return self.params.has_guidance
+        return len(self.row_conditioning)
 
     @property
     def timestep(self) -> torch.Tensor:

@@ -16,7 +16,7 @@ from diffusers import (
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from batching.params import SAMPLERS
+from batching.families import UNET_SAMPLERS
 
 SAMPLER_CLASSES: dict[str, tuple[type[SchedulerMixin], dict[str, Any]]] = {
     "ddim": (DDIMScheduler, {}),
@@ -24,7 +24,7 @@ SAMPLER_CLASSES: dict[str, tuple[type[SchedulerMixin], dict[str, Any]]] = {
     "euler_ancestral": (EulerAncestralDiscreteScheduler, {}),
     "dpmpp_2m": (DPMSolverMultistepScheduler, {"algorithm_type": "dpmsolver++", "solver_order": 2}),
 }
-assert set(SAMPLER_CLASSES) == set(SAMPLERS)
+assert set(SAMPLER_CLASSES) == set(UNET_SAMPLERS)
 
 
 def make_sampler(name: str, model_scheduler_config: Any, num_inference_steps: int, device: Any) -> SchedulerMixin:

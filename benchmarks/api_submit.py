@@ -1,6 +1,7 @@
 """Submit throughput of `stepwise api`: POST /v1/jobs and POST /v1/jobs/batch, jobs per second.
 
-    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100]
+    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100] [--server gunicorn|granian]
+                                    [--worker-class gevent|gthread]
     python -m benchmarks.api_submit --compare 9e3133e        # today's tree and REF's, side by side
     python -m benchmarks.api_submit --url http://127.0.0.1:8000 --key KEY   # an API already running
 
@@ -42,8 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def local_api(num_workers: int | None, num_threads: int, tree: Path = ROOT, server: str | None = None):
-    """redis-server + `stepwise api --server SERVER` of the source tree `tree` on free ports; yields (url, key)."""
+def local_api(num_workers: int | None, num_threads: int, tree: Path = ROOT, server: str | None = None,
+              worker_class: str | None = None):
+    """redis-server + `stepwise api --server SERVER [--worker-class CLASS]` of the source tree `tree` on free
+    ports; yields (url, key). None leaves an option to that tree's default."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (or pass --url and --key of a running API)")
@@ -61,8 +64,8 @@ def local_api(num_workers: int | None, num_threads: int, tree: Path = ROOT, serv
         children.append(subprocess.Popen(
             [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(api_port),
              *(["--workers", str(num_workers)] if num_workers else []), "--threads", str(num_threads),
-             *(["--server", server] if server else [])], cwd=tree, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             *(["--server", server] if server else []), *(["--worker-class", worker_class] if worker_class else [])],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{api_port}"
         wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
         yield url, key
@@ -197,7 +200,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured duration of each run")
     parser.add_argument("--batch", type=int, default=100, help="jobs per POST /v1/jobs/batch (0: skip batches)")
     parser.add_argument("--workers", type=int, default=None, help="workers of the started API (default: the server's)")
-    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian", help="server of the started API")
+    parser.add_argument("--server", choices=("gunicorn", "granian"), default="gunicorn",
+                        help="server of the started API (default: gunicorn, as `stepwise api`)")
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
+                        help="gunicorn worker class of the started API (default: gevent, as `stepwise api`)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker process of the started API")
     parser.add_argument("--compare", metavar="REF",
                         help="run git REF's API and this tree's (gunicorn and granian) in turn, and print ratios")
@@ -220,8 +226,10 @@ def main() -> None:
         target = contextlib.nullcontext((args.url.rstrip("/"), args.key))
         where = args.url
     else:
-        target = local_api(num_workers, args.threads, server=args.server)
-        where = f"stepwise api --server {args.server} --workers {num_workers} --threads {args.threads} (started here)"
+        worker_class = args.worker_class if args.server == "gunicorn" else None
+        target = local_api(num_workers, args.threads, server=args.server, worker_class=worker_class)
+        where = (f"stepwise api --server {args.server} --workers {num_workers} --threads {args.threads}"
+                 + (f" --worker-class {worker_class}" if worker_class else "") + " (started here)")
     with target as (url, key):
         results = [measure(url, key, args.clients, args.seconds)]
         if args.batch:

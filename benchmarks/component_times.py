@@ -2,7 +2,7 @@
 
 `ForwardTrace` watches a running engine: for every denoiser forward it records the
 latent size and the row count (from the scheduler's plan), and it sums the encode and
-decode seconds the runner reports. `time_forwards` then times the bare UNet at exactly
+decode seconds the runner reports. `time_forwards` then times the bare denoiser at exactly
 those (size, rows) shapes, in the same process, so
 
     ideal seconds = sum over forwards of t_forward(size, rows) + encode + decode
@@ -31,14 +31,14 @@ class ForwardTrace:
     forward_seconds: float = 0.0  # in-run wall time of those forwards (batch building and guidance included)
     encode_seconds: float = 0.0  # in-run text-encoder time
     decode_seconds: float = 0.0  # in-run VAE decode time
-    is_complete: bool = True  # False if a forward could not be matched to its group (a failed group)
+    is_complete: bool = True  # False if a forward could not be matched to one shape (a failed group, mixed sizes)
 
     def attach(self, engine) -> None:
         runner = engine.model_runner
         execute = runner.execute
 
-        def traced_execute(plan):
-            output = execute(plan)
+        def traced_execute(plan, *args):
+            output = execute(plan, *args)
             self._record(plan, output)
             return output
 
@@ -55,6 +55,9 @@ class ForwardTrace:
         if len(keys) != len(output.rows_per_forward):
             self.is_complete = False
         for key, rows in zip(keys, output.rows_per_forward):
+            if key.height is None:  # a group mixing sizes (Z-Image) has no one shape to time bare
+                self.is_complete = False
+                continue
             self.forwards[(key.height, key.width, rows)] += 1
         self.forward_seconds += sum(output.forward_seconds)
         self.encode_seconds += output.encode_seconds
@@ -71,36 +74,50 @@ class ForwardTrace:
 
 
 class UNetRowCounter:
-    """Counts the rows of every UNet call of a diffusers pipeline (static batching's forwards)."""
+    """Counts the rows of every denoiser call of a diffusers pipeline (static batching's forwards).
 
-    def __init__(self, unet: torch.nn.Module) -> None:
+    The UNet takes its latents first; FLUX's transformer takes them as `hidden_states=`; Z-Image's
+    takes a list with one latent per row."""
+
+    def __init__(self, denoiser: torch.nn.Module) -> None:
         self.forwards: Counter = Counter()  # rows -> forwards
-        unet.register_forward_pre_hook(self._count)
+        denoiser.register_forward_pre_hook(self._count, with_kwargs=True)
 
-    def _count(self, module, args) -> None:
-        self.forwards[int(args[0].shape[0])] += 1
+    def _count(self, module, args, kwargs) -> None:
+        latents = args[0] if args else kwargs.get("hidden_states", kwargs.get("sample", kwargs.get("x")))
+        self.forwards[len(latents) if isinstance(latents, list) else int(latents.shape[0])] += 1
 
     def reset(self) -> None:
         self.forwards.clear()
 
 
 def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[ForwardShape, float]:
-    """Median seconds of one bare UNet forward per shape (after one untimed call per shape).
+    """Median seconds of one bare denoiser forward per shape (after one untimed call per shape).
 
     Called right after the run whose shapes these are, so the machine's load is as close
-    as it gets to the load the run saw."""
-    dim = adapter.unet.config.cross_attention_dim
-    seq = adapter.tokenizer.model_max_length
+    as it gets to the load the run saw. Any family: every row is the conditional row of one prompt."""
+    from batching.params import GenerationParams
+    from batching.pipelines.contract import ForwardBatch
+
     medians = {}
     for height, width, rows in sorted(shapes):
-        latents = torch.randn(rows, *adapter.latent_shape(height, width), dtype=adapter.dtype, device=adapter.device)
-        timesteps = torch.linspace(900, 100, rows, device=adapter.device)  # [rows], one per row as in the engine
-        embeds = torch.randn(rows, seq, dim, dtype=adapter.dtype, device=adapter.device)  # [rows, seq, dim]
-        adapter.forward(latents, timesteps, embeds)
+        params = GenerationParams(prompt="a red fox in the snow", model=adapter.model, height=height, width=width, seed=0)
+        sampler = adapter.new_sampler(params)
+        latents = adapter.initial_latents(params, sampler, torch.Generator("cpu").manual_seed(0))  # [1, *latent_shape]
+        texts = adapter.texts_to_encode(params)
+        row = adapter.row_conditioning(params, dict(zip(texts, adapter.encode_prompts(texts))))[0]
+        batch = ForwardBatch(
+            latents=latents.expand(rows, *latents.shape[1:]).contiguous(),
+            timesteps=sampler.timesteps[:1].float().expand(rows).contiguous(),  # [rows]
+            conditioning={name: tensor.unsqueeze(0).expand(rows, *tensor.shape).contiguous()
+                          for name, tensor in row.items()},
+            lengths={},
+        )
+        adapter.forward(batch)
         seconds = []
         for _ in range(repeats):
             start = time.perf_counter()
-            adapter.forward(latents, timesteps, embeds)
+            adapter.forward(batch)
             if adapter.device.type == "cuda":
                 torch.cuda.synchronize(adapter.device)
             seconds.append(time.perf_counter() - start)

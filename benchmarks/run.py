@@ -64,6 +64,7 @@ class SuiteOptions:
     device: str = "cpu"
     num_threads: int = 1
     run_e2e: bool = True
+    workloads: tuple[str, ...] = ()  # workload names to run ("burst", "two_resolution", ...; "poisson": every rate); () = all
     command: str = "stepwise bench"  # as typed, for the report
 
 
@@ -88,7 +89,7 @@ def run_suite(options: SuiteOptions) -> dict:
         "suite": dataclasses.asdict(options.size),
         "command": options.command,
         "git_commit": _git_commit(),
-        "command_options": {"models": list(options.models), "device": options.device,
+        "command_options": {"models": list(options.models), "workloads": list(options.workloads), "device": options.device,
                             "num_threads": options.num_threads, "e2e": options.run_e2e},
         "machine": machine,
         "load_average": load.summary(),
@@ -105,7 +106,7 @@ def run_suite(options: SuiteOptions) -> dict:
 
 def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) -> dict:
     size = options.size
-    num_jobs = size.num_jobs[model]
+    num_jobs = size.num_jobs.get(model, size.num_jobs["builtin:tiny"])  # the family built-ins are tiny-sized
     shape = workloads.JobShape(model=model, num_steps=size.num_steps, size=size.size, second_size=size.second_size)
     sizes = [(shape.size, shape.size), (shape.second_size, shape.second_size)]
     specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs)}
@@ -133,6 +134,9 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple) for multiple in size.rate_multiples]
     suite += [workloads.mixed_steps(shape, num_jobs), workloads.two_resolution(shape, num_jobs),
               workloads.mixed_guidance(shape, num_jobs)]
+    if options.workloads:
+        wanted = set(options.workloads)
+        suite = [w for w in suite if w.name in wanted or (w.kind == "poisson" and "poisson" in wanted)]
     records: list[RunRecord] = [serial_burst]
     for workload in suite:
         for name, variant in variants.items():

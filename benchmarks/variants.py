@@ -1,9 +1,10 @@
 """The four ways of serving a workload that the suite compares, each behind `open / run / close`.
 
 - serial: the stepwise engine with `max_num_seqs=1` (the step-wise path, no batching);
-- static: what a user does without stepwise: diffusers' own `StableDiffusionPipeline`
-  called with prompt lists and one generator per request, a group at a time, each group
-  running to completion before the next starts;
+- static: what a user does without stepwise: diffusers' own pipeline for the model's
+  family (`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `FluxPipeline`,
+  `ZImagePipeline`) called with prompt lists and one generator per request, a group at a
+  time, each group running to completion before the next starts;
 - fifo: the engine with the `fifo` policy (the reference: one key at a time, head-of-line blocking);
 - default: the engine with the default policy.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
+from batching.families import FAMILIES
 from benchmarks.component_times import ForwardShape, ForwardTrace, UNetRowCounter, time_forwards
 from benchmarks.workloads import Workload
 
@@ -168,23 +170,27 @@ class StaticBatchVariant:
         self.num_threads = num_threads
         self.timeout_seconds = timeout_seconds  # the oldest request waits at most this long for a full group
         self.pipeline = None
+        self.family: str | None = None
         self.row_counter: UNetRowCounter | None = None
 
     def open(self, sizes: list[tuple[int, int]]) -> None:
-        from diffusers import StableDiffusionPipeline
+        import diffusers
 
-        from batching.builtin_model import builtin_model_path, is_builtin
         from batching.pipelines import resolve_device, resolve_dtype
+        from batching.pipelines.loading import detect_family, model_source
 
         torch.set_num_threads(self.num_threads)
         device = resolve_device(self.device)
-        source = builtin_model_path(self.model) if is_builtin(self.model) else self.model
-        self.pipeline = StableDiffusionPipeline.from_pretrained(
-            source, torch_dtype=resolve_dtype("auto", device), local_files_only=True, safety_checker=None,
-            feature_extractor=None, requires_safety_checker=False,
+        source = model_source(self.model)
+        self.family = detect_family(self.model, source)
+        pipeline_class = getattr(diffusers, FAMILIES[self.family].pipeline_classes[0])
+        components = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
+        self.pipeline = pipeline_class.from_pretrained(
+            source, torch_dtype=resolve_dtype("auto", device), local_files_only=True,
+            **(components if self.family == "sd" else {}),
         ).to(device)
         self.pipeline.set_progress_bar_config(disable=True)
-        self.row_counter = UNetRowCounter(self.pipeline.unet)
+        self.row_counter = UNetRowCounter(getattr(self.pipeline, "unet", None) or self.pipeline.transformer)
         for height, width in sizes:
             self._call(_warm_up_group(self.model, height, width, self.spec.max_num_seqs))
 
@@ -249,17 +255,19 @@ class StaticBatchVariant:
         from batching.samplers import SAMPLER_CLASSES
 
         first = group[0]
-        sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
-        self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
+        if FAMILIES[self.family].samplers != ("euler",):  # UNet families: the requested sampler
+            sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
+            self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
+        negative = {"negative_prompt": [p.negative_prompt for p in group]} if any(p.negative_prompt for p in group) else {}
         self.pipeline(
             prompt=[p.prompt for p in group],
-            negative_prompt=[p.negative_prompt for p in group],
             height=first.height,
             width=first.width,
             num_inference_steps=first.num_inference_steps,
             guidance_scale=first.guidance_scale,
             generator=[torch.Generator("cpu").manual_seed(p.seed) for p in group],
             output_type="pil",
+            **negative,
         )
 
 

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from batching import GenerationParams
+from batching.families import FAMILIES
 
 PROMPTS = (
     "a red fox in the snow",
@@ -24,6 +25,10 @@ PROMPTS = (
     "a city street in the rain at night",
 )
 NEGATIVE_PROMPT = "blurry, low quality"
+# Guidance values each family's mixed-guidance workload cycles through; the first turns CFG off where the
+# family has it (FLUX-dev embeds its guidance, so every value is one row and its own tensor input).
+GUIDANCE_MIX = {"sd": (1.0, 4.0, 7.5, 12.0), "sdxl": (1.0, 4.0, 7.5, 12.0), "flux": (1.0, 2.5, 3.5, 5.0),
+                "zimage": (0.0, 2.0, 4.0, 6.0)}
 
 
 @dataclass(frozen=True)
@@ -59,14 +64,26 @@ class JobShape:
     num_steps: int = 20
     size: int = 128
     second_size: int = 192  # the other resolution of the two-resolution mix
-    guidance_scale: float = 7.5
     sampler: str = "euler"  # one sampler everywhere: the static-batching pipeline holds one scheduler
+
+    @property
+    def family(self) -> str:
+        return GenerationParams(prompt="x", model=self.model).family_spec.name
+
+    @property
+    def guidance_scale(self) -> float:
+        return GUIDANCE_MIX[self.family][2]
+
+    @property
+    def negative_prompt(self) -> str:
+        """Families without CFG refuse negative prompts."""
+        return NEGATIVE_PROMPT if FAMILIES[self.family].guidance_kind == "cfg" else ""
 
 
 def uniform_params(shape: JobShape, index: int, **changes) -> GenerationParams:
     fields = dict(
         prompt=PROMPTS[index % len(PROMPTS)],
-        negative_prompt=NEGATIVE_PROMPT,
+        negative_prompt=shape.negative_prompt,
         seed=1000 + index,
         model=shape.model,
         num_inference_steps=shape.num_steps,
@@ -121,9 +138,8 @@ def two_resolution(shape: JobShape, num_jobs: int) -> Workload:
 
 
 def mixed_guidance(shape: JobShape, num_jobs: int) -> Workload:
-    """Guidance cycles through none (1.0: one row), 4.0, 7.5 and 12.0."""
-    scales = (1.0, 4.0, 7.5, 12.0)
+    """Guidance cycles through the family's GUIDANCE_MIX (SD: none (1.0: one row), 4.0, 7.5 and 12.0)."""
+    scales = GUIDANCE_MIX[shape.family]
     arrivals = tuple(Arrival(0.0, uniform_params(shape, i, guidance_scale=scales[i % 4])) for i in range(num_jobs))
-    return Workload(
-        "mixed_guidance", "burst", f"{num_jobs} jobs at once, guidance 1.0 (none)/4.0/7.5/12.0 interleaved", arrivals
-    )
+    shown = "/".join(f"{scale:g}" for scale in scales)
+    return Workload("mixed_guidance", "burst", f"{num_jobs} jobs at once, guidance {shown} interleaved", arrivals)

@@ -1,8 +1,12 @@
-"""`stepwise api`: serve the HTTP API with granian (default) or gunicorn, one app per worker process.
+"""`stepwise api`: serve the HTTP API, one app per worker process.
 
-granian serves the WSGI app from a Rust HTTP server (one process per core, each with a pool of
-Python threads) and took about 1.4-1.5x gunicorn's gthread submit rate on 2 cores (docs/api.md);
-`--server gunicorn` (gthread workers) stays available.
+The default server is gunicorn with gevent workers, so slow clients cannot hold the threads that
+serve everyone else; see `stepwise_cli.api_worker` for the read deadlines and the connection
+limit, and docs/operations.md for the measurement behind the choice. `--worker-class gthread`
+remains for comparison. `--server granian` serves the same WSGI app from granian's Rust HTTP
+server (one process per core, each with a pool of Python threads): a faster submit path
+(docs/api.md), without gunicorn's read deadlines and connection limit, so put a buffering proxy
+in front of it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import shutil
 import sys
 import tempfile
 from typing import Any
-
 
 SERVERS = ("gunicorn", "granian")
 # No query string, referer or Basic-auth user: clients put keys there by mistake.
@@ -32,11 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default: $STEPWISE_API_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("STEPWISE_API_PORT", "8000")),
                         help="port (default: $STEPWISE_API_PORT or 8000)")
-    parser.add_argument("--server", default=os.environ.get("STEPWISE_API_SERVER") or "granian",
-                        help="granian or gunicorn (default: $STEPWISE_API_SERVER or granian)")
+    parser.add_argument("--server", default=os.environ.get("STEPWISE_API_SERVER") or "gunicorn",
+                        help="gunicorn or granian (default: $STEPWISE_API_SERVER or gunicorn)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes (default: gunicorn 2 x CPUs + 1, at most 8; granian one per CPU)")
-    parser.add_argument("--threads", type=int, default=4, help="Python threads per worker process (default: 4)")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="threads per gunicorn gthread worker or granian process (default: 4)")
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
+                        help="gunicorn worker class (default: gevent, which slow clients cannot starve)")
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
 
@@ -54,6 +60,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"stepwise api: STEPWISE_API_SERVER must be one of {', '.join(SERVERS)} (got {args.server!r})",
               file=sys.stderr)
         return 2
+    is_gevent = args.server == "gunicorn" and args.worker_class == "gevent"
+    if is_gevent:
+        # Before anything imports ssl or socket users (gunicorn, redis, boto3): patched late,
+        # gevent warns that ssl may misbehave. The workers fork from this process.
+        from gevent import monkey
+
+        monkey.patch_all()
     args.workers = args.workers or default_workers(args.server)
     metrics_dir = prepare_metrics_dir()  # before anything imports prometheus_client
 
@@ -63,15 +76,25 @@ def run(args: argparse.Namespace) -> int:
         settings = ApiSettings.from_env()  # fail here, once, rather than in every worker
     except (SettingsError, ValueError) as e:
         print(f"stepwise api: {e}", file=sys.stderr)
+        if is_gevent:  # with gevent's patched locks, interpreter shutdown prints a greenlet traceback
+            sys.stderr.flush()  # under the one line; nothing runs yet, so leave at once
+            os._exit(2)
         return 2
+    from storage.settings import env_int
+
+    max_connections = env_int("STEPWISE_API_MAX_CONNECTIONS", 1000)
     tenants = sorted({tenant for tenant, _ in settings.api_keys})
-    print(f"stepwise api: http://{args.host}:{args.port} ({args.server}, {args.workers} workers x {args.threads} "
-          f"threads), tenants: {', '.join(tenants)}", file=sys.stderr)
+    if args.server == "granian":
+        shape = f"granian, {args.workers} workers x {args.threads} threads"
+    else:
+        each = f"{max_connections} connections" if is_gevent else f"{args.threads} threads"
+        shape = f"{args.workers} {args.worker_class} workers x {each}"
+    print(f"stepwise api: http://{args.host}:{args.port} ({shape}), tenants: {', '.join(tenants)}", file=sys.stderr)
     try:
         if args.server == "granian":
             serve_granian(args)
         else:
-            serve_gunicorn(args)
+            serve_gunicorn(args, is_gevent=is_gevent, max_connections=max_connections)
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -87,8 +110,14 @@ def serve_granian(args: argparse.Namespace) -> None:
            respawn_failed_workers=True).serve()
 
 
-def serve_gunicorn(args: argparse.Namespace) -> None:
+def serve_gunicorn(args: argparse.Namespace, *, is_gevent: bool, max_connections: int) -> None:
     from gunicorn.app.base import BaseApplication
+
+    from storage.settings import env_float, env_int
+    from stepwise_cli.api_worker import ApiWorker
+
+    header_timeout = env_int("STEPWISE_API_HEADER_TIMEOUT", 10)  # whole seconds: gunicorn keepalive is an int
+    ApiWorker.request_timeout = env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0)  # inherited by forked workers
 
     def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess
@@ -101,9 +130,11 @@ def serve_gunicorn(args: argparse.Namespace) -> None:
                 "bind": f"{args.host}:{args.port}",
                 "workers": args.workers,
                 "threads": args.threads,
-                "worker_class": "gthread",
+                "worker_class": "stepwise_cli.api_worker.ApiWorker" if is_gevent else "gthread",
+                "worker_connections": max_connections,
+                # gevent: the whole request head must arrive within this (also the keep-alive idle time)
+                "keepalive": header_timeout if is_gevent else 2,
                 "accesslog": "-" if args.access_log else None,
-                # No query string, referer or Basic-auth user: clients put keys there by mistake.
                 "access_log_format": GUNICORN_ACCESS_FORMAT,
                 "errorlog": "-",
                 "child_exit": child_exit,

@@ -3,6 +3,7 @@
     stepwise bench                      # the full suite (10-15 minutes on 2 CPU cores)
     stepwise bench --quick              # a few minutes
     stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
+    stepwise bench --model builtin:tiny-flux --workloads burst --no-e2e --out /tmp/bench-flux
     stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
     stepwise bench --submit                # submit throughput only: BASELINE_REF's API and this tree's
 """
@@ -15,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from batching.builtin_model import builtin_names
 from benchmarks.run import SIZES, SuiteOptions
 
 DEFAULT_OUT = Path("var/bench")  # not benchmarks/results: a trial run must not overwrite the committed run
@@ -29,8 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--smoke", action="store_const", dest="size", const="smoke", help=argparse.SUPPRESS)
     parser.set_defaults(size="full")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: %(default)s)")
-    parser.add_argument("--models", nargs="+", default=["builtin:tiny", "builtin:small"],
-                        choices=["builtin:tiny", "builtin:small"], help="built-in models to run (default: both)")
+    parser.add_argument("--models", "--model", nargs="+", default=["builtin:tiny", "builtin:small"],
+                        choices=builtin_names(), metavar="MODEL",
+                        help=f"built-in models to run, any of {', '.join(builtin_names())} "
+                             "(default: builtin:tiny builtin:small)")
+    parser.add_argument("--workloads", nargs="+", default=[], metavar="NAME",
+                        help="only these workloads: burst, poisson (every rate), poisson_1x, mixed_steps, "
+                             "two_resolution, mixed_guidance (default: all)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads for every variant and the e2e worker (default 1: on a shared "
                              "machine more threads than free cores oversubscribe)")
@@ -53,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return run_submit(args)
     options = SuiteOptions(out=args.out, size=SIZES[args.size], models=tuple(dict.fromkeys(args.models)),
                            device=args.device, num_threads=args.threads, run_e2e=args.e2e,
+                           workloads=tuple(args.workloads),
                            command=" ".join(["stepwise", *map(shlex.quote, sys.argv[1:])]))
     from benchmarks.run import run_suite
 

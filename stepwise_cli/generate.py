@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from batching.builtin_model import builtin_names
 from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, SAMPLERS, service_model
 
 FLAG_OF_FIELD = {
@@ -18,25 +19,33 @@ FLAG_OF_FIELD = {
     "height": "--height",
     "width": "--width",
     "model": "--model",
+    "lora": "--lora",
+    "lora_scale": "--lora-scale",
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="what to draw")
-    parser.add_argument("--negative-prompt", default="", help="what to steer away from (with guidance > 1)")
+    parser.add_argument("--negative-prompt", default="", help="what to steer away from (families with CFG, guidance on)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a random one, printed)")
-    parser.add_argument("--steps", type=int, default=20, help="denoise steps (default: 20)")
-    parser.add_argument("--guidance", type=float, default=7.5, help="classifier-free guidance scale; <= 1 turns it off")
-    parser.add_argument("--sampler", default="euler", choices=SAMPLERS, help="sampler (default: euler)")
-    parser.add_argument("--height", type=int, default=128, help="image height in pixels, a multiple of 8")
-    parser.add_argument("--width", type=int, default=128, help="image width in pixels, a multiple of 8")
+    parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the model family's)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="guidance scale (default: the model family's; SD/SDXL: <= 1 turns CFG off, "
+                        "Z-Image: 0 does, FLUX-dev: an embedded input)")
+    parser.add_argument("--sampler", default=None, choices=SAMPLERS, help="sampler (default: euler)")
+    parser.add_argument("--height", type=int, default=None,
+                        help="image height in pixels, a multiple of 8 (16 for FLUX and Z-Image); default: the family's")
+    parser.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's)")
     parser.add_argument(
         "--model",
         default=service_model(),
-        help="builtin:tiny, builtin:small, a diffusers folder or a cached Hugging Face repo id "
+        help=f"{', '.join(builtin_names())}, a diffusers folder or a cached Hugging Face repo id "
         f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--lora", default=None,
+                        help="a LoRA adapter: NAME.safetensors in the store $STEPWISE_LORA_URL (file:///folder)")
+    parser.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default: 1.0)")
     parser.add_argument("--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)")
 
 
@@ -55,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             height=args.height,
             width=args.width,
             model=args.model,
+            lora=args.lora,
+            lora_scale=args.lora_scale,
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)

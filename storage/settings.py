@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from batching.params import MAX_LORA_BYTES
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -80,6 +82,8 @@ class StorageSettings:
     heartbeat_interval: float = 3.0  # STEPWISE_HEARTBEAT_INTERVAL: seconds between a worker's heartbeats
     worker_timeout: float = 15.0  # STEPWISE_WORKER_TIMEOUT: a worker silent this long is gone (its model unavailable)
     model_retention: float = 3600.0  # STEPWISE_MODEL_RETENTION: a model stays listed (and accepts jobs) this long after its last heartbeat
+    lora_url: str = ""  # STEPWISE_LORA_URL: the LoRA adapter store, file:///path or s3://bucket/prefix; "": none
+    lora_max_bytes: int = MAX_LORA_BYTES  # STEPWISE_LORA_MAX_BYTES: one adapter file (uploads and worker reads)
 
     @classmethod
     def from_env(cls) -> StorageSettings:
@@ -99,4 +103,6 @@ class StorageSettings:
             heartbeat_interval=env_float("STEPWISE_HEARTBEAT_INTERVAL", 3.0),
             worker_timeout=env_float("STEPWISE_WORKER_TIMEOUT", 15.0),
             model_retention=env_float("STEPWISE_MODEL_RETENTION", 3600.0),
+            lora_url=env_url("STEPWISE_LORA_URL", ("file", "s3")) or "",
+            lora_max_bytes=env_positive_int("STEPWISE_LORA_MAX_BYTES", MAX_LORA_BYTES),
         )

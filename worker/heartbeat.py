@@ -8,37 +8,37 @@ at the next beat: the heartbeat never stops the worker.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 
-from batching.params import MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS, SAMPLERS, SIZE_MULTIPLE, GenerationParams
+from batching.families import FAMILIES
+from batching.params import MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS
 from storage.errors import StorageError
 from storage.heartbeats import Heartbeat, engine_snapshot
 from worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FIELDS = ("height", "width", "num_inference_steps", "guidance_scale", "sampler")
-
 
 def engine_family(runtime: WorkerRuntime) -> str:
-    """The model family the engine serves. Until the engine reports it (DiffusionEngine.family), every
-    model the engine loads is a Stable Diffusion one."""
-    return "sd"
+    """The family of the model the engine loaded (a folder model's is known only once loaded)."""
+    return runtime.engine.family
 
 
 def family_defaults(family: str) -> dict:
-    """What an omitted field becomes (GenerationParams' defaults until the family table lands)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(GenerationParams)}
-    return {name: defaults[name] for name in DEFAULT_FIELDS}
+    """What an omitted field becomes for this family (batching.families, as GenerationParams fills them)."""
+    spec = FAMILIES[family]
+    return {"height": spec.default_size, "width": spec.default_size, "num_inference_steps": spec.default_steps,
+            "guidance_scale": spec.default_guidance, "sampler": spec.default_sampler}
 
 
 def family_limits(family: str) -> dict:
     """What the served family accepts; the API refuses a job outside it naming the field."""
-    return {"max_size": MAX_SIZE, "max_pixels": MAX_PIXELS, "size_multiple": SIZE_MULTIPLE, "max_steps": MAX_STEPS,
-            "max_num_images": MAX_NUM_IMAGES, "samplers": list(SAMPLERS), "num_frames": [1], "supports_lora": False}
+    spec = FAMILIES[family]
+    return {"max_size": MAX_SIZE, "max_pixels": MAX_PIXELS, "size_multiple": spec.size_multiple,
+            "max_steps": MAX_STEPS, "max_guidance": spec.max_guidance, "max_num_images": MAX_NUM_IMAGES,
+            "samplers": list(spec.samplers), "num_frames": [1], "supports_lora": spec.supports_lora}
 
 
 def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:

@@ -22,7 +22,7 @@ from celery import signals
 from celery.exceptions import ImproperlyConfigured
 
 from worker import metrics
-from storage.queues import GENERATE_QUEUE_ALIAS
+from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 from worker.app import generate_queue, settings
 from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.leases import LapsedLeaseSweeper
@@ -64,12 +64,16 @@ def start(sender) -> None:
             f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
             "its one engine to batch. Drop -P/--pool, or pass --pool threads.")
     use_model_queue(sender.app.amqp.queues)
-    runs_engine = generate_queue in sender.app.amqp.queues.consume_from
+    consumed = sender.app.amqp.queues.consume_from
+    runs_engine = generate_queue in consumed
+    if runs_engine and WEBHOOK_QUEUE in consumed:
+        log.warning("this worker delivers webhooks on the task threads its jobs need: a slow receiver can delay "
+                    "generation. Deliver them from a worker of their own: stepwise worker --queues %s", WEBHOOK_QUEUE)
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
-    metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
+    metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
     _sweeper = LapsedLeaseSweeper(runtime.job_store, send_generate, settings.lease_sweep_interval,
                                   unsent_grace=runtime.lease_seconds).start()
 

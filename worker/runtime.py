@@ -19,7 +19,9 @@ from batching.errors import EngineShutdownError
 from batching.params import GenerationParams
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
+from storage.lora_store import LoraStore, open_lora_store
 from worker.active_job import ActiveJob, StopReason
+from worker.leases import LeaseKeeper
 from worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ class WorkerRuntime:
         self.worker_id = worker_id or new_worker_id()
         self.job_store = JobStore.from_settings(settings.storage)
         self._image_store: ImageStore | None = None
+        self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None
         self._build_lock = threading.Lock()  # guards building the engine and the image store
         self._lock = threading.Lock()  # guards admission and the held jobs
@@ -49,6 +52,7 @@ class WorkerRuntime:
         self._is_idle.set()
         self.is_admitting = True
         self.is_shutting_down = False
+        self.leases = LeaseKeeper(self.job_store, self.worker_id, self.lease_seconds, self._on_lease_lost)
 
     @property
     def lease_seconds(self) -> int:
@@ -74,9 +78,17 @@ class WorkerRuntime:
         _quiet_model_libraries()
         s = self.settings
         config = EngineConfig(model=s.model, device=s.device, max_num_seqs=s.max_num_seqs, policy=s.policy,
-                              deterministic=s.deterministic)
+                              deterministic=s.deterministic, lora_url=s.storage.lora_url or None,
+                              lora_mode=s.lora_mode, lora_cache_adapters=s.lora_cache_adapters,
+                              lora_cache_bytes=s.lora_cache_bytes, lora_max_bytes=s.storage.lora_max_bytes)
         log.info("loading model %s (max_num_seqs=%d, policy=%s)", s.model, s.max_num_seqs, s.policy)
-        return DiffusionEngine(config)
+        # The engine reads file:// stores itself; other stores (S3) through this process's storage code.
+        is_local = s.storage.lora_url.startswith("file:")
+        return DiffusionEngine(config, lora_fetcher=None if is_local or not self.lora_store else self.lora_store.get)
+
+    def resolve_lora(self, tenant: str, name: str) -> str | None:
+        """The store key of adapter `name` as `tenant` may use it, or None (see storage.lora_store)."""
+        return self.lora_store.resolve(tenant, name) if self.lora_store else None
 
     def load_engine(self) -> None:
         self.engine  # noqa: B018  (builds it)
@@ -111,6 +123,13 @@ class WorkerRuntime:
             active.stop_reason = reason
         if self._engine is not None:
             self._engine.cancel(active.job_id)
+
+    def _on_lease_lost(self, job_id: str) -> None:
+        with self._lock:
+            active = self._active.get(job_id)
+        if active is not None:
+            active.stop_reason = StopReason.LEASE_LOST  # wins over a cancel: this worker must not end the job
+            self.stop_job(active, StopReason.LEASE_LOST)
 
     def stop_admission(self) -> list[str]:
         """Stop admitting jobs; send back to the queue those that have not started denoising.
@@ -180,6 +199,7 @@ class WorkerRuntime:
         return self._engine.stats() if self._engine is not None else None
 
     def close(self) -> None:
+        self.leases.stop()
         if self._engine is not None:
             self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
         self.job_store.close()

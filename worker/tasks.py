@@ -72,6 +72,7 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
         metrics.JOBS.labels("skipped").inc()
         return "skipped"
+    runtime.leases.hold(job_id)
     try:
         return run_taken_job(runtime, taken)
     except StorageError:
@@ -80,6 +81,8 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         log.exception("job %s: worker error", job_id)
         return end_job(runtime, taken, JobState.FAILED, error_code="worker_error",
                        error_message=f"{type(e).__name__}: {e}")
+    finally:
+        runtime.leases.release(job_id)
 
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
@@ -93,6 +96,12 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
         params = GenerationParams.from_dict(record.params)
     except InvalidParamsError as e:
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
+    if params.lora is not None:
+        lora_key = runtime.resolve_lora(record.tenant, params.lora)
+        if lora_key is None:  # deleted since submit, or no store: the same answer as for a missing adapter
+            return end_job(runtime, record, JobState.FAILED, error_code="invalid_params",
+                           error_message=f"LoRA adapter {params.lora!r} does not exist")
+        params = dataclasses.replace(params, lora=lora_key)
     try:
         active = runtime.submit(job_id, params, priority=record.priority)
     except InvalidParamsError as e:  # for example a model this worker does not serve
@@ -161,6 +170,7 @@ def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
 
 def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
     """Record the job's end state (only if this worker still holds it) and announce it."""
+    runtime.leases.release(record.job_id)  # the end state replaces the lease
     if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
         log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
         metrics.JOBS.labels("lease_lost").inc()
@@ -178,6 +188,7 @@ def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields
 
 def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
     """Put a job this worker holds back in its queue, at its priority, for any worker."""
+    runtime.leases.release(record.job_id)
     store = runtime.job_store
     job_id = record.job_id
     if not patiently(runtime, store.release, job_id, runtime.worker_id):

@@ -1,12 +1,23 @@
-"""Pipeline adapters: one class per model family, each exposing the denoiser step contract."""
+"""Pipeline adapters: one module per model family, each implementing `contract.PipelineAdapter`."""
 
 from __future__ import annotations
 
 import torch
 
+from batching.pipelines.contract import PipelineAdapter
+from batching.pipelines.flux import FluxAdapter
+from batching.pipelines.loading import detect_family, model_source
+from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
+from batching.pipelines.zimage import ZImageAdapter
 
-__all__ = ["StableDiffusionAdapter", "load_model", "resolve_device", "resolve_dtype"]
+__all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "resolve_dtype"]
+
+
+def adapter_class(family: str) -> type:
+    """The adapter class of a family in batching.families.FAMILIES."""
+    adapters = {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter, "zimage": ZImageAdapter}
+    return adapters[family]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -21,7 +32,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def load_model(model: str, device: str = "auto", dtype: str = "auto") -> StableDiffusionAdapter:
-    """Load `model` (builtin:NAME, a diffusers folder, or a cached repo id) on the resolved device."""
+def load_model(model: str, device: str = "auto", dtype: str = "auto") -> PipelineAdapter:
+    """Load `model` (builtin:NAME, a diffusers folder, or a cached repo id) with its family's adapter."""
     torch_device = resolve_device(device)
-    return StableDiffusionAdapter.load(model, torch_device, resolve_dtype(dtype, torch_device))
+    source = model_source(model)
+    family = detect_family(model, source)
+    return adapter_class(family).load(model, source, torch_device, resolve_dtype(dtype, torch_device))

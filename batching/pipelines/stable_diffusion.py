@@ -1,108 +1,107 @@
-"""The Stable Diffusion family (SD 1.x/2.x layouts) behind the engine's step contract.
+"""The Stable Diffusion family (SD 1.x/2.x UNets) behind the pipeline contract.
 
-The adapter splits a diffusers pipeline into the three calls the model runner makes:
-encode prompts (once per job), one denoiser forward per group per step (each row with
-its own timestep), and decode. A built-in model and a real checkpoint load through the
-same `from_pretrained(local_files_only=True)` call; nothing is downloaded.
+A sample with classifier-free guidance puts two rows into each forward, [uncond, cond],
+and its own guidance scale combines them afterwards; a sample without it puts one row.
+The UNet takes one timestep per row, so samples at different steps share a forward.
+`StableDiffusionXLAdapter` extends this with SDXL's added conditioning.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
+from diffusers.utils.torch_utils import randn_tensor
 
-from batching.builtin_model import builtin_model_path, is_builtin
-from batching.errors import ModelLoadError
+from batching.families import FAMILIES
+from batching.params import GenerationParams
+from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.loading import load_pipeline
+from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 
 
 class StableDiffusionAdapter:
+    family = "sd"
+    max_rows_per_sample = 2
+
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
-        self.model = model  # the name jobs must ask for: "builtin:tiny", a folder, or a repo id
+        self.model = model
         self.device = device
         self.dtype = dtype
-        self.tokenizer = pipeline.tokenizer
-        self.text_encoder = pipeline.text_encoder
+        self.spec = FAMILIES[self.family]
+        self.pipeline = pipeline
         self.unet = pipeline.unet
         self.vae = pipeline.vae
         self.scheduler_config = pipeline.scheduler.config
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        self.num_latent_channels = self.unet.config.in_channels
 
     @classmethod
-    def load(cls, model: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionAdapter:
+    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionAdapter:
         from diffusers import StableDiffusionPipeline
 
-        source = str(builtin_model_path(model)) if is_builtin(model) else os.path.expanduser(model)
-        if _looks_like_path(model) and not os.path.isdir(source):
-            raise ModelLoadError(f"model folder {model!r} does not exist")
-        try:
-            with warnings.catch_warnings():  # newer diffusers renames torch_dtype; older ones know only it
-                warnings.simplefilter("ignore", FutureWarning)
-                pipeline = StableDiffusionPipeline.from_pretrained(
-                    source,
-                    torch_dtype=dtype,
-                    local_files_only=True,
-                    safety_checker=None,
-                    feature_extractor=None,
-                    requires_safety_checker=False,
-                )
-        except Exception as e:
-            raise ModelLoadError(
-                f"could not load model {model!r} from a local folder or the Hugging Face cache "
-                f"(nothing is downloaded at run time): {type(e).__name__}: {e}"
-            ) from e
-        pipeline.to(device)
-        for module in (pipeline.unet, pipeline.vae, pipeline.text_encoder):
-            module.eval().requires_grad_(False)
+        pipeline = load_pipeline(
+            StableDiffusionPipeline, model, source, device, dtype,
+            safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        )
         return cls(model, pipeline, device, dtype)
 
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
-        return (self.num_latent_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
-
-    def new_sampler(self, name: str, num_inference_steps: int):
-        return make_sampler(name, self.scheduler_config, num_inference_steps, self.device)
+    def texts_to_encode(self, params: GenerationParams) -> list[str]:
+        if self.spec.has_cfg(params.guidance_scale):
+            return [params.prompt, params.negative_prompt]
+        return [params.prompt]
 
     @torch.inference_mode()
-    def encode_prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode all texts in one text-encoder call: (embeds [n, seq, dim], mask [n, seq])."""
-        tokens = self.tokenizer(
-            texts,
-            padding="max_length",
-            max_length=self.tokenizer.model_max_length,
-            truncation=True,
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
+        tokens = tokenizer(
+            list(texts), padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
             return_tensors="pt",
         )
         input_ids = tokens.input_ids.to(self.device)  # [n, seq]
-        attention_mask = tokens.attention_mask.to(self.device)  # [n, seq]
-        uses_mask = getattr(self.text_encoder.config, "use_attention_mask", False)
-        embeds = self.text_encoder(input_ids, attention_mask=attention_mask if uses_mask else None)[0]
-        return embeds.to(self.dtype), attention_mask  # [n, seq, dim]
+        uses_mask = getattr(text_encoder.config, "use_attention_mask", False)
+        attention_mask = tokens.attention_mask.to(self.device) if uses_mask else None
+        embeds = text_encoder(input_ids, attention_mask=attention_mask)[0].to(self.dtype)  # [n, seq, dim]
+        return [{"embeds": row} for row in embeds]
+
+    def new_sampler(self, params: GenerationParams) -> Any:
+        return make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
+
+    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+        shape = (1, self.unet.config.in_channels, params.height // self.vae_scale_factor,
+                 params.width // self.vae_scale_factor)
+        noise = randn_tensor(shape, generator=generator, device=self.device, dtype=self.dtype)
+        return noise * sampler.init_noise_sigma  # [1, c, h/8, w/8]
+
+    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+        if self.spec.has_cfg(params.guidance_scale):
+            return [encoded[params.negative_prompt], encoded[params.prompt]]
+        return [encoded[params.prompt]]
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
+        return {"embeds": torch.zeros(tokenizer.model_max_length, text_encoder.config.hidden_size,
+                                      device=self.device, dtype=self.dtype)}
+
+    def model_input(self, sample: Any) -> torch.Tensor:
+        return sample.sampler.scale_model_input(sample.latents, sample.timestep)
 
     @torch.inference_mode()
-    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """One denoiser call; row i is denoised at timesteps[i] under embeds[i]."""
-        assert timesteps.shape == (latents.shape[0],)
-        return self.unet(latents, timesteps, encoder_hidden_states=embeds, return_dict=False)[0]
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.unet(
+            batch.latents, batch.timesteps, encoder_hidden_states=batch.conditioning["embeds"],
+            added_cond_kwargs=self.added_cond_kwargs(batch), return_dict=False,
+        )[0]
 
-    @torch.inference_mode()
-    def decode(self, latents: torch.Tensor) -> list[Image.Image]:
-        """Latents [n, c, h, w] to n RGB images."""
-        config = self.vae.config
-        latents = latents.to(self.vae.dtype) / config.scaling_factor
-        if getattr(config, "shift_factor", None):
-            latents = latents + config.shift_factor
-        pixels = self.vae.decode(latents, return_dict=False)[0]  # [n, 3, H, W] in [-1, 1]
-        pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
-        array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
-        return [Image.fromarray(np.ascontiguousarray(image)) for image in array]
+    def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor] | None:
+        return None
 
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        if len(rows) == 1:
+            return rows
+        uncond, cond = rows[0:1], rows[1:2]
+        return uncond + params.guidance_scale * (cond - uncond)
 
-def _looks_like_path(model: str) -> bool:
-    """Repo ids are `org/name`; a folder is named from /, . or ~."""
-    return model.startswith(("/", ".", "~"))
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+        return decode_latents(self.vae, latents)

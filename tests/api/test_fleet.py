@@ -8,6 +8,7 @@ import time
 import pytest
 from celery import Celery
 
+from batching.families import FAMILIES
 from storage.queues import generate_queue
 from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import ApiProcess, WorkerProcess
@@ -83,11 +84,13 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
         models_by_name(http, fleet_api)), 30, "both models to be listed as available")
     for name in ("builtin:tiny", "builtin:small"):
         assert served[name]["workers"] == 1 and served[name]["capacity"] == 1 and served[name]["family"] == "sd"
-        assert served[name]["limits"]["supports_lora"] is False and "num_running" in served[name]["engine"]
+        assert served[name]["limits"]["supports_lora"] is True and "num_running" in served[name]["engine"]
+        assert served[name]["limits"]["samplers"] == list(FAMILIES["sd"].samplers)
     refused = submit(http, fleet_api, cheap("builtin:does-not-exist")).json()["error"]
     assert refused["field"] == "model" and "builtin:small" in refused["message"] and "builtin:tiny" in refused["message"]
-    lora = submit(http, fleet_api, cheap("builtin:tiny", lora="my-style"))
+    lora = submit(http, fleet_api, cheap("builtin:tiny", lora="my-style"))  # the family takes adapters; no store here
     assert lora.status_code == 422 and lora.json()["error"]["field"] == "lora"
+    assert "LoRA store" in lora.json()["error"]["message"]
 
 
 def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_still_finishes_low_ones(

@@ -20,7 +20,7 @@ def make_app(redis_url, tmp_path):
     def make(**overrides):
         settings = ApiSettings(api_keys=(("local", KEY),),
                                storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
-                               **overrides)
+                               **{"accept_unserved_models": True, **overrides})  # no worker here: jobs stay queued
         return create_app({"STEPWISE_SETTINGS": settings, "TESTING": True})
     return make
 

@@ -106,11 +106,11 @@ def test_a_failing_group_fails_its_jobs_readably_and_the_engine_serves_the_next(
     real_forward = model.forward
     calls = []
 
-    def broken_forward(latents, timesteps, embeds):
-        calls.append(latents.shape[0])
+    def broken_forward(batch):
+        calls.append(batch.latents.shape[0])
         if len(calls) == 3:
             raise RuntimeError("injected denoiser failure")
-        return real_forward(latents, timesteps, embeds)
+        return real_forward(batch)
 
     monkeypatch.setattr(model, "forward", broken_forward)
     engine.pause()
@@ -179,8 +179,9 @@ def test_importing_batching_does_not_import_torch_or_service_packages():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_a_lora_request_is_rejected_until_adapters_are_supported(batched_engine):
-    with pytest.raises(InvalidParamsError) as error:
+def test_a_lora_request_to_an_engine_without_a_lora_store_is_refused_naming_the_field(batched_engine):
+    assert batched_engine.config.lora_url is None
+    with pytest.raises(InvalidParamsError, match="needs a LoRA store") as error:
         batched_engine.submit(make_params(lora="some-adapter"))
 
     assert error.value.field == "lora"
@@ -209,3 +210,31 @@ def test_an_invalid_engine_config_is_refused_before_loading_a_model():
 
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineConfig(max_num_seqs=0)
+
+
+def test_a_cancel_takes_effect_before_the_next_group_forward_of_the_same_iteration(fresh_engine, monkeypatch):
+    engine = fresh_engine(max_num_seqs=4, max_num_groups=2)
+    model = engine.model_runner.model
+    real_forward = model.forward
+    steps_of = {"small": [], "large": []}
+    steps_at_cancel = []
+
+    def forward_that_cancels_the_other_group(batch):
+        if batch.latents.shape[-1] == 8 and len(steps_of["small"]) == 3 and not steps_at_cancel:
+            steps_at_cancel.append(len(steps_of["large"]))
+            assert engine.cancel("large")  # called from inside the small group's forward
+        return real_forward(batch)
+
+    monkeypatch.setattr(model, "forward", forward_that_cancels_the_other_group)
+    engine.pause()
+    small = engine.submit(make_params(height=64, width=64, num_inference_steps=8), job_id="small",
+                          on_progress=lambda done, total: steps_of["small"].append(done))
+    large = engine.submit(make_params(height=96, width=96, num_inference_steps=8), job_id="large",
+                          on_progress=lambda done, total: steps_of["large"].append(done))
+    engine.resume()
+
+    with pytest.raises(JobCanceledError):
+        large.result(timeout=60)
+    assert small.result(timeout=60).image is not None
+    assert steps_at_cancel == [3]
+    assert len(steps_of["large"]) == 3, "the canceled job's group ran no forward after the cancel"

@@ -1,4 +1,4 @@
-"""Scheduler tests without a model: a fake runner steps every planned job once per plan."""
+"""Scheduler tests without a model: a fake runner steps every planned sample once per plan."""
 
 from __future__ import annotations
 
@@ -10,32 +10,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
-from batching.plan import NewJob, RunnerOutput, SchedulerPlan
+from batching.plan import NewSample, RunnerOutput, SchedulerPlan
 from batching.scheduler import Scheduler, SchedulerConfig
 
 _job_numbers = itertools.count(1)
 
 
-def make_job(
+def make_sample(
     job_id: str | None = None,
     *,
     key: str = "A",
     steps: int = 4,
     guidance: float = 7.5,
     prompt: str = "a red fox",
-) -> NewJob:
-    """A single-image job; jobs with the same `key` letter share a compatibility key."""
+) -> NewSample:
+    """A sample; samples with the same `key` letter share a compatibility key."""
     params = GenerationParams(
         prompt=prompt, model=f"test:{key}", num_inference_steps=steps, guidance_scale=guidance, seed=0
     )
-    return NewJob(job_id=job_id or f"job-{next(_job_numbers)}", params=params, key=CompatibilityKey.of(params))
+    return NewSample(sample_id=job_id or f"job-{next(_job_numbers)}", params=params, key=CompatibilityKey.of(params))
 
 
 def key_of(letter: str) -> CompatibilityKey:
-    return make_job(key=letter).key
+    return make_sample(key=letter).key
 
 
-def make_scheduler(*jobs: NewJob, **config) -> Scheduler:
+def make_scheduler(*jobs: NewSample, **config) -> Scheduler:
     scheduler = Scheduler(SchedulerConfig(**config))
     for job in jobs:
         scheduler.add(job)
@@ -43,7 +43,8 @@ def make_scheduler(*jobs: NewJob, **config) -> Scheduler:
 
 
 class FakeRunner:
-    """Plays the model runner: holds per-job state from admission until freed, one forward per group."""
+    """Plays the model runner: holds per-sample state from admission until it finishes, fails or is
+    aborted, one forward per group; like the real runner it drops finished and failed samples itself."""
 
     def __init__(self) -> None:
         self.num_steps_by_job: dict[str, int] = {}
@@ -51,33 +52,44 @@ class FakeRunner:
         self.forwards: list[list[str]] = []  # job ids of each forward run, in order
 
     def execute(self, plan: SchedulerPlan, *, fail: tuple[str, ...] = ()) -> RunnerOutput:
-        for job_id in plan.freed_job_ids:
-            del self.num_steps_by_job[job_id], self.steps_done_by_job[job_id]
-        for job in plan.new_jobs:
-            assert job.job_id not in self.num_steps_by_job, "a job's params are sent once"
-            self.num_steps_by_job[job.job_id] = job.params.num_inference_steps
-            self.steps_done_by_job[job.job_id] = 0
+        for job_id in plan.aborted_sample_ids:
+            self._drop(job_id)
+        for job in plan.new_samples:
+            assert job.sample_id not in self.num_steps_by_job, "a sample's params are sent once"
+            self.num_steps_by_job[job.sample_id] = job.params.num_inference_steps
+            self.steps_done_by_job[job.sample_id] = 0
         output = RunnerOutput()
-        for key, job_ids in plan.groups.items():
+        for job_ids in plan.groups.values():
+            assert all(job_id in self.num_steps_by_job for job_id in job_ids), "a planned sample the runner freed"
             self.forwards.append(list(job_ids))
-            output.rows_per_forward.append(plan.num_rows_by_key[key])
+            output.samples_per_forward.append(len(job_ids))
             for job_id in job_ids:
                 if job_id in fail:
                     output.failed[job_id] = "simulated failure"
+                    self._drop(job_id)
                     continue
                 self.steps_done_by_job[job_id] += 1
-                output.stepped_job_ids.append(job_id)
+                output.stepped_sample_ids.append(job_id)
                 if self.steps_done_by_job[job_id] == self.num_steps_by_job[job_id]:
-                    output.finished_job_ids.append(job_id)
+                    output.finished_sample_ids.append(job_id)
                     output.images[job_id] = f"image of {job_id}"
+                    self._drop(job_id)
         return output
+
+    def _drop(self, job_id: str) -> None:
+        self.num_steps_by_job.pop(job_id, None)
+        self.steps_done_by_job.pop(job_id, None)
+
+    def progress(self, job_id: str) -> int | None:
+        return self.steps_done_by_job.get(job_id)
 
 
 def run_iteration(scheduler: Scheduler, runner: FakeRunner, *, fail: tuple[str, ...] = ()):
     """One engine iteration: schedule, execute, update. Returns (plan, output, ids that left)."""
     plan = scheduler.schedule()
     output = runner.execute(plan, fail=fail)
-    return plan, output, scheduler.update_from_output(plan, output)
+    scheduler.update_from_output(plan, output)
+    return plan, output, [*output.failed, *output.finished_sample_ids]
 
 
 def run_to_completion(scheduler: Scheduler, runner: FakeRunner, max_iterations: int = 1000) -> list[SchedulerPlan]:
@@ -89,7 +101,7 @@ def run_to_completion(scheduler: Scheduler, runner: FakeRunner, max_iterations: 
 
 
 def admitted_ids(plan: SchedulerPlan) -> list[str]:
-    return [job.job_id for job in plan.new_jobs]
+    return [job.sample_id for job in plan.new_samples]
 
 
 def assert_no_state_left(scheduler: Scheduler, runner: FakeRunner) -> None:
@@ -101,24 +113,18 @@ def assert_no_state_left(scheduler: Scheduler, runner: FakeRunner) -> None:
 
 @pytest.mark.parametrize("policy", ["default", "fifo"])
 def test_compatible_jobs_are_batched_up_to_capacity(policy):
-    jobs = [make_job() for _ in range(6)]
+    jobs = [make_sample() for _ in range(6)]
     scheduler = make_scheduler(*jobs, max_num_seqs=4, policy=policy)
 
     plan = scheduler.schedule()
 
-    assert admitted_ids(plan) == [job.job_id for job in jobs[:4]]
-    assert plan.groups == {key_of("A"): [job.job_id for job in jobs[:4]]}
+    assert admitted_ids(plan) == [job.sample_id for job in jobs[:4]]
+    assert plan.groups == {key_of("A"): [job.sample_id for job in jobs[:4]]}
     assert (scheduler.num_running, scheduler.num_waiting) == (4, 2)
 
 
-def test_a_guided_job_contributes_two_rows_and_an_unguided_job_one():
-    scheduler = make_scheduler(make_job(guidance=7.5), make_job(guidance=1.0), make_job(guidance=0.0))
-
-    assert scheduler.schedule().num_rows_by_key == {key_of("A"): 4}
-
-
 def test_jobs_with_different_step_counts_share_one_forward_and_finish_on_their_own_step():
-    short, long = make_job("short", steps=2), make_job("long", steps=5)
+    short, long = make_sample("short", steps=2), make_sample("long", steps=5)
     scheduler, runner = make_scheduler(short, long), FakeRunner()
 
     left_by_iteration = [run_iteration(scheduler, runner)[2] for _ in range(5)]
@@ -128,23 +134,23 @@ def test_jobs_with_different_step_counts_share_one_forward_and_finish_on_their_o
 
 
 def test_a_late_joiner_shares_the_forward_of_a_job_already_midway():
-    scheduler, runner = make_scheduler(make_job("early", steps=6)), FakeRunner()
+    scheduler, runner = make_scheduler(make_sample("early", steps=6)), FakeRunner()
     for _ in range(3):
         run_iteration(scheduler, runner)
 
-    scheduler.add(make_job("late", steps=2, guidance=2.0, prompt="another prompt"))
+    scheduler.add(make_sample("late", steps=2, guidance=2.0, prompt="another prompt"))
     plan, output, _ = run_iteration(scheduler, runner)
 
     assert admitted_ids(plan) == ["late"]
     assert plan.groups == {key_of("A"): ["early", "late"]}
-    assert output.rows_per_forward == [4]
-    assert scheduler.progress("early") == (4, 6) and scheduler.progress("late") == (1, 2)
+    assert output.samples_per_forward == [2]
+    assert runner.progress("early") == 4 and runner.progress("late") == 1
     run_to_completion(scheduler, runner)
     assert runner.forwards[3:] == [["early", "late"]] * 2 + [["early"]]
 
 
 def test_max_num_seqs_of_one_runs_jobs_one_at_a_time_in_arrival_order():
-    jobs = [make_job(f"job-{i}", steps=i + 1) for i in range(3)]
+    jobs = [make_sample(f"job-{i}", steps=i + 1) for i in range(3)]
     scheduler, runner = make_scheduler(*jobs, max_num_seqs=1), FakeRunner()
 
     run_to_completion(scheduler, runner)
@@ -153,20 +159,20 @@ def test_max_num_seqs_of_one_runs_jobs_one_at_a_time_in_arrival_order():
 
 
 def test_fifo_incompatible_head_blocks_everything_behind_it_until_the_wave_drains():
-    jobs = [make_job("a1", key="A", steps=3), make_job("b1", key="B", steps=2), make_job("a2", key="A", steps=1),
-            make_job("a3", key="A", steps=1)]
+    jobs = [make_sample("a1", key="A", steps=3), make_sample("b1", key="B", steps=2), make_sample("a2", key="A", steps=1),
+            make_sample("a3", key="A", steps=1)]
     scheduler, runner = make_scheduler(*jobs, max_num_seqs=8, policy="fifo"), FakeRunner()
 
     plans = run_to_completion(scheduler, runner)
 
-    assert [admitted_ids(plan) for plan in plans[:-1]] == [["a1"], [], [], ["b1"], [], ["a2", "a3"]]
-    assert plans[-1].groups == {} and plans[-1].freed_job_ids == ["a2", "a3"]
+    assert [admitted_ids(plan) for plan in plans] == [["a1"], [], [], ["b1"], [], ["a2", "a3"]], \
+        "no extra iteration only to free finished samples"
     assert runner.forwards == [["a1"]] * 3 + [["b1"]] * 2 + [["a2", "a3"]]
 
 
 def test_fifo_keeps_guidance_in_its_key_like_the_reference_and_default_does_not():
-    jobs = [make_job("g7", guidance=7.5, steps=2), make_job("g1", guidance=1.0, steps=2),
-            make_job("g7b", guidance=7.5, steps=2)]
+    jobs = [make_sample("g7", guidance=7.5, steps=2), make_sample("g1", guidance=1.0, steps=2),
+            make_sample("g7b", guidance=7.5, steps=2)]
 
     fifo = make_scheduler(*jobs, policy="fifo")
     default = make_scheduler(*jobs)
@@ -176,36 +182,36 @@ def test_fifo_keeps_guidance_in_its_key_like_the_reference_and_default_does_not(
 
 
 def test_incompatible_head_does_not_block_compatible_jobs_under_the_default_policy():
-    scheduler = make_scheduler(make_job("a1", key="A"), make_job("b1", key="B"), make_job("a2", key="A"),
+    scheduler = make_scheduler(make_sample("a1", key="A"), make_sample("b1", key="B"), make_sample("a2", key="A"),
                                max_num_groups=1)
 
     plan = scheduler.schedule()
 
     assert admitted_ids(plan) == ["a1", "a2"]
-    assert scheduler.progress("b1") == (0, 4) and scheduler.num_waiting == 1
+    assert "b1" not in admitted_ids(plan) and scheduler.num_waiting == 1
 
 
 def test_default_policy_runs_two_groups_at_once_with_one_forward_each():
-    jobs = [make_job("a1", key="A", steps=2), make_job("b1", key="B", steps=1), make_job("a2", key="A", steps=2),
-            make_job("c1", key="C", steps=1)]
+    jobs = [make_sample("a1", key="A", steps=2), make_sample("b1", key="B", steps=1), make_sample("a2", key="A", steps=2),
+            make_sample("c1", key="C", steps=1)]
     scheduler, runner = make_scheduler(*jobs), FakeRunner()
 
     first, output, _ = run_iteration(scheduler, runner)
     second, _, _ = run_iteration(scheduler, runner)
 
     assert first.groups == {key_of("A"): ["a1", "a2"], key_of("B"): ["b1"]}
-    assert output.rows_per_forward == [4, 2]
+    assert output.samples_per_forward == [2, 1]
     assert admitted_ids(second) == ["c1"], "the third key waits for a group to drain"
     assert second.groups == {key_of("A"): ["a1", "a2"], key_of("C"): ["c1"]}
 
 
 def _feed_a_stream_of_a_jobs(scheduler: Scheduler, runner: FakeRunner, num_iterations: int) -> list[SchedulerPlan]:
     """B arrives behind a one-step A job; then a two-step A job arrives every iteration, so A jobs overlap."""
-    scheduler.add(make_job("a-0", key="A", steps=1))
-    scheduler.add(make_job("b", key="B", steps=2))
+    scheduler.add(make_sample("a-0", key="A", steps=1))
+    scheduler.add(make_sample("b", key="B", steps=2))
     plans = []
     for i in range(1, num_iterations + 1):
-        scheduler.add(make_job(f"a-{i}", key="A", steps=2))
+        scheduler.add(make_sample(f"a-{i}", key="A", steps=2))
         plans.append(run_iteration(scheduler, runner)[0])
     return plans
 
@@ -220,13 +226,13 @@ def _iterations_in_which_b_was_overtaken(plans: list[SchedulerPlan]) -> list[int
     return overtaken
 
 
-def test_a_high_priority_job_is_admitted_before_normal_ones_that_arrived_earlier():
-    scheduler, runner = make_scheduler(make_job("running", steps=2), max_num_seqs=1), FakeRunner()
+def test_a_high_priority_sample_is_admitted_before_normal_ones_that_arrived_earlier():
+    scheduler, runner = make_scheduler(make_sample("running", steps=2), max_num_seqs=1), FakeRunner()
     run_iteration(scheduler, runner)
     for name in ("normal-1", "normal-2"):
-        scheduler.add(make_job(name, steps=1))
-    scheduler.add(make_job("high", steps=1), priority="high")
-    scheduler.add(make_job("low", steps=1), priority="low")
+        scheduler.add(make_sample(name, steps=1))
+    scheduler.add(make_sample("high", steps=1), priority="high")
+    scheduler.add(make_sample("low", steps=1), priority="low")
 
     order = []
     while scheduler.has_unfinished():
@@ -235,17 +241,31 @@ def test_a_high_priority_job_is_admitted_before_normal_ones_that_arrived_earlier
     assert order == ["high", "normal-1", "normal-2", "low"]
 
 
-def test_a_low_priority_job_passed_over_by_a_stream_of_high_ones_is_admitted_at_the_bound():
+def test_a_low_priority_sample_passed_over_by_a_stream_of_high_ones_is_admitted_at_the_bound():
     scheduler, runner = make_scheduler(max_num_seqs=1, max_wait_iterations=3), FakeRunner()
-    scheduler.add(make_job("low", steps=1), priority="low")
+    scheduler.add(make_sample("low", steps=1), priority="low")
     admitted_at = {}
     for iteration in range(20):
-        scheduler.add(make_job(f"high-{iteration}", steps=1), priority="high")
-        for job_id in admitted_ids(run_iteration(scheduler, runner)[0]):
-            admitted_at[job_id] = iteration
+        scheduler.add(make_sample(f"high-{iteration}", steps=1), priority="high")
+        for sample_id in admitted_ids(run_iteration(scheduler, runner)[0]):
+            admitted_at[sample_id] = iteration
 
     assert admitted_at["low"] == 3, "overtaken in 3 iterations (the bound), then admitted next"
-    assert scheduler.progress("low") is None
+    assert runner.progress("low") is None, "low ran to completion (the runner dropped it)"
+
+
+def test_fifo_ignores_priority_and_admits_in_arrival_order():
+    scheduler, runner = make_scheduler(make_sample("running", steps=2), max_num_seqs=1, policy="fifo"), FakeRunner()
+    run_iteration(scheduler, runner)
+    scheduler.add(make_sample("low", steps=1), priority="low")
+    scheduler.add(make_sample("normal", steps=1))
+    scheduler.add(make_sample("high", steps=1), priority="high")
+
+    order = []
+    while scheduler.has_unfinished():
+        order += admitted_ids(run_iteration(scheduler, runner)[0])
+
+    assert order == ["low", "normal", "high"]
 
 
 def test_without_a_starvation_bound_a_stream_of_compatible_jobs_passes_over_a_job_forever():
@@ -253,7 +273,7 @@ def test_without_a_starvation_bound_a_stream_of_compatible_jobs_passes_over_a_jo
 
     plans = _feed_a_stream_of_a_jobs(scheduler, runner, 100)
 
-    assert scheduler.progress("b") == (0, 2)
+    assert scheduler.snapshot()["waiting_by_key"][str(key_of("B"))] == 1
     assert len(_iterations_in_which_b_was_overtaken(plans)) == 100
 
 
@@ -265,46 +285,48 @@ def test_starvation_bound_admits_a_passed_over_job_once_the_jobs_ahead_of_it_dra
     b_admitted_at = next(i for i, plan in enumerate(plans) if "b" in admitted_ids(plan))
     assert _iterations_in_which_b_was_overtaken(plans) == [0, 1, 2]
     assert b_admitted_at == 4, "admitted as soon as the A jobs admitted before the bound finished"
-    assert scheduler.progress("b") is None, "b ran to completion while A jobs kept arriving"
+    assert sum("b" in forward for forward in runner.forwards) == 2, "b ran to completion while A jobs kept arriving"
 
 
 def test_aborting_a_waiting_job_removes_it_before_it_ever_reaches_the_runner():
-    scheduler, runner = make_scheduler(make_job("a1"), make_job("a2"), max_num_seqs=1), FakeRunner()
+    scheduler, runner = make_scheduler(make_sample("a1"), make_sample("a2"), max_num_seqs=1), FakeRunner()
 
     assert scheduler.abort("a2") is True
     plans = run_to_completion(scheduler, runner)
 
-    assert all("a2" not in admitted_ids(plan) + plan.freed_job_ids for plan in plans)
+    assert all("a2" not in admitted_ids(plan) + plan.aborted_sample_ids for plan in plans)
     assert scheduler.abort("a2") is False
     assert_no_state_left(scheduler, runner)
 
 
 def test_aborting_a_running_job_frees_it_in_the_next_plan_and_it_is_never_stepped_again():
-    scheduler, runner = make_scheduler(make_job("kept", steps=4), make_job("aborted", steps=4)), FakeRunner()
+    scheduler, runner = make_scheduler(make_sample("kept", steps=4), make_sample("aborted", steps=4)), FakeRunner()
     run_iteration(scheduler, runner)
 
     assert scheduler.abort("aborted") is True
     plans = run_to_completion(scheduler, runner)
 
-    assert plans[0].freed_job_ids == ["aborted"]
+    assert plans[0].aborted_sample_ids == ["aborted"]
     assert runner.forwards[1:] == [["kept"]] * 3
-    assert scheduler.abort("aborted") is False and scheduler.progress("aborted") is None
+    assert scheduler.abort("aborted") is False and runner.progress("aborted") is None
     assert_no_state_left(scheduler, runner)
 
 
 def test_a_job_aborted_while_the_runner_executes_is_freed_once_and_its_output_ignored():
-    scheduler, runner = make_scheduler(make_job("kept", steps=1), make_job("aborted", steps=1)), FakeRunner()
+    scheduler, runner = make_scheduler(make_sample("kept", steps=1), make_sample("aborted", steps=1)), FakeRunner()
     plan = scheduler.schedule()
     output = runner.execute(plan)
 
     scheduler.abort("aborted")
+    scheduler.update_from_output(plan, output)
 
-    assert scheduler.update_from_output(plan, output) == ["kept"]
-    assert scheduler.schedule().freed_job_ids == ["aborted", "kept"]
+    next_plan = scheduler.schedule()
+    assert next_plan.aborted_sample_ids == ["aborted"] and next_plan.groups == {}
+    assert not scheduler.has_unfinished()
 
 
 def test_a_failed_job_leaves_while_the_others_in_its_group_keep_running():
-    jobs = [make_job("ok-1", steps=3), make_job("bad", steps=3), make_job("ok-2", steps=3)]
+    jobs = [make_sample("ok-1", steps=3), make_sample("bad", steps=3), make_sample("ok-2", steps=3)]
     scheduler, runner = make_scheduler(*jobs), FakeRunner()
     run_iteration(scheduler, runner)
 
@@ -312,14 +334,13 @@ def test_a_failed_job_leaves_while_the_others_in_its_group_keep_running():
     plans = run_to_completion(scheduler, runner)
 
     assert left == ["bad"]
-    assert plans[0].freed_job_ids == ["bad"]
     assert runner.forwards[2:] == [["ok-1", "ok-2"]]
-    assert plans[-1].freed_job_ids == ["ok-1", "ok-2"]
+    assert len(plans) == 1 and plans[0].aborted_sample_ids == [], "the runner dropped the failed sample itself"
 
 
 @pytest.mark.parametrize("policy", ["default", "fifo"])
 def test_no_state_remains_after_jobs_finish_fail_or_are_aborted(policy):
-    jobs = [make_job(f"job-{i}", key="ABC"[i % 3], steps=1 + i % 4, guidance=(1.0, 7.5)[i % 2]) for i in range(12)]
+    jobs = [make_sample(f"job-{i}", key="ABC"[i % 3], steps=1 + i % 4, guidance=(1.0, 7.5)[i % 2]) for i in range(12)]
     scheduler, runner = make_scheduler(*jobs, max_num_seqs=3, policy=policy), FakeRunner()
     run_iteration(scheduler, runner)
     scheduler.abort("job-0")
@@ -333,9 +354,9 @@ def test_no_state_remains_after_jobs_finish_fail_or_are_aborted(policy):
 
 
 def test_paused_admission_lets_running_jobs_finish_and_admits_nobody_until_resumed():
-    scheduler, runner = make_scheduler(make_job("running", steps=2)), FakeRunner()
+    scheduler, runner = make_scheduler(make_sample("running", steps=2)), FakeRunner()
     run_iteration(scheduler, runner)
-    scheduler.add(make_job("waiting", steps=1))
+    scheduler.add(make_sample("waiting", steps=1))
 
     scheduler.pause_admission()
     paused = [run_iteration(scheduler, runner)[0] for _ in range(3)]
@@ -343,12 +364,12 @@ def test_paused_admission_lets_running_jobs_finish_and_admits_nobody_until_resum
     resumed = scheduler.schedule()
 
     assert [plan.groups for plan in paused] == [{key_of("A"): ["running"]}, {}, {}]
-    assert all(plan.new_jobs == [] for plan in paused) and scheduler.snapshot()["is_admission_paused"] is False
+    assert all(plan.new_samples == [] for plan in paused) and scheduler.snapshot()["is_admission_paused"] is False
     assert admitted_ids(resumed) == ["waiting"]
 
 
 def test_snapshot_counts_waiting_and_running_jobs_per_key():
-    scheduler = make_scheduler(make_job(key="A"), make_job(key="A"), make_job(key="B"), make_job(key="C"),
+    scheduler = make_scheduler(make_sample(key="A"), make_sample(key="A"), make_sample(key="B"), make_sample(key="C"),
                                max_num_groups=1)
     scheduler.schedule()
 
@@ -360,10 +381,10 @@ def test_snapshot_counts_waiting_and_running_jobs_per_key():
 
 
 def test_adding_a_job_id_twice_is_refused():
-    scheduler = make_scheduler(make_job("same"))
+    scheduler = make_scheduler(make_sample("same"))
 
     with pytest.raises(ValueError, match="same"):
-        scheduler.add(make_job("same"))
+        scheduler.add(make_sample("same"))
 
 
 @pytest.mark.parametrize("config, field", [({"policy": "lifo"}, "policy"), ({"max_num_seqs": 0}, "max_num_seqs"),
@@ -382,13 +403,13 @@ def test_random_arrivals_aborts_and_failures_keep_every_guarantee(seed, policy, 
     rng = random.Random(seed)
     scheduler = make_scheduler(policy=policy, max_num_seqs=max_num_seqs, max_num_groups=max_num_groups,
                                max_wait_iterations=max_wait_iterations)
-    runner, freed_job_ids, aborted_running_ids = FakeRunner(), [], set()
+    runner, aborted_ids_sent, aborted_running_ids = FakeRunner(), [], set()
     waiting_arrivals: list[int] = []  # arrival numbers of the jobs still waiting; job "job-N" arrived N-th
     num_overtaken_by_arrival: dict[int, int] = {}
     for iteration in range(400):
         if iteration < 60 and rng.random() < 0.6:
             arrival = len(num_overtaken_by_arrival)
-            scheduler.add(make_job(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)),
+            scheduler.add(make_sample(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)),
                           priority=rng.choice(PRIORITIES))
             waiting_arrivals.append(arrival)
             num_overtaken_by_arrival[arrival] = 0
@@ -402,7 +423,7 @@ def test_random_arrivals_aborts_and_failures_keep_every_guarantee(seed, policy, 
                 waiting_arrivals.remove(arrival)
         fail = tuple(job_id for job_id in runner.num_steps_by_job if rng.random() < 0.03)
         plan, _, _ = run_iteration(scheduler, runner, fail=fail)
-        freed_job_ids += plan.freed_job_ids
+        aborted_ids_sent += plan.aborted_sample_ids
         admitted_arrivals = [int(job_id.removeprefix("job-")) for job_id in admitted_ids(plan)]
         waiting_arrivals = [arrival for arrival in waiting_arrivals if arrival not in admitted_arrivals]
         for arrival in waiting_arrivals:
@@ -412,5 +433,5 @@ def test_random_arrivals_aborts_and_failures_keep_every_guarantee(seed, policy, 
         assert len(plan.groups) <= (1 if policy == "fifo" else max_num_groups)
         assert not aborted_running_ids & set(planned), "an aborted job is never stepped again"
     assert max(num_overtaken_by_arrival.values(), default=0) <= (0 if policy == "fifo" else max_wait_iterations)
-    assert len(freed_job_ids) == len(set(freed_job_ids)), "each id is freed exactly once"
+    assert sorted(aborted_ids_sent) == sorted(aborted_running_ids), "each aborted running id reaches the runner once"
     assert_no_state_left(scheduler, runner)

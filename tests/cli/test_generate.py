@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from PIL import Image
 
 from batching.builtin_model import builtin_model_path
@@ -50,3 +52,23 @@ def test_generate_with_a_missing_model_folder_exits_with_a_message(tmp_path, cap
 
     assert code != 0
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage"])
+def test_generate_works_for_every_family_built_in(tmp_path, model):
+    out = tmp_path / "fox.png"
+
+    code = main(["generate", "--model", model, "--prompt", "a red fox", "--seed", "3", "--steps", "2",
+                 "--height", "64", "--width", "96", "--device", "cpu", "--out", str(out)])
+
+    assert code == 0
+    with Image.open(out) as image:
+        assert image.size == (96, 64)
+
+
+def test_generate_refuses_a_size_the_family_does_not_allow_naming_the_flag(tmp_path, capsys):
+    code = main(["generate", "--model", "builtin:tiny-flux", "--prompt", "a fox", "--width", "200",
+                 "--out", str(tmp_path / "x.png")])
+
+    assert code == 2
+    assert "--width" in capsys.readouterr().err

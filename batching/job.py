@@ -1,8 +1,8 @@
-"""A user's request as the engine tracks it, and the result its Future resolves to.
+"""A job as the engine tracks it, and the result its Future resolves to.
 
-A request for N images becomes N engine jobs (seeds seed..seed+N-1) that batch like
-any others; the request resolves when all of them have finished, and fails (aborting
-the rest) as soon as one of them fails.
+A job is one `submit()`. A job for N images becomes N samples (seeds seed..seed+N-1)
+that batch like any others; the job resolves when all of them have finished, and fails
+(aborting the rest) as soon as one of them fails.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ ProgressCallback = Callable[[int, int], None]  # (steps done, total steps), call
 
 @dataclass(frozen=True)
 class GenerationResult:
-    job_id: str  # the request's id, as given to or returned by submit()
+    job_id: str  # the job's id, as given to or returned by submit()
     images: list[Any]  # PIL images, one per seed, in seed order
     seeds: list[int]  # seed of each image: params.seed + index
-    params: GenerationParams  # the request as submitted (num_images may be > 1)
+    params: GenerationParams  # the job as submitted (num_images may be > 1)
     timings: dict[str, float]  # seconds: "queue_wait" (submit to first step), "denoise" (first to last step), "decode"
 
     @property
@@ -31,34 +31,34 @@ class GenerationResult:
 
 
 @dataclass(slots=True)
-class Request:
-    request_id: str
+class Job:
+    job_id: str
     params: GenerationParams
     future: Future
-    job_ids: list[str]  # one engine job per image, in seed order
+    sample_ids: list[str]  # one sample per image, in seed order
     on_progress: ProgressCallback | None
     submitted_at: float
     priority: str = "normal"  # one of batching.params.PRIORITIES; the scheduler admits higher first
-    admitted_at: float | None = None  # when its first job took its first step
-    denoised_at: float | None = None  # when its last job took its last step
+    admitted_at: float | None = None  # when its first sample took its first step
+    denoised_at: float | None = None  # when its last sample took its last step
     decode_seconds: float = 0.0
-    num_steps_done: int = 0  # over all its jobs
-    images: dict[str, Any] = field(default_factory=dict)  # job_id -> PIL image
+    num_steps_done: int = 0  # over all its samples
+    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image
 
     @property
     def num_steps_total(self) -> int:
-        return len(self.job_ids) * self.params.num_inference_steps
+        return len(self.sample_ids) * self.params.num_inference_steps
 
     @property
     def is_complete(self) -> bool:
-        return len(self.images) == len(self.job_ids)
+        return len(self.images) == len(self.sample_ids)
 
     def result(self) -> GenerationResult:
         assert self.is_complete and self.admitted_at is not None and self.denoised_at is not None
         return GenerationResult(
-            job_id=self.request_id,
-            images=[self.images[job_id] for job_id in self.job_ids],
-            seeds=[self.params.seed + index for index in range(len(self.job_ids))],
+            job_id=self.job_id,
+            images=[self.images[sample_id] for sample_id in self.sample_ids],
+            seeds=[self.params.seed + index for index in range(len(self.sample_ids))],
             params=self.params,
             timings={
                 "queue_wait": self.admitted_at - self.submitted_at,
@@ -68,8 +68,8 @@ class Request:
         )
 
 
-def job_ids_for(request_id: str, num_images: int) -> list[str]:
-    """Engine job ids of a request: its own id for one image, `id#i` for several."""
+def sample_ids_for(job_id: str, num_images: int) -> list[str]:
+    """Sample ids of a job: its own id for one image, `job_id#i` for several."""
     if num_images == 1:
-        return [request_id]
-    return [f"{request_id}#{index}" for index in range(num_images)]
+        return [job_id]
+    return [f"{job_id}#{index}" for index in range(num_images)]

@@ -1,0 +1,91 @@
+"""The model families the engine serves, and what a job may ask of each. Torch-free.
+
+`GenerationParams` validates a job against the family of its model (samplers, size
+multiple, guidance range) and takes its defaults from here; the API reads the same
+table through `batching.params`. The family of a built-in model is known by name; a
+folder or repo id is classified when the engine loads it (`model_index.json`'s
+`_class_name`), and the engine validates jobs against that family at submit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX  # torch-free
+
+UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
+FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    pipeline_classes: tuple[str, ...]  # model_index.json `_class_name` values that load as this family
+    samplers: tuple[str, ...]  # the first is the default
+    size_multiple: int  # height and width: VAE downsampling x the denoiser's patch size
+    default_size: int  # height and width when the job names none
+    default_steps: int
+    default_guidance: float
+    max_guidance: float
+    guidance_kind: str  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
+    cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
+    mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
+    supports_lora: bool = False  # the engine serves LoRA adapters for it (batching.lora)
+
+    @property
+    def default_sampler(self) -> str:
+        return self.samplers[0] if "euler" not in self.samplers else "euler"
+
+    def has_cfg(self, guidance_scale: float) -> bool:
+        """Whether a job with this guidance runs an unconditional row beside its conditional one."""
+        return self.guidance_kind == "cfg" and guidance_scale > self.cfg_above
+
+    def num_rows(self, guidance_scale: float) -> int:
+        """Rows a job contributes to each denoiser forward."""
+        return 2 if self.has_cfg(guidance_scale) else 1
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "sd": FamilySpec(
+        name="sd", pipeline_classes=("StableDiffusionPipeline",), samplers=UNET_SAMPLERS, size_multiple=8,
+        default_size=128, default_steps=20, default_guidance=7.5, max_guidance=50.0, guidance_kind="cfg",
+        supports_lora=True,
+    ),
+    "sdxl": FamilySpec(
+        name="sdxl", pipeline_classes=("StableDiffusionXLPipeline",), samplers=UNET_SAMPLERS, size_multiple=8,
+        default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
+        supports_lora=True,
+    ),
+    "flux": FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
+        name="flux", pipeline_classes=("FluxPipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
+        default_size=128, default_steps=20, default_guidance=3.5, max_guidance=20.0, guidance_kind="embedded",
+        supports_lora=True,
+    ),
+    "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
+        name="zimage", pipeline_classes=("ZImagePipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
+        default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
+        cfg_above=0.0, mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
+        supports_lora=True,
+    ),
+}
+
+# Jobs for a model whose family is not known yet (a folder or repo id) get these defaults and the
+# loosest rules; the engine serving the model checks them against its family at submit.
+FALLBACK_FAMILY = "sd"
+
+
+def family_of_model(model: str) -> str | None:
+    """The family of a built-in model; None for a folder or repo id (known once loaded)."""
+    from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX
+
+    built_in = BUILTIN_MODELS.get(model.removeprefix(BUILTIN_PREFIX)) if model.startswith(BUILTIN_PREFIX) else None
+    return built_in.family if built_in else None
+
+
+def family_of_pipeline_class(class_name: str) -> str | None:
+    """The family whose diffusers pipeline class is `class_name` (model_index.json's `_class_name`)."""
+    return next((spec.name for spec in FAMILIES.values() if class_name in spec.pipeline_classes), None)
+
+
+def supported_pipeline_classes() -> list[str]:
+    return [name for spec in FAMILIES.values() for name in spec.pipeline_classes]

@@ -1,0 +1,96 @@
+"""The pipeline contract: what a model family's adapter gives the family-agnostic engine.
+
+The model runner, the input batch and the engine call only these methods, so everything
+that differs between families lives in the family's adapter (one module per family
+under `batching/pipelines/`): how prompts become named conditioning tensors, how a
+sample's initial latents are drawn (exactly as diffusers' own pipeline draws them for
+the same seed), its sampler (timesteps, sigmas, shift), how many rows a sample puts into
+a forward and how guidance combines them, the denoiser forward over a group's rows, and
+decode.
+
+Lifecycle of a sample, as the runner drives it:
+1. `texts_to_encode(params)` for every new sample; all texts of an iteration go through
+   one `encode_prompts(texts)` call.
+2. `new_sampler(params)`, then `initial_latents(params, sampler, generator)` with the
+   sample's own seeded CPU generator, and `row_conditioning(params, encoded)`: one
+   `Conditioning` per row the sample contributes to each forward.
+3. Every step: `model_input(sample)` per sample; the input batch stacks rows (padding
+   variable-length tensors, see `ForwardBatch.lengths`) and the adapter runs
+   `forward(batch)` once for the group; `guided_prediction(rows, params)` turns a
+   sample's rows into the prediction its sampler steps with.
+4. `decode(latents, params_list)` for finished samples of one size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from batching.params import GenerationParams
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
+
+Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
+
+
+@dataclass
+class ForwardBatch:
+    """One group's denoiser input; row i belongs to one sample and carries its own timestep."""
+
+    latents: torch.Tensor | list[torch.Tensor]  # [num_rows, *latent_shape], or one [*latent_shape] per row when
+    # the group mixes sizes (families whose key holds no size)
+    timesteps: torch.Tensor  # [num_rows] float32: each row's sampler timestep, as the sampler states it
+    conditioning: dict[str, torch.Tensor]  # name -> [num_rows, *shape]; first dims zero-padded where lengths differ
+    lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
+
+
+class PipelineAdapter(Protocol):
+    family: str  # a key of batching.families.FAMILIES
+    model: str  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
+    device: torch.device
+    dtype: torch.dtype
+    max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
+
+    def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
+
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        """One conditioning per text, from one batched call of each text encoder."""
+        ...
+
+    def new_sampler(self, params: GenerationParams) -> Any:
+        """A fresh sampler for one sample, its timesteps set."""
+        ...
+
+    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+        """[1, *latent_shape] noise drawn from `generator` exactly as diffusers' own pipeline draws it."""
+        ...
+
+    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+        """The conditioning of each row the sample contributes, from its encoded texts."""
+        ...
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        """A padding row's conditioning in deterministic mode, for a group of samples like `params`
+        (its result is discarded)."""
+        ...
+
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+        """[1, *latent_shape]: the sample's latents as its denoiser row takes them this step."""
+        ...
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        """One denoiser call over every row: [num_rows, *latent_shape] predictions (a list per row when
+        `batch.latents` is a list)."""
+        ...
+
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """[1, *latent_shape]: what the sample's sampler steps with, from its rows' predictions."""
+        ...
+
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+        """Latents [n, *latent_shape] of samples of one size to n RGB PIL images."""
+        ...

@@ -1,0 +1,86 @@
+"""The SDXL family behind the pipeline contract: the SD adapter plus SDXL's added conditioning.
+
+What SDXL adds, as `StableDiffusionXLPipeline` computes it: two CLIP text encoders whose
+penultimate hidden states are concatenated per token; the second encoder's projected
+pooled embedding; and per-sample time ids (original size, crop corner, target size)
+that depend on the sample's own height and width. Pooled embeddings and time ids travel
+as named per-row conditioning, so samples of different prompts share the UNet forward.
+With `force_zeros_for_empty_prompt` (SDXL base), a sample without a negative prompt
+guides against zeros, exactly as the diffusers pipeline does when no negative prompt is
+given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import torch
+
+from batching.params import GenerationParams
+from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.loading import load_pipeline
+from batching.pipelines.stable_diffusion import StableDiffusionAdapter
+
+
+class StableDiffusionXLAdapter(StableDiffusionAdapter):
+    family = "sdxl"
+
+    @classmethod
+    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionXLAdapter:
+        from diffusers import StableDiffusionXLPipeline
+
+        pipeline = load_pipeline(StableDiffusionXLPipeline, model, source, device, dtype)
+        return cls(model, pipeline, device, dtype)
+
+    @property
+    def zeros_for_empty_negative(self) -> bool:
+        return bool(self.pipeline.config.get("force_zeros_for_empty_prompt", False))
+
+    @torch.inference_mode()
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        pipeline = self.pipeline
+        per_token, pooled = [], None
+        for tokenizer, text_encoder in ((pipeline.tokenizer, pipeline.text_encoder),
+                                        (pipeline.tokenizer_2, pipeline.text_encoder_2)):
+            if tokenizer is None or text_encoder is None:
+                continue
+            input_ids = tokenizer(
+                list(texts), padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                return_tensors="pt",
+            ).input_ids.to(self.device)  # [n, seq]
+            output = text_encoder(input_ids, output_hidden_states=True)
+            if pooled is None and output[0].ndim == 2:
+                pooled = output[0]  # [n, projection_dim]: the projecting encoder's text embeds
+            per_token.append(output.hidden_states[-2])  # [n, seq, width]
+        embeds = torch.cat(per_token, dim=-1).to(self.dtype)  # [n, seq, width_1 + width_2]
+        return [{"embeds": row, "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
+
+    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+        time_ids = torch.tensor(  # original size, crop top-left, target size
+            [params.height, params.width, 0, 0, params.height, params.width], device=self.device, dtype=self.dtype
+        )
+        cond = {**encoded[params.prompt], "time_ids": time_ids}
+        if not self.spec.has_cfg(params.guidance_scale):
+            return [cond]
+        if params.negative_prompt == "" and self.zeros_for_empty_negative:
+            uncond = {name: torch.zeros_like(tensor) for name, tensor in encoded[params.prompt].items()}
+        else:
+            uncond = dict(encoded[params.negative_prompt])
+        return [{**uncond, "time_ids": time_ids}, cond]
+
+    def texts_to_encode(self, params: GenerationParams) -> list[str]:
+        if params.negative_prompt == "" and self.zeros_for_empty_negative:
+            return [params.prompt]
+        return super().texts_to_encode(params)
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        pipeline = self.pipeline
+        width = pipeline.text_encoder.config.hidden_size + pipeline.text_encoder_2.config.hidden_size
+        zeros = dict(device=self.device, dtype=self.dtype)
+        return {
+            "embeds": torch.zeros(pipeline.tokenizer_2.model_max_length, width, **zeros),
+            "pooled": torch.zeros(pipeline.text_encoder_2.config.projection_dim, **zeros),
+            "time_ids": torch.zeros(6, **zeros),
+        }
+
+    def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:
+        return {"text_embeds": batch.conditioning["pooled"], "time_ids": batch.conditioning["time_ids"]}

@@ -1,0 +1,33 @@
+"""Latents to RGB images through a pipeline's VAE, as every family's pipeline decodes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+@torch.inference_mode()
+def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image]:
+    """Latents [n, c, h, w] (the VAE's layout) to n RGB images."""
+    config = vae.config
+    latents = latents.to(vae.dtype)
+    latents_mean, latents_std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
+    if latents_mean is not None and latents_std is not None:  # SDXL VAEs that state their latent statistics
+        shape = (1, -1, 1, 1)
+        mean = torch.tensor(latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
+        std = torch.tensor(latents_std, device=latents.device, dtype=latents.dtype).view(shape)
+        return _to_images(vae, latents * std / config.scaling_factor + mean)
+    latents = latents / config.scaling_factor
+    if getattr(config, "shift_factor", None):
+        latents = latents + config.shift_factor
+    return _to_images(vae, latents)
+
+
+def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image]:
+    pixels = vae.decode(latents, return_dict=False)[0]  # [n, 3, H, W] in [-1, 1]
+    pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
+    array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    return [Image.fromarray(np.ascontiguousarray(image)) for image in array]

@@ -1,0 +1,126 @@
+"""The Z-Image family behind the pipeline contract.
+
+As `ZImagePipeline` does it: the prompt is wrapped in the Qwen3 chat template, padded to
+`max_sequence_length` for the text encoder, and the penultimate hidden states of its real
+tokens (a different count per prompt) are the conditioning; latents [1, 16, h/8, w/8] are
+drawn in float32 from the sample's own generator; the sampler is flow-matching Euler; the
+transformer takes a list of latents and a list of caption features and pads them itself
+with attention masks. Guidance is classifier-free for any scale above 0, with the
+pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
+negated velocity. Because the transformer takes one latent per row, samples of different
+sizes share a forward: the family's key holds no size (except in deterministic mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+
+from batching.families import FAMILIES
+from batching.params import GenerationParams
+from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import flow_matching_sampler
+from batching.pipelines.loading import load_pipeline
+from batching.pipelines.vae import decode_latents
+
+MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
+
+
+class ZImageAdapter:
+    family = "zimage"
+    max_rows_per_sample = 2
+
+    def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.spec = FAMILIES[self.family]
+        self.pipeline = pipeline
+        self.transformer = pipeline.transformer
+        self.vae = pipeline.vae
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    @classmethod
+    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> ZImageAdapter:
+        from diffusers import ZImagePipeline
+
+        return cls(model, load_pipeline(ZImagePipeline, model, source, device, dtype), device, dtype)
+
+    def texts_to_encode(self, params: GenerationParams) -> list[str]:
+        if self.spec.has_cfg(params.guidance_scale):
+            return [params.prompt, params.negative_prompt]
+        return [params.prompt]
+
+    @torch.inference_mode()
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        tokenizer = self.pipeline.tokenizer
+        templated = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
+            )
+            for text in texts
+        ]
+        tokens = tokenizer(
+            templated, padding="max_length", max_length=MAX_SEQUENCE_LENGTH, truncation=True, return_tensors="pt"
+        )
+        input_ids = tokens.input_ids.to(self.device)  # [n, 512]
+        masks = tokens.attention_mask.to(self.device).bool()  # [n, 512]
+        hidden = self.pipeline.text_encoder(
+            input_ids=input_ids, attention_mask=masks, output_hidden_states=True
+        ).hidden_states[-2]  # [n, 512, dim]
+        return [{"embeds": row[mask].to(self.dtype)} for row, mask in zip(hidden, masks)]  # [tokens_i, dim]
+
+    def new_sampler(self, params: GenerationParams) -> Any:
+        height, width = self._latent_size(params)
+        num_tokens = (height // 2) * (width // 2)
+        return flow_matching_sampler(self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
+
+    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+        shape = (1, self.transformer.in_channels, *self._latent_size(params))
+        return randn_tensor(shape, generator=generator, device=self.device, dtype=torch.float32)  # [1, 16, h/8, w/8]
+
+    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+        if self.spec.has_cfg(params.guidance_scale):
+            return [encoded[params.prompt], encoded[params.negative_prompt]]  # [cond, uncond], as the pipeline
+        return [encoded[params.prompt]]
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        """Caption features of the longest length, so every padded forward pads its captions alike."""
+        dim = self.transformer.config.cap_feat_dim
+        return {"embeds": torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)}
+
+    def model_input(self, sample: Any) -> torch.Tensor:
+        return sample.latents
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
+        lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
+        dtype = self.transformer.dtype
+        latents = [row.to(dtype).unsqueeze(1) for row in batch.latents]  # per row [16, 1, h, w]: one frame
+        outputs = self.transformer(
+            latents,
+            (1000 - batch.timesteps) / 1000,
+            [row[:length] for row, length in zip(embeds, lengths)],
+            return_dict=False,
+        )[0]
+        predictions = [output.float().squeeze(1) for output in outputs]  # per row [16, h, w]
+        if isinstance(batch.latents, list):  # rows of different sizes: the transformer padded them with masks
+            return predictions
+        return torch.stack(predictions)  # [rows, 16, h, w]
+
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        cond = rows[0:1]
+        if len(rows) == 2:
+            cond = cond + params.guidance_scale * (cond - rows[1:2])
+        return -cond  # the transformer predicts the negated flow
+
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+        return decode_latents(self.vae, latents)
+
+    def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
+        """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""
+        return (2 * (params.height // (self.vae_scale_factor * 2)), 2 * (params.width // (self.vae_scale_factor * 2)))

@@ -1,0 +1,36 @@
+"""A job for a model family gets a 422 naming the field when it asks what the family cannot do."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.errors import ApiError
+from api.fleet import Fleet
+from api.settings import ApiSettings
+from api.submission import validate_job
+from storage.job_store import JobStore
+from storage.settings import StorageSettings
+
+
+@pytest.fixture
+def validate(redis_url):
+    """validate_job as a submit runs it, with jobs for models no worker serves yet accepted."""
+    settings = ApiSettings(api_keys=(), storage=StorageSettings(redis_url=redis_url), accept_unserved_models=True)
+    store = JobStore.from_settings(settings.storage)
+    yield lambda data: validate_job(data, settings, Fleet(store, settings), "local")
+    store.close()
+
+
+@pytest.mark.parametrize("field, value", [("sampler", "dpmpp_2m"), ("width", 200), ("guidance_scale", 30.0),
+                                          ("negative_prompt", "blurry")])
+def test_a_flux_job_the_family_cannot_run_gets_422_naming_the_field(validate, field, value):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": "builtin:tiny-flux", field: value})
+
+    assert (error.value.status, error.value.field) == (422, field)
+
+
+def test_a_flux_job_without_size_or_guidance_gets_the_family_defaults(validate):
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-flux"})
+
+    assert (job.params.guidance_scale, job.params.sampler, job.params.width % 16) == (3.5, "euler", 0)

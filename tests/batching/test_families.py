@@ -1,0 +1,187 @@
+"""SDXL, FLUX.1 and Z-Image through the one engine: every guarantee the SD family has, per family.
+
+Each family runs on its tiny built-in at 64x64 with few steps. The same assertions run
+for every family (parametrized); what differs is only the family's own parameters
+(FLUX has no CFG rows, so its mixed guidance is the embedded value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError, ModelLoadError
+from tests.batching.conftest import max_pixel_diff, pixels, run_alone, run_staggered
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model: str
+    pipeline_class: str  # diffusers' own pipeline for the family
+    guidances: tuple[float, ...]  # one per staggered sample; includes "none" where the family has CFG
+    negative_prompt: str  # "" where the family refuses negative prompts
+
+
+FAMILIES = [
+    Family("sdxl", "builtin:tiny-sdxl", "StableDiffusionXLPipeline", (5.0, 1.0, 8.0, 3.0), "blurry"),
+    Family("flux", "builtin:tiny-flux", "FluxPipeline", (3.5, 1.0, 6.0, 2.0), ""),
+    Family("zimage", "builtin:tiny-zimage", "ZImagePipeline", (4.0, 0.0, 6.0, 2.0), "blurry"),
+]
+
+
+def family_params(family: Family, **overrides) -> GenerationParams:
+    values = dict(prompt="a red fox", model=family.model, seed=7, num_inference_steps=6, height=64, width=64,
+                  guidance_scale=family.guidances[0])
+    values.update(overrides)
+    return GenerationParams(**values)
+
+
+def staggered_params(family: Family) -> list[GenerationParams]:
+    """Four samples that differ in steps, seeds, prompts, guidance (none included) and negative prompts."""
+    prompts = ("a red fox", "a blue bird over the sea", "snow", "an old castle at night")
+    steps = (8, 4, 6, 5)
+    return [
+        family_params(family, prompt=prompt, seed=10 + index, num_inference_steps=num_steps, guidance_scale=guidance,
+                      negative_prompt=family.negative_prompt if index == 2 else "")
+        for index, (prompt, num_steps, guidance) in enumerate(zip(prompts, steps, family.guidances))
+    ]
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engines(family):
+    """A solo, a batched and a deterministic engine for the family (built once per family)."""
+    built = {
+        "solo": DiffusionEngine(EngineConfig(model=family.model, device="cpu", max_num_seqs=1)),
+        "batched": DiffusionEngine(EngineConfig(model=family.model, device="cpu", max_num_seqs=4)),
+        "deterministic": DiffusionEngine(EngineConfig(model=family.model, device="cpu", max_num_seqs=4,
+                                                      deterministic=True)),
+    }
+    yield built
+    for engine in built.values():
+        engine.shutdown(abort=True)
+
+
+def test_a_co_batched_sample_matches_itself_alone_and_forwards_carry_several(family, engines):
+    params_list = staggered_params(family)
+    alone = run_alone(engines["solo"], params_list)
+    assert len({pixels(image).tobytes() for image in alone}) == len(params_list)
+
+    batched = run_staggered(engines["batched"], params_list)
+
+    for params, image_alone, image_batched in zip(params_list, alone, batched):
+        assert max_pixel_diff(image_alone, image_batched) <= 1, f"guidance {params.guidance_scale} sample differs"
+    stats = engines["batched"].stats()
+    assert stats["family"] == family.name
+    assert max(stats["jobs_per_forward"]) >= 3, stats["jobs_per_forward"]
+
+
+def test_deterministic_mode_is_bit_identical_alone_and_co_batched(family, engines):
+    params_list = staggered_params(family)
+    engine = engines["deterministic"]
+    alone = run_alone(engine, params_list)
+
+    batched = run_staggered(engine, params_list)
+
+    for image_alone, image_batched in zip(alone, batched):
+        assert (pixels(image_alone) == pixels(image_batched)).all()
+
+
+def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engines):
+    import diffusers
+
+    from batching.builtin_model import builtin_model_path
+
+    params = family_params(family, negative_prompt=family.negative_prompt)
+    pipeline = getattr(diffusers, family.pipeline_class).from_pretrained(
+        builtin_model_path(family.model), local_files_only=True
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    extra = {"negative_prompt": params.negative_prompt} if params.negative_prompt else {}
+    expected = pipeline(
+        params.prompt, height=params.height, width=params.width, num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale, generator=torch.Generator("cpu").manual_seed(params.seed), **extra,
+    ).images[0]
+
+    image = engines["batched"].submit(params).result(timeout=120).image
+
+    assert max_pixel_diff(image, expected) <= 2
+
+
+@pytest.mark.parametrize("model, field, value", [
+    ("builtin:tiny-flux", "sampler", "dpmpp_2m"),
+    ("builtin:tiny-flux", "width", 200),
+    ("builtin:tiny-flux", "guidance_scale", 30.0),
+    ("builtin:tiny-flux", "negative_prompt", "blurry"),
+    ("builtin:tiny-zimage", "height", 72),
+    ("builtin:tiny-zimage", "sampler", "euler_ancestral"),
+    ("builtin:tiny-sdxl", "width", 60),
+])
+def test_params_a_family_does_not_support_are_refused_naming_the_field(model, field, value):
+    with pytest.raises(InvalidParamsError) as error:
+        GenerationParams(prompt="a fox", model=model, **{field: value})
+
+    assert error.value.field == field
+
+
+def test_each_family_has_its_own_defaults():
+    flux = GenerationParams(prompt="a fox", model="builtin:tiny-flux")
+    sdxl = GenerationParams(prompt="a fox", model="builtin:tiny-sdxl")
+
+    assert (flux.guidance_scale, flux.sampler) == (3.5, "euler")
+    assert sdxl.guidance_scale == 5.0
+    assert GenerationParams(prompt="a fox").guidance_scale == 7.5
+
+
+def test_a_folder_model_is_validated_against_its_family_at_submit():
+    from batching.builtin_model import builtin_model_path
+
+    folder = str(builtin_model_path("builtin:tiny-flux"))
+    params = GenerationParams(prompt="a fox", model=folder, sampler="dpmpp_2m", height=64, width=64)
+    engine = DiffusionEngine(EngineConfig(model=folder, device="cpu", max_num_seqs=1))
+    try:
+        assert engine.family == "flux"
+        with pytest.raises(InvalidParamsError) as error:
+            engine.submit(params)
+        assert error.value.field == "sampler"
+    finally:
+        engine.shutdown(abort=True)
+
+
+def test_a_checkpoint_of_an_unsupported_family_is_refused_naming_it_and_the_supported_ones(tmp_path):
+    (tmp_path / "model_index.json").write_text('{"_class_name": "QwenImagePipeline", "_diffusers_version": "0.42.1"}')
+
+    with pytest.raises(ModelLoadError, match="QwenImagePipeline.*FluxPipeline"):
+        DiffusionEngine(EngineConfig(model=str(tmp_path), device="cpu"))
+
+
+def test_z_image_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone():
+    sizes = [(64, 64), (96, 96), (64, 128)]
+    params_list = [
+        GenerationParams(prompt=f"a fox {index}", model="builtin:tiny-zimage", seed=index, num_inference_steps=4,
+                         guidance_scale=(4.0, 0.0, 2.0)[index], height=height, width=width)
+        for index, (height, width) in enumerate(sizes)
+    ]
+    solo = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=1))
+    batched = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=4, max_num_groups=1))
+    try:
+        alone = run_alone(solo, params_list)
+        batched.pause()
+        futures = [batched.submit(params) for params in params_list]
+        batched.resume()
+        images = [future.result(timeout=120).image for future in futures]
+
+        assert [image.size for image in images] == [(width, height) for height, width in sizes]
+        for image_alone, image in zip(alone, images):
+            assert max_pixel_diff(image_alone, image) <= 1
+        assert batched.stats()["jobs_per_forward"] == {3: 4}, "one group, all three sizes in every forward"
+    finally:
+        solo.shutdown(abort=True)
+        batched.shutdown(abort=True)
