@@ -35,7 +35,7 @@ class LongStepEngine:
         self.is_cancel_wanted = threading.Event()
         self.at_boundary = threading.Event()
 
-    def submit(self, params, *, job_id, on_progress) -> Future:
+    def submit(self, params, *, job_id, on_progress, priority="normal") -> Future:
         future: Future = Future()
         threading.Thread(target=self._run, args=(future, job_id, on_progress), daemon=True).start()
         return future
