@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
 from batching.families import FAMILIES
+from batching.image_inputs import job_images
 from batching.params import CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
 from batching.plan import NewSample, RunnerOutput
@@ -109,6 +110,7 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
+        job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
         job_id = job_id or uuid.uuid4().hex
         future: Future = Future()
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
@@ -119,6 +121,7 @@ class DiffusionEngine:
             sample_ids=sample_ids_for(job_id, params.num_images),
             on_progress=on_progress,
             submitted_at=time.perf_counter(),
+            steps_per_sample=params.steps_to_run(self.family),
         )
         with self._cond:
             if not self._is_accepting:
@@ -230,7 +233,8 @@ class DiffusionEngine:
             for index, sample_id in enumerate(job.sample_ids):
                 params = job.params.for_image(index)
                 key = CompatibilityKey.of(params, has_size=self._key_has_size)
-                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key))
+                first_step = params.num_inference_steps - (job.steps_per_sample or params.num_inference_steps)
+                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step))
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
+from batching.image_start import blend_unmasked, encode_init_images, start_from_image
 from batching.input_batch import InputBatch
 from batching.params import CompatibilityKey
 from batching.pipelines.contract import PipelineAdapter
@@ -81,23 +82,35 @@ class ModelRunner:
             for new in new_samples:
                 output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
             return
+        init_images = encode_init_images(self.model, new_samples)  # one VAE call per size
         output.encode_seconds = time.perf_counter() - start
         for new in new_samples:
             params = new.params
             try:
                 sampler = self.model.new_sampler(params)
                 generator = torch.Generator("cpu").manual_seed(params.seed)
+                latents, guide = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
                 self.samples[new.sample_id] = SampleTensors(
                     sample_id=new.sample_id,
                     params=params,
                     sampler=sampler,
                     generator=generator,
-                    latents=self.model.initial_latents(params, sampler, generator),
+                    latents=latents,
                     row_conditioning=self.model.row_conditioning(params, encoded),
+                    first_step=new.first_step,
+                    guide=guide,
                 )
             except Exception as e:
                 logger.exception("could not start sample %s", new.sample_id)
                 output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
+
+    def _start_latents(self, new: NewSample, sampler, generator: torch.Generator, init_image) -> tuple:
+        """Noise for text-to-image; the noised init image (and an inpaint guide) for image-to-image."""
+        if init_image is None:
+            return self.model.initial_latents(new.params, sampler, generator), None
+        if isinstance(init_image, Exception):
+            raise init_image
+        return start_from_image(self.model, new, sampler, generator, init_image)
 
     def _encode(self, texts: list[str]) -> list:
         if not self.is_deterministic:
@@ -138,6 +151,7 @@ class ModelRunner:
                     prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
                 )[0]
                 sample.num_steps_done += 1
+                blend_unmasked(self.model, sample)  # inpainting only
             except Exception as e:
                 logger.exception("sampler step failed for sample %s", sample.sample_id)
                 self._fail(sample, f"{sample.params.sampler} sampler step failed: {_describe(e)}", output)

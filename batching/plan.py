@@ -20,6 +20,11 @@ class NewSample:
     sample_id: str
     params: GenerationParams  # single image: num_images == 1, seed fixed
     key: CompatibilityKey
+    first_step: int = 0  # image-to-image: the steps its strength skips; it runs the rest
+
+    @property
+    def num_steps(self) -> int:
+        return self.params.num_inference_steps - self.first_step
 
 
 @dataclass

@@ -95,7 +95,7 @@ class Scheduler:
         if sample.sample_id in self._waiting or sample.sample_id in self._running:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
-        self._waiting[sample.sample_id] = ScheduledSample(new_sample=sample, num_steps=sample.params.num_inference_steps)
+        self._waiting[sample.sample_id] = ScheduledSample(new_sample=sample, num_steps=sample.num_steps)
 
     def abort(self, sample_id: str) -> bool:
         """Remove a waiting or running sample; False when it is unknown or already gone."""
