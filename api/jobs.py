@@ -11,8 +11,9 @@ from pydantic import ValidationError
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
-from api.resources import get_image_store, get_job_store, get_settings, get_task_queue
+from api.resources import get_image_store, get_job_store, get_settings, get_task_queue, get_upload_store
 from api.schemas import BatchRequest, ImageQuery, ListQuery
+from storage.image_store import content_type_of_key
 from api.submission import (
     check_idempotency_key,
     check_queue_room,
@@ -55,7 +56,7 @@ def view_with_position(record: JobRecord) -> dict:
 def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    job = validate_job(read_json(), settings)
+    job = validate_job(read_json(), settings, tenant=g.tenant, uploads=get_upload_store())
     check_queue_room(store, settings)
     record, created = create_job(store, queue, g.tenant, job, idempotency_key)
     headers = {"Location": job_url(record.job_id)}
@@ -78,7 +79,8 @@ def submit_batch():
     results = []
     for index, item in enumerate(items):
         try:
-            job = validate_job(item, settings, field_prefix=f"jobs[{index}].")
+            job = validate_job(item, settings, tenant=g.tenant, uploads=get_upload_store(),
+                               field_prefix=f"jobs[{index}].")
             item_key = f"{idempotency_key}#{index}" if idempotency_key else None
             record, _ = create_job(store, queue, g.tenant, job, item_key)
             results.append({"index": index, "status": 202, "job": view_with_position(record)})
@@ -157,4 +159,4 @@ def get_image(job_id: str):
         data = images.get_bytes(key)
     except ImageNotFoundError as e:
         raise not_found("image") from e
-    return Response(data, mimetype="image/png", headers={"Cache-Control": "private, max-age=3600"})
+    return Response(data, mimetype=content_type_of_key(key), headers={"Cache-Control": "private, max-age=3600"})

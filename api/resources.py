@@ -16,8 +16,9 @@ if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
     from api.settings import ApiSettings
     from storage.image_store import ImageStore
     from storage.job_store import JobStore
+    from storage.upload_store import UploadStore
 
-_KEYS = ("settings", "keyring", "job_store", "image_store", "task_queue", "openapi_document")
+_KEYS = ("settings", "keyring", "job_store", "upload_store", "image_store", "task_queue", "openapi_document")
 
 
 def install(app: Flask, **resources: Any) -> None:
@@ -40,6 +41,10 @@ def get_job_store() -> JobStore:
 
 def get_image_store() -> ImageStore:
     return current_app.extensions["stepwise.image_store"]
+
+
+def get_upload_store() -> UploadStore:
+    return current_app.extensions["stepwise.upload_store"]
 
 
 def get_task_queue() -> TaskQueue:
