@@ -26,7 +26,10 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form boundaries and part headers around 
 
 @bp.post("")
 def upload():
-    request.max_content_length = MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # this route's own limit
+    limit = MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # this route's own limit, not STEPWISE_MAX_BODY_BYTES
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "too_large", f"file: an upload is at most {MAX_IMAGE_BYTES} bytes", field="file")
+    request.max_content_length = limit
     data = _image_bytes()
     try:
         image = open_image("file", data)
