@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
 from batching.families import FAMILIES
-from batching.image_inputs import job_images
+from batching.image_inputs import job_images, keep_unmasked_pixels
 from batching.params import CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
 from batching.plan import NewSample, RunnerOutput
@@ -275,7 +275,7 @@ class DiffusionEngine:
         for sample_id in output.finished_sample_ids:
             job = job_of_sample.get(sample_id)
             if job is not None and job.job_id not in ended:
-                job.images[sample_id] = output.images[sample_id]
+                job.images[sample_id] = keep_unmasked_pixels(job.params, output.images[sample_id])
                 decoded[job.job_id] = job
         for job in decoded.values():
             job.decode_seconds += output.decode_seconds  # one decode call per iteration, shared

@@ -125,6 +125,15 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
     return init, mask
 
 
+def keep_unmasked_pixels(params: object, image: Image.Image) -> Image.Image:
+    """An inpainting result with the init image's own pixels outside the mask (diffusers' `apply_overlay`,
+    what AUTOMATIC1111 does by default): the VAE round trip would otherwise blur the region the user kept."""
+    if getattr(params, "mask_image", None) is None:
+        return image
+    init, mask = job_images(params)
+    return Image.composite(image.convert("RGB"), init, mask)  # mask white: the generated pixels
+
+
 def _fit(field: str, image: Image.Image, size: tuple[int, int], mode: str) -> Image.Image:
     if image.size == size:
         return image

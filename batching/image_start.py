@@ -74,9 +74,12 @@ def start_from_image(adapter: Any, new: NewSample, sampler: Any, generator: torc
         sampler.set_begin_index(new.first_step * sampler.order)
     image_latents = adapter.image_latents(encoded.mean, encoded.std, generator)  # first draw, as diffusers
     noise = adapter.draw_noise(new.params, generator)  # second draw
-    latents = adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step])
     if encoded.mask is None:
-        return latents, None
+        return adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step]), None
+    if new.params.strength == 1.0:  # inpainting from pure noise, as diffusers' inpaint pipelines start it
+        latents = noise * getattr(sampler, "init_noise_sigma", 1.0)  # flow matching: pure noise
+    else:
+        latents = adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step])
     return latents, InpaintGuide(image_latents, noise, adapter.latent_mask(encoded.mask, encoded.mean.shape))
 
 
