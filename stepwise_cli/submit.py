@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampler", help="ddim, euler, euler_ancestral or dpmpp_2m")
     parser.add_argument("--num-images", type=int, dest="num_images", help="images from this prompt (seeds seed..seed+N-1)")
     parser.add_argument("--model", help="model name (default: the worker's)")
+    add_image_arguments(parser, format_flag="--format")
     parser.add_argument("--wait", action="store_true", help="wait for the job, showing its progress")
     parser.add_argument("--out", type=Path, help="save the images in this folder (implies --wait)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job (default 600)")
@@ -58,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_api_arguments(parser)
 
 
-def request_body(args: argparse.Namespace) -> dict[str, Any]:
+def request_body(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": args.prompt}
     for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model"):
         value = getattr(args, name)
@@ -66,6 +68,7 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
             body[name] = value
     if args.size is not None:
         body["width"], body["height"] = args.size
+    body.update(image_fields(args, upload))
     return body
 
 
@@ -93,7 +96,11 @@ def _say_retrying(error: ClientError, delay: float) -> None:
 
 
 def _submit(client: ApiClient, args: argparse.Namespace) -> int:
-    accepted = client.submit_job(request_body(args))
+    try:
+        body = request_body(args, client.upload_image)
+    except OSError as e:
+        raise ClientError(f"could not read an image file: {e}") from e
+    accepted = client.submit_job(body)
     job_id = accepted["job_id"]
     if not (args.wait or args.out):
         if args.json:
@@ -161,6 +168,7 @@ def save_images(client: ApiClient, job: dict[str, Any], out_dir: Path, stem: str
     count = num_images(job)
     paths = []
     for index in range(count):
-        name = f"{stem}.png" if count == 1 else f"{stem}-{index}.png"
+        extension = image_extension(job)
+        name = f"{stem}{extension}" if count == 1 else f"{stem}-{index}{extension}"
         paths.append(client.download_image(job["job_id"], out_dir / name, index=index))
     return paths
