@@ -58,9 +58,11 @@ def validate_job(data: Any, settings: ApiSettings, *, tenant: str, uploads: Uplo
         raise from_validation_error(e, prefix_loc) from e
     sent = job.params_dict()
     try:
-        params = GenerationParams.from_dict(resolve_uploads(sent, tenant, uploads, field_prefix))
+        params = GenerationParams.from_dict(
+            {"model": settings.default_model, **resolve_uploads(sent, tenant, uploads, field_prefix)})
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
+    settings.limits.check(params, field_prefix)
     check_images(params, field_prefix)
 
     deadline = None

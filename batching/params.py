@@ -9,6 +9,8 @@ without torch: the API process uses it.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +20,10 @@ from batching.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_m
 from batching.image_inputs import RESIZE_MODES, check_reference, image_size
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
-DEFAULT_MODEL = "builtin:tiny"
+DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
+# The model the service serves when STEPWISE_MODEL is unset: the worker's, `stepwise up`'s and
+# `stepwise generate`'s, and the model the API gives a job that names none.
+DEFAULT_SERVICE_MODEL = "builtin:tiny"
 
 MIN_SIZE = 64
 MAX_SIZE = 2048
@@ -35,6 +40,16 @@ MAX_LORA_SCALE = 4.0
 OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
 DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
 DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
+
+
+# Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def service_model() -> str:
+    """STEPWISE_MODEL, else DEFAULT_SERVICE_MODEL. The worker serves it and the API defaults jobs to it,
+    so a job that names no model runs on the model `stepwise up --model X` or the worker was given."""
+    return os.environ.get("STEPWISE_MODEL") or DEFAULT_SERVICE_MODEL
 
 
 @dataclass(frozen=True)
