@@ -19,13 +19,14 @@ from storage.errors import StorageError
 from storage.upload_store import UploadStore
 
 
-def resolve_uploads(params: dict[str, Any], tenant: str, uploads: UploadStore, prefix: str = "") -> dict[str, Any]:
+def resolve_uploads(params: dict[str, Any], tenant: str, uploads: UploadStore | None,
+                    prefix: str = "") -> dict[str, Any]:
     """The params with each upload id replaced by the tenant's image (a data URI)."""
     resolved = dict(params)
     for name in IMAGE_FIELDS:
         value = resolved.get(name)
         if isinstance(value, str) and is_upload_id(value):
-            data_uri = _get(uploads, tenant, value)
+            data_uri = _get(uploads, tenant, value) if uploads is not None else None
             if data_uri is None:
                 raise invalid(f"{prefix}{name}", f"{prefix}{name} names no upload of yours (it may have expired)")
             resolved[name] = data_uri
@@ -39,9 +40,12 @@ def check_images(params: GenerationParams, prefix: str = "") -> None:
         raise from_params_error(e, prefix) from e
 
 
-def record_params(params: GenerationParams, sent: dict[str, Any], tenant: str, uploads: UploadStore) -> dict[str, Any]:
+def record_params(params: GenerationParams, sent: dict[str, Any], tenant: str,
+                  uploads: UploadStore | None) -> dict[str, Any]:
     """What the job record keeps: the params with upload ids in place of images (inline ones stored now)."""
     stored = params.to_dict()
+    if uploads is None:
+        return stored
     for name in IMAGE_FIELDS:
         if stored.get(name) is None:
             continue

@@ -48,9 +48,10 @@ def request_hash(data: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def validate_job(data: Any, settings: ApiSettings, *, tenant: str, uploads: UploadStore,
+def validate_job(data: Any, settings: ApiSettings, *, tenant: str = "", uploads: UploadStore | None = None,
                  field_prefix: str = "") -> ValidJob:
-    """Raise a 422 ApiError naming the first bad field, or return the job ready to store."""
+    """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
+    store (validation only), upload ids name nothing and inline images stay inline."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
         job = JobRequest.model_validate(data)
