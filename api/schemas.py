@@ -109,6 +109,15 @@ class ImageQuery(BaseModel):
     index: int = Field(0, ge=0, lt=P.MAX_NUM_IMAGES, description="Which image of a num_images>1 job.")
 
 
+class UploadView(BaseModel):
+    id: str = Field(description="upl_...: name it in init_image or mask_image (only your tenant can).")
+    content_type: str = Field(description="image/png, image/jpeg or image/webp.")
+    width: int
+    height: int
+    bytes: int
+    expires_in: int = Field(description="Seconds until the upload is deleted (STEPWISE_JOB_TTL).")
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(description="Machine-readable, e.g. invalid_params, not_found, queue_full.")
     message: str = Field(description="For humans.")
