@@ -39,11 +39,12 @@ class InpaintGuide:
     mask: torch.Tensor  # latent layout, 1 = repaint
 
 
-def encode_init_images(adapter: Any, new_samples: Sequence[NewSample]) -> dict[str, EncodedImage | Exception]:
+def encode_init_images(adapter: Any, new_samples: Sequence[NewSample], *,
+                       one_at_a_time: bool = False) -> dict[str, EncodedImage | Exception]:
     """The encoded init image of each new sample that has one (or the error that refused it), one VAE call
-    per size."""
+    per size (per image with `one_at_a_time`: deterministic mode, where no batch size may vary)."""
     results: dict[str, EncodedImage | Exception] = {}
-    by_size: dict[tuple[int, int], list[tuple[str, torch.Tensor, torch.Tensor | None]]] = {}
+    by_size: dict[Any, list[tuple[str, torch.Tensor, torch.Tensor | None]]] = {}
     for new in new_samples:
         if new.params.init_image is None:
             continue
@@ -54,7 +55,8 @@ def encode_init_images(adapter: Any, new_samples: Sequence[NewSample]) -> dict[s
             continue
         pixels = torch.from_numpy(np.asarray(init, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
         mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
-        by_size.setdefault((init.height, init.width), []).append((new.sample_id, pixels, mask_tensor))
+        group = new.sample_id if one_at_a_time else (init.height, init.width)
+        by_size.setdefault(group, []).append((new.sample_id, pixels, mask_tensor))
     for items in by_size.values():
         try:
             mean, std = adapter.encode_images(torch.cat([pixels for _, pixels, _ in items]))

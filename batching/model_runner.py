@@ -82,7 +82,7 @@ class ModelRunner:
             for new in new_samples:
                 output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
             return
-        init_images = encode_init_images(self.model, new_samples)  # one VAE call per size
+        init_images = encode_init_images(self.model, new_samples, one_at_a_time=self.is_deterministic)
         output.encode_seconds = time.perf_counter() - start
         for new in new_samples:
             params = new.params
