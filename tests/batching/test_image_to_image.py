@@ -140,3 +140,17 @@ def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and
     assert (result[~repaint] == init[~repaint]).all(), "outside the mask the init image's own pixels are kept"
     assert np.abs(result[repaint] - pixels(expected)[repaint]).max() <= 2, "the masked region is diffusers' inpaint"
     assert np.abs(result[repaint] - init[repaint]).mean() >= 20, "the masked region was repainted"
+
+
+def test_deterministic_mode_keeps_img2img_and_inpainting_bit_identical_alone_and_co_batched(deterministic_engine):
+    case, engine = CASES[0], deterministic_engine  # builtin:tiny, shared with the other deterministic tests
+    jobs = [params_for(case, num_inference_steps=4),  # 2 steps run
+            params_for(case, mask_image=png_uri(right_half_mask()), strength=0.75, seed=4, num_inference_steps=4),
+            params_for(case, prompt="a castle", init_image=None, strength=None, seed=9, num_inference_steps=2)]
+    alone = run_alone(engine, jobs)
+
+    futures = [engine.submit(params) for params in jobs]  # admitted together: init images encoded together
+    together = [future.result(timeout=120).image for future in futures]
+
+    for image_alone, image_together in zip(alone, together):
+        assert (pixels(image_alone) == pixels(image_together)).all()
