@@ -14,8 +14,8 @@ from api.request_body import read_json
 from api.resources import get_image_store, get_job_store, get_settings, get_task_queue, get_upload_store
 from api.schemas import BatchRequest, ImageQuery, ListQuery
 from api.submission import QueueRoom, batch_item_key, check_idempotency_key, create_job, validate_job
-from storage.image_store import content_type_of_key
 from api.views import job_url, job_view
+from storage.image_store import content_type_of_key
 from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
