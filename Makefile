@@ -1,18 +1,28 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install run test redis-server clean
+.PHONY: install install-test run test redis-server clean
 
+# What running needs: torch (a CPU build from this pin) and the project with its engine extra.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[engine,test]'
+	$(PIP) install --quiet torch==$(TORCH_VERSION)
+	$(PIP) install --quiet -e '.[engine]'
 	touch $(STAMP)
 
+# What the tests need on top: pytest, moto, schemathesis, matplotlib ...
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install --quiet -e '.[engine,test]'
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -23,7 +33,7 @@ redis-server:
 run: install redis-server
 	$(VENV)/bin/stepwise up
 
-test: install redis-server
+test: install-test redis-server
 	$(PY) -m pytest
 
 clean:

@@ -132,7 +132,8 @@ def send_canceled_webhook(record: JobRecord) -> None:
         return
     queue = get_task_queue()
     try:
-        queue.enqueue_webhook(record.job_id, "canceled", f"msg_{uuid.uuid4().hex}", build_payload(record, "canceled"))
+        payload = build_payload(record, "canceled", status_url=job_url(record.job_id))
+        queue.enqueue_webhook(record.job_id, "canceled", f"msg_{uuid.uuid4().hex}", payload)
     except Exception as e:  # the cancel happened; a lost notification must not turn it into an error
         log.warning("could not enqueue the canceled webhook of job %s: %s", record.job_id, e)
 

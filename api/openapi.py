@@ -142,6 +142,7 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                                                             "schema": {"type": "object"}}}}}}},
     }
     b.components["BatchRequest"]["properties"]["jobs"]["maxItems"] = settings.max_batch_jobs
+    b.components["JobRequest"]["properties"]["model"]["default"] = settings.default_model  # STEPWISE_MODEL
     return {
         "openapi": "3.1.0",
         "info": {"title": "stepwise", "version": "1", "description": "Diffusion image generation jobs."},

@@ -52,7 +52,8 @@ class JobRequest(StrictModel):
     sampler: Sampler = Field(  # type: ignore[valid-type]
         "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler.")
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
-    model: str = Field(P.DEFAULT_MODEL, min_length=1, max_length=500, description="Model the workers serve.")
+    model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
+                       description="Model to run; default: the model the service serves (STEPWISE_MODEL).")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
     lora: str | None = Field(None, min_length=1, max_length=500, description="LoRA adapter identity.")
     lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="LoRA adapter weight.")
@@ -128,7 +129,7 @@ class JobView(BaseModel):
     timings: dict[str, float] = Field(description="Seconds: queue_wait, denoise, decode, upload, total.")
     image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")
     image_urls: list[str] = Field(description="One URL per image, when succeeded.")
-    error: JobError | None = Field(description="Why the job failed or expired.")
+    error: JobError | None = Field(description="Why the job failed, expired or was canceled; null otherwise.")
     webhook: WebhookView | None
     status_url: str
     cancel_url: str

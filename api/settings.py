@@ -12,7 +12,9 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.settings import StorageSettings, env_int
+from api.limits import LimitTable
+from batching.params import DEFAULT_SERVICE_MODEL, service_model
+from storage.settings import StorageSettings, env_int, env_url
 from storage.url_policy import AllowList
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class ApiSettings:
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
     retry_after_seconds: int = 5  # Retry-After sent with 429
+    default_model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL: the model of a job that names none
+    limits: LimitTable = field(default_factory=LimitTable)  # per-model cost limits checked at submit
 
     @classmethod
     def from_env(cls) -> ApiSettings:
@@ -99,8 +103,10 @@ class ApiSettings:
             max_queue_depth=env_int("STEPWISE_MAX_QUEUE_DEPTH", DEFAULT_MAX_QUEUE_DEPTH),
             max_body_bytes=env_int("STEPWISE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
-            public_url=(os.environ.get("STEPWISE_PUBLIC_URL") or "").rstrip("/") or None,
+            public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
             webhook_allow=AllowList.from_env(),
+            default_model=service_model(),
+            limits=LimitTable.from_env(),
         )
         for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
             if getattr(settings, name) < 1:

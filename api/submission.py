@@ -53,9 +53,10 @@ def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") ->
     except ValidationError as e:
         raise from_validation_error(e, prefix_loc) from e
     try:
-        params = GenerationParams.from_dict(job.params_dict())
+        params = GenerationParams.from_dict({"model": settings.default_model, **job.params_dict()})
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
+    settings.limits.check(params, field_prefix)
 
     deadline = None
     if job.deadline is not None:

@@ -10,6 +10,7 @@ from flask import request
 
 from api.resources import get_image_store, get_settings
 from batching.params import GenerationParams
+from storage import public_urls
 from storage.job_store import JobRecord, JobState
 
 PARAM_ORDER = {f.name: index for index, f in enumerate(fields(GenerationParams))}
@@ -26,18 +27,19 @@ def base_url() -> str:
 
 
 def job_url(job_id: str, suffix: str = "") -> str:
-    return f"{base_url()}/v1/jobs/{job_id}{suffix}"
+    return public_urls.job_url(base_url(), job_id, suffix)
 
 
 def image_urls(record: JobRecord) -> list[str]:
     if record.state is not JobState.SUCCEEDED:
         return []
-    images = get_image_store()
-    urls = []
-    for index, key in enumerate(record.image_keys):
-        presigned = images.presigned_url(key)
-        urls.append(presigned or job_url(record.job_id, "/image" + (f"?index={index}" if index else "")))
-    return urls
+    return public_urls.image_urls(base_url(), record.job_id, record.image_keys, get_image_store())
+
+
+def attempt_view(attempt: dict[str, Any]) -> dict[str, Any]:
+    """A recorded delivery attempt, its time in RFC 3339 like every other time in a view."""
+    at = attempt.get("at")
+    return {**attempt, "at": iso_time(at) if isinstance(at, (int, float)) else at}
 
 
 def error_view(record: JobRecord) -> dict[str, str] | None:
@@ -45,6 +47,8 @@ def error_view(record: JobRecord) -> dict[str, str] | None:
         return {"code": record.error_code or record.state.value, "message": record.error_message or ""}
     if record.state is JobState.EXPIRED:
         return {"code": "expired", "message": "the job did not start before its deadline"}
+    if record.state is JobState.CANCELED:
+        return {"code": "canceled", "message": "the job was canceled"}
     return None
 
 
@@ -58,7 +62,8 @@ def job_view(record: JobRecord, queue_position: int | None = None) -> dict[str, 
     urls = image_urls(record)
     webhook = None
     if record.webhook_url:
-        webhook = {"url": record.webhook_url, "events": record.webhook_events, "attempts": record.webhook_attempts}
+        webhook = {"url": record.webhook_url, "events": record.webhook_events,
+                   "attempts": [attempt_view(attempt) for attempt in record.webhook_attempts]}
     return {
         "job_id": record.job_id,
         "state": record.state.value,

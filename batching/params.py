@@ -9,6 +9,8 @@ without torch: the API process uses it.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,10 @@ from batching.errors import InvalidParamsError  # re-exported: the API imports i
 from batching.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
-DEFAULT_MODEL = "builtin:tiny"
+DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
+# The model the service serves when STEPWISE_MODEL is unset: the worker's, `stepwise up`'s and
+# `stepwise generate`'s, and the model the API gives a job that names none.
+DEFAULT_SERVICE_MODEL = "builtin:tiny"
 
 MIN_SIZE = 64
 MAX_SIZE = 2048
@@ -31,6 +36,16 @@ MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loose
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+
+
+# Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def service_model() -> str:
+    """STEPWISE_MODEL, else DEFAULT_SERVICE_MODEL. The worker serves it and the API defaults jobs to it,
+    so a job that names no model runs on the model `stepwise up --model X` or the worker was given."""
+    return os.environ.get("STEPWISE_MODEL") or DEFAULT_SERVICE_MODEL
 
 
 @dataclass(frozen=True)

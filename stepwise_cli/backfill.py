@@ -63,7 +63,7 @@ class RowResult:
     line: int
     job_id: str | None
     state: str  # a job state, or "invalid" (refused before a job existed) or "error" (not finished)
-    image: str | list[str] | None  # saved path(s) with --out, else image URL(s)
+    images: list[str]  # one saved path per image with --out, else one URL per image; [] without an image
     error: str | None
 
     @property
@@ -181,6 +181,8 @@ class Backfill:
         self.bar = bar
         self.results: list[RowResult] = []
         self.num_retries = 0  # transient failures retried (full queue, API restarting)
+        self.num_failed = 0  # finished rows without an image
+        self._num_in_flight = 0  # submitted, not yet finished
         self._submitted: queue.Queue[tuple[Row, dict[str, Any] | ClientError]] = queue.Queue()
 
     def run(self, rows: list[Row], timeout: float | None) -> list[RowResult]:
@@ -192,7 +194,7 @@ class Backfill:
         try:
             for row in rows:
                 if row.parse_error:
-                    self._finish(RowResult(row.line, None, "invalid", None, row.parse_error))
+                    self._finish(RowResult(row.line, None, "invalid", [], row.parse_error))
                 else:
                     awaiting_submit[row.line] = row
                     submit_pool.submit(self._submit, row)
@@ -205,6 +207,7 @@ class Backfill:
                 for flight, result in zip(window, poll_pool.map(self._check, window)):
                     if result is not None:
                         del in_flight[flight.row.line]
+                        self._num_in_flight -= 1
                         self._finish(result)
                         num_finished += 1
                 if window and not num_finished:
@@ -214,9 +217,10 @@ class Backfill:
             poll_pool.shutdown(wait=False, cancel_futures=True)
         waited = f"not finished within --timeout {timeout:.0f}s" if timeout else "not finished"
         for line, row in sorted(awaiting_submit.items()):
-            self._finish(RowResult(line, None, "error", None, f"{waited} (never submitted)"))
-        for flight in in_flight.values():
-            self._finish(RowResult(flight.row.line, flight.job_id, flight.state, None, f"{waited} (still {flight.state})"))
+            self._finish(RowResult(line, None, "error", [], f"{waited} (never submitted)"))
+        for flight in list(in_flight.values()):
+            self._num_in_flight -= 1
+            self._finish(RowResult(flight.row.line, flight.job_id, flight.state, [], f"{waited} (still {flight.state})"))
         return self.results
 
     def _submit(self, row: Row) -> None:
@@ -243,12 +247,13 @@ class Backfill:
                 raise FatalApiError(f"the API refused the key: {outcome.message}") from outcome
             if isinstance(outcome, ApiResponseError) and outcome.status == 422:
                 field = f" (field: {outcome.field})" if outcome.field else ""
-                self._finish(RowResult(row.line, None, "invalid", None, f"{outcome.message}{field}"))
+                self._finish(RowResult(row.line, None, "invalid", [], f"{outcome.message}{field}"))
             elif isinstance(outcome, ClientError):
-                self._finish(RowResult(row.line, None, "error", None, f"could not submit: {outcome}"))
+                self._finish(RowResult(row.line, None, "error", [], f"could not submit: {outcome}"))
             else:
                 in_flight[row.line] = InFlight(row, outcome["job_id"], outcome.get("state", "queued"))
-                self.bar.set_postfix(self._postfix(len(in_flight)), refresh=False)
+                self._num_in_flight += 1
+                self._show_counts()
 
     def _check(self, flight: InFlight) -> RowResult | None:
         """Poll one job; the row's result once it is terminal (and its images are saved)."""
@@ -256,20 +261,19 @@ class Backfill:
         try:
             job = self.client.get_job(job_id)
         except ClientError as e:
-            return RowResult(line, job_id, "error", None, f"could not poll the job: {e}")
+            return RowResult(line, job_id, "error", [], f"could not poll the job: {e}")
         flight.state = job["state"]
         if flight.state not in TERMINAL_STATES:
             return None
         if flight.state != "succeeded":
-            return RowResult(line, job_id, flight.state, None, job_error_message(job))
+            return RowResult(line, job_id, flight.state, [], job_error_message(job))
         if self.out_dir is None:
-            urls = image_urls(job)
-            return RowResult(line, job_id, "succeeded", urls[0] if len(urls) == 1 else urls, None)
+            return RowResult(line, job_id, "succeeded", image_urls(job), None)
         try:
             paths = self._download(job, line)
         except ClientError as e:
-            return RowResult(line, job_id, "succeeded", None, f"could not download the image: {e}")
-        return RowResult(line, job_id, "succeeded", paths[0] if len(paths) == 1 else paths, None)
+            return RowResult(line, job_id, "succeeded", [], f"could not download the image: {e}")
+        return RowResult(line, job_id, "succeeded", paths, None)
 
     def _download(self, job: dict[str, Any], line: int) -> list[str]:
         assert self.out_dir is not None
@@ -285,13 +289,19 @@ class Backfill:
 
     def _finish(self, result: RowResult) -> None:
         self.results.append(result)
+        if not result.is_ok:
+            self.num_failed += 1
         self.manifest.write(result)
+        self._show_counts()
         self.bar.update(1)
 
-    def _postfix(self, num_in_flight: int) -> dict[str, int]:
-        num_failed = sum(not r.is_ok for r in self.results)
-        return {"ok": len(self.results) - num_failed, "failed": num_failed, "in_flight": num_in_flight,
-                "retries": self.num_retries}
+    def counts(self) -> dict[str, int]:
+        """What the progress bar shows; equal to the summary's numbers once the run ends."""
+        return {"ok": len(self.results) - self.num_failed, "failed": self.num_failed,
+                "in_flight": self._num_in_flight, "retries": self.num_retries}
+
+    def _show_counts(self) -> None:
+        self.bar.set_postfix(self.counts(), refresh=False)
 
     def _count_retry(self, error: ClientError, delay: float) -> None:
         self.num_retries += 1

@@ -4,6 +4,7 @@
     stepwise bench --quick              # a few minutes
     stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
     stepwise bench --model builtin:tiny-flux --workloads burst --no-e2e --out /tmp/bench-flux
+    stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from batching.builtin_model import builtin_names
 from benchmarks.run import SIZES, SuiteOptions
 
-DEFAULT_OUT = Path("benchmarks/results")
+DEFAULT_OUT = Path("var/bench")  # not benchmarks/results: a trial run must not overwrite the committed run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

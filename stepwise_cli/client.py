@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 import requests
 import tenacity
@@ -138,7 +139,16 @@ class ApiClient:
         return self.request("POST", "/v1/jobs", json=body, headers=headers).json()
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}").json()
+        return self.request("GET", f"/v1/jobs/{quote(job_id, safe='')}").json()
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """The job's view after the cancel: `canceled` at once when queued, `cancel_requested` when running."""
+        return self.request("POST", f"/v1/jobs/{quote(job_id, safe='')}/cancel").json()
+
+    def list_jobs(self, *, state: str | None = None, limit: int = 20,
+                  cursor: str | None = None) -> dict[str, Any]:
+        params = {"limit": limit, **({"state": state} if state else {}), **({"cursor": cursor} if cursor else {})}
+        return self.request("GET", "/v1/jobs", params=params).json()
 
     def download_image(self, job_id: str, dest: Path, *, index: int = 0) -> Path:
         """Save image `index` of a finished job to `dest` (written whole, then renamed into place)."""

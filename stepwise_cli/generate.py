@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from batching.builtin_model import builtin_names
-from batching.params import DEFAULT_MODEL, SAMPLERS
+from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, SAMPLERS, service_model
 
 FLAG_OF_FIELD = {
     "prompt": "--prompt",
@@ -37,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's)")
     parser.add_argument(
         "--model",
-        default=os.environ.get("STEPWISE_MODEL", DEFAULT_MODEL),
+        default=service_model(),
         help=f"{', '.join(builtin_names())}, a diffusers folder or a cached Hugging Face repo id "
-        "(default: $STEPWISE_MODEL or builtin:tiny)",
+        f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)")
@@ -65,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         flag = FLAG_OF_FIELD.get(e.field, e.field)
         print(f"stepwise generate: error: {flag}: {e}", file=sys.stderr)
         return 2
+    problem = device_problem(args.device)
+    if problem:
+        print(f"stepwise generate: error: --device: {problem}", file=sys.stderr)
+        return 2
     if not args.out.parent.is_dir():
         print(f"stepwise generate: error: --out: folder {str(args.out.parent)!r} does not exist", file=sys.stderr)
         return 2
@@ -78,6 +81,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def device_problem(device: str) -> str | None:
+    """Why `device` cannot run here, or None: a bad name, or CUDA asked for where there is none."""
+    if not DEVICE_PATTERN.fullmatch(device):
+        return f"must be auto, cpu, cuda or cuda:N (got {device!r})"
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
+        return f"{device} asked for, but this machine has no usable CUDA device ({build}); use --device cpu or auto"
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        return f"{device} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)"
+    return None
+
+
 def _generate(params, device: str):
     _quiet_model_loading()
     from tqdm import tqdm
@@ -85,7 +105,8 @@ def _generate(params, device: str):
     from batching.engine import DiffusionEngine, EngineConfig
 
     with DiffusionEngine(EngineConfig(model=params.model, device=device, max_num_seqs=1)) as engine:
-        with tqdm(total=params.num_inference_steps, desc="denoising", unit="step") as bar:
+        with tqdm(total=params.num_inference_steps, desc="denoising", unit="step", file=sys.stderr,
+                  disable=None) as bar:  # None: a bar only on a terminal
 
             def show_progress(num_steps_done: int, num_steps_total: int) -> None:
                 bar.update(num_steps_done - bar.n)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 COMMANDS = {
@@ -16,15 +17,26 @@ COMMANDS = {
     "api": ("stepwise_cli.api_cmd", "serve the HTTP API with gunicorn"),
     "worker": ("stepwise_cli.worker_cmd", "run a GPU worker (Celery, threads pool)"),
     "submit": ("stepwise_cli.submit", "submit a job to the API and optionally wait for it"),
+    "status": ("stepwise_cli.status", "show a job: state, progress, image URLs or error"),
+    "cancel": ("stepwise_cli.cancel", "cancel a queued or running job"),
+    "jobs": ("stepwise_cli.jobs", "list your jobs, newest first"),
     "backfill": ("stepwise_cli.backfill", "push a JSONL/CSV file of prompts through the API"),
     "bench": ("stepwise_cli.bench", "run the benchmark suite"),
 }
 
 
+def installed_version() -> str:
+    try:
+        return importlib.metadata.version("stepwise")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepwise", description="step-level continuous batching for diffusion")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    wanted = argv[0] if argv else None
+    wanted = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:

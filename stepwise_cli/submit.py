@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from stepwise_cli.client import (
     add_api_arguments,
     resolve_target,
 )
+from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 POLL_INTERVAL_SECONDS = 0.25
 
@@ -41,16 +44,51 @@ def parse_size(text: str) -> tuple[int, int]:
     raise argparse.ArgumentTypeError(f"size must be N or WIDTHxHEIGHT (got {text!r})")
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_deadline(text: str) -> str:
+    """An RFC 3339 time with offset, or a duration from now (`90s`, `10m`, `2h`): RFC 3339 for the API."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match:
+        moment = datetime.now(timezone.utc) + timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])
+        return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"must be a duration such as 10m or an RFC 3339 time with offset, "
+                                         f"e.g. 2030-01-01T12:00:00Z (got {text!r})")
+    return moment.isoformat()
+
+
+def parse_events(text: str) -> list[str]:
+    events = [event.strip() for event in text.split(",") if event.strip()]
+    unknown = [event for event in events if event not in WEBHOOK_EVENTS]
+    if not events or unknown:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of {', '.join(WEBHOOK_EVENTS)}")
+    return events
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="what to draw")
     parser.add_argument("--negative-prompt", help="what not to draw")
     parser.add_argument("--seed", type=int, help="random seed (default: drawn by the service)")
     parser.add_argument("--steps", type=int, dest="num_inference_steps", help="denoise steps")
-    parser.add_argument("--size", type=parse_size, help="N or WIDTHxHEIGHT in pixels, e.g. 128 or 192x128")
+    parser.add_argument("--height", type=int, help="image height in pixels, a multiple of 8")
+    parser.add_argument("--width", type=int, help="image width in pixels, a multiple of 8")
+    parser.add_argument("--size", type=parse_size, help="N or WIDTHxHEIGHT in pixels, e.g. 128 or 192x128 "
+                                                        "(instead of --height/--width)")
     parser.add_argument("--guidance", type=float, dest="guidance_scale", help="classifier-free guidance scale")
     parser.add_argument("--sampler", help="ddim, euler, euler_ancestral or dpmpp_2m")
     parser.add_argument("--num-images", type=int, dest="num_images", help="images from this prompt (seeds seed..seed+N-1)")
-    parser.add_argument("--model", help="model name (default: the worker's)")
+    parser.add_argument("--model", help="model name (default: the one the service serves, its STEPWISE_MODEL)")
+    parser.add_argument("--webhook-url", help="URL the service calls on the job's events (signed, retried)")
+    parser.add_argument("--webhook-events", type=parse_events,
+                        help="comma-separated: started, completed, failed, canceled (default: all)")
+    parser.add_argument("--deadline", type=parse_deadline,
+                        help="a job not started by then ends `expired`: a duration (10m, 2h) or RFC 3339 time")
     parser.add_argument("--wait", action="store_true", help="wait for the job, showing its progress")
     parser.add_argument("--out", type=Path, help="save the images in this folder (implies --wait)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job (default 600)")
@@ -60,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def request_body(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": args.prompt}
-    for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model"):
+    for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model",
+                 "height", "width", "webhook_url", "webhook_events", "deadline"):
         value = getattr(args, name)
         if value is not None:
             body[name] = value
@@ -70,6 +109,9 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.size is not None and (args.height is not None or args.width is not None):
+        print("stepwise submit: give --size or --height/--width, not both", file=sys.stderr)
+        return 2
     try:
         client = ApiClient(resolve_target(args), on_retry=_say_retrying)
     except ClientError as e:

@@ -1,14 +1,16 @@
 """`stepwise up`: the whole service on one machine, with embedded defaults.
 
-Children, each in its own process group (so a stop reaches gunicorn's workers and nothing
-is left behind) and each told to die with this process if it is killed outright:
-redis-server (unless STEPWISE_REDIS_URL names one; append-only data under `<var>/redis`),
-`stepwise worker` and `stepwise api`. Their configuration travels in `STEPWISE_*`
-variables; their log lines come out prefixed with the child's name.
+Children (see `stepwise_cli.supervisor`): redis-server (unless STEPWISE_REDIS_URL names one;
+append-only data under `<var>/redis`), `stepwise worker` and `stepwise api`. Their
+configuration travels in `STEPWISE_*` variables.
 
 Ctrl-C or SIGTERM stops the children in reverse order (api, worker with a warm shutdown,
 redis), each with SIGTERM and then SIGKILL after a timeout; a second Ctrl-C kills at once.
-A child that dies on its own stops everything, with exit status 1.
+A child that exits on its own, even with status 0, stops everything with exit status 1, and
+`up` says what happened (status or signal, and the child's last line).
+
+Secrets: `up` prints an API key only when it generated that key itself, and shows every URL
+with its password masked (the saved state file, readable by the owner only, keeps them whole).
 """
 
 from __future__ import annotations
@@ -16,23 +18,23 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import ctypes
 import os
 import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 import requests
 
+from batching.params import DEFAULT_SERVICE_MODEL, service_model
 from stepwise_cli.client import ApiTarget, default_var_dir, load_local_target, save_local_target
+from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
 
 LOCAL_TENANT = "local"
 REDIS_MISSING = """\
@@ -45,18 +47,11 @@ or run `make run`, which installs it when it can; or set STEPWISE_REDIS_URL=redi
 """
 
 
-class ServiceError(Exception):
-    """A child could not start, did not become ready in time, or died."""
-
-
-class StopRequested(Exception):
-    """Ctrl-C or SIGTERM arrived."""
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="API address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
-    parser.add_argument("--model", help="model for the worker (default: $STEPWISE_MODEL or builtin:tiny)")
+    parser.add_argument("--model", help="model the worker serves and jobs get by default "
+                                        f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: $STEPWISE_DEVICE, else cpu)")
     parser.add_argument("--max-num-seqs", type=int, help="jobs the worker batches at once (default: the worker's)")
     parser.add_argument("--api-workers", type=int, default=2,
@@ -66,96 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where Redis data, images and the saved URL and key go (default: $STEPWISE_VAR_DIR or ./var)")
     parser.add_argument("--startup-timeout", type=float, default=300.0,
                         help="seconds to wait for the worker to load its model and the API to answer (default 300)")
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen
-    reader: threading.Thread
-    stop_timeout: float  # seconds between SIGTERM and SIGKILL
-
-
-class Supervisor:
-    """Starts children, prefixes their output, notices deaths, stops them in reverse order."""
-
-    def __init__(self) -> None:
-        self.children: list[Child] = []
-        self.stop_requested = threading.Event()
-        self.kill_requested = threading.Event()
-        self._output_lock = threading.Lock()
-
-    def on_signal(self, signum: int, frame: object) -> None:
-        if self.stop_requested.is_set():
-            self.kill_requested.set()
-        self.stop_requested.set()
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], stop_timeout: float = 15.0) -> Child:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-        reader = threading.Thread(target=self._relay, args=(name, process.stdout), name=f"log-{name}", daemon=True)
-        reader.start()
-        child = Child(name, process, reader, stop_timeout)
-        self.children.append(child)
-        self.say(f"started {name} (pid {process.pid})")
-        return child
-
-    def say(self, message: str) -> None:
-        self._write(f"[up] {message}\n")
-
-    def exited_child(self) -> Child | None:
-        return next((child for child in self.children if child.process.poll() is not None), None)
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep, unless a stop was requested or a child died meanwhile."""
-        if self.stop_requested.wait(seconds):
-            raise StopRequested
-        child = self.exited_child()
-        if child is not None:
-            raise ServiceError(f"{child.name} exited with status {child.process.returncode}")
-
-    def stop_all(self) -> None:
-        for child in reversed(self.children):
-            self._stop(child)
-        self.children.clear()
-
-    def _stop(self, child: Child) -> None:
-        if child.process.poll() is None:
-            self.say(f"stopping {child.name}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.process.pid, signal.SIGTERM)  # the leader shuts its own workers down gracefully
-            deadline = time.monotonic() + child.stop_timeout
-            while child.process.poll() is None and time.monotonic() < deadline and not self.kill_requested.is_set():
-                time.sleep(0.1)
-            if child.process.poll() is None:
-                self.say(f"{child.name} did not stop in time: killing it")
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.process.pid, signal.SIGKILL)  # whatever is left of its process group
-        child.process.wait()
-        child.reader.join(timeout=2)
-
-    def _relay(self, name: str, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip()
-            if "\r" in text:  # a progress bar redrawn in place: keep its last state
-                text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
-            self._write(f"[{name}] {text}\n")
-        stream.close()
-
-    def _write(self, text: str) -> None:
-        with self._output_lock:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
-
-_PR_SET_PDEATHSIG = 1
-_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if `stepwise up` itself is killed (Linux only)."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -194,18 +99,45 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
         if getattr(args, option) is not None:
             env[name] = str(getattr(args, option))
     env.setdefault("STEPWISE_DEVICE", "cpu")
+    env["STEPWISE_MODEL"] = args.model or service_model()  # the worker's model is the API's default
     return env
 
 
-def choose_api_key(var_dir: Path) -> str:
-    """The first key of STEPWISE_API_KEYS, else the one saved by an earlier run, else a new one."""
+@dataclass(frozen=True)
+class ApiKeyChoice:
+    key: str
+    is_generated: bool  # by `up` (now or in an earlier run): safe to print; a configured key is not
+
+
+def choose_api_key(var_dir: Path) -> ApiKeyChoice:
+    """The first key of STEPWISE_API_KEYS, else the one `up` saved in an earlier run, else a new one."""
     configured = os.environ.get("STEPWISE_API_KEYS", "").strip()
     if configured:
-        return configured.split(",")[0].partition(":")[2].strip()
+        return ApiKeyChoice(configured.split(",")[0].partition(":")[2].strip(), is_generated=False)
     saved = load_local_target(var_dir)
     if saved and saved.key:
-        return saved.key
-    return f"sk_{secrets.token_urlsafe(24)}"
+        return ApiKeyChoice(saved.key, is_generated=True)
+    return ApiKeyChoice(f"sk_{secrets.token_urlsafe(24)}", is_generated=True)
+
+
+def settings_error(env: dict[str, str]) -> str | None:
+    """Check the settings the children will read, in this process, before starting any of them.
+
+    The worker checks its own settings again when it starts (and `up` reports its one-line error).
+    """
+    from api.settings import ApiSettings
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        ApiSettings.from_env()
+    except ValueError as e:
+        return f"stepwise up: {e}\n"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return None
 
 
 def wait_for_redis(supervisor: Supervisor, url: str, timeout: float) -> None:
@@ -218,7 +150,7 @@ def wait_for_redis(supervisor: Supervisor, url: str, timeout: float) -> None:
                 return
             except (redis.ConnectionError, redis.BusyLoadingError) as e:
                 if time.monotonic() > deadline:
-                    raise ServiceError(f"Redis at {url} did not answer within {timeout:.0f}s: {e}") from e
+                    raise ServiceError(f"Redis at {mask_password(url)} did not answer within {timeout:.0f}s: {e}") from e
             supervisor.sleep(0.1)
     finally:
         client.close()
@@ -278,8 +210,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     var_dir.mkdir(parents=True, exist_ok=True)
     api_key = choose_api_key(var_dir)
-    env = child_environment(args, var_dir, api_key)
+    env = child_environment(args, var_dir, api_key.key)
+    error = settings_error(env)
+    if error:
+        sys.stderr.write(error)
+        return 2
     api_url = f"http://{connect_host(args.host)}:{args.port}"
+    env.setdefault("STEPWISE_PUBLIC_URL", api_url)  # the worker's webhook payloads link to this API
     started = time.monotonic()
 
     supervisor = Supervisor()
@@ -294,9 +231,9 @@ def run(args: argparse.Namespace) -> int:
         wait_for_api(supervisor, api_url, args.startup_timeout)
         wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
-        state_file = save_local_target(var_dir, ApiTarget(api_url, api_key), redis_url=redis_url)
-        print_banner(supervisor, api_url, api_key, state_file, env, redis_url, time.monotonic() - started,
-                     custom_var_dir=args.var_dir is not None)
+        state_file = save_local_target(var_dir, ApiTarget(api_url, api_key.key), redis_url=redis_url)
+        supervisor.say(banner(api_url, api_key, state_file, env, redis_url, time.monotonic() - started,
+                              custom_var_dir=args.var_dir is not None))
         while True:
             supervisor.sleep(0.5)
     except StopRequested:
@@ -328,22 +265,32 @@ def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: 
     return worker_name
 
 
-def print_banner(supervisor: Supervisor, api_url: str, api_key: str, state_file: Path, env: dict[str, str],
-                 redis_url: str, elapsed: float, *, custom_var_dir: bool) -> None:
+def banner(api_url: str, api_key: ApiKeyChoice, state_file: Path, env: dict[str, str], redis_url: str,
+           elapsed: float, *, custom_var_dir: bool) -> str:
+    """What `up` prints once everything answers: where things are and commands to try, no configured secret."""
     var_option = f" --var-dir {state_file.parent}" if custom_var_dir else ""
     metrics_port = env.get("STEPWISE_WORKER_METRICS_PORT", "0")
     worker_metrics = f", worker http://127.0.0.1:{metrics_port}/metrics" if metrics_port != "0" else ""
-    supervisor.say(
+    if api_key.is_generated:
+        key_line, bearer = f"{api_key.key}    (generated; saved in {state_file})", api_key.key
+    else:
+        key_line, bearer = "the first key of STEPWISE_API_KEYS (not shown)", "$STEPWISE_API_KEY"
+    if urlsplit(redis_url).password:  # the user set STEPWISE_REDIS_URL: it is in their environment already
+        inspect = "celery -A worker inspect engine_stats    (with your STEPWISE_REDIS_URL)"
+    else:
+        inspect = f"STEPWISE_REDIS_URL={redis_url} celery -A worker inspect engine_stats"
+    return (
         f"stepwise is up after {elapsed:.1f}s\n\n"
         f"    API:      {api_url}    (spec: {api_url}/openapi.json)\n"
-        f"    API key:  {api_key}    (saved in {state_file})\n"
-        f"    images:   {env['STEPWISE_STORAGE_URL']}\n"
-        f"    redis:    {redis_url}\n"
+        f"    API key:  {key_line}\n"
+        f"    model:    {env['STEPWISE_MODEL']} on {env['STEPWISE_DEVICE']}    (jobs that name no model get it)\n"
+        f"    images:   {mask_password(env['STEPWISE_STORAGE_URL'])}\n"
+        f"    redis:    {mask_password(redis_url)}\n"
         f"    metrics:  {api_url}/metrics{worker_metrics}\n\n"
         f"  try:\n"
         f"    stepwise submit \"a red fox\" --wait --out out/{var_option}\n"
-        f"    curl -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\\n"
+        f"    curl -H 'Authorization: Bearer {bearer}' -H 'Content-Type: application/json' \\\n"
         f"         -d '{{\"prompt\": \"a red fox\"}}' {api_url}/v1/jobs\n"
-        f"    STEPWISE_REDIS_URL={redis_url} celery -A worker inspect engine_stats\n\n"
+        f"    {inspect}\n\n"
         f"  Ctrl-C stops everything."
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import warnings
 
 OPTION_ENV = {
     "model": "STEPWISE_MODEL",
@@ -47,7 +49,18 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None:
             os.environ[name] = str(value)
-    from worker import app
-    from worker.app import settings
+    try:
+        from worker import app  # reads and checks every setting
+        from worker.app import settings
+    except ValueError as e:  # a malformed STEPWISE_* variable, named in the message
+        print(f"stepwise worker: {e}", file=sys.stderr)
+        return 2
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Celery's multi-line "superuser privileges" warning, where a user cannot act on it (a root
+        # shell running `stepwise up`): the images in docker/ run the worker as an unprivileged user.
+        from celery.exceptions import SecurityWarning
 
+        warnings.filterwarnings("ignore", category=SecurityWarning)
+        print("stepwise worker: running as root (fine on a development machine; the docker images do not)",
+              file=sys.stderr)
     return app.start(celery_argv(args, settings.concurrency)) or 0

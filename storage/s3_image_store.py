@@ -51,7 +51,8 @@ def _is_not_found(error: BaseException) -> bool:
 
 class S3ImageStore(ImageStore):
     def __init__(self, *, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-                 presign_expiry_seconds: int = 3600, retry: RetryPolicy | None = None) -> None:
+                 public_endpoint_url: str | None = None, presign_expiry_seconds: int = 3600,
+                 retry: RetryPolicy | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.presign_expiry_seconds = presign_expiry_seconds
@@ -62,6 +63,11 @@ class S3ImageStore(ImageStore):
         )
         # An own session: boto3's default session is not safe to share between threads.
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        # Presigned URLs are for clients, who may reach the server by another name than this process
+        # (compose: `http://minio:9000` inside, `http://localhost:9000` outside). Presigning makes no request.
+        self._presigner = self._client
+        if public_endpoint_url and public_endpoint_url != endpoint_url:
+            self._presigner = boto3.session.Session().client("s3", endpoint_url=public_endpoint_url, config=config)
 
     def _call(self, action: str, key: str, operation, **kwargs):
         retrying = Retrying(
@@ -105,7 +111,7 @@ class S3ImageStore(ImageStore):
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         expiry = self.presign_expiry_seconds if expiry is None else expiry
         try:
-            return self._client.generate_presigned_url(
+            return self._presigner.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expiry)
         except botocore.exceptions.BotoCoreError as e:  # no credentials, for example; no network involved
             raise StorageError(f"could not presign s3://{self.bucket}/{key}: {e}") from e
@@ -119,3 +125,5 @@ class S3ImageStore(ImageStore):
 
     def close(self) -> None:
         self._client.close()
+        if self._presigner is not self._client:
+            self._presigner.close()

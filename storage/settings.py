@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -34,11 +35,36 @@ def env_float(name: str, default: float) -> float:
     return _env_number(name, default, float, "a number")
 
 
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+    word = raw.strip().lower()
+    if word not in TRUE_WORDS | FALSE_WORDS:
+        raise ValueError(f"{name} must be one of 1/0, true/false, yes/no, on/off (got {raw!r})")
+    return word in TRUE_WORDS
+
+
+def env_positive_int(name: str, default: int) -> int:
+    value = env_int(name, default)
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 (got {value})")
+    return value
+
+
+def env_url(name: str, schemes: tuple[str, ...], *, default: str | None = None) -> str | None:
+    """A URL setting whose scheme is one of `schemes` and which names a host (file: a path)."""
+    raw = os.environ.get(name) or default
+    if raw is None:
+        return None
+    parts = urlsplit(raw)
+    if parts.scheme not in schemes or not (parts.netloc or parts.scheme in ("file", "unix")):
+        raise ValueError(f"{name} must be a {' or '.join(s + '://' for s in schemes)} URL (got {raw!r})")
+    return raw
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,7 @@ class StorageSettings:
     redis_url: str = DEFAULT_REDIS_URL  # STEPWISE_REDIS_URL
     storage_url: str = ""  # STEPWISE_STORAGE_URL: file:///path or s3://bucket/prefix
     s3_endpoint_url: str | None = None  # STEPWISE_S3_ENDPOINT_URL: MinIO or any S3-compatible server
+    s3_public_endpoint_url: str | None = None  # STEPWISE_S3_PUBLIC_URL: the endpoint clients reach, for presigning
     presign_expiry_seconds: int = 3600  # STEPWISE_PRESIGN_EXPIRY
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
     job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
@@ -53,12 +80,17 @@ class StorageSettings:
 
     @classmethod
     def from_env(cls) -> StorageSettings:
+        """Every value checked here, so a process refuses a bad setting at start with a message naming it."""
+        from storage.webhooks import secret_from_env
+
+        secret_from_env()  # STEPWISE_WEBHOOK_SECRET: whsec_ + valid base64, or a plain string
         return cls(
-            redis_url=os.environ.get("STEPWISE_REDIS_URL") or DEFAULT_REDIS_URL,
-            storage_url=os.environ.get("STEPWISE_STORAGE_URL") or default_storage_url(),
-            s3_endpoint_url=os.environ.get("STEPWISE_S3_ENDPOINT_URL") or None,
-            presign_expiry_seconds=env_int("STEPWISE_PRESIGN_EXPIRY", 3600),
-            job_ttl_seconds=env_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
-            job_lease_seconds=env_int("STEPWISE_JOB_LEASE_SECONDS", 60),
-            storage_max_attempts=env_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
+            redis_url=env_url("STEPWISE_REDIS_URL", ("redis", "rediss", "unix"), default=DEFAULT_REDIS_URL),
+            storage_url=env_url("STEPWISE_STORAGE_URL", ("file", "s3"), default=default_storage_url()),
+            s3_endpoint_url=env_url("STEPWISE_S3_ENDPOINT_URL", ("http", "https")),
+            s3_public_endpoint_url=env_url("STEPWISE_S3_PUBLIC_URL", ("http", "https")),
+            presign_expiry_seconds=env_positive_int("STEPWISE_PRESIGN_EXPIRY", 3600),
+            job_ttl_seconds=env_positive_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
+            job_lease_seconds=env_positive_int("STEPWISE_JOB_LEASE_SECONDS", 60),
+            storage_max_attempts=env_positive_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
         )

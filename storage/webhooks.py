@@ -36,9 +36,14 @@ def secret_bytes(secret: str) -> bytes:
     """The HMAC key for a configured secret (`whsec_<base64>` or a plain string)."""
     if secret.startswith(SECRET_PREFIX):
         try:
-            return base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
-        except binascii.Error as e:
-            raise ValueError("STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64") from e
+            key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except binascii.Error:
+            key = b""
+        if not key:
+            raise ValueError("STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64 "
+                             "(make one: python3 -c \"import base64, os; print('whsec_' + "
+                             "base64.b64encode(os.urandom(24)).decode())\")")
+        return key
     return secret.encode("utf-8")
 
 
@@ -89,16 +94,22 @@ def verify(key: bytes, headers: dict[str, str], body: str | bytes, *,
     raise WebhookSignatureError("no signature matches")
 
 
-def build_payload(record: JobRecord, event: str) -> dict[str, Any]:
-    """The JSON body for `event` about this job, as the receiver sees it."""
+def rfc3339_now() -> str:
+    """Now, as every time a client sees is written: UTC, milliseconds, `Z`."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls: list[str] = ()) -> dict[str, Any]:
+    """The JSON body for `event` about this job, as the receiver sees it: the job's URLs as its view
+    gives them (`storage.public_urls`), never storage keys."""
     assert event in EVENTS, event
-    data: dict[str, Any] = {"job_id": record.job_id, "state": record.state.value}
-    if record.image_keys:
-        data["image_keys"] = list(record.image_keys)
+    data: dict[str, Any] = {"job_id": record.job_id, "state": record.state.value, "status_url": status_url}
+    if image_urls:
+        data["image_urls"] = list(image_urls)
     if record.error_code or record.error_message:
         data["error"] = {"code": record.error_code, "message": record.error_message}
     return {
         "type": f"job.{event}",
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "timestamp": rfc3339_now(),
         "data": data,
     }

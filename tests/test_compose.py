@@ -79,3 +79,84 @@ def test_the_worker_gets_longer_to_stop_than_its_shutdown_grace(compose):
     match = re.fullmatch(r"(\d+)s", worker["stop_grace_period"])
 
     assert match and int(match.group(1)) > grace + 10  # time to re-queue what outlived the grace
+
+
+@pytest.mark.parametrize("service", ["api", "worker", "flower"])
+def test_api_worker_and_flower_have_healthchecks(compose, service):
+    healthcheck = compose["services"][service]["healthcheck"]
+    assert healthcheck["test"][0] in ("CMD", "CMD-SHELL") and healthcheck["interval"]
+
+
+def test_the_api_healthcheck_asks_readiness_and_the_worker_answers_a_celery_ping(compose):
+    assert "/readyz" in " ".join(compose["services"]["api"]["healthcheck"]["test"])
+    assert "inspect ping" in " ".join(compose["services"]["worker"]["healthcheck"]["test"])
+
+
+def test_flower_and_the_minio_console_are_reachable_from_this_host_only(compose):
+    published = {name: service.get("ports", []) for name, service in compose["services"].items()}
+    for port in ("5555", "9001"):
+        bindings = [p for ports in published.values() for p in ports if p.split(":")[-1] == port]
+        assert bindings and all(binding.startswith("127.0.0.1:") for binding in bindings), bindings
+    assert "FLOWER_BASIC_AUTH" in compose["services"]["flower"]["environment"]
+
+
+def test_presigned_urls_name_the_public_s3_endpoint_not_the_compose_host_name(compose, monkeypatch):
+    from storage.image_store import open_image_store
+    from storage.settings import StorageSettings
+
+    env = compose["services"]["api"]["environment"]
+    assert env["STEPWISE_S3_PUBLIC_URL"].startswith("${STEPWISE_S3_PUBLIC_URL:-http://localhost:9000")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stepwise")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "change-me-minio")
+    settings = StorageSettings(storage_url="s3://stepwise/images", s3_endpoint_url=env["STEPWISE_S3_ENDPOINT_URL"],
+                               s3_public_endpoint_url="http://localhost:9000")
+    store = open_image_store(settings)  # presigning sends no request: nothing is contacted
+
+    url = store.presigned_url("jobs/j1/0.png")
+
+    assert url.startswith("http://localhost:9000/stepwise/jobs/j1/0.png?")
+    store.close()
+
+
+def test_the_worker_keeps_built_in_models_on_a_volume(compose):
+    worker = compose["services"]["worker"]
+    cache_dir = worker["environment"]["STEPWISE_CACHE_DIR"]
+    mounts = {volume.split(":")[1]: volume.split(":")[0] for volume in worker["volumes"]}
+    mount_point = next(point for point in mounts if cache_dir.startswith(point))
+    assert mounts[mount_point] in compose["volumes"]
+
+
+@pytest.mark.parametrize("service", ["api", "worker"])
+def test_the_images_run_as_an_unprivileged_user(compose, service):
+    lines = (ROOT / compose["services"][service]["build"]["dockerfile"]).read_text().splitlines()
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    last_run = max(index for index, line in enumerate(lines) if line.startswith("RUN "))
+    last_user = max(index for index, line in enumerate(lines) if line.startswith("USER "))
+    assert users and users[-1] not in ("root", "0") and last_user > last_run
+
+
+def test_the_worker_image_pins_the_same_torch_as_make_run():
+    makefile_pin = re.search(r"^TORCH_VERSION := (\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+    dockerfile = (ROOT / "docker" / "worker.Dockerfile").read_text()
+    assert f"ARG TORCH_VERSION={makefile_pin}" in dockerfile
+    assert '"torch==${TORCH_VERSION}"' in dockerfile
+
+
+def test_make_run_installs_only_what_running_needs_and_make_test_adds_the_test_extras():
+    makefile = (ROOT / "Makefile").read_text()
+    run_install = makefile.split("$(STAMP): pyproject.toml")[1].split("\n\n")[0]
+    assert "'.[engine]'" in run_install and ",test]" not in run_install
+    assert re.search(r"^test: install-test", makefile, flags=re.M)
+
+
+def test_every_setting_in_env_example_passes_the_checks_every_process_runs_at_start(monkeypatch):
+    from api.settings import ApiSettings
+    from worker.settings import WorkerSettings
+
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not line.startswith("#") and name.startswith("STEPWISE_"):
+            monkeypatch.setenv(name, value)
+
+    ApiSettings.from_env()
+    WorkerSettings.from_env()

@@ -71,6 +71,7 @@ class WorkerRuntime:
     def _build_engine(self) -> DiffusionEngine:
         from batching import DiffusionEngine, EngineConfig
 
+        _quiet_model_libraries()
         s = self.settings
         config = EngineConfig(model=s.model, device=s.device, max_num_seqs=s.max_num_seqs, policy=s.policy,
                               deterministic=s.deterministic)
@@ -207,3 +208,14 @@ def start_runtime(settings: WorkerSettings, nodename: str, *, runs_engine: bool)
 
 def current_runtime() -> WorkerRuntime | None:
     return _runtime
+
+
+def _quiet_model_libraries() -> None:
+    """Keep transformers' and diffusers' loading notices (e.g. that an image processor would like
+    torchvision, which this engine never uses) and their progress bars out of the worker's log."""
+    import diffusers
+    import transformers
+
+    for library in (diffusers, transformers):
+        library.utils.logging.set_verbosity_error()
+        library.utils.logging.disable_progress_bar()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from storage.settings import StorageSettings, env_bool, env_float, env_int
+from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, service_model
+from storage.settings import StorageSettings, env_bool, env_float, env_int, env_url
 
 GENERATE_QUEUE = "stepwise.generate"
 WEBHOOK_QUEUE = "stepwise.webhooks"
@@ -26,7 +27,7 @@ def default_concurrency(max_num_seqs: int) -> int:
 @dataclass(frozen=True)
 class WorkerSettings:
     storage: StorageSettings
-    model: str = "builtin:tiny"  # STEPWISE_MODEL
+    model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL
     device: str = "auto"  # STEPWISE_DEVICE: auto (cuda when available), cuda, cuda:N, cpu
     max_num_seqs: int = 8  # STEPWISE_MAX_NUM_SEQS: the engine's running capacity, in jobs
     policy: str = "default"  # STEPWISE_POLICY: default or fifo
@@ -42,6 +43,7 @@ class WorkerSettings:
     webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
     webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
     redis_retry_seconds: float = 60.0  # STEPWISE_REDIS_RETRY_SECONDS: how long a task thread retries its record I/O
+    public_url: str | None = None  # STEPWISE_PUBLIC_URL: the API's base URL, for the URLs in webhook payloads
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -52,10 +54,13 @@ class WorkerSettings:
         policy = os.environ.get("STEPWISE_POLICY") or "default"
         if policy not in ("default", "fifo"):
             raise ValueError(f"STEPWISE_POLICY must be default or fifo (got {policy!r})")
-        return cls(
+        device = os.environ.get("STEPWISE_DEVICE") or "auto"
+        if not DEVICE_PATTERN.fullmatch(device):
+            raise ValueError(f"STEPWISE_DEVICE must be auto, cpu, cuda or cuda:N (got {device!r})")
+        settings = cls(
             storage=storage,
-            model=os.environ.get("STEPWISE_MODEL") or "builtin:tiny",
-            device=os.environ.get("STEPWISE_DEVICE") or "auto",
+            model=service_model(),
+            device=device,
             max_num_seqs=max_num_seqs,
             policy=policy,
             deterministic=env_bool("STEPWISE_DETERMINISTIC", False),
@@ -70,4 +75,30 @@ class WorkerSettings:
             webhook_backoff=env_float("STEPWISE_WEBHOOK_BACKOFF", 2.0),
             webhook_timeout=env_float("STEPWISE_WEBHOOK_TIMEOUT", 10.0),
             redis_retry_seconds=env_float("STEPWISE_REDIS_RETRY_SECONDS", 60.0),
+            public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
         )
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse values that parse but make no sense, naming the variable."""
+        for name in ("concurrency", "visibility_timeout", "webhook_max_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{ENV_NAMES[name]} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})")
+        for name in ("poll_interval", "progress_interval", "lease_sweep_interval", "webhook_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{ENV_NAMES[name]} must be a positive number of seconds (got {getattr(self, name)})")
+        for name in ("shutdown_grace", "webhook_backoff", "redis_retry_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{ENV_NAMES[name]} must be a number of seconds, 0 or more (got {getattr(self, name)})")
+
+
+ENV_NAMES = {
+    "concurrency": "STEPWISE_WORKER_CONCURRENCY", "visibility_timeout": "STEPWISE_VISIBILITY_TIMEOUT",
+    "webhook_max_attempts": "STEPWISE_WEBHOOK_MAX_ATTEMPTS", "poll_interval": "STEPWISE_WORKER_POLL_INTERVAL",
+    "progress_interval": "STEPWISE_PROGRESS_INTERVAL", "lease_sweep_interval": "STEPWISE_LEASE_SWEEP_INTERVAL",
+    "webhook_timeout": "STEPWISE_WEBHOOK_TIMEOUT", "shutdown_grace": "STEPWISE_SHUTDOWN_GRACE",
+    "webhook_backoff": "STEPWISE_WEBHOOK_BACKOFF", "redis_retry_seconds": "STEPWISE_REDIS_RETRY_SECONDS",
+}

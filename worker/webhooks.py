@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
-from storage.job_record import JobRecord
+from storage import public_urls
+from storage.job_record import JobRecord, JobState
 from storage.url_policy import WebhookURLError, check_webhook_url
-from storage.webhooks import build_payload, secret_from_env, signed_headers
+from storage.webhooks import build_payload, rfc3339_now, secret_from_env, signed_headers
 from worker.app import app, settings
 from worker.runtime import get_runtime
 from worker.settings import DELIVER_WEBHOOK_TASK, WEBHOOK_QUEUE
@@ -37,7 +37,11 @@ def emit_event(record: JobRecord, event: str) -> str | None:
         return None
     webhook_id = f"msg_{uuid.uuid4().hex}"
     try:
-        payload = build_payload(record, event)
+        base_url = settings.public_url or ""  # without STEPWISE_PUBLIC_URL: paths on the API
+        images = (public_urls.image_urls(base_url, record.job_id, record.image_keys, get_runtime().image_store)
+                  if record.state is JobState.SUCCEEDED else [])
+        payload = build_payload(record, event, status_url=public_urls.job_url(base_url, record.job_id),
+                                image_urls=images)
         app.send_task(DELIVER_WEBHOOK_TASK, args=[record.job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)
     except Exception:
         log.exception("job %s: could not queue the %s webhook", record.job_id, event)
@@ -84,7 +88,7 @@ def deliver_webhook(self, job_id: str, event: str, webhook_id: str, payload: dic
         return "dropped"
     outcome = post_once(record.webhook_url, webhook_id, payload, timeout=settings.webhook_timeout)
     store.add_webhook_attempt(job_id, {
-        "webhook_id": webhook_id, "event": event, "attempt": attempt, "at": time.time(),
+        "webhook_id": webhook_id, "event": event, "attempt": attempt, "at": rfc3339_now(),
         "status_code": outcome.status_code, "error": outcome.error, "delivered": outcome.is_delivered,
     })
     if outcome.is_delivered:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,9 +206,27 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
             assert f"line {line}: invalid" in second.stderr
         else:
             assert entry["state"] == "succeeded", entry
-            assert Path(entry["image"]).is_file()
+            assert len(entry["images"]) == 1 and Path(entry["images"][0]).is_file()
     assert len({entry["job_id"] for entry in results.values() if entry["job_id"]}) == num_valid
     assert "45 succeeded, 5 failed" in second.stderr
+
+
+def readme_block(containing: str) -> str:
+    """The README's ```sh block that contains `containing`, as a user would paste it."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
+    return next(block for block in blocks if containing in block)
+
+
+def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):
+    saved = json.loads((up.var_dir / "stepwise.json").read_text())
+    script = readme_block("export API=").replace("http://127.0.0.1:8000", saved["api_url"])
+    result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=up.workdir, env=child_env(),
+                            capture_output=True, text=True, timeout=180)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    with Image.open(up.workdir / "lighthouse.png") as image:
+        assert image.format == "PNG"
 
 
 def test_sigterm_stops_every_child_and_leaves_no_process(up):

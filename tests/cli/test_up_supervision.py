@@ -49,7 +49,7 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
         assert up.wait(90) == 1
         alive = wait_until_gone(children, timeout=10)
         assert not alive, [child.cmdline() for child in alive]
-        assert "api exited" in log_path.read_text()
+        assert "api was killed by SIGKILL" in log_path.read_text()
     finally:
         if up.poll() is None:
             up.kill()

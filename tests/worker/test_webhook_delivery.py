@@ -61,8 +61,10 @@ def test_started_and_completed_events_are_signed_delivered_and_recorded_on_the_j
         verify(secret_bytes(WEBHOOK_SECRET), headers, body)
         assert json.loads(body)["data"]["job_id"] == job_id
     completed = next(json.loads(body) for _, body in receiver.deliveries if "completed" in body)
-    assert completed["data"]["state"] == "succeeded" and len(completed["data"]["image_keys"]) == 1
+    assert completed["data"]["state"] == "succeeded" and len(completed["data"]["image_urls"]) == 1
+    assert completed["data"]["image_urls"][0].startswith("http")  # presigned from S3, not a storage key
     attempts = s3_cluster.store.get(job_id).webhook_attempts
+    assert all(attempt["at"].endswith("Z") for attempt in attempts)  # RFC 3339, like every other time
     assert sorted((a["event"], a["status_code"], a["delivered"]) for a in attempts) == [
         ("completed", 200, True), ("started", 200, True)]
 

@@ -52,16 +52,23 @@ def test_without_a_secret_no_signature_header_is_sent():
     assert "webhook-signature" not in signed_headers(None, "msg_5", "{}")
 
 
-def test_a_completed_payload_names_the_job_its_state_and_its_image_keys():
+def test_a_completed_payload_gives_the_jobs_urls_as_its_view_does_not_storage_keys(tmp_path):
+    from storage.local_image_store import LocalImageStore
+    from storage.public_urls import image_urls, job_url
+
     record = JobRecord(job_id="j1", tenant="t", state=JobState.SUCCEEDED, params={}, created_at=0.0,
-                       image_keys=["j1/0.png"])
-    payload = build_payload(record, "completed")
+                       image_keys=["j1/0.png", "j1/1.png"])
+    base = "http://127.0.0.1:8000"
+    urls = image_urls(base, "j1", record.image_keys, LocalImageStore(tmp_path))
+    payload = build_payload(record, "completed", status_url=job_url(base, "j1"), image_urls=urls)
     assert payload["type"] == "job.completed"
     assert payload["timestamp"].endswith("Z")
-    assert payload["data"] == {"job_id": "j1", "state": "succeeded", "image_keys": ["j1/0.png"]}
+    assert payload["data"] == {"job_id": "j1", "state": "succeeded", "status_url": f"{base}/v1/jobs/j1",
+                               "image_urls": [f"{base}/v1/jobs/j1/image", f"{base}/v1/jobs/j1/image?index=1"]}
 
 
 def test_a_failed_payload_carries_the_error():
     record = JobRecord(job_id="j2", tenant="t", state=JobState.FAILED, params={}, created_at=0.0,
                        error_code="engine_error", error_message="boom")
-    assert build_payload(record, "failed")["data"]["error"] == {"code": "engine_error", "message": "boom"}
+    payload = build_payload(record, "failed", status_url="http://127.0.0.1:8000/v1/jobs/j2")
+    assert payload["data"]["error"] == {"code": "engine_error", "message": "boom"}

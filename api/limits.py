@@ -1,0 +1,119 @@
+"""Per-model cost limits, checked at submit so that one job cannot hold a worker for minutes.
+
+A job's cost is its pixel-steps, `num_images x height x width x num_inference_steps`: the
+denoiser's work grows with each factor, so this one number bounds how long a job keeps the
+engine. Each model has two limits, `max_pixels` (of one image) and `max_pixel_steps` (of the
+whole job). The engine's own hard limits (`batching.params`) still apply on top.
+
+Defaults are sized for the device: a CPU (STEPWISE_DEVICE=cpu, or `auto` with a built-in model)
+gets limits under which the built-in models finish a job in seconds; a GPU gets limits that let
+a real checkpoint draw 8 images of 1024x1024 at 50 steps. The operator overrides them for every
+model (STEPWISE_MAX_PIXELS, STEPWISE_MAX_PIXEL_STEPS) and per model (STEPWISE_MODEL_LIMITS, a
+JSON object `{"<model>": {"max_pixels": N, "max_pixel_steps": N}}`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+
+import batching.params as P
+from api.errors import ApiError
+
+LIMIT_NAMES = ("max_pixels", "max_pixel_steps")
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    max_pixels: int  # height x width of one image
+    max_pixel_steps: int  # num_images x height x width x num_inference_steps of one job
+
+
+CPU_LIMITS = ModelLimits(max_pixels=512 * 512, max_pixel_steps=8 * 256 * 256 * 50)
+GPU_LIMITS = ModelLimits(max_pixels=P.MAX_PIXELS, max_pixel_steps=8 * 1024 * 1024 * 50)
+
+
+class LimitsError(ValueError):
+    """A limit setting is malformed; the message names the variable."""
+
+
+def pixel_steps(params: P.GenerationParams) -> int:
+    return params.num_images * params.height * params.width * params.num_inference_steps
+
+
+@dataclass(frozen=True)
+class LimitTable:
+    device: str = "auto"  # STEPWISE_DEVICE: decides which defaults apply
+    overrides: ModelLimits | None = None  # STEPWISE_MAX_PIXELS / STEPWISE_MAX_PIXEL_STEPS, for every model
+    per_model: dict[str, dict[str, int]] = field(default_factory=dict)  # STEPWISE_MODEL_LIMITS
+
+    def for_model(self, model: str) -> ModelLimits:
+        is_cpu = self.device == "cpu" or (self.device == "auto" and model.startswith(BUILTIN_PREFIX))
+        limits = self.overrides or (CPU_LIMITS if is_cpu else GPU_LIMITS)
+        return replace(limits, **self.per_model.get(model, {}))
+
+    def check(self, params: P.GenerationParams, field_prefix: str = "") -> None:
+        """Raise a 422 naming the field to lower, or return when the job fits its model's limits."""
+        limits = self.for_model(params.model)
+        pixels = params.height * params.width
+        if pixels > limits.max_pixels:
+            raise _over(f"{field_prefix}height",
+                        f"height x width = {pixels} is over the limit of {limits.max_pixels} pixels "
+                        f"for model {params.model} (STEPWISE_MAX_PIXELS / STEPWISE_MODEL_LIMITS)")
+        cost = pixel_steps(params)
+        if cost > limits.max_pixel_steps:
+            field_name = "num_images" if params.num_images > 1 else "num_inference_steps"
+            raise _over(f"{field_prefix}{field_name}",
+                        f"num_images x height x width x num_inference_steps = {cost} is over the limit of "
+                        f"{limits.max_pixel_steps} for model {params.model}: ask for fewer images, steps or "
+                        f"pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)")
+
+    @classmethod
+    def from_env(cls) -> LimitTable:
+        max_pixels = _positive_int("STEPWISE_MAX_PIXELS", os.environ.get("STEPWISE_MAX_PIXELS"))
+        max_pixel_steps = _positive_int("STEPWISE_MAX_PIXEL_STEPS", os.environ.get("STEPWISE_MAX_PIXEL_STEPS"))
+        table = cls(device=os.environ.get("STEPWISE_DEVICE") or "auto",
+                    per_model=_per_model(os.environ.get("STEPWISE_MODEL_LIMITS") or ""))
+        if max_pixels is None and max_pixel_steps is None:
+            return table
+        base = table.for_model(P.DEFAULT_SERVICE_MODEL)
+        overrides = ModelLimits(max_pixels=max_pixels or base.max_pixels,
+                                max_pixel_steps=max_pixel_steps or base.max_pixel_steps)
+        return replace(table, overrides=overrides)
+
+
+def _over(field_name: str, message: str) -> ApiError:
+    return ApiError(422, "limit_exceeded", f"{field_name}: {message}", field=field_name)
+
+
+def _positive_int(name: str, raw: object) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = 0
+    if isinstance(raw, bool) or value < 1:
+        raise LimitsError(f"{name} must be a positive integer (got {raw!r})")
+    return value
+
+
+def _per_model(text: str) -> dict[str, dict[str, int]]:
+    name = "STEPWISE_MODEL_LIMITS"
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise LimitsError(f"{name} must be a JSON object such as "
+                          f'{{"builtin:small": {{"max_pixels": 65536}}}} ({e})') from e
+    if not isinstance(data, dict):
+        raise LimitsError(f"{name} must be a JSON object mapping model names to limits")
+    table = {}
+    for model, limits in data.items():
+        if not isinstance(limits, dict) or not set(limits) <= set(LIMIT_NAMES):
+            raise LimitsError(f"{name}: the limits of {model!r} must be an object with keys from {LIMIT_NAMES}")
+        table[model] = {key: _positive_int(f"{name}[{model!r}].{key}", value) for key, value in limits.items()}
+    return table

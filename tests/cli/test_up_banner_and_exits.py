@@ -1,0 +1,108 @@
+"""`stepwise up` in process: what its banner shows (no configured secret), the model it gives the API,
+settings refused before any child starts, and what it says when a child exits on its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from api.settings import ApiSettings
+from stepwise_cli import up
+from stepwise_cli.supervisor import ServiceError, Supervisor, mask_password, mask_urls
+
+CONFIGURED_KEY = "sk_configured_by_the_operator_0123456789"
+REDIS_PASSWORD = "s3cret-redis-pw"
+
+
+def up_args(**overrides) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    up.add_arguments(parser)
+    args = parser.parse_args([])
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def make_banner(api_key: up.ApiKeyChoice, redis_url: str, tmp_path: Path) -> str:
+    env = {"STEPWISE_STORAGE_URL": (tmp_path / "images").as_uri(), "STEPWISE_WORKER_METRICS_PORT": "0",
+           "STEPWISE_MODEL": "builtin:tiny", "STEPWISE_DEVICE": "cpu"}
+    return up.banner("http://127.0.0.1:8000", api_key, tmp_path / "stepwise.json", env, redis_url, 1.0,
+                     custom_var_dir=False)
+
+
+def test_the_banner_never_prints_a_configured_key_or_a_redis_password(tmp_path):
+    text = make_banner(up.ApiKeyChoice(CONFIGURED_KEY, is_generated=False),
+                       f"redis://:{REDIS_PASSWORD}@127.0.0.1:6380/0", tmp_path)
+
+    assert CONFIGURED_KEY not in text and REDIS_PASSWORD not in text
+    assert "redis://:***@127.0.0.1:6380/0" in text
+    assert "$STEPWISE_API_KEY" in text  # the curl hint still works for someone who holds the key
+
+
+def test_the_banner_prints_a_key_up_generated_and_a_local_redis_url_whole(tmp_path):
+    text = make_banner(up.ApiKeyChoice("sk_generated", is_generated=True), "redis://127.0.0.1:6380/0", tmp_path)
+
+    assert "sk_generated" in text and "Bearer sk_generated" in text
+    assert "STEPWISE_REDIS_URL=redis://127.0.0.1:6380/0 celery -A worker inspect engine_stats" in text
+
+
+def test_a_configured_key_is_not_reported_as_generated(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPWISE_API_KEYS", f"ops:{CONFIGURED_KEY}")
+    assert up.choose_api_key(tmp_path) == up.ApiKeyChoice(CONFIGURED_KEY, is_generated=False)
+    monkeypatch.delenv("STEPWISE_API_KEYS")
+    assert up.choose_api_key(tmp_path).is_generated
+
+
+@pytest.mark.parametrize(("text", "masked"), [
+    ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+    ("rediss://user:pw@h/0", "rediss://user:***@h/0"),
+    ("redis://h:1/0", "redis://h:1/0"),
+    ("connecting to redis://:pw@h:1/0 failed; retry redis://:pw2@h:2/0", "connecting to redis://:***@h:1/0 failed; "
+                                                                       "retry redis://:***@h:2/0"),
+])
+def test_passwords_in_urls_are_masked_wherever_they_appear_in_a_line(text, masked):
+    assert mask_urls(text) == masked
+    if "://" in text and " " not in text:
+        assert mask_password(text) == masked
+
+
+def test_up_model_becomes_the_apis_default_model(tmp_path, monkeypatch):
+    monkeypatch.delenv("STEPWISE_MODEL", raising=False)
+    env = up.child_environment(up_args(model="/models/stable-diffusion-v1-5"), tmp_path, "sk_k")
+    monkeypatch.setattr(os, "environ", env)
+
+    assert env["STEPWISE_MODEL"] == "/models/stable-diffusion-v1-5"
+    assert ApiSettings.from_env().default_model == "/models/stable-diffusion-v1-5"
+
+
+def test_a_bad_setting_stops_up_before_any_child_starts_with_one_line_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPWISE_WEBHOOK_SECRET", "whsec_change-me")
+    env = up.child_environment(up_args(), tmp_path, "sk_k")
+
+    error = up.settings_error(env)
+
+    assert error is not None and error.count("\n") == 1
+    assert "STEPWISE_WEBHOOK_SECRET" in error
+    assert os.environ["STEPWISE_WEBHOOK_SECRET"] == "whsec_change-me"  # up's own environment is restored
+
+
+def test_a_child_that_exits_with_status_0_is_reported_with_what_it_said_last():
+    supervisor = Supervisor()
+    supervisor.start("worker", [sys.executable, "-c", "print('loading'); print('worker: nothing to do, bye')"],
+                     dict(os.environ))
+    try:
+        deadline = time.monotonic() + 30
+        with pytest.raises(ServiceError) as raised:
+            while time.monotonic() < deadline:
+                supervisor.sleep(0.05)
+    finally:
+        supervisor.stop_all()
+
+    message = str(raised.value)
+    assert "worker exited with status 0 although nothing asked it to stop" in message
+    assert "worker: nothing to do, bye" in message
