@@ -82,7 +82,7 @@ class Decoder:
             batch = _Batch(items)
             if self._stream is not None:
                 batch.ready = torch.cuda.Event()
-                batch.ready.record()
+                batch.ready.record(torch.cuda.current_stream(self.model.device))  # after the last sampler step
                 for item in items:
                     item.latents.record_stream(self._stream)
             if self.is_async:

@@ -31,14 +31,14 @@ class DeviceTimer:
     def start(self) -> _Span:
         if self.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             return _Span(event)
         return _Span(time.perf_counter())
 
     def stop(self, span: _Span) -> None:
         if self.device.type == "cuda":
             span.end = torch.cuda.Event(enable_timing=True)
-            span.end.record()
+            span.end.record(torch.cuda.current_stream(self.device))
         else:
             span.end = time.perf_counter()
         self._open.append(span)

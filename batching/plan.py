@@ -45,7 +45,8 @@ class RunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)  # sample_id -> readable error message
     rows_per_forward: list[int] = field(default_factory=list)  # one entry per forward run (padding excluded)
     samples_per_forward: list[int] = field(default_factory=list)  # samples each forward carried, same order
-    forward_seconds: list[float] = field(default_factory=list)  # wall time of each forward, same order
+    forward_seconds: list[float] = field(default_factory=list)  # time of each forward whose work completed since the
+    # last output, oldest first (wall time on the CPU; CUDA event time, read without waiting, so possibly a later output)
     encode_seconds: float = 0.0  # text-encoder time for this iteration's new samples
     decode_seconds: float = 0.0  # VAE decode time of the batches collected in this output
     decode_seconds_by_sample: dict[str, float] = field(default_factory=dict)  # finished sample -> its batch's decode time

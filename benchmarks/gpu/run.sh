@@ -5,6 +5,8 @@
 #   benchmarks/gpu/run.sh [OUT_DIR]       # on the GPU machine, from anywhere; default $OUT, else benchmarks/results/gpu
 #   benchmarks/gpu/run.sh --dry-run DIR   # tiny sizes on the CPU (what `make test` runs)
 #
+# The wheels folder is ignored by git: a device run that copies the work tree must carry it
+# (the project's device tool: command `benchmarks/gpu/run.sh "$OUT"`, carry `benchmarks/gpu/wheels`).
 # Fits in 8 minutes on one H200 (the suite stops starting sections after --budget-seconds, 420 by default).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
