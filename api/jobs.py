@@ -13,12 +13,7 @@ from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
 from api.resources import get_image_store, get_job_store, get_settings, get_task_queue
 from api.schemas import BatchRequest, ImageQuery, ListQuery
-from api.submission import (
-    check_idempotency_key,
-    check_queue_room,
-    create_job,
-    validate_job,
-)
+from api.submission import QueueRoom, batch_item_key, check_idempotency_key, create_job, validate_job
 from api.views import job_url, job_view
 from storage.errors import (
     ImageNotFoundError,
@@ -56,7 +51,7 @@ def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job = validate_job(read_json(), settings)
-    check_queue_room(store, settings)
+    QueueRoom.read(store, settings, g.tenant).take_one()
     record, created = create_job(store, queue, g.tenant, job, idempotency_key)
     headers = {"Location": job_url(record.job_id)}
     if not created:
@@ -74,13 +69,14 @@ def submit_batch():
         raise from_validation_error(e) from e
     if len(items) > settings.max_batch_jobs:
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
-    check_queue_room(store, settings)
+    room = QueueRoom.read(store, settings, g.tenant)
+    room.check_depths()  # nothing fits: the whole batch gets 429, as POST /v1/jobs would
     results = []
     for index, item in enumerate(items):
         try:
             job = validate_job(item, settings, field_prefix=f"jobs[{index}].")
-            item_key = f"{idempotency_key}#{index}" if idempotency_key else None
-            record, _ = create_job(store, queue, g.tenant, job, item_key)
+            room.take_one()
+            record, _ = create_job(store, queue, g.tenant, job, batch_item_key(idempotency_key, index))
             results.append({"index": index, "status": 202, "job": view_with_position(record)})
         except ApiError as e:
             if e.status >= 500:

@@ -50,7 +50,9 @@ class DocumentBuilder:
     def errors(self, *statuses: int) -> dict[str, Any]:
         meanings = {400: "Malformed JSON.", 401: "Missing or invalid API key.", 404: "No such job for this key.",
                     409: "Conflict with the job's state or an earlier request.", 413: "Request body too large.",
-                    422: "A field is invalid; `error.field` names it.", 429: "The queue is full.",
+                    415: "The body is not sent as JSON (Content-Type: application/json).",
+                    422: "A field is invalid; `error.field` names it.",
+                    429: "The queue, the tenant's queued jobs or its jobs per minute are at their limit.",
                     503: "Redis, storage or the queue is unavailable."}
         return {str(status): self.response(meanings[status], ERROR, RETRY_AFTER if status in (429, 503) else None)
                 for status in statuses}
@@ -80,7 +82,7 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "parameters": [IDEMPOTENCY_KEY], "requestBody": b.json_body(schemas.JobRequest),
                 "responses": {"202": b.response("Queued (or the original job, for a replayed Idempotency-Key).",
                                                 schemas.JobView),
-                              **b.errors(400, 401, 409, 413, 422, 429, 503)},
+                              **b.errors(400, 401, 409, 413, 415, 422, 429, 503)},
             },
             "get": {
                 "operationId": "listJobs", "summary": "The caller's jobs, newest first.",
@@ -94,7 +96,7 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "summary": f"Submit up to {settings.max_batch_jobs} jobs; each item gets its own result.",
                 "parameters": [IDEMPOTENCY_KEY], "requestBody": b.json_body(schemas.BatchRequest),
                 "responses": {"200": b.response("One result per item.", schemas.BatchResponse),
-                              **b.errors(400, 401, 413, 422, 429, 503)},
+                              **b.errors(400, 401, 413, 415, 422, 429, 503)},
             },
         },
         "/v1/jobs/{job_id}": {

@@ -1,5 +1,8 @@
 """Reading request bodies: strict JSON (no NaN or Infinity), 400 when it does not parse.
 
+The body must say it is JSON (`Content-Type: application/json`, or a `+json` type): a form,
+multipart or plain-text body gets 415, so a client that sends the wrong thing hears it.
+
 The size limit is Flask's MAX_CONTENT_LENGTH (STEPWISE_MAX_BODY_BYTES): reading a larger
 body raises 413 before any of it is parsed.
 """
@@ -18,7 +21,15 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def is_json_type(mimetype: str) -> bool:
+    return mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+
+
 def read_json() -> Any:
+    if not is_json_type(request.mimetype):
+        shown = request.mimetype or "none"
+        raise ApiError(415, "unsupported_media_type",
+                       f"send the body as JSON with Content-Type: application/json (got {shown})")
     raw = request.get_data(cache=True)
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object")

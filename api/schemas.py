@@ -7,10 +7,11 @@ API and the engine cannot disagree about what a valid job is.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SkipValidation
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation
 
 import batching.params as P
 from batching.families import FAMILIES
@@ -26,6 +27,17 @@ _SD = FAMILIES["sd"]
 # Fields of the request that are generation parameters (the rest is about the job itself).
 PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
                 "seed", "sampler", "num_images", "model", "num_frames", "lora", "lora_scale")
+
+
+MAX_DEADLINE_SECONDS = 30 * 24 * 3600  # a deadline at most 30 days ahead: any later is no deadline at all
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def rfc3339_only(value: Any) -> Any:
+    """pydantic would also take unix seconds (as a number or a string of digits); the API takes one form."""
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
+        raise ValueError("must be an RFC 3339 time with an offset, e.g. 2030-01-01T12:00:00Z")
+    return value
 
 
 class StrictModel(BaseModel):
@@ -62,8 +74,9 @@ class JobRequest(StrictModel):
     webhook_events: list[WebhookEvent] | None = Field(
         None, min_length=1, max_length=len(WEBHOOK_EVENTS),
         description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.")
-    deadline: Annotated[AwareDatetime | None, Field(strict=False)] = Field(
-        None, description="RFC 3339 time with offset; a job not started by then ends `expired`.")
+    deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
+        None, description="RFC 3339 time with an offset (unix numbers are refused), at most 30 days ahead; "
+                          "a job not started by then ends `expired`.")
 
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}

@@ -82,6 +82,8 @@ class ApiSettings:
     api_keys: tuple[tuple[str, str], ...]  # STEPWISE_API_KEYS: (tenant, key) pairs
     storage: StorageSettings = field(default_factory=StorageSettings)
     max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH  # STEPWISE_MAX_QUEUE_DEPTH: 429 at or above this many queued jobs
+    tenant_max_queued: int = 0  # STEPWISE_TENANT_MAX_QUEUED: one tenant's queued jobs at most; 0: no per-tenant cap
+    tenant_jobs_per_minute: int = 0  # STEPWISE_TENANT_JOBS_PER_MINUTE: jobs one tenant may submit per minute; 0: no cap
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # STEPWISE_MAX_BODY_BYTES: larger request bodies get 413
     max_batch_jobs: int = DEFAULT_MAX_BATCH_JOBS  # STEPWISE_MAX_BATCH_JOBS: jobs per POST /v1/jobs/batch
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
@@ -101,6 +103,8 @@ class ApiSettings:
             api_keys=api_keys,
             storage=StorageSettings.from_env(),
             max_queue_depth=env_int("STEPWISE_MAX_QUEUE_DEPTH", DEFAULT_MAX_QUEUE_DEPTH),
+            tenant_max_queued=env_int("STEPWISE_TENANT_MAX_QUEUED", 0),
+            tenant_jobs_per_minute=env_int("STEPWISE_TENANT_JOBS_PER_MINUTE", 0),
             max_body_bytes=env_int("STEPWISE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
             public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
@@ -111,4 +115,7 @@ class ApiSettings:
         for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
             if getattr(settings, name) < 1:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be at least 1")
+        for name in ("tenant_max_queued", "tenant_jobs_per_minute"):
+            if getattr(settings, name) < 0:
+                raise SettingsError(f"STEPWISE_{name.upper()} must be 0 (no cap) or more")
         return settings

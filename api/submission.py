@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.queue import TaskQueue
-from api.schemas import WEBHOOK_EVENTS, JobRequest
+from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.params import InvalidParamsError
 from batching.params import GenerationParams
@@ -61,8 +61,12 @@ def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") ->
     deadline = None
     if job.deadline is not None:
         deadline = job.deadline.timestamp()
-        if deadline <= time.time():
+        now = time.time()
+        if deadline <= now:
             raise invalid(f"{field_prefix}deadline", f"{field_prefix}deadline must be in the future")
+        if deadline > now + MAX_DEADLINE_SECONDS:
+            raise invalid(f"{field_prefix}deadline", f"{field_prefix}deadline must be at most "
+                                                     f"{MAX_DEADLINE_SECONDS // 86400} days from now")
 
     events = list(WEBHOOK_EVENTS)
     if job.webhook_events is not None:
@@ -95,12 +99,56 @@ def check_idempotency_key(raw: str | None) -> str | None:
     return raw
 
 
-def check_queue_room(store: JobStore, settings: ApiSettings) -> None:
-    depth = store.queue_depth()
-    if depth >= settings.max_queue_depth:
-        raise ApiError(429, "queue_full",
-                       f"{depth} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
-                       headers={"Retry-After": str(settings.retry_after_seconds)})
+def batch_item_key(idempotency_key: str | None, index: int) -> str | None:
+    """A batch item's own key. The separator is a control character, which an Idempotency-Key
+    header cannot hold, so no single submit can replay a batch item (`bk#1` stays `bk#1`)."""
+    return f"{idempotency_key}\x1fbatch\x1f{index}" if idempotency_key else None
+
+
+@dataclass
+class QueueRoom:
+    """What one request may still queue: the global STEPWISE_MAX_QUEUE_DEPTH and the tenant's
+    quotas, read once per request and counted down per accepted job, so a batch takes what fits
+    and gets 429 for the rest. Concurrent requests may overshoot a cap by a few jobs."""
+
+    store: JobStore
+    settings: ApiSettings
+    tenant: str
+    num_queued: int = 0
+    num_tenant_queued: int = 0
+    num_taken: int = 0  # jobs this request queued so far
+
+    @classmethod
+    def read(cls, store: JobStore, settings: ApiSettings, tenant: str) -> QueueRoom:
+        tenant_queued = store.tenant_queue_depth(tenant) if settings.tenant_max_queued else 0
+        return cls(store, settings, tenant, store.queue_depth(), tenant_queued)
+
+    def take_one(self) -> None:
+        """Claim room for one more job, or raise a 429 ApiError saying which limit is reached."""
+        self.check_depths()
+        settings = self.settings
+        if settings.tenant_jobs_per_minute:
+            wait = self.store.reserve_submit_slot(self.tenant, settings.tenant_jobs_per_minute)
+            if wait is not None:
+                raise self.full("rate_limited", f"this API key's tenant submitted {settings.tenant_jobs_per_minute}"
+                                                " jobs this minute (STEPWISE_TENANT_JOBS_PER_MINUTE)",
+                                retry_after=max(1, int(wait + 0.999)))
+        self.num_taken += 1
+
+    def check_depths(self) -> None:
+        """Raise a 429 ApiError unless the queue and the tenant's queued jobs have room for one more."""
+        settings = self.settings
+        depth = self.num_queued + self.num_taken
+        if depth >= settings.max_queue_depth:
+            raise self.full("queue_full", f"{depth} jobs are queued, at the limit of {settings.max_queue_depth}")
+        tenant_depth = self.num_tenant_queued + self.num_taken
+        if settings.tenant_max_queued and tenant_depth >= settings.tenant_max_queued:
+            raise self.full("tenant_queue_full", f"this API key's tenant has {tenant_depth} jobs queued, at its "
+                                                 f"limit of {settings.tenant_max_queued} (STEPWISE_TENANT_MAX_QUEUED)")
+
+    def full(self, code: str, why: str, *, retry_after: int | None = None) -> ApiError:
+        seconds = retry_after if retry_after is not None else self.settings.retry_after_seconds
+        return ApiError(429, code, f"{why}; retry later", headers={"Retry-After": str(seconds)})
 
 
 def create_job(store: JobStore, queue: TaskQueue, tenant: str, job: ValidJob,

@@ -17,9 +17,15 @@ PARAM_ORDER = {f.name: index for index, f in enumerate(fields(GenerationParams))
 
 
 def iso_time(seconds: float | None) -> str | None:
+    """RFC 3339 in UTC; None also for a stored time no datetime can hold (a record written before
+    deadlines were bounded), so one odd record cannot break a view or a whole listing."""
     if seconds is None:
         return None
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        moment = datetime.fromtimestamp(seconds, timezone.utc)
+    except (OverflowError, ValueError, OSError):
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def base_url() -> str:

@@ -1,6 +1,6 @@
 """Submit throughput of `stepwise api`: POST /v1/jobs requests per second, with latency percentiles.
 
-    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--workers N] [--threads 4]
+    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--workers N] [--worker-class gevent|gthread]
     python -m benchmarks.api_submit --url http://127.0.0.1:8000 --key KEY   # an API already running
 
 Without --url it starts its own redis-server and `stepwise api` on free ports (no worker: the
@@ -34,7 +34,7 @@ WARM_UP_SECONDS = 1.0
 
 
 @contextlib.contextmanager
-def local_api(num_workers: int, num_threads: int):
+def local_api(num_workers: int, num_threads: int, worker_class: str = "gevent"):
     """redis-server + `stepwise api` on free ports; yields (url, key)."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -51,7 +51,8 @@ def local_api(num_workers: int, num_threads: int):
                                           "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL))
         children.append(subprocess.Popen(
             [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(api_port),
-             "--workers", str(num_workers), "--threads", str(num_threads)], env=env, stderr=subprocess.DEVNULL))
+             "--workers", str(num_workers), "--threads", str(num_threads), "--worker-class", worker_class],
+            env=env, stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{api_port}"
         wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
         yield url, key
@@ -113,7 +114,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="client processes, one connection each")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured duration")
     parser.add_argument("--workers", type=int, default=None, help="gunicorn workers of the started API")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker of the started API")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gthread worker of the started API")
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
+                        help="gunicorn worker class of the started API (default: gevent, as `stepwise api`)")
     args = parser.parse_args()
 
     from stepwise_cli.api_cmd import default_workers
@@ -125,7 +128,7 @@ def main() -> None:
         target = contextlib.nullcontext((args.url.rstrip("/"), args.key))
         where = args.url
     else:
-        target = local_api(num_workers, args.threads)
+        target = local_api(num_workers, args.threads, args.worker_class)
         where = f"stepwise api --workers {num_workers} --threads {args.threads} (started here)"
     with target as (url, key):
         result = measure(url, key, args.clients, args.seconds)

@@ -1,4 +1,10 @@
-"""`stepwise api`: serve the HTTP API with gunicorn (gthread workers, one app per worker)."""
+"""`stepwise api`: serve the HTTP API with gunicorn (gevent workers, one app per worker).
+
+gevent, not gthread, so slow clients cannot hold the threads that serve everyone else; see
+`stepwise_cli.api_worker` for the read deadlines and the connection limit, and
+docs/operations.md for the measurement behind the choice. `--worker-class gthread` remains
+for comparison.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port (default: $STEPWISE_API_PORT or 8000)")
     parser.add_argument("--workers", type=int, default=default_workers(),
                         help="gunicorn worker processes (default: 2 x CPUs + 1, at most 8)")
-    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gthread worker (default: 4)")
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
+                        help="gunicorn worker class (default: gevent, which slow clients cannot starve)")
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
 
@@ -35,6 +43,12 @@ def prepare_metrics_dir() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.worker_class == "gevent":
+        # Before anything imports ssl or socket users (gunicorn, redis, boto3): patched late,
+        # gevent warns that ssl may misbehave. The workers fork from this process.
+        from gevent import monkey
+
+        monkey.patch_all()
     from gunicorn.app.base import BaseApplication
 
     metrics_dir = prepare_metrics_dir()  # before anything imports prometheus_client
@@ -46,8 +60,16 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, ValueError) as e:
         print(f"stepwise api: {e}", file=sys.stderr)
         return 2
+    from storage.settings import env_float, env_int
+    from stepwise_cli.api_worker import ApiWorker
+
+    header_timeout = env_int("STEPWISE_API_HEADER_TIMEOUT", 10)  # whole seconds: gunicorn keepalive is an int
+    ApiWorker.request_timeout = env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0)  # inherited by forked workers
+    max_connections = env_int("STEPWISE_API_MAX_CONNECTIONS", 1000)
+    is_gevent = args.worker_class == "gevent"
     tenants = sorted({tenant for tenant, _ in settings.api_keys})
-    print(f"stepwise api: http://{args.host}:{args.port} ({args.workers} workers x {args.threads} threads), "
+    shape = f"{max_connections} connections" if is_gevent else f"{args.threads} threads"
+    print(f"stepwise api: http://{args.host}:{args.port} ({args.workers} {args.worker_class} workers x {shape}), "
           f"tenants: {', '.join(tenants)}", file=sys.stderr)
 
     def child_exit(server: Any, worker: Any) -> None:
@@ -61,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
                 "bind": f"{args.host}:{args.port}",
                 "workers": args.workers,
                 "threads": args.threads,
-                "worker_class": "gthread",
+                "worker_class": "stepwise_cli.api_worker.ApiWorker" if is_gevent else "gthread",
+                "worker_connections": max_connections,
+                # gevent: the whole request head must arrive within this (also the keep-alive idle time)
+                "keepalive": header_timeout if is_gevent else 2,
                 "accesslog": "-" if args.access_log else None,
                 # No query string, referer or Basic-auth user: clients put keys there by mistake.
                 "access_log_format": '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"',

@@ -260,9 +260,18 @@ def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: 
     worker_name = f"up{os.getpid()}@{socket.gethostname()}"
     grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)  # the worker's warm shutdown, plus a margin
     supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
+    start_webhook_worker(supervisor, stepwise, env)
     supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port),
                              "--workers", str(args.api_workers)], env)
     return worker_name
+
+
+def start_webhook_worker(supervisor: Supervisor, stepwise: list[str], env: dict[str, str]) -> None:
+    """Webhook delivery in a process of its own (no model), so a slow receiver cannot hold the
+    generating worker's threads (worker.webhooks)."""
+    supervisor.start("webhooks", [*stepwise, "worker", "--queues", "stepwise.webhooks", "--concurrency", "4",
+                                  "--hostname", f"up{os.getpid()}-webhooks@{socket.gethostname()}"],
+                     {**env, "STEPWISE_WORKER_METRICS_PORT": "0"})
 
 
 def banner(api_url: str, api_key: ApiKeyChoice, state_file: Path, env: dict[str, str], redis_url: str,

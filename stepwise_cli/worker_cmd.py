@@ -30,8 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="task threads (default: max-num-seqs plus a few waiting, $STEPWISE_WORKER_CONCURRENCY)")
     parser.add_argument("--metrics-port", type=int,
                         help="Prometheus port, 0 for none (default: $STEPWISE_WORKER_METRICS_PORT or 9101)")
-    parser.add_argument("--queues", default="stepwise.generate,stepwise.webhooks",
-                        help="queues to consume (default: %(default)s; stepwise.webhooks alone loads no model)")
+    parser.add_argument("--queues", default="stepwise.generate",
+                        help="queues to consume (default: %(default)s). Webhooks are delivered by a worker of "
+                             "their own, `--queues stepwise.webhooks`, which loads no model, so a slow receiver "
+                             "never holds a thread generation needs")
     parser.add_argument("--hostname", "-n", help="Celery node name (default: celery@<host>)")
     parser.add_argument("--loglevel", "-l", default="INFO", help="log level (default: %(default)s)")
 

@@ -144,6 +144,27 @@ class JobStore:
         return self._redis.zcard(self.keys.queued)
 
     @_wraps_redis_errors
+    def tenant_queue_depth(self, tenant: str) -> int:
+        """The tenant's queued jobs (its per-state index moves with every transition)."""
+        return self._redis.zcard(self.keys.tenant_index(tenant, JobState.QUEUED))
+
+    @_wraps_redis_errors
+    def reserve_submit_slot(self, tenant: str, per_minute: int) -> float | None:
+        """Count one submission against the tenant's fixed one-minute window. Returns None when it
+        fits, else the seconds until the window ends (the slot is given back)."""
+        now = self.clock()
+        window = int(now // 60)
+        key = self.keys.submit_rate(tenant, window)
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 120)
+            count, _ = pipe.execute()
+        if count <= per_minute:
+            return None
+        self._redis.decr(key)
+        return (window + 1) * 60 - now
+
+    @_wraps_redis_errors
     def counts_by_state(self) -> dict[str, int]:
         """Queued and running: jobs in that state now. Terminal states: jobs that ever reached them."""
         with self._redis.pipeline(transaction=True) as pipe:

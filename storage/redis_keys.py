@@ -23,6 +23,10 @@ class RedisKeys:
         # Quoted, so tenant "a:b" with key "c" and tenant "a" with key "b:c" stay apart.
         return f"{self.namespace}:idem:{quote(tenant, safe='')}:{key}"
 
+    def submit_rate(self, tenant: str, minute: int) -> str:
+        """Submissions the tenant made in one wall-clock minute (STEPWISE_TENANT_JOBS_PER_MINUTE)."""
+        return f"{self.namespace}:submit-rate:{minute}:{quote(tenant, safe='')}"
+
     @property
     def queued(self) -> str:
         return f"{self.namespace}:queued"

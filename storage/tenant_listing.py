@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Iterator
 
 import redis
@@ -27,10 +28,13 @@ def encode_cursor(score: float, job_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        score, job_id = text.split(":", 1)
-        return float(score), job_id
+        raw_score, job_id = text.split(":", 1)
+        score = float(raw_score)
     except (binascii.Error, UnicodeDecodeError, ValueError) as e:
         raise InvalidCursorError(f"cursor {cursor!r} is not one this service returned") from e
+    if not math.isfinite(score) or not job_id:  # NaN would reach Redis as "min or max is not a float"
+        raise InvalidCursorError(f"cursor {cursor!r} is not one this service returned")
+    return score, job_id
 
 
 def iter_tenant_records(client: redis.Redis, keys: RedisKeys, tenant: str, state: JobState | None,

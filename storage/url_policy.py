@@ -45,9 +45,34 @@ class AllowList:
         return any(address in network for network in self.networks)
 
 
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215, with RFC 6052's /48 layout
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries traffic to, for the forms that embed one:
+    IPv4-mapped (::ffff:a.b.c.d), 6to4 (2002::/16), Teredo (2001::/32, the client) and NAT64."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    value = int(address)
+    if address in NAT64_WELL_KNOWN:
+        return ipaddress.IPv4Address(value & 0xFFFFFFFF)
+    if address in NAT64_LOCAL_USE:  # bits 48-63 hold the first half, bits 64-71 are the reserved u-octet
+        return ipaddress.IPv4Address(((value >> 64) & 0xFFFF) << 16 | ((value >> 40) & 0xFFFF))
+    return None
+
+
 def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None and not _is_public(inner):
+            return False
+        if address.ipv4_mapped is not None:
+            return True
     return not (
         address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
         or address.is_reserved or address.is_unspecified or not address.is_global

@@ -2,8 +2,9 @@
 
 While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
 the job's Redis I/O there, never on the engine loop thread: it writes progress (at most once
-per `STEPWISE_PROGRESS_INTERVAL`), notices a cancel request recorded by the API and passes it
-to the engine, and renews the job's lease.
+per `STEPWISE_PROGRESS_INTERVAL`) and notices a cancel request recorded by the API and passes it
+to the engine, which stops the job at its next step boundary. The job's lease is renewed by the
+worker's `LeaseKeeper` (`worker.leases`), not here, so a long step cannot let it lapse.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class JobWatch:
         self.active = active
         self.written_step = 0
         self.last_progress_write = 0.0
-        self.next_lease_renewal = time.monotonic() + runtime.lease_seconds / 3
         self.is_store_failing = False  # log an outage once, not at every poll
 
     def wait(self) -> Any:
@@ -58,12 +58,6 @@ class JobWatch:
         if active.stop_reason is None and store.is_cancel_requested(active.job_id):
             log.info("job %s: cancel requested; stopping at the next step", active.job_id)
             self.runtime.stop_job(active, StopReason.CANCELED)
-        if now >= self.next_lease_renewal and active.stop_reason is None:
-            if store.renew_lease(active.job_id, self.runtime.worker_id, self.runtime.lease_seconds):
-                self.next_lease_renewal = now + self.runtime.lease_seconds / 3
-            else:
-                log.warning("job %s: lease lost to another worker; dropping it here", active.job_id)
-                self.runtime.stop_job(active, StopReason.LEASE_LOST)
 
     def write_progress(self, now: float, *, force: bool = False) -> None:
         step, total = self.active.step, self.active.total

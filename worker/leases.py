@@ -1,6 +1,10 @@
-"""Re-queue jobs whose worker died, and send jobs whose creator died before sending them.
+"""Job leases: renew the ones this worker holds; re-queue jobs whose worker died, and send jobs
+whose creator died before sending them.
 
-A running job holds a lease that its task thread renews (`worker.job_watch`). Each worker
+A running job holds a lease that its worker's `LeaseKeeper` renews from a thread of its own,
+never from the job's task thread: that thread waits on the engine, and one long denoise step
+(or a cancel waiting for that step to end) must not let the lease lapse and hand a job that
+is still running to another worker. Each worker
 runs one `LapsedLeaseSweeper`: every `STEPWISE_LEASE_SWEEP_INTERVAL` it asks the job store
 for running jobs whose lease lapsed, moves each back to `queued` (only if the lease is still
 lapsed, so a worker that just renewed keeps its job) and sends a new generate message. A
@@ -77,3 +81,57 @@ class LapsedLeaseSweeper:
                 log.warning("job %s: queued for %.0fs with no message sent; sent one", job_id, self.unsent_grace)
             self.job_store.mark_sent(job_id)
         return sent
+
+
+class LeaseKeeper:
+    """Renews, every third of a lease, the lease of each job this worker holds (from taking the
+    job until its end state is written). A renewal the store refuses means another worker took
+    the job over: `on_lost(job_id)` lets the job go here."""
+
+    def __init__(self, job_store: JobStore, worker_id: str, lease_seconds: float,
+                 on_lost: Callable[[str], None]) -> None:
+        self.job_store = job_store
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.on_lost = on_lost
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stepwise-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def hold(self, job_id: str) -> None:
+        with self._lock:
+            self._held.add(job_id)
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            self._held.discard(job_id)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.lease_seconds / 3):
+            try:
+                self.renew_all()
+            except Exception:  # the keeper must outlive any one failure
+                log.exception("lease renewal failed")
+
+    def renew_all(self) -> None:
+        with self._lock:
+            held = sorted(self._held)
+        for job_id in held:
+            try:
+                is_renewed = self.job_store.renew_lease(job_id, self.worker_id, self.lease_seconds)
+            except StorageError as e:  # Redis away: try again at the next round, well within the lease
+                log.warning("job %s: could not renew its lease (%s); retrying", job_id, e)
+                continue
+            with self._lock:
+                is_still_held = job_id in self._held
+                if not is_renewed:
+                    self._held.discard(job_id)
+            if not is_renewed and is_still_held:
+                log.warning("job %s: lease lost to another worker; dropping it here", job_id)
+                self.on_lost(job_id)

@@ -22,7 +22,7 @@ from worker import metrics
 from worker.app import app, settings
 from worker.leases import LapsedLeaseSweeper
 from worker.runtime import current_runtime, start_runtime
-from worker.settings import GENERATE_QUEUE, GENERATE_TASK
+from worker.settings import GENERATE_QUEUE, GENERATE_TASK, WEBHOOK_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,15 @@ def start(sender) -> None:
         raise ImproperlyConfigured(
             f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
             "its one engine to batch. Drop -P/--pool, or pass --pool threads.")
-    runs_engine = GENERATE_QUEUE in sender.app.amqp.queues.consume_from
+    consumed = sender.app.amqp.queues.consume_from
+    runs_engine = GENERATE_QUEUE in consumed
+    if runs_engine and WEBHOOK_QUEUE in consumed:
+        log.warning("this worker delivers webhooks on the task threads its jobs need: a slow receiver can delay "
+                    "generation. Deliver them from a worker of their own: stepwise worker --queues %s", WEBHOOK_QUEUE)
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
         runtime.load_engine()
-    metrics.start_exporter(settings.metrics_port, runtime.engine_stats_or_none)
+    metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
     _sweeper = LapsedLeaseSweeper(runtime.job_store, _enqueue_generate, settings.lease_sweep_interval,
                                   unsent_grace=runtime.lease_seconds).start()
 

@@ -1,5 +1,8 @@
 """Worker metrics in Prometheus format, served on `STEPWISE_WORKER_METRICS_PORT`.
 
+The exporter has no authentication, so it listens on `STEPWISE_WORKER_METRICS_HOST`, 127.0.0.1
+unless a deployment exposes it on purpose (compose sets 0.0.0.0 for Prometheus on its network).
+
 Job-level metrics are observed on task threads. Engine metrics (rows per forward, running
 and waiting jobs, steps per second) are read from `engine.stats()` when Prometheus scrapes,
 so the engine loop thread does no metrics work at all.
@@ -68,14 +71,14 @@ def _histogram(name: str, help_text: str, counts: dict[Any, int]) -> HistogramMe
                                  sum_value=float(sum(value * count for value, count in pairs)))
 
 
-def start_exporter(port: int, read_stats: Callable[[], dict[str, Any] | None]) -> None:
-    """Serve /metrics on `port` (0: off). A busy port is logged, not fatal: the worker still works."""
+def start_exporter(host: str, port: int, read_stats: Callable[[], dict[str, Any] | None]) -> None:
+    """Serve /metrics on host:port (port 0: off). A busy port is logged, not fatal: the worker still works."""
     REGISTRY.register(EngineCollector(read_stats))
     if port <= 0:
         return
     try:
-        start_http_server(port)
+        start_http_server(port, addr=host)
     except OSError as e:
-        log.error("worker metrics: cannot listen on port %d (%s); set STEPWISE_WORKER_METRICS_PORT", port, e)
+        log.error("worker metrics: cannot listen on %s:%d (%s); set STEPWISE_WORKER_METRICS_HOST/_PORT", host, port, e)
         return
-    log.info("worker metrics on http://0.0.0.0:%d/metrics", port)
+    log.info("worker metrics on http://%s:%d/metrics", host, port)

@@ -20,6 +20,7 @@ from batching.params import GenerationParams
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from worker.active_job import ActiveJob, StopReason
+from worker.leases import LeaseKeeper
 from worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class WorkerRuntime:
         self._is_idle.set()
         self.is_admitting = True
         self.is_shutting_down = False
+        self.leases = LeaseKeeper(self.job_store, self.worker_id, self.lease_seconds, self._on_lease_lost)
 
     @property
     def lease_seconds(self) -> int:
@@ -110,6 +112,13 @@ class WorkerRuntime:
             active.stop_reason = reason
         if self._engine is not None:
             self._engine.cancel(active.job_id)
+
+    def _on_lease_lost(self, job_id: str) -> None:
+        with self._lock:
+            active = self._active.get(job_id)
+        if active is not None:
+            active.stop_reason = StopReason.LEASE_LOST  # wins over a cancel: this worker must not end the job
+            self.stop_job(active, StopReason.LEASE_LOST)
 
     def stop_admission(self) -> list[str]:
         """Stop admitting jobs; send back to the queue those that have not started denoising.
@@ -179,6 +188,7 @@ class WorkerRuntime:
         return self._engine.stats() if self._engine is not None else None
 
     def close(self) -> None:
+        self.leases.stop()
         if self._engine is not None:
             self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
         self.job_store.close()

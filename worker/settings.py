@@ -35,6 +35,7 @@ class WorkerSettings:
     concurrency: int = 12  # STEPWISE_WORKER_CONCURRENCY: task threads (default from max_num_seqs)
     visibility_timeout: int = 7200  # STEPWISE_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacked message
     metrics_port: int = 9101  # STEPWISE_WORKER_METRICS_PORT: Prometheus exporter; 0 turns it off
+    metrics_host: str = "127.0.0.1"  # STEPWISE_WORKER_METRICS_HOST: the exporter has no auth; 0.0.0.0 exposes it
     poll_interval: float = 0.2  # STEPWISE_WORKER_POLL_INTERVAL: how often a task thread checks its job's cancel flag
     progress_interval: float = 0.5  # STEPWISE_PROGRESS_INTERVAL: at most one progress write per job per interval
     lease_sweep_interval: float = 15.0  # STEPWISE_LEASE_SWEEP_INTERVAL: how often to look for lapsed leases
@@ -67,6 +68,7 @@ class WorkerSettings:
             concurrency=env_int("STEPWISE_WORKER_CONCURRENCY", default_concurrency(max_num_seqs)),
             visibility_timeout=env_int("STEPWISE_VISIBILITY_TIMEOUT", 7200),
             metrics_port=env_int("STEPWISE_WORKER_METRICS_PORT", 9101),
+            metrics_host=os.environ.get("STEPWISE_WORKER_METRICS_HOST") or "127.0.0.1",
             poll_interval=env_float("STEPWISE_WORKER_POLL_INTERVAL", 0.2),
             progress_interval=env_float("STEPWISE_PROGRESS_INTERVAL", 0.5),
             lease_sweep_interval=env_float("STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, storage.job_lease_seconds / 4)),

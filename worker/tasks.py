@@ -71,6 +71,7 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
         metrics.JOBS.labels("skipped").inc()
         return "skipped"
+    runtime.leases.hold(job_id)
     try:
         return run_taken_job(runtime, taken)
     except StorageError:
@@ -79,6 +80,8 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         log.exception("job %s: worker error", job_id)
         return end_job(runtime, taken, JobState.FAILED, error_code="worker_error",
                        error_message=f"{type(e).__name__}: {e}")
+    finally:
+        runtime.leases.release(job_id)
 
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
@@ -160,6 +163,7 @@ def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
 
 def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
     """Record the job's end state (only if this worker still holds it) and announce it."""
+    runtime.leases.release(record.job_id)  # the end state replaces the lease
     if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
         log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
         metrics.JOBS.labels("lease_lost").inc()
@@ -177,6 +181,7 @@ def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields
 
 def requeue(runtime: WorkerRuntime, job_id: str, why: str) -> str:
     """Put a job this worker holds back in the queue for any worker."""
+    runtime.leases.release(job_id)
     store = runtime.job_store
     if not patiently(runtime, store.release, job_id, runtime.worker_id):
         record = patiently(runtime, store.get, job_id)

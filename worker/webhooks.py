@@ -1,7 +1,10 @@
 """Webhook events: `emit_event` queues a delivery; `deliver_webhook` POSTs it, with retries.
 
-Delivery runs as its own task on its own queue, so a slow or failing receiver never delays
-or fails a generation. Every attempt of one event carries the same `webhook-id` (receivers
+Delivery runs as its own task on its own queue, consumed by its own worker process
+(`stepwise worker --queues stepwise.webhooks`, which loads no model; `stepwise up` and compose
+start one), so a slow or failing receiver never holds a thread that generation needs. Each
+attempt has one hard deadline, `STEPWISE_WEBHOOK_TIMEOUT`, for connect, send and read together
+(`worker.webhook_http`). Every attempt of one event carries the same `webhook-id` (receivers
 deduplicate on it), is signed afresh (Standard Webhooks, see `storage.webhooks`), re-checks
 the URL against the webhook URL policy, does not follow redirects, and is recorded on the job.
 Retries back off exponentially: `STEPWISE_WEBHOOK_BACKOFF` * 2**(attempt-1) seconds.
@@ -15,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import http.client
 
 from storage import public_urls
 from storage.job_record import JobRecord, JobState
@@ -24,6 +27,7 @@ from storage.webhooks import build_payload, rfc3339_now, secret_from_env, signed
 from worker.app import app, settings
 from worker.runtime import get_runtime
 from worker.settings import DELIVER_WEBHOOK_TASK, WEBHOOK_QUEUE
+from worker.webhook_http import post_within
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +69,11 @@ def post_once(url: str, webhook_id: str, payload: dict[str, Any], *, timeout: fl
     body = json.dumps(payload, separators=(",", ":"))
     headers = signed_headers(secret_from_env(), webhook_id, body)
     try:
-        response = requests.post(url, data=body.encode("utf-8"), headers=headers, timeout=timeout,
-                                 allow_redirects=False)
-    except requests.RequestException as e:
+        code = post_within(url, body.encode("utf-8"), headers, timeout)
+    except (OSError, http.client.HTTPException) as e:  # AttemptDeadlineError is an OSError (TimeoutError)
         return AttemptOutcome(False, False, error=f"{type(e).__name__}: {e}")
-    response.close()
-    code = response.status_code
+    except ValueError as e:  # a URL http.client cannot send (non-ASCII path): retrying changes nothing
+        return AttemptOutcome(False, True, error=f"webhook URL cannot be sent: {e}")
     return AttemptOutcome(200 <= code < 300, code == GONE, status_code=code)
 
 

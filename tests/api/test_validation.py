@@ -91,7 +91,8 @@ def test_malformed_json_gets_400(client, body):
 
 @pytest.mark.parametrize("body", [[], "a red fox", 42, None])
 def test_a_body_that_is_not_an_object_gets_422(client, body):
-    response = client.post("/v1/jobs", data=json.dumps(body), headers=auth())
+    response = client.post("/v1/jobs", data=json.dumps(body),
+                           headers={**auth(), "Content-Type": "application/json"})
 
     assert response.status_code == 422
     assert "must be a JSON object" in response.get_json()["error"]["message"]

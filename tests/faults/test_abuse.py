@@ -46,6 +46,30 @@ def test_webhook_urls_to_loopback_private_link_local_or_metadata_addresses_are_r
         check_webhook_url(url, NO_ALLOW_LIST)
 
 
+# IPv6 forms that carry traffic to an embedded IPv4 address: 6to4 (2002::/16), Teredo (2001::/32,
+# client address inverted) and NAT64 (64:ff9b::/96, and 64:ff9b:1::/48 with RFC 6052's layout).
+EMBEDDED_PRIVATE_IPV4 = {
+    "2002:7f00:1::": "127.0.0.1", "2002:a9fe:a9fe::1": "169.254.169.254", "2002:c0a8:101::": "192.168.1.1",
+    "2001:0:4136:e378:8000:63bf:80ff:fffe": "127.0.0.1", "2001:0:4136:e378:8000:63bf:f5ff:fefe": "10.0.1.1",
+    "64:ff9b::7f00:1": "127.0.0.1", "64:ff9b::a9fe:a9fe": "169.254.169.254",
+    "64:ff9b:1:a00:0:100::": "10.0.0.1", "64:ff9b:1:a9fe:a9:fe00::": "169.254.169.254",
+}
+
+
+@pytest.mark.parametrize(("address", "ipv4"), EMBEDDED_PRIVATE_IPV4.items())
+def test_ipv6_addresses_embedding_a_private_ipv4_address_are_refused(monkeypatch, address, ipv4):
+    assert url_policy.embedded_ipv4(ipaddress.ip_address(address)) == ipaddress.ip_address(ipv4)
+    with pytest.raises(WebhookURLError, match="private, loopback, link-local or metadata"):
+        check_webhook_url(f"http://[{address}]/h", NO_ALLOW_LIST)
+    monkeypatch.setattr(url_policy.socket, "getaddrinfo", resolving_to(address))
+    with pytest.raises(WebhookURLError, match="private, loopback, link-local or metadata"):
+        check_webhook_url("https://hooks.example.com/stepwise", NO_ALLOW_LIST)
+
+
+def test_a_6to4_address_embedding_a_public_ipv4_address_is_accepted():
+    assert check_webhook_url("http://[2002:808:808::1]/h", NO_ALLOW_LIST, resolve=False)
+
+
 def resolving_to(address: str, real=socket.getaddrinfo):
     """getaddrinfo as a DNS server would answer for a name that points at `address`."""
     def fake(host, port, *args, **kwargs):

@@ -113,16 +113,16 @@ class Cluster:
     # -- processes ----------------------------------------------------------------------------
 
     def start_worker(self, label: str | None = None, *, via_stepwise: bool = False, wait: bool = True,
-                     **env: str) -> WorkerProcess:
+                     stepwise_args: tuple[str, ...] = (), **env: str) -> WorkerProcess:
         """`celery -A worker worker` with no pool, concurrency or prefetch flags (the app's defaults
-        must be right), or `stepwise worker`."""
+        must be right), or `stepwise worker` (with `stepwise_args`)."""
         label = label or f"w{len(self.workers) + 1}"
         name = f"{label}-{uuid.uuid4().hex[:6]}@stepwise-tests"
         metrics_port = free_port()
         log_path = self.log_dir / f"worker-{label}.log"
         child = child_env(**{**self.env, "STEPWISE_WORKER_METRICS_PORT": str(metrics_port), **env})  # env wins
         if via_stepwise:
-            command = [STEPWISE, "worker", "--hostname", name]
+            command = [STEPWISE, "worker", "--hostname", name, *stepwise_args]
         else:
             command = [CELERY, "-A", "worker", "worker", "-Q", "stepwise.generate,stepwise.webhooks", "-n", name,
                        "--loglevel", "INFO"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,3 +71,23 @@ def test_a_plain_celery_worker_gets_threads_sized_from_max_num_seqs_late_acks_an
     assert conf["task_acks_late"] is True and conf["task_reject_on_worker_lost"] is True
     assert conf["broker_transport_options"]["visibility_timeout"] == 7200
     assert conf["worker_send_task_events"] is True
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses of the sockets listening on `port` on this machine (Linux /proc/net)."""
+    addresses = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)
+                    addresses.add(socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6,
+                                                   b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
+    return addresses
+
+
+def test_worker_metrics_listen_on_loopback_unless_exposed_on_purpose(main_worker):
+    """The exporter has no authentication: STEPWISE_WORKER_METRICS_HOST=0.0.0.0 exposes it, nothing else."""
+    assert listening_addresses(main_worker.metrics_port) == {"127.0.0.1"}

@@ -1,0 +1,119 @@
+"""How the API serves health checks and authenticated clients while slow clients hold sockets.
+
+    python -m benchmarks.slow_clients --worker-class gevent --num-slow 50 --mode headers
+
+Starts its own redis-server and `stepwise api` on loopback, opens `--num-slow` connections
+that send their request head (`headers`) or body (`body`) one line or byte every
+`--trickle-interval` seconds, and meanwhile probes `GET /healthz` and an authenticated
+`GET /v1/jobs` every `--probe-interval` with a 2 s client timeout. Prints one JSON line:
+probes answered, their median and worst latency, and how many slow sockets the server closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import requests
+
+from benchmarks.local_services import free_port, wait_until
+
+KEY = "sk_slow_clients_probe"
+
+
+def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed: list[int]) -> None:
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if mode == "headers":
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            chunk = b"X-Slow: 1\r\n"
+        else:
+            sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n")
+            chunk = b" "
+        while not stop.wait(interval):
+            sock.sendall(chunk)
+    except OSError:
+        closed.append(1)  # the server closed it (a read deadline), or refused it
+        return
+    sock.close()
+
+
+def probe(url: str, headers: dict[str, str]) -> float | None:
+    started = time.monotonic()
+    try:
+        response = requests.get(url, headers=headers, timeout=2)
+    except requests.RequestException:
+        return None
+    return time.monotonic() - started if response.status_code == 200 else None
+
+
+def measure(args: argparse.Namespace) -> dict:
+    work = tempfile.mkdtemp(prefix="stepwise-slow-")
+    redis_port, api_port = free_port(), free_port()
+    redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
+                              "--bind", "127.0.0.1", "--save", "", "--dir", work],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "STEPWISE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+           "STEPWISE_STORAGE_URL": f"file://{work}/images", "STEPWISE_API_KEYS": f"probe:{KEY}"}
+    api = subprocess.Popen([sys.executable, "-m", "stepwise_cli.main", "api", "--port", str(api_port),
+                            "--workers", str(args.workers), "--worker-class", args.worker_class],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{api_port}"
+    stop = threading.Event()
+    closed: list[int] = []
+    try:
+        wait_until(lambda: requests.get(f"{base}/healthz", timeout=1).ok, 60, "the API")
+        slow = [threading.Thread(target=trickle, args=(api_port, args.mode, args.trickle_interval, stop, closed),
+                                 daemon=True) for _ in range(args.num_slow)]
+        for thread in slow:
+            thread.start()
+        time.sleep(1.0)  # let every slow socket connect and start its request
+        health, listing = [], []
+        deadline = time.monotonic() + args.duration
+        while time.monotonic() < deadline:
+            health.append(probe(f"{base}/healthz", {}))
+            listing.append(probe(f"{base}/v1/jobs", {"Authorization": f"Bearer {KEY}"}))
+            time.sleep(args.probe_interval)
+    finally:
+        stop.set()
+        api.terminate()
+        redis.terminate()
+        api.wait(20)
+        redis.wait(20)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def summary(latencies: list[float | None]) -> dict:
+        answered = [latency for latency in latencies if latency is not None]
+        return {"answered": f"{len(answered)}/{len(latencies)}",
+                "median_ms": round(statistics.median(answered) * 1000, 1) if answered else None,
+                "max_ms": round(max(answered) * 1000, 1) if answered else None}
+
+    return {"worker_class": args.worker_class, "workers": args.workers, "mode": args.mode,
+            "num_slow": args.num_slow, "duration_s": args.duration, "healthz": summary(health),
+            "authenticated_list": summary(listing), "slow_sockets_closed_by_server": len(closed)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--mode", choices=("headers", "body"), default="headers")
+    parser.add_argument("--num-slow", type=int, default=50)
+    parser.add_argument("--trickle-interval", type=float, default=2.0)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--probe-interval", type=float, default=0.5)
+    print(json.dumps(measure(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
