@@ -12,12 +12,13 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, metrics, openapi, resources, uploads
+from api import errors, health, jobs, loras, metrics, openapi, resources, uploads
 from api.auth import KeyRing
 from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.image_store import open_image_store
 from storage.job_store import JobStore
+from storage.lora_store import open_lora_store
 from storage.upload_store import UploadStore
 
 
@@ -38,12 +39,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         job_store=job_store,
         upload_store=UploadStore.beside(job_store),
         image_store=open_image_store(settings.storage),
+        lora_store=open_lora_store(settings.storage),
         task_queue=TaskQueue(settings.storage.redis_url),
         openapi_document=openapi.build_document(settings),
     )
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, uploads.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, loras.bp, uploads.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     return app

@@ -11,9 +11,11 @@ from pydantic import ValidationError
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
-from api.resources import get_image_store, get_job_store, get_settings, get_task_queue, get_upload_store
+from api.resources import (
+    get_image_store, get_job_store, get_lora_store, get_settings, get_task_queue, get_upload_store,
+)
 from api.schemas import BatchRequest, ImageQuery, ListQuery
-from api.submission import QueueRoom, batch_item_key, check_idempotency_key, create_job, validate_job
+from api.submission import QueueRoom, batch_item_key, check_idempotency_key, check_lora, create_job, validate_job
 from api.views import job_url, job_view
 from storage.image_store import content_type_of_key
 from storage.errors import (
@@ -52,6 +54,7 @@ def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job = validate_job(read_json(), settings, tenant=g.tenant, uploads=get_upload_store())
+    check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant).take_one()
     record, created = create_job(store, queue, g.tenant, job, idempotency_key)
     headers = {"Location": job_url(record.job_id)}
@@ -77,6 +80,7 @@ def submit_batch():
         try:
             job = validate_job(item, settings, tenant=g.tenant, uploads=get_upload_store(),
                                field_prefix=f"jobs[{index}].")
+            check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
             room.take_one()
             record, _ = create_job(store, queue, g.tenant, job, batch_item_key(idempotency_key, index))
             results.append({"index": index, "status": 202, "job": view_with_position(record)})

@@ -16,9 +16,11 @@ if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
     from api.settings import ApiSettings
     from storage.image_store import ImageStore
     from storage.job_store import JobStore
+    from storage.lora_store import LoraStore
     from storage.upload_store import UploadStore
 
-_KEYS = ("settings", "keyring", "job_store", "upload_store", "image_store", "task_queue", "openapi_document")
+_KEYS = ("settings", "keyring", "job_store", "upload_store", "image_store", "lora_store", "task_queue",
+         "openapi_document")
 
 
 def install(app: Flask, **resources: Any) -> None:
@@ -53,3 +55,7 @@ def get_task_queue() -> TaskQueue:
 
 def get_openapi_document() -> dict[str, Any]:
     return current_app.extensions["stepwise.openapi_document"]
+
+
+def get_lora_store() -> LoraStore | None:
+    return current_app.extensions["stepwise.lora_store"]

@@ -71,8 +71,11 @@ class JobRequest(StrictModel):
     model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
                        description="Model to run; default: the model the service serves (STEPWISE_MODEL).")
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
-    lora: str | None = Field(None, min_length=1, max_length=500, description="LoRA adapter identity.")
-    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="LoRA adapter weight.")
+    lora: str | None = Field(None, min_length=1, max_length=100, description=(
+        "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
+        "Jobs with different adapters share forwards."))
+    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE,
+                              description="The adapter's strength (0: none; 1: as trained).")
     init_image: str | None = Field(
         None, min_length=1, max_length=MAX_DATA_URI_CHARS,
         description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI or an upload id (POST /v1/uploads). "

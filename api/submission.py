@@ -22,10 +22,11 @@ from api.queue import TaskQueue
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.params import InvalidParamsError
-from batching.params import GenerationParams
+from batching.params import LORA_NAME_PATTERN, GenerationParams
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import JobRecord, JobState, JobStore
 from storage.upload_store import UploadStore
+from storage.lora_store import LoraStore
 from storage.url_policy import WebhookURLError, check_webhook_url
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,19 @@ class ValidJob:
 def request_hash(data: Any) -> str:
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_lora(params: GenerationParams, tenant: str, lora_store: LoraStore | None, field_prefix: str = "") -> None:
+    """Refuse a job naming an adapter the tenant cannot use (missing, or another tenant's: the same answer)."""
+    if params.lora is None:
+        return
+    field = f"{field_prefix}lora"
+    if not LORA_NAME_PATTERN.fullmatch(params.lora):
+        raise invalid(field, f"{field} must be an adapter name: letters, digits, '_', '.', '-' (got {params.lora!r})")
+    if lora_store is None:
+        raise invalid(field, f"{field}: this service has no LoRA store (STEPWISE_LORA_URL is unset)")
+    if lora_store.resolve(tenant, params.lora) is None:
+        raise invalid(field, f"{field}: LoRA adapter {params.lora!r} does not exist")
 
 
 def validate_job(data: Any, settings: ApiSettings, *, tenant: str = "", uploads: UploadStore | None = None,

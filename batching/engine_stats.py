@@ -18,11 +18,15 @@ class EngineStats:
     num_forwards: int = 0
     rows_per_forward: Counter = field(default_factory=Counter)  # rows (padding excluded) -> forwards
     samples_per_forward: Counter = field(default_factory=Counter)  # samples -> forwards
+    loras_per_forward: Counter = field(default_factory=Counter)  # distinct LoRA adapters in a forward -> forwards
     num_sample_steps: int = 0  # denoise steps taken, summed over samples
     num_samples_finished: int = 0
     num_samples_failed: int = 0
     num_samples_canceled: int = 0  # samples of canceled jobs that were still scheduled
     busy_seconds: float = 0.0  # wall time spent inside iterations that did work
+    forward_seconds: float = 0.0  # denoiser forwards (device time on CUDA, read from events without waiting)
+    decode_seconds: float = 0.0  # decode batches (on the decode worker when decode overlaps the loop)
+    num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward or a decode batch
 
     def record(self, output: RunnerOutput, seconds: float) -> None:
         self.num_iterations += 1
@@ -30,9 +34,13 @@ class EngineStats:
         self.num_forwards += len(output.rows_per_forward)
         self.rows_per_forward.update(output.rows_per_forward)
         self.samples_per_forward.update(output.samples_per_forward)
+        self.loras_per_forward.update(output.loras_per_forward)
         self.num_sample_steps += len(output.stepped_sample_ids)
         self.num_samples_finished += len(output.finished_sample_ids)
         self.num_samples_failed += len(output.failed)
+        self.forward_seconds += sum(output.forward_seconds)
+        self.decode_seconds += output.decode_seconds
+        self.num_oom_splits += output.num_oom_splits
 
     def as_dict(self) -> dict:
         return {
@@ -40,11 +48,15 @@ class EngineStats:
             "forwards": self.num_forwards,
             "rows_per_forward": dict(sorted(self.rows_per_forward.items())),
             "jobs_per_forward": dict(sorted(self.samples_per_forward.items())),
+            "loras_per_forward": dict(sorted(self.loras_per_forward.items())),
             "job_steps": self.num_sample_steps,
             "jobs_finished": self.num_samples_finished,
             "jobs_failed": self.num_samples_failed,
             "jobs_canceled": self.num_samples_canceled,
             "busy_seconds": round(self.busy_seconds, 6),
+            "forward_seconds": round(self.forward_seconds, 6),
+            "decode_seconds": round(self.decode_seconds, 6),
+            "oom_splits": self.num_oom_splits,
             "steps_per_second": self.num_sample_steps / self.busy_seconds if self.busy_seconds else 0.0,
             "images_per_second": self.num_samples_finished / self.busy_seconds if self.busy_seconds else 0.0,
         }

@@ -32,3 +32,8 @@ class EngineShutdownError(BatchingError):
 
 class ModelLoadError(BatchingError):
     """The model could not be loaded."""
+
+
+class LoraError(BatchingError):
+    """A LoRA adapter could not be used: missing, not a safetensors file, too large, or not fitting the model.
+    The message names the adapter."""

@@ -30,7 +30,7 @@ class FamilySpec:
     guidance_kind: str  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
     mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
-    supports_lora: bool = False  # the engine serves LoRA adapters for it (none yet)
+    supports_lora: bool = False  # the engine serves LoRA adapters for it (batching.lora)
     # How img2img turns a strength into steps run, as the family's own diffusers img2img pipeline rounds:
     # "floor_steps" runs int(steps * strength) (StableDiffusion[XL]Img2ImgPipeline); "floor_start" starts at
     # int(steps - steps * strength) and runs the rest (FluxImg2ImgPipeline, ZImageImg2ImgPipeline).
@@ -59,20 +59,23 @@ FAMILIES: dict[str, FamilySpec] = {
     "sd": FamilySpec(
         name="sd", pipeline_classes=("StableDiffusionPipeline",), samplers=UNET_SAMPLERS, size_multiple=8,
         default_size=128, default_steps=20, default_guidance=7.5, max_guidance=50.0, guidance_kind="cfg",
+        supports_lora=True,
     ),
     "sdxl": FamilySpec(
         name="sdxl", pipeline_classes=("StableDiffusionXLPipeline",), samplers=UNET_SAMPLERS, size_multiple=8,
         default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
+        supports_lora=True,
     ),
     "flux": FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
         name="flux", pipeline_classes=("FluxPipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=3.5, max_guidance=20.0, guidance_kind="embedded",
-        strength_rounding="floor_start",
+        strength_rounding="floor_start", supports_lora=True,
     ),
     "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
         name="zimage", pipeline_classes=("ZImagePipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
-        cfg_above=0.0, mixes_sizes=True, strength_rounding="floor_start",  # its transformer takes a list of latents and pads them with masks
+        cfg_above=0.0, mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
+        supports_lora=True, strength_rounding="floor_start",
     ),
 }
 

@@ -40,6 +40,12 @@ MAX_LORA_SCALE = 4.0
 OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
 DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
 DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
+# A LoRA adapter is `NAME` (an operator adapter) or `tenants/TENANT/NAME` (a tenant's upload, as the
+# worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
+LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LORA_KEY_PATTERN = re.compile(r"(tenants/[A-Za-z0-9_-]{1,64}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LORA_SUFFIX = ".safetensors"
+MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the engine's read limit
 
 
 # Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
@@ -65,8 +71,8 @@ class GenerationParams:
     num_images: int = 1  # N images become N samples with seeds seed..seed+N-1
     model: str = DEFAULT_MODEL
     num_frames: int = 1
-    lora: str | None = None  # adapter identity; part of the compatibility key
-    lora_scale: float = 1.0
+    lora: str | None = None  # LoRA adapter in the store (LORA_KEY_PATTERN); None: the base model
+    lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
     init_image: str | None = None  # data: URI or upload id (batching.image_inputs); None: text-to-image
     mask_image: str | None = None  # white = repaint; needs init_image of the same size
     strength: float = None  # type: ignore[assignment]  # None: 0.8 with init_image, 1.0 with a mask or without images
@@ -168,7 +174,10 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
     _check_str(p, "model", 500, allow_empty=False)
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:
-        _check_str(p, "lora", 500, allow_empty=False)
+        _check_str(p, "lora", 200, allow_empty=False)
+        if not LORA_KEY_PATTERN.fullmatch(p.lora):
+            raise InvalidParamsError("lora", p.lora, "must be an adapter name: letters, digits, '_', '.', '-' "
+                                     "(at most 100, starting with a letter or digit)")
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
     _validate_image_fields(p, spec)
 
@@ -243,15 +252,16 @@ class CompatibilityKey:
     lora_scale: float = 1.0
 
     @classmethod
-    def of(cls, params: GenerationParams, *, has_size: bool = True) -> CompatibilityKey:
-        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family)."""
+    def of(cls, params: GenerationParams, *, has_size: bool = True, has_lora: bool = False) -> CompatibilityKey:
+        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family);
+        `has_lora=True` keeps the adapter in the key (one adapter per group, the reference behaviour)."""
         return cls(
             model=params.model,
             height=params.height if has_size else None,
             width=params.width if has_size else None,
             num_frames=params.num_frames,
-            lora=params.lora,
-            lora_scale=params.lora_scale if params.lora else 1.0,
+            lora=params.lora if has_lora else None,
+            lora_scale=params.lora_scale if has_lora and params.lora else 1.0,
         )
 
     def __str__(self) -> str:

@@ -19,6 +19,8 @@ FLAG_OF_FIELD = {
     "height": "--height",
     "width": "--width",
     "model": "--model",
+    "lora": "--lora",
+    "lora_scale": "--lora-scale",
 }
 
 
@@ -41,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--lora", default=None,
+                        help="a LoRA adapter: NAME.safetensors in the store $STEPWISE_LORA_URL (file:///folder)")
+    parser.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default: 1.0)")
     parser.add_argument("--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)")
 
 
@@ -59,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             height=args.height,
             width=args.width,
             model=args.model,
+            lora=args.lora,
+            lora_scale=args.lora_scale,
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)

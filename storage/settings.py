@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from batching.params import MAX_LORA_BYTES
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -77,6 +79,8 @@ class StorageSettings:
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
     job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
     storage_max_attempts: int = 5  # STEPWISE_STORAGE_MAX_ATTEMPTS: tries of one image store call on transient errors
+    lora_url: str = ""  # STEPWISE_LORA_URL: the LoRA adapter store, file:///path or s3://bucket/prefix; "": none
+    lora_max_bytes: int = MAX_LORA_BYTES  # STEPWISE_LORA_MAX_BYTES: one adapter file (uploads and worker reads)
 
     @classmethod
     def from_env(cls) -> StorageSettings:
@@ -93,4 +97,6 @@ class StorageSettings:
             job_ttl_seconds=env_positive_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
             job_lease_seconds=env_positive_int("STEPWISE_JOB_LEASE_SECONDS", 60),
             storage_max_attempts=env_positive_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
+            lora_url=env_url("STEPWISE_LORA_URL", ("file", "s3")) or "",
+            lora_max_bytes=env_positive_int("STEPWISE_LORA_MAX_BYTES", MAX_LORA_BYTES),
         )

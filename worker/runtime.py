@@ -20,6 +20,7 @@ from batching.params import GenerationParams
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from storage.upload_store import UploadStore
+from storage.lora_store import LoraStore, open_lora_store
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
 from worker.settings import WorkerSettings
@@ -44,6 +45,7 @@ class WorkerRuntime:
         self.job_store = JobStore(settings.storage.redis_url, job_ttl_seconds=settings.storage.job_ttl_seconds)
         self.uploads = UploadStore.beside(self.job_store)  # input images of jobs (upload ids in records)
         self._image_store: ImageStore | None = None
+        self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None
         self._build_lock = threading.Lock()  # guards building the engine and the image store
         self._lock = threading.Lock()  # guards admission and the held jobs
@@ -78,9 +80,17 @@ class WorkerRuntime:
         _quiet_model_libraries()
         s = self.settings
         config = EngineConfig(model=s.model, device=s.device, max_num_seqs=s.max_num_seqs, policy=s.policy,
-                              deterministic=s.deterministic)
+                              deterministic=s.deterministic, lora_url=s.storage.lora_url or None,
+                              lora_mode=s.lora_mode, lora_cache_adapters=s.lora_cache_adapters,
+                              lora_cache_bytes=s.lora_cache_bytes, lora_max_bytes=s.storage.lora_max_bytes)
         log.info("loading model %s (max_num_seqs=%d, policy=%s)", s.model, s.max_num_seqs, s.policy)
-        return DiffusionEngine(config)
+        # The engine reads file:// stores itself; other stores (S3) through this process's storage code.
+        is_local = s.storage.lora_url.startswith("file:")
+        return DiffusionEngine(config, lora_fetcher=None if is_local or not self.lora_store else self.lora_store.get)
+
+    def resolve_lora(self, tenant: str, name: str) -> str | None:
+        """The store key of adapter `name` as `tenant` may use it, or None (see storage.lora_store)."""
+        return self.lora_store.resolve(tenant, name) if self.lora_store else None
 
     def load_engine(self) -> None:
         self.engine  # noqa: B018  (builds it)

@@ -32,6 +32,9 @@ class WorkerSettings:
     max_num_seqs: int = 8  # STEPWISE_MAX_NUM_SEQS: the engine's running capacity, in jobs
     policy: str = "default"  # STEPWISE_POLICY: default or fifo
     deterministic: bool = False  # STEPWISE_DETERMINISTIC: pad forwards for bit-identical results
+    lora_mode: str = "rows"  # STEPWISE_LORA_MODE: rows (different adapters share a forward) or group (one per forward)
+    lora_cache_adapters: int = 16  # STEPWISE_LORA_CACHE_ADAPTERS: adapters kept loaded (LRU)
+    lora_cache_bytes: int = 2 * 2**30  # STEPWISE_LORA_CACHE_BYTES: their summed file sizes (LRU)
     concurrency: int = 12  # STEPWISE_WORKER_CONCURRENCY: task threads (default from max_num_seqs)
     visibility_timeout: int = 7200  # STEPWISE_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacked message
     metrics_port: int = 9101  # STEPWISE_WORKER_METRICS_PORT: Prometheus exporter; 0 turns it off
@@ -65,6 +68,9 @@ class WorkerSettings:
             max_num_seqs=max_num_seqs,
             policy=policy,
             deterministic=env_bool("STEPWISE_DETERMINISTIC", False),
+            lora_mode=os.environ.get("STEPWISE_LORA_MODE") or "rows",
+            lora_cache_adapters=env_int("STEPWISE_LORA_CACHE_ADAPTERS", 16),
+            lora_cache_bytes=env_int("STEPWISE_LORA_CACHE_BYTES", 2 * 2**30),
             concurrency=env_int("STEPWISE_WORKER_CONCURRENCY", default_concurrency(max_num_seqs)),
             visibility_timeout=env_int("STEPWISE_VISIBILITY_TIMEOUT", 7200),
             metrics_port=env_int("STEPWISE_WORKER_METRICS_PORT", 9101),

@@ -96,6 +96,12 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
         params = GenerationParams.from_dict(with_input_images(record.params, record.tenant, runtime.uploads))
     except InvalidParamsError as e:
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
+    if params.lora is not None:
+        lora_key = runtime.resolve_lora(record.tenant, params.lora)
+        if lora_key is None:  # deleted since submit, or no store: the same answer as for a missing adapter
+            return end_job(runtime, record, JobState.FAILED, error_code="invalid_params",
+                           error_message=f"LoRA adapter {params.lora!r} does not exist")
+        params = dataclasses.replace(params, lora=lora_key)
     try:
         active = runtime.submit(job_id, params)
     except InvalidParamsError as e:  # for example a model this worker does not serve

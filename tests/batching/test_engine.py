@@ -179,8 +179,9 @@ def test_importing_batching_does_not_import_torch_or_service_packages():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_a_lora_request_is_rejected_until_adapters_are_supported(batched_engine):
-    with pytest.raises(InvalidParamsError) as error:
+def test_a_lora_request_to_an_engine_without_a_lora_store_is_refused_naming_the_field(batched_engine):
+    assert batched_engine.config.lora_url is None
+    with pytest.raises(InvalidParamsError, match="needs a LoRA store") as error:
         batched_engine.submit(make_params(lora="some-adapter"))
 
     assert error.value.field == "lora"

@@ -1,0 +1,83 @@
+"""The /v1/loras blueprint: a tenant's own LoRA adapters (upload, list, fetch info, delete).
+
+An upload is the raw safetensors file as the request body (`PUT /v1/loras/{name}`), at most
+`STEPWISE_LORA_MAX_BYTES`, checked to be safetensors without torch (`storage.lora_store`).
+It is stored under the tenant's own prefix: only that tenant can use, list, see or delete it;
+for another tenant it does not exist. `GET /v1/loras` lists the tenant's uploads and the
+operator's adapters, which every tenant may use.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, g, request
+
+from api.auth import require_tenant
+from api.errors import ApiError, invalid, not_found
+from api.resources import get_lora_store, get_settings
+from batching.params import LORA_NAME_PATTERN
+from storage.lora_store import InvalidLoraFileError, LoraStore, check_safetensors, tenant_key, tenant_slug
+
+bp = Blueprint("loras", __name__, url_prefix="/v1/loras")
+bp.before_request(require_tenant)
+
+
+def lora_store() -> LoraStore:
+    store = get_lora_store()
+    if store is None:
+        raise ApiError(404, "not_found", "this service has no LoRA store (STEPWISE_LORA_URL is unset)")
+    return store
+
+
+def check_name(name: str) -> str:
+    if not LORA_NAME_PATTERN.fullmatch(name):
+        raise invalid("name", f"name must be letters, digits, '_', '.', '-' (at most 100, starting with a letter "
+                              f"or digit), got {name[:120]!r}")
+    return name
+
+
+def lora_view(name: str, size: int, owner: str) -> dict:
+    return {"name": name, "size_bytes": size, "owner": owner}
+
+
+@bp.put("/<path:name>")
+def upload(name: str):
+    store, max_bytes = lora_store(), get_settings().storage.lora_max_bytes
+    check_name(name)
+    request.max_content_length = max_bytes  # this route's own limit, above the JSON routes' one
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, "payload_too_large", f"a LoRA upload may be at most {max_bytes} bytes "
+                                                 f"(got {request.content_length})")
+    data = request.get_data(cache=False)
+    if not data:
+        raise invalid("body", "the body must be the adapter's .safetensors file (got an empty body)")
+    try:
+        check_safetensors(data)
+    except InvalidLoraFileError as e:
+        raise invalid("body", f"the body {e}; only safetensors LoRA files are accepted") from e
+    existed = store.size(tenant_key(g.tenant, name)) is not None
+    store.put(tenant_key(g.tenant, name), data)
+    return lora_view(name, len(data), "tenant"), 200 if existed else 201
+
+
+@bp.get("")
+def list_loras():
+    store = lora_store()
+    own = [lora_view(info.name, info.size, "tenant") for info in store.list(f"tenants/{tenant_slug(g.tenant)}")]
+    operator = [lora_view(info.name, info.size, "operator") for info in store.list("")]
+    return {"loras": own + operator}
+
+
+@bp.get("/<path:name>")
+def get_lora(name: str):
+    store = lora_store()
+    size = store.size(tenant_key(g.tenant, check_name(name)))
+    if size is None:
+        raise not_found("LoRA adapter")
+    return lora_view(name, size, "tenant")
+
+
+@bp.delete("/<path:name>")
+def delete_lora(name: str):
+    if not lora_store().delete(tenant_key(g.tenant, check_name(name))):
+        raise not_found("LoRA adapter")
+    return "", 204

@@ -1,0 +1,16 @@
+"""LoRA adapters in the engine: where their files come from, which are loaded, and per-row activation.
+
+- `store.LoraSource`: reads `<name>.safetensors` from the adapter store (`file://` directly,
+  anything else through a fetcher the caller injects: the worker builds an S3 one from
+  `storage`, which `batching` may not import), checks the size limit and parses the file
+  with safetensors (never a pickle).
+- `cache.LoraCache`: adapters loaded onto the pipeline's modules without fusing, bounded LRU
+  by count and bytes; adapters in use by running samples are never evicted.
+- `row_deltas.RowLoras`: forward hooks on the LoRA layers that add each row's own low-rank
+  delta at its own scale, so one forward carries rows with different adapters and none.
+- `text_encoder`: an adapter's text-encoder weights (SD), injected with PEFT directly.
+- `engine_loras.EngineLoras`: the engine's facade over the above (fetch, prepare, rows, encoding).
+- `make_test_loras`: random-weight adapter files for the built-ins (tests, bench).
+
+Torch is imported by `cache` and `row_deltas` only.
+"""

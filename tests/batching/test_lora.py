@@ -1,0 +1,172 @@
+"""LoRA adapters in the engine (builtin:tiny): rows with different adapters, scales and none share a forward,
+each job equal to itself alone and to diffusers' own pipeline with the adapter set at that scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from safetensors.torch import load_file, save_file
+
+from batching import DiffusionEngine, EngineConfig, JobFailedError
+from batching.lora.make_test_loras import make_lora
+from tests.batching.conftest import make_params, max_pixel_diff, run_alone
+
+ADAPTERS = ("style-a", "style-b")
+
+
+@pytest.fixture(scope="module")
+def lora_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loras")
+    for seed, name in enumerate(ADAPTERS):
+        make_lora("builtin:tiny", folder / f"{name}.safetensors", seed=seed)
+    (folder / "not-safetensors.safetensors").write_bytes(b"\x80\x04pickle, not safetensors")
+    make_lora("builtin:tiny", folder / "with-text.safetensors", seed=5, with_text_encoder=True)
+    save_file({key: value for key, value in load_file(folder / "with-text.safetensors").items()
+               if not key.startswith("text_encoder.")}, folder / "without-text.safetensors")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lora_engines(lora_folder):
+    """A mixing engine (rows with different adapters share a forward) and one running jobs one by one."""
+    url = lora_folder.as_uri()
+    mixed = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=url, max_num_groups=1))
+    solo = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, lora_url=url))
+    yield mixed, solo
+    mixed.shutdown(abort=True)
+    solo.shutdown(abort=True)
+
+
+def lora_workload() -> list:
+    return [
+        make_params(prompt="a red fox", seed=1, lora="with-text", lora_scale=0.8),
+        make_params(prompt="a red fox", seed=1, lora="style-a", num_inference_steps=10),
+        make_params(prompt="a blue bird", seed=2, lora="style-b", lora_scale=0.5),
+        make_params(prompt="a red fox", seed=1, num_inference_steps=10),  # the job above without its adapter
+        make_params(prompt="a calm lake", seed=4, lora="style-a", lora_scale=-0.7, guidance_scale=1.0),
+        make_params(prompt="snow", seed=5, lora="style-b", lora_scale=1.5, sampler="ddim"),
+    ]
+
+
+def test_jobs_with_different_adapters_share_forwards_and_each_equals_itself_alone(lora_engines):
+    mixed, solo = lora_engines
+    workload = lora_workload()
+    futures = [mixed.submit(params) for params in workload]
+    together = [future.result(timeout=120).image for future in futures]
+    alone = run_alone(solo, workload)
+
+    for image_together, image_alone in zip(together, alone):
+        assert max_pixel_diff(image_together, image_alone) <= 1
+    assert max_pixel_diff(together[1], together[3]) > 3, "the adapter changes the image (co-batching: at most 1)"
+    assert any(count >= 2 for count in mixed.stats()["loras_per_forward"]), mixed.stats()["loras_per_forward"]
+    assert max(mixed.stats()["jobs_per_forward"]) == len(workload)
+
+
+def test_an_adapter_job_equals_diffusers_pipeline_with_the_adapter_at_that_scale(lora_engines, lora_folder):
+    from diffusers import StableDiffusionPipeline
+
+    from batching.builtin_model import builtin_model_path
+
+    mixed, _ = lora_engines
+    params = make_params(prompt="a blue bird", seed=2, lora="style-b", lora_scale=0.5, negative_prompt="blurry")
+    others = [make_params(seed=9, lora="style-a"), make_params(seed=10)]
+    futures = [mixed.submit(p) for p in [params, *others]]
+    image = futures[0].result(timeout=120).image
+
+    pipeline = StableDiffusionPipeline.from_pretrained(builtin_model_path("builtin:tiny"), local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.load_lora_weights(str(lora_folder / "style-b.safetensors"), adapter_name="style_b")
+    pipeline.set_adapters(["style_b"], adapter_weights=[params.lora_scale])
+    expected = pipeline(
+        params.prompt, negative_prompt=params.negative_prompt, height=params.height, width=params.width,
+        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
+    ).images[0]
+    for future in futures[1:]:
+        future.result(timeout=120)
+
+    assert max_pixel_diff(image, expected) <= 2
+
+
+def test_a_missing_or_invalid_adapter_fails_only_its_own_job_naming_it(lora_engines):
+    mixed, _ = lora_engines
+    good = mixed.submit(make_params(lora="style-a", num_inference_steps=4))
+    missing = mixed.submit(make_params(lora="no-such-adapter"))
+    pickle = mixed.submit(make_params(lora="not-safetensors"))
+
+    with pytest.raises(JobFailedError, match="'no-such-adapter' does not exist"):
+        missing.result(timeout=60)
+    with pytest.raises(JobFailedError, match="'not-safetensors' is not a valid safetensors file"):
+        pickle.result(timeout=60)
+    assert good.result(timeout=120).image.size == (64, 64)
+
+
+def test_an_adapter_that_does_not_fit_the_model_fails_its_job_naming_it(lora_engines, lora_folder):
+    from safetensors.torch import save_file
+
+    save_file({"unet.down_blocks.0.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 7),
+               "unet.down_blocks.0.attentions.0.proj_in.lora_B.weight": torch.zeros(7, 4)},
+              str(lora_folder / "wrong-shape.safetensors"))
+    mixed, _ = lora_engines
+    with pytest.raises(JobFailedError, match="'wrong-shape' does not fit"):
+        mixed.submit(make_params(lora="wrong-shape")).result(timeout=60)
+    assert mixed.submit(make_params(lora="style-a", num_inference_steps=3)).result(timeout=60).image
+
+
+def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_folder, lora_engines):
+    mixed, _ = lora_engines
+    workload = lora_workload()[:4]
+    expected = [future.result(timeout=120).image for future in [mixed.submit(p) for p in workload]]
+    with DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=lora_folder.as_uri(),
+                                      lora_mode="group", max_num_groups=3)) as grouped:
+        images = [future.result(timeout=120).image for future in [grouped.submit(p) for p in workload]]
+        stats = grouped.stats()
+    assert set(stats["loras_per_forward"]) <= {0, 1}
+    for image, image_expected in zip(images, expected):
+        assert max_pixel_diff(image, image_expected) <= 1
+
+
+@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage"])
+def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alone(model, tmp_path):
+    for seed, name in enumerate(ADAPTERS):
+        make_lora(model, tmp_path / f"{name}.safetensors", seed=seed)
+    workload = [
+        make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, lora="style-a", guidance_scale=None),
+        make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, guidance_scale=None),
+        make_params(model=model, prompt="a bird", seed=2, num_inference_steps=3, lora="style-b", lora_scale=0.5,
+                    guidance_scale=None),
+    ]
+    with DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, lora_url=tmp_path.as_uri())) as engine:
+        together = [future.result(timeout=120).image for future in [engine.submit(p) for p in workload]]
+        alone = run_alone(engine, workload)
+        assert engine.stats()["loras_per_forward"].get(2), engine.stats()["loras_per_forward"]
+
+    for image_together, image_alone in zip(together, alone):
+        assert max_pixel_diff(image_together, image_alone) <= 1
+    assert max_pixel_diff(together[0], together[1]) > 3, "the adapter changes the image"
+
+
+def test_the_cache_evicts_least_recently_used_adapters_but_never_one_in_use(lora_folder):
+    config = EngineConfig(device="cpu", max_num_seqs=4, lora_url=lora_folder.as_uri(), lora_cache_adapters=1)
+    with DiffusionEngine(config) as engine:
+        first = engine.submit(make_params(lora="style-a", num_inference_steps=3)).result(timeout=60).image
+        engine.submit(make_params(lora="style-b", num_inference_steps=3)).result(timeout=60)
+        again = engine.submit(make_params(lora="style-a", num_inference_steps=3)).result(timeout=60).image
+        after_one_at_a_time = engine.stats()
+        together = [engine.submit(make_params(lora=name, num_inference_steps=3)) for name in ADAPTERS]
+        images = [future.result(timeout=60).image for future in together]
+        stats = engine.stats()
+
+    assert (after_one_at_a_time["lora_loads"], after_one_at_a_time["lora_evictions"]) == (3, 2)
+    assert max_pixel_diff(first, again) == 0  # reloaded after its eviction, the same adapter
+    assert stats["loras_loaded"] == 2, "both in use at once: the bound waits until one is free"
+    assert max_pixel_diff(images[0], first) <= 1
+
+
+def test_an_adapter_with_text_encoder_weights_encodes_its_prompts_with_them(lora_engines):
+    mixed, _ = lora_engines
+    with_text = mixed.submit(make_params(prompt="a red fox", seed=1, lora="with-text", lora_scale=0.8))
+    without_text = mixed.submit(make_params(prompt="a red fox", seed=1, lora="without-text", lora_scale=0.8))
+    assert max_pixel_diff(with_text.result(timeout=120).image, without_text.result(timeout=120).image) > 3
