@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, loras, metrics, openapi, resources, uploads
+from api import errors, health, jobs, loras, metrics, openapi, resources, uploads, web
 from api.auth import KeyRing
 from api.queue import TaskQueue
 from api.settings import ApiSettings
@@ -46,6 +46,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, loras.bp, uploads.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, loras.bp, uploads.bp, health.bp, openapi.bp, web.bp):
         app.register_blueprint(blueprint)
     return app

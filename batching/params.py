@@ -52,6 +52,15 @@ MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
+# What `stepwise up` (so `make run`) and `stepwise generate` serve when STEPWISE_MODEL is unset: a trained
+# model that draws its prompts (docs/shapes.md). A bare worker or API keeps DEFAULT_SERVICE_MODEL.
+SHOWCASE_MODEL = "builtin:shapes"
+
+
+def showcase_model() -> str:
+    return os.environ.get("STEPWISE_MODEL") or SHOWCASE_MODEL
+
+
 def service_model() -> str:
     """STEPWISE_MODEL, else DEFAULT_SERVICE_MODEL. The worker serves it and the API defaults jobs to it,
     so a job that names no model runs on the model `stepwise up --model X` or the worker was given."""
