@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, loras, metrics, models, openapi, resources
+from api import errors, health, jobs, loras, metrics, models, openapi, resources, uploads, web
 from api.fleet import Fleet
 from api.auth import KeyRing
 from api.queue import TaskQueue
@@ -20,6 +20,7 @@ from api.settings import ApiSettings
 from storage.image_store import open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import open_lora_store
+from storage.upload_store import UploadStore
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -38,6 +39,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         keyring=KeyRing(settings.api_keys),
         job_store=job_store,
         fleet=Fleet(job_store, settings),
+        upload_store=UploadStore.beside(job_store),
         image_store=open_image_store(settings.storage),
         lora_store=open_lora_store(settings.storage),
         task_queue=TaskQueue(settings.storage.redis_url),
@@ -46,6 +48,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, loras.bp, models.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, health.bp, openapi.bp, web.bp):
         app.register_blueprint(blueprint)
     return app

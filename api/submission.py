@@ -12,7 +12,6 @@ each storing one record and pushing its Celery message together (`api.messages`,
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -24,12 +23,14 @@ from pydantic import ValidationError
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.fleet import Fleet
+from api.image_fields import check_images, record_params, resolve_uploads
 from api.queue import TaskQueue
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
+from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore
 from storage.queues import DEFAULT_PRIORITY
 from storage.url_policy import WebhookURLError, check_webhook_url
@@ -42,6 +43,7 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 @dataclass(frozen=True)
 class ValidJob:
     params: GenerationParams
+    record_params: dict[str, Any]  # params.to_dict() with upload ids in place of images
     deadline: float | None
     webhook_url: str | None
     webhook_events: list[str]
@@ -67,20 +69,27 @@ def check_lora(params: GenerationParams, tenant: str, lora_store: LoraStore | No
         raise invalid(field, f"{field}: LoRA adapter {params.lora!r} does not exist")
 
 
-def validate_job(data: Any, settings: ApiSettings, fleet: Fleet, tenant: str, *, field_prefix: str = "",
+def validate_job(data: Any, settings: ApiSettings, fleet: Fleet | None, tenant: str, *,
+                 uploads: UploadStore | None = None, field_prefix: str = "",
                  default_priority: str | None = None) -> ValidJob:
-    """Raise a 422 ApiError naming the first bad field, or return the job ready to store."""
+    """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
+    store (validation only), upload ids name nothing and inline images stay inline; without a fleet, the
+    served models are not checked."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
         job = JobRequest.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e, prefix_loc) from e
+    sent = job.params_dict()
     try:
-        params = GenerationParams.from_dict({"model": settings.default_model, **job.params_dict()})
+        params = GenerationParams.from_dict(
+            {"model": settings.default_model, **resolve_uploads(sent, tenant, uploads, field_prefix)})
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
-    fleet.check_job(params, field_prefix)
+    if fleet is not None:
+        fleet.check_job(params, field_prefix)
     settings.limits.check(params, field_prefix)
+    check_images(params, field_prefix)
     priority = job.priority or default_priority or DEFAULT_PRIORITY
     allowed = settings.max_priority(tenant)
     if PRIORITIES.index(priority) < PRIORITIES.index(allowed):
@@ -106,9 +115,9 @@ def validate_job(data: Any, settings: ApiSettings, fleet: Fleet, tenant: str, *,
             check_webhook_url(job.webhook_url, settings.webhook_allow)
         except WebhookURLError as e:
             raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
-    return ValidJob(params=params, deadline=deadline, webhook_url=job.webhook_url,
-                    webhook_events=events if job.webhook_url else [], request_hash=request_hash(data),
-                    priority=priority)
+    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline,
+                    webhook_url=job.webhook_url, webhook_events=events if job.webhook_url else [],
+                    request_hash=request_hash(data), priority=priority)
 
 
 def _loc(field_prefix: str) -> list[Any]:
@@ -180,14 +189,6 @@ class QueueRoom:
         return ApiError(429, code, f"{why}; retry later", headers={"Retry-After": str(seconds)})
 
 
-PARAM_NAMES = tuple(f.name for f in dataclasses.fields(GenerationParams))
-
-
-def params_dict(params: GenerationParams) -> dict[str, Any]:
-    """GenerationParams.to_dict() without dataclasses.asdict's deep copy (every field is a plain value)."""
-    return {name: getattr(params, name) for name in PARAM_NAMES}
-
-
 def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
     return ApiError(429, "queue_full",
                     f"{num_queued} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
@@ -198,7 +199,7 @@ def create_jobs(store: JobStore, queue: TaskQueue, settings: ApiSettings, tenant
                 jobs: list[tuple[ValidJob, str | None]]) -> list[Created | ApiError]:
     """Store the jobs with their messages. One outcome per (job, idempotency key): Created (an
     idempotent replay is not sent again) or the item's ApiError (409, 429)."""
-    specs = [NewJobSpec(tenant=tenant, params=params_dict(job.params), deadline=job.deadline, webhook_url=job.webhook_url,
+    specs = [NewJobSpec(tenant=tenant, params=job.record_params, deadline=job.deadline, webhook_url=job.webhook_url,
                         webhook_events=job.webhook_events, idempotency_key=key, request_hash=job.request_hash,
                         priority=job.priority) for job, key in jobs]
     outcomes = store.create_many(specs, max_queued=settings.max_queue_depth,

@@ -75,9 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = ApiSettings.from_env()  # fail here, once, rather than in every worker
     except (SettingsError, ValueError) as e:
-        print(f"stepwise api: {e}", file=sys.stderr)
-        if is_gevent:  # with gevent's patched locks, interpreter shutdown prints a greenlet traceback
-            sys.stderr.flush()  # under the one line; nothing runs yet, so leave at once
+        print(f"stepwise api: {e}", file=sys.stderr, flush=True)
+        if is_gevent:  # a normal exit would print gevent's finalizer noise after the one line
             os._exit(2)
         return 2
     from storage.settings import env_int
