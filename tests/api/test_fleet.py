@@ -95,7 +95,9 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
 
 def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_still_finishes_low_ones(
         fleet_api, http, workers):
-    body = cheap("builtin:tiny", num_inference_steps=8)
+    # Steps enough that each job outlasts a submit on a loaded machine (decodes run beside the loop now,
+    # so a short job frees the engine's one slot almost at once).
+    body = cheap("builtin:tiny", num_inference_steps=30)
     backlog = [submit(http, fleet_api, body).json()["job_id"] for _ in range(6)]
     wait_for(http, fleet_api, backlog[0], {"running", "succeeded"}, timeout=JOB_TIMEOUT)
     high = [submit(http, fleet_api, {**body, "priority": "high"}).json()["job_id"] for _ in range(2)]
@@ -107,8 +109,10 @@ def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_s
     finished = sorted(ended, key=lambda job_id: ended[job_id]["finished_at"])
     # One job at a time: finishing order is start order. The first backlog job was running and the
     # second already admitted when the high ones reached the worker; every later one waited for them.
+    names = {**{job_id: f"backlog-{i}" for i, job_id in enumerate(backlog)},
+             **{job_id: f"high-{i}" for i, job_id in enumerate(high)}, low: "low"}
     for job_id in high:
-        assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), finished
+        assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), [names[j] for j in finished]
     assert ended[low]["state"] == "succeeded"
 
 
