@@ -13,13 +13,14 @@ another thread). An exception raised by `on_progress` is logged and ignored.
 
 from __future__ import annotations
 
+
 import logging
 import os
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from batching.engine_stats import EngineStats
@@ -50,6 +51,8 @@ class EngineConfig:
     policy: str = "default"  # admission policy: "default" or "fifo" (see batching.scheduler)
     max_num_groups: int = 2  # default policy: compatibility groups running at once
     max_wait_iterations: int = 50  # default policy: bound on how long a waiting sample is passed over
+    max_num_tokens: int | None = None  # token budget of a step (rows x latent tokens, FamilySpec.sample_cost);
+    # None: max_num_seqs samples at the model family's default size and guidance
     deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
     num_threads: int | None = None  # torch CPU threads, process-wide; None keeps torch's default
     lora_url: str | None = field(default_factory=lambda: os.environ.get("STEPWISE_LORA_URL") or None)  # LoRA
@@ -75,6 +78,7 @@ class EngineConfig:
             policy=self.policy,
             max_num_groups=self.max_num_groups,
             max_wait_iterations=self.max_wait_iterations,
+            max_num_tokens=self.max_num_tokens,
         )
 
 
@@ -86,13 +90,16 @@ class DiffusionEngine:
         from batching.pipelines import load_model
 
         self.config = config or EngineConfig()
-        self.scheduler = Scheduler(self.config.scheduler_config)
         if self.config.num_threads:
             import torch
 
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
+        family = FAMILIES[self.family]
+        self.scheduler = Scheduler(replace(
+            self.config.scheduler_config,
+            max_num_tokens=self.config.max_num_tokens or family.default_token_budget(self.config.max_num_seqs)))
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
         self._key_has_lora = self.config.lora_mode == "group"
@@ -268,7 +275,8 @@ class DiffusionEngine:
             for index, sample_id in enumerate(job.sample_ids):
                 params = job.params.for_image(index)
                 key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
-                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key))
+                cost = FAMILIES[self.family].sample_cost(params.height, params.width, params.guidance_scale)
+                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, cost=cost))
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()

@@ -44,6 +44,20 @@ class FamilySpec:
         """Rows a job contributes to each denoiser forward."""
         return 2 if self.has_cfg(guidance_scale) else 1
 
+    def tokens_per_row(self, height: int, width: int) -> int:
+        """Latent positions of one row (UNet: latent pixels; transformer: image tokens), which a forward's
+        cost follows."""
+        return (height // self.size_multiple) * (width // self.size_multiple)
+
+    def sample_cost(self, height: int, width: int, guidance_scale: float) -> int:
+        """What one sample adds to each forward it runs in: rows x latent tokens per row (the scheduler's
+        token budget counts these)."""
+        return self.num_rows(guidance_scale) * self.tokens_per_row(height, width)
+
+    def default_token_budget(self, max_num_seqs: int) -> int:
+        """The engine's default token budget: `max_num_seqs` samples at the family's default size and guidance."""
+        return max_num_seqs * self.sample_cost(self.default_size, self.default_size, self.default_guidance)
+
 
 FAMILIES: dict[str, FamilySpec] = {
     "sd": FamilySpec(

@@ -20,6 +20,14 @@ class NewSample:
     sample_id: str
     params: GenerationParams  # single image: num_images == 1, seed fixed
     key: CompatibilityKey
+    cost: int | None = None  # tokens it adds to each forward (FamilySpec.sample_cost); None: from its params'
+    # family (the engine passes its loaded model's family, which a folder model's params do not know)
+
+    @property
+    def num_tokens(self) -> int:
+        if self.cost is not None:
+            return self.cost
+        return self.params.family_spec.sample_cost(self.params.height, self.params.width, self.params.guidance_scale)
 
 
 @dataclass

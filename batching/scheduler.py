@@ -8,6 +8,9 @@ their compatibility key, and leave by finishing, failing or being aborted.
 Guarantees under every policy:
 - At most `max_num_seqs` samples run at once, in at most the policy's `max_num_groups`
   groups; nobody is admitted while admission is paused.
+- The running samples' costs (rows x latent tokens, `FamilySpec.sample_cost`) sum to at
+  most `max_num_tokens`, except a sample that costs more than the whole budget: it is
+  admitted only into an empty running set and runs alone, so it cannot starve.
 - Each plan lists every running sample exactly once, in the group of its key; samples
   with different step counts or at different current steps share a group.
 - A sample that left the running set is never in a later plan's groups. The runner
@@ -19,6 +22,7 @@ Guarantees under every policy:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +40,7 @@ class SchedulerConfig:
     policy: str = "default"  # "default" or "fifo" (see batching.admission)
     max_num_groups: int = 2  # default policy: distinct keys running at once (one forward each per iteration)
     max_wait_iterations: int = 50  # default policy: iterations a waiting sample may be overtaken before it blocks those behind it
+    max_num_tokens: int | None = None  # token budget of the running set (rows x latent tokens); None: no budget
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -44,6 +49,9 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
+        tokens = self.max_num_tokens
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"max_num_tokens must be an integer >= 1 or None (got {tokens!r})")
 
     def admission_policy(self) -> AdmissionPolicy:
         if self.policy == "fifo":
@@ -57,6 +65,7 @@ class ScheduledSample:
 
     new_sample: NewSample  # sent to the runner once, in the plan that admits the sample
     num_steps: int
+    cost: int  # tokens it adds to each forward while running (NewSample.num_tokens)
     num_steps_done: int = 0
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
 
@@ -87,6 +96,10 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def num_running_tokens(self) -> int:
+        return sum(sample.cost for sample in self._running.values())
+
+    @property
     def is_admission_paused(self) -> bool:
         return self._is_admission_paused
 
@@ -95,7 +108,8 @@ class Scheduler:
         if sample.sample_id in self._waiting or sample.sample_id in self._running:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
-        self._waiting[sample.sample_id] = ScheduledSample(new_sample=sample, num_steps=sample.params.num_inference_steps)
+        self._waiting[sample.sample_id] = ScheduledSample(
+            new_sample=sample, num_steps=sample.params.num_inference_steps, cost=sample.num_tokens)
 
     def abort(self, sample_id: str) -> bool:
         """Remove a waiting or running sample; False when it is unknown or already gone."""
@@ -124,6 +138,8 @@ class Scheduler:
             "is_admission_paused": self._is_admission_paused,
             "num_waiting": len(self._waiting),
             "num_running": len(self._running),
+            "num_running_tokens": self.num_running_tokens,
+            "max_num_tokens": self.config.max_num_tokens,
             "waiting_by_key": dict(Counter(str(sample.key) for sample in self._waiting.values())),
             "running_by_key": dict(Counter(str(sample.key) for sample in self._running.values())),
         }
@@ -138,6 +154,8 @@ class Scheduler:
         for sample in self._running.values():
             plan.groups.setdefault(sample.key, []).append(sample.sample_id)
         assert len(plan.groups) <= self._policy.max_num_groups and len(self._running) <= self.config.max_num_seqs
+        budget = self.config.max_num_tokens
+        assert budget is None or self.num_running_tokens <= budget or len(self._running) == 1, "over the token budget"
         return plan
 
     def update_from_output(self, plan: SchedulerPlan, output: RunnerOutput) -> None:
@@ -162,7 +180,10 @@ class Scheduler:
 
     def _admit(self) -> list[ScheduledSample]:
         num_free = self.config.max_num_seqs - len(self._running)
-        admitted = self._policy.admit(list(self._waiting.values()), list(self._running.values()), num_free)
+        budget = self.config.max_num_tokens
+        tokens_free = math.inf if budget is None else budget - self.num_running_tokens
+        admitted = self._policy.admit(list(self._waiting.values()), list(self._running.values()), num_free,
+                                      tokens_free)
         for sample in admitted:
             del self._waiting[sample.sample_id]
             self._running[sample.sample_id] = sample
