@@ -116,3 +116,15 @@ def test_random_sizes_keep_the_budget_and_the_starvation_bound(seed, budget, max
         assert len(running) == 1 or scheduler.num_running_tokens <= budget * SMALL // 2
     assert max(overtaken.values(), default=0) <= (0 if policy == "fifo" else max_wait_iterations)
     assert_no_state_left(scheduler, runner)
+
+
+def test_a_two_size_burst_runs_full_forwards_of_one_size_then_the_other():
+    """Convolutions cannot mix sizes, so the default policy fills one size's group before opening another."""
+    jobs = [sized_sample(f"{size}-{i}", size, steps=2) for i in range(8) for size in (128, 192)]
+    scheduler, runner = make_scheduler(*jobs, max_num_seqs=8), FakeRunner()
+
+    while scheduler.has_unfinished():
+        run_iteration(scheduler, runner)
+
+    assert [len(forward) for forward in runner.forwards] == [8, 8, 8, 8], "not eight forwards of four"
+    assert all(len({sample_id.split("-")[0] for sample_id in forward}) == 1 for forward in runner.forwards)
