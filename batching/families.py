@@ -73,6 +73,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "flux": FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
         name="flux", pipeline_classes=("FluxPipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=3.5, max_guidance=20.0, guidance_kind="embedded",
+        mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
         supports_lora=True,
     ),
     "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0

@@ -159,6 +159,7 @@ class ModelRunner:
             output.forward_seconds.append(time.perf_counter() - start)
             output.rows_per_forward.append(input_batch.num_rows)
             output.samples_per_forward.append(len(samples))
+            output.sizes_per_forward.append(len({(sample.params.height, sample.params.width) for sample in samples}))
             output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
         except Exception as e:
             logger.exception("denoiser forward failed for group %s", key)

@@ -50,6 +50,7 @@ class RunnerOutput:
     images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL.Image, for finished samples
     failed: dict[str, str] = field(default_factory=dict)  # sample_id -> readable error message
     rows_per_forward: list[int] = field(default_factory=list)  # one entry per forward run (padding excluded)
+    sizes_per_forward: list[int] = field(default_factory=list)  # distinct image sizes in each forward run
     samples_per_forward: list[int] = field(default_factory=list)  # samples each forward carried, same order
     loras_per_forward: list[int] = field(default_factory=list)  # distinct LoRA adapters among each forward's rows
     forward_seconds: list[float] = field(default_factory=list)  # wall time of each forward, same order

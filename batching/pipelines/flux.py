@@ -6,11 +6,15 @@ CLIP's pooled embedding plus T5's per-token states (padded to `max_sequence_leng
 sampler is flow-matching Euler whose shift `mu` grows with the image's token count.
 FLUX-dev is guidance-distilled: one row per sample, the guidance value a per-row model
 input (so samples with different guidance share a forward); schnell has no guidance
-embedder and ignores it. Image and text position ids are the same for every row of a
-group (its key holds the size); the forward takes the first row's image ids.
+embedder and ignores it. Outside deterministic mode a group mixes sizes: each row
+carries its own image position ids, and a forward over rows of different sizes pads
+their image tokens and runs the attention of `flux_mixed_sizes` (per-row positions,
+padding keys masked); a forward over rows of one size runs diffusers' attention as is.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,6 +26,7 @@ from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
+from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, row_layout
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
@@ -42,6 +47,8 @@ class FluxAdapter:
         self.vae = pipeline.vae
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
+        self.attention = MixedSizeFluxAttnProcessor()
+        self.transformer.set_attn_processor(self.attention)
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> FluxAdapter:
@@ -95,19 +102,31 @@ class FluxAdapter:
         return sample.latents
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        latents = batch.latents  # [rows, tokens, 64]
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, 512, t5_dim]
-        return self.transformer(
-            hidden_states=latents,
-            timestep=batch.timesteps.to(latents.dtype) / 1000,
-            guidance=batch.conditioning["guidance"] if self.has_guidance_embeds else None,
-            pooled_projections=batch.conditioning["pooled"],
-            encoder_hidden_states=embeds,
-            txt_ids=torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype),
-            img_ids=batch.conditioning["image_ids"][0],  # one size per group: every row's ids are the same
-            return_dict=False,
-        )[0]
+        image_ids = batch.conditioning["image_ids"]  # [rows, max tokens, 3], zero-padded
+        text_ids = torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype)
+        if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
+            num_tokens = [row.shape[0] for row in batch.latents]
+            latents = torch.nn.utils.rnn.pad_sequence(batch.latents, batch_first=True)  # [rows, max tokens, 64]
+        else:
+            num_tokens, latents = [batch.latents.shape[1]] * batch.latents.shape[0], batch.latents
+        is_uniform = bool((image_ids == image_ids[:1]).all())  # 128x192 and 192x128 have equal token counts
+        with contextlib.nullcontext() if is_uniform else self.attention.rows(
+                row_layout(self.transformer, text_ids, image_ids, num_tokens)):
+            predictions = self.transformer(
+                hidden_states=latents,
+                timestep=batch.timesteps.to(latents.dtype) / 1000,
+                guidance=batch.conditioning["guidance"] if self.has_guidance_embeds else None,
+                pooled_projections=batch.conditioning["pooled"],
+                encoder_hidden_states=embeds,
+                txt_ids=text_ids,
+                img_ids=image_ids[0],  # the rows' own positions, when they differ, come from the layout
+                return_dict=False,
+            )[0]
+        if isinstance(batch.latents, list):
+            return [row[:tokens] for row, tokens in zip(predictions, num_tokens)]
+        return predictions
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
         return rows  # guidance went into the forward
