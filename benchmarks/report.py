@@ -62,6 +62,10 @@ def _model_section(model: dict, headlines: dict) -> list[str]:
         f"![latency CDF, {model['model']}](latency_cdf_{short}.png)",
         "",
     ]
+    mixed = headlines.get("throughput_mixed_over_uniform_equal_tokens") or {}
+    if any(value is not None for value in mixed.values()):
+        shown = ", ".join(f"{variant} {_x(value)}" for variant, value in mixed.items() if value is not None)
+        lines += [f"Mixed-size / uniform throughput at equal tokens (latent tokens per second): {shown}.", ""]
     runs = {(r["workload"], r["variant"]): r for r in model["runs"]}
     for workload in model["workloads"]:
         ratios = headlines["per_workload"][workload["name"]]

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from batching.families import FAMILIES
 from benchmarks import workloads
 from benchmarks.machine import LoadSampler, describe_machine
 from benchmarks.metrics import headline_ratios, summarize
@@ -108,8 +109,10 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     size = options.size
     num_jobs = size.num_jobs.get(model, size.num_jobs["builtin:tiny"])  # the family built-ins are tiny-sized
     shape = workloads.JobShape(model=model, num_steps=size.num_steps, size=size.size, second_size=size.second_size)
-    sizes = [(shape.size, shape.size), (shape.second_size, shape.second_size)]
-    specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs)}
+    sizes = [(shape.size, shape.size), (shape.second_size, shape.second_size), (shape.size, shape.second_size)]
+    family = FAMILIES[shape.family]
+    max_num_tokens = size.max_num_seqs * max(family.sample_cost(h, w, shape.guidance_scale) for h, w in sizes)
+    specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs, max_num_tokens)}
     short = model.removeprefix("builtin:")
 
     repeats = size.forward_repeats
@@ -134,6 +137,8 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple) for multiple in size.rate_multiples]
     suite += [workloads.mixed_steps(shape, num_jobs), workloads.two_resolution(shape, num_jobs),
               workloads.mixed_guidance(shape, num_jobs)]
+    mixed = workloads.mixed_size(shape, num_jobs)
+    suite += [mixed, workloads.mixed_size_uniform(shape, mixed)]
     if options.workloads:
         wanted = set(options.workloads)
         suite = [w for w in suite if w.name in wanted or (w.kind == "poisson" and "poisson" in wanted)]
@@ -152,7 +157,8 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         variant.close()
 
     config = {"model": model, "device": options.device, "num_threads": options.num_threads,
-              "max_num_seqs": size.max_num_seqs, "serial_capacity_images_per_second": serial_capacity,
+              "max_num_seqs": size.max_num_seqs, "max_num_tokens": max_num_tokens,
+              "serial_capacity_images_per_second": serial_capacity,
               "static_timeout_seconds": static_timeout}
     runs = []
     for record in records:
@@ -199,7 +205,7 @@ def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict)
 
 def _workload_summary(workload: workloads.Workload) -> dict:
     return {"name": workload.name, "kind": workload.kind, "description": workload.description,
-            "num_jobs": workload.num_jobs, "rate_per_second": workload.rate_per_second,
+            "num_jobs": workload.num_jobs, "total_tokens": workloads.total_tokens(workload), "rate_per_second": workload.rate_per_second,
             "rate_multiple": workload.rate_multiple}
 
 

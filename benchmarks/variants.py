@@ -41,14 +41,17 @@ class VariantSpec:
     kind: str  # "engine" or "static"
     max_num_seqs: int  # engine running capacity, or the static group size
     policy: str | None = None  # engine admission policy
+    max_num_tokens: int | None = None  # engine token budget; None: the engine's default
 
 
-def variant_specs(max_num_seqs: int) -> list[VariantSpec]:
+def variant_specs(max_num_seqs: int, max_num_tokens: int | None = None) -> list[VariantSpec]:
+    """`max_num_tokens` gives the batching engines static batching's capacity: a group of `max_num_seqs`
+    jobs of the largest size (the engine's default budget counts `max_num_seqs` at the default size)."""
     return [
         VariantSpec("serial", "engine", 1, "default"),
         VariantSpec("static", "static", max_num_seqs),
-        VariantSpec("fifo", "engine", max_num_seqs, "fifo"),
-        VariantSpec("default", "engine", max_num_seqs, "default"),
+        VariantSpec("fifo", "engine", max_num_seqs, "fifo", max_num_tokens),
+        VariantSpec("default", "engine", max_num_seqs, "default", max_num_tokens),
     ]
 
 
@@ -92,7 +95,7 @@ class EngineVariant:
         self.spec = spec
         self.forward_repeats = forward_repeats  # bare-UNet timings per shape, right after each run
         self.config = EngineConfig(model=model, device=device, max_num_seqs=spec.max_num_seqs, policy=spec.policy,
-                                   num_threads=num_threads)
+                                   num_threads=num_threads, max_num_tokens=spec.max_num_tokens)
         self.engine: DiffusionEngine | None = None
         self.trace = ForwardTrace()
 
