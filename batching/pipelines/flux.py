@@ -26,7 +26,7 @@ from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, row_layout
+from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
@@ -48,6 +48,7 @@ class FluxAdapter:
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.attention = MixedSizeFluxAttnProcessor()
+        self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
         self.transformer.set_attn_processor(self.attention)
 
     @classmethod
@@ -113,7 +114,7 @@ class FluxAdapter:
             num_tokens, latents = [batch.latents.shape[1]] * batch.latents.shape[0], batch.latents
         is_uniform = bool((image_ids == image_ids[:1]).all())  # 128x192 and 192x128 have equal token counts
         with contextlib.nullcontext() if is_uniform else self.attention.rows(
-                row_layout(self.transformer, text_ids, image_ids, num_tokens)):
+                self._row_layout(text_ids, image_ids, num_tokens)):
             predictions = self.transformer(
                 hidden_states=latents,
                 timestep=batch.timesteps.to(latents.dtype) / 1000,
@@ -127,6 +128,17 @@ class FluxAdapter:
         if isinstance(batch.latents, list):
             return [row[:tokens] for row, tokens in zip(predictions, num_tokens)]
         return predictions
+
+    def _row_layout(self, text_ids: torch.Tensor, image_ids: torch.Tensor, num_tokens: list[int]) -> RowLayout:
+        """This forward's layout; reused while the rows' image ids stay the same (a group's membership
+        changes far less often than every step, and comparing ids costs far less than rebuilding)."""
+        cached = self._layout
+        if (cached is None or cached[1] != (tuple(num_tokens), text_ids.shape[0])
+                or cached[0].shape != image_ids.shape or not torch.equal(cached[0], image_ids)):
+            cached = (image_ids.clone(), (tuple(num_tokens), text_ids.shape[0]),
+                      row_layout(self.transformer, text_ids, image_ids, num_tokens))
+            self._layout = cached
+        return cached[2]
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
         return rows  # guidance went into the forward
