@@ -5,7 +5,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test run test redis-server clean
+.PHONY: install install-test run test redis-server chromium clean
 
 # What running needs: torch (a CPU build from this pin) and the project with its engine extra.
 $(STAMP): pyproject.toml
@@ -30,10 +30,17 @@ redis-server:
 	  (apt-get update -qq && apt-get install -y -qq redis-server) || \
 	  { echo "could not install redis-server; install it with: sudo apt-get install redis-server"; exit 1; }; }
 
+# Headless Chromium and its driver, for the web page's browser test (tests/api/test_web_page.py).
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  echo "chromium not found: installing chromium and chromium-driver with apt-get"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) || \
+	  { echo "could not install chromium; install it with: sudo apt-get install chromium chromium-driver"; exit 1; }; }
+
 run: install redis-server
 	$(VENV)/bin/stepwise up
 
-test: install-test redis-server
+test: install-test redis-server chromium
 	$(PY) -m pytest
 
 clean:

@@ -12,13 +12,14 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, loras, metrics, openapi, resources
+from api import errors, health, jobs, loras, metrics, openapi, resources, uploads, web
 from api.auth import KeyRing
 from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.image_store import open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import open_lora_store
+from storage.upload_store import UploadStore
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -30,11 +31,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
     app.json.compact = True
 
+    job_store = JobStore.from_settings(settings.storage)
     resources.install(
         app,
         settings=settings,
         keyring=KeyRing(settings.api_keys),
-        job_store=JobStore.from_settings(settings.storage),
+        job_store=job_store,
+        upload_store=UploadStore.beside(job_store),
         image_store=open_image_store(settings.storage),
         lora_store=open_lora_store(settings.storage),
         task_queue=TaskQueue(settings.storage.redis_url),
@@ -43,6 +46,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, loras.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, loras.bp, uploads.bp, health.bp, openapi.bp, web.bp):
         app.register_blueprint(blueprint)
     return app

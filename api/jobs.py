@@ -11,10 +11,13 @@ from pydantic import ValidationError
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
-from api.resources import get_image_store, get_job_store, get_lora_store, get_settings, get_task_queue
+from api.resources import (
+    get_image_store, get_job_store, get_lora_store, get_settings, get_task_queue, get_upload_store,
+)
 from api.schemas import BatchRequest, ImageQuery, ListQuery
 from api.submission import QueueRoom, batch_item_key, check_idempotency_key, check_lora, create_job, validate_job
 from api.views import job_url, job_view
+from storage.image_store import content_type_of_key
 from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
@@ -50,7 +53,7 @@ def view_with_position(record: JobRecord) -> dict:
 def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    job = validate_job(read_json(), settings)
+    job = validate_job(read_json(), settings, tenant=g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant).take_one()
     record, created = create_job(store, queue, g.tenant, job, idempotency_key)
@@ -75,7 +78,8 @@ def submit_batch():
     results = []
     for index, item in enumerate(items):
         try:
-            job = validate_job(item, settings, field_prefix=f"jobs[{index}].")
+            job = validate_job(item, settings, tenant=g.tenant, uploads=get_upload_store(),
+                               field_prefix=f"jobs[{index}].")
             check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
             room.take_one()
             record, _ = create_job(store, queue, g.tenant, job, batch_item_key(idempotency_key, index))
@@ -156,4 +160,4 @@ def get_image(job_id: str):
         data = images.get_bytes(key)
     except ImageNotFoundError as e:
         raise not_found("image") from e
-    return Response(data, mimetype="image/png", headers={"Cache-Control": "private, max-age=3600"})
+    return Response(data, mimetype=content_type_of_key(key), headers={"Cache-Control": "private, max-age=3600"})

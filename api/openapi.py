@@ -99,6 +99,21 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                               **b.errors(400, 401, 413, 415, 422, 429, 503)},
             },
         },
+        "/v1/uploads": {
+            "post": {
+                "operationId": "uploadImage",
+                "summary": "Store an input image (init_image, mask_image) for the caller's tenant; expires like jobs.",
+                "requestBody": {"required": True, "content": {
+                    **{content_type: {"schema": {"type": "string", "format": "binary"}}
+                       for content_type in ("image/png", "image/jpeg", "image/webp")},
+                    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+                        "file": {"type": "string", "format": "binary"}}}},
+                }},
+                "responses": {"201": b.response("Stored; name its id in init_image or mask_image.",
+                                                schemas.UploadView),
+                              **b.errors(401, 413, 422, 503)},
+            },
+        },
         "/v1/jobs/{job_id}": {
             "get": {
                 "operationId": "getJob", "summary": "A job's state, progress, timings and image URL.",
@@ -118,11 +133,13 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
         },
         "/v1/jobs/{job_id}/image": {
             "get": {
-                "operationId": "getJobImage", "summary": "The PNG (local storage) or a redirect to it (S3).",
+                "operationId": "getJobImage",
+                "summary": "The image in the job's output_format (local storage) or a redirect to it (S3).",
                 "parameters": [JOB_ID, *query_parameters(schemas.ImageQuery)],
                 "responses": {
                     "200": {"description": "The image.",
-                            "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
+                            "content": {content_type: {"schema": {"type": "string", "format": "binary"}}
+                                        for content_type in ("image/png", "image/jpeg", "image/webp")}},
                     "302": {"description": "Redirect to a presigned URL.",
                             "headers": {"Location": {"schema": {"type": "string"}}}},
                     **b.errors(401, 404, 409, 422, 503),

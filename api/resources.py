@@ -17,8 +17,10 @@ if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
     from storage.image_store import ImageStore
     from storage.job_store import JobStore
     from storage.lora_store import LoraStore
+    from storage.upload_store import UploadStore
 
-_KEYS = ("settings", "keyring", "job_store", "image_store", "lora_store", "task_queue", "openapi_document")
+_KEYS = ("settings", "keyring", "job_store", "upload_store", "image_store", "lora_store", "task_queue",
+         "openapi_document")
 
 
 def install(app: Flask, **resources: Any) -> None:
@@ -41,6 +43,10 @@ def get_job_store() -> JobStore:
 
 def get_image_store() -> ImageStore:
     return current_app.extensions["stepwise.image_store"]
+
+
+def get_upload_store() -> UploadStore:
+    return current_app.extensions["stepwise.upload_store"]
 
 
 def get_task_queue() -> TaskQueue:

@@ -15,18 +15,22 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 
 import batching.params as P
 from batching.families import FAMILIES
+from batching.image_inputs import MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
 from storage.job_record import JOB_STATE_NAMES
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 WebhookEvent = Literal[WEBHOOK_EVENTS]  # type: ignore[valid-type]
 JobStateName = Literal[JOB_STATE_NAMES]  # type: ignore[valid-type]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
+ResizeMode = Literal[RESIZE_MODES]  # type: ignore[valid-type]
+OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 # Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
 _SD = FAMILIES["sd"]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
 PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
-                "seed", "sampler", "num_images", "model", "num_frames", "lora", "lora_scale")
+                "seed", "sampler", "num_images", "model", "num_frames", "lora", "lora_scale", "init_image",
+                "mask_image", "strength", "resize_mode", "output_format", "output_quality")
 
 
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600  # a deadline at most 30 days ahead: any later is no deadline at all
@@ -72,6 +76,22 @@ class JobRequest(StrictModel):
         "Jobs with different adapters share forwards."))
     lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE,
                               description="The adapter's strength (0: none; 1: as trained).")
+    init_image: str | None = Field(
+        None, min_length=1, max_length=MAX_DATA_URI_CHARS,
+        description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI or an upload id (POST /v1/uploads). "
+        f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. Remote URLs are not fetched. "
+        "height and width default to the image's size.")
+    mask_image: str | None = Field(
+        None, min_length=1, max_length=MAX_DATA_URI_CHARS,
+        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image.")
+    strength: float | None = Field(
+        None, gt=0, le=1, description="With init_image: the fraction of the steps run, from the end (0 < s <= 1). "
+        "Default 0.8, or 1.0 with a mask.")
+    resize_mode: ResizeMode = Field(  # type: ignore[valid-type]
+        "none", description="An input image whose size differs from the job's: none (an error), stretch, or crop "
+        "(cover, then center-crop).")
+    output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
+    output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
     webhook_url: str | None = Field(None, min_length=1, max_length=2048,
                                     description="http(s) URL called on the events in webhook_events.")
     webhook_events: list[WebhookEvent] | None = Field(
@@ -103,6 +123,15 @@ class ImageQuery(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     index: int = Field(0, ge=0, lt=P.MAX_NUM_IMAGES, description="Which image of a num_images>1 job.")
+
+
+class UploadView(BaseModel):
+    id: str = Field(description="upl_...: name it in init_image or mask_image (only your tenant can).")
+    content_type: str = Field(description="image/png, image/jpeg or image/webp.")
+    width: int
+    height: int
+    bytes: int
+    expires_in: int = Field(description="Seconds until the upload is deleted (STEPWISE_JOB_TTL).")
 
 
 class ErrorDetail(BaseModel):

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
+from api.image_fields import check_images, record_params, resolve_uploads
 from api.queue import TaskQueue
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
@@ -24,6 +25,7 @@ from batching.params import InvalidParamsError
 from batching.params import LORA_NAME_PATTERN, GenerationParams
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import JobRecord, JobState, JobStore
+from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore
 from storage.url_policy import WebhookURLError, check_webhook_url
 
@@ -35,6 +37,7 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 @dataclass(frozen=True)
 class ValidJob:
     params: GenerationParams
+    record_params: dict[str, Any]  # params.to_dict() with upload ids in place of images
     deadline: float | None
     webhook_url: str | None
     webhook_events: list[str]
@@ -59,18 +62,23 @@ def check_lora(params: GenerationParams, tenant: str, lora_store: LoraStore | No
         raise invalid(field, f"{field}: LoRA adapter {params.lora!r} does not exist")
 
 
-def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") -> ValidJob:
-    """Raise a 422 ApiError naming the first bad field, or return the job ready to store."""
+def validate_job(data: Any, settings: ApiSettings, *, tenant: str = "", uploads: UploadStore | None = None,
+                 field_prefix: str = "") -> ValidJob:
+    """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
+    store (validation only), upload ids name nothing and inline images stay inline."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
         job = JobRequest.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e, prefix_loc) from e
+    sent = job.params_dict()
     try:
-        params = GenerationParams.from_dict({"model": settings.default_model, **job.params_dict()})
+        params = GenerationParams.from_dict(
+            {"model": settings.default_model, **resolve_uploads(sent, tenant, uploads, field_prefix)})
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
     settings.limits.check(params, field_prefix)
+    check_images(params, field_prefix)
 
     deadline = None
     if job.deadline is not None:
@@ -92,7 +100,7 @@ def validate_job(data: Any, settings: ApiSettings, *, field_prefix: str = "") ->
             check_webhook_url(job.webhook_url, settings.webhook_allow)
         except WebhookURLError as e:
             raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
-    return ValidJob(params=params, deadline=deadline, webhook_url=job.webhook_url,
+    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline, webhook_url=job.webhook_url,
                     webhook_events=events if job.webhook_url else [], request_hash=request_hash(data))
 
 
@@ -170,7 +178,7 @@ def create_job(store: JobStore, queue: TaskQueue, tenant: str, job: ValidJob,
     """Store the job and enqueue it. Returns (record, created); a replay is not enqueued again."""
     try:
         record, created = store.create(
-            tenant=tenant, params=job.params.to_dict(), deadline=job.deadline, webhook_url=job.webhook_url,
+            tenant=tenant, params=job.record_params, deadline=job.deadline, webhook_url=job.webhook_url,
             webhook_events=job.webhook_events, idempotency_key=idempotency_key, request_hash=job.request_hash,
         )
     except IdempotencyConflictError as e:

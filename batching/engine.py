@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
+from batching.image_inputs import job_images, keep_unmasked_pixels
 from batching.params import MAX_LORA_BYTES, CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
 from batching.plan import NewSample, RunnerOutput
@@ -40,6 +41,10 @@ logger = logging.getLogger(__name__)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LORA_MODES = ("rows", "group")
 IDLE_WAIT_SECONDS = 1.0
+# Device type -> whether decode overlaps the denoise loop by default. On CUDA the decode runs in its own
+# stream and the loop only launches work; on the CPU both threads compete for the same cores
+# (benchmarks/decode_overlap.py measured it; docs/benchmarks.md gives the figures).
+DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class EngineConfig:
     lora_cache_adapters: int = 16  # adapters kept loaded on the model (LRU)
     lora_cache_bytes: int = 2 * 2**30  # their summed file sizes (LRU)
     lora_max_bytes: int = MAX_LORA_BYTES  # one adapter file
+    decode_overlap: bool | None = None  # decode on a worker thread beside the loop; None: the device's default
+    # (DECODE_OVERLAP_DEFAULT, chosen by measurement: docs/benchmarks.md)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -104,8 +111,12 @@ class DiffusionEngine:
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
         self._key_has_lora = self.config.lora_mode == "group"
         self.loras = self._make_loras(model, lora_fetcher)
+        decode_overlap = self.config.decode_overlap
+        if decode_overlap is None:
+            decode_overlap = DECODE_OVERLAP_DEFAULT.get(model.device.type, True)
         self.model_runner = ModelRunner(
-            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic, loras=self.loras
+            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic,
+            loras=self.loras, decode_overlap=decode_overlap, on_decoded=self._wake,
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -145,6 +156,7 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
+        job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
         if params.lora is not None and self.loras is None:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         job_id = job_id or uuid.uuid4().hex
@@ -163,6 +175,7 @@ class DiffusionEngine:
             sample_ids=sample_ids_for(job_id, params.num_images),
             on_progress=on_progress,
             submitted_at=time.perf_counter(),
+            steps_per_sample=params.steps_to_run(self.family),
         )
         with self._cond:
             if not self._is_accepting:
@@ -209,6 +222,7 @@ class DiffusionEngine:
                 "dtype": str(self.model_runner.model.dtype).removeprefix("torch."),
                 "max_num_seqs": self.config.max_num_seqs,
                 "is_deterministic": self.config.deterministic,
+                "decode_overlap": self.model_runner.decoder.is_async,
                 **self._stats.as_dict(),
                 **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
@@ -239,7 +253,7 @@ class DiffusionEngine:
         self._take_inbox()
         plan = self.scheduler.schedule()
         did_work = not plan.is_empty
-        if did_work:
+        if did_work or self.model_runner.decoder.has_results():
             start = time.perf_counter()
             output = self.model_runner.execute(plan, self._take_cancels)
             self.scheduler.update_from_output(plan, output)
@@ -252,7 +266,7 @@ class DiffusionEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                if self._is_stopping and not self._inbox and not self.scheduler.has_unfinished():
+                if self._is_stopping and not self._inbox and not self._has_unfinished():
                     break
             try:
                 did_work = self.step()
@@ -262,10 +276,20 @@ class DiffusionEngine:
                 did_work = False
             if not did_work:
                 with self._cond:
-                    if not (self._inbox or self._cancel_job_ids or self._is_stopping):
+                    if not (self._inbox or self._cancel_job_ids or self._is_stopping
+                            or self.model_runner.decoder.has_results()):
                         self._cond.wait(IDLE_WAIT_SECONDS)
         self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
         self._publish()
+        self.model_runner.close()
+
+    def _has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or self.model_runner.decoder.num_pending > 0
+
+    def _wake(self) -> None:
+        """Called by the decode worker when images are ready: an idle loop collects them at once."""
+        with self._cond:
+            self._cond.notify()
 
     def _take_inbox(self) -> None:
         with self._cond:
@@ -275,8 +299,10 @@ class DiffusionEngine:
             for index, sample_id in enumerate(job.sample_ids):
                 params = job.params.for_image(index)
                 key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
+                first_step = params.num_inference_steps - (job.steps_per_sample or params.num_inference_steps)
                 cost = FAMILIES[self.family].sample_cost(params.height, params.width, params.guidance_scale)
-                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, cost=cost))
+                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step,
+                                             cost=cost))
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()
@@ -307,6 +333,10 @@ class DiffusionEngine:
                 stepped[job.job_id] = job
         for job in stepped.values():
             self._report_progress(job)
+        for sample_id in output.denoised_sample_ids:
+            job = job_of_sample.get(sample_id)
+            if job is not None:
+                job.denoised_at = now  # its last sample's last step ran in this iteration (decode comes after)
         ended: set[str] = set()
         for sample_id, message in output.failed.items():
             job = job_of_sample.get(sample_id)
@@ -317,17 +347,18 @@ class DiffusionEngine:
         for sample_id in output.finished_sample_ids:
             job = job_of_sample.get(sample_id)
             if job is not None and job.job_id not in ended:
-                job.images[sample_id] = output.images[sample_id]
+                job.images[sample_id] = keep_unmasked_pixels(job.params, output.images[sample_id])
                 decoded[job.job_id] = job
         for job in decoded.values():
-            job.decode_seconds += output.decode_seconds  # one decode call per iteration, shared
+            # one decode batch per size per iteration, shared by its samples
+            job.decode_seconds += max(output.decode_seconds_by_sample.get(s, 0.0) for s in job.sample_ids)
             if job.is_complete:
-                job.denoised_at = now - output.decode_seconds
                 self._end(job, None)
 
     def _end(self, job: Job, error: Exception | None, *, is_canceled: bool = False) -> list[str]:
         """Finish a job, aborting its samples still scheduled (returned); its future resolves at _publish()."""
         aborted = [sample_id for sample_id in job.sample_ids if self.scheduler.abort(sample_id)]
+        self.model_runner.decoder.discard(job.sample_ids)  # images still decoding are not the job's any more
         with self._cond:
             self._jobs.pop(job.job_id, None)
             for sample_id in job.sample_ids:

@@ -25,6 +25,9 @@ class EngineStats:
     num_samples_failed: int = 0
     num_samples_canceled: int = 0  # samples of canceled jobs that were still scheduled
     busy_seconds: float = 0.0  # wall time spent inside iterations that did work
+    forward_seconds: float = 0.0  # denoiser forwards (device time on CUDA, read from events without waiting)
+    decode_seconds: float = 0.0  # decode batches (on the decode worker when decode overlaps the loop)
+    num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward or a decode batch
 
     def record(self, output: RunnerOutput, seconds: float) -> None:
         self.num_iterations += 1
@@ -37,6 +40,9 @@ class EngineStats:
         self.num_sample_steps += len(output.stepped_sample_ids)
         self.num_samples_finished += len(output.finished_sample_ids)
         self.num_samples_failed += len(output.failed)
+        self.forward_seconds += sum(output.forward_seconds)
+        self.decode_seconds += output.decode_seconds
+        self.num_oom_splits += output.num_oom_splits
 
     def as_dict(self) -> dict:
         return {
@@ -51,6 +57,9 @@ class EngineStats:
             "jobs_failed": self.num_samples_failed,
             "jobs_canceled": self.num_samples_canceled,
             "busy_seconds": round(self.busy_seconds, 6),
+            "forward_seconds": round(self.forward_seconds, 6),
+            "decode_seconds": round(self.decode_seconds, 6),
+            "oom_splits": self.num_oom_splits,
             "steps_per_second": self.num_sample_steps / self.busy_seconds if self.busy_seconds else 0.0,
             "images_per_second": self.num_samples_finished / self.busy_seconds if self.busy_seconds else 0.0,
         }

@@ -31,6 +31,10 @@ class FamilySpec:
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
     mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
     supports_lora: bool = False  # the engine serves LoRA adapters for it (batching.lora)
+    # How img2img turns a strength into steps run, as the family's own diffusers img2img pipeline rounds:
+    # "floor_steps" runs int(steps * strength) (StableDiffusion[XL]Img2ImgPipeline); "floor_start" starts at
+    # int(steps - steps * strength) and runs the rest (FluxImg2ImgPipeline, ZImageImg2ImgPipeline).
+    strength_rounding: str = "floor_steps"
 
     @property
     def default_sampler(self) -> str:
@@ -39,6 +43,12 @@ class FamilySpec:
     def has_cfg(self, guidance_scale: float) -> bool:
         """Whether a job with this guidance runs an unconditional row beside its conditional one."""
         return self.guidance_kind == "cfg" and guidance_scale > self.cfg_above
+
+    def steps_to_run(self, num_steps: int, strength: float) -> int:
+        """Denoise steps an image-to-image sample runs: the last `strength` fraction of its schedule."""
+        if self.strength_rounding == "floor_start":
+            return num_steps - int(max(num_steps - num_steps * strength, 0))
+        return min(int(num_steps * strength), num_steps)
 
     def num_rows(self, guidance_scale: float) -> int:
         """Rows a job contributes to each denoiser forward."""
@@ -74,13 +84,13 @@ FAMILIES: dict[str, FamilySpec] = {
         name="flux", pipeline_classes=("FluxPipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=3.5, max_guidance=20.0, guidance_kind="embedded",
         mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
-        supports_lora=True,
+        strength_rounding="floor_start", supports_lora=True,
     ),
     "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
         name="zimage", pipeline_classes=("ZImagePipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=5.0, max_guidance=50.0, guidance_kind="cfg",
         cfg_above=0.0, mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
-        supports_lora=True,
+        supports_lora=True, strength_rounding="floor_start",
     ),
 }
 

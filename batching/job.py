@@ -43,10 +43,11 @@ class Job:
     decode_seconds: float = 0.0
     num_steps_done: int = 0  # over all its samples
     images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image
+    steps_per_sample: int | None = None  # steps each sample runs (fewer with an init image); None: all
 
     @property
     def num_steps_total(self) -> int:
-        return len(self.sample_ids) * self.params.num_inference_steps
+        return len(self.sample_ids) * (self.steps_per_sample or self.params.num_inference_steps)
 
     @property
     def is_complete(self) -> bool:

@@ -4,11 +4,15 @@ It owns every running sample's tensors (sampler, generator, latents, row conditi
 and one `InputBatch` per group, and knows no model family: the adapter
 (`batching.pipelines.contract`) does everything family-specific. Per plan: drop aborted
 samples, encode the new samples' prompts in one text-encoder call, run one denoiser
-forward per group, step each sample's own sampler, decode the samples that finished.
+forward per group, step each sample's own sampler, hand the samples that finished to the decoder (`batching.decoder`: beside the loop, or
+inline) and collect the images decoded meanwhile.
 Between two group forwards it asks the engine for samples canceled meanwhile, so a
 cancel or an abort takes effect within one forward. A failure is contained: an
 exception in a group's forward fails that group's samples, one in a sample's sampler
-step or decode fails that sample, and the runner keeps serving the rest.
+step or decode fails that sample, and the runner keeps serving the rest. An
+out-of-memory error is not a failure: the group is split and retried (`batching.oom`).
+The device is never synchronised here: forwards are timed with device events
+(`batching.device_timing`), and only the decoder waits, for the images.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from batching.errors import LoraError
+from batching.decoder import Decoder, DecodeItem
+from batching.device_timing import DeviceTimer
+from batching.image_start import blend_unmasked, encode_init_images, start_from_image
 from batching.input_batch import InputBatch
+from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
 from batching.pipelines.contract import PipelineAdapter
 from batching.plan import NewSample, RunnerOutput, SchedulerPlan
@@ -38,7 +46,8 @@ AbortedSince = Callable[[], Collection[str]]  # sample ids aborted since the las
 
 class ModelRunner:
     def __init__(self, model: PipelineAdapter, *, max_num_seqs: int, is_deterministic: bool = False,
-                 loras: EngineLoras | None = None) -> None:
+                 loras: EngineLoras | None = None, decode_overlap: bool = False,
+                 on_decoded: Callable[[], None] = lambda: None) -> None:
         self.model = model
         self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
         self.max_num_seqs = max_num_seqs
@@ -47,20 +56,30 @@ class ModelRunner:
         # the text encoder sees fixed-size chunks, and the VAE decodes one image at a time.
         self.num_padded_rows = model.max_rows_per_sample * max_num_seqs if is_deterministic else None
         self.samples: dict[str, SampleTensors] = {}
-        self.input_batches: dict[CompatibilityKey, InputBatch] = {}
+        self.input_batches: dict[tuple[CompatibilityKey, str], InputBatch] = {}  # (key, chunk) -> its buffers
+        self.row_caps: RowCaps[SampleTensors] = RowCaps()
+        self.decoder = Decoder(model, is_async=decode_overlap, on_result=on_decoded)
+        self.timer = DeviceTimer(model.device)
 
     def reset(self) -> None:
         """Forget every sample and buffer (after an engine error failed them all)."""
         self.samples.clear()
         self.input_batches.clear()
+        self.row_caps = RowCaps()
+        self.timer.discard()
+        self.decoder.discard(self.decoder.pending_sample_ids)
+
+    def close(self) -> None:
+        self.decoder.close()
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerPlan, aborted_since: AbortedSince = tuple) -> RunnerOutput:
         output = RunnerOutput()
         self._drop(plan.aborted_sample_ids)
-        for key in list(self.input_batches):
-            if key not in plan.groups:
-                del self.input_batches[key]
+        for batch_key in list(self.input_batches):
+            if batch_key[0] not in plan.groups:
+                del self.input_batches[batch_key]
+        self.row_caps.keep_only(plan.groups)  # a drained group freed its memory
         if plan.new_samples:
             self._admit(plan.new_samples, output)
         finished: list[SampleTensors] = []
@@ -72,7 +91,9 @@ class ModelRunner:
         self._drop(aborted_since())
         finished = [sample for sample in finished if sample.sample_id in self.samples]
         if finished:
-            self._decode(finished, output)
+            self._hand_to_decoder(finished, output)
+        self._collect_decoded(output)
+        output.forward_seconds = self.timer.collect()
         return output
 
     def _drop(self, sample_ids: Collection[str]) -> None:
@@ -106,23 +127,35 @@ class ModelRunner:
             for new in ready:
                 output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
             return
+        init_images = encode_init_images(self.model, ready, one_at_a_time=self.is_deterministic)
         output.encode_seconds = time.perf_counter() - start
         for new in ready:
             params = new.params
             try:
                 sampler = self.model.new_sampler(params)
                 generator = torch.Generator("cpu").manual_seed(params.seed)
+                latents, guide = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
                 self.samples[new.sample_id] = SampleTensors(
                     sample_id=new.sample_id,
                     params=params,
                     sampler=sampler,
                     generator=generator,
-                    latents=self.model.initial_latents(params, sampler, generator),
+                    latents=latents,
                     row_conditioning=self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)]),
+                    first_step=new.first_step,
+                    guide=guide,
                 )
             except Exception as e:
                 logger.exception("could not start sample %s", new.sample_id)
                 output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
+
+    def _start_latents(self, new: NewSample, sampler, generator: torch.Generator, init_image) -> tuple:
+        """Noise for text-to-image; the noised init image (and an inpaint guide) for image-to-image."""
+        if init_image is None:
+            return self.model.initial_latents(new.params, sampler, generator), None
+        if isinstance(init_image, Exception):
+            raise init_image
+        return start_from_image(self.model, new, sampler, generator, init_image)
 
     def _text_encoder_adapter(self, params) -> tuple[str, float] | None:
         return self.loras.text_encoder_adapter(params.lora, params.lora_scale) if self.loras else None
@@ -144,43 +177,30 @@ class ModelRunner:
     def _run_group(
         self, key: CompatibilityKey, samples: list[SampleTensors], output: RunnerOutput
     ) -> list[SampleTensors]:
+        chunks = self.row_caps.chunks(key, samples, lambda sample: sample.num_rows)
         try:
-            input_batch = self.input_batches.get(key)
-            if input_batch is None:
-                input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
-                self.input_batches[key] = input_batch
-            start = time.perf_counter()
-            forward_batch = input_batch.prepare(samples)
-            with self._lora_rows(samples):
-                predictions = self.model.forward(forward_batch)  # [num_buffer_rows, *latent_shape]
-            rows_of_samples = input_batch.split(predictions, samples)
-            guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
-            self._synchronize()
-            output.forward_seconds.append(time.perf_counter() - start)
-            output.rows_per_forward.append(input_batch.num_rows)
-            output.samples_per_forward.append(len(samples))
-            output.sizes_per_forward.append(len({(sample.params.height, sample.params.width) for sample in samples}))
-            output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
+            outcome = run_splitting(chunks, lambda chunk: self._forward(key, chunk, output),
+                                    rows_of=_rows_of, device=self.model.device)
         except Exception as e:
             logger.exception("denoiser forward failed for group %s", key)
-            self.input_batches.pop(key, None)
+            self._drop_input_batches(key)
             for sample in samples:
                 self._fail(sample, f"denoiser forward failed for {key}: {_describe(e)}", output)
             return []
+        if outcome.num_splits:
+            self._drop_input_batches(key)  # chunk buffers of the old split are stale
+            output.num_oom_splits += outcome.num_splits
+            self.row_caps.lower(key, outcome.largest_fit)
+            largest = max((len(chunk) for chunk, _ in outcome.results), default=0)
+            if largest:
+                output.admission_caps[key] = largest
+        for sample, error in outcome.failed:
+            self._fail(sample, alone_message(f"a forward of {key}", sample.num_rows, error), output)
         finished = []
-        for sample, prediction in zip(samples, guided):
-            try:
-                sample.latents = sample.sampler.step(
-                    prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
-                )[0]
-                sample.num_steps_done += 1
-            except Exception as e:
-                logger.exception("sampler step failed for sample %s", sample.sample_id)
-                self._fail(sample, f"{sample.params.sampler} sampler step failed: {_describe(e)}", output)
-                continue
-            output.stepped_sample_ids.append(sample.sample_id)
-            if sample.is_finished:
-                finished.append(sample)
+        for chunk, guided in outcome.results:
+            for sample, prediction in zip(chunk, guided):
+                if self._step(sample, prediction, output) and sample.is_finished:
+                    finished.append(sample)
         return finished
 
     def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
@@ -192,22 +212,67 @@ class ModelRunner:
         row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
         return self.loras.rows(row_adapters)
 
-    def _decode(self, samples: list[SampleTensors], output: RunnerOutput) -> None:
-        start = time.perf_counter()
-        for batch in self._decode_batches(samples):
-            try:
-                latents = torch.cat([sample.latents for sample in batch])
-                images = self.model.decode(latents, [sample.params for sample in batch])
-            except Exception as e:
-                logger.exception("decode failed")
-                for sample in batch:
-                    self._fail(sample, f"decoding the image failed: {_describe(e)}", output)
-                continue
-            for sample, image in zip(batch, images):
-                output.finished_sample_ids.append(sample.sample_id)
-                output.images[sample.sample_id] = image
-                del self.samples[sample.sample_id]
-        output.decode_seconds = time.perf_counter() - start
+    def _forward(self, key: CompatibilityKey, samples: list[SampleTensors], output: RunnerOutput) -> list:
+        """One denoiser call over `samples` (one chunk of the group): each sample's guided prediction."""
+        # A capped group runs in chunks, each with its own buffers (refilled only when its membership changes).
+        batch_key = (key, samples[0].sample_id) if key in self.row_caps.rows_by_key else (key, "")
+        input_batch = self.input_batches.get(batch_key)
+        if input_batch is None:
+            input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
+            self.input_batches[batch_key] = input_batch
+        span = self.timer.start()
+        try:
+            forward_batch = input_batch.prepare(samples)
+            with self._lora_rows(samples):
+                predictions = self.model.forward(forward_batch)  # [num_buffer_rows, *latent_shape]
+            rows_of_samples = input_batch.split(predictions, samples)
+            guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
+        except Exception:
+            del self.input_batches[batch_key]
+            raise
+        self.timer.stop(span)
+        output.rows_per_forward.append(input_batch.num_rows)
+        output.samples_per_forward.append(len(samples))
+        output.sizes_per_forward.append(len({(sample.params.height, sample.params.width) for sample in samples}))
+        output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
+        return guided
+
+    def _step(self, sample: SampleTensors, prediction, output: RunnerOutput) -> bool:
+        try:
+            sample.latents = sample.sampler.step(
+                prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
+            )[0]
+            sample.num_steps_done += 1
+            blend_unmasked(self.model, sample)  # inpainting only
+        except Exception as e:
+            logger.exception("sampler step failed for sample %s", sample.sample_id)
+            self._fail(sample, f"{sample.params.sampler} sampler step failed: {_describe(e)}", output)
+            return False
+        output.stepped_sample_ids.append(sample.sample_id)
+        return True
+
+    def _drop_input_batches(self, key: CompatibilityKey) -> None:
+        for batch_key in [batch_key for batch_key in self.input_batches if batch_key[0] == key]:
+            del self.input_batches[batch_key]
+
+    def _hand_to_decoder(self, samples: list[SampleTensors], output: RunnerOutput) -> None:
+        """The samples leave the runner now; their images arrive through `_collect_decoded`."""
+        batches = [[DecodeItem(sample.sample_id, sample.params, sample.latents) for sample in batch]
+                   for batch in self._decode_batches(samples)]
+        for sample in samples:
+            del self.samples[sample.sample_id]
+            output.denoised_sample_ids.append(sample.sample_id)
+        self.decoder.submit(batches)
+
+    def _collect_decoded(self, output: RunnerOutput) -> None:
+        for result in self.decoder.collect():
+            output.decode_seconds += result.seconds
+            output.num_oom_splits += result.num_oom_splits
+            output.failed.update(result.failed)
+            for sample_id, image in result.images.items():
+                output.finished_sample_ids.append(sample_id)
+                output.images[sample_id] = image
+                output.decode_seconds_by_sample[sample_id] = result.seconds
 
     def _decode_batches(self, samples: list[SampleTensors]) -> list[list[SampleTensors]]:
         if self.is_deterministic:
@@ -221,9 +286,10 @@ class ModelRunner:
         output.failed[sample.sample_id] = message
         self.samples.pop(sample.sample_id, None)
 
-    def _synchronize(self) -> None:
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)
+
+
+def _rows_of(samples: list[SampleTensors]) -> int:
+    return sum(sample.num_rows for sample in samples)
 
 
 def _describe(error: Exception) -> str:

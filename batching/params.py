@@ -17,6 +17,7 @@ from typing import Any
 
 from batching.errors import InvalidParamsError  # re-exported: the API imports it from here
 from batching.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
+from batching.image_inputs import RESIZE_MODES, check_reference, image_size
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
 DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
@@ -36,6 +37,9 @@ MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loose
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
+DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
+DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
 # A LoRA adapter is `NAME` (an operator adapter) or `tenants/TENANT/NAME` (a tenant's upload, as the
 # worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
 LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -46,6 +50,15 @@ MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the
 
 # Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+# What `stepwise up` (so `make run`) and `stepwise generate` serve when STEPWISE_MODEL is unset: a trained
+# model that draws its prompts (docs/shapes.md). A bare worker or API keeps DEFAULT_SERVICE_MODEL.
+SHOWCASE_MODEL = "builtin:shapes"
+
+
+def showcase_model() -> str:
+    return os.environ.get("STEPWISE_MODEL") or SHOWCASE_MODEL
 
 
 def service_model() -> str:
@@ -69,9 +82,23 @@ class GenerationParams:
     num_frames: int = 1
     lora: str | None = None  # LoRA adapter in the store (LORA_KEY_PATTERN); None: the base model
     lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
+    init_image: str | None = None  # data: URI or upload id (batching.image_inputs); None: text-to-image
+    mask_image: str | None = None  # white = repaint; needs init_image of the same size
+    strength: float = None  # type: ignore[assignment]  # None: 0.8 with init_image, 1.0 with a mask or without images
+    resize_mode: str = "none"  # batching.image_inputs.RESIZE_MODES
+    output_format: str = "png"  # OUTPUT_FORMATS
+    output_quality: int = DEFAULT_OUTPUT_QUALITY  # 1..100, for jpeg and webp
 
     def __post_init__(self) -> None:
         spec = self.family_spec
+        if (self.height is None or self.width is None) and isinstance(self.init_image, str) \
+                and self.init_image.startswith("data:"):
+            width, height = image_size("init_image", self.init_image)  # the image's size, unless the job names one
+            object.__setattr__(self, "width", self.width if self.width is not None else width)
+            object.__setattr__(self, "height", self.height if self.height is not None else height)
+        if self.strength is None:
+            only_init = self.init_image is not None and self.mask_image is None
+            object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
         defaults = {
             "height": spec.default_size,
             "width": spec.default_size,
@@ -104,6 +131,18 @@ class GenerationParams:
         """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
+
+    def steps_to_run(self, family: str | None = None) -> int:
+        """Denoise steps each sample runs: all of them for text-to-image, the last `strength` fraction
+        (as the family's diffusers img2img pipeline rounds it) with an init image."""
+        if self.init_image is None:
+            return self.num_inference_steps
+        spec = FAMILIES[family] if family else self.family_spec
+        return spec.steps_to_run(self.num_inference_steps, self.strength)
+
+    @property
+    def content_type(self) -> str:
+        return OUTPUT_FORMATS[self.output_format]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,6 +188,29 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
             raise InvalidParamsError("lora", p.lora, "must be an adapter name: letters, digits, '_', '.', '-' "
                                      "(at most 100, starting with a letter or digit)")
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
+    _validate_image_fields(p, spec)
+
+
+def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
+    """Shapes and ranges only; decoding and sizes are checked by batching.image_inputs.job_images."""
+    for name in ("init_image", "mask_image"):
+        if getattr(p, name) is not None:
+            check_reference(name, getattr(p, name))
+    if p.mask_image is not None and p.init_image is None:
+        raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
+    strength = _check_number(p, "strength", 0.0, 1.0)
+    if strength == 0.0:
+        raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
+    if strength != 1.0 and p.init_image is None:
+        raise InvalidParamsError("strength", p.strength, "needs an init_image")
+    if p.init_image is not None and spec.steps_to_run(p.num_inference_steps, strength) < 1:
+        raise InvalidParamsError("strength", p.strength, f"runs no step of {p.num_inference_steps}: "
+                                 "raise strength or num_inference_steps")
+    if p.resize_mode not in RESIZE_MODES:
+        raise InvalidParamsError("resize_mode", p.resize_mode, f"must be one of {', '.join(RESIZE_MODES)}")
+    if p.output_format not in OUTPUT_FORMATS:
+        raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(OUTPUT_FORMATS)}")
+    _check_int(p, "output_quality", 1, 100)
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:

@@ -19,7 +19,9 @@ class SampleTensors:
     generator: torch.Generator  # seeded by params.seed; draws the initial noise and any sampler noise
     latents: torch.Tensor  # [1, *latent_shape], in the family's layout (FLUX: packed tokens)
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
-    num_steps_done: int = 0
+    num_steps_done: int = 0  # steps this sample ran (not counting the ones its strength skipped)
+    first_step: int = 0  # index into sampler.timesteps of its first step: > 0 for image-to-image
+    guide: Any = None  # batching.image_start.InpaintGuide of an inpainting sample
 
     @property
     def num_rows(self) -> int:
@@ -27,8 +29,8 @@ class SampleTensors:
 
     @property
     def timestep(self) -> torch.Tensor:
-        return self.sampler.timesteps[self.num_steps_done]
+        return self.sampler.timesteps[self.first_step + self.num_steps_done]
 
     @property
     def is_finished(self) -> bool:
-        return self.num_steps_done == len(self.sampler.timesteps)
+        return self.first_step + self.num_steps_done == len(self.sampler.timesteps)

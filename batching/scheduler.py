@@ -18,6 +18,11 @@ Guarantees under every policy:
   in `aborted_sample_ids` of exactly one plan, the next one.
 - Once every sample has finished, failed or been aborted and that plan was taken, no
   per-sample state remains.
+- A sample leaves the running set when its last step ran (`denoised_sample_ids`): its
+  decode runs beside the loop and does not hold a running slot.
+- After an out-of-memory split the runner reports the most samples of a key that fit in
+  one forward (`admission_caps`); no sample of that key is admitted while that many run.
+  The cap is dropped once no sample of the key runs (the group drained: memory freed).
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class Scheduler:
         self._waiting: dict[str, ScheduledSample] = {}  # sample_id -> sample, in arrival order
         self._running: dict[str, ScheduledSample] = {}  # sample_id -> sample, in admission order
         self._aborted_sample_ids: list[str] = []  # aborted while running, since the last plan
+        self._admission_caps: dict[CompatibilityKey, int] = {}  # key -> most running samples (out-of-memory splits)
         self._is_admission_paused = False
 
     @property
@@ -108,8 +114,8 @@ class Scheduler:
         if sample.sample_id in self._waiting or sample.sample_id in self._running:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
-        self._waiting[sample.sample_id] = ScheduledSample(
-            new_sample=sample, num_steps=sample.params.num_inference_steps, cost=sample.num_tokens)
+        self._waiting[sample.sample_id] = ScheduledSample(new_sample=sample, num_steps=sample.num_steps,
+                                                          cost=sample.num_tokens)
 
     def abort(self, sample_id: str) -> bool:
         """Remove a waiting or running sample; False when it is unknown or already gone."""
@@ -142,6 +148,7 @@ class Scheduler:
             "max_num_tokens": self.config.max_num_tokens,
             "waiting_by_key": dict(Counter(str(sample.key) for sample in self._waiting.values())),
             "running_by_key": dict(Counter(str(sample.key) for sample in self._running.values())),
+            "admission_caps_by_key": {str(key): cap for key, cap in self._admission_caps.items()},
         }
 
     def schedule(self) -> SchedulerPlan:
@@ -173,17 +180,32 @@ class Scheduler:
             if sample is not None:
                 sample.num_steps_done += 1
                 assert sample.num_steps_done <= sample.num_steps, f"sample {sample_id!r} stepped past its last step"
-        for sample_id in output.finished_sample_ids:
+        for sample_id in output.denoised_sample_ids + output.finished_sample_ids:
             sample = self._running.pop(sample_id, None)
             if sample is not None:
                 assert sample.num_steps_done == sample.num_steps, f"sample {sample_id!r} finished before its last step"
+        for key, cap in output.admission_caps.items():
+            self._admission_caps[key] = min(cap, self._admission_caps.get(key, cap))
 
     def _admit(self) -> list[ScheduledSample]:
         num_free = self.config.max_num_seqs - len(self._running)
         budget = self.config.max_num_tokens
         tokens_free = math.inf if budget is None else budget - self.num_running_tokens
-        admitted = self._policy.admit(list(self._waiting.values()), list(self._running.values()), num_free,
-                                      tokens_free)
+        running_by_key = Counter(sample.key for sample in self._running.values())
+        self._admission_caps = {key: cap for key, cap in self._admission_caps.items() if running_by_key[key]}
+        waiting = list(self._waiting.values())
+        if self._admission_caps:
+            room = {key: cap - running_by_key[key] for key, cap in self._admission_caps.items()}
+            waiting = [sample for sample in waiting if room.get(sample.key, 1) > 0]
+            admitted = []
+            for sample in self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free):
+                if sample.key in room:
+                    if room[sample.key] <= 0:
+                        continue  # stays waiting
+                    room[sample.key] -= 1
+                admitted.append(sample)
+        else:
+            admitted = self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free)
         for sample in admitted:
             del self._waiting[sample.sample_id]
             self._running[sample.sample_id] = sample

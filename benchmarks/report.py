@@ -43,11 +43,33 @@ def markdown(summary: dict) -> str:
             f"| {_x(h['p95_latency_fifo_over_default_two_resolution'])} | {_pct(h['engine_efficiency_default_burst'])} |"
         )
     lines += ["", "![throughput vs arrival rate](throughput_vs_rate.png)", ""]
+    if summary.get("correctness"):
+        lines += _correctness_section(summary["correctness"])
     if summary.get("e2e"):
         lines += _e2e_section(summary["e2e"])
     for model in summary["models"]:
         lines += _model_section(model, summary["headlines"][model["model"]])
     return "\n".join(lines) + "\n"
+
+
+def _correctness_section(shapes: dict) -> list[str]:
+    lines = [
+        f"## Correctness: {shapes['model']} judged by its pixel checker",
+        "",
+        f"{shapes['num_cases']} fixed prompts and seeds, 20 steps, 128px, guidance mixed (5, 7.5, 10); co-batched: each job "
+        f"joins two steps after the previous one, up to {shapes['max_num_seqs']} at once.",
+        "",
+        "| run | drawn as asked | images/s |",
+        "|---|---|---|",
+    ]
+    for mode, label in (("alone", "alone"), ("co_batched", "co-batched")):
+        result = shapes[mode]
+        lines.append(f"| {label} | {result['num_passed']}/{shapes['num_cases']} ({_pct(result['accuracy'])}) "
+                     f"| {result['images_per_second']:.2f} |")
+    failures = shapes["alone"]["failures"] + shapes["co_batched"]["failures"]
+    if failures:
+        lines += ["", "Not drawn as asked:", ""] + [f"- {failure}" for failure in failures]
+    return lines + [""]
 
 
 def _model_section(model: dict, headlines: dict) -> list[str]:

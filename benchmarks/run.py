@@ -43,17 +43,21 @@ class SuiteSize:
     max_num_seqs: int  # engine capacity and static group size
     forward_repeats: int  # timed repeats per shape in the bare-UNet timing
     e2e_num_jobs: int
+    num_shapes_cases: int  # builtin:shapes cases the pixel checker judges, alone and co-batched
 
 
 SIZES = {
     "smoke": SuiteSize("smoke", {"builtin:tiny": 3, "builtin:small": 3}, num_steps=2, size=64, second_size=96,
-                       rate_multiples=(1.0, 3.0), max_num_seqs=2, forward_repeats=1, e2e_num_jobs=3),
+                       rate_multiples=(1.0, 3.0), max_num_seqs=2, forward_repeats=1, e2e_num_jobs=3,
+                       num_shapes_cases=3),
     "quick": SuiteSize("quick", {"builtin:tiny": 8, "builtin:small": 6}, num_steps=10, size=128, second_size=192,
-                       rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=4, forward_repeats=2, e2e_num_jobs=8),
+                       rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=4, forward_repeats=2, e2e_num_jobs=8,
+                       num_shapes_cases=24),
     # full: about 10-15 minutes on 2 shared cores; the Poisson runs at 0.5x take longest (their length is set by
     # the arrival schedule), and builtin:small gets fewer jobs because each costs about 3x more.
     "full": SuiteSize("full", {"builtin:tiny": 16, "builtin:small": 10}, num_steps=20, size=128, second_size=192,
-                      rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=8, forward_repeats=3, e2e_num_jobs=16),
+                      rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=8, forward_repeats=3, e2e_num_jobs=16,
+                      num_shapes_cases=24),
 }
 
 
@@ -70,7 +74,7 @@ class SuiteOptions:
 
 
 def run_suite(options: SuiteOptions) -> dict:
-    from benchmarks import e2e, report
+    from benchmarks import correctness, e2e, report
 
     runs_dir = options.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +84,8 @@ def run_suite(options: SuiteOptions) -> dict:
     started = time.monotonic()
     with LoadSampler() as load:
         models = [run_model(model, options, machine, runs_dir) for model in options.models]
+        shapes = correctness.run_correctness(options.size.num_shapes_cases, options.size.max_num_seqs,
+                                             options.device, options.num_threads)
         end_to_end = None
         if options.run_e2e:
             tiny = next((m for m in models if m["model"] == "builtin:tiny"), models[0] if models else None)
@@ -96,6 +102,7 @@ def run_suite(options: SuiteOptions) -> dict:
         "load_average": load.summary(),
         "suite_seconds": time.monotonic() - started,
         "models": models,
+        "correctness": shapes,
         "e2e": end_to_end,
         "headlines": headline_ratios(models, end_to_end),
     }

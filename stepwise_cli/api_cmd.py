@@ -58,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = ApiSettings.from_env()  # fail here, once, rather than in every worker
     except (SettingsError, ValueError) as e:
-        print(f"stepwise api: {e}", file=sys.stderr)
+        print(f"stepwise api: {e}", file=sys.stderr, flush=True)
+        if args.worker_class == "gevent":  # a normal exit would print gevent's finalizer noise after the one line
+            os._exit(2)
         return 2
     from storage.settings import env_float, env_int
     from stepwise_cli.api_worker import ApiWorker

@@ -40,6 +40,7 @@ from stepwise_cli.client import (
     add_api_arguments,
     resolve_target,
 )
+from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from stepwise_cli.submit import image_urls, job_error_message, num_images
 
 POLL_INTERVAL_SECONDS = 0.5
@@ -87,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None, help="give up on unfinished rows after this many seconds")
     parser.add_argument("--retry-for", type=float, default=600.0,
                         help="keep retrying an unreachable or overloaded API this long (default 600 s)")
+    add_image_arguments(parser, format_flag="--output-format")  # --format names the input file's format
     parser.add_argument("--run-name", help="identity of this run in the idempotency keys (default: the file name)")
     add_api_arguments(parser)
 
@@ -281,7 +283,7 @@ class Backfill:
         paths = []
         for index in range(count):
             suffix = "" if count == 1 else f"-{index}"
-            dest = self.out_dir / f"line-{line:06d}{suffix}.png"
+            dest = self.out_dir / f"line-{line:06d}{suffix}{image_extension(job)}"
             if not (dest.exists() and dest.stat().st_size > 0):  # saved by an earlier, interrupted run
                 self.client.download_image(job["job_id"], dest, index=index)
             paths.append(str(dest))
@@ -313,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         rows = read_rows(args.file, args.format)
+        shared = image_fields(args)  # inline: the same body on a rerun, so idempotency keys still match
+        rows = [Row(row.line, {**shared, **row.body}, row.parse_error) if row.body is not None else row for row in rows]
         target = resolve_target(args)
     except (OSError, ClientError) as e:
         print(f"stepwise backfill: {e}", file=sys.stderr)

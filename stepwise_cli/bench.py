@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
     summary = run_suite(options)
     print(f"results: {args.out / 'results.md'}")
+    shapes = summary["correctness"]
+    print(f"  {shapes['model']} drawn as asked (pixel checker): alone {_pct(shapes['alone']['accuracy'])}, "
+          f"co-batched {_pct(shapes['co_batched']['accuracy'])} of {shapes['num_cases']}")
     for model, ratios in summary["headlines"].items():
         if model == "e2e":
             print(f"  end to end: {ratios}")

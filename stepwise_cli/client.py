@@ -138,6 +138,14 @@ class ApiClient:
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         return self.request("POST", "/v1/jobs", json=body, headers=headers).json()
 
+    def upload_image(self, path: Path) -> str:
+        """POST /v1/uploads with the file as the body; returns the upload id."""
+        from stepwise_cli.image_args import INPUT_TYPES
+
+        content_type = INPUT_TYPES.get(path.suffix.lower(), "application/octet-stream")
+        response = self.request("POST", "/v1/uploads", data=path.read_bytes(), headers={"Content-Type": content_type})
+        return response.json()["id"]
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{quote(job_id, safe='')}").json()
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from batching.builtin_model import builtin_names
-from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, SAMPLERS, service_model
+from batching.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL, showcase_model
 
 FLAG_OF_FIELD = {
     "prompt": "--prompt",
@@ -38,9 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's)")
     parser.add_argument(
         "--model",
-        default=service_model(),
+        default=showcase_model(),
         help=f"{', '.join(builtin_names())}, a diffusers folder or a cached Hugging Face repo id "
-        f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})",
+        f"(default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--lora", default=None,

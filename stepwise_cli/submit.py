@@ -18,6 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
@@ -89,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated: started, completed, failed, canceled (default: all)")
     parser.add_argument("--deadline", type=parse_deadline,
                         help="a job not started by then ends `expired`: a duration (10m, 2h) or RFC 3339 time")
+    add_image_arguments(parser, format_flag="--format")
     parser.add_argument("--wait", action="store_true", help="wait for the job, showing its progress")
     parser.add_argument("--out", type=Path, help="save the images in this folder (implies --wait)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job (default 600)")
@@ -96,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_api_arguments(parser)
 
 
-def request_body(args: argparse.Namespace) -> dict[str, Any]:
+def request_body(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": args.prompt}
     for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model",
                  "height", "width", "webhook_url", "webhook_events", "deadline"):
@@ -105,6 +107,7 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
             body[name] = value
     if args.size is not None:
         body["width"], body["height"] = args.size
+    body.update(image_fields(args, upload))
     return body
 
 
@@ -135,7 +138,11 @@ def _say_retrying(error: ClientError, delay: float) -> None:
 
 
 def _submit(client: ApiClient, args: argparse.Namespace) -> int:
-    accepted = client.submit_job(request_body(args))
+    try:
+        body = request_body(args, client.upload_image)
+    except OSError as e:
+        raise ClientError(f"could not read an image file: {e}") from e
+    accepted = client.submit_job(body)
     job_id = accepted["job_id"]
     if not (args.wait or args.out):
         if args.json:
@@ -203,6 +210,7 @@ def save_images(client: ApiClient, job: dict[str, Any], out_dir: Path, stem: str
     count = num_images(job)
     paths = []
     for index in range(count):
-        name = f"{stem}.png" if count == 1 else f"{stem}-{index}.png"
+        extension = image_extension(job)
+        name = f"{stem}{extension}" if count == 1 else f"{stem}-{index}{extension}"
         paths.append(client.download_image(job["job_id"], out_dir / name, index=index))
     return paths

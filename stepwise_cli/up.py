@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import redis
 import requests
 
-from batching.params import DEFAULT_SERVICE_MODEL, service_model
+from batching.params import SHOWCASE_MODEL, showcase_model
 from stepwise_cli.client import ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
 
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="API address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
     parser.add_argument("--model", help="model the worker serves and jobs get by default "
-                                        f"(default: $STEPWISE_MODEL, else {DEFAULT_SERVICE_MODEL})")
+                                        f"(default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: $STEPWISE_DEVICE, else cpu)")
     parser.add_argument("--max-num-seqs", type=int, help="jobs the worker batches at once (default: the worker's)")
     parser.add_argument("--api-workers", type=int, default=2,
@@ -99,7 +99,7 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
         if getattr(args, option) is not None:
             env[name] = str(getattr(args, option))
     env.setdefault("STEPWISE_DEVICE", "cpu")
-    env["STEPWISE_MODEL"] = args.model or service_model()  # the worker's model is the API's default
+    env["STEPWISE_MODEL"] = args.model or showcase_model()  # the worker's model is the API's default
     return env
 
 

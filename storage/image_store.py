@@ -1,8 +1,9 @@
 """Where generated images live: a local folder (the embedded default) or an S3 bucket.
 
 `open_image_store(settings)` picks the backend from `STEPWISE_STORAGE_URL`: `file:///path` or
-`s3://bucket/prefix`. Keys are deterministic (`{prefix}/{job_id}/{index}.png`), so a retried
-upload overwrites the same object and never leaves a duplicate.
+`s3://bucket/prefix`. Keys are deterministic (`{prefix}/{job_id}/{index}.{format}`), so a retried
+upload overwrites the same object and never leaves a duplicate. The key's extension is the image's
+format (png, jpeg, webp) and the one place its content type is derived from.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from urllib.parse import unquote, urlsplit
 from storage.settings import StorageSettings
 
 PNG_CONTENT_TYPE = "image/png"
+CONTENT_TYPES = {"png": PNG_CONTENT_TYPE, "jpeg": "image/jpeg", "webp": "image/webp"}  # key extension -> MIME
+
+
+def content_type_of_key(key: str) -> str:
+    """The MIME type of a stored image, from its key's extension (PNG for keys from before formats)."""
+    return CONTENT_TYPES.get(key.rsplit(".", 1)[-1].lower(), PNG_CONTENT_TYPE)
 
 
 @dataclass(frozen=True)
@@ -36,13 +43,19 @@ class ImageInfo:
 class ImageStore(abc.ABC):
     prefix: str = ""
 
-    def key_for(self, job_id: str, index: int) -> str:
-        name = f"{job_id}/{int(index)}.png"
+    def key_for(self, job_id: str, index: int, image_format: str = "png") -> str:
+        if image_format not in CONTENT_TYPES:
+            raise ValueError(f"image format must be one of {', '.join(CONTENT_TYPES)} (got {image_format!r})")
+        name = f"{job_id}/{int(index)}.{image_format}"
         return f"{self.prefix}/{name}" if self.prefix else name
 
     @abc.abstractmethod
+    def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+        """Store (or replace) an image with string metadata such as job id, seed and model; its content
+        type is its key's (`content_type_of_key`)."""
+
     def put_png(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
-        """Store (or replace) a PNG with string metadata such as job id, seed and model."""
+        self.put_image(key, data, metadata)
 
     @abc.abstractmethod
     def get_bytes(self, key: str) -> bytes:

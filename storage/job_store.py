@@ -97,6 +97,11 @@ class JobStore:
         self._release = register(lua.RELEASE)
         self._add_webhook_attempt = register(lua.ADD_WEBHOOK_ATTEMPT)
 
+    @property
+    def redis(self) -> redis.Redis:
+        """The client, for stores that live beside the records (storage.upload_store)."""
+        return self._redis
+
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> JobStore:
         return cls(settings.redis_url, job_ttl_seconds=settings.job_ttl_seconds)

@@ -1,4 +1,4 @@
-"""Images in a local folder: `{root}/{job_id}/{index}.png`, metadata in a `.meta.json` beside it.
+"""Images in a local folder: `{root}/{job_id}/{index}.{format}`, metadata in a `.meta.json` beside it.
 
 Every write goes to a temporary file in the same folder and is renamed into place, so a reader
 sees the old image or the new one, never half of one.
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from storage.errors import ImageNotFoundError, StorageError
-from storage.image_store import PNG_CONTENT_TYPE, ImageInfo, ImageStore
+from storage.image_store import ImageInfo, ImageStore, content_type_of_key
 
 
 class LocalImageStore(ImageStore):
@@ -33,7 +33,7 @@ class LocalImageStore(ImageStore):
         path = self.path_for(key)
         return path.with_name(path.name + ".meta.json")
 
-    def put_png(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+    def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
         path = self.path_for(key)
         metadata_json = json.dumps({name: str(value) for name, value in metadata.items()}, sort_keys=True)
         try:
@@ -60,7 +60,7 @@ class LocalImageStore(ImageStore):
             metadata = json.loads(self._metadata_path(key).read_text())
         except FileNotFoundError:
             metadata = {}
-        return ImageInfo(size=size, content_type=PNG_CONTENT_TYPE, metadata=metadata)
+        return ImageInfo(size=size, content_type=content_type_of_key(key), metadata=metadata)
 
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         return None

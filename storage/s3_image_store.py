@@ -23,7 +23,7 @@ from tenacity import (
 )
 
 from storage.errors import ImageNotFoundError, StorageError, StorageUnavailableError
-from storage.image_store import PNG_CONTENT_TYPE, ImageInfo, ImageStore, RetryPolicy
+from storage.image_store import ImageInfo, ImageStore, RetryPolicy, content_type_of_key
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ class S3ImageStore(ImageStore):
                     f"S3 {action} of {location} failed after {self.retry.max_attempts} attempts: {e}") from e
             raise StorageError(f"S3 {action} of {location} failed: {e}") from e
 
-    def put_png(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+    def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
         self._call("upload", key, self._client.put_object, Bucket=self.bucket, Key=key, Body=data,
-                   ContentType=PNG_CONTENT_TYPE, Metadata={name: str(value) for name, value in metadata.items()})
+                   ContentType=content_type_of_key(key), Metadata={name: str(value) for name, value in metadata.items()})
 
     def get_bytes(self, key: str) -> bytes:
         def download() -> bytes:

@@ -19,6 +19,7 @@ from batching.errors import EngineShutdownError
 from batching.params import GenerationParams
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
+from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore, open_lora_store
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
@@ -42,6 +43,7 @@ class WorkerRuntime:
         self.runs_engine = runs_engine  # False in a worker that only delivers webhooks
         self.worker_id = worker_id or new_worker_id()
         self.job_store = JobStore(settings.storage.redis_url, job_ttl_seconds=settings.storage.job_ttl_seconds)
+        self.uploads = UploadStore.beside(self.job_store)  # input images of jobs (upload ids in records)
         self._image_store: ImageStore | None = None
         self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None

@@ -19,6 +19,7 @@ import time
 
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
 from batching.params import GenerationParams
+from worker.input_images import with_input_images
 from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
 from storage.webhooks import EVENT_FOR_STATE
@@ -92,7 +93,7 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
                        error_message=f"the job did not start before its deadline ({late:.1f}s late)")
     emit_event(record, "started")
     try:
-        params = GenerationParams.from_dict(record.params)
+        params = GenerationParams.from_dict(with_input_images(record.params, record.tenant, runtime.uploads))
     except InvalidParamsError as e:
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
     if params.lora is not None:
@@ -137,7 +138,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     upload_started = time.perf_counter()
     try:
         image_keys = upload_images(runtime.image_store, job_id, list(result.images), list(result.seeds),
-                                   result.params.model)
+                                   result.params.model, result.params.output_format, result.params.output_quality)
     except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries
         log.warning("job %s: image storage unavailable: %s", job_id, e)
         return end_job(runtime, record, JobState.FAILED, error_code="storage_unavailable",

@@ -1,4 +1,4 @@
-"""PNG encoding and upload of a finished job's images, on its task thread."""
+"""Encoding a finished job's images in its output format and storing them, on its task thread."""
 
 from __future__ import annotations
 
@@ -7,19 +7,29 @@ from typing import Any
 
 from storage.image_store import ImageStore
 
+PILLOW_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}  # GenerationParams.output_format -> Pillow's name
 
-def encode_png(image: Any) -> bytes:
+
+def encode_image(image: Any, output_format: str = "png", quality: int = 90) -> bytes:
+    """PNG (lossless; quality ignored), or JPEG/WebP at `quality` (1-100)."""
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
+    options = {} if output_format == "png" else {"quality": quality}
+    image.convert("RGB").save(buffer, format=PILLOW_FORMATS[output_format], **options)
     return buffer.getvalue()
 
 
-def upload_images(image_store: ImageStore, job_id: str, images: list[Any], seeds: list[int], model: str) -> list[str]:
-    """Store each image under its deterministic key; a repeated run overwrites the same keys."""
+def encode_png(image: Any) -> bytes:
+    return encode_image(image, "png")
+
+
+def upload_images(image_store: ImageStore, job_id: str, images: list[Any], seeds: list[int], model: str,
+                  output_format: str = "png", quality: int = 90) -> list[str]:
+    """Store each image under its deterministic key (its extension the format); a repeated run overwrites
+    the same keys."""
     keys = []
     for index, image in enumerate(images):
-        key = image_store.key_for(job_id, index)
+        key = image_store.key_for(job_id, index, output_format)
         metadata = {"job_id": job_id, "index": str(index), "seed": str(seeds[index]), "model": model}
-        image_store.put_png(key, encode_png(image), metadata)
+        image_store.put_image(key, encode_image(image, output_format, quality), metadata)
         keys.append(key)
     return keys

@@ -23,6 +23,7 @@ class BuiltinModel:
     version: str  # bump when the configs or the seeds change: the cache folder is keyed on it
     family: str  # the diffusers pipeline family: "sd", "sdxl", "flux" or "zimage"
     builder: str  # module with `build_pipeline(name)`, imported only to build
+    shipped_folder: Path | None = None  # a trained model that ships in the package: used as is, never built
 
 
 BUILTIN_MODELS = {
@@ -31,6 +32,8 @@ BUILTIN_MODELS = {
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.builtin_models.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.builtin_models.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.builtin_models.zimage"),
+    "shapes": BuiltinModel(version="v1", family="sd", builder="batching.shapes.train",  # trained: docs/shapes.md
+                           shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes"),
 }
 
 
@@ -55,6 +58,8 @@ def cache_dir() -> Path:
 def builtin_model_path(model: str) -> Path:
     """The folder of a built-in model, building and saving it first if it is missing."""
     name = _short_name(model)
+    if BUILTIN_MODELS[name].shipped_folder is not None:
+        return BUILTIN_MODELS[name].shipped_folder
     folder = cache_dir() / f"builtin-{name}-{BUILTIN_MODELS[name].version}"
     if not (folder / "model_index.json").exists():
         save_builtin_model(model, folder)
@@ -67,7 +72,11 @@ def save_builtin_model(model: str, folder: Path) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.parent / f".{folder.name}.{uuid.uuid4().hex}.tmp"
     try:
-        build_builtin_pipeline(model).save_pretrained(staging)
+        shipped = BUILTIN_MODELS[_short_name(model)].shipped_folder
+        if shipped is not None:
+            shutil.copytree(shipped, staging)
+        else:
+            build_builtin_pipeline(model).save_pretrained(staging)
         try:
             os.rename(staging, folder)
         except OSError:

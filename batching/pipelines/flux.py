@@ -15,7 +15,6 @@ padding keys masked); a forward over rows of one size runs diffusers' attention 
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,13 +26,14 @@ from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
+from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
 
-class FluxAdapter:
+class FluxAdapter(ImageLatentsMixin):
     family = "flux"
     max_rows_per_sample = 1
 
@@ -78,12 +78,20 @@ class FluxAdapter:
         config = self.pipeline.scheduler.config
         return flow_matching_sampler(config, params.num_inference_steps, self._num_tokens(params), self.device)
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         channels = self.transformer.config.in_channels // 4
         height, width = self._latent_size(params)
         noise = randn_tensor((1, channels, height, width), generator=generator, device=self.device, dtype=self.dtype)
-        packed = noise.view(1, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
-        return packed.reshape(1, (height // 2) * (width // 2), channels * 4)  # [1, tokens, 64]
+        return self.pack_latents(noise)  # [1, tokens, 64]
+
+    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+        return self.draw_noise(params, generator)
+
+    def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """[1, c, h, w] to 2x2 patches [1, (h/2)*(w/2), c*4], as FluxPipeline packs them."""
+        _, channels, height, width = latents.shape
+        packed = latents.view(1, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
+        return packed.reshape(1, (height // 2) * (width // 2), channels * 4)
 
     def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
         guidance = torch.tensor(float(params.guidance_scale), device=self.device, dtype=torch.float32)

@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 
 
 @dataclass
@@ -34,7 +32,14 @@ class MixedSizeFluxAttnProcessor:
     """FLUX joint attention with per-row rotary positions and a key mask while a `RowLayout` is active."""
 
     def __init__(self) -> None:
+        # Imported here, not at module load: diffusers' FLUX module loads accelerate, and with it boto3
+        # (tests/test_layering.py keeps batching modules from loading that when imported).
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+
         self.uniform = FluxAttnProcessor()
+        self._projections = _get_qkv_projections
+        self._attention = dispatch_attention_fn
         self.layout: RowLayout | None = None
 
     @contextlib.contextmanager
@@ -49,7 +54,7 @@ class MixedSizeFluxAttnProcessor:
         layout = self.layout
         if layout is None:
             return self.uniform(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-        query, key, value, text_query, text_key, text_value = _get_qkv_projections(
+        query, key, value, text_query, text_key, text_value = self._projections(
             attn, hidden_states, encoder_hidden_states)
         query, key, value = (tensor.unflatten(-1, (-1, attn.head_dim)) for tensor in (query, key, value))
         query, key = attn.norm_q(query), attn.norm_k(key)
@@ -60,7 +65,7 @@ class MixedSizeFluxAttnProcessor:
             key = torch.cat([attn.norm_added_k(text_key), key], dim=1)
             value = torch.cat([text_value, value], dim=1)
         query, key = _rotate(query, layout), _rotate(key, layout)
-        out = dispatch_attention_fn(query, key, value, attn_mask=layout.key_mask,
+        out = self._attention(query, key, value, attn_mask=layout.key_mask,
                                     backend=self.uniform._attention_backend)
         out = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:

@@ -17,12 +17,13 @@ from diffusers.utils.torch_utils import randn_tensor
 from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 
 
-class StableDiffusionAdapter:
+class StableDiffusionAdapter(ImageLatentsMixin):
     family = "sd"
     max_rows_per_sample = 2
 
@@ -68,11 +69,13 @@ class StableDiffusionAdapter:
     def new_sampler(self, params: GenerationParams) -> Any:
         return make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (1, self.unet.config.in_channels, params.height // self.vae_scale_factor,
                  params.width // self.vae_scale_factor)
-        noise = randn_tensor(shape, generator=generator, device=self.device, dtype=self.dtype)
-        return noise * sampler.init_noise_sigma  # [1, c, h/8, w/8]
+        return randn_tensor(shape, generator=generator, device=self.device, dtype=self.dtype)  # [1, c, h/8, w/8]
+
+    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+        return self.draw_noise(params, generator) * sampler.init_noise_sigma
 
     def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
         if self.spec.has_cfg(params.guidance_scale):

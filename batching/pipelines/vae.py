@@ -31,3 +31,25 @@ def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image]:
     pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
     array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
     return [Image.fromarray(np.ascontiguousarray(image)) for image in array]
+
+
+@torch.inference_mode()
+def encode_pixels(vae: Any, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RGB pixels [n, 3, H, W] in [-1, 1] to the VAE's latent distribution (mean, std), each [n, c, h, w]
+    in the VAE's raw space: one encoder call for the batch; each sample draws from it with its own generator."""
+    distribution = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist
+    return distribution.mean, distribution.std
+
+
+def to_latent_space(vae: Any, raw: torch.Tensor) -> torch.Tensor:
+    """A raw VAE latent to the space the denoiser works in: the inverse of `decode_latents`' scaling."""
+    config = vae.config
+    latents_mean, latents_std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
+    if latents_mean is not None and latents_std is not None:
+        shape = (1, -1, 1, 1)
+        mean = torch.tensor(latents_mean, device=raw.device, dtype=raw.dtype).view(shape)
+        std = torch.tensor(latents_std, device=raw.device, dtype=raw.dtype).view(shape)
+        return (raw - mean) * config.scaling_factor / std
+    if getattr(config, "shift_factor", None):
+        raw = raw - config.shift_factor
+    return raw * config.scaling_factor

@@ -23,13 +23,15 @@ from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
+from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
 
 
-class ZImageAdapter:
+class ZImageAdapter(ImageLatentsMixin):
+    latent_dtype = torch.float32  # as ZImagePipeline keeps its latents
     family = "zimage"
     max_rows_per_sample = 2
 
@@ -78,9 +80,12 @@ class ZImageAdapter:
         num_tokens = (height // 2) * (width // 2)
         return flow_matching_sampler(self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (1, self.transformer.in_channels, *self._latent_size(params))
         return randn_tensor(shape, generator=generator, device=self.device, dtype=torch.float32)  # [1, 16, h/8, w/8]
+
+    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+        return self.draw_noise(params, generator)
 
     def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
         if self.spec.has_cfg(params.guidance_scale):

@@ -169,3 +169,41 @@ def test_a_job_not_started_by_its_deadline_ends_expired(api, worker, http, modul
 
     assert expired["error"]["code"] == "deadline_exceeded"
     assert expired["image_url"] is None
+
+
+def _picture_bytes(image_format: str, size: tuple[int, int] = (64, 64)) -> bytes:
+    buffer = io.BytesIO()
+    Image.radial_gradient("L").resize(size).convert("RGB").save(buffer, format=image_format)
+    return buffer.getvalue()
+
+
+def test_an_uploaded_init_image_gives_an_img2img_job_whose_jpeg_output_decodes_as_jpeg(api, worker, http):
+    uploaded = http.post(f"{api.url}/v1/uploads", data=_picture_bytes("PNG"),
+                         headers={**auth(), "Content-Type": "image/png"}, timeout=10)
+    assert uploaded.status_code == 201, uploaded.text
+    body = {**SMALL, "width": 64, "init_image": uploaded.json()["id"], "strength": 0.5, "output_format": "jpeg",
+            "output_quality": 80}
+
+    done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
+    image = http.get(done["image_url"], headers=auth(), timeout=30)
+
+    assert done["progress"]["step"] == done["progress"]["total"] == 2, "half of the 4 steps run"
+    assert image.status_code == 200 and image.headers["Content-Type"] == "image/jpeg"
+    with Image.open(io.BytesIO(image.content)) as jpeg:
+        assert jpeg.format == "JPEG" and jpeg.size == (64, 64)
+
+
+def test_an_inline_inpainting_job_gives_a_webp_that_decodes_as_webp(api, worker, http):
+    mask = io.BytesIO()
+    Image.new("L", (64, 64), 255).save(mask, format="PNG")
+    uri = "data:image/{};base64,{}".format
+    body = {**SMALL, "width": 64, "output_format": "webp",
+            "init_image": uri("jpeg", base64.b64encode(_picture_bytes("JPEG")).decode()),
+            "mask_image": uri("png", base64.b64encode(mask.getvalue()).decode())}
+
+    done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
+    image = http.get(done["image_url"], headers=auth(), timeout=30)
+
+    assert image.status_code == 200 and image.headers["Content-Type"] == "image/webp"
+    with Image.open(io.BytesIO(image.content)) as webp:
+        assert webp.format == "WEBP" and webp.size == (64, 64)

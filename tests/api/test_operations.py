@@ -9,7 +9,7 @@ from tests.api.calls import submit
 ROUTES = {
     ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/batch", "post"), ("/v1/jobs/{job_id}", "get"),
     ("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/image", "get"), ("/healthz", "get"),
-    ("/readyz", "get"), ("/metrics", "get"), ("/openapi.json", "get"),
+    ("/readyz", "get"), ("/metrics", "get"), ("/openapi.json", "get"), ("/v1/uploads", "post"),
 }
 
 

@@ -87,6 +87,17 @@ def test_end_to_end_runs_report_overhead_and_submit_throughput(results):
     assert is_number(e2e["api_submit"]["requests_per_second"])
 
 
+def test_the_shapes_checker_accuracy_is_reported_beside_throughput_alone_and_co_batched(results):
+    summary = json.loads((results / "summary.json").read_text())
+    shapes = summary["correctness"]
+
+    assert shapes["model"] == "builtin:shapes" and shapes["num_cases"] == 3
+    for mode in ("alone", "co_batched"):
+        assert 0 <= shapes[mode]["num_passed"] <= 3 and is_number(shapes[mode]["images_per_second"])
+        assert len(shapes[mode]["failures"]) == 3 - shapes[mode]["num_passed"]
+    assert "## Correctness: builtin:shapes" in (results / "results.md").read_text()
+
+
 def test_markdown_links_only_files_that_exist(results):
     text = (results / "results.md").read_text()
 

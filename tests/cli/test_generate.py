@@ -16,7 +16,7 @@ def test_generate_writes_a_png_of_the_requested_size_with_no_progress_bar_off_a_
     out = tmp_path / "fox.png"
 
     code = main(["generate", "--prompt", "a red fox", "--seed", "7", "--steps", "4",
-                 "--height", "64", "--width", "96", "--device", "cpu", "--out", str(out)])
+                 "--height", "64", "--width", "96", "--device", "cpu", "--model", "builtin:tiny", "--out", str(out)])
 
     assert code == 0
     with Image.open(out) as image:

@@ -47,7 +47,7 @@ class UpProcess:
             self.process = subprocess.Popen(
                 [*STEPWISE, "up", "--port", str(self.api_port), "--redis-port", str(self.redis_port),
                  "--var-dir", str(self.var_dir), "--max-num-seqs", "4", "--api-workers", "1"],
-                cwd=self.workdir, env=child_env(STEPWISE_SHUTDOWN_GRACE="5"), stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.workdir, env=child_env(STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"), stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not (self.var_dir / "stepwise.json").exists():
@@ -104,6 +104,18 @@ def test_submit_wait_saves_the_image_from_a_fresh_stepwise_up(up, tmp_path):
     with Image.open(path) as image:
         assert image.size == (64, 64)
     print(f"stepwise up start -> first image saved: {elapsed:.1f}s")
+
+
+def test_submit_with_an_init_image_and_mask_saves_a_jpeg_of_the_images_size(up, tmp_path):
+    Image.radial_gradient("L").resize((64, 64)).convert("RGB").save(tmp_path / "photo.png")
+    Image.new("L", (64, 64), 255).save(tmp_path / "mask.png")
+    result = run_cli("submit", "a red door", "--seed", "3", "--steps", "4", "--init-image", str(tmp_path / "photo.png"),
+                     "--mask", str(tmp_path / "mask.png"), "--strength", "0.5", "--format", "jpeg", "--out",
+                     str(tmp_path / "out"), "--var-dir", str(up.var_dir), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + up.log()
+    (path,) = (tmp_path / "out").glob("*.jpeg")
+    with Image.open(path) as image:
+        assert image.format == "JPEG" and image.size == (64, 64)
 
 
 def test_submit_finds_the_api_through_the_environment(up, tmp_path):

@@ -74,6 +74,21 @@ def test_a_stored_png_reads_back_with_its_metadata(image_store):
     assert (info.size, info.content_type, info.metadata) == (len(data), "image/png", METADATA)
 
 
+@pytest.mark.parametrize("image_format, content_type", [("jpeg", "image/jpeg"), ("webp", "image/webp")])
+def test_an_image_stored_in_another_format_has_its_content_type_on_the_stored_object(image_store, image_format,
+                                                                                      content_type):
+    key = image_store.key_for("job1", 0, image_format)
+
+    image_store.put_image(key, b"not checked here", METADATA)
+
+    assert key.endswith(f"job1/0.{image_format}")
+    assert image_store.head(key).content_type == content_type
+    url = image_store.presigned_url(key)
+    if url is not None:  # S3: the presigned URL serves the object with the same type
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.headers["Content-Type"] == content_type
+
+
 def test_storing_under_the_same_key_replaces_the_image(image_store):
     key = image_store.key_for("job1", 0)
     image_store.put_png(key, png_bytes(), METADATA)

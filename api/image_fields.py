@@ -1,0 +1,69 @@
+"""A job's input images in the API: resolving upload ids, checking the images, keeping records small.
+
+`init_image` / `mask_image` arrive as data URIs or upload ids. Before the engine's rules
+run, an upload id is replaced by the tenant's stored image (a missing, expired or other
+tenant's upload is one and the same 422 naming the field); then the images are decoded
+and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and pixel
+limits, sizes, the mask); and the record keeps upload ids only: an inline image is
+stored as an upload of the tenant first. Remote URLs are refused (not fetched).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.errors import ApiError, from_params_error, invalid
+from batching.image_inputs import IMAGE_FIELDS, is_upload_id, job_images
+from batching.params import GenerationParams, InvalidParamsError
+from storage.errors import StorageError
+from storage.upload_store import UploadStore
+
+
+def resolve_uploads(params: dict[str, Any], tenant: str, uploads: UploadStore | None,
+                    prefix: str = "") -> dict[str, Any]:
+    """The params with each upload id replaced by the tenant's image (a data URI)."""
+    resolved = dict(params)
+    for name in IMAGE_FIELDS:
+        value = resolved.get(name)
+        if isinstance(value, str) and is_upload_id(value):
+            data_uri = _get(uploads, tenant, value) if uploads is not None else None
+            if data_uri is None:
+                raise invalid(f"{prefix}{name}", f"{prefix}{name} names no upload of yours (it may have expired)")
+            resolved[name] = data_uri
+    return resolved
+
+
+def check_images(params: GenerationParams, prefix: str = "") -> None:
+    try:
+        job_images(params)
+    except InvalidParamsError as e:
+        raise from_params_error(e, prefix) from e
+
+
+def record_params(params: GenerationParams, sent: dict[str, Any], tenant: str,
+                  uploads: UploadStore | None) -> dict[str, Any]:
+    """What the job record keeps: the params with upload ids in place of images (inline ones stored now)."""
+    stored = params.to_dict()
+    if uploads is None:
+        return stored
+    for name in IMAGE_FIELDS:
+        if stored.get(name) is None:
+            continue
+        sent_value = sent.get(name)
+        if isinstance(sent_value, str) and is_upload_id(sent_value):
+            stored[name] = sent_value
+        else:
+            try:
+                stored[name] = uploads.put(tenant, stored[name])
+            except StorageError as e:
+                raise ApiError(503, "unavailable", "the job store is unavailable; retry later",
+                               headers={"Retry-After": "5"}) from e
+    return stored
+
+
+def _get(uploads: UploadStore, tenant: str, upload_id: str) -> str | None:
+    try:
+        return uploads.get(tenant, upload_id)
+    except StorageError as e:
+        raise ApiError(503, "unavailable", "the job store is unavailable; retry later",
+                       headers={"Retry-After": "5"}) from e

@@ -1,0 +1,154 @@
+"""VAE decode beside the denoise loop.
+
+A finished sample's last latents are handed to the `Decoder`; the loop goes on to the
+next iteration's forwards at once and picks the images up at a later iteration's end
+(`collect()`, which never waits). With `is_async` the decode runs on a worker thread,
+on CUDA in its own stream: the hand-over records an event on the loop's stream after
+the last sampler step, the decode stream waits for that event (not the host), and the
+latents are marked as used by the decode stream so the allocator does not reuse their
+memory early. The worker synchronises only its own stream, where the images must reach
+the host. Without `is_async` the decode runs inline in `submit()` (the old behaviour,
+kept because two threads of one process that both run torch ops on the CPU slow each
+other: see docs/benchmarks.md for what it measured).
+
+A decode batch that runs out of memory is split like a forward (`batching.oom`); a
+sample fails only if it cannot be decoded alone. Cancellation: `discard()` drops the
+images of samples whose job ended meanwhile, so a canceled job is never counted as
+finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from batching.oom import alone_message, run_splitting
+from batching.params import GenerationParams
+from batching.pipelines.contract import PipelineAdapter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    sample_id: str
+    params: GenerationParams
+    latents: torch.Tensor  # [1, *latent_shape]
+
+
+@dataclass
+class DecodeResult:
+    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image
+    failed: dict[str, str] = field(default_factory=dict)  # sample_id -> message
+    seconds: float = 0.0  # wall time of the batch's decode (on the worker when async)
+    num_oom_splits: int = 0
+
+
+@dataclass
+class _Batch:
+    items: list[DecodeItem]
+    ready: Any = None  # torch.cuda.Event recorded on the loop's stream after the latents were final
+
+
+class Decoder:
+    def __init__(self, model: PipelineAdapter, *, is_async: bool, on_result: Callable[[], None] = lambda: None) -> None:
+        self.model = model
+        self.is_async = is_async
+        self._on_result = on_result  # called from the worker after each batch (the engine wakes its loop)
+        self._results: list[DecodeResult] = []
+        self._lock = threading.Lock()
+        self._discarded: set[str] = set()  # loop thread only
+        self.num_pending = 0  # batches submitted and not yet collected; loop thread only
+        self.pending_sample_ids: set[str] = set()  # their samples; loop thread only
+        self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._stream = torch.cuda.Stream(model.device) if is_async and model.device.type == "cuda" else None
+        self._thread: threading.Thread | None = None
+        if is_async:
+            self._thread = threading.Thread(target=self._work, name="stepwise-decode", daemon=True)
+            self._thread.start()
+
+    def submit(self, batches: Sequence[list[DecodeItem]]) -> None:
+        """Decode each batch (samples of one size); inline, or queued to the worker."""
+        for items in batches:
+            self.num_pending += 1
+            self.pending_sample_ids.update(item.sample_id for item in items)
+            batch = _Batch(items)
+            if self._stream is not None:
+                batch.ready = torch.cuda.Event()
+                batch.ready.record(torch.cuda.current_stream(self.model.device))  # after the last sampler step
+                for item in items:
+                    item.latents.record_stream(self._stream)
+            if self.is_async:
+                self._queue.put(batch)
+            else:
+                self._finish(self._decode(batch))
+
+    def has_results(self) -> bool:
+        with self._lock:
+            return bool(self._results)
+
+    def collect(self) -> list[DecodeResult]:
+        """The batches decoded since the last call, without the discarded samples; never waits."""
+        with self._lock:
+            results, self._results = self._results, []
+        self.num_pending -= len(results)
+        for result in results:
+            self.pending_sample_ids.difference_update(result.images.keys() | result.failed.keys())
+            for sample_id in self._discarded.intersection(result.images.keys() | result.failed.keys()):
+                result.images.pop(sample_id, None)
+                result.failed.pop(sample_id, None)
+                self._discarded.discard(sample_id)
+        return results
+
+    def discard(self, sample_ids: Collection[str]) -> None:
+        """Forget these samples' images when they arrive (their job ended while they were decoding)."""
+        self._discarded.update(self.pending_sample_ids.intersection(sample_ids))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _work(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            with torch.inference_mode():
+                if self._stream is None:
+                    result = self._decode(batch)
+                else:
+                    with torch.cuda.stream(self._stream):
+                        self._stream.wait_event(batch.ready)
+                        result = self._decode(batch)
+            self._finish(result)
+
+    def _finish(self, result: DecodeResult) -> None:
+        with self._lock:
+            self._results.append(result)
+        self._on_result()
+
+    def _decode(self, batch: _Batch) -> DecodeResult:
+        start = time.perf_counter()
+        result = DecodeResult()
+        try:
+            outcome = run_splitting([batch.items], self._decode_chunk, rows_of=len, device=self.model.device)
+        except Exception as e:
+            logger.exception("decode failed")
+            result.failed = {item.sample_id: f"decoding the image failed: {type(e).__name__}: {e}" for item in batch.items}
+        else:
+            result.num_oom_splits = outcome.num_splits
+            for chunk, images in outcome.results:
+                result.images.update((item.sample_id, image) for item, image in zip(chunk, images))
+            for item, error in outcome.failed:
+                result.failed[item.sample_id] = alone_message("decoding this image", 1, error)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _decode_chunk(self, items: list[DecodeItem]) -> list[Any]:
+        return self.model.decode(torch.cat([item.latents for item in items]), [item.params for item in items])

@@ -1,0 +1,62 @@
+"""The image-to-image part of the pipeline contract, shared by every family's adapter.
+
+As the families' diffusers img2img pipelines do it: the init image is VAE-encoded, each
+sample draws its latent from the encoder's distribution with its own generator (first),
+then draws its noise (second), and starts from the image latents noised to the first
+timestep it runs: `add_noise` for the UNet samplers, `scale_noise` for flow matching.
+Inpainting keeps the same noise to re-noise the image latents at every later step
+(`batching.image_start`). A family whose latents are packed (FLUX) overrides
+`pack_latents`; one whose latents are float32 whatever the model dtype (Z-Image) sets
+`latent_dtype`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+
+from batching.params import GenerationParams
+from batching.pipelines.vae import encode_pixels, to_latent_space
+
+
+class ImageLatentsMixin:
+    vae: Any
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def latent_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
+        """[1, *latent_shape] standard normal noise, drawn as the family's pipeline draws it."""
+        raise NotImplementedError
+
+    def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pixels [n, 3, H, W] in [-1, 1] (samples of one size) to the VAE's (mean, std), raw layout."""
+        return encode_pixels(self.vae, pixels)
+
+    def image_latents(self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[1, *latent_shape]: one sample's draw from its image's latent distribution, in denoiser space."""
+        raw = mean + std * randn_tensor(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return self.pack_latents(to_latent_space(self.vae, raw).to(self.latent_dtype))
+
+    def latent_mask(self, mask: torch.Tensor, raw_shape: torch.Size) -> torch.Tensor:
+        """A [1, 1, H, W] pixel mask (1 = repaint) in the latents' layout, downsampled as diffusers' inpaint
+        pipelines do (nearest)."""
+        small = torch.nn.functional.interpolate(mask, size=tuple(raw_shape[-2:]))
+        return self.pack_latents(small.expand(-1, raw_shape[1], -1, -1).to(self.device, self.latent_dtype))
+
+    def noised_latents(self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor,
+                       timestep: torch.Tensor) -> torch.Tensor:
+        """The image latents noised to the sampler's current timestep (its begin index before the first step)."""
+        timesteps = timestep.reshape(1)
+        if hasattr(sampler, "scale_noise"):  # flow matching
+            return sampler.scale_noise(image_latents, timesteps, noise)
+        return sampler.add_noise(image_latents, noise, timesteps)
+
+    def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """[1, c, h, w] in the VAE's layout to the denoiser's (the identity, except for packing families)."""
+        return latents

@@ -1,0 +1,60 @@
+"""The words builtin:shapes understands: colours with their RGB values, shapes, and the prompt grammar.
+
+Every other module (the drawing, the checker, the trainer, the tests) reads the
+palette and the grammar from here, so a new colour or shape is one edit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 50),
+    "blue": (30, 60, 220),
+    "yellow": (240, 220, 30),
+    "orange": (245, 140, 20),
+    "purple": (140, 40, 170),
+    "black": (10, 10, 10),
+    "white": (245, 245, 245),
+}
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+
+_PROMPT = re.compile(
+    r"^\s*an?\s+(?P<fg>[a-z]+)\s+(?P<shape>[a-z]+)\s+on\s+an?\s+(?P<bg>[a-z]+)\s+background\s*\.?\s*$",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class ShapePrompt:
+    foreground: str  # a key of COLOURS
+    shape: str  # one of SHAPES
+    background: str  # a key of COLOURS, different from foreground
+
+    @property
+    def text(self) -> str:
+        return f"a {self.foreground} {self.shape} on a {self.background} background"
+
+
+def parse_prompt(text: str) -> ShapePrompt | None:
+    """The prompt's colours and shape, or None when it is not of the form the model draws."""
+    match = _PROMPT.match(text)
+    if match is None:
+        return None
+    fg, shape, bg = (match.group(name).lower() for name in ("fg", "shape", "bg"))
+    if fg not in COLOURS or bg not in COLOURS or shape not in SHAPES or fg == bg:
+        return None
+    return ShapePrompt(fg, shape, bg)
+
+
+def all_prompts() -> list[ShapePrompt]:
+    """Every drawable combination (8 x 7 colour pairs x 3 shapes = 168), in a fixed order."""
+    return [
+        ShapePrompt(fg, shape, bg)
+        for fg in COLOURS
+        for bg in COLOURS
+        if fg != bg
+        for shape in SHAPES
+    ]

@@ -1,0 +1,315 @@
+"""The GPU suite: one prepared run that measures the engine on a GPU (benchmarks/gpu/run.sh calls it).
+
+    python -m benchmarks.gpu.suite [--out DIR] [--budget-seconds 420]   # on a CUDA machine
+    python -m benchmarks.gpu.suite --dry-run --out DIR                  # tiny sizes, one repetition, CPU
+
+Per model (an SD-1.5-sized UNet at 512x512 and an SDXL-sized UNet at 1024x1024, random
+weights built from configs by `benchmarks.gpu.models`, fp16):
+- forward_ceiling: the bare denoiser forward at 1, 2, 4, 8, 16 rows (seconds, rows/s);
+- throughput: serial (max_num_seqs=1) vs static (diffusers' pipeline, groups) vs default
+  engine, on a burst and on Poisson arrivals at twice the serial capacity;
+- invariance: the largest pixel difference between a job run alone and the same job run
+  batched with others, in the run's dtype and in deterministic mode (expected: 0);
+- decode_overlap: a mixed-step burst with decode beside the loop off and on: images/s
+  and the denoiser-busy fraction.
+Then forward_ceiling of a FLUX-sized transformer alone (the whole FLUX pipeline is too
+large to build, save and load within the time). Sections run in that order while the
+time budget lasts; one that does not fit is listed under "skipped", never silently left
+out. Writes gpu_results.json and gpu_summary.md to the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from batching import DiffusionEngine, EngineConfig, GenerationParams
+from benchmarks.component_times import time_forwards
+from benchmarks.gpu.models import flux_transformer, num_parameters, save_pipeline
+from benchmarks.gpu.report import write_summary
+from benchmarks.machine import describe_machine
+from benchmarks.metrics import summarize
+from benchmarks.variants import EngineVariant, StaticBatchVariant, VariantSpec
+from benchmarks.workloads import JobShape, burst, mixed_steps, poisson
+
+log = logging.getLogger("stepwise.bench.gpu")
+POISSON_MULTIPLE = 2.0  # arrivals at twice the serial capacity: batching has work to share
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    name: str  # "sd15" or "sdxl" (benchmarks.gpu.models)
+    size: int  # image pixels per side
+    num_jobs: int
+    num_steps: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    device: str
+    dtype: str
+    scale: str  # "real" or "tiny"
+    models: tuple[ModelRun, ...]
+    rows: tuple[int, ...]
+    repeats: int
+    flux_size: int
+
+
+PROFILES = {
+    "gpu": Profile("cuda", "float16", "real", (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8)),
+                   rows=(1, 2, 4, 8, 16), repeats=3, flux_size=1024),
+    "dry-run": Profile("cpu", "float32", "tiny", (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2)),
+                       rows=(1, 2, 4, 8, 16), repeats=1, flux_size=64),
+}
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.start = time.perf_counter()
+        self.seconds = seconds
+        self.skipped: list[str] = []
+        self.section_seconds: dict[str, float] = {}  # each started section's seconds, until the next one started
+        self._current: tuple[str, float] | None = None
+
+    def allows(self, section: str) -> bool:
+        now = time.perf_counter()
+        if self._current is not None:
+            self.section_seconds[self._current[0]] = now - self._current[1]
+        self._current = (section, now)
+        if now - self.start < self.seconds:
+            return True
+        log.warning("time budget spent: skipping %s", section)
+        self.skipped.append(section)
+        return False
+
+
+def run(profile: Profile, out: Path, budget: Budget) -> dict:
+    results: dict = {"profile": asdict(profile), "machine": describe_machine(profile.device, torch.get_num_threads()),
+                     "models": {}}
+    with tempfile.TemporaryDirectory(prefix="stepwise-gpu-models-") as scratch:
+        for model_run in profile.models:
+            if budget.allows(model_run.name):
+                results["models"][model_run.name] = run_model(profile, model_run, Path(scratch), budget)
+                _free(profile.device)
+    if budget.allows("flux.forward_ceiling"):
+        results["flux"] = {"forward_ceiling": flux_ceiling(profile)}
+    budget.allows("end")
+    results["skipped"] = [section for section in budget.skipped if section != "end"]
+    results["section_seconds"] = budget.section_seconds
+    results["total_seconds"] = time.perf_counter() - budget.start
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_results.json").write_text(json.dumps(results, indent=2, default=str))
+    write_summary(results, out / "gpu_summary.md")
+    return results
+
+
+def run_model(profile: Profile, model_run: ModelRun, scratch: Path, budget: Budget) -> dict:
+    start = time.perf_counter()
+    folder = save_pipeline(model_run.name, profile.scale, scratch / model_run.name, torch.device(profile.device),
+                           getattr(torch, profile.dtype))
+    result: dict = {"run": asdict(model_run), "parameters": num_parameters(folder),
+                    "build_seconds": time.perf_counter() - start}
+    model = str(folder)
+    log.info("%s built in %.1fs", model_run.name, result["build_seconds"])
+    engines = _Engines(profile, model, model_run)
+    try:
+        if budget.allows(f"{model_run.name}.forward_ceiling"):
+            adapter = engines.get("default").engine.model_runner.model
+            shapes = {(model_run.size, model_run.size, rows) for rows in profile.rows}
+            times = time_forwards(adapter, shapes, profile.repeats)
+            one = times[(model_run.size, model_run.size, 1)]
+            result["forward_ceiling"] = [{"rows": rows, "seconds": seconds, "rows_per_second": rows / seconds,
+                                          "speedup_over_1_row": rows * one / seconds}
+                                         for (_, _, rows), seconds in sorted(times.items())]
+        if budget.allows(f"{model_run.name}.throughput"):
+            result["throughput"] = throughput(engines, model, model_run)
+        if budget.allows(f"{model_run.name}.invariance"):
+            result["invariance"] = invariance(engines, profile, model, model_run)
+        if budget.allows(f"{model_run.name}.decode_overlap"):
+            result["decode_overlap"] = {name: mixed_burst(engines.plain(overlap), model, model_run)
+                                        for name, overlap in (("off", False), ("on", True))}
+    finally:
+        engines.close()
+    return result
+
+
+class _Engines:
+    """The engines of one model, opened on first use and kept for the sections that share them."""
+
+    def __init__(self, profile: Profile, model: str, model_run: ModelRun) -> None:
+        self.profile, self.model, self.model_run = profile, model, model_run
+        self.variants: dict[str, EngineVariant | StaticBatchVariant] = {}
+        self.engines: dict[str, DiffusionEngine] = {}
+
+    def get(self, name: str, static_timeout: float = 1.0):
+        if name not in self.variants:
+            threads = torch.get_num_threads()
+            seqs = 1 if name == "serial" else self.model_run.max_num_seqs
+            spec = VariantSpec(name, "static" if name == "static" else "engine", seqs, "default")
+            variant = (StaticBatchVariant(spec, self.model, self.profile.device, threads, static_timeout)
+                       if name == "static" else EngineVariant(spec, self.model, self.profile.device, threads, 1))
+            variant.open([(self.model_run.size, self.model_run.size)])
+            self.variants[name] = variant
+        return self.variants[name]
+
+    def plain(self, decode_overlap: bool | None = None, deterministic: bool = False) -> DiffusionEngine:
+        """An engine of its own; a deterministic one runs 4 samples (its forwards are padded to all of them)."""
+        name = f"overlap={decode_overlap},deterministic={deterministic}"
+        if name not in self.engines:
+            self.engines[name] = DiffusionEngine(EngineConfig(
+                model=self.model, device=self.profile.device,
+                max_num_seqs=min(4, self.model_run.max_num_seqs) if deterministic else self.model_run.max_num_seqs,
+                decode_overlap=decode_overlap, deterministic=deterministic))
+        return self.engines[name]
+
+    def close(self) -> None:
+        for variant in self.variants.values():
+            variant.close()
+        for engine in self.engines.values():
+            engine.shutdown()
+        self.variants.clear()
+        self.engines.clear()
+
+
+def throughput(engines: _Engines, model: str, model_run: ModelRun) -> dict:
+    shape = JobShape(model=model, num_steps=model_run.num_steps, size=model_run.size)
+    figures: dict = {"burst": {}, "poisson": {}}
+    serial_burst = summarize(engines.get("serial").run(burst(shape, model_run.num_jobs)))
+    serial_capacity = serial_burst["throughput_images_per_second"]
+    arrivals = poisson(shape, model_run.num_jobs, serial_capacity * POISSON_MULTIPLE, POISSON_MULTIPLE)
+    figures["poisson_rate_per_second"] = serial_capacity * POISSON_MULTIPLE
+    for name in ("serial", "static", "default"):
+        variant = engines.get(name, static_timeout=1.0 / serial_capacity)
+        figures["burst"][name] = serial_burst if name == "serial" else summarize(variant.run(burst(shape, model_run.num_jobs)))
+        figures["poisson"][name] = summarize(variant.run(arrivals))
+        if name == "static":
+            variant.close()  # frees its pipeline before the next engine loads
+            del engines.variants[name]
+            _free(engines.profile.device)
+    return figures
+
+
+def invariance(engines: _Engines, profile: Profile, model: str, model_run: ModelRun) -> dict:
+    """Largest per-pixel difference (0-255) between each job alone and the same job batched."""
+    params = [GenerationParams(prompt=f"a harbour at dusk, view {i}", seed=50 + i, model=model, height=model_run.size,
+                               width=model_run.size, num_inference_steps=min(8, model_run.num_steps) - i % 2,
+                               guidance_scale=(7.5, 4.0)[i % 2], sampler="euler") for i in range(4)]
+    alone_engine = engines.get("serial").engine
+    batched_engine = engines.get("default").engine
+    deterministic = engines.plain(deterministic=True)
+    return {
+        profile.dtype: _max_diff([alone_engine.submit(p).result() for p in params],
+                                 [f.result() for f in [batched_engine.submit(p) for p in params]]),
+        "deterministic": _max_diff([deterministic.submit(p).result() for p in params],
+                                   [f.result() for f in [deterministic.submit(p) for p in params]]),
+    }
+
+
+def mixed_burst(engine: DiffusionEngine, model: str, model_run: ModelRun) -> dict:
+    """Jobs of half, full and 1.5x the step count at once: finishes (and decodes) are staggered."""
+    workload = mixed_steps(JobShape(model=model, num_steps=model_run.num_steps, size=model_run.size), model_run.num_jobs)
+    engine.submit(workload.arrivals[0].params).result()  # warm-up
+    before = engine.stats()
+    start = time.perf_counter()
+    for future in [engine.submit(arrival.params) for arrival in workload.arrivals]:
+        future.result()
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    return {"decode_overlap": after["decode_overlap"], "wall_seconds": wall,
+            "images_per_second": workload.num_jobs / wall,
+            "denoiser_busy_fraction": (after["forward_seconds"] - before["forward_seconds"]) / wall,
+            "engine_busy_fraction": (after["busy_seconds"] - before["busy_seconds"]) / wall,
+            "decode_seconds_per_image": (after["decode_seconds"] - before["decode_seconds"]) / workload.num_jobs}
+
+
+def flux_ceiling(profile: Profile) -> list[dict]:
+    """The FLUX-sized transformer alone at `flux_size`, 512 text tokens, guidance-distilled (one row per image)."""
+    device, dtype = torch.device(profile.device), getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
+    model = flux_transformer(profile.scale, device, dtype)
+    tokens, text_tokens = (profile.flux_size // 16) ** 2, 512 if profile.scale == "real" else 8
+    config = model.config
+    figures = []
+    with torch.inference_mode():
+        for rows in profile.rows:
+            inputs = dict(
+                hidden_states=torch.randn(rows, tokens, config.in_channels, device=device, dtype=dtype),
+                encoder_hidden_states=torch.randn(rows, text_tokens, config.joint_attention_dim, device=device, dtype=dtype),
+                pooled_projections=torch.randn(rows, config.pooled_projection_dim, device=device, dtype=dtype),
+                timestep=torch.full((rows,), 0.5, device=device, dtype=dtype),
+                guidance=torch.full((rows,), 3.5, device=device, dtype=dtype),
+                img_ids=torch.zeros(tokens, 3, device=device, dtype=dtype),
+                txt_ids=torch.zeros(text_tokens, 3, device=device, dtype=dtype), return_dict=False)
+            try:
+                seconds = _time(lambda: model(**inputs), device, profile.repeats)
+            except torch.OutOfMemoryError:
+                figures.append({"rows": rows, "seconds": None, "error": "out of memory"})
+                break
+            figures.append({"rows": rows, "seconds": seconds, "rows_per_second": rows / seconds})
+    del model
+    _free(profile.device)
+    return figures
+
+
+def _time(call, device: torch.device, repeats: int) -> float:
+    call()  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            call()
+            end.record()
+            end.synchronize()
+            seconds.append(begin.elapsed_time(end) / 1000)
+        else:
+            start = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def _max_diff(results_a: list, results_b: list) -> int:
+    import numpy as np
+
+    return max(int(np.abs(np.asarray(a.image, dtype=np.int16) - np.asarray(b.image, dtype=np.int16)).max())
+               for a, b in zip(results_a, results_b))
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "benchmarks/results/gpu"))
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes, one repetition, on the CPU")
+    parser.add_argument("--budget-seconds", type=float, default=420.0,
+                        help="start no section after this many seconds (sections already started finish)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.error("no CUDA device: run with --dry-run on the CPU")
+    profile = PROFILES["dry-run" if args.dry_run else "gpu"]
+    if args.dry_run:
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    results = run(profile, args.out, Budget(args.budget_seconds))
+    log.info("wrote %s and %s in %.0fs (skipped: %s)", args.out / "gpu_results.json", args.out / "gpu_summary.md",
+             results["total_seconds"], ", ".join(results["skipped"]) or "nothing")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

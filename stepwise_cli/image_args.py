@@ -1,0 +1,48 @@
+"""The image flags `stepwise submit` and `stepwise backfill` share: --init-image, --mask, --strength and the
+output format; and the file extension of a job's images."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import mimetypes
+from pathlib import Path
+from typing import Any
+
+OUTPUT_FORMATS = ("png", "jpeg", "webp")  # batching.params.OUTPUT_FORMATS (the CLI stays free of the engine)
+INPUT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
+
+
+def add_image_arguments(parser: argparse.ArgumentParser, *, format_flag: str) -> None:
+    parser.add_argument("--init-image", type=Path, help="image-to-image: start from this PNG/JPEG/WebP file")
+    parser.add_argument("--mask", type=Path, help="inpainting: white repaints, black keeps (the init image's size)")
+    parser.add_argument("--strength", type=float, help="with --init-image: fraction of the steps run (0 < s <= 1)")
+    parser.add_argument("--resize-mode", choices=("none", "stretch", "crop"),
+                        help="an image of another size than --size: none (refused), stretch or crop")
+    parser.add_argument(format_flag, dest="output_format", choices=OUTPUT_FORMATS, help="image format (default png)")
+    parser.add_argument("--quality", type=int, dest="output_quality", help="JPEG/WebP quality 1-100 (default 90)")
+
+
+def image_file_uri(path: Path) -> str:
+    """A file as a data URI (the API checks that it really is an image)."""
+    content_type = INPUT_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] or "image/png"
+    return f"data:{content_type};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def image_fields(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]:
+    """The request fields of the image flags; `upload(path) -> id` sends files as uploads, else inline."""
+    fields: dict[str, Any] = {}
+    for flag, name in (("init_image", "init_image"), ("mask", "mask_image")):
+        path = getattr(args, flag, None)
+        if path is not None:
+            fields[name] = upload(path) if upload else image_file_uri(path)
+    for name in ("strength", "resize_mode", "output_format", "output_quality"):
+        if getattr(args, name, None) is not None:
+            fields[name] = getattr(args, name)
+    return fields
+
+
+def image_extension(job: dict[str, Any]) -> str:
+    """The file extension of a job's images: its output format's."""
+    params = job.get("params") or {}
+    return "." + (params.get("output_format") or "png")

@@ -1,0 +1,156 @@
+"""Image-to-image and inpainting in the engine, per family, on the tiny built-ins (CPU, 64x64, few steps).
+
+An img2img sample must equal the family's own diffusers img2img pipeline for the same
+seed, strength and steps; co-batched with text-to-image samples it must equal itself
+alone; an inpainting sample keeps the unmasked region of its init image and repaints
+the masked one.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from batching import DiffusionEngine, EngineConfig, GenerationParams
+from batching.image_inputs import to_data_uri
+from tests.batching.conftest import max_pixel_diff, pixels, run_alone
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    img2img_pipeline: str  # diffusers' own img2img pipeline for the family
+    guidance: float
+
+
+CASES = [
+    Case("builtin:tiny", "StableDiffusionImg2ImgPipeline", 7.5),
+    Case("builtin:tiny-sdxl", "StableDiffusionXLImg2ImgPipeline", 5.0),
+    Case("builtin:tiny-flux", "FluxImg2ImgPipeline", 3.5),
+    Case("builtin:tiny-zimage", "ZImageImg2ImgPipeline", 4.0),
+]
+
+
+def init_picture(size: int = 64) -> Image.Image:
+    """A picture with structure a VAE keeps: a gradient, a disc and a bar."""
+    ramp = np.linspace(0, 255, size, dtype=np.float32)
+    array = np.stack([np.add.outer(ramp, ramp) / 2, np.tile(ramp, (size, 1)), np.tile(ramp[::-1, None], (1, size))], -1)
+    image = Image.fromarray(array.astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    draw.ellipse((8, 8, 30, 30), fill=(250, 40, 40))
+    draw.rectangle((36, 40, 60, 50), fill=(20, 20, 220))
+    return image
+
+
+def png_uri(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return to_data_uri(buffer.getvalue(), "image/png")
+
+
+def right_half_mask(size: int = 64) -> Image.Image:
+    mask = Image.new("L", (size, size), 0)
+    ImageDraw.Draw(mask).rectangle((size // 2, 0, size - 1, size - 1), fill=255)
+    return mask
+
+
+def params_for(case: Case, **overrides) -> GenerationParams:
+    values = dict(prompt="a red fox", model=case.model, seed=11, num_inference_steps=6, height=64, width=64,
+                  guidance_scale=case.guidance, init_image=png_uri(init_picture()), strength=0.5)
+    values.update(overrides)
+    return GenerationParams(**values)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: case.model)
+def case_engine(request):
+    engine = DiffusionEngine(EngineConfig(model=request.param.model, device="cpu", max_num_seqs=4))
+    yield request.param, engine
+    engine.shutdown(abort=True)
+
+
+def test_an_img2img_sample_equals_the_familys_own_diffusers_img2img_pipeline(case_engine):
+    import diffusers
+
+    from batching.builtin_model import builtin_model_path
+
+    case, engine = case_engine
+    params = params_for(case)
+    pipeline = getattr(diffusers, case.img2img_pipeline).from_pretrained(
+        builtin_model_path(case.model), local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):  # the SD built-in ships DDIM; jobs default to euler
+        pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+    expected = pipeline(
+        params.prompt, image=init_picture(), strength=params.strength, height=64, width=64,
+        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
+    ).images[0]
+    progress: list[tuple[int, int]] = []
+
+    image = engine.submit(params, on_progress=lambda done, total: progress.append((done, total))).result(120).image
+
+    assert max_pixel_diff(image, expected) <= 2
+    assert progress[-1] == (3, 3), "progress counts the steps actually run: half of 6"
+
+
+def test_img2img_co_batched_with_text_to_image_equals_itself_alone(case_engine):
+    case, engine = case_engine
+    jobs = [params_for(case), params_for(case, prompt="a blue bird", seed=3, init_image=None, strength=None),
+            params_for(case, prompt="snow", seed=5, strength=0.8, num_inference_steps=5),
+            params_for(case, prompt="a castle", seed=8, init_image=None, strength=None, num_inference_steps=4)]
+    alone = run_alone(engine, jobs)
+    forwards_of_four_before = engine.stats()["jobs_per_forward"].get(4, 0)
+
+    futures = [engine.submit(params) for params in jobs]  # admitted together: they share forwards
+    together = [future.result(timeout=120).image for future in futures]
+
+    for image_alone, image_together in zip(alone, together):
+        assert max_pixel_diff(image_alone, image_together) <= 1
+    assert engine.stats()["jobs_per_forward"].get(4, 0) > forwards_of_four_before, "all four shared a forward"
+
+
+def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and_keeps_the_rest(case_engine):
+    import diffusers
+
+    from batching.builtin_model import builtin_model_path
+
+    case, engine = case_engine
+    mask = right_half_mask()
+    params = params_for(case, mask_image=png_uri(mask), strength=1.0)
+    pipeline_class = getattr(diffusers, case.img2img_pipeline.replace("Img2Img", "Inpaint"))
+    pipeline = pipeline_class.from_pretrained(builtin_model_path(case.model), local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):
+        pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+    expected = pipeline(
+        params.prompt, image=init_picture(), mask_image=mask, strength=1.0, height=64, width=64,
+        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
+    ).images[0]
+
+    image = engine.submit(params).result(timeout=120).image
+
+    repaint = np.asarray(mask) > 0
+    result, init = pixels(image), pixels(init_picture())
+    assert (result[~repaint] == init[~repaint]).all(), "outside the mask the init image's own pixels are kept"
+    assert np.abs(result[repaint] - pixels(expected)[repaint]).max() <= 2, "the masked region is diffusers' inpaint"
+    assert np.abs(result[repaint] - init[repaint]).mean() >= 20, "the masked region was repainted"
+
+
+def test_deterministic_mode_keeps_img2img_and_inpainting_bit_identical_alone_and_co_batched(deterministic_engine):
+    case, engine = CASES[0], deterministic_engine  # builtin:tiny, shared with the other deterministic tests
+    jobs = [params_for(case, num_inference_steps=4),  # 2 steps run
+            params_for(case, mask_image=png_uri(right_half_mask()), strength=0.75, seed=4, num_inference_steps=4),
+            params_for(case, prompt="a castle", init_image=None, strength=None, seed=9, num_inference_steps=2)]
+    alone = run_alone(engine, jobs)
+
+    futures = [engine.submit(params) for params in jobs]  # admitted together: init images encoded together
+    together = [future.result(timeout=120).image for future in futures]
+
+    for image_alone, image_together in zip(alone, together):
+        assert (pixels(image_alone) == pixels(image_together)).all()

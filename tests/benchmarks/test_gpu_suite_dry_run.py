@@ -1,0 +1,63 @@
+"""The prepared GPU run (benchmarks/gpu/run.sh) in its CPU dry run: it completes and reports every figure.
+
+The dry run builds the same model structures at tiny widths and runs every section once,
+so the script that will run on a GPU machine cannot rot unnoticed. Values depend on the
+machine; the test checks that each figure is there and well-formed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import child_env
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = {"serial", "static", "default"}
+ROWS = [1, 2, 4, 8, 16]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-dry-run")
+    completed = subprocess.run([str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", str(out)],
+                               env=child_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=280)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads((out / "gpu_results.json").read_text()), (out / "gpu_summary.md").read_text()
+
+
+def _is_positive(value) -> bool:
+    return isinstance(value, (int, float)) and value > 0
+
+
+def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_transformer(dry_run):
+    results, _ = dry_run
+    assert results["skipped"] == []
+    assert set(results["models"]) == {"sd15", "sdxl"}
+    for name, model in results["models"].items():
+        assert [row["rows"] for row in model["forward_ceiling"]] == ROWS, name
+        assert all(_is_positive(row["seconds"]) and _is_positive(row["rows_per_second"]) for row in model["forward_ceiling"])
+        for workload in ("burst", "poisson"):
+            assert set(model["throughput"][workload]) == VARIANTS, (name, workload)
+            for figures in model["throughput"][workload].values():
+                assert _is_positive(figures["throughput_images_per_second"])
+                assert figures["num_jobs"] == model["run"]["num_jobs"]
+        assert set(model["invariance"]) == {results["profile"]["dtype"], "deterministic"}
+        assert all(isinstance(diff, int) and 0 <= diff <= 255 for diff in model["invariance"].values())
+        overlap = model["decode_overlap"]
+        assert overlap["off"]["decode_overlap"] is False and overlap["on"]["decode_overlap"] is True
+        for figures in overlap.values():
+            assert _is_positive(figures["images_per_second"]) and 0 < figures["denoiser_busy_fraction"] <= 1.5
+        assert sum(model["parameters"].values()) > 0
+    assert [row["rows"] for row in results["flux"]["forward_ceiling"]] == ROWS
+
+
+def test_the_dry_run_summary_shows_each_section(dry_run):
+    _, summary = dry_run
+    for heading in ("## sd15 at 64x64", "## sdxl at 64x64", "## FLUX-sized transformer alone", "| serial |",
+                    "| static |", "| default |", "Invariance", "Decode overlap"):
+        assert heading in summary

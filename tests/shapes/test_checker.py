@@ -1,0 +1,49 @@
+"""The pixel checker on images whose truth is known: the procedural generator's, noise, and wrong prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from batching.shapes.checker import check_image
+from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
+from batching.shapes.vocabulary import SHAPES, ShapePrompt, all_prompts, parse_prompt
+
+
+def test_every_generated_image_passes_for_its_own_prompt_at_the_smallest_and_largest_size():
+    failures = [(prompt.text, fraction, result.reason)
+                for prompt in all_prompts() for fraction in (MIN_BOX_FRACTION, MAX_BOX_FRACTION)
+                if not (result := check_image(draw(prompt, 128, fraction), prompt))]
+    assert failures == []
+
+
+def test_a_generated_image_fails_for_any_other_shape_or_swapped_colours():
+    accepted = []
+    for prompt in all_prompts():
+        image = draw(prompt, 128, 0.6)
+        others = [ShapePrompt(prompt.foreground, shape, prompt.background) for shape in SHAPES if shape != prompt.shape]
+        others.append(ShapePrompt(prompt.background, prompt.shape, prompt.foreground))
+        accepted += [other.text for other in others if check_image(image, other)]
+    assert accepted == []
+
+
+def test_noise_and_flat_images_are_rejected():
+    rng = np.random.default_rng(0)
+    prompts = all_prompts()
+    noise = [Image.fromarray(rng.integers(0, 256, (128, 128, 3), dtype=np.uint8)) for _ in range(20)]
+    assert not any(check_image(image, prompts[i * 7]) for i, image in enumerate(noise))
+    blank = Image.new("RGB", (128, 128), (30, 60, 220))
+    assert not check_image(blank, "a red circle on a blue background")
+
+
+def test_an_off_centre_shape_is_rejected():
+    image = Image.new("RGB", (128, 128), (245, 245, 245))
+    image.paste(draw(ShapePrompt("red", "square", "white"), 64, 0.75), (0, 0))
+    assert not check_image(image, "a red square on a white background")
+
+
+def test_prompts_outside_the_grammar_are_reported_not_guessed():
+    assert parse_prompt("a Red Circle on a blue background.") == ShapePrompt("red", "circle", "blue")
+    assert parse_prompt("a red fox on a blue background") is None
+    assert parse_prompt("a red circle on a red background") is None
+    assert "not a shapes prompt" in check_image(Image.new("RGB", (128, 128)), "a cat").reason
