@@ -21,12 +21,11 @@ from api.image_fields import check_images, record_params, resolve_uploads
 from api.queue import TaskQueue
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
-from batching.params import InvalidParamsError
-from batching.params import LORA_NAME_PATTERN, GenerationParams
+from batching.params import LORA_NAME_PATTERN, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import JobRecord, JobState, JobStore
-from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore
+from storage.upload_store import UploadStore
 from storage.url_policy import WebhookURLError, check_webhook_url
 
 log = logging.getLogger(__name__)

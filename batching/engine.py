@@ -26,8 +26,8 @@ from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
 from batching.image_inputs import job_images, keep_unmasked_pixels
-from batching.params import MAX_LORA_BYTES, CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
+from batching.params import MAX_LORA_BYTES, CompatibilityKey, GenerationParams
 from batching.plan import NewSample, RunnerOutput
 from batching.scheduler import Scheduler, SchedulerConfig
 
@@ -73,7 +73,7 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         if self.lora_mode not in LORA_MODES:
             raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
-        self.scheduler_config  # validates the scheduling fields now rather than at engine start
+        _ = self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property
     def scheduler_config(self) -> SchedulerConfig:

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batching.errors import LoraError
-from batching.decoder import Decoder, DecodeItem
+from batching.decoder import DecodeItem, Decoder
 from batching.device_timing import DeviceTimer
+from batching.errors import LoraError
 from batching.image_start import blend_unmasked, encode_init_images, start_from_image
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting

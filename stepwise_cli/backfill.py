@@ -218,7 +218,7 @@ class Backfill:
             submit_pool.shutdown(wait=False, cancel_futures=True)
             poll_pool.shutdown(wait=False, cancel_futures=True)
         waited = f"not finished within --timeout {timeout:.0f}s" if timeout else "not finished"
-        for line, row in sorted(awaiting_submit.items()):
+        for line in sorted(awaiting_submit):
             self._finish(RowResult(line, None, "error", [], f"{waited} (never submitted)"))
         for flight in list(in_flight.values()):
             self._num_in_flight -= 1

@@ -12,13 +12,12 @@ import json
 import re
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
@@ -27,6 +26,7 @@ from stepwise_cli.client import (
     add_api_arguments,
     resolve_target,
 )
+from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 POLL_INTERVAL_SECONDS = 0.25
@@ -52,7 +52,7 @@ def parse_deadline(text: str) -> str:
     """An RFC 3339 time with offset, or a duration from now (`90s`, `10m`, `2h`): RFC 3339 for the API."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
     if match:
-        moment = datetime.now(timezone.utc) + timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])
+        moment = datetime.now(UTC) + timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])
         return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))

@@ -13,6 +13,7 @@ given.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
 import torch
 
 from batching.params import GenerationParams

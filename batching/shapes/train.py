@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import time
 from pathlib import Path
 

@@ -84,8 +84,14 @@ def _numel(shape) -> int:
 
 
 def _build(family: str, size: dict, device: torch.device):
-    from diffusers import (AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline,
-                           StableDiffusionXLPipeline, UNet2DConditionModel)
+    from diffusers import (
+        AutoencoderKL,
+        DDIMScheduler,
+        EulerDiscreteScheduler,
+        StableDiffusionPipeline,
+        StableDiffusionXLPipeline,
+        UNet2DConditionModel,
+    )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     tokenizer = clip_tokenizer()

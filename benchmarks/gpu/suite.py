@@ -21,6 +21,7 @@ out. Writes gpu_results.json and gpu_summary.md to the folder.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import logging
@@ -251,7 +252,7 @@ def flux_ceiling(profile: Profile) -> list[dict]:
                 img_ids=torch.zeros(tokens, 3, device=device, dtype=dtype),
                 txt_ids=torch.zeros(text_tokens, 3, device=device, dtype=dtype), return_dict=False)
             try:
-                seconds = _time(lambda: model(**inputs), device, profile.repeats)
+                seconds = _time(functools.partial(model, **inputs), device, profile.repeats)
             except torch.OutOfMemoryError:
                 figures.append({"rows": rows, "seconds": None, "error": "out of memory"})
                 break

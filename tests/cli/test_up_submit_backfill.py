@@ -7,7 +7,6 @@ stops it with SIGTERM and checks that no process it started is left.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
