@@ -99,8 +99,9 @@ def validate_job(data: Any, settings: ApiSettings, *, tenant: str = "", uploads:
             check_webhook_url(job.webhook_url, settings.webhook_allow)
         except WebhookURLError as e:
             raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
-    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline, webhook_url=job.webhook_url,
-                    webhook_events=events if job.webhook_url else [], request_hash=request_hash(data))
+    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline,
+                    webhook_url=job.webhook_url, webhook_events=events if job.webhook_url else [],
+                    request_hash=request_hash(data))
 
 
 def _loc(field_prefix: str) -> list[Any]:

@@ -131,7 +131,8 @@ class ApiClient:
             wait=_wait_retry_after_or_backoff,
             stop=tenacity.stop_after_delay(retry_seconds),
             sleep=self._sleep_unless_closed,
-            before_sleep=(lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None,
+            before_sleep=(
+                (lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None),
             reraise=True,
         )
 

@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         "(instead of --height/--width)")
     parser.add_argument("--guidance", type=float, dest="guidance_scale", help="classifier-free guidance scale")
     parser.add_argument("--sampler", help="ddim, euler, euler_ancestral or dpmpp_2m")
-    parser.add_argument("--num-images", type=int, dest="num_images", help="images from this prompt (seeds seed..seed+N-1)")
+    parser.add_argument("--num-images", type=int, dest="num_images",
+                        help="images from this prompt (seeds seed..seed+N-1)")
     parser.add_argument("--model", help="model name (default: the one the service serves, its STEPWISE_MODEL)")
     parser.add_argument("--webhook-url", help="URL the service calls on the job's events (signed, retried)")
     parser.add_argument("--webhook-events", type=parse_events,

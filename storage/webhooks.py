@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import os
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -99,7 +100,7 @@ def rfc3339_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls: list[str] = ()) -> dict[str, Any]:
+def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls: Sequence[str] = ()) -> dict[str, Any]:
     """The JSON body for `event` about this job, as the receiver sees it: the job's URLs as its view
     gives them (`storage.public_urls`), never storage keys."""
     assert event in EVENTS, event

@@ -92,7 +92,7 @@ class FluxAdapter(ImageLatentsMixin):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         config = self.transformer.config
-        zeros = dict(device=self.device, dtype=self.dtype)
+        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
             "embeds": torch.zeros(MAX_SEQUENCE_LENGTH, config.joint_attention_dim, **zeros),
             "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
@@ -106,6 +106,7 @@ class FluxAdapter(ImageLatentsMixin):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         latents = batch.latents  # [rows, tokens, 64]
+        assert isinstance(latents, torch.Tensor)  # one size per forward: FLUX does not mix sizes
         embeds = batch.conditioning["embeds"]  # [rows, 512, t5_dim]
         return self.transformer(
             hidden_states=latents,
