@@ -41,9 +41,9 @@ run: install redis-server
 	$(VENV)/bin/stepwise up
 
 # Lint and types (config in pyproject.toml): ruff over the tree, mypy over batching, storage and api.
+# ruff format --check . is added with the one-time formatting commit
 lint: install-test
 	$(VENV)/bin/ruff check .
-	# ruff format --check . is added with the one-time formatting commit
 	$(VENV)/bin/mypy
 
 test: lint redis-server chromium
