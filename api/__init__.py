@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
+from flask.json.provider import DefaultJSONProvider
 
 from api import errors, health, jobs, loras, metrics, openapi, resources, uploads, web
 from api.auth import KeyRing
@@ -28,6 +29,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_mapping(test_config or {})
     settings: ApiSettings = app.config.get("STEPWISE_SETTINGS") or ApiSettings.from_env()
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    assert isinstance(app.json, DefaultJSONProvider)  # Flask's own provider: it has these two settings
     app.json.sort_keys = False
     app.json.compact = True
 

@@ -65,7 +65,7 @@ class JobRequest(StrictModel):
         description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).")
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field(  # type: ignore[valid-type]
+    sampler: Sampler = Field(
         "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler.")
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
@@ -87,7 +87,7 @@ class JobRequest(StrictModel):
     strength: float | None = Field(
         None, gt=0, le=1, description="With init_image: the fraction of the steps run, from the end (0 < s <= 1). "
         "Default 0.8, or 1.0 with a mask.")
-    resize_mode: ResizeMode = Field(  # type: ignore[valid-type]
+    resize_mode: ResizeMode = Field(
         "none", description="An input image whose size differs from the job's: none (an error), stretch, or crop "
         "(cover, then center-crop).")
     output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]

@@ -21,12 +21,11 @@ from api.image_fields import check_images, record_params, resolve_uploads
 from api.queue import TaskQueue
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
-from batching.params import InvalidParamsError
-from batching.params import LORA_NAME_PATTERN, GenerationParams
+from batching.params import LORA_NAME_PATTERN, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import JobRecord, JobState, JobStore
-from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore
+from storage.upload_store import UploadStore
 from storage.url_policy import WebhookURLError, check_webhook_url
 
 log = logging.getLogger(__name__)
@@ -100,8 +99,9 @@ def validate_job(data: Any, settings: ApiSettings, *, tenant: str = "", uploads:
             check_webhook_url(job.webhook_url, settings.webhook_allow)
         except WebhookURLError as e:
             raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
-    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline, webhook_url=job.webhook_url,
-                    webhook_events=events if job.webhook_url else [], request_hash=request_hash(data))
+    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline,
+                    webhook_url=job.webhook_url, webhook_events=events if job.webhook_url else [],
+                    request_hash=request_hash(data))
 
 
 def _loc(field_prefix: str) -> list[Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import request
@@ -22,7 +22,7 @@ def iso_time(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     try:
-        moment = datetime.fromtimestamp(seconds, timezone.utc)
+        moment = datetime.fromtimestamp(seconds, UTC)
     except (OverflowError, ValueError, OSError):
         return None
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

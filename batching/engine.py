@@ -13,7 +13,6 @@ another thread). An exception raised by `on_progress` is logged and ignored.
 
 from __future__ import annotations
 
-
 import logging
 import os
 import threading
@@ -27,14 +26,15 @@ from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
 from batching.image_inputs import job_images, keep_unmasked_pixels
-from batching.params import MAX_LORA_BYTES, CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
+from batching.params import MAX_LORA_BYTES, CompatibilityKey, GenerationParams
 from batching.plan import NewSample, RunnerOutput
 from batching.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
     from batching.lora.store import LoraFetcher
+    from batching.pipelines.contract import PipelineAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "builtin:tiny"  # a built-in (batching.families.BUILTIN_FAMILIES), a diffusers folder, or a cached Hugging Face repo id
+    model: str = "builtin:tiny"  # built-in (batching.families.BUILTIN_FAMILIES), diffusers folder or cached HF repo
     device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda", "cuda:N"
     dtype: str = "auto"  # "auto" (float16 on cuda, float32 on cpu), "float32", "float16", "bfloat16"
     max_num_seqs: int = 8  # running capacity in samples (images); 1 = step-wise without batching
@@ -76,7 +76,7 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         if self.lora_mode not in LORA_MODES:
             raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
-        self.scheduler_config  # validates the scheduling fields now rather than at engine start
+        _ = self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -133,7 +133,7 @@ class DiffusionEngine:
         self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
         self._thread.start()
 
-    def _make_loras(self, model: object, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
+    def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
         if not self.config.lora_url or not FAMILIES[self.family].supports_lora:
             return None
         from batching.lora.engine_loras import EngineLoras
@@ -150,7 +150,8 @@ class DiffusionEngine:
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         if params.model != self.config.model:
-            raise InvalidParamsError("model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
+            raise InvalidParamsError(
+                "model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
         # Again, against the family this engine loaded: a params object altered after it was built
         # allocates nothing either, and a folder model's family is known only here.
         params.validate(self.family)
@@ -164,6 +165,7 @@ class DiffusionEngine:
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
         if params.lora is not None:
             try:
+                assert self.loras is not None  # refused above otherwise
                 self.loras.fetch(params.lora)  # on this thread: reading the store never stalls the loop
             except LoraError as e:
                 future.set_exception(JobFailedError(str(e)))

@@ -101,8 +101,6 @@ FALLBACK_FAMILY = "sd"
 
 def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
-    from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX
-
     built_in = BUILTIN_MODELS.get(model.removeprefix(BUILTIN_PREFIX)) if model.startswith(BUILTIN_PREFIX) else None
     return built_in.family if built_in else None
 

@@ -55,6 +55,7 @@ class Job:
 
     def result(self) -> GenerationResult:
         assert self.is_complete and self.admitted_at is not None and self.denoised_at is not None
+        assert self.params.seed is not None  # GenerationParams draws one when none is given
         return GenerationResult(
             job_id=self.job_id,
             images=[self.images[sample_id] for sample_id in self.sample_ids],

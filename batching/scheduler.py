@@ -44,7 +44,7 @@ class SchedulerConfig:
     max_num_seqs: int = 8  # running capacity in samples; 1 = step-wise path without batching
     policy: str = "default"  # "default" or "fifo" (see batching.admission)
     max_num_groups: int = 2  # default policy: distinct keys running at once (one forward each per iteration)
-    max_wait_iterations: int = 50  # default policy: iterations a waiting sample may be overtaken before it blocks those behind it
+    max_wait_iterations: int = 50  # default policy: times a waiting sample may be overtaken before blocking
     max_num_tokens: int | None = None  # token budget of the running set (rows x latent tokens); None: no budget
 
     def __post_init__(self) -> None:

@@ -75,11 +75,11 @@ def headline_ratios(models: list[dict], end_to_end: dict | None) -> dict:
     for model in models:
         runs = {(r["workload"], r["variant"]): r["metrics"] for r in model["runs"]}
 
-        def throughput(workload: str, variant: str) -> float | None:
+        def throughput(workload: str, variant: str, runs: dict = runs) -> float | None:
             metrics = runs.get((workload, variant))
             return metrics["throughput_images_per_second"] if metrics else None
 
-        def p95(workload: str, variant: str) -> float | None:
+        def p95(workload: str, variant: str, runs: dict = runs) -> float | None:
             metrics = runs.get((workload, variant))
             return metrics["latency_seconds"]["p95"] if metrics else None
 

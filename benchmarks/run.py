@@ -69,7 +69,7 @@ class SuiteOptions:
     device: str = "cpu"
     num_threads: int = 1
     run_e2e: bool = True
-    workloads: tuple[str, ...] = ()  # workload names to run ("burst", "two_resolution", ...; "poisson": every rate); () = all
+    workloads: tuple[str, ...] = ()  # names to run ("burst", "two_resolution", ...; "poisson": every rate); () = all
     command: str = "stepwise bench"  # as typed, for the report
 
 
@@ -89,15 +89,16 @@ def run_suite(options: SuiteOptions) -> dict:
         end_to_end = None
         if options.run_e2e:
             tiny = next((m for m in models if m["model"] == "builtin:tiny"), models[0] if models else None)
-            end_to_end = e2e.run_e2e(options, machine, runs_dir, serial_capacity=tiny["serial_capacity"] if tiny else None,
+            end_to_end = e2e.run_e2e(options, machine, runs_dir,
+                                     serial_capacity=tiny["serial_capacity"] if tiny else None,
                                      engine_burst=_run_of(tiny, "burst", "default") if tiny else None)
     summary = {
         "schema": SUMMARY_SCHEMA,
         "suite": dataclasses.asdict(options.size),
         "command": options.command,
         "git_commit": _git_commit(),
-        "command_options": {"models": list(options.models), "workloads": list(options.workloads), "device": options.device,
-                            "num_threads": options.num_threads, "e2e": options.run_e2e},
+        "command_options": {"models": list(options.models), "workloads": list(options.workloads),
+                            "device": options.device, "num_threads": options.num_threads, "e2e": options.run_e2e},
         "machine": machine,
         "load_average": load.summary(),
         "suite_seconds": time.monotonic() - started,
@@ -141,7 +142,8 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         variants[name].open(sizes)
 
     suite = [burst]
-    suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple) for multiple in size.rate_multiples]
+    suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple)
+              for multiple in size.rate_multiples]
     suite += [workloads.mixed_steps(shape, num_jobs), workloads.two_resolution(shape, num_jobs),
               workloads.mixed_guidance(shape, num_jobs)]
     mixed = workloads.mixed_size(shape, num_jobs)

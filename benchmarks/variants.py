@@ -79,7 +79,7 @@ class RunRecord:
     load_average_end: tuple[float, float, float]
     engine_stats: dict = field(default_factory=dict)  # engine: stats() difference over the run
     trace: dict | None = None  # engine: ForwardTrace.as_dict()
-    forward_times: dict[ForwardShape, float] = field(default_factory=dict)  # engine: bare-UNet seconds per shape that ran
+    forward_times: dict[ForwardShape, float] = field(default_factory=dict)  # engine: bare-UNet seconds per shape run
     static_forwards: dict[int, int] = field(default_factory=dict)  # static: rows -> UNet calls
     static_groups: list[int] = field(default_factory=list)  # static: requests in each pipeline call
 
@@ -216,8 +216,8 @@ class StaticBatchVariant:
             groups.append(len(group))
             for w in group:
                 p = w.params
-                jobs.append(JobTiming(w.index, w.submitted, started, finished, started - w.submitted, finished - started,
-                                      p.height, p.width, p.num_inference_steps, p.guidance_scale))
+                jobs.append(JobTiming(w.index, w.submitted, started, finished, started - w.submitted,
+                                      finished - started, p.height, p.width, p.num_inference_steps, p.guidance_scale))
         driver.join()
         jobs.sort(key=lambda job: job.index)
         wall = max(job.finished for job in jobs) - min(job.submitted for job in jobs)
@@ -261,7 +261,8 @@ class StaticBatchVariant:
         if FAMILIES[self.family].samplers != ("euler",):  # UNet families: the requested sampler
             sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
             self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
-        negative = {"negative_prompt": [p.negative_prompt for p in group]} if any(p.negative_prompt for p in group) else {}
+        negative = ({"negative_prompt": [p.negative_prompt for p in group]}
+                    if any(p.negative_prompt for p in group) else {})
         self.pipeline(
             prompt=[p.prompt for p in group],
             height=first.height,

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         if args.worker_class == "gevent":  # a normal exit would print gevent's finalizer noise after the one line
             os._exit(2)
         return 2
-    from storage.settings import env_float, env_int
     from stepwise_cli.api_worker import ApiWorker
+    from storage.settings import env_float, env_int
 
     header_timeout = env_int("STEPWISE_API_HEADER_TIMEOUT", 10)  # whole seconds: gunicorn keepalive is an int
     ApiWorker.request_timeout = env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0)  # inherited by forked workers

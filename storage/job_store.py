@@ -17,7 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -119,7 +119,7 @@ class JobStore:
 
     @_wraps_redis_errors
     def get(self, job_id: str) -> JobRecord | None:
-        mapping = self._redis.hgetall(self.job_key(job_id))
+        mapping = cast(dict[str, str], self._redis.hgetall(self.job_key(job_id)))  # decode_responses=True
         return record_from_hash(mapping) if mapping else None
 
     @_wraps_redis_errors
@@ -142,7 +142,7 @@ class JobStore:
     @_wraps_redis_errors
     def queue_position(self, job_id: str) -> int | None:
         """0-based position among queued jobs (oldest first), None if not queued."""
-        return self._redis.zrank(self.keys.queued, job_id)
+        return cast(int | None, self._redis.zrank(self.keys.queued, job_id))  # without withscore: a rank or None
 
     @_wraps_redis_errors
     def queue_depth(self) -> int:
@@ -192,13 +192,13 @@ class JobStore:
     def lapsed_job_ids(self, now: float | None = None) -> list[str]:
         """Running jobs whose lease expired."""
         now = self.clock() if now is None else now
-        return self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now))
+        return cast(list[str], self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now)))  # decode_responses
 
     @_wraps_redis_errors
     def unsent_job_ids(self, created_before: float) -> list[str]:
         """Jobs created before then that no worker took and whose message nobody confirmed sending
         (`mark_sent`): their creator may have died between storing the record and sending it."""
-        return self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before))
+        return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))
 
     # Transitions.
 

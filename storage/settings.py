@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 from urllib.parse import urlsplit
 
 from batching.params import MAX_LORA_BYTES
@@ -58,6 +59,10 @@ def env_positive_int(name: str, default: int) -> int:
     return value
 
 
+@overload
+def env_url(name: str, schemes: tuple[str, ...], *, default: str) -> str: ...
+@overload
+def env_url(name: str, schemes: tuple[str, ...], *, default: None = None) -> str | None: ...
 def env_url(name: str, schemes: tuple[str, ...], *, default: str | None = None) -> str | None:
     """A URL setting whose scheme is one of `schemes` and which names a host (file: a path)."""
     raw = os.environ.get(name) or default

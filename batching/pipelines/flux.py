@@ -99,7 +99,7 @@ class FluxAdapter(ImageLatentsMixin):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         config = self.transformer.config
-        zeros = dict(device=self.device, dtype=self.dtype)
+        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
             "embeds": torch.zeros(MAX_SEQUENCE_LENGTH, config.joint_attention_dim, **zeros),
             "pooled": torch.zeros(config.pooled_projection_dim, **zeros),

@@ -78,7 +78,8 @@ class ZImageAdapter(ImageLatentsMixin):
     def new_sampler(self, params: GenerationParams) -> Any:
         height, width = self._latent_size(params)
         num_tokens = (height // 2) * (width // 2)
-        return flow_matching_sampler(self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
+        return flow_matching_sampler(
+            self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (1, self.transformer.in_channels, *self._latent_size(params))
@@ -101,7 +102,7 @@ class ZImageAdapter(ImageLatentsMixin):
         return sample.latents
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
         lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
         dtype = self.transformer.dtype
