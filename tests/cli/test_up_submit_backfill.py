@@ -237,7 +237,8 @@ def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):
                             capture_output=True, text=True, timeout=180)
 
     assert result.returncode == 0, result.stdout + result.stderr
-    with Image.open(up.workdir / "lighthouse.png") as image:
+    saved_as = re.findall(r"-o (\S+\.png)", script)[-1]  # the file the tour tells the user to open
+    with Image.open(up.workdir / saved_as) as image:
         assert image.format == "PNG"
 
 
