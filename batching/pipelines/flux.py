@@ -21,31 +21,24 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.families import FAMILIES
 from batching.params import GenerationParams
+from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
-from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
 
-class FluxAdapter(ImageLatentsMixin):
+class FluxAdapter(AdapterBase):
     family = "flux"
     max_rows_per_sample = 1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
-        self.model = model
-        self.device = device
-        self.dtype = dtype
-        self.spec = FAMILIES[self.family]
-        self.pipeline = pipeline
+        super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
-        self.vae = pipeline.vae
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.attention = MixedSizeFluxAttnProcessor()
         self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
