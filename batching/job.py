@@ -47,7 +47,9 @@ class Job:
 
     @property
     def num_steps_total(self) -> int:
-        return len(self.sample_ids) * (self.steps_per_sample or self.params.num_inference_steps)
+        if self.steps_per_sample is None:
+            return self.params.total_steps()
+        return len(self.sample_ids) * self.steps_per_sample
 
     @property
     def is_complete(self) -> bool:

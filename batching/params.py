@@ -141,6 +141,10 @@ class GenerationParams:
         spec = FAMILIES[family] if family else self.family_spec
         return spec.steps_to_run(self.num_inference_steps, self.strength)
 
+    def total_steps(self, family: str | None = None) -> int:
+        """Denoise steps of the whole job, summed over its images: what its progress counts to."""
+        return self.steps_to_run(family) * self.num_images
+
     @property
     def content_type(self) -> str:
         return OUTPUT_FORMATS[self.output_format]

@@ -103,7 +103,7 @@ class WorkerRuntime:
         with self._lock:
             if not self.is_admitting:
                 return None
-            active = ActiveJob(job_id, total=params.num_inference_steps * params.num_images)
+            active = ActiveJob(job_id, total=params.total_steps(engine.family))
             try:
                 active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress)
             except EngineShutdownError:
