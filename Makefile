@@ -5,7 +5,7 @@ TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test run test redis-server chromium clean
+.PHONY: install install-test run lint test redis-server chromium clean
 
 # What running needs: torch (a CPU build from this pin) and the project with its engine extra.
 $(STAMP): pyproject.toml
@@ -40,7 +40,13 @@ chromium:
 run: install redis-server
 	$(VENV)/bin/stepwise up
 
-test: install-test redis-server chromium
+# Lint and types (config in pyproject.toml): ruff over the tree, mypy over batching, storage and api.
+# ruff format --check . is added with the one-time formatting commit
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint redis-server chromium
 	$(PY) -m pytest
 
 clean:

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
+from flask.json.provider import DefaultJSONProvider
 
 from api import errors, health, jobs, loras, metrics, models, openapi, resources, uploads, web
-from api.fleet import Fleet
 from api.auth import KeyRing
+from api.fleet import Fleet
 from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.image_store import open_image_store
@@ -29,6 +30,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_mapping(test_config or {})
     settings: ApiSettings = app.config.get("STEPWISE_SETTINGS") or ApiSettings.from_env()
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    assert isinstance(app.json, DefaultJSONProvider)  # Flask's own provider: it has these two settings
     app.json.sort_keys = False
     app.json.compact = True
 

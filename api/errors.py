@@ -14,7 +14,7 @@ from typing import Any
 from flask import Flask, jsonify
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from batching.params import InvalidParamsError
 from storage.errors import JobNotFoundError, StorageUnavailableError
@@ -117,7 +117,7 @@ def handle_error(error: Exception):
     api_error = to_api_error(error)
     response = jsonify(api_error.body())
     response.status_code = api_error.status
-    if isinstance(error, HTTPException) and error.code == 405 and getattr(error, "valid_methods", None):
+    if isinstance(error, MethodNotAllowed) and error.valid_methods:
         response.headers["Allow"] = ", ".join(error.valid_methods)
     response.headers.update(api_error.headers)
     return response

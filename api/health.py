@@ -8,13 +8,11 @@ their queues until a worker starts, and an orchestrator must not restart the API
 from __future__ import annotations
 
 import logging
-
 from typing import Any
 
 from flask import Blueprint
 
 from api.resources import get_image_store, get_job_store, get_settings
-
 from api.views import iso_time
 from storage.errors import StorageError
 

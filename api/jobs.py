@@ -12,17 +12,23 @@ from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.request_body import read_json
 from api.resources import (
-    get_fleet, get_image_store, get_job_store, get_lora_store, get_settings, get_task_queue, get_upload_store,
+    get_fleet,
+    get_image_store,
+    get_job_store,
+    get_lora_store,
+    get_settings,
+    get_task_queue,
+    get_upload_store,
 )
 from api.schemas import BatchRequest, ImageQuery, ListQuery
 from api.submission import QueueRoom, batch_item_key, check_idempotency_key, check_lora, create_jobs, validate_job
 from api.views import job_url, job_view
-from storage.image_store import content_type_of_key
 from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
     InvalidTransitionError,
 )
+from storage.image_store import content_type_of_key
 from storage.job_store import JobRecord, JobState
 from storage.webhooks import build_payload
 

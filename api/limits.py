@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import batching.params as P
 from api.errors import ApiError
@@ -88,11 +89,11 @@ def _over(field_name: str, message: str) -> ApiError:
     return ApiError(422, "limit_exceeded", f"{field_name}: {message}", field=field_name)
 
 
-def _positive_int(name: str, raw: object) -> int | None:
+def _positive_int(name: str, raw: Any) -> int | None:
     if raw is None or raw == "":
         return None
     try:
-        value = int(raw)  # type: ignore[arg-type]
+        value = int(raw)
     except (TypeError, ValueError):
         value = 0
     if isinstance(raw, bool) or value < 1:
@@ -115,5 +116,6 @@ def _per_model(text: str) -> dict[str, dict[str, int]]:
     for model, limits in data.items():
         if not isinstance(limits, dict) or not set(limits) <= set(LIMIT_NAMES):
             raise LimitsError(f"{name}: the limits of {model!r} must be an object with keys from {LIMIT_NAMES}")
-        table[model] = {key: _positive_int(f"{name}[{model!r}].{key}", value) for key, value in limits.items()}
+        checked = {key: _positive_int(f"{name}[{model!r}].{key}", value) for key, value in limits.items()}
+        table[model] = {key: value for key, value in checked.items() if value is not None}  # null: the default
     return table

@@ -10,9 +10,8 @@ from typing import Any
 
 from flask import Blueprint
 
-from api.resources import get_job_store
-
 from api.auth import require_tenant
+from api.resources import get_job_store
 from api.views import iso_time
 from storage.heartbeats import ModelStatus
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from flask import Blueprint
 from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
 
 from api import schemas
 from api.resources import get_openapi_document
@@ -29,7 +30,7 @@ class DocumentBuilder:
     def __init__(self) -> None:
         self.components: dict[str, Any] = {}
 
-    def ref(self, model: type[BaseModel], mode: str = "serialization") -> dict[str, str]:
+    def ref(self, model: type[BaseModel], mode: JsonSchemaMode = "serialization") -> dict[str, str]:
         schema = model.model_json_schema(ref_template=REF, mode=mode)
         self.components.update(schema.pop("$defs", {}))
         self.components[model.__name__] = schema
@@ -156,7 +157,8 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
         },
         "/healthz": {"get": {"operationId": "healthz", "summary": "The process is alive.", "security": [],
                              "responses": {"200": b.response("Alive.", schemas.Health)}}},
-        "/readyz": {"get": {"operationId": "readyz", "summary": "Redis and image storage are reachable; says whether workers run.",
+        "/readyz": {"get": {"operationId": "readyz",
+                            "summary": "Redis and image storage are reachable; says whether workers run.",
                             "security": [],
                             "responses": {"200": b.response("Ready.", schemas.Readiness),
                                           "503": b.response("Not ready.", schemas.Readiness)}}},

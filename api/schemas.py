@@ -66,7 +66,7 @@ class JobRequest(StrictModel):
         description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).")
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field(  # type: ignore[valid-type]
+    sampler: Sampler = Field(
         "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler.")
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
@@ -88,7 +88,7 @@ class JobRequest(StrictModel):
     strength: float | None = Field(
         None, gt=0, le=1, description="With init_image: the fraction of the steps run, from the end (0 < s <= 1). "
         "Default 0.8, or 1.0 with a mask.")
-    resize_mode: ResizeMode = Field(  # type: ignore[valid-type]
+    resize_mode: ResizeMode = Field(
         "none", description="An input image whose size differs from the job's: none (an error), stretch, or crop "
         "(cover, then center-crop).")
     output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
@@ -101,7 +101,7 @@ class JobRequest(StrictModel):
     deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
         None, description="RFC 3339 time with an offset (unix numbers are refused), at most 30 days ahead; "
                           "a job not started by then ends `expired`.")
-    priority: Priority | None = Field(  # type: ignore[valid-type]
+    priority: Priority | None = Field(
         None, description="high, normal (the default) or low: taken from the queue and admitted by the engine "
                           "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).")
 
@@ -113,7 +113,7 @@ class BatchRequest(StrictModel):
     """Up to STEPWISE_MAX_BATCH_JOBS jobs. Items are validated one by one, each with its own result."""
 
     jobs: list[SkipValidation[JobRequest]] = Field(min_length=1)
-    priority: Priority | None = Field(None, description="Priority of the items that do not name their own.")  # type: ignore[valid-type]
+    priority: Priority | None = Field(None, description="Priority of the items that do not name their own.")
 
 
 class ListQuery(BaseModel):
@@ -195,7 +195,7 @@ class ModelList(BaseModel):
 class JobView(BaseModel):
     job_id: str
     state: JobStateName
-    priority: Priority  # type: ignore[valid-type]
+    priority: Priority
     queue_position: int | None = Field(description="Queued jobs of the same model and priority ahead of this one "
                                                    "(0: next); null unless queued.")
     queue: QueueInfo | None = Field(description="ETA inputs while queued; null otherwise.")
@@ -240,12 +240,14 @@ class WorkerReadiness(BaseModel):
     seen_recently: bool = Field(description="A worker sent a heartbeat within STEPWISE_WORKER_TIMEOUT and admits jobs.")
     num_workers: int
     available_models: list[str]
-    last_seen: datetime | None = Field(description="The newest heartbeat of any worker; null if none within the retention.")
+    last_seen: datetime | None = Field(
+        description="The newest heartbeat of any worker; null if none within the retention.")
 
 
 class Readiness(BaseModel):
     status: Literal["ok", "unavailable"] = Field(description="This API can take jobs (Redis and storage reachable). "
                                                             "Workers do not count: jobs queue while none runs.")
     checks: dict[str, bool] = Field(description="redis, storage: reachable or not.")
-    workers: WorkerReadiness | None = Field(None, description="Whether any worker is running (null when Redis is down).")
+    workers: WorkerReadiness | None = Field(
+        None, description="Whether any worker is running (null when Redis is down).")
     warnings: list[str] = Field(default_factory=list, description="For example: no worker seen recently.")

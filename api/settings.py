@@ -105,8 +105,10 @@ class ApiSettings:
     retry_after_seconds: int = 5  # Retry-After sent with 429
     default_model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL: the model of a job that names none
     limits: LimitTable = field(default_factory=LimitTable)  # per-model cost limits checked at submit
-    tenant_max_priority: dict[str, str] = field(default_factory=dict)  # STEPWISE_TENANT_MAX_PRIORITY: tenant -> highest priority it may use
-    accept_unserved_models: bool = False  # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
+    # STEPWISE_TENANT_MAX_PRIORITY: tenant -> highest priority it may use
+    tenant_max_priority: dict[str, str] = field(default_factory=dict)
+    # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
+    accept_unserved_models: bool = False
 
     def max_priority(self, tenant: str) -> str:
         return self.tenant_max_priority.get(tenant, PRIORITIES[0])

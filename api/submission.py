@@ -30,9 +30,9 @@ from api.settings import ApiSettings
 from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
-from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore
 from storage.queues import DEFAULT_PRIORITY
+from storage.upload_store import UploadStore
 from storage.url_policy import WebhookURLError, check_webhook_url
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import request
@@ -22,7 +22,7 @@ def iso_time(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     try:
-        moment = datetime.fromtimestamp(seconds, timezone.utc)
+        moment = datetime.fromtimestamp(seconds, UTC)
     except (OverflowError, ValueError, OSError):
         return None
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -61,10 +61,9 @@ def error_view(record: JobRecord) -> dict[str, str] | None:
 def planned_steps(record: JobRecord) -> int:
     """Steps the job will take (summed over its images), known before a worker reports any."""
     try:
-        steps = GenerationParams.from_dict(record.params).steps_to_run()  # fewer for an img2img job
+        return GenerationParams.from_dict(record.params).total_steps()  # fewer for an img2img job
     except Exception:  # a record from before a field was added or renamed
-        steps = int(record.params.get("num_inference_steps", 0))
-    return steps * int(record.params.get("num_images", 1))
+        return int(record.params.get("num_inference_steps", 0)) * int(record.params.get("num_images", 1))
 
 
 def job_view(record: JobRecord, queue_position: int | None = None,

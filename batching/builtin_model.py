@@ -13,10 +13,10 @@ from pathlib import Path
 
 from batching.builtin_models.registry import (
     BUILTIN_PREFIX,
+    build_builtin_pipeline,
     builtin_family,
     builtin_model_path,
     builtin_names,
-    build_builtin_pipeline,
     cache_dir,
     is_builtin,
     save_builtin_model,

@@ -140,7 +140,8 @@ class Decoder:
             outcome = run_splitting([batch.items], self._decode_chunk, rows_of=len, device=self.model.device)
         except Exception as e:
             logger.exception("decode failed")
-            result.failed = {item.sample_id: f"decoding the image failed: {type(e).__name__}: {e}" for item in batch.items}
+            message = f"decoding the image failed: {type(e).__name__}: {e}"
+            result.failed = {item.sample_id: message for item in batch.items}
         else:
             result.num_oom_splits = outcome.num_splits
             for chunk, images in outcome.results:

@@ -19,21 +19,22 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
 from batching.image_inputs import job_images, keep_unmasked_pixels
-from batching.params import MAX_LORA_BYTES, PRIORITIES, CompatibilityKey, GenerationParams
 from batching.job import Job, ProgressCallback, sample_ids_for
+from batching.params import MAX_LORA_BYTES, PRIORITIES, CompatibilityKey, GenerationParams
 from batching.plan import NewSample, RunnerOutput
 from batching.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
     from batching.lora.store import LoraFetcher
+    from batching.pipelines.contract import PipelineAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,15 @@ DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "builtin:tiny"  # a built-in (batching.families.BUILTIN_FAMILIES), a diffusers folder, or a cached Hugging Face repo id
+    model: str = "builtin:tiny"  # built-in (batching.families.BUILTIN_FAMILIES), diffusers folder or cached HF repo
     device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda", "cuda:N"
     dtype: str = "auto"  # "auto" (float16 on cuda, float32 on cpu), "float32", "float16", "bfloat16"
     max_num_seqs: int = 8  # running capacity in samples (images); 1 = step-wise without batching
     policy: str = "default"  # admission policy: "default" or "fifo" (see batching.scheduler)
     max_num_groups: int = 2  # default policy: compatibility groups running at once
     max_wait_iterations: int = 50  # default policy: bound on how long a waiting sample is passed over
+    max_num_tokens: int | None = None  # token budget of a step (rows x latent tokens, FamilySpec.sample_cost);
+    # None: max_num_seqs samples at the model family's default size and guidance
     deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
     num_threads: int | None = None  # torch CPU threads, process-wide; None keeps torch's default
     lora_url: str | None = field(default_factory=lambda: os.environ.get("STEPWISE_LORA_URL") or None)  # LoRA
@@ -73,7 +76,7 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         if self.lora_mode not in LORA_MODES:
             raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
-        self.scheduler_config  # validates the scheduling fields now rather than at engine start
+        _ = self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -82,6 +85,7 @@ class EngineConfig:
             policy=self.policy,
             max_num_groups=self.max_num_groups,
             max_wait_iterations=self.max_wait_iterations,
+            max_num_tokens=self.max_num_tokens,
         )
 
 
@@ -93,13 +97,16 @@ class DiffusionEngine:
         from batching.pipelines import load_model
 
         self.config = config or EngineConfig()
-        self.scheduler = Scheduler(self.config.scheduler_config)
         if self.config.num_threads:
             import torch
 
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
+        family = FAMILIES[self.family]
+        self.scheduler = Scheduler(replace(
+            self.config.scheduler_config,
+            max_num_tokens=self.config.max_num_tokens or family.default_token_budget(self.config.max_num_seqs)))
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
         self._key_has_lora = self.config.lora_mode == "group"
@@ -126,7 +133,7 @@ class DiffusionEngine:
         self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
         self._thread.start()
 
-    def _make_loras(self, model: object, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
+    def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
         if not self.config.lora_url or not FAMILIES[self.family].supports_lora:
             return None
         from batching.lora.engine_loras import EngineLoras
@@ -146,7 +153,8 @@ class DiffusionEngine:
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         if params.model != self.config.model:
-            raise InvalidParamsError("model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
+            raise InvalidParamsError(
+                "model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
         # Again, against the family this engine loaded: a params object altered after it was built
         # allocates nothing either, and a folder model's family is known only here.
         params.validate(self.family)
@@ -162,6 +170,7 @@ class DiffusionEngine:
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
         if params.lora is not None:
             try:
+                assert self.loras is not None  # refused above otherwise
                 self.loras.fetch(params.lora)  # on this thread: reading the store never stalls the loop
             except LoraError as e:
                 future.set_exception(JobFailedError(str(e)))
@@ -299,8 +308,9 @@ class DiffusionEngine:
                 params = job.params.for_image(index)
                 key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
                 first_step = params.num_inference_steps - (job.steps_per_sample or params.num_inference_steps)
-                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step),
-                                   priority=job.priority)
+                cost = FAMILIES[self.family].sample_cost(params.height, params.width, params.guidance_scale)
+                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step,
+                                             cost=cost), priority=job.priority)
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()

@@ -18,6 +18,7 @@ class EngineStats:
     num_forwards: int = 0
     rows_per_forward: Counter = field(default_factory=Counter)  # rows (padding excluded) -> forwards
     samples_per_forward: Counter = field(default_factory=Counter)  # samples -> forwards
+    sizes_per_forward: Counter = field(default_factory=Counter)  # distinct image sizes in a forward -> forwards
     loras_per_forward: Counter = field(default_factory=Counter)  # distinct LoRA adapters in a forward -> forwards
     num_sample_steps: int = 0  # denoise steps taken, summed over samples
     num_samples_finished: int = 0
@@ -34,6 +35,7 @@ class EngineStats:
         self.num_forwards += len(output.rows_per_forward)
         self.rows_per_forward.update(output.rows_per_forward)
         self.samples_per_forward.update(output.samples_per_forward)
+        self.sizes_per_forward.update(output.sizes_per_forward)
         self.loras_per_forward.update(output.loras_per_forward)
         self.num_sample_steps += len(output.stepped_sample_ids)
         self.num_samples_finished += len(output.finished_sample_ids)
@@ -48,6 +50,7 @@ class EngineStats:
             "forwards": self.num_forwards,
             "rows_per_forward": dict(sorted(self.rows_per_forward.items())),
             "jobs_per_forward": dict(sorted(self.samples_per_forward.items())),
+            "sizes_per_forward": dict(sorted(self.sizes_per_forward.items())),
             "loras_per_forward": dict(sorted(self.loras_per_forward.items())),
             "job_steps": self.num_sample_steps,
             "jobs_finished": self.num_samples_finished,

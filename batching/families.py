@@ -54,6 +54,20 @@ class FamilySpec:
         """Rows a job contributes to each denoiser forward."""
         return 2 if self.has_cfg(guidance_scale) else 1
 
+    def tokens_per_row(self, height: int, width: int) -> int:
+        """Latent positions of one row (UNet: latent pixels; transformer: image tokens), which a forward's
+        cost follows."""
+        return (height // self.size_multiple) * (width // self.size_multiple)
+
+    def sample_cost(self, height: int, width: int, guidance_scale: float) -> int:
+        """What one sample adds to each forward it runs in: rows x latent tokens per row (the scheduler's
+        token budget counts these)."""
+        return self.num_rows(guidance_scale) * self.tokens_per_row(height, width)
+
+    def default_token_budget(self, max_num_seqs: int) -> int:
+        """The engine's default token budget: `max_num_seqs` samples at the family's default size and guidance."""
+        return max_num_seqs * self.sample_cost(self.default_size, self.default_size, self.default_guidance)
+
 
 FAMILIES: dict[str, FamilySpec] = {
     "sd": FamilySpec(
@@ -69,6 +83,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "flux": FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
         name="flux", pipeline_classes=("FluxPipeline",), samplers=FLOW_SAMPLERS, size_multiple=16,
         default_size=128, default_steps=20, default_guidance=3.5, max_guidance=20.0, guidance_kind="embedded",
+        mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
         strength_rounding="floor_start", supports_lora=True,
     ),
     "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
@@ -86,8 +101,6 @@ FALLBACK_FAMILY = "sd"
 
 def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
-    from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX
-
     built_in = BUILTIN_MODELS.get(model.removeprefix(BUILTIN_PREFIX)) if model.startswith(BUILTIN_PREFIX) else None
     return built_in.family if built_in else None
 

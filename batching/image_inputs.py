@@ -45,7 +45,8 @@ def check_reference(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidParamsError(field, value, "must be a data: URI (base64 PNG, JPEG or WebP) or an upload id")
     if len(value) > MAX_DATA_URI_CHARS:
-        raise InvalidParamsError(field, f"<{len(value)} characters>", f"must be at most {MAX_IMAGE_BYTES} bytes of image")
+        raise InvalidParamsError(
+            field, f"<{len(value)} characters>", f"must be at most {MAX_IMAGE_BYTES} bytes of image")
     if not (is_upload_id(value) or _DATA_URI.match(value)):
         shown = value[:40] + ("..." if len(value) > 40 else "")
         raise InvalidParamsError(field, shown, "must be a data:image/png|jpeg|webp;base64,... URI or an upload id "
@@ -85,12 +86,15 @@ def open_image(field: str, data: bytes) -> Image.Image:
     except InvalidParamsError:
         raise
     except Exception as e:  # Pillow raises many kinds for corrupt data
-        raise InvalidParamsError(field, f"<{len(data)} bytes>", f"is not a decodable image ({type(e).__name__})") from None
+        raise InvalidParamsError(
+            field, f"<{len(data)} bytes>", f"is not a decodable image ({type(e).__name__})") from None
     return image
 
 
 def content_type_of(field: str, data: bytes) -> str:
-    return INPUT_FORMATS[open_image(field, data).format]
+    image_format = open_image(field, data).format
+    assert image_format is not None  # open_image refuses formats outside INPUT_FORMATS
+    return INPUT_FORMATS[image_format]
 
 
 def image_size(field: str, value: str) -> tuple[int, int]:
@@ -131,6 +135,7 @@ def keep_unmasked_pixels(params: object, image: Image.Image) -> Image.Image:
     if getattr(params, "mask_image", None) is None:
         return image
     init, mask = job_images(params)
+    assert init is not None and mask is not None  # a mask_image is refused without an init_image
     return Image.composite(image.convert("RGB"), init, mask)  # mask white: the generated pixels
 
 
@@ -145,6 +150,7 @@ def _fit(field: str, image: Image.Image, size: tuple[int, int], mode: str) -> Im
     if mode == "stretch":
         return image.resize(size, resample)
     scale = max(size[0] / image.width, size[1] / image.height)  # "crop": cover, then center-crop
-    scaled = image.resize((max(size[0], round(image.width * scale)), max(size[1], round(image.height * scale))), resample)
+    scaled_size = (max(size[0], round(image.width * scale)), max(size[1], round(image.height * scale)))
+    scaled = image.resize(scaled_size, resample)
     left, top = (scaled.width - size[0]) // 2, (scaled.height - size[1]) // 2
     return scaled.crop((left, top, left + size[0], top + size[1]))

@@ -53,6 +53,7 @@ def encode_init_images(adapter: Any, new_samples: Sequence[NewSample], *,
         except Exception as e:
             results[new.sample_id] = e
             continue
+        assert init is not None  # init_image is set
         pixels = torch.from_numpy(np.asarray(init, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
         mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
         group = new.sample_id if one_at_a_time else (init.height, init.width)
@@ -64,8 +65,8 @@ def encode_init_images(adapter: Any, new_samples: Sequence[NewSample], *,
             for sample_id, _, _ in items:
                 results[sample_id] = e
             continue
-        for index, (sample_id, _, mask) in enumerate(items):
-            results[sample_id] = EncodedImage(mean[index : index + 1], std[index : index + 1], mask)
+        for index, (sample_id, _, mask_rows) in enumerate(items):
+            results[sample_id] = EncodedImage(mean[index : index + 1], std[index : index + 1], mask_rows)
     return results
 
 

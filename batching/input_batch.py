@@ -40,6 +40,7 @@ class InputBatch:
         if sample_ids != self.sample_ids:
             self._refill_conditioning(samples)
             self.sample_ids = sample_ids
+        assert self.timesteps is not None  # the first prepare fills the buffers
         row = 0
         mixed_latents: list[torch.Tensor] = []
         for sample in samples:
@@ -53,7 +54,9 @@ class InputBatch:
         return ForwardBatch(self.latents if self.latents is not None else mixed_latents, self.timesteps,
                             self.conditioning, self.lengths)
 
-    def split(self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]) -> list[torch.Tensor]:
+    def split(
+        self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]
+    ) -> list[torch.Tensor]:
         """Each sample's rows [num_rows, *latent_shape] of the forward's output."""
         rows, row = [], 0
         for sample in samples:

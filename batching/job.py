@@ -48,7 +48,9 @@ class Job:
 
     @property
     def num_steps_total(self) -> int:
-        return len(self.sample_ids) * (self.steps_per_sample or self.params.num_inference_steps)
+        if self.steps_per_sample is None:
+            return self.params.total_steps()
+        return len(self.sample_ids) * self.steps_per_sample
 
     @property
     def is_complete(self) -> bool:
@@ -56,6 +58,7 @@ class Job:
 
     def result(self) -> GenerationResult:
         assert self.is_complete and self.admitted_at is not None and self.denoised_at is not None
+        assert self.params.seed is not None  # GenerationParams draws one when none is given
         return GenerationResult(
             job_id=self.job_id,
             images=[self.images[sample_id] for sample_id in self.sample_ids],

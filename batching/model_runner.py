@@ -4,8 +4,8 @@ It owns every running sample's tensors (sampler, generator, latents, row conditi
 and one `InputBatch` per group, and knows no model family: the adapter
 (`batching.pipelines.contract`) does everything family-specific. Per plan: drop aborted
 samples, encode the new samples' prompts in one text-encoder call, run one denoiser
-forward per group, step each sample's own sampler, hand the samples that finished to the decoder (`batching.decoder`: beside the loop, or
-inline) and collect the images decoded meanwhile.
+forward per group, step each sample's own sampler, hand the samples that finished to the
+decoder (`batching.decoder`: beside the loop, or inline) and collect the images decoded meanwhile.
 Between two group forwards it asks the engine for samples canceled meanwhile, so a
 cancel or an abort takes effect within one forward. A failure is contained: an
 exception in a group's forward fails that group's samples, one in a sample's sampler
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batching.errors import LoraError
-from batching.decoder import Decoder, DecodeItem
+from batching.decoder import DecodeItem, Decoder
 from batching.device_timing import DeviceTimer
+from batching.errors import LoraError
 from batching.image_start import blend_unmasked, encode_init_images, start_from_image
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
@@ -102,7 +102,7 @@ class ModelRunner:
 
     def _admit(self, new_samples: Sequence[NewSample], output: RunnerOutput) -> None:
         start = time.perf_counter()
-        ready = []
+        ready: list[NewSample] = []
         for new in new_samples:
             try:
                 if new.params.lora is not None:  # the ones admitted with it are in use too
@@ -118,8 +118,8 @@ class ModelRunner:
                 self.model.texts_to_encode(new.params))
         encoded: dict[tuple[str, float] | None, dict] = {}
         try:
-            for adapter, texts in texts_of_encoder.items():
-                texts = sorted(texts)
+            for adapter, distinct_texts in texts_of_encoder.items():
+                texts = sorted(distinct_texts)
                 with self.loras.encoding_with(adapter) if self.loras else contextlib.nullcontext():
                     encoded[adapter] = dict(zip(texts, self._encode(texts)))
         except Exception as e:
@@ -133,6 +133,7 @@ class ModelRunner:
             params = new.params
             try:
                 sampler = self.model.new_sampler(params)
+                assert params.seed is not None  # GenerationParams draws one when none is given
                 generator = torch.Generator("cpu").manual_seed(params.seed)
                 latents, guide = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
                 self.samples[new.sample_id] = SampleTensors(
@@ -162,12 +163,14 @@ class ModelRunner:
 
     def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"
-        self.loras.prepare(name, in_use={sample.params.lora for sample in self.samples.values()} | set(also_in_use))
+        in_use = [sample.params.lora for sample in self.samples.values()] + list(also_in_use)
+        self.loras.prepare(name, in_use={lora for lora in in_use if lora is not None})
 
     def _encode(self, texts: list[str]) -> list:
         if not self.is_deterministic:
             return self.model.encode_prompts(texts)
         chunk_size = self.num_padded_rows
+        assert chunk_size is not None  # set in deterministic mode
         encoded = []
         for start in range(0, len(texts), chunk_size):
             chunk = texts[start : start + chunk_size]
@@ -210,6 +213,7 @@ class ModelRunner:
         row_adapters = [(sample.params.lora, sample.params.lora_scale) for sample in samples
                         for _ in range(sample.num_rows)]
         row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
+        assert self.loras is not None  # the engine refuses adapters without a LoRA store
         return self.loras.rows(row_adapters)
 
     def _forward(self, key: CompatibilityKey, samples: list[SampleTensors], output: RunnerOutput) -> list:
@@ -233,6 +237,7 @@ class ModelRunner:
         self.timer.stop(span)
         output.rows_per_forward.append(input_batch.num_rows)
         output.samples_per_forward.append(len(samples))
+        output.sizes_per_forward.append(len({(sample.params.height, sample.params.width) for sample in samples}))
         output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
         return guided
 

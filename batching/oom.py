@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -117,7 +117,7 @@ class RowCaps(Generic[Item]):
         if num_rows > 0:
             self.rows_by_key[key] = min(num_rows, self.rows_by_key.get(key, num_rows))
 
-    def keep_only(self, keys: object) -> None:
+    def keep_only(self, keys: Container[object]) -> None:
         """Drop the caps of keys whose group drained (memory freed up)."""
         for key in [key for key in self.rows_by_key if key not in keys]:
             del self.rows_by_key[key]

@@ -131,6 +131,7 @@ class GenerationParams:
     def for_image(self, index: int) -> GenerationParams:
         """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
+        assert self.seed is not None  # drawn in __post_init__ when none is given
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
 
     def steps_to_run(self, family: str | None = None) -> int:
@@ -140,6 +141,10 @@ class GenerationParams:
             return self.num_inference_steps
         spec = FAMILIES[family] if family else self.family_spec
         return spec.steps_to_run(self.num_inference_steps, self.strength)
+
+    def total_steps(self, family: str | None = None) -> int:
+        """Denoise steps of the whole job, summed over its images: what its progress counts to."""
+        return self.steps_to_run(family) * self.num_images
 
     @property
     def content_type(self) -> str:
@@ -180,7 +185,8 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
     if p.seed is not None:  # image i uses seed + i: the last one must fit too
         _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
     if p.sampler not in spec.samplers:
-        raise InvalidParamsError("sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models")
+        raise InvalidParamsError(
+            "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models")
     _check_str(p, "model", 500, allow_empty=False)
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:

@@ -21,17 +21,27 @@ class NewSample:
     params: GenerationParams  # single image: num_images == 1, seed fixed
     key: CompatibilityKey
     first_step: int = 0  # image-to-image: the steps its strength skips; it runs the rest
+    cost: int | None = None  # tokens it adds to each forward (FamilySpec.sample_cost); None: from its params'
+    # family (the engine passes its loaded model's family, which a folder model's params do not know)
 
     @property
     def num_steps(self) -> int:
         return self.params.num_inference_steps - self.first_step
 
+    @property
+    def num_tokens(self) -> int:
+        if self.cost is not None:
+            return self.cost
+        return self.params.family_spec.sample_cost(self.params.height, self.params.width, self.params.guidance_scale)
+
 
 @dataclass
 class SchedulerPlan:
     new_samples: list[NewSample] = field(default_factory=list)  # admitted this iteration; params sent once
-    groups: dict[CompatibilityKey, list[str]] = field(default_factory=dict)  # key -> running sample_ids (new ones included); one forward each
-    aborted_sample_ids: list[str] = field(default_factory=list)  # aborted while running since the last plan: runner drops their state
+    # key -> running sample_ids (new ones included); one forward each
+    groups: dict[CompatibilityKey, list[str]] = field(default_factory=dict)
+    # aborted while running since the last plan: the runner drops their state
+    aborted_sample_ids: list[str] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -49,13 +59,15 @@ class RunnerOutput:
     images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL.Image, for finished samples
     failed: dict[str, str] = field(default_factory=dict)  # sample_id -> readable error message
     rows_per_forward: list[int] = field(default_factory=list)  # one entry per forward run (padding excluded)
+    sizes_per_forward: list[int] = field(default_factory=list)  # distinct image sizes in each forward run
     samples_per_forward: list[int] = field(default_factory=list)  # samples each forward carried, same order
     loras_per_forward: list[int] = field(default_factory=list)  # distinct LoRA adapters among each forward's rows
     forward_seconds: list[float] = field(default_factory=list)  # time of each forward whose work completed since the
-    # last output, oldest first (wall time on the CPU; CUDA event time, read without waiting, so possibly a later output)
+    # last output, oldest first (wall time on the CPU; CUDA event time, read without waiting: maybe a later output)
     encode_seconds: float = 0.0  # text-encoder time for this iteration's new samples
     decode_seconds: float = 0.0  # VAE decode time of the batches collected in this output
-    decode_seconds_by_sample: dict[str, float] = field(default_factory=dict)  # finished sample -> its batch's decode time
+    # finished sample -> its batch's decode time
+    decode_seconds_by_sample: dict[str, float] = field(default_factory=dict)
     num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward or a decode batch
     admission_caps: dict[CompatibilityKey, int] = field(default_factory=dict)  # key -> most samples that fit in one
     # forward after an out-of-memory split, for keys capped in this iteration (the scheduler admits no more meanwhile)

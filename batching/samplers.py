@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffusers import (
-    DDIMScheduler,
-    DPMSolverMultistepScheduler,
-    EulerAncestralDiscreteScheduler,
-    EulerDiscreteScheduler,
-)
+# From their modules, not `diffusers`: mypy would read the package's torch-less dummy classes.
+from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+from diffusers.schedulers.scheduling_dpmsolver_multistep import DPMSolverMultistepScheduler
+from diffusers.schedulers.scheduling_euler_ancestral_discrete import EulerAncestralDiscreteScheduler
+from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from batching.families import UNET_SAMPLERS
 
-SAMPLER_CLASSES: dict[str, tuple[type[SchedulerMixin], dict[str, Any]]] = {
+UnetSampler = DDIMScheduler | DPMSolverMultistepScheduler | EulerAncestralDiscreteScheduler | EulerDiscreteScheduler
+SAMPLER_CLASSES: dict[str, tuple[type[UnetSampler], dict[str, Any]]] = {
     "ddim": (DDIMScheduler, {}),
     "euler": (EulerDiscreteScheduler, {}),
     "euler_ancestral": (EulerAncestralDiscreteScheduler, {}),
@@ -31,6 +31,7 @@ def make_sampler(name: str, model_scheduler_config: Any, num_inference_steps: in
     """A fresh sampler for one job, with its timesteps set."""
     sampler_class, overrides = SAMPLER_CLASSES[name]
     sampler = sampler_class.from_config(model_scheduler_config, **overrides)
+    assert not isinstance(sampler, tuple)  # a (sampler, unused kwargs) pair only with return_unused_kwargs
     sampler.set_timesteps(num_inference_steps, device=device)
     assert len(sampler.timesteps) == num_inference_steps, f"{name} takes one model call per step"
     return sampler

@@ -8,6 +8,9 @@ their compatibility key, and leave by finishing, failing or being aborted.
 Guarantees under every policy:
 - At most `max_num_seqs` samples run at once, in at most the policy's `max_num_groups`
   groups; nobody is admitted while admission is paused.
+- The running samples' costs (rows x latent tokens, `FamilySpec.sample_cost`) sum to at
+  most `max_num_tokens`, except a sample that costs more than the whole budget: it is
+  admitted only into an empty running set and runs alone, so it cannot starve.
 - Each plan lists every running sample exactly once, in the group of its key; samples
   with different step counts or at different current steps share a group.
 - A sample that left the running set is never in a later plan's groups. The runner
@@ -27,6 +30,7 @@ priorities first within its starvation bound, and fifo ignores it (`batching.adm
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +47,8 @@ class SchedulerConfig:
     max_num_seqs: int = 8  # running capacity in samples; 1 = step-wise path without batching
     policy: str = "default"  # "default" or "fifo" (see batching.admission)
     max_num_groups: int = 2  # default policy: distinct keys running at once (one forward each per iteration)
-    max_wait_iterations: int = 50  # default policy: iterations a waiting sample may be overtaken before it blocks those behind it
+    max_wait_iterations: int = 50  # default policy: times a waiting sample may be overtaken before blocking
+    max_num_tokens: int | None = None  # token budget of the running set (rows x latent tokens); None: no budget
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -52,6 +57,9 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
+        tokens = self.max_num_tokens
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"max_num_tokens must be an integer >= 1 or None (got {tokens!r})")
 
     def admission_policy(self) -> AdmissionPolicy:
         if self.policy == "fifo":
@@ -65,6 +73,7 @@ class ScheduledSample:
 
     new_sample: NewSample  # sent to the runner once, in the plan that admits the sample
     num_steps: int
+    cost: int  # tokens it adds to each forward while running (NewSample.num_tokens)
     num_steps_done: int = 0
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
     priority_rank: int = 1  # index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
@@ -97,6 +106,10 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def num_running_tokens(self) -> int:
+        return sum(sample.cost for sample in self._running.values())
+
+    @property
     def is_admission_paused(self) -> bool:
         return self._is_admission_paused
 
@@ -106,7 +119,8 @@ class Scheduler:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
         self._waiting[sample.sample_id] = ScheduledSample(
-            new_sample=sample, num_steps=sample.num_steps, priority_rank=PRIORITIES.index(priority)
+            new_sample=sample, num_steps=sample.num_steps, cost=sample.num_tokens,
+            priority_rank=PRIORITIES.index(priority),
         )
 
     def abort(self, sample_id: str) -> bool:
@@ -136,6 +150,8 @@ class Scheduler:
             "is_admission_paused": self._is_admission_paused,
             "num_waiting": len(self._waiting),
             "num_running": len(self._running),
+            "num_running_tokens": self.num_running_tokens,
+            "max_num_tokens": self.config.max_num_tokens,
             "waiting_by_key": dict(Counter(str(sample.key) for sample in self._waiting.values())),
             "running_by_key": dict(Counter(str(sample.key) for sample in self._running.values())),
             "admission_caps_by_key": {str(key): cap for key, cap in self._admission_caps.items()},
@@ -151,6 +167,8 @@ class Scheduler:
         for sample in self._running.values():
             plan.groups.setdefault(sample.key, []).append(sample.sample_id)
         assert len(plan.groups) <= self._policy.max_num_groups and len(self._running) <= self.config.max_num_seqs
+        budget = self.config.max_num_tokens
+        assert budget is None or self.num_running_tokens <= budget or len(self._running) == 1, "over the token budget"
         return plan
 
     def update_from_output(self, plan: SchedulerPlan, output: RunnerOutput) -> None:
@@ -177,6 +195,8 @@ class Scheduler:
 
     def _admit(self) -> list[ScheduledSample]:
         num_free = self.config.max_num_seqs - len(self._running)
+        budget = self.config.max_num_tokens
+        tokens_free = math.inf if budget is None else budget - self.num_running_tokens
         running_by_key = Counter(sample.key for sample in self._running.values())
         self._admission_caps = {key: cap for key, cap in self._admission_caps.items() if running_by_key[key]}
         waiting = list(self._waiting.values())
@@ -184,14 +204,14 @@ class Scheduler:
             room = {key: cap - running_by_key[key] for key, cap in self._admission_caps.items()}
             waiting = [sample for sample in waiting if room.get(sample.key, 1) > 0]
             admitted = []
-            for sample in self._policy.admit(waiting, list(self._running.values()), num_free):
+            for sample in self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free):
                 if sample.key in room:
                     if room[sample.key] <= 0:
                         continue  # stays waiting
                     room[sample.key] -= 1
                 admitted.append(sample)
         else:
-            admitted = self._policy.admit(waiting, list(self._running.values()), num_free)
+            admitted = self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free)
         for sample in admitted:
             del self._waiting[sample.sample_id]
             self._running[sample.sample_id] = sample

@@ -65,7 +65,9 @@ class ForwardTrace:
 
     def as_dict(self) -> dict:
         return {
-            "forwards": [{"height": h, "width": w, "rows": r, "count": n} for (h, w, r), n in sorted(self.forwards.items())],
+            "forwards": [
+                {"height": h, "width": w, "rows": r, "count": n} for (h, w, r), n in sorted(self.forwards.items())
+            ],
             "forward_seconds": self.forward_seconds,
             "encode_seconds": self.encode_seconds,
             "decode_seconds": self.decode_seconds,
@@ -101,7 +103,8 @@ def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[
 
     medians = {}
     for height, width, rows in sorted(shapes):
-        params = GenerationParams(prompt="a red fox in the snow", model=adapter.model, height=height, width=width, seed=0)
+        params = GenerationParams(
+            prompt="a red fox in the snow", model=adapter.model, height=height, width=width, seed=0)
         sampler = adapter.new_sampler(params)
         latents = adapter.initial_latents(params, sampler, torch.Generator("cpu").manual_seed(0))  # [1, *latent_shape]
         texts = adapter.texts_to_encode(params)

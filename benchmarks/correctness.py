@@ -21,7 +21,8 @@ def run_correctness(num_cases: int, max_num_seqs: int, device: str, num_threads:
     cases = fixed_cases(num_cases)
     results = {"model": MODEL, "num_cases": num_cases, "max_num_seqs": max_num_seqs}
     for mode, capacity in (("alone", 1), ("co_batched", max_num_seqs)):
-        engine = DiffusionEngine(EngineConfig(model=MODEL, device=device, max_num_seqs=capacity, num_threads=num_threads))
+        engine = DiffusionEngine(
+            EngineConfig(model=MODEL, device=device, max_num_seqs=capacity, num_threads=num_threads))
         try:
             report = measure(engine, cases, co_batched=mode == "co_batched")
         finally:

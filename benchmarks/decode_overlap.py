@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             json.dump(summary, file, indent=2)
     print(f"{args.jobs} jobs (steps {summary['step_counts']}), {args.model} {args.size}x{args.size}, "
           f"max_num_seqs={args.max_num_seqs}, decode x{args.decode_repeats}, median of {args.repeats} per variant")
-    print(f"{'decode':>8} {'images/s':>9} {'denoiser busy':>14} {'engine busy':>12} {'decode s/img':>13} {'fwd s/step':>11}")
+    print(f"{'decode':>8} {'images/s':>9} {'denoiser busy':>14} {'engine busy':>12} "
+          f"{'decode s/img':>13} {'fwd s/step':>11}")
     for name, figures in summary["median"].items():
         print(f"{name:>8} {figures['images_per_second']:9.3f} {figures['denoiser_busy_fraction']:14.1%} "
               f"{figures['engine_busy_fraction']:12.1%} {figures['decode_seconds_per_image']:13.3f} "

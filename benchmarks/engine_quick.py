@@ -52,11 +52,13 @@ def main() -> None:
     ]
     results = {}
     for name, max_num_seqs in (("batched", args.jobs), ("max_num_seqs=1", 1)):
-        results[name] = run(EngineConfig(model=args.model, device=args.device, max_num_seqs=max_num_seqs, num_threads=args.threads), params_list)
+        config = EngineConfig(model=args.model, device=args.device, max_num_seqs=max_num_seqs, num_threads=args.threads)
+        results[name] = run(config, params_list)
     print(f"{args.jobs} concurrent jobs, {args.steps} steps, {args.size}x{args.size}, {args.model}")
     for name, result in results.items():
-        print(f"  {name:>15}: {result['images_per_second']:6.2f} images/s  {result['rows_per_forward']:5.1f} rows/forward"
-              f"  {result['forwards']:4d} forwards  {result['seconds']:6.2f} s")
+        print(f"  {name:>15}: {result['images_per_second']:6.2f} images/s"
+              f"  {result['rows_per_forward']:5.1f} rows/forward  {result['forwards']:4d} forwards"
+              f"  {result['seconds']:6.2f} s")
     ratio = results["batched"]["images_per_second"] / results["max_num_seqs=1"]["images_per_second"]
     print(f"  throughput ratio batched / max_num_seqs=1: {ratio:.2f}x")
 

@@ -75,11 +75,11 @@ def headline_ratios(models: list[dict], end_to_end: dict | None) -> dict:
     for model in models:
         runs = {(r["workload"], r["variant"]): r["metrics"] for r in model["runs"]}
 
-        def throughput(workload: str, variant: str) -> float | None:
+        def throughput(workload: str, variant: str, runs: dict = runs) -> float | None:
             metrics = runs.get((workload, variant))
             return metrics["throughput_images_per_second"] if metrics else None
 
-        def p95(workload: str, variant: str) -> float | None:
+        def p95(workload: str, variant: str, runs: dict = runs) -> float | None:
             metrics = runs.get((workload, variant))
             return metrics["latency_seconds"]["p95"] if metrics else None
 
@@ -102,6 +102,9 @@ def headline_ratios(models: list[dict], end_to_end: dict | None) -> dict:
             "p95_latency_fifo_over_default_two_resolution":
                 per_workload.get("two_resolution", {}).get("p95_latency_fifo_over_default"),
             "engine_efficiency_default_burst": efficiency["ideal_over_wall"] if efficiency else None,
+            "throughput_mixed_over_uniform_equal_tokens": {
+                variant: _tokens_ratio(model, runs, variant, "mixed_size", "mixed_size_uniform")
+                for variant in ("serial", "static", "fifo", "default")},
             "per_workload": per_workload,
         }
     if end_to_end:
@@ -114,3 +117,13 @@ def headline_ratios(models: list[dict], end_to_end: dict | None) -> dict:
         e2e["api_submit_requests_per_second"] = (end_to_end.get("api_submit") or {}).get("requests_per_second")
         headlines["e2e"] = e2e
     return headlines
+
+
+def _tokens_ratio(model: dict, runs: dict, variant: str, workload: str, reference: str) -> float | None:
+    """Latent tokens per second of `workload` over those of `reference` (images/s x tokens per image)."""
+    tokens = {w["name"]: w.get("total_tokens", 0) / w["num_jobs"] for w in model.get("workloads", []) if w["num_jobs"]}
+    mine, theirs = runs.get((workload, variant)), runs.get((reference, variant))
+    if not (mine and theirs and tokens.get(workload) and tokens.get(reference)):
+        return None
+    return ratio(mine["throughput_images_per_second"] * tokens[workload],
+                 theirs["throughput_images_per_second"] * tokens[reference])

@@ -18,7 +18,8 @@ def markdown(summary: dict) -> str:
         f"`{summary['command']}`: suite `{suite['name']}`, {summary['suite_seconds'] / 60:.1f} minutes; "
         f"models {', '.join(options['models'])}; end to end {'included' if options['e2e'] else 'skipped'}; "
         f"code at `{summary['git_commit']}`.",
-        f"Machine: {machine['cpu_count']} × {machine['cpu_model']}, {machine['memory_gib']} GiB; device `{machine['device']}`; "
+        f"Machine: {machine['cpu_count']} × {machine['cpu_model']}, {machine['memory_gib']} GiB; "
+        f"device `{machine['device']}`; "
         f"torch {machine['torch']} with {machine['torch_num_threads']} thread(s), diffusers {machine['diffusers']}.",
         f"Load average (1 min) during the suite: min {load['one_minute_min']:.2f}, mean {load['one_minute_mean']:.2f}, "
         f"max {load['one_minute_max']:.2f}, on {machine['cpu_count']} cores shared with other processes; "
@@ -39,8 +40,10 @@ def markdown(summary: dict) -> str:
         h = summary["headlines"][model["model"]]
         lines.append(
             f"| {model['model']} | {_x(h['throughput_default_over_serial_burst'])} "
-            f"| {_x(h['throughput_default_over_static_burst'])} | {_x(h['throughput_default_over_fifo_two_resolution'])} "
-            f"| {_x(h['p95_latency_fifo_over_default_two_resolution'])} | {_pct(h['engine_efficiency_default_burst'])} |"
+            f"| {_x(h['throughput_default_over_static_burst'])} "
+            f"| {_x(h['throughput_default_over_fifo_two_resolution'])} "
+            f"| {_x(h['p95_latency_fifo_over_default_two_resolution'])} "
+            f"| {_pct(h['engine_efficiency_default_burst'])} |"
         )
     lines += ["", "![throughput vs arrival rate](throughput_vs_rate.png)", ""]
     if summary.get("correctness"):
@@ -56,7 +59,8 @@ def _correctness_section(shapes: dict) -> list[str]:
     lines = [
         f"## Correctness: {shapes['model']} judged by its pixel checker",
         "",
-        f"{shapes['num_cases']} fixed prompts and seeds, 20 steps, 128px, guidance mixed (5, 7.5, 10); co-batched: each job "
+        f"{shapes['num_cases']} fixed prompts and seeds, 20 steps, 128px, guidance mixed (5, 7.5, 10); "
+        "co-batched: each job "
         f"joins two steps after the previous one, up to {shapes['max_num_seqs']} at once.",
         "",
         "| run | drawn as asked | images/s |",
@@ -78,12 +82,17 @@ def _model_section(model: dict, headlines: dict) -> list[str]:
         f"## {model['model']}",
         "",
         f"Serial capacity (serial burst): {model['serial_capacity']:.2f} images/s; Poisson rates are multiples of it; "
-        f"static batching launches a partial group once its oldest request has waited {model['static_timeout_seconds']:.2f} s "
+        "static batching launches a partial group once its oldest request has waited "
+        f"{model['static_timeout_seconds']:.2f} s "
         "(one serial job time).",
         "",
         f"![latency CDF, {model['model']}](latency_cdf_{short}.png)",
         "",
     ]
+    mixed = headlines.get("throughput_mixed_over_uniform_equal_tokens") or {}
+    if any(value is not None for value in mixed.values()):
+        shown = ", ".join(f"{variant} {_x(value)}" for variant, value in mixed.items() if value is not None)
+        lines += [f"Mixed-size / uniform throughput at equal tokens (latent tokens per second): {shown}.", ""]
     runs = {(r["workload"], r["variant"]): r for r in model["runs"]}
     for workload in model["workloads"]:
         ratios = headlines["per_workload"][workload["name"]]
@@ -101,7 +110,8 @@ def _model_section(model: dict, headlines: dict) -> list[str]:
             m = run["metrics"]
             lat, wait = m["latency_seconds"], m["queue_wait_seconds"]
             efficiency = m["efficiency"]
-            eff = f"{_pct(efficiency['ideal_over_wall'])} / {_pct(efficiency['ideal_over_busy'])}" if efficiency else "n/a"
+            eff = (f"{_pct(efficiency['ideal_over_wall'])} / {_pct(efficiency['ideal_over_busy'])}"
+                   if efficiency else "n/a")
             lines.append(
                 f"| {variant} | {_num(m['throughput_images_per_second'])} | {_num(lat['p50'])} | {_num(lat['p95'])} "
                 f"| {_num(lat['p99'])} | {_num(wait['p50'])} | {_num(m['mean_rows_per_forward'], 1)} | {eff} "
@@ -112,7 +122,8 @@ def _model_section(model: dict, headlines: dict) -> list[str]:
             f"default / serial {_x(ratios['throughput_default_over_serial'])}, "
             f"/ static {_x(ratios['throughput_default_over_static'])}, "
             f"/ fifo {_x(ratios['throughput_default_over_fifo'])} in images/s; p95 latency serial / default "
-            f"{_x(ratios['p95_latency_serial_over_default'])}, static / default {_x(ratios['p95_latency_static_over_default'])}, "
+            f"{_x(ratios['p95_latency_serial_over_default'])}, "
+            f"static / default {_x(ratios['p95_latency_static_over_default'])}, "
             f"fifo / default {_x(ratios['p95_latency_fifo_over_default'])}.",
             "",
         ]
@@ -146,7 +157,8 @@ def _e2e_section(e2e: dict) -> list[str]:
     submit = e2e.get("api_submit")
     if submit:
         lines += ["", f"API submit throughput: {submit['requests_per_second']:.0f} POST /v1/jobs per second "
-                      f"({submit['clients']} client processes, {submit['seconds']:.0f} s, p50 {submit['p50_ms']:.1f} ms, "
+                      f"({submit['clients']} client processes, {submit['seconds']:.0f} s, "
+                      f"p50 {submit['p50_ms']:.1f} ms, "
                       f"p99 {submit['p99_ms']:.1f} ms, statuses {submit['statuses']}), measured while the worker was "
                       "generating, on the same cores."]
     return lines + [""]

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from batching.families import FAMILIES
 from benchmarks import workloads
 from benchmarks.machine import LoadSampler, describe_machine
 from benchmarks.metrics import headline_ratios, summarize
@@ -68,7 +69,7 @@ class SuiteOptions:
     device: str = "cpu"
     num_threads: int = 1
     run_e2e: bool = True
-    workloads: tuple[str, ...] = ()  # workload names to run ("burst", "two_resolution", ...; "poisson": every rate); () = all
+    workloads: tuple[str, ...] = ()  # names to run ("burst", "two_resolution", ...; "poisson": every rate); () = all
     command: str = "stepwise bench"  # as typed, for the report
 
 
@@ -88,15 +89,16 @@ def run_suite(options: SuiteOptions) -> dict:
         end_to_end = None
         if options.run_e2e:
             tiny = next((m for m in models if m["model"] == "builtin:tiny"), models[0] if models else None)
-            end_to_end = e2e.run_e2e(options, machine, runs_dir, serial_capacity=tiny["serial_capacity"] if tiny else None,
+            end_to_end = e2e.run_e2e(options, machine, runs_dir,
+                                     serial_capacity=tiny["serial_capacity"] if tiny else None,
                                      engine_burst=_run_of(tiny, "burst", "default") if tiny else None)
     summary = {
         "schema": SUMMARY_SCHEMA,
         "suite": dataclasses.asdict(options.size),
         "command": options.command,
         "git_commit": _git_commit(),
-        "command_options": {"models": list(options.models), "workloads": list(options.workloads), "device": options.device,
-                            "num_threads": options.num_threads, "e2e": options.run_e2e},
+        "command_options": {"models": list(options.models), "workloads": list(options.workloads),
+                            "device": options.device, "num_threads": options.num_threads, "e2e": options.run_e2e},
         "machine": machine,
         "load_average": load.summary(),
         "suite_seconds": time.monotonic() - started,
@@ -115,8 +117,10 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     size = options.size
     num_jobs = size.num_jobs.get(model, size.num_jobs["builtin:tiny"])  # the family built-ins are tiny-sized
     shape = workloads.JobShape(model=model, num_steps=size.num_steps, size=size.size, second_size=size.second_size)
-    sizes = [(shape.size, shape.size), (shape.second_size, shape.second_size)]
-    specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs)}
+    sizes = [(shape.size, shape.size), (shape.second_size, shape.second_size), (shape.size, shape.second_size)]
+    family = FAMILIES[shape.family]
+    max_num_tokens = size.max_num_seqs * max(family.sample_cost(h, w, shape.guidance_scale) for h, w in sizes)
+    specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs, max_num_tokens)}
     short = model.removeprefix("builtin:")
 
     repeats = size.forward_repeats
@@ -138,9 +142,12 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         variants[name].open(sizes)
 
     suite = [burst]
-    suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple) for multiple in size.rate_multiples]
+    suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple)
+              for multiple in size.rate_multiples]
     suite += [workloads.mixed_steps(shape, num_jobs), workloads.two_resolution(shape, num_jobs),
               workloads.mixed_guidance(shape, num_jobs)]
+    mixed = workloads.mixed_size(shape, num_jobs)
+    suite += [mixed, workloads.mixed_size_uniform(shape, mixed)]
     if options.workloads:
         wanted = set(options.workloads)
         suite = [w for w in suite if w.name in wanted or (w.kind == "poisson" and "poisson" in wanted)]
@@ -159,7 +166,8 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         variant.close()
 
     config = {"model": model, "device": options.device, "num_threads": options.num_threads,
-              "max_num_seqs": size.max_num_seqs, "serial_capacity_images_per_second": serial_capacity,
+              "max_num_seqs": size.max_num_seqs, "max_num_tokens": max_num_tokens,
+              "serial_capacity_images_per_second": serial_capacity,
               "static_timeout_seconds": static_timeout}
     runs = []
     for record in records:
@@ -206,7 +214,8 @@ def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict)
 
 def _workload_summary(workload: workloads.Workload) -> dict:
     return {"name": workload.name, "kind": workload.kind, "description": workload.description,
-            "num_jobs": workload.num_jobs, "rate_per_second": workload.rate_per_second,
+            "num_jobs": workload.num_jobs, "total_tokens": workloads.total_tokens(workload),
+            "rate_per_second": workload.rate_per_second,
             "rate_multiple": workload.rate_multiple}
 
 

@@ -41,14 +41,17 @@ class VariantSpec:
     kind: str  # "engine" or "static"
     max_num_seqs: int  # engine running capacity, or the static group size
     policy: str | None = None  # engine admission policy
+    max_num_tokens: int | None = None  # engine token budget; None: the engine's default
 
 
-def variant_specs(max_num_seqs: int) -> list[VariantSpec]:
+def variant_specs(max_num_seqs: int, max_num_tokens: int | None = None) -> list[VariantSpec]:
+    """`max_num_tokens` gives the batching engines static batching's capacity: a group of `max_num_seqs`
+    jobs of the largest size (the engine's default budget counts `max_num_seqs` at the default size)."""
     return [
         VariantSpec("serial", "engine", 1, "default"),
         VariantSpec("static", "static", max_num_seqs),
-        VariantSpec("fifo", "engine", max_num_seqs, "fifo"),
-        VariantSpec("default", "engine", max_num_seqs, "default"),
+        VariantSpec("fifo", "engine", max_num_seqs, "fifo", max_num_tokens),
+        VariantSpec("default", "engine", max_num_seqs, "default", max_num_tokens),
     ]
 
 
@@ -76,7 +79,7 @@ class RunRecord:
     load_average_end: tuple[float, float, float]
     engine_stats: dict = field(default_factory=dict)  # engine: stats() difference over the run
     trace: dict | None = None  # engine: ForwardTrace.as_dict()
-    forward_times: dict[ForwardShape, float] = field(default_factory=dict)  # engine: bare-UNet seconds per shape that ran
+    forward_times: dict[ForwardShape, float] = field(default_factory=dict)  # engine: bare-UNet seconds per shape run
     static_forwards: dict[int, int] = field(default_factory=dict)  # static: rows -> UNet calls
     static_groups: list[int] = field(default_factory=list)  # static: requests in each pipeline call
 
@@ -92,7 +95,7 @@ class EngineVariant:
         self.spec = spec
         self.forward_repeats = forward_repeats  # bare-UNet timings per shape, right after each run
         self.config = EngineConfig(model=model, device=device, max_num_seqs=spec.max_num_seqs, policy=spec.policy,
-                                   num_threads=num_threads)
+                                   num_threads=num_threads, max_num_tokens=spec.max_num_tokens)
         self.engine: DiffusionEngine | None = None
         self.trace = ForwardTrace()
 
@@ -213,8 +216,8 @@ class StaticBatchVariant:
             groups.append(len(group))
             for w in group:
                 p = w.params
-                jobs.append(JobTiming(w.index, w.submitted, started, finished, started - w.submitted, finished - started,
-                                      p.height, p.width, p.num_inference_steps, p.guidance_scale))
+                jobs.append(JobTiming(w.index, w.submitted, started, finished, started - w.submitted,
+                                      finished - started, p.height, p.width, p.num_inference_steps, p.guidance_scale))
         driver.join()
         jobs.sort(key=lambda job: job.index)
         wall = max(job.finished for job in jobs) - min(job.submitted for job in jobs)
@@ -258,7 +261,8 @@ class StaticBatchVariant:
         if FAMILIES[self.family].samplers != ("euler",):  # UNet families: the requested sampler
             sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
             self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
-        negative = {"negative_prompt": [p.negative_prompt for p in group]} if any(p.negative_prompt for p in group) else {}
+        negative = ({"negative_prompt": [p.negative_prompt for p in group]}
+                    if any(p.negative_prompt for p in group) else {})
         self.pipeline(
             prompt=[p.prompt for p in group],
             height=first.height,

@@ -143,3 +143,34 @@ def mixed_guidance(shape: JobShape, num_jobs: int) -> Workload:
     arrivals = tuple(Arrival(0.0, uniform_params(shape, i, guidance_scale=scales[i % 4])) for i in range(num_jobs))
     shown = "/".join(f"{scale:g}" for scale in scales)
     return Workload("mixed_guidance", "burst", f"{num_jobs} jobs at once, guidance {shown} interleaved", arrivals)
+
+
+def mixed_sizes(shape: JobShape) -> tuple[tuple[int, int], ...]:
+    """(height, width) of the mixed-size workload: square, landscape, and the larger square."""
+    return ((shape.size, shape.size), (shape.size, shape.second_size), (shape.second_size, shape.second_size))
+
+
+def mixed_size(shape: JobShape, num_jobs: int) -> Workload:
+    """Three sizes at once, interleaved in arrival order; on transformer families they share forwards."""
+    sizes = mixed_sizes(shape)
+    num_jobs = max(len(sizes), num_jobs // len(sizes) * len(sizes))  # each size equally often
+    arrivals = tuple(Arrival(0.0, uniform_params(shape, i, height=sizes[i % 3][0], width=sizes[i % 3][1]))
+                     for i in range(num_jobs))
+    shown = ", ".join(f"{h}x{w}" for h, w in sizes)
+    return Workload("mixed_size", "burst", f"{num_jobs} jobs at once, {shown} interleaved", arrivals)
+
+
+def total_tokens(workload: Workload) -> int:
+    """Latent tokens summed over the workload's jobs (rows x tokens per row, FamilySpec.sample_cost)."""
+    return sum(a.params.family_spec.sample_cost(a.params.height, a.params.width, a.params.guidance_scale)
+               for a in workload.arrivals)
+
+
+def mixed_size_uniform(shape: JobShape, mixed: Workload) -> Workload:
+    """The mixed-size workload's total tokens as jobs of the smallest size only (to within one job): the
+    mixed / uniform throughput ratio at equal tokens says what mixing sizes costs."""
+    one = uniform_params(shape, 0)
+    num_jobs = round(total_tokens(mixed) / one.family_spec.sample_cost(one.height, one.width, one.guidance_scale))
+    arrivals = tuple(Arrival(0.0, uniform_params(shape, i)) for i in range(num_jobs))
+    return Workload("mixed_size_uniform", "burst",
+                    f"{num_jobs} jobs at once, all {shape.size}px: the mixed-size workload's tokens", arrivals)

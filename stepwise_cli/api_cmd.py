@@ -112,8 +112,8 @@ def serve_granian(args: argparse.Namespace) -> None:
 def serve_gunicorn(args: argparse.Namespace, *, is_gevent: bool, max_connections: int) -> None:
     from gunicorn.app.base import BaseApplication
 
-    from storage.settings import env_float, env_int
     from stepwise_cli.api_worker import ApiWorker
+    from storage.settings import env_float, env_int
 
     header_timeout = env_int("STEPWISE_API_HEADER_TIMEOUT", 10)  # whole seconds: gunicorn keepalive is an int
     ApiWorker.request_timeout = env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0)  # inherited by forked workers

@@ -80,12 +80,15 @@ class InFlight:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="prompts: JSONL (one params object a line) or CSV (header = param names)")
+    parser.add_argument("file", type=Path,
+                        help="prompts: JSONL (one params object a line) or CSV (header = param names)")
     parser.add_argument("--format", choices=("jsonl", "csv"), help="input format (default: from the file name)")
     parser.add_argument("--out", type=Path, help="download each image into this folder as line-NNNNNN.png")
-    parser.add_argument("--manifest", type=Path, help="write one JSON line per row here (line, job_id, state, image, error)")
+    parser.add_argument("--manifest", type=Path,
+                        help="write one JSON line per row here (line, job_id, state, image, error)")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
-    parser.add_argument("--timeout", type=float, default=None, help="give up on unfinished rows after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="give up on unfinished rows after this many seconds")
     parser.add_argument("--retry-for", type=float, default=600.0,
                         help="keep retrying an unreachable or overloaded API this long (default 600 s)")
     add_image_arguments(parser, format_flag="--output-format")  # --format names the input file's format
@@ -218,11 +221,12 @@ class Backfill:
             submit_pool.shutdown(wait=False, cancel_futures=True)
             poll_pool.shutdown(wait=False, cancel_futures=True)
         waited = f"not finished within --timeout {timeout:.0f}s" if timeout else "not finished"
-        for line, row in sorted(awaiting_submit.items()):
+        for line in sorted(awaiting_submit):
             self._finish(RowResult(line, None, "error", [], f"{waited} (never submitted)"))
         for flight in list(in_flight.values()):
             self._num_in_flight -= 1
-            self._finish(RowResult(flight.row.line, flight.job_id, flight.state, [], f"{waited} (still {flight.state})"))
+            self._finish(
+                RowResult(flight.row.line, flight.job_id, flight.state, [], f"{waited} (still {flight.state})"))
         return self.results
 
     def _submit(self, row: Row) -> None:

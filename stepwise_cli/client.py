@@ -16,9 +16,10 @@ import json
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 import requests
@@ -130,7 +131,8 @@ class ApiClient:
             wait=_wait_retry_after_or_backoff,
             stop=tenacity.stop_after_delay(retry_seconds),
             sleep=self._sleep_unless_closed,
-            before_sleep=(lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None,
+            before_sleep=(
+                (lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None),
             reraise=True,
         )
 

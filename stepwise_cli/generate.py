@@ -26,7 +26,8 @@ FLAG_OF_FIELD = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="what to draw")
-    parser.add_argument("--negative-prompt", default="", help="what to steer away from (families with CFG, guidance on)")
+    parser.add_argument("--negative-prompt", default="",
+                        help="what to steer away from (families with CFG, guidance on)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a random one, printed)")
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the model family's)")
     parser.add_argument("--guidance", type=float, default=None,
@@ -46,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora", default=None,
                         help="a LoRA adapter: NAME.safetensors in the store $STEPWISE_LORA_URL (file:///folder)")
     parser.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default: 1.0)")
-    parser.add_argument("--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)")
+    parser.add_argument("--out", type=Path, default=Path("stepwise.png"),
+                        help="PNG file to write (default: stepwise.png)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,13 +16,12 @@ import json
 import re
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from stepwise_cli.client import (
     TERMINAL_STATES,
     ApiClient,
@@ -31,6 +30,7 @@ from stepwise_cli.client import (
     add_api_arguments,
     resolve_target,
 )
+from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 POLL_INTERVAL_SECONDS = 0.25
@@ -57,7 +57,7 @@ def parse_deadline(text: str) -> str:
     """An RFC 3339 time with offset, or a duration from now (`90s`, `10m`, `2h`): RFC 3339 for the API."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
     if match:
-        moment = datetime.now(timezone.utc) + timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])
+        moment = datetime.now(UTC) + timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])
         return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         "(instead of --height/--width)")
     parser.add_argument("--guidance", type=float, dest="guidance_scale", help="classifier-free guidance scale")
     parser.add_argument("--sampler", help="ddim, euler, euler_ancestral or dpmpp_2m")
-    parser.add_argument("--num-images", type=int, dest="num_images", help="images from this prompt (seeds seed..seed+N-1)")
+    parser.add_argument("--num-images", type=int, dest="num_images",
+                        help="images from this prompt (seeds seed..seed+N-1)")
     parser.add_argument("--model", help="model name (default: the one the service serves, its STEPWISE_MODEL)")
     parser.add_argument("--webhook-url", help="URL the service calls on the job's events (signed, retried)")
     parser.add_argument("--webhook-events", type=parse_events,

@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gunicorn worker processes for the API (default 2: the model needs the CPU more)")
     parser.add_argument("--redis-port", type=int, help="port for the embedded redis-server (default: a free one)")
     parser.add_argument("--var-dir", type=Path, default=None,
-                        help="where Redis data, images and the saved URL and key go (default: $STEPWISE_VAR_DIR or ./var)")
+                        help="where Redis data, images and the saved URL and key go "
+                             "(default: $STEPWISE_VAR_DIR or ./var)")
     parser.add_argument("--startup-timeout", type=float, default=300.0,
                         help="seconds to wait for the worker to load its model and the API to answer (default 300)")
 
@@ -151,7 +152,8 @@ def wait_for_redis(supervisor: Supervisor, url: str, timeout: float) -> None:
                 return
             except (redis.ConnectionError, redis.BusyLoadingError) as e:
                 if time.monotonic() > deadline:
-                    raise ServiceError(f"Redis at {mask_password(url)} did not answer within {timeout:.0f}s: {e}") from e
+                    raise ServiceError(
+                        f"Redis at {mask_password(url)} did not answer within {timeout:.0f}s: {e}") from e
             supervisor.sleep(0.1)
     finally:
         client.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -72,7 +72,8 @@ class ModelStatus:
     defaults: dict[str, Any]
     limits: dict[str, Any]
     engine: dict[str, Any]  # summed over live workers
-    queued_by_priority: dict[str, int] = field(default_factory=dict)  # jobs queued for it, per priority (filled in by JobStore.models)
+    # jobs queued for it, per priority (filled in by JobStore.models)
+    queued_by_priority: dict[str, int] = field(default_factory=dict)
 
     @property
     def queue_depth(self) -> int:
@@ -105,7 +106,8 @@ class HeartbeatStore:
     def heartbeats(self, now: float) -> list[Heartbeat]:
         """Heartbeats younger than the retention; older ones are deleted on the way."""
         beats, expired = [], []
-        for worker_id, text in self._redis.hgetall(self.key).items():
+        stored = cast(dict[str, str], self._redis.hgetall(self.key))  # decode_responses=True
+        for worker_id, text in stored.items():
             beat = Heartbeat.from_json(text)
             if beat is None or now - beat.seen_at > self.retention:
                 expired.append(worker_id)

@@ -17,7 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -33,6 +33,7 @@ from storage.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
 from storage.job_record import (
     RECORD_FIELDS,
     TERMINAL_STATES,
@@ -42,7 +43,6 @@ from storage.job_record import (
     record_from_flat,
     record_from_hash,
 )
-from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
 from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
 from storage.queues import DEFAULT_PRIORITY
 from storage.redis_keys import RedisKeys
@@ -50,7 +50,8 @@ from storage.settings import StorageSettings
 from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
 
 __all__ = [
-    "Created", "NewJobSpec", "QueueFullError", "IdempotencyConflictError", "InvalidCursorError", "InvalidTransitionError", "JobNotFoundError",
+    "Created", "NewJobSpec", "QueueFullError", "IdempotencyConflictError", "InvalidCursorError",
+    "InvalidTransitionError", "JobNotFoundError",
     "JobRecord", "JobState", "JobStore", "StorageError", "StorageUnavailableError",
 ]
 
@@ -126,7 +127,7 @@ class JobStore:
 
     @_wraps_redis_errors
     def get(self, job_id: str) -> JobRecord | None:
-        mapping = self._redis.hgetall(self.job_key(job_id))
+        mapping = cast(dict[str, str], self._redis.hgetall(self.job_key(job_id)))  # decode_responses=True
         return record_from_hash(mapping) if mapping else None
 
     @_wraps_redis_errors
@@ -150,9 +151,8 @@ class JobStore:
     def queue_position(self, record: JobRecord) -> int | None:
         """0-based position among queued jobs of its model and priority (oldest first); None if not
         queued. A record from before per-model queues counts among all queued jobs."""
-        if record.queue is None:
-            return self._redis.zrank(self.keys.queued, record.job_id)
-        return self._redis.zrank(self.keys.queued_in(record.queue, record.priority), record.job_id)
+        key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
+        return cast(int | None, self._redis.zrank(key, record.job_id))  # without withscore: a rank or None
 
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
@@ -238,13 +238,13 @@ class JobStore:
     def lapsed_job_ids(self, now: float | None = None) -> list[str]:
         """Running jobs whose lease expired."""
         now = self.clock() if now is None else now
-        return self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now))
+        return cast(list[str], self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now)))  # decode_responses
 
     @_wraps_redis_errors
     def unsent_job_ids(self, created_before: float) -> list[str]:
         """Jobs created before then that no worker took and whose message nobody confirmed sending
         (`mark_sent`): their creator may have died between storing the record and sending it."""
-        return self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before))
+        return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))
 
     # Transitions.
 

@@ -58,7 +58,8 @@ class S3ImageStore(ImageStore):
         self.presign_expiry_seconds = presign_expiry_seconds
         self.retry = retry or RetryPolicy()
         config = Config(
-            signature_version="s3v4", s3={"addressing_style": "path"}, retries={"mode": "standard", "total_max_attempts": 1},
+            signature_version="s3v4", s3={"addressing_style": "path"},
+            retries={"mode": "standard", "total_max_attempts": 1},
             connect_timeout=5, read_timeout=30,
         )
         # An own session: boto3's default session is not safe to share between threads.
@@ -91,7 +92,8 @@ class S3ImageStore(ImageStore):
 
     def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
         self._call("upload", key, self._client.put_object, Bucket=self.bucket, Key=key, Body=data,
-                   ContentType=content_type_of_key(key), Metadata={name: str(value) for name, value in metadata.items()})
+                   ContentType=content_type_of_key(key),
+                   Metadata={name: str(value) for name, value in metadata.items()})
 
     def get_bytes(self, key: str) -> bytes:
         def download() -> bytes:

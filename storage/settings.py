@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 from urllib.parse import urlsplit
 
 from batching.params import MAX_LORA_BYTES
@@ -58,6 +59,10 @@ def env_positive_int(name: str, default: int) -> int:
     return value
 
 
+@overload
+def env_url(name: str, schemes: tuple[str, ...], *, default: str) -> str: ...
+@overload
+def env_url(name: str, schemes: tuple[str, ...], *, default: None = None) -> str | None: ...
 def env_url(name: str, schemes: tuple[str, ...], *, default: str | None = None) -> str | None:
     """A URL setting whose scheme is one of `schemes` and which names a host (file: a path)."""
     raw = os.environ.get(name) or default
@@ -81,7 +86,8 @@ class StorageSettings:
     storage_max_attempts: int = 5  # STEPWISE_STORAGE_MAX_ATTEMPTS: tries of one image store call on transient errors
     heartbeat_interval: float = 3.0  # STEPWISE_HEARTBEAT_INTERVAL: seconds between a worker's heartbeats
     worker_timeout: float = 15.0  # STEPWISE_WORKER_TIMEOUT: a worker silent this long is gone (its model unavailable)
-    model_retention: float = 3600.0  # STEPWISE_MODEL_RETENTION: a model stays listed (and accepts jobs) this long after its last heartbeat
+    # STEPWISE_MODEL_RETENTION: a model stays listed (and accepts jobs) this long after its last heartbeat
+    model_retention: float = 3600.0
     lora_url: str = ""  # STEPWISE_LORA_URL: the LoRA adapter store, file:///path or s3://bucket/prefix; "": none
     lora_max_bytes: int = MAX_LORA_BYTES  # STEPWISE_LORA_MAX_BYTES: one adapter file (uploads and worker reads)
 

@@ -11,6 +11,7 @@ import base64
 import binascii
 import math
 from collections.abc import Iterator
+from typing import cast
 
 import redis
 
@@ -49,7 +50,8 @@ def iter_tenant_records(client: redis.Redis, keys: RedisKeys, tenant: str, state
     num_skip = 0
     while True:
         top = "+inf" if bound_id is None else repr(bound_score)
-        chunk = client.zrevrangebyscore(index_key, top, "-inf", start=num_skip, num=INDEX_CHUNK, withscores=True)
+        chunk = cast(list[tuple[str, float]],  # decode_responses=True, which redis-py's types cannot see
+                     client.zrevrangebyscore(index_key, top, "-inf", start=num_skip, num=INDEX_CHUNK, withscores=True))
         entries = chunk if bound_id is None else [
             (job_id, score) for job_id, score in chunk if score < bound_score or job_id < bound_id]
         with client.pipeline(transaction=False) as pipe:

@@ -111,7 +111,7 @@ def check_webhook_url(url: str, allow: AllowList | None = None, *, resolve: bool
             infos = socket.getaddrinfo(host, port or (443 if parts.scheme == "https" else 80), proto=socket.IPPROTO_TCP)
         except (socket.gaierror, UnicodeError) as e:
             raise WebhookURLError(f"host {host!r} does not resolve") from e
-        addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]  # TCP: (host, port, ...)
     for address in addresses:
         if not _is_public(address) and not allow.allows_address(address):
             raise WebhookURLError(

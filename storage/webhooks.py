@@ -15,7 +15,8 @@ import hashlib
 import hmac
 import os
 import time
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -96,10 +97,10 @@ def verify(key: bytes, headers: dict[str, str], body: str | bytes, *,
 
 def rfc3339_now() -> str:
     """Now, as every time a client sees is written: UTC, milliseconds, `Z`."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls: list[str] = ()) -> dict[str, Any]:
+def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls: Sequence[str] = ()) -> dict[str, Any]:
     """The JSON body for `event` about this job, as the receiver sees it: the job's URLs as its view
     gives them (`storage.public_urls`), never storage keys."""
     assert event in EVENTS, event

@@ -27,10 +27,12 @@ TORCH_FREE_BATCHING_MODULES = ["batching", "batching.admission", "batching.built
 # package -> (top-level names it must not load, first-party modules it must not load)
 FORBIDDEN = {
     "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage"}, None),
-    "storage": ({"torch", "flask", "celery", "api", "worker"}, {"batching", "batching.params", "batching.families", "batching.builtin_models",
-                 "batching.builtin_models.registry", "batching.errors", "batching.image_inputs"}),
-    "api": ({"torch", "diffusers", "worker"}, {"batching", "batching.params", "batching.families", "batching.builtin_models",
-                 "batching.builtin_models.registry", "batching.errors", "batching.image_inputs"}),
+    "storage": ({"torch", "flask", "celery", "api", "worker"}, {"batching", "batching.params", "batching.families",
+                 "batching.builtin_models", "batching.builtin_models.registry", "batching.errors",
+                 "batching.image_inputs"}),
+    "api": ({"torch", "diffusers", "worker"}, {"batching", "batching.params", "batching.families",
+                 "batching.builtin_models", "batching.builtin_models.registry", "batching.errors",
+                 "batching.image_inputs"}),
     "worker": ({"flask", "api"}, None),
 }
 
@@ -87,7 +89,9 @@ def probe(modules: list[str], forbidden: set[str], allowed_batching: set[str] | 
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def static_violations(package: str, forbidden: set[str], allowed_batching: set[str] | None, root: Path = ROOT) -> list[str]:
+def static_violations(
+    package: str, forbidden: set[str], allowed_batching: set[str] | None, root: Path = ROOT
+) -> list[str]:
     """Import statements anywhere in the package's source (lazy ones included) that name a forbidden module."""
     violations = []
     for module in discover_modules(package, root):
@@ -95,7 +99,8 @@ def static_violations(package: str, forbidden: set[str], allowed_batching: set[s
         path = root / relative / "__init__.py" if (root / relative).is_dir() else root / relative.with_suffix(".py")
         for name in _imported_names(path, module, root):
             top = name.split(".")[0]
-            if top in forbidden or (top == "batching" and allowed_batching is not None and name not in allowed_batching):
+            outside_allowed = top == "batching" and allowed_batching is not None and name not in allowed_batching
+            if top in forbidden or outside_allowed:
                 violations.append(f"{module} imports {name}")
     return violations
 

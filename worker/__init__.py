@@ -5,7 +5,7 @@ Importing this package registers everything the Celery tools need: the tasks
 commands (`engine_stats`, `drain`, `resume`) and the worker start/stop hooks.
 """
 
-from worker.app import app
 from worker import control, lifecycle, tasks, webhooks  # noqa: F401  (registration)
+from worker.app import app
 
 __all__ = ["app"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from worker.broker import TRANSPORT
 from storage.queues import (
     BROKER_PRIORITY,
     DEFAULT_PRIORITY,
@@ -29,6 +28,7 @@ from storage.queues import (
     WEBHOOK_TASK,
     celery_transport_options,
 )
+from worker.broker import TRANSPORT
 from worker.settings import WorkerSettings
 
 settings = WorkerSettings.from_env()

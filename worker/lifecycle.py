@@ -2,7 +2,8 @@
 
 - `worker_init` (once, in the worker's main process, before it consumes anything): check the
   pool; make `-Q stepwise.generate` (the name before per-model queues, still what operators
-  type) mean this worker's model queue; load the model into this process's engine, start the metrics exporter, the heartbeat
+  type) mean this worker's model queue; load the model into this process's engine, start the
+  metrics exporter, the heartbeat
   and the lapsed lease sweeper. A worker that consumes only the webhook queue loads no model
   and sends no heartbeat.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
@@ -21,8 +22,8 @@ import traceback
 from celery import signals
 from celery.exceptions import ImproperlyConfigured
 
-from worker import metrics
 from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from worker import metrics
 from worker.app import generate_queue, settings
 from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.leases import LapsedLeaseSweeper

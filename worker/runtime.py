@@ -19,8 +19,8 @@ from batching.errors import EngineShutdownError
 from batching.params import GenerationParams
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
-from storage.upload_store import UploadStore
 from storage.lora_store import LoraStore, open_lora_store
+from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
 from worker.settings import WorkerSettings
@@ -103,7 +103,7 @@ class WorkerRuntime:
         with self._lock:
             if not self.is_admitting:
                 return None
-            active = ActiveJob(job_id, total=params.num_inference_steps * params.num_images)
+            active = ActiveJob(job_id, total=params.total_steps(engine.family))
             try:
                 active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress,
                                               priority=priority)

@@ -95,13 +95,15 @@ class WorkerSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_NAMES[name]} must be at least 1 (got {getattr(self, name)})")
         if not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})")
+            raise ValueError(
+                f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})")
         for name in ("poll_interval", "progress_interval", "lease_sweep_interval", "webhook_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{ENV_NAMES[name]} must be a positive number of seconds (got {getattr(self, name)})")
         for name in ("shutdown_grace", "webhook_backoff", "redis_retry_seconds"):
             if not getattr(self, name) >= 0:
-                raise ValueError(f"{ENV_NAMES[name]} must be a number of seconds, 0 or more (got {getattr(self, name)})")
+                raise ValueError(
+                    f"{ENV_NAMES[name]} must be a number of seconds, 0 or more (got {getattr(self, name)})")
 
 
 ENV_NAMES = {

@@ -19,16 +19,16 @@ import time
 
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
 from batching.params import GenerationParams
-from worker.input_images import with_input_images
 from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
+from storage.queues import GENERATE_TASK
 from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.app import app
+from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
-from storage.queues import GENERATE_TASK
 from worker.queueing import send_generate
 from worker.runtime import WorkerRuntime, get_runtime
 from worker.uploads import upload_images

@@ -12,13 +12,12 @@ Retries back off exponentially: `STEPWISE_WEBHOOK_BACKOFF` * 2**(attempt-1) seco
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
-
-import http.client
 
 from storage import public_urls
 from storage.job_record import JobRecord, JobState

@@ -33,15 +33,15 @@ def clip_tokenizer():
     return CLIPTokenizer.from_pretrained(CLIP_TOKENIZER_DIR)
 
 
-def clip_text_config(tokenizer, hidden_size: int, **extra):
-    """A 5-layer CLIP text encoder config sized for `tokenizer`."""
+def clip_text_config(tokenizer, hidden_size: int, num_hidden_layers: int = 5, **extra):
+    """A small CLIP text encoder config (5 layers unless told) sized for `tokenizer`."""
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=5,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         max_position_embeddings=tokenizer.model_max_length,
         bos_token_id=tokenizer.bos_token_id,

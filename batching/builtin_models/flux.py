@@ -24,7 +24,7 @@ VAE_SCALING_FACTOR, VAE_SHIFT_FACTOR = 0.3611, 0.1159  # FLUX's VAE
 
 def build_pipeline(name: str):
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextModel, T5Config, T5EncoderModel, T5TokenizerFast
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel, T5TokenizerFast  # type: ignore[attr-defined]  # a lazy alias
 
     tokenizer = clip_tokenizer()
     tokenizer_2 = T5TokenizerFast.from_pretrained(T5_TOKENIZER_DIR)
@@ -54,7 +54,7 @@ def build_pipeline(name: str):
         text_encoder = CLIPTextModel(clip_text_config(tokenizer, CLIP_HIDDEN_SIZE))
     with seeded(3):
         text_encoder_2 = T5EncoderModel(
-            T5Config(
+            T5Config(  # type: ignore[call-arg]  # extra settings (decoder_start_token_id) pass through **kwargs
                 vocab_size=len(tokenizer_2),
                 d_model=T5_HIDDEN_SIZE,
                 d_kv=16,
@@ -83,5 +83,5 @@ def build_pipeline(name: str):
         tokenizer=tokenizer,
         text_encoder_2=text_encoder_2.eval(),
         tokenizer_2=tokenizer_2,
-        transformer=transformer.eval(),
+        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
     )

@@ -58,8 +58,9 @@ def cache_dir() -> Path:
 def builtin_model_path(model: str) -> Path:
     """The folder of a built-in model, building and saving it first if it is missing."""
     name = _short_name(model)
-    if BUILTIN_MODELS[name].shipped_folder is not None:
-        return BUILTIN_MODELS[name].shipped_folder
+    shipped_folder = BUILTIN_MODELS[name].shipped_folder
+    if shipped_folder is not None:
+        return shipped_folder
     folder = cache_dir() / f"builtin-{name}-{BUILTIN_MODELS[name].version}"
     if not (folder / "model_index.json").exists():
         save_builtin_model(model, folder)

@@ -67,7 +67,7 @@ def build_pipeline(name: str):
         text_encoder_2=text_encoder_2.eval(),
         tokenizer=tokenizer,
         tokenizer_2=tokenizer,
-        unet=unet.eval(),
+        unet=unet.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
         scheduler=scheduler,
         force_zeros_for_empty_prompt=True,
         add_watermarker=False,

@@ -78,5 +78,5 @@ def build_pipeline(name: str):
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        transformer=transformer.eval(),
+        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
     )

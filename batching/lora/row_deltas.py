@@ -13,15 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import torch
 
 # PEFT's LoRA layers are recognised by their attributes: importing peft here would import accelerate,
-# which imports boto3 when it is installed (batching must not load it).
-LoraLayer = torch.nn.Module
+# which imports boto3 when it is installed (batching must not load it). Typed Any: duck-typed too.
+LoraLayer = Any
 
 
-def is_lora_layer(module: torch.nn.Module) -> bool:
+def is_lora_layer(module: torch.nn.Module) -> TypeGuard[LoraLayer]:
     return isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict) and hasattr(module, "enable_adapters")
 
 

@@ -38,12 +38,13 @@ def inject(text_encoder: Any, weights: dict[str, torch.Tensor], alphas: dict[str
     rank = next(iter(ranks.values()))
     text_alphas = {value for key, value in (alphas or {}).items() if key.startswith(PREFIX)}
     alpha = text_alphas.pop() if len(text_alphas) == 1 else rank
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets)  # type: ignore[arg-type]  # a float works
     try:
         inject_adapter_in_model(config, text_encoder, adapter_name=adapter_name)
         result = set_peft_model_state_dict(text_encoder, weights, adapter_name=adapter_name)
     except Exception as e:
         raise LoraError(f"LoRA adapter {name!r} does not fit the text encoder: {type(e).__name__}: {e}") from e
-    if getattr(result, "unexpected_keys", None):
+    unexpected_keys = getattr(result, "unexpected_keys", None)
+    if unexpected_keys:
         raise LoraError(f"LoRA adapter {name!r} does not fit the text encoder: unexpected weights "
-                        f"{result.unexpected_keys[:3]}")
+                        f"{unexpected_keys[:3]}")

@@ -14,9 +14,11 @@ from batching.pipelines.zimage import ZImageAdapter
 __all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "resolve_dtype"]
 
 
-def adapter_class(family: str) -> type:
+def adapter_class(family: str) -> type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]:
     """The adapter class of a family in batching.families.FAMILIES."""
-    adapters = {"sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter, "zimage": ZImageAdapter}
+    adapters: dict[str, type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]] = {
+        "sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter, "zimage": ZImageAdapter,
+    }
     return adapters[family]
 
 

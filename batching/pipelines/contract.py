@@ -54,6 +54,7 @@ class PipelineAdapter(Protocol):
     device: torch.device
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
+    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 

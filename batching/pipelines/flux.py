@@ -6,43 +6,43 @@ CLIP's pooled embedding plus T5's per-token states (padded to `max_sequence_leng
 sampler is flow-matching Euler whose shift `mu` grows with the image's token count.
 FLUX-dev is guidance-distilled: one row per sample, the guidance value a per-row model
 input (so samples with different guidance share a forward); schnell has no guidance
-embedder and ignores it. Image and text position ids are the same for every row of a
-group (its key holds the size); the forward takes the first row's image ids.
+embedder and ignores it. Outside deterministic mode a group mixes sizes: each row
+carries its own image position ids, and a forward over rows of different sizes pads
+their image tokens and runs the attention of `flux_mixed_sizes` (per-row positions,
+padding keys masked); a forward over rows of one size runs diffusers' attention as is.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.families import FAMILIES
 from batching.params import GenerationParams
+from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.image_latents import ImageLatentsMixin
+from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
 
-class FluxAdapter(ImageLatentsMixin):
+class FluxAdapter(AdapterBase):
     family = "flux"
     max_rows_per_sample = 1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
-        self.model = model
-        self.device = device
-        self.dtype = dtype
-        self.spec = FAMILIES[self.family]
-        self.pipeline = pipeline
+        super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
-        self.vae = pipeline.vae
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
+        self.attention = MixedSizeFluxAttnProcessor()
+        self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
+        self.transformer.set_attn_processor(self.attention)
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> FluxAdapter:
@@ -92,7 +92,7 @@ class FluxAdapter(ImageLatentsMixin):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         config = self.transformer.config
-        zeros = dict(device=self.device, dtype=self.dtype)
+        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
             "embeds": torch.zeros(MAX_SEQUENCE_LENGTH, config.joint_attention_dim, **zeros),
             "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
@@ -104,19 +104,42 @@ class FluxAdapter(ImageLatentsMixin):
         return sample.latents
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        latents = batch.latents  # [rows, tokens, 64]
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, 512, t5_dim]
-        return self.transformer(
-            hidden_states=latents,
-            timestep=batch.timesteps.to(latents.dtype) / 1000,
-            guidance=batch.conditioning["guidance"] if self.has_guidance_embeds else None,
-            pooled_projections=batch.conditioning["pooled"],
-            encoder_hidden_states=embeds,
-            txt_ids=torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype),
-            img_ids=batch.conditioning["image_ids"][0],  # one size per group: every row's ids are the same
-            return_dict=False,
-        )[0]
+        image_ids = batch.conditioning["image_ids"]  # [rows, max tokens, 3], zero-padded
+        text_ids = torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype)
+        if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
+            num_tokens = [row.shape[0] for row in batch.latents]
+            latents = torch.nn.utils.rnn.pad_sequence(batch.latents, batch_first=True)  # [rows, max tokens, 64]
+        else:
+            num_tokens, latents = [batch.latents.shape[1]] * batch.latents.shape[0], batch.latents
+        is_uniform = bool((image_ids == image_ids[:1]).all())  # 128x192 and 192x128 have equal token counts
+        with contextlib.nullcontext() if is_uniform else self.attention.rows(
+                self._row_layout(text_ids, image_ids, num_tokens)):
+            predictions = self.transformer(
+                hidden_states=latents,
+                timestep=batch.timesteps.to(latents.dtype) / 1000,
+                guidance=batch.conditioning["guidance"] if self.has_guidance_embeds else None,
+                pooled_projections=batch.conditioning["pooled"],
+                encoder_hidden_states=embeds,
+                txt_ids=text_ids,
+                img_ids=image_ids[0],  # the rows' own positions, when they differ, come from the layout
+                return_dict=False,
+            )[0]
+        if isinstance(batch.latents, list):
+            return [row[:tokens] for row, tokens in zip(predictions, num_tokens)]
+        return predictions
+
+    def _row_layout(self, text_ids: torch.Tensor, image_ids: torch.Tensor, num_tokens: list[int]) -> RowLayout:
+        """This forward's layout; reused while the rows' image ids stay the same (a group's membership
+        changes far less often than every step, and comparing ids costs far less than rebuilding)."""
+        cached = self._layout
+        if (cached is None or cached[1] != (tuple(num_tokens), text_ids.shape[0])
+                or cached[0].shape != image_ids.shape or not torch.equal(cached[0], image_ids)):
+            cached = (image_ids.clone(), (tuple(num_tokens), text_ids.shape[0]),
+                      row_layout(self.transformer, text_ids, image_ids, num_tokens))
+            self._layout = cached
+        return cached[2]
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
         return rows  # guidance went into the forward

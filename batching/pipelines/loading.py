@@ -50,7 +50,7 @@ def detect_family(model: str, source: str) -> str:
     return family
 
 
-def load_pipeline(pipeline_class: type, model: str, source: str, device: torch.device, dtype: torch.dtype,
+def load_pipeline(pipeline_class: Any, model: str, source: str, device: torch.device, dtype: torch.dtype,
                   **components: Any) -> Any:
     """`pipeline_class.from_pretrained(source)` on `device`, every module in eval mode without grads."""
     try:

@@ -13,6 +13,8 @@ given.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 
 from batching.params import GenerationParams
@@ -52,6 +54,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
                 pooled = output[0]  # [n, projection_dim]: the projecting encoder's text embeds
             per_token.append(output.hidden_states[-2])  # [n, seq, width]
         embeds = torch.cat(per_token, dim=-1).to(self.dtype)  # [n, seq, width_1 + width_2]
+        assert pooled is not None  # SDXL's second text encoder projects
         return [{"embeds": row, "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
 
     def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
@@ -75,7 +78,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
     def padding_row(self, params: GenerationParams) -> Conditioning:
         pipeline = self.pipeline
         width = pipeline.text_encoder.config.hidden_size + pipeline.text_encoder_2.config.hidden_size
-        zeros = dict(device=self.device, dtype=self.dtype)
+        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
             "embeds": torch.zeros(pipeline.tokenizer_2.model_max_length, width, **zeros),
             "pooled": torch.zeros(pipeline.text_encoder_2.config.projection_dim, **zeros),

@@ -14,29 +14,22 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.families import FAMILIES
 from batching.params import GenerationParams
+from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 
 
-class StableDiffusionAdapter(ImageLatentsMixin):
+class StableDiffusionAdapter(AdapterBase):
     family = "sd"
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
-        self.model = model
-        self.device = device
-        self.dtype = dtype
-        self.spec = FAMILIES[self.family]
-        self.pipeline = pipeline
+        super().__init__(model, pipeline, device, dtype)
         self.unet = pipeline.unet
-        self.vae = pipeline.vae
         self.scheduler_config = pipeline.scheduler.config
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionAdapter:

@@ -19,31 +19,24 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.families import FAMILIES
 from batching.params import GenerationParams
+from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
 
 
-class ZImageAdapter(ImageLatentsMixin):
+class ZImageAdapter(AdapterBase):
     latent_dtype = torch.float32  # as ZImagePipeline keeps its latents
     family = "zimage"
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
-        self.model = model
-        self.device = device
-        self.dtype = dtype
-        self.spec = FAMILIES[self.family]
-        self.pipeline = pipeline
+        super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
-        self.vae = pipeline.vae
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> ZImageAdapter:
@@ -78,7 +71,8 @@ class ZImageAdapter(ImageLatentsMixin):
     def new_sampler(self, params: GenerationParams) -> Any:
         height, width = self._latent_size(params)
         num_tokens = (height // 2) * (width // 2)
-        return flow_matching_sampler(self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
+        return flow_matching_sampler(
+            self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (1, self.transformer.in_channels, *self._latent_size(params))
@@ -101,7 +95,7 @@ class ZImageAdapter(ImageLatentsMixin):
         return sample.latents
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
         lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
         dtype = self.transformer.dtype

@@ -37,7 +37,9 @@ def draw(prompt: ShapePrompt, size: int = 128, box_fraction: float = 0.6) -> Ima
     return image.resize((size, size), Image.Resampling.LANCZOS)
 
 
-def random_example(rng: np.random.Generator, prompts: list[ShapePrompt], size: int = 128) -> tuple[ShapePrompt, Image.Image]:
+def random_example(
+    rng: np.random.Generator, prompts: list[ShapePrompt], size: int = 128
+) -> tuple[ShapePrompt, Image.Image]:
     """A prompt drawn uniformly from `prompts`, and its image at a random shape size."""
     prompt = prompts[int(rng.integers(len(prompts)))]
     box_fraction = float(rng.uniform(MIN_BOX_FRACTION, MAX_BOX_FRACTION))

@@ -26,21 +26,11 @@ def build_tokenizer():
 
 
 def build_text_encoder(tokenizer):
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPTextModel
 
-    return CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=TEXT_HIDDEN_SIZE,
-            intermediate_size=2 * TEXT_HIDDEN_SIZE,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=tokenizer.model_max_length,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    from batching.builtin_models.components import clip_text_config
+
+    return CLIPTextModel(clip_text_config(tokenizer, TEXT_HIDDEN_SIZE, num_hidden_layers=2))
 
 
 def build_vae():

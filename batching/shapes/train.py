@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import time
 from pathlib import Path
 
@@ -64,7 +63,8 @@ def train_vae(vae, rng: np.random.Generator, num_steps: int, batch_size: int, lo
         if step % 50 == 0 or step == num_steps - 1:
             flat = images.mean(dim=(2, 3), keepdim=True).expand_as(images)  # what a VAE that sees no edges gives
             baseline = F.mse_loss(flat, images) + F.l1_loss(flat, images)
-            log(f"vae step {step} reconstruction {reconstruction_loss.item():.4f} (each crop's mean colour: {baseline.item():.4f})")
+            log(f"vae step {step} reconstruction {reconstruction_loss.item():.4f} "
+                f"(each crop's mean colour: {baseline.item():.4f})")
     vae.eval()
 
 
@@ -95,8 +95,8 @@ def tokenize(tokenizer, texts: list[str]) -> torch.Tensor:
     ).input_ids
 
 
-def train_unet(unet, text_encoder, tokenizer, scheduler, data, num_steps: int, batch_size: int, save, save_every: int, log,
-               stop_after: int | None = None):
+def train_unet(unet, text_encoder, tokenizer, scheduler, data, num_steps: int, batch_size: int, save, save_every: int,
+               log, stop_after: int | None = None):
     latent_means, latent_stds, token_ids = data
     empty_ids = tokenize(tokenizer, [""])  # [1, seq]
     parameters = list(unet.parameters()) + list(text_encoder.parameters())
@@ -155,7 +155,7 @@ class PipelineSaver:
             feature_extractor=None,
             requires_safety_checker=False,
         )
-        pipeline.save_pretrained(self.out)
+        pipeline.save_pretrained(self.out)  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
         (self.out / "training.json").write_text(
             json.dumps({"unet_steps": num_steps, "seconds": round(time.time() - self.started, 1)}, indent=2) + "\n"
         )
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed + 1)  # the UNet stage is the same whether the VAE was trained now or loaded
     args.out.mkdir(parents=True, exist_ok=True)
     save = PipelineSaver(args.out, vae, tokenizer, scheduler, scaling_factor, log, started)
-    train_unet(unet, text_encoder, tokenizer, scheduler, data, args.unet_steps, args.unet_batch, save, args.save_every, log,
-               args.stop_after)
+    train_unet(unet, text_encoder, tokenizer, scheduler, data, args.unet_steps, args.unet_batch, save, args.save_every,
+               log, args.stop_after)
     log(f"done in {time.time() - started:.0f} s")
     return 0
 

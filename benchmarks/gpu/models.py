@@ -84,8 +84,14 @@ def _numel(shape) -> int:
 
 
 def _build(family: str, size: dict, device: torch.device):
-    from diffusers import (AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline,
-                           StableDiffusionXLPipeline, UNet2DConditionModel)
+    from diffusers import (
+        AutoencoderKL,
+        DDIMScheduler,
+        EulerDiscreteScheduler,
+        StableDiffusionPipeline,
+        StableDiffusionXLPipeline,
+        UNet2DConditionModel,
+    )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     tokenizer = clip_tokenizer()
@@ -103,8 +109,9 @@ def _build(family: str, size: dict, device: torch.device):
                     use_linear_projection=True) if is_xl else {}
 
     def text_config(text: dict, **extra) -> CLIPTextConfig:
-        return CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=text["hidden"], intermediate_size=4 * text["hidden"],
-                              num_hidden_layers=text["layers"], num_attention_heads=text["heads"],
+        return CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=text["hidden"],
+                              intermediate_size=4 * text["hidden"], num_hidden_layers=text["layers"],
+                              num_attention_heads=text["heads"],
                               max_position_embeddings=tokenizer.model_max_length, bos_token_id=tokenizer.bos_token_id,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **extra)
 

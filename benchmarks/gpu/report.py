@@ -10,7 +10,8 @@ def write_summary(results: dict, path: Path) -> None:
     profile = results["profile"]
     lines = [f"# stepwise GPU suite ({profile['device']}, {profile['dtype']}, {profile['scale']} sizes)", "",
              f"Device: {machine.get('device')}; torch {machine.get('torch')}, diffusers {machine.get('diffusers')}. "
-             f"Total {results['total_seconds']:.0f} s. Skipped (time budget): {', '.join(results['skipped']) or 'nothing'}.",
+             f"Total {results['total_seconds']:.0f} s. "
+             f"Skipped (time budget): {', '.join(results['skipped']) or 'nothing'}.",
              ""]
     for name, model in results["models"].items():
         run = model["run"]
@@ -20,7 +21,8 @@ def write_summary(results: dict, path: Path) -> None:
         if "forward_ceiling" in model:
             lines += _ceiling(model["forward_ceiling"])
         if "throughput" in model:
-            lines += [f"Throughput, {run['num_jobs']} jobs of {run['num_steps']} steps, max_num_seqs={run['max_num_seqs']} "
+            lines += [f"Throughput, {run['num_jobs']} jobs of {run['num_steps']} steps, "
+                      f"max_num_seqs={run['max_num_seqs']} "
                       f"(Poisson at {model['throughput']['poisson_rate_per_second']:.2f}/s):", "",
                       "| variant | burst images/s | burst p95 latency s | Poisson images/s | Poisson p95 latency s |",
                       "|---|---|---|---|---|"]
@@ -37,7 +39,8 @@ def write_summary(results: dict, path: Path) -> None:
             lines += ["Decode overlap (mixed-step burst):", "",
                       "| decode | images/s | denoiser busy | engine busy | decode s/image |", "|---|---|---|---|---|"]
             for mode, figures in model["decode_overlap"].items():
-                lines.append(f"| {mode} | {figures['images_per_second']:.3f} | {figures['denoiser_busy_fraction']:.1%} | "
+                lines.append(f"| {mode} | {figures['images_per_second']:.3f} "
+                             f"| {figures['denoiser_busy_fraction']:.1%} | "
                              f"{figures['engine_busy_fraction']:.1%} | {figures['decode_seconds_per_image']:.3f} |")
             lines.append("")
     if "flux" in results:

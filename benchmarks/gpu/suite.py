@@ -21,6 +21,7 @@ out. Writes gpu_results.json and gpu_summary.md to the folder.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import logging
@@ -191,7 +192,8 @@ def throughput(engines: _Engines, model: str, model_run: ModelRun) -> dict:
     figures["poisson_rate_per_second"] = serial_capacity * POISSON_MULTIPLE
     for name in ("serial", "static", "default"):
         variant = engines.get(name, static_timeout=1.0 / serial_capacity)
-        figures["burst"][name] = serial_burst if name == "serial" else summarize(variant.run(burst(shape, model_run.num_jobs)))
+        figures["burst"][name] = (serial_burst if name == "serial"
+                                  else summarize(variant.run(burst(shape, model_run.num_jobs))))
         figures["poisson"][name] = summarize(variant.run(arrivals))
         if name == "static":
             variant.close()  # frees its pipeline before the next engine loads
@@ -218,7 +220,8 @@ def invariance(engines: _Engines, profile: Profile, model: str, model_run: Model
 
 def mixed_burst(engine: DiffusionEngine, model: str, model_run: ModelRun) -> dict:
     """Jobs of half, full and 1.5x the step count at once: finishes (and decodes) are staggered."""
-    workload = mixed_steps(JobShape(model=model, num_steps=model_run.num_steps, size=model_run.size), model_run.num_jobs)
+    shape = JobShape(model=model, num_steps=model_run.num_steps, size=model_run.size)
+    workload = mixed_steps(shape, model_run.num_jobs)
     engine.submit(workload.arrivals[0].params).result()  # warm-up
     before = engine.stats()
     start = time.perf_counter()
@@ -235,7 +238,8 @@ def mixed_burst(engine: DiffusionEngine, model: str, model_run: ModelRun) -> dic
 
 def flux_ceiling(profile: Profile) -> list[dict]:
     """The FLUX-sized transformer alone at `flux_size`, 512 text tokens, guidance-distilled (one row per image)."""
-    device, dtype = torch.device(profile.device), getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
+    device = torch.device(profile.device)
+    dtype = getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
     model = flux_transformer(profile.scale, device, dtype)
     tokens, text_tokens = (profile.flux_size // 16) ** 2, 512 if profile.scale == "real" else 8
     config = model.config
@@ -244,14 +248,15 @@ def flux_ceiling(profile: Profile) -> list[dict]:
         for rows in profile.rows:
             inputs = dict(
                 hidden_states=torch.randn(rows, tokens, config.in_channels, device=device, dtype=dtype),
-                encoder_hidden_states=torch.randn(rows, text_tokens, config.joint_attention_dim, device=device, dtype=dtype),
+                encoder_hidden_states=torch.randn(
+                    rows, text_tokens, config.joint_attention_dim, device=device, dtype=dtype),
                 pooled_projections=torch.randn(rows, config.pooled_projection_dim, device=device, dtype=dtype),
                 timestep=torch.full((rows,), 0.5, device=device, dtype=dtype),
                 guidance=torch.full((rows,), 3.5, device=device, dtype=dtype),
                 img_ids=torch.zeros(tokens, 3, device=device, dtype=dtype),
                 txt_ids=torch.zeros(text_tokens, 3, device=device, dtype=dtype), return_dict=False)
             try:
-                seconds = _time(lambda: model(**inputs), device, profile.repeats)
+                seconds = _time(functools.partial(model, **inputs), device, profile.repeats)
             except torch.OutOfMemoryError:
                 figures.append({"rows": rows, "seconds": None, "error": "out of memory"})
                 break

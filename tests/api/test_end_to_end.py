@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import io
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery import Celery
@@ -162,9 +162,9 @@ def test_canceling_a_queued_job_sends_its_canceled_event_from_the_api(api, worke
 
 def test_a_job_not_started_by_its_deadline_ends_expired(api, worker, http, module_redis):
     with generation_paused(worker, module_redis.url):
-        deadline = datetime.now(timezone.utc) + timedelta(seconds=2)
+        deadline = datetime.now(UTC) + timedelta(seconds=2)
         job = submit(http, api, {**SMALL, "deadline": deadline.isoformat()}).json()
-        time.sleep(max(0.0, (deadline - datetime.now(timezone.utc)).total_seconds()) + 0.5)
+        time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.5)
 
     expired = wait_for(http, api, job["job_id"], {"expired"})
 

@@ -87,7 +87,8 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
         assert served[name]["limits"]["supports_lora"] is True and "num_running" in served[name]["engine"]
         assert served[name]["limits"]["samplers"] == list(FAMILIES["sd"].samplers)
     refused = submit(http, fleet_api, cheap("builtin:does-not-exist")).json()["error"]
-    assert refused["field"] == "model" and "builtin:small" in refused["message"] and "builtin:tiny" in refused["message"]
+    assert refused["field"] == "model"
+    assert "builtin:small" in refused["message"] and "builtin:tiny" in refused["message"]
     lora = submit(http, fleet_api, cheap("builtin:tiny", lora="my-style"))  # the family takes adapters; no store here
     assert lora.status_code == 422 and lora.json()["error"]["field"] == "lora"
     assert "LoRA store" in lora.json()["error"]["message"]
@@ -112,7 +113,8 @@ def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_s
     names = {**{job_id: f"backlog-{i}" for i, job_id in enumerate(backlog)},
              **{job_id: f"high-{i}" for i, job_id in enumerate(high)}, low: "low"}
     for job_id in high:
-        assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), [names[j] for j in finished]
+        order = [names[j] for j in finished]
+        assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), order
     assert ended[low]["state"] == "succeeded"
 
 

@@ -43,7 +43,8 @@ def lora_client(redis_url, tmp_path, lora_folder):
 
 
 def put_lora(client, name: str, body: bytes, tenant: str = "alice"):
-    return client.put(f"/v1/loras/{name}", data=body, headers={**auth(tenant), "Content-Type": "application/octet-stream"})
+    headers = {**auth(tenant), "Content-Type": "application/octet-stream"}
+    return client.put(f"/v1/loras/{name}", data=body, headers=headers)
 
 
 def submit(client, tenant: str = "alice", **fields):
@@ -73,7 +74,8 @@ def test_another_tenant_can_neither_see_nor_use_an_upload(lora_client):
     bobs_job = submit(lora_client, "bob", lora="alices-style")
     missing = submit(lora_client, "bob", lora="no-such-style")
     assert bobs_job.status_code == missing.status_code == 422
-    assert bobs_job.json["error"]["message"] == missing.json["error"]["message"].replace("no-such-style", "alices-style")
+    missing_message = missing.json["error"]["message"]
+    assert bobs_job.json["error"]["message"] == missing_message.replace("no-such-style", "alices-style")
     assert bobs_job.json["error"]["field"] == "lora"
     assert submit(lora_client, "bob", lora="house-style").status_code == 202  # the operator's stays usable
 

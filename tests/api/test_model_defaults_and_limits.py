@@ -92,6 +92,14 @@ def test_limits_default_to_the_device_and_the_operator_overrides_them_per_model(
     assert table.for_model("/models/sd") == ModelLimits(max_pixels=GPU_LIMITS.max_pixels, max_pixel_steps=1000000)
 
 
+def test_a_null_per_model_limit_keeps_the_default_instead_of_breaking_every_job_of_that_model(monkeypatch):
+    monkeypatch.setenv("STEPWISE_DEVICE", "cuda")
+    monkeypatch.setenv("STEPWISE_MODEL_LIMITS", '{"/models/sdxl": {"max_pixels": null, "max_pixel_steps": 5000000}}')
+
+    assert LimitTable.from_env().for_model("/models/sdxl") == ModelLimits(
+        max_pixels=GPU_LIMITS.max_pixels, max_pixel_steps=5000000)
+
+
 def test_the_first_hour_oversized_job_is_refused_but_the_tour_jobs_fit_the_cpu_limits():
     from batching.params import GenerationParams
 

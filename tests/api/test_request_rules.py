@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -96,7 +96,7 @@ def test_a_far_or_numeric_deadline_gets_422_naming_deadline_and_nothing_is_store
 
 
 def test_a_deadline_within_thirty_days_in_rfc_3339_is_kept(client):
-    deadline = (datetime.now(timezone.utc) + timedelta(days=29)).replace(microsecond=0)
+    deadline = (datetime.now(UTC) + timedelta(days=29)).replace(microsecond=0)
 
     response = submit(client, {**BODY, "deadline": deadline.isoformat()})
 

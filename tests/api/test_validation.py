@@ -6,7 +6,7 @@ In-process (create_app + test_client) on a real Redis: no server process is need
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -43,7 +43,7 @@ INVALID_FIELDS = [
     ("webhook_url", ""),
     ("webhook_events", ["started", "exploded"]), ("webhook_events", []), ("webhook_events", "started"),
     ("deadline", "tomorrow"), ("deadline", "2030-01-01T00:00:00"),
-    ("deadline", (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat()),
+    ("deadline", (datetime.now(UTC) - timedelta(minutes=1)).isoformat()),
 ]
 
 
@@ -114,7 +114,7 @@ def test_a_valid_job_with_every_field_is_accepted(client):
         "model": "builtin:tiny", "num_frames": 1,
         "lora_scale": -P.MAX_LORA_SCALE, "webhook_url": HOOK,  # `lora` needs a store: tests/api/test_loras.py
         "webhook_events": ["completed", "failed"],
-        "deadline": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(),
+        "deadline": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
     }
 
     response = post_job(client, body)

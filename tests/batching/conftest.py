@@ -13,7 +13,8 @@ from batching import DiffusionEngine, EngineConfig, GenerationParams
 
 
 def make_params(**overrides) -> GenerationParams:
-    values = dict(prompt="a red fox in the forest", seed=7, num_inference_steps=8, guidance_scale=7.5, height=64, width=64)
+    values = dict(prompt="a red fox in the forest", seed=7, num_inference_steps=8, guidance_scale=7.5,
+                  height=64, width=64)
     values.update(overrides)
     return GenerationParams(**values)
 
@@ -23,12 +24,14 @@ def mixed_params() -> list[GenerationParams]:
     return [
         make_params(prompt="a red fox", seed=1, sampler="euler", num_inference_steps=12),
         make_params(prompt="a blue bird", seed=2, sampler="ddim", num_inference_steps=6, guidance_scale=1.0),
-        make_params(prompt="an old castle", seed=3, sampler="euler_ancestral", num_inference_steps=10, negative_prompt="blurry"),
+        make_params(prompt="an old castle", seed=3, sampler="euler_ancestral", num_inference_steps=10,
+                    negative_prompt="blurry"),
         make_params(prompt="a calm lake", seed=4, sampler="dpmpp_2m", num_inference_steps=9, guidance_scale=3.0),
         make_params(prompt="a city at night", seed=5, sampler="euler", num_inference_steps=5, guidance_scale=0.0),
         make_params(prompt="snow", seed=6, sampler="ddim", num_inference_steps=11, negative_prompt="dark, low quality"),
         make_params(prompt="a cute dog", seed=7, sampler="euler_ancestral", num_inference_steps=7, guidance_scale=1.0),
-        make_params(prompt="a tiger", seed=8, sampler="dpmpp_2m", num_inference_steps=8, guidance_scale=12.0, negative_prompt="cat"),
+        make_params(prompt="a tiger", seed=8, sampler="dpmpp_2m", num_inference_steps=8, guidance_scale=12.0,
+                    negative_prompt="cat"),
     ]
 
 
@@ -45,7 +48,9 @@ def run_alone(engine: DiffusionEngine, params_list: list[GenerationParams]) -> l
     return [engine.submit(params).result(timeout=120).image for params in params_list]
 
 
-def run_staggered(engine: DiffusionEngine, params_list: list[GenerationParams], *, steps_between_joins: int = 1) -> list:
+def run_staggered(
+    engine: DiffusionEngine, params_list: list[GenerationParams], *, steps_between_joins: int = 1
+) -> list:
     """The first job starts; job i joins when the first has taken i * steps_between_joins steps."""
     futures = {}
     join_at_step = {i * steps_between_joins: i for i in range(1, len(params_list))}

@@ -8,7 +8,8 @@ from transformers import Qwen2Tokenizer, T5TokenizerFast
 from batching.assets import make_qwen_tokenizer, make_t5_tokenizer, make_tokenizer
 
 
-@pytest.mark.parametrize("generator", [make_t5_tokenizer, make_qwen_tokenizer], ids=lambda module: module.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("generator", [make_t5_tokenizer, make_qwen_tokenizer],
+                         ids=lambda module: module.__name__.rsplit(".", 1)[-1])
 def test_each_shipped_tokenizer_is_what_its_script_generates(generator, tmp_path):
     generator.write_tokenizer(tmp_path)
 
@@ -23,7 +24,8 @@ def test_the_t5_tokenizer_keeps_known_words_whole_and_ends_with_eos():
 
     ids = tokenizer("a red fox, in the forest!", padding="max_length", max_length=12).input_ids
 
-    assert tokenizer.convert_ids_to_tokens(ids[:9]) == ["▁a", "▁red", "▁fox", ",", "▁in", "▁the", "▁forest", "!", "</s>"]
+    expected = ["▁a", "▁red", "▁fox", ",", "▁in", "▁the", "▁forest", "!", "</s>"]
+    assert tokenizer.convert_ids_to_tokens(ids[:9]) == expected
     assert ids[9:] == [tokenizer.pad_token_id] * 3
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a red fox, in the forest!"
     assert tokenizer.model_max_length == 512

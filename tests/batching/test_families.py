@@ -162,15 +162,23 @@ def test_a_checkpoint_of_an_unsupported_family_is_refused_naming_it_and_the_supp
         DiffusionEngine(EngineConfig(model=str(tmp_path), device="cpu"))
 
 
-def test_z_image_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone():
-    sizes = [(64, 64), (96, 96), (64, 128)]
-    params_list = [
-        GenerationParams(prompt=f"a fox {index}", model="builtin:tiny-zimage", seed=index, num_inference_steps=4,
-                         guidance_scale=(4.0, 0.0, 2.0)[index], height=height, width=width)
-        for index, (height, width) in enumerate(sizes)
+MIXED_SIZES = [(64, 64), (96, 96), (64, 128), (128, 64)]  # the last two: equal token counts, transposed grids
+
+
+def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[GenerationParams]:
+    return [
+        GenerationParams(prompt=f"a fox {index}", model=model, seed=index, num_inference_steps=3,
+                         guidance_scale=guidances[index], height=height, width=width)
+        for index, (height, width) in enumerate(MIXED_SIZES)
     ]
-    solo = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=1))
-    batched = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=4, max_num_groups=1))
+
+
+@pytest.mark.parametrize("model, guidances", [("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
+                                              ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))])
+def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):
+    params_list = mixed_size_params(model, guidances)
+    solo = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=1))
+    batched = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, max_num_groups=1))
     try:
         alone = run_alone(solo, params_list)
         batched.pause()
@@ -178,10 +186,30 @@ def test_z_image_samples_of_different_sizes_share_one_forward_and_each_matches_i
         batched.resume()
         images = [future.result(timeout=120).image for future in futures]
 
-        assert [image.size for image in images] == [(width, height) for height, width in sizes]
+        assert [image.size for image in images] == [(width, height) for height, width in MIXED_SIZES]
         for image_alone, image in zip(alone, images):
             assert max_pixel_diff(image_alone, image) <= 1
-        assert batched.stats()["jobs_per_forward"] == {3: 4}, "one group, all three sizes in every forward"
+        stats = batched.stats()
+        assert stats["jobs_per_forward"] == {4: 3}, "one group, all four sizes in every forward"
+        assert stats["sizes_per_forward"] == {4: 3}
     finally:
         solo.shutdown(abort=True)
         batched.shutdown(abort=True)
+
+
+def test_flux_in_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_batched():
+    params_list = mixed_size_params("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))
+    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=4,
+                                          max_num_groups=4, deterministic=True))
+    try:
+        alone = run_alone(engine, params_list)
+        engine.pause()
+        futures = [engine.submit(params) for params in params_list]
+        engine.resume()
+        images = [future.result(timeout=120).image for future in futures]
+
+        for image_alone, image in zip(alone, images):
+            assert (pixels(image_alone) == pixels(image)).all()
+        assert set(engine.stats()["sizes_per_forward"]) == {1}, "the size stays in the key"
+    finally:
+        engine.shutdown(abort=True)

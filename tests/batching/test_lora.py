@@ -3,10 +3,8 @@ each job equal to itself alone and to diffusers' own pipeline with the adapter s
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-
 from safetensors.torch import load_file, save_file
 
 from batching import DiffusionEngine, EngineConfig, JobFailedError

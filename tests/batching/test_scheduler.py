@@ -105,7 +105,9 @@ def admitted_ids(plan: SchedulerPlan) -> list[str]:
 
 
 def assert_no_state_left(scheduler: Scheduler, runner: FakeRunner) -> None:
-    leftovers = {name: value for name, value in vars(scheduler).items() if isinstance(value, (dict, list, set)) and value}
+    leftovers = {
+        name: value for name, value in vars(scheduler).items() if isinstance(value, (dict, list, set)) and value
+    }
     assert leftovers == {}
     assert not scheduler.has_unfinished()
     assert runner.num_steps_by_job == {} and runner.steps_done_by_job == {}
@@ -159,8 +161,8 @@ def test_max_num_seqs_of_one_runs_jobs_one_at_a_time_in_arrival_order():
 
 
 def test_fifo_incompatible_head_blocks_everything_behind_it_until_the_wave_drains():
-    jobs = [make_sample("a1", key="A", steps=3), make_sample("b1", key="B", steps=2), make_sample("a2", key="A", steps=1),
-            make_sample("a3", key="A", steps=1)]
+    jobs = [make_sample("a1", key="A", steps=3), make_sample("b1", key="B", steps=2),
+            make_sample("a2", key="A", steps=1), make_sample("a3", key="A", steps=1)]
     scheduler, runner = make_scheduler(*jobs, max_num_seqs=8, policy="fifo"), FakeRunner()
 
     plans = run_to_completion(scheduler, runner)
@@ -192,8 +194,8 @@ def test_incompatible_head_does_not_block_compatible_jobs_under_the_default_poli
 
 
 def test_default_policy_runs_two_groups_at_once_with_one_forward_each():
-    jobs = [make_sample("a1", key="A", steps=2), make_sample("b1", key="B", steps=1), make_sample("a2", key="A", steps=2),
-            make_sample("c1", key="C", steps=1)]
+    jobs = [make_sample("a1", key="A", steps=2), make_sample("b1", key="B", steps=1),
+            make_sample("a2", key="A", steps=2), make_sample("c1", key="C", steps=1)]
     scheduler, runner = make_scheduler(*jobs), FakeRunner()
 
     first, output, _ = run_iteration(scheduler, runner)

@@ -20,7 +20,8 @@ from PIL import Image
 from tests.servers import child_env
 
 VARIANTS = {"serial", "static", "fifo", "default"}
-WORKLOADS = {"burst", "poisson_1x", "poisson_3x", "mixed_steps", "two_resolution", "mixed_guidance"}
+WORKLOADS = {"burst", "poisson_1x", "poisson_3x", "mixed_steps", "two_resolution", "mixed_guidance", "mixed_size",
+             "mixed_size_uniform"}
 MACHINE_KEYS = {"cpu_count", "cpu_model", "torch", "diffusers", "device", "torch_num_threads"}
 METRIC_KEYS = {"num_jobs", "wall_seconds", "throughput_images_per_second", "latency_seconds", "queue_wait_seconds",
                "mean_rows_per_forward", "efficiency"}
@@ -59,6 +60,8 @@ def test_summary_has_every_variant_on_every_workload_with_its_metrics(results):
     for name in ("throughput_default_over_serial_burst", "throughput_default_over_static_burst",
                  "throughput_default_over_fifo_two_resolution", "engine_efficiency_default_burst"):
         assert is_number(headlines[name]), name
+    assert set(headlines["throughput_mixed_over_uniform_equal_tokens"]) == VARIANTS
+    assert all(is_number(value) for value in headlines["throughput_mixed_over_uniform_equal_tokens"].values())
 
 
 def test_every_run_file_records_the_machine_and_the_load_average(results):

@@ -40,7 +40,8 @@ def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_tr
     assert set(results["models"]) == {"sd15", "sdxl"}
     for name, model in results["models"].items():
         assert [row["rows"] for row in model["forward_ceiling"]] == ROWS, name
-        assert all(_is_positive(row["seconds"]) and _is_positive(row["rows_per_second"]) for row in model["forward_ceiling"])
+        assert all(_is_positive(row["seconds"]) and _is_positive(row["rows_per_second"])
+                   for row in model["forward_ceiling"])
         for workload in ("burst", "poisson"):
             assert set(model["throughput"][workload]) == VARIANTS, (name, workload)
             for figures in model["throughput"][workload].values():

@@ -42,5 +42,6 @@ def test_idempotency_keys_depend_on_run_name_line_and_content_but_not_key_order(
     assert idempotency_key("prompts.jsonl", row) == idempotency_key("prompts.jsonl", same)
     assert idempotency_key("prompts.jsonl", row) != idempotency_key("other.jsonl", row)
     assert idempotency_key("prompts.jsonl", row) != idempotency_key("prompts.jsonl", Row(4, row.body))
-    assert idempotency_key("prompts.jsonl", row) != idempotency_key("prompts.jsonl", Row(3, {"prompt": "a fox", "seed": 2}))
+    other_body = Row(3, {"prompt": "a fox", "seed": 2})
+    assert idempotency_key("prompts.jsonl", row) != idempotency_key("prompts.jsonl", other_body)
     assert len(idempotency_key("prompts.jsonl", row)) <= 255

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from stepwise_cli.client import ApiClient, ApiResponseError, ApiTarget, TransientError, resolve_target, save_local_target
+from stepwise_cli.client import (
+    ApiClient,
+    ApiResponseError,
+    ApiTarget,
+    TransientError,
+    resolve_target,
+    save_local_target,
+)
 
 
 class ScriptedServer:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from PIL import Image
 
 from batching.builtin_model import builtin_model_path

@@ -7,7 +7,7 @@ import io
 import json
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -65,7 +65,7 @@ def test_submit_sends_height_width_webhook_and_deadline(live_api, capsys):
     assert (job["params"]["height"], job["params"]["width"]) == (64, 96)
     assert job["webhook"]["url"] == "http://127.0.0.1:9/hook"
     assert job["webhook"]["events"] == ["completed", "failed"]
-    seconds_left = datetime.fromisoformat(job["deadline"].replace("Z", "+00:00")) - datetime.now(timezone.utc)
+    seconds_left = datetime.fromisoformat(job["deadline"].replace("Z", "+00:00")) - datetime.now(UTC)
     assert 540 < seconds_left.total_seconds() <= 600
     assert submit_json(live_api, capsys, "a fox", "--size", "128x64")["params"]["width"] == 128
 

@@ -7,7 +7,6 @@ stops it with SIGTERM and checks that no process it started is left.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -47,7 +46,8 @@ class UpProcess:
             self.process = subprocess.Popen(
                 [*STEPWISE, "up", "--port", str(self.api_port), "--redis-port", str(self.redis_port),
                  "--var-dir", str(self.var_dir), "--max-num-seqs", "4", "--api-workers", "1"],
-                cwd=self.workdir, env=child_env(STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"), stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.workdir, env=child_env(STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
+                stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not (self.var_dir / "stepwise.json").exists():
@@ -237,7 +237,8 @@ def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):
                             capture_output=True, text=True, timeout=180)
 
     assert result.returncode == 0, result.stdout + result.stderr
-    with Image.open(up.workdir / "lighthouse.png") as image:
+    saved_as = re.findall(r"-o (\S+\.png)", script)[-1]  # the file the tour tells the user to open
+    with Image.open(up.workdir / saved_as) as image:
         assert image.format == "PNG"
 
 

@@ -30,7 +30,8 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
     with log_path.open("wb") as log:
         up = subprocess.Popen(
             [*STEPWISE, "up", "--port", str(free_port()), "--var-dir", str(var_dir), "--api-workers", "1"],
-            cwd=tmp_path, env=child_env(STEPWISE_REDIS_URL=redis_url, STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
+            cwd=tmp_path,
+            env=child_env(STEPWISE_REDIS_URL=redis_url, STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
             stdout=log, stderr=subprocess.STDOUT,
         )
     children: list[psutil.Process] = []

@@ -57,7 +57,7 @@ def trickle(port: int, mode: str, stop: threading.Event, closed_after: list[floa
                 sock.sendall(chunk)
                 if sock.recv(1024) == b"":
                     break  # the server closed the connection
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 break

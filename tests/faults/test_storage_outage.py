@@ -67,7 +67,8 @@ def test_a_long_storage_outage_fails_the_job_saying_what_could_not_be_stored(out
 
     assert record.state is JobState.FAILED and record.image_keys == []
     assert record.error_code == "storage_unavailable"
-    assert f"upload of s3://{outage_cluster.bucket}/images/{job_id}/0.png failed after 3 attempts" in record.error_message
+    expected = f"upload of s3://{outage_cluster.bucket}/images/{job_id}/0.png failed after 3 attempts"
+    assert expected in record.error_message
     assert record.finished_at - record.started_at < 60
     outage_cluster.s3_server.start()
     assert bucket_keys(outage_cluster) == []  # no image half-stored, none claimed

@@ -16,7 +16,8 @@ def beat(clock, worker_id: str, model: str = "builtin:tiny", **fields) -> Heartb
 
 def test_models_sum_their_live_workers_and_count_their_queued_jobs(store, clock):
     store.beat(beat(clock, "a"))
-    store.beat(beat(clock, "b", engine={"num_running": 2, "images_per_second": 1.0, "jobs_per_forward": {"1": 1, "2": 3}}))
+    engine = {"num_running": 2, "images_per_second": 1.0, "jobs_per_forward": {"1": 1, "2": 3}}
+    store.beat(beat(clock, "b", engine=engine))
     store.beat(beat(clock, "c", model="builtin:small"))
     store.create(tenant="t", params={"prompt": "x", "model": "builtin:small"}, priority="low")
 

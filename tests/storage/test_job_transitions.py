@@ -40,7 +40,9 @@ def test_only_one_of_two_racing_workers_takes_a_job(redis_url):
         barrier = threading.Barrier(2)
         winners = []
 
-        def race(worker: int, job_id: str = job_id, barrier: threading.Barrier = barrier) -> None:
+        def race(
+            worker: int, job_id: str = job_id, barrier: threading.Barrier = barrier, winners: list[int] = winners
+        ) -> None:
             barrier.wait()
             if stores[worker].take(job_id, f"worker-{worker}", 30) is not None:
                 winners.append(worker)
