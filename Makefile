@@ -40,10 +40,10 @@ chromium:
 run: install redis-server
 	$(VENV)/bin/stepwise up
 
-# Lint and types (config in pyproject.toml): ruff over the tree, mypy over batching, storage and api.
-# ruff format --check . is added with the one-time formatting commit
+# Lint, format and types (config in pyproject.toml): ruff over the tree, mypy over batching, storage and api.
 lint: install-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 test: lint redis-server chromium

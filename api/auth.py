@@ -41,8 +41,9 @@ def require_tenant() -> None:
     """before_request hook of the /v1 blueprint: sets g.tenant or answers 401."""
     token = bearer_token()
     if token is None:
-        raise ApiError(401, "unauthorized", "missing API key: send Authorization: Bearer <key>",
-                       headers=UNAUTHORIZED_HEADERS)
+        raise ApiError(
+            401, "unauthorized", "missing API key: send Authorization: Bearer <key>", headers=UNAUTHORIZED_HEADERS
+        )
     tenant = get_keyring().tenant_for(token)
     if tenant is None:
         raise ApiError(401, "unauthorized", "invalid API key", headers=UNAUTHORIZED_HEADERS)

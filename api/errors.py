@@ -36,8 +36,9 @@ WERKZEUG_CODES = {
 class ApiError(Exception):
     """An error with its HTTP status, machine-readable code and human message."""
 
-    def __init__(self, status: int, code: str, message: str, *, field: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, field: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -107,8 +108,12 @@ def to_api_error(error: Exception) -> ApiError:
         return not_found()
     if isinstance(error, (StorageUnavailableError, BrokerError)):
         log.warning("dependency unavailable: %s: %s", type(error).__name__, error)
-        return ApiError(503, "unavailable", "a backing service (Redis or image storage) is unavailable; retry later",
-                        headers={"Retry-After": "5"})
+        return ApiError(
+            503,
+            "unavailable",
+            "a backing service (Redis or image storage) is unavailable; retry later",
+            headers={"Retry-After": "5"},
+        )
     log.exception("unhandled error", exc_info=error)
     return ApiError(500, "internal", "internal server error")
 

@@ -55,9 +55,11 @@ class Fleet:
             if self.settings.accept_unserved_models:
                 return
             served = ", ".join(sorted(self.models())) or "none"
-            raise invalid(f"{field_prefix}model",
-                          f"{field_prefix}model {params.model!r} is not served by any worker seen in the last "
-                          f"{self.store_retention():.0f}s; served models: {served}")
+            raise invalid(
+                f"{field_prefix}model",
+                f"{field_prefix}model {params.model!r} is not served by any worker seen in the last "
+                f"{self.store_retention():.0f}s; served models: {served}",
+            )
         if status.family in FAMILIES and status.family != params.family_spec.name:
             # A folder or repo model's family is known only from its worker: check the job against it now.
             try:
@@ -66,14 +68,21 @@ class Fleet:
                 raise from_params_error(e, field_prefix) from e
         limits = status.limits
         if params.lora is not None and not limits.get("supports_lora", True):
-            raise invalid(f"{field_prefix}lora", f"{field_prefix}lora: the {status.family} family served for "
-                                                 f"{params.model!r} does not support LoRA adapters")
+            raise invalid(
+                f"{field_prefix}lora",
+                f"{field_prefix}lora: the {status.family} family served for "
+                f"{params.model!r} does not support LoRA adapters",
+            )
         if "num_frames" in limits and params.num_frames not in limits["num_frames"]:
-            raise invalid(f"{field_prefix}num_frames", f"{field_prefix}num_frames must be one of "
-                                                       f"{limits['num_frames']} for {params.model!r}")
+            raise invalid(
+                f"{field_prefix}num_frames",
+                f"{field_prefix}num_frames must be one of {limits['num_frames']} for {params.model!r}",
+            )
         if "samplers" in limits and params.sampler not in limits["samplers"]:
-            raise invalid(f"{field_prefix}sampler", f"{field_prefix}sampler must be one of "
-                                                    f"{', '.join(limits['samplers'])} for {params.model!r}")
+            raise invalid(
+                f"{field_prefix}sampler",
+                f"{field_prefix}sampler must be one of {', '.join(limits['samplers'])} for {params.model!r}",
+            )
 
     def store_retention(self) -> float:
         return self.settings.storage.model_retention
@@ -91,5 +100,9 @@ class Fleet:
             images_per_second = float(status.engine.get("images_per_second") or 0.0)
             workers = status.workers
         eta = (ahead + 1) / images_per_second if images_per_second > 0 and workers else None
-        return {"jobs_ahead": ahead, "workers": workers, "images_per_second": round(images_per_second, 4),
-                "eta_seconds": None if eta is None else round(eta, 1)}
+        return {
+            "jobs_ahead": ahead,
+            "workers": workers,
+            "images_per_second": round(images_per_second, 4),
+            "eta_seconds": None if eta is None else round(eta, 1),
+        }

@@ -40,14 +40,18 @@ def worker_readiness() -> tuple[dict[str, Any] | None, list[str]]:
     except StorageError:
         return None, []
     available = [status for status in statuses if status.available]
-    workers = {"seen_recently": bool(available), "num_workers": sum(status.workers for status in available),
-               "available_models": [status.model for status in available],
-               "last_seen": iso_time(max((status.last_seen for status in statuses), default=None))}
+    workers = {
+        "seen_recently": bool(available),
+        "num_workers": sum(status.workers for status in available),
+        "available_models": [status.model for status in available],
+        "last_seen": iso_time(max((status.last_seen for status in statuses), default=None)),
+    }
     warnings = []
     if not available:
         timeout = get_settings().storage.worker_timeout
-        warnings.append(f"no worker has been seen in the last {timeout:.0f}s: submitted jobs wait in the queue "
-                        "until one starts")
+        warnings.append(
+            f"no worker has been seen in the last {timeout:.0f}s: submitted jobs wait in the queue until one starts"
+        )
     return workers, warnings
 
 
@@ -58,6 +62,9 @@ def readyz():
         workers, warnings = worker_readiness()
         return {"status": "ok", "checks": checks, "workers": workers, "warnings": warnings}
     failing = ", ".join(name for name, ok in checks.items() if not ok)
-    body = {"status": "unavailable", "checks": checks,
-            "error": {"code": "unavailable", "message": f"not ready: {failing} unreachable"}}
+    body = {
+        "status": "unavailable",
+        "checks": checks,
+        "error": {"code": "unavailable", "message": f"not ready: {failing} unreachable"},
+    }
     return body, 503, {"Retry-After": "5"}

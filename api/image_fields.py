@@ -19,8 +19,9 @@ from storage.errors import StorageError
 from storage.upload_store import UploadStore
 
 
-def resolve_uploads(params: dict[str, Any], tenant: str, uploads: UploadStore | None,
-                    prefix: str = "") -> dict[str, Any]:
+def resolve_uploads(
+    params: dict[str, Any], tenant: str, uploads: UploadStore | None, prefix: str = ""
+) -> dict[str, Any]:
     """The params with each upload id replaced by the tenant's image (a data URI)."""
     resolved = dict(params)
     for name in IMAGE_FIELDS:
@@ -40,8 +41,9 @@ def check_images(params: GenerationParams, prefix: str = "") -> None:
         raise from_params_error(e, prefix) from e
 
 
-def record_params(params: GenerationParams, sent: dict[str, Any], tenant: str,
-                  uploads: UploadStore | None) -> dict[str, Any]:
+def record_params(
+    params: GenerationParams, sent: dict[str, Any], tenant: str, uploads: UploadStore | None
+) -> dict[str, Any]:
     """What the job record keeps: the params with upload ids in place of images (inline ones stored now)."""
     stored = params.to_dict()
     if uploads is None:
@@ -56,8 +58,9 @@ def record_params(params: GenerationParams, sent: dict[str, Any], tenant: str,
             try:
                 stored[name] = uploads.put(tenant, stored[name])
             except StorageError as e:
-                raise ApiError(503, "unavailable", "the job store is unavailable; retry later",
-                               headers={"Retry-After": "5"}) from e
+                raise ApiError(
+                    503, "unavailable", "the job store is unavailable; retry later", headers={"Retry-After": "5"}
+                ) from e
     return stored
 
 
@@ -65,5 +68,6 @@ def _get(uploads: UploadStore, tenant: str, upload_id: str) -> str | None:
     try:
         return uploads.get(tenant, upload_id)
     except StorageError as e:
-        raise ApiError(503, "unavailable", "the job store is unavailable; retry later",
-                       headers={"Retry-After": "5"}) from e
+        raise ApiError(
+            503, "unavailable", "the job store is unavailable; retry later", headers={"Retry-After": "5"}
+        ) from e

@@ -100,8 +100,15 @@ def submit_batch():
     valid = []  # (index, job, item idempotency key)
     for index, item in enumerate(items):
         try:
-            job = validate_job(item, settings, get_fleet(), g.tenant, uploads=get_upload_store(),
-                               field_prefix=f"jobs[{index}].", default_priority=batch.priority)
+            job = validate_job(
+                item,
+                settings,
+                get_fleet(),
+                g.tenant,
+                uploads=get_upload_store(),
+                field_prefix=f"jobs[{index}].",
+                default_priority=batch.priority,
+            )
             check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
             room.take_one()
         except ApiError as e:

@@ -60,28 +60,35 @@ class LimitTable:
         limits = self.for_model(params.model)
         pixels = params.height * params.width
         if pixels > limits.max_pixels:
-            raise _over(f"{field_prefix}height",
-                        f"height x width = {pixels} is over the limit of {limits.max_pixels} pixels "
-                        f"for model {params.model} (STEPWISE_MAX_PIXELS / STEPWISE_MODEL_LIMITS)")
+            raise _over(
+                f"{field_prefix}height",
+                f"height x width = {pixels} is over the limit of {limits.max_pixels} pixels "
+                f"for model {params.model} (STEPWISE_MAX_PIXELS / STEPWISE_MODEL_LIMITS)",
+            )
         cost = pixel_steps(params)
         if cost > limits.max_pixel_steps:
             field_name = "num_images" if params.num_images > 1 else "num_inference_steps"
-            raise _over(f"{field_prefix}{field_name}",
-                        f"num_images x height x width x num_inference_steps = {cost} is over the limit of "
-                        f"{limits.max_pixel_steps} for model {params.model}: ask for fewer images, steps or "
-                        f"pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)")
+            raise _over(
+                f"{field_prefix}{field_name}",
+                f"num_images x height x width x num_inference_steps = {cost} is over the limit of "
+                f"{limits.max_pixel_steps} for model {params.model}: ask for fewer images, steps or "
+                f"pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)",
+            )
 
     @classmethod
     def from_env(cls) -> LimitTable:
         max_pixels = _positive_int("STEPWISE_MAX_PIXELS", os.environ.get("STEPWISE_MAX_PIXELS"))
         max_pixel_steps = _positive_int("STEPWISE_MAX_PIXEL_STEPS", os.environ.get("STEPWISE_MAX_PIXEL_STEPS"))
-        table = cls(device=os.environ.get("STEPWISE_DEVICE") or "auto",
-                    per_model=_per_model(os.environ.get("STEPWISE_MODEL_LIMITS") or ""))
+        table = cls(
+            device=os.environ.get("STEPWISE_DEVICE") or "auto",
+            per_model=_per_model(os.environ.get("STEPWISE_MODEL_LIMITS") or ""),
+        )
         if max_pixels is None and max_pixel_steps is None:
             return table
         base = table.for_model(P.DEFAULT_SERVICE_MODEL)
-        overrides = ModelLimits(max_pixels=max_pixels or base.max_pixels,
-                                max_pixel_steps=max_pixel_steps or base.max_pixel_steps)
+        overrides = ModelLimits(
+            max_pixels=max_pixels or base.max_pixels, max_pixel_steps=max_pixel_steps or base.max_pixel_steps
+        )
         return replace(table, overrides=overrides)
 
 
@@ -108,8 +115,9 @@ def _per_model(text: str) -> dict[str, dict[str, int]]:
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise LimitsError(f"{name} must be a JSON object such as "
-                          f'{{"builtin:small": {{"max_pixels": 65536}}}} ({e})') from e
+        raise LimitsError(
+            f'{name} must be a JSON object such as {{"builtin:small": {{"max_pixels": 65536}}}} ({e})'
+        ) from e
     if not isinstance(data, dict):
         raise LimitsError(f"{name} must be a JSON object mapping model names to limits")
     table = {}

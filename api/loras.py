@@ -30,8 +30,11 @@ def lora_store() -> LoraStore:
 
 def check_name(name: str) -> str:
     if not LORA_NAME_PATTERN.fullmatch(name):
-        raise invalid("name", f"name must be letters, digits, '_', '.', '-' (at most 100, starting with a letter "
-                              f"or digit), got {name[:120]!r}")
+        raise invalid(
+            "name",
+            f"name must be letters, digits, '_', '.', '-' (at most 100, starting with a letter "
+            f"or digit), got {name[:120]!r}",
+        )
     return name
 
 
@@ -45,8 +48,9 @@ def upload(name: str):
     check_name(name)
     request.max_content_length = max_bytes  # this route's own limit, above the JSON routes' one
     if request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, "payload_too_large", f"a LoRA upload may be at most {max_bytes} bytes "
-                                                 f"(got {request.content_length})")
+        raise ApiError(
+            413, "payload_too_large", f"a LoRA upload may be at most {max_bytes} bytes (got {request.content_length})"
+        )
     data = request.get_data(cache=False)
     if not data:
         raise invalid("body", "the body must be the adapter's .safetensors file (got an empty body)")

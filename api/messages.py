@@ -59,8 +59,12 @@ class GenerateMessages:
         headers = {**template["headers"], "id": job_id, "root_id": job_id, "argsrepr": repr([job_id])}
         properties = {**template["properties"], "correlation_id": job_id, "delivery_tag": str(uuid.uuid4())}
         body = json.dumps([[job_id], {}, template["embed"]]).encode()
-        message = {**template["message"], "headers": headers, "properties": properties,
-                   "body": base64.b64encode(body).decode()}
+        message = {
+            **template["message"],
+            "headers": headers,
+            "properties": properties,
+            "body": base64.b64encode(body).decode(),
+        }
         return key, json.dumps(message)
 
     def _template(self, queue: str, priority: str) -> tuple[str, dict]:
@@ -77,15 +81,25 @@ class GenerateMessages:
         capture = _Capture()
         with self.celery.connection_for_write() as connection:
             channel = connection.default_channel
-            message = channel.prepare_message(json.dumps(task.body), BROKER_PRIORITY[priority], "application/json",
-                                              "utf-8", dict(task.headers), dict(task.properties))
+            message = channel.prepare_message(
+                json.dumps(task.body),
+                BROKER_PRIORITY[priority],
+                "application/json",
+                "utf-8",
+                dict(task.headers),
+                dict(task.properties),
+            )
             channel.basic_publish(message, exchange="", routing_key=queue, _publish_batch=capture)
         [(command, (key, payload))] = capture.commands
         built = json.loads(payload)
         if command != "lpush" or json.loads(base64.b64decode(built["body"])) != [[PLACEHOLDER_ID], {}, embed]:
             raise MessageTemplateError(f"unexpected kombu message for the generate task: {payload[:200]}")
-        rest = {**built, "body": None, "headers": {**built["headers"], "id": None, "root_id": None, "argsrepr": None},
-                "properties": {**built["properties"], "correlation_id": None, "delivery_tag": None}}
+        rest = {
+            **built,
+            "body": None,
+            "headers": {**built["headers"], "id": None, "root_id": None, "argsrepr": None},
+            "properties": {**built["properties"], "correlation_id": None, "delivery_tag": None},
+        }
         if PLACEHOLDER_ID in json.dumps(rest):
             raise MessageTemplateError("the generate task message holds the task id in a field not filled per job")
         return key, {"message": built, "headers": built["headers"], "properties": built["properties"], "embed": embed}

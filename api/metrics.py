@@ -26,7 +26,10 @@ bp = Blueprint("metrics", __name__)
 
 # Not registered in prometheus_client's global registry: each scrape builds its own.
 REQUEST_LATENCY = Histogram(
-    "stepwise_api_request_duration_seconds", "Time to answer an API request.", ["method", "route"], registry=None,
+    "stepwise_api_request_duration_seconds",
+    "Time to answer an API request.",
+    ["method", "route"],
+    registry=None,
     buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
 REQUESTS = Counter("stepwise_api_requests", "API requests answered.", ["method", "route", "status"], registry=None)
@@ -50,8 +53,10 @@ class JobStoreCollector:
         up.add_metric([], 1)
         yield up
         jobs = GaugeMetricFamily(
-            "stepwise_jobs", "Jobs by state: queued and running now; terminal states counted since the start.",
-            labels=["state"])
+            "stepwise_jobs",
+            "Jobs by state: queued and running now; terminal states counted since the start.",
+            labels=["state"],
+        )
         for state, count in counts.items():
             jobs.add_metric([state], count)
         yield jobs

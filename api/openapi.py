@@ -17,12 +17,21 @@ bp = Blueprint("openapi", __name__)
 
 REF = "#/components/schemas/{model}"
 ERROR = schemas.ErrorResponse
-JOB_ID = {"name": "job_id", "in": "path", "required": True, "description": "The job's id.",
-          "schema": {"type": "string", "minLength": 1, "maxLength": 128}}
-IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
-                   "description": "Retries with the same key and body return the original job; "
-                                  "the same key with another body gets 409.",
-                   "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "description": "The job's id.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Retries with the same key and body return the original job; "
+    "the same key with another body gets 409.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
 
 
@@ -39,8 +48,9 @@ class DocumentBuilder:
     def json_body(self, model: type[BaseModel]) -> dict[str, Any]:
         return {"required": True, "content": {"application/json": {"schema": self.ref(model, "validation")}}}
 
-    def response(self, description: str, model: type[BaseModel] | None = None,
-                 headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    def response(
+        self, description: str, model: type[BaseModel] | None = None, headers: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         answer: dict[str, Any] = {"description": description}
         if model is not None:
             answer["content"] = {"application/json": {"schema": self.ref(model)}}
@@ -49,14 +59,21 @@ class DocumentBuilder:
         return answer
 
     def errors(self, *statuses: int) -> dict[str, Any]:
-        meanings = {400: "Malformed JSON.", 401: "Missing or invalid API key.", 404: "No such job for this key.",
-                    409: "Conflict with the job's state or an earlier request.", 413: "Request body too large.",
-                    415: "The body is not sent as JSON (Content-Type: application/json).",
-                    422: "A field is invalid; `error.field` names it.",
-                    429: "The queue, the tenant's queued jobs or its jobs per minute are at their limit.",
-                    503: "Redis, storage or the queue is unavailable."}
-        return {str(status): self.response(meanings[status], ERROR, RETRY_AFTER if status in (429, 503) else None)
-                for status in statuses}
+        meanings = {
+            400: "Malformed JSON.",
+            401: "Missing or invalid API key.",
+            404: "No such job for this key.",
+            409: "Conflict with the job's state or an earlier request.",
+            413: "Request body too large.",
+            415: "The body is not sent as JSON (Content-Type: application/json).",
+            422: "A field is invalid; `error.field` names it.",
+            429: "The queue, the tenant's queued jobs or its jobs per minute are at their limit.",
+            503: "Redis, storage or the queue is unavailable.",
+        }
+        return {
+            str(status): self.response(meanings[status], ERROR, RETRY_AFTER if status in (429, 503) else None)
+            for status in statuses
+        }
 
 
 def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
@@ -68,8 +85,15 @@ def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
             schema.update(options[0])
         if schema.get("default") is None:
             schema.pop("default", None)
-        parameters.append({"name": name, "in": "query", "required": False,
-                           "description": schema.pop("description", ""), "schema": schema})
+        parameters.append(
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "description": schema.pop("description", ""),
+                "schema": schema,
+            }
+        )
     return parameters
 
 
@@ -79,14 +103,18 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
     paths = {
         "/v1/jobs": {
             "post": {
-                "operationId": "submitJob", "summary": "Submit a generation job.",
-                "parameters": [IDEMPOTENCY_KEY], "requestBody": b.json_body(schemas.JobRequest),
-                "responses": {"202": b.response("Queued (or the original job, for a replayed Idempotency-Key).",
-                                                schemas.JobView),
-                              **b.errors(400, 401, 409, 413, 415, 422, 429, 503)},
+                "operationId": "submitJob",
+                "summary": "Submit a generation job.",
+                "parameters": [IDEMPOTENCY_KEY],
+                "requestBody": b.json_body(schemas.JobRequest),
+                "responses": {
+                    "202": b.response("Queued (or the original job, for a replayed Idempotency-Key).", schemas.JobView),
+                    **b.errors(400, 401, 409, 413, 415, 422, 429, 503),
+                },
             },
             "get": {
-                "operationId": "listJobs", "summary": "The caller's jobs, newest first.",
+                "operationId": "listJobs",
+                "summary": "The caller's jobs, newest first.",
                 "parameters": query_parameters(schemas.ListQuery),
                 "responses": {"200": b.response("A page of jobs.", schemas.JobList), **b.errors(401, 422, 503)},
             },
@@ -95,30 +123,46 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
             "post": {
                 "operationId": "submitBatch",
                 "summary": f"Submit up to {settings.max_batch_jobs} jobs; each item gets its own result.",
-                "parameters": [IDEMPOTENCY_KEY], "requestBody": b.json_body(schemas.BatchRequest),
-                "responses": {"200": b.response("One result per item.", schemas.BatchResponse),
-                              **b.errors(400, 401, 413, 415, 422, 429, 503)},
+                "parameters": [IDEMPOTENCY_KEY],
+                "requestBody": b.json_body(schemas.BatchRequest),
+                "responses": {
+                    "200": b.response("One result per item.", schemas.BatchResponse),
+                    **b.errors(400, 401, 413, 415, 422, 429, 503),
+                },
             },
         },
         "/v1/uploads": {
             "post": {
                 "operationId": "uploadImage",
                 "summary": "Store an input image (init_image, mask_image) for the caller's tenant; expires like jobs.",
-                "requestBody": {"required": True, "content": {
-                    **{content_type: {"schema": {"type": "string", "format": "binary"}}
-                       for content_type in ("image/png", "image/jpeg", "image/webp")},
-                    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
-                        "file": {"type": "string", "format": "binary"}}}},
-                }},
-                "responses": {"201": b.response("Stored; name its id in init_image or mask_image.",
-                                                schemas.UploadView),
-                              **b.errors(401, 413, 422, 503)},
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        **{
+                            content_type: {"schema": {"type": "string", "format": "binary"}}
+                            for content_type in ("image/png", "image/jpeg", "image/webp")
+                        },
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["file"],
+                                "properties": {"file": {"type": "string", "format": "binary"}},
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "201": b.response("Stored; name its id in init_image or mask_image.", schemas.UploadView),
+                    **b.errors(401, 413, 422, 503),
+                },
             },
         },
         "/v1/jobs/{job_id}": {
             "get": {
-                "operationId": "getJob", "summary": "A job's state, progress, timings and image URL.",
-                "parameters": [JOB_ID], "responses": {"200": job, **b.errors(401, 404, 503)},
+                "operationId": "getJob",
+                "summary": "A job's state, progress, timings and image URL.",
+                "parameters": [JOB_ID],
+                "responses": {"200": job, **b.errors(401, 404, 503)},
             },
         },
         "/v1/jobs/{job_id}/cancel": {
@@ -126,10 +170,11 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "operationId": "cancelJob",
                 "summary": "Cancel: a queued job at once, a running one at its next step.",
                 "parameters": [JOB_ID],
-                "responses": {"200": b.response("Canceled.", schemas.JobView),
-                              "202": b.response("Cancel requested; the running job stops at its next step.",
-                                                schemas.JobView),
-                              **b.errors(401, 404, 409, 503)},
+                "responses": {
+                    "200": b.response("Canceled.", schemas.JobView),
+                    "202": b.response("Cancel requested; the running job stops at its next step.", schemas.JobView),
+                    **b.errors(401, 404, 409, 503),
+                },
             },
         },
         "/v1/jobs/{job_id}/image": {
@@ -138,11 +183,17 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "summary": "The image in the job's output_format (local storage) or a redirect to it (S3).",
                 "parameters": [JOB_ID, *query_parameters(schemas.ImageQuery)],
                 "responses": {
-                    "200": {"description": "The image.",
-                            "content": {content_type: {"schema": {"type": "string", "format": "binary"}}
-                                        for content_type in ("image/png", "image/jpeg", "image/webp")}},
-                    "302": {"description": "Redirect to a presigned URL.",
-                            "headers": {"Location": {"schema": {"type": "string"}}}},
+                    "200": {
+                        "description": "The image.",
+                        "content": {
+                            content_type: {"schema": {"type": "string", "format": "binary"}}
+                            for content_type in ("image/png", "image/jpeg", "image/webp")
+                        },
+                    },
+                    "302": {
+                        "description": "Redirect to a presigned URL.",
+                        "headers": {"Location": {"schema": {"type": "string"}}},
+                    },
                     **b.errors(401, 404, 409, 422, 503),
                 },
             },
@@ -151,24 +202,54 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
             "get": {
                 "operationId": "listModels",
                 "summary": "The models workers serve (from their heartbeats), with queue depth and engine statistics.",
-                "responses": {"200": b.response("Served models, by name.", schemas.ModelList),
-                              **b.errors(401, 503)},
+                "responses": {"200": b.response("Served models, by name.", schemas.ModelList), **b.errors(401, 503)},
             },
         },
-        "/healthz": {"get": {"operationId": "healthz", "summary": "The process is alive.", "security": [],
-                             "responses": {"200": b.response("Alive.", schemas.Health)}}},
-        "/readyz": {"get": {"operationId": "readyz",
-                            "summary": "Redis and image storage are reachable; says whether workers run.",
-                            "security": [],
-                            "responses": {"200": b.response("Ready.", schemas.Readiness),
-                                          "503": b.response("Not ready.", schemas.Readiness)}}},
-        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics.", "security": [],
-                             "responses": {"200": {"description": "Prometheus text format.",
-                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-        "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document.", "security": [],
-                                  "responses": {"200": {"description": "OpenAPI 3.1.",
-                                                        "content": {"application/json": {
-                                                            "schema": {"type": "object"}}}}}}},
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "The process is alive.",
+                "security": [],
+                "responses": {"200": b.response("Alive.", schemas.Health)},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Redis and image storage are reachable; says whether workers run.",
+                "security": [],
+                "responses": {
+                    "200": b.response("Ready.", schemas.Readiness),
+                    "503": b.response("Not ready.", schemas.Readiness),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
     }
     b.components["BatchRequest"]["properties"]["jobs"]["maxItems"] = settings.max_batch_jobs
     b.components["JobRequest"]["properties"]["model"]["default"] = settings.default_model  # STEPWISE_MODEL
@@ -178,8 +259,9 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": b.components,
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
-                                               "description": "An API key from STEPWISE_API_KEYS."}},
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "An API key from STEPWISE_API_KEYS."}
+            },
         },
         "security": [{"bearerAuth": []}],
     }

@@ -23,8 +23,12 @@ class TaskQueue:
             broker_transport_options=celery_transport_options(),
             task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
             task_send_sent_event=True,  # Flower shows webhook deliveries from the moment they are queued
-            task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
-                                       "interval_max": 0.5},
+            task_publish_retry_policy={
+                "max_retries": 2,
+                "interval_start": 0,
+                "interval_step": 0.2,
+                "interval_max": 0.5,
+            },
         )
         self.generate_messages = GenerateMessages(self.celery)
 

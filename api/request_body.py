@@ -28,8 +28,9 @@ def is_json_type(mimetype: str) -> bool:
 def read_json() -> Any:
     if not is_json_type(request.mimetype):
         shown = request.mimetype or "none"
-        raise ApiError(415, "unsupported_media_type",
-                       f"send the body as JSON with Content-Type: application/json (got {shown})")
+        raise ApiError(
+            415, "unsupported_media_type", f"send the body as JSON with Content-Type: application/json (got {shown})"
+        )
     raw = request.get_data(cache=True)
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object")

@@ -20,8 +20,17 @@ if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
     from storage.lora_store import LoraStore
     from storage.upload_store import UploadStore
 
-_KEYS = ("settings", "keyring", "job_store", "fleet", "upload_store", "image_store", "lora_store", "task_queue",
-         "openapi_document")
+_KEYS = (
+    "settings",
+    "keyring",
+    "job_store",
+    "fleet",
+    "upload_store",
+    "image_store",
+    "lora_store",
+    "task_queue",
+    "openapi_document",
+)
 
 
 def install(app: Flask, **resources: Any) -> None:

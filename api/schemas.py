@@ -29,9 +29,27 @@ OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 _SD = FAMILIES["sd"]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
-PARAM_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
-                "seed", "sampler", "num_images", "model", "num_frames", "lora", "lora_scale", "init_image",
-                "mask_image", "strength", "resize_mode", "output_format", "output_quality")
+PARAM_FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "height",
+    "width",
+    "num_inference_steps",
+    "guidance_scale",
+    "seed",
+    "sampler",
+    "num_images",
+    "model",
+    "num_frames",
+    "lora",
+    "lora_scale",
+    "init_image",
+    "mask_image",
+    "strength",
+    "resize_mode",
+    "output_format",
+    "output_quality",
+)
 
 
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600  # a deadline at most 30 days ahead: any later is no deadline at all
@@ -54,56 +72,102 @@ class JobRequest(StrictModel):
 
     prompt: str = Field(min_length=1, max_length=P.MAX_PROMPT_CHARS, description="What to draw.")
     negative_prompt: str = Field("", max_length=P.MAX_PROMPT_CHARS, description="What to steer away from.")
-    height: int = Field(_SD.default_size, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
-                        description=f"Pixels; height*width at most {P.MAX_PIXELS}; a multiple of 16 for FLUX "
-                        "and Z-Image. Default: the model family's.")
-    width: int = Field(_SD.default_size, ge=P.MIN_SIZE, le=P.MAX_SIZE, multiple_of=P.SIZE_MULTIPLE,
-                       description="Pixels. Default: the model family's.")
-    num_inference_steps: int = Field(_SD.default_steps, ge=P.MIN_STEPS, le=P.MAX_STEPS,
-                                     description="Denoising steps. Default: the model family's.")
+    height: int = Field(
+        _SD.default_size,
+        ge=P.MIN_SIZE,
+        le=P.MAX_SIZE,
+        multiple_of=P.SIZE_MULTIPLE,
+        description=f"Pixels; height*width at most {P.MAX_PIXELS}; a multiple of 16 for FLUX "
+        "and Z-Image. Default: the model family's.",
+    )
+    width: int = Field(
+        _SD.default_size,
+        ge=P.MIN_SIZE,
+        le=P.MAX_SIZE,
+        multiple_of=P.SIZE_MULTIPLE,
+        description="Pixels. Default: the model family's.",
+    )
+    num_inference_steps: int = Field(
+        _SD.default_steps, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="Denoising steps. Default: the model family's."
+    )
     guidance_scale: float = Field(
-        _SD.default_guidance, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE,
+        _SD.default_guidance,
+        ge=P.MIN_GUIDANCE,
+        le=P.MAX_GUIDANCE,
         description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
-        "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).")
+        "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).",
+    )
     seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
     sampler: Sampler = Field(
-        "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler.")
+        "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler."
+    )
     num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
-    model: str = Field(None, min_length=1, max_length=500,  # type: ignore[assignment]
-                       description="Model to run; default: the model the service serves (STEPWISE_MODEL).")
+    model: str = Field(
+        None,
+        min_length=1,
+        max_length=500,  # type: ignore[assignment]
+        description="Model to run; default: the model the service serves (STEPWISE_MODEL).",
+    )
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
-    lora: str | None = Field(None, min_length=1, max_length=100, description=(
-        "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
-        "Jobs with different adapters share forwards."))
-    lora_scale: float = Field(1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE,
-                              description="The adapter's strength (0: none; 1: as trained).")
+    lora: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description=(
+            "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
+            "Jobs with different adapters share forwards."
+        ),
+    )
+    lora_scale: float = Field(
+        1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="The adapter's strength (0: none; 1: as trained)."
+    )
     init_image: str | None = Field(
-        None, min_length=1, max_length=MAX_DATA_URI_CHARS,
+        None,
+        min_length=1,
+        max_length=MAX_DATA_URI_CHARS,
         description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI or an upload id (POST /v1/uploads). "
         f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. Remote URLs are not fetched. "
-        "height and width default to the image's size.")
+        "height and width default to the image's size.",
+    )
     mask_image: str | None = Field(
-        None, min_length=1, max_length=MAX_DATA_URI_CHARS,
-        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image.")
+        None,
+        min_length=1,
+        max_length=MAX_DATA_URI_CHARS,
+        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image.",
+    )
     strength: float | None = Field(
-        None, gt=0, le=1, description="With init_image: the fraction of the steps run, from the end (0 < s <= 1). "
-        "Default 0.8, or 1.0 with a mask.")
+        None,
+        gt=0,
+        le=1,
+        description="With init_image: the fraction of the steps run, from the end (0 < s <= 1). "
+        "Default 0.8, or 1.0 with a mask.",
+    )
     resize_mode: ResizeMode = Field(
-        "none", description="An input image whose size differs from the job's: none (an error), stretch, or crop "
-        "(cover, then center-crop).")
+        "none",
+        description="An input image whose size differs from the job's: none (an error), stretch, or crop "
+        "(cover, then center-crop).",
+    )
     output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
     output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
-    webhook_url: str | None = Field(None, min_length=1, max_length=2048,
-                                    description="http(s) URL called on the events in webhook_events.")
+    webhook_url: str | None = Field(
+        None, min_length=1, max_length=2048, description="http(s) URL called on the events in webhook_events."
+    )
     webhook_events: list[WebhookEvent] | None = Field(
-        None, min_length=1, max_length=len(WEBHOOK_EVENTS),
-        description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.")
+        None,
+        min_length=1,
+        max_length=len(WEBHOOK_EVENTS),
+        description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.",
+    )
     deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
-        None, description="RFC 3339 time with an offset (unix numbers are refused), at most 30 days ahead; "
-                          "a job not started by then ends `expired`.")
+        None,
+        description="RFC 3339 time with an offset (unix numbers are refused), at most 30 days ahead; "
+        "a job not started by then ends `expired`.",
+    )
     priority: Priority | None = Field(
-        None, description="high, normal (the default) or low: taken from the queue and admitted by the engine "
-                          "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).")
+        None,
+        description="high, normal (the default) or low: taken from the queue and admitted by the engine "
+        "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).",
+    )
 
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
@@ -166,12 +230,16 @@ class WebhookView(BaseModel):
 
 
 class QueueInfo(BaseModel):
-    jobs_ahead: int = Field(description="Jobs of its model queued ahead of it: its position plus the jobs queued at "
-                                        "higher priorities (approximate: counted up to a second ago).")
+    jobs_ahead: int = Field(
+        description="Jobs of its model queued ahead of it: its position plus the jobs queued at "
+        "higher priorities (approximate: counted up to a second ago)."
+    )
     workers: int = Field(description="Workers serving its model now.")
     images_per_second: float = Field(description="Those workers' throughput while busy (engine statistics).")
-    eta_seconds: float | None = Field(description="(jobs_ahead + 1) / images_per_second; null while no worker "
-                                                  "serves the model or none has finished an image yet.")
+    eta_seconds: float | None = Field(
+        description="(jobs_ahead + 1) / images_per_second; null while no worker "
+        "serves the model or none has finished an image yet."
+    )
 
 
 class ModelView(BaseModel):
@@ -196,8 +264,9 @@ class JobView(BaseModel):
     job_id: str
     state: JobStateName
     priority: Priority
-    queue_position: int | None = Field(description="Queued jobs of the same model and priority ahead of this one "
-                                                   "(0: next); null unless queued.")
+    queue_position: int | None = Field(
+        description="Queued jobs of the same model and priority ahead of this one (0: next); null unless queued."
+    )
     queue: QueueInfo | None = Field(description="ETA inputs while queued; null otherwise.")
     progress: Progress
     cancel_requested: bool
@@ -241,13 +310,17 @@ class WorkerReadiness(BaseModel):
     num_workers: int
     available_models: list[str]
     last_seen: datetime | None = Field(
-        description="The newest heartbeat of any worker; null if none within the retention.")
+        description="The newest heartbeat of any worker; null if none within the retention."
+    )
 
 
 class Readiness(BaseModel):
-    status: Literal["ok", "unavailable"] = Field(description="This API can take jobs (Redis and storage reachable). "
-                                                            "Workers do not count: jobs queue while none runs.")
+    status: Literal["ok", "unavailable"] = Field(
+        description="This API can take jobs (Redis and storage reachable). "
+        "Workers do not count: jobs queue while none runs."
+    )
     checks: dict[str, bool] = Field(description="redis, storage: reachable or not.")
     workers: WorkerReadiness | None = Field(
-        None, description="Whether any worker is running (null when Redis is down).")
+        None, description="Whether any worker is running (null when Redis is down)."
+    )
     warnings: list[str] = Field(default_factory=list, description="For example: no worker seen recently.")

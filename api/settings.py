@@ -56,8 +56,10 @@ def parse_tenant_priorities(text: str) -> dict[str, str]:
             continue
         tenant, sep, priority = (part.strip() for part in item.partition(":"))
         if not sep or not tenant or priority not in PRIORITIES:
-            raise SettingsError("STEPWISE_TENANT_MAX_PRIORITY must be comma-separated tenant:priority pairs, "
-                                f"priority one of {', '.join(PRIORITIES)} (got {item.strip()!r})")
+            raise SettingsError(
+                "STEPWISE_TENANT_MAX_PRIORITY must be comma-separated tenant:priority pairs, "
+                f"priority one of {', '.join(PRIORITIES)} (got {item.strip()!r})"
+            )
         limits[tenant] = priority
     return limits
 

@@ -69,9 +69,16 @@ def check_lora(params: GenerationParams, tenant: str, lora_store: LoraStore | No
         raise invalid(field, f"{field}: LoRA adapter {params.lora!r} does not exist")
 
 
-def validate_job(data: Any, settings: ApiSettings, fleet: Fleet | None, tenant: str, *,
-                 uploads: UploadStore | None = None, field_prefix: str = "",
-                 default_priority: str | None = None) -> ValidJob:
+def validate_job(
+    data: Any,
+    settings: ApiSettings,
+    fleet: Fleet | None,
+    tenant: str,
+    *,
+    uploads: UploadStore | None = None,
+    field_prefix: str = "",
+    default_priority: str | None = None,
+) -> ValidJob:
     """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
     store (validation only), upload ids name nothing and inline images stay inline; without a fleet, the
     served models are not checked."""
@@ -83,7 +90,8 @@ def validate_job(data: Any, settings: ApiSettings, fleet: Fleet | None, tenant: 
     sent = job.params_dict()
     try:
         params = GenerationParams.from_dict(
-            {"model": settings.default_model, **resolve_uploads(sent, tenant, uploads, field_prefix)})
+            {"model": settings.default_model, **resolve_uploads(sent, tenant, uploads, field_prefix)}
+        )
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e
     if fleet is not None:
@@ -102,8 +110,10 @@ def validate_job(data: Any, settings: ApiSettings, fleet: Fleet | None, tenant: 
         if deadline <= now:
             raise invalid(f"{field_prefix}deadline", f"{field_prefix}deadline must be in the future")
         if deadline > now + MAX_DEADLINE_SECONDS:
-            raise invalid(f"{field_prefix}deadline", f"{field_prefix}deadline must be at most "
-                                                     f"{MAX_DEADLINE_SECONDS // 86400} days from now")
+            raise invalid(
+                f"{field_prefix}deadline",
+                f"{field_prefix}deadline must be at most {MAX_DEADLINE_SECONDS // 86400} days from now",
+            )
 
     events = list(WEBHOOK_EVENTS)
     if job.webhook_events is not None:
@@ -115,9 +125,15 @@ def validate_job(data: Any, settings: ApiSettings, fleet: Fleet | None, tenant: 
             check_webhook_url(job.webhook_url, settings.webhook_allow)
         except WebhookURLError as e:
             raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
-    return ValidJob(params=params, record_params=record_params(params, sent, tenant, uploads), deadline=deadline,
-                    webhook_url=job.webhook_url, webhook_events=events if job.webhook_url else [],
-                    request_hash=request_hash(data), priority=priority)
+    return ValidJob(
+        params=params,
+        record_params=record_params(params, sent, tenant, uploads),
+        deadline=deadline,
+        webhook_url=job.webhook_url,
+        webhook_events=events if job.webhook_url else [],
+        request_hash=request_hash(data),
+        priority=priority,
+    )
 
 
 def _loc(field_prefix: str) -> list[Any]:
@@ -132,8 +148,10 @@ def check_idempotency_key(raw: str | None) -> str | None:
     if raw is None:
         return None
     if not raw or len(raw) > MAX_IDEMPOTENCY_KEY_CHARS or not raw.isascii() or not raw.isprintable():
-        raise invalid("Idempotency-Key", f"the Idempotency-Key header must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} "
-                                         "printable ASCII characters")
+        raise invalid(
+            "Idempotency-Key",
+            f"the Idempotency-Key header must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} printable ASCII characters",
+        )
     return raw
 
 
@@ -168,9 +186,12 @@ class QueueRoom:
         if settings.tenant_jobs_per_minute:
             wait = self.store.reserve_submit_slot(self.tenant, settings.tenant_jobs_per_minute)
             if wait is not None:
-                raise self.full("rate_limited", f"this API key's tenant submitted {settings.tenant_jobs_per_minute}"
-                                                " jobs this minute (STEPWISE_TENANT_JOBS_PER_MINUTE)",
-                                retry_after=max(1, int(wait + 0.999)))
+                raise self.full(
+                    "rate_limited",
+                    f"this API key's tenant submitted {settings.tenant_jobs_per_minute}"
+                    " jobs this minute (STEPWISE_TENANT_JOBS_PER_MINUTE)",
+                    retry_after=max(1, int(wait + 0.999)),
+                )
         self.num_taken += 1
 
     def check_depths(self) -> None:
@@ -181,8 +202,11 @@ class QueueRoom:
             raise self.full("queue_full", f"{depth} jobs are queued, at the limit of {settings.max_queue_depth}")
         tenant_depth = self.num_tenant_queued + self.num_taken
         if settings.tenant_max_queued and tenant_depth >= settings.tenant_max_queued:
-            raise self.full("tenant_queue_full", f"this API key's tenant has {tenant_depth} jobs queued, at its "
-                                                 f"limit of {settings.tenant_max_queued} (STEPWISE_TENANT_MAX_QUEUED)")
+            raise self.full(
+                "tenant_queue_full",
+                f"this API key's tenant has {tenant_depth} jobs queued, at its "
+                f"limit of {settings.tenant_max_queued} (STEPWISE_TENANT_MAX_QUEUED)",
+            )
 
     def full(self, code: str, why: str, *, retry_after: int | None = None) -> ApiError:
         seconds = retry_after if retry_after is not None else self.settings.retry_after_seconds
@@ -190,20 +214,35 @@ class QueueRoom:
 
 
 def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
-    return ApiError(429, "queue_full",
-                    f"{num_queued} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
-                    headers={"Retry-After": str(settings.retry_after_seconds)})
+    return ApiError(
+        429,
+        "queue_full",
+        f"{num_queued} jobs are queued, at the limit of {settings.max_queue_depth}; retry later",
+        headers={"Retry-After": str(settings.retry_after_seconds)},
+    )
 
 
-def create_jobs(store: JobStore, queue: TaskQueue, settings: ApiSettings, tenant: str,
-                jobs: list[tuple[ValidJob, str | None]]) -> list[Created | ApiError]:
+def create_jobs(
+    store: JobStore, queue: TaskQueue, settings: ApiSettings, tenant: str, jobs: list[tuple[ValidJob, str | None]]
+) -> list[Created | ApiError]:
     """Store the jobs with their messages. One outcome per (job, idempotency key): Created (an
     idempotent replay is not sent again) or the item's ApiError (409, 429)."""
-    specs = [NewJobSpec(tenant=tenant, params=job.record_params, deadline=job.deadline, webhook_url=job.webhook_url,
-                        webhook_events=job.webhook_events, idempotency_key=key, request_hash=job.request_hash,
-                        priority=job.priority) for job, key in jobs]
-    outcomes = store.create_many(specs, max_queued=settings.max_queue_depth,
-                                 message_for=queue.generate_messages.for_record)
+    specs = [
+        NewJobSpec(
+            tenant=tenant,
+            params=job.record_params,
+            deadline=job.deadline,
+            webhook_url=job.webhook_url,
+            webhook_events=job.webhook_events,
+            idempotency_key=key,
+            request_hash=job.request_hash,
+            priority=job.priority,
+        )
+        for job, key in jobs
+    ]
+    outcomes = store.create_many(
+        specs, max_queued=settings.max_queue_depth, message_for=queue.generate_messages.for_record
+    )
     return [_api_outcome(outcome, settings) for outcome in outcomes]
 
 

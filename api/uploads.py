@@ -40,10 +40,17 @@ def upload():
     try:
         upload_id = uploads.put(g.tenant, to_data_uri(data, content_type))
     except StorageError as e:
-        raise ApiError(503, "unavailable", "the upload store is unavailable; retry later",
-                       headers={"Retry-After": "5"}) from e
-    return {"id": upload_id, "content_type": content_type, "width": image.width, "height": image.height,
-            "bytes": len(data), "expires_in": uploads.ttl_seconds}, 201
+        raise ApiError(
+            503, "unavailable", "the upload store is unavailable; retry later", headers={"Retry-After": "5"}
+        ) from e
+    return {
+        "id": upload_id,
+        "content_type": content_type,
+        "width": image.width,
+        "height": image.height,
+        "bytes": len(data),
+        "expires_in": uploads.ttl_seconds,
+    }, 201
 
 
 def _image_bytes() -> bytes:

@@ -66,13 +66,17 @@ def planned_steps(record: JobRecord) -> int:
         return int(record.params.get("num_inference_steps", 0)) * int(record.params.get("num_images", 1))
 
 
-def job_view(record: JobRecord, queue_position: int | None = None,
-             queue_info: dict[str, Any] | None = None) -> dict[str, Any]:
+def job_view(
+    record: JobRecord, queue_position: int | None = None, queue_info: dict[str, Any] | None = None
+) -> dict[str, Any]:
     urls = image_urls(record)
     webhook = None
     if record.webhook_url:
-        webhook = {"url": record.webhook_url, "events": record.webhook_events,
-                   "attempts": [attempt_view(attempt) for attempt in record.webhook_attempts]}
+        webhook = {
+            "url": record.webhook_url,
+            "events": record.webhook_events,
+            "attempts": [attempt_view(attempt) for attempt in record.webhook_attempts],
+        }
     return {
         "job_id": record.job_id,
         "state": record.state.value,

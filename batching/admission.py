@@ -40,7 +40,10 @@ class AdmissionPolicy(Protocol):
     max_num_groups: int  # distinct compatibility keys the running set may hold
 
     def admit(
-        self, waiting: Sequence[ScheduledSample], running: Sequence[ScheduledSample], num_free: int,
+        self,
+        waiting: Sequence[ScheduledSample],
+        running: Sequence[ScheduledSample],
+        num_free: int,
         tokens_free: float,
     ) -> list[ScheduledSample]:
         """The waiting samples to admit now, in admission order: at most `num_free`, costing at most
@@ -54,18 +57,28 @@ class GroupedAdmission:
         self.max_wait_iterations = max_wait_iterations
 
     def admit(
-        self, waiting: Sequence[ScheduledSample], running: Sequence[ScheduledSample], num_free: int,
+        self,
+        waiting: Sequence[ScheduledSample],
+        running: Sequence[ScheduledSample],
+        num_free: int,
         tokens_free: float,
     ) -> list[ScheduledSample]:
         eligible = sorted(waiting, key=self._walk_order(waiting))  # arrival order, bound and priority first
         while True:  # narrow to the first overdue sample left out, until none behind one is admitted
             admitted = self._fill(eligible, running, num_free, tokens_free)
             admitted_ids = {sample.sample_id for sample in admitted}
-            overdue = next((i for i, sample in enumerate(eligible) if sample.sample_id not in admitted_ids
-                            and sample.num_iterations_overtaken >= self.max_wait_iterations), None)
+            overdue = next(
+                (
+                    i
+                    for i, sample in enumerate(eligible)
+                    if sample.sample_id not in admitted_ids
+                    and sample.num_iterations_overtaken >= self.max_wait_iterations
+                ),
+                None,
+            )
             if overdue is None or not any(sample.sample_id in admitted_ids for sample in eligible[overdue:]):
                 break
-            eligible = eligible[:overdue + 1]  # nothing walked after it (later at the bound, or not at it) goes first
+            eligible = eligible[: overdue + 1]  # nothing walked after it (later at the bound, or not at it) goes first
         _count_overtaken(waiting, admitted_ids)
         return admitted
 
@@ -81,8 +94,9 @@ class GroupedAdmission:
 
         return order
 
-    def _fill(self, eligible: Sequence[ScheduledSample], running: Sequence[ScheduledSample], num_free: int,
-              tokens_free: float) -> list[ScheduledSample]:
+    def _fill(
+        self, eligible: Sequence[ScheduledSample], running: Sequence[ScheduledSample], num_free: int, tokens_free: float
+    ) -> list[ScheduledSample]:
         """Running keys' groups first (the head's key when nothing runs), then new groups, each in walk order."""
         keys = {sample.key for sample in running}
         admitted: list[ScheduledSample] = []
@@ -108,7 +122,10 @@ class FifoAdmission:
     max_num_groups = 1
 
     def admit(
-        self, waiting: Sequence[ScheduledSample], running: Sequence[ScheduledSample], num_free: int,
+        self,
+        waiting: Sequence[ScheduledSample],
+        running: Sequence[ScheduledSample],
+        num_free: int,
         tokens_free: float,
     ) -> list[ScheduledSample]:
         wave_key = _reference_key(running[0]) if running else None

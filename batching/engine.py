@@ -104,9 +104,12 @@ class DiffusionEngine:
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
         family = FAMILIES[self.family]
-        self.scheduler = Scheduler(replace(
-            self.config.scheduler_config,
-            max_num_tokens=self.config.max_num_tokens or family.default_token_budget(self.config.max_num_seqs)))
+        self.scheduler = Scheduler(
+            replace(
+                self.config.scheduler_config,
+                max_num_tokens=self.config.max_num_tokens or family.default_token_budget(self.config.max_num_seqs),
+            )
+        )
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
         self._key_has_lora = self.config.lora_mode == "group"
@@ -115,8 +118,12 @@ class DiffusionEngine:
         if decode_overlap is None:
             decode_overlap = DECODE_OVERLAP_DEFAULT.get(model.device.type, True)
         self.model_runner = ModelRunner(
-            model, max_num_seqs=self.config.max_num_seqs, is_deterministic=self.config.deterministic,
-            loras=self.loras, decode_overlap=decode_overlap, on_decoded=self._wake,
+            model,
+            max_num_seqs=self.config.max_num_seqs,
+            is_deterministic=self.config.deterministic,
+            loras=self.loras,
+            decode_overlap=decode_overlap,
+            on_decoded=self._wake,
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -140,11 +147,20 @@ class DiffusionEngine:
         from batching.lora.store import LoraSource
 
         source = LoraSource(self.config.lora_url, fetcher=lora_fetcher, max_bytes=self.config.lora_max_bytes)
-        return EngineLoras(source, model.pipeline, model.device, max_adapters=self.config.lora_cache_adapters,
-                           max_bytes=self.config.lora_cache_bytes)
+        return EngineLoras(
+            source,
+            model.pipeline,
+            model.device,
+            max_adapters=self.config.lora_cache_adapters,
+            max_bytes=self.config.lora_cache_bytes,
+        )
 
     def submit(
-        self, params: GenerationParams, *, job_id: str | None = None, on_progress: ProgressCallback | None = None,
+        self,
+        params: GenerationParams,
+        *,
+        job_id: str | None = None,
+        on_progress: ProgressCallback | None = None,
         priority: str = "normal",
     ) -> Future:
         """Queue a job; the Future resolves to a GenerationResult or raises a BatchingError.
@@ -154,7 +170,8 @@ class DiffusionEngine:
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         if params.model != self.config.model:
             raise InvalidParamsError(
-                "model", params.model, f"is not served by this engine, which serves {self.config.model!r}")
+                "model", params.model, f"is not served by this engine, which serves {self.config.model!r}"
+            )
         # Again, against the family this engine loaded: a params object altered after it was built
         # allocates nothing either, and a folder model's family is known only here.
         params.validate(self.family)
@@ -284,8 +301,12 @@ class DiffusionEngine:
                 did_work = False
             if not did_work:
                 with self._cond:
-                    if not (self._inbox or self._cancel_job_ids or self._is_stopping
-                            or self.model_runner.decoder.has_results()):
+                    if not (
+                        self._inbox
+                        or self._cancel_job_ids
+                        or self._is_stopping
+                        or self.model_runner.decoder.has_results()
+                    ):
                         self._cond.wait(IDLE_WAIT_SECONDS)
         self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
         self._publish()
@@ -309,8 +330,10 @@ class DiffusionEngine:
                 key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
                 first_step = params.num_inference_steps - (job.steps_per_sample or params.num_inference_steps)
                 cost = FAMILIES[self.family].sample_cost(params.height, params.width, params.guidance_scale)
-                self.scheduler.add(NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step,
-                                             cost=cost), priority=job.priority)
+                self.scheduler.add(
+                    NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step, cost=cost),
+                    priority=job.priority,
+                )
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()

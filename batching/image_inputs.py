@@ -46,11 +46,15 @@ def check_reference(field: str, value: object) -> str:
         raise InvalidParamsError(field, value, "must be a data: URI (base64 PNG, JPEG or WebP) or an upload id")
     if len(value) > MAX_DATA_URI_CHARS:
         raise InvalidParamsError(
-            field, f"<{len(value)} characters>", f"must be at most {MAX_IMAGE_BYTES} bytes of image")
+            field, f"<{len(value)} characters>", f"must be at most {MAX_IMAGE_BYTES} bytes of image"
+        )
     if not (is_upload_id(value) or _DATA_URI.match(value)):
         shown = value[:40] + ("..." if len(value) > 40 else "")
-        raise InvalidParamsError(field, shown, "must be a data:image/png|jpeg|webp;base64,... URI or an upload id "
-                                 "(remote URLs are not fetched)")
+        raise InvalidParamsError(
+            field,
+            shown,
+            "must be a data:image/png|jpeg|webp;base64,... URI or an upload id (remote URLs are not fetched)",
+        )
     return value
 
 
@@ -60,7 +64,7 @@ def data_uri_bytes(field: str, value: str) -> bytes:
     if not match:
         raise InvalidParamsError(field, value[:40], "is an upload id: the worker resolves it before the engine runs")
     try:
-        return base64.b64decode(value[match.end():], validate=True)
+        return base64.b64decode(value[match.end() :], validate=True)
     except (binascii.Error, ValueError):
         raise InvalidParamsError(field, value[:40] + "...", "is not valid base64") from None
 
@@ -80,14 +84,16 @@ def open_image(field: str, data: bytes) -> Image.Image:
             if image.format not in INPUT_FORMATS:
                 raise InvalidParamsError(field, image.format, "must be a PNG, JPEG or WebP image")
             if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise InvalidParamsError(field, f"{image.width}x{image.height}",
-                                         f"must have at most {MAX_IMAGE_PIXELS} pixels")
+                raise InvalidParamsError(
+                    field, f"{image.width}x{image.height}", f"must have at most {MAX_IMAGE_PIXELS} pixels"
+                )
             image.load()
     except InvalidParamsError:
         raise
     except Exception as e:  # Pillow raises many kinds for corrupt data
         raise InvalidParamsError(
-            field, f"<{len(data)} bytes>", f"is not a decodable image ({type(e).__name__})") from None
+            field, f"<{len(data)} bytes>", f"is not a decodable image ({type(e).__name__})"
+        ) from None
     return image
 
 
@@ -119,8 +125,9 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
     init = open_image("init_image", data_uri_bytes("init_image", init_value))
     mask = open_image("mask_image", data_uri_bytes("mask_image", mask_value)) if mask_value is not None else None
     if mask is not None and mask.size != init.size:
-        raise InvalidParamsError("mask_image", f"{mask.width}x{mask.height}",
-                                 f"must have the init_image's size {init.width}x{init.height}")
+        raise InvalidParamsError(
+            "mask_image", f"{mask.width}x{mask.height}", f"must have the init_image's size {init.width}x{init.height}"
+        )
     size = (params.width, params.height)  # type: ignore[attr-defined]
     mode = params.resize_mode  # type: ignore[attr-defined]
     init = _fit("init_image", init.convert("RGB"), size, mode)
@@ -143,9 +150,12 @@ def _fit(field: str, image: Image.Image, size: tuple[int, int], mode: str) -> Im
     if image.size == size:
         return image
     if mode == "none":
-        raise InvalidParamsError(field, f"{image.width}x{image.height}",
-                                 f"must be {size[0]}x{size[1]} (the job's width x height), or set resize_mode "
-                                 f"to {' or '.join(RESIZE_MODES[1:])}")
+        raise InvalidParamsError(
+            field,
+            f"{image.width}x{image.height}",
+            f"must be {size[0]}x{size[1]} (the job's width x height), or set resize_mode "
+            f"to {' or '.join(RESIZE_MODES[1:])}",
+        )
     resample = Image.Resampling.NEAREST if image.mode == "L" else Image.Resampling.LANCZOS
     if mode == "stretch":
         return image.resize(size, resample)

@@ -39,8 +39,9 @@ class InpaintGuide:
     mask: torch.Tensor  # latent layout, 1 = repaint
 
 
-def encode_init_images(adapter: Any, new_samples: Sequence[NewSample], *,
-                       one_at_a_time: bool = False) -> dict[str, EncodedImage | Exception]:
+def encode_init_images(
+    adapter: Any, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
+) -> dict[str, EncodedImage | Exception]:
     """The encoded init image of each new sample that has one (or the error that refused it), one VAE call
     per size (per image with `one_at_a_time`: deterministic mode, where no batch size may vary)."""
     results: dict[str, EncodedImage | Exception] = {}
@@ -70,8 +71,9 @@ def encode_init_images(adapter: Any, new_samples: Sequence[NewSample], *,
     return results
 
 
-def start_from_image(adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator,
-                     encoded: EncodedImage) -> tuple[torch.Tensor, InpaintGuide | None]:
+def start_from_image(
+    adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+) -> tuple[torch.Tensor, InpaintGuide | None]:
     """The sample's first latents (image latents noised to its first step) and its inpaint guide."""
     if hasattr(sampler, "set_begin_index"):  # samplers that count steps start counting here
         sampler.set_begin_index(new.first_step * sampler.order)

@@ -51,8 +51,9 @@ class InputBatch:
                 self.latents[row : row + sample.num_rows] = model_input  # broadcast over the sample's rows
             self.timesteps[row : row + sample.num_rows] = sample.timestep
             row += sample.num_rows
-        return ForwardBatch(self.latents if self.latents is not None else mixed_latents, self.timesteps,
-                            self.conditioning, self.lengths)
+        return ForwardBatch(
+            self.latents if self.latents is not None else mixed_latents, self.timesteps, self.conditioning, self.lengths
+        )
 
     def split(
         self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]

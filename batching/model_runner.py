@@ -45,9 +45,16 @@ AbortedSince = Callable[[], Collection[str]]  # sample ids aborted since the las
 
 
 class ModelRunner:
-    def __init__(self, model: PipelineAdapter, *, max_num_seqs: int, is_deterministic: bool = False,
-                 loras: EngineLoras | None = None, decode_overlap: bool = False,
-                 on_decoded: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        model: PipelineAdapter,
+        *,
+        max_num_seqs: int,
+        is_deterministic: bool = False,
+        loras: EngineLoras | None = None,
+        decode_overlap: bool = False,
+        on_decoded: Callable[[], None] = lambda: None,
+    ) -> None:
         self.model = model
         self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
         self.max_num_seqs = max_num_seqs
@@ -115,7 +122,8 @@ class ModelRunner:
         texts_of_encoder: dict[tuple[str, float] | None, set[str]] = {}
         for new in ready:
             texts_of_encoder.setdefault(self._text_encoder_adapter(new.params), set()).update(
-                self.model.texts_to_encode(new.params))
+                self.model.texts_to_encode(new.params)
+            )
         encoded: dict[tuple[str, float] | None, dict] = {}
         try:
             for adapter, distinct_texts in texts_of_encoder.items():
@@ -182,8 +190,9 @@ class ModelRunner:
     ) -> list[SampleTensors]:
         chunks = self.row_caps.chunks(key, samples, lambda sample: sample.num_rows)
         try:
-            outcome = run_splitting(chunks, lambda chunk: self._forward(key, chunk, output),
-                                    rows_of=_rows_of, device=self.model.device)
+            outcome = run_splitting(
+                chunks, lambda chunk: self._forward(key, chunk, output), rows_of=_rows_of, device=self.model.device
+            )
         except Exception as e:
             logger.exception("denoiser forward failed for group %s", key)
             self._drop_input_batches(key)
@@ -210,8 +219,9 @@ class ModelRunner:
         """Each row's adapter for the group's forward (padding rows: none)."""
         if all(sample.params.lora is None for sample in samples):
             return contextlib.nullcontext()
-        row_adapters = [(sample.params.lora, sample.params.lora_scale) for sample in samples
-                        for _ in range(sample.num_rows)]
+        row_adapters = [
+            (sample.params.lora, sample.params.lora_scale) for sample in samples for _ in range(sample.num_rows)
+        ]
         row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
         assert self.loras is not None  # the engine refuses adapters without a LoRA store
         return self.loras.rows(row_adapters)
@@ -261,8 +271,10 @@ class ModelRunner:
 
     def _hand_to_decoder(self, samples: list[SampleTensors], output: RunnerOutput) -> None:
         """The samples leave the runner now; their images arrive through `_collect_decoded`."""
-        batches = [[DecodeItem(sample.sample_id, sample.params, sample.latents) for sample in batch]
-                   for batch in self._decode_batches(samples)]
+        batches = [
+            [DecodeItem(sample.sample_id, sample.params, sample.latents) for sample in batch]
+            for batch in self._decode_batches(samples)
+        ]
         for sample in samples:
             del self.samples[sample.sample_id]
             output.denoised_sample_ids.append(sample.sample_id)
@@ -289,7 +301,6 @@ class ModelRunner:
     def _fail(self, sample: SampleTensors, message: str, output: RunnerOutput) -> None:
         output.failed[sample.sample_id] = message
         self.samples.pop(sample.sample_id, None)
-
 
 
 def _rows_of(samples: list[SampleTensors]) -> int:

@@ -77,8 +77,9 @@ def run_splitting(
                 continue
             outcome.num_splits += 1
             middle = len(chunk) // 2
-            logger.warning("out of memory at %d rows; retrying as %d + %d items", rows_of(chunk), middle,
-                           len(chunk) - middle)
+            logger.warning(
+                "out of memory at %d rows; retrying as %d + %d items", rows_of(chunk), middle, len(chunk) - middle
+            )
             pending[:0] = [chunk[:middle], chunk[middle:]]
             continue
         outcome.results.append((chunk, result))
@@ -88,8 +89,10 @@ def run_splitting(
 
 
 def alone_message(what: str, num_rows: int, error: BaseException) -> str:
-    return (f"out of memory: {what} does not fit on the device even alone ({num_rows} rows); "
-            f"{type(error).__name__}: {error}")
+    return (
+        f"out of memory: {what} does not fit on the device even alone ({num_rows} rows); "
+        f"{type(error).__name__}: {error}"
+    )
 
 
 class RowCaps(Generic[Item]):

@@ -92,8 +92,11 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         spec = self.family_spec
-        if (self.height is None or self.width is None) and isinstance(self.init_image, str) \
-                and self.init_image.startswith("data:"):
+        if (
+            (self.height is None or self.width is None)
+            and isinstance(self.init_image, str)
+            and self.init_image.startswith("data:")
+        ):
             width, height = image_size("init_image", self.init_image)  # the image's size, unless the job names one
             object.__setattr__(self, "width", self.width if self.width is not None else width)
             object.__setattr__(self, "height", self.height if self.height is not None else height)
@@ -171,8 +174,11 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
     _check_str(p, "prompt", MAX_PROMPT_CHARS, allow_empty=False)
     _check_str(p, "negative_prompt", MAX_PROMPT_CHARS, allow_empty=True)
     if p.negative_prompt and spec.guidance_kind != "cfg":
-        raise InvalidParamsError("negative_prompt", p.negative_prompt,
-                                 f"is not supported by {spec.name} models (they run no classifier-free guidance)")
+        raise InvalidParamsError(
+            "negative_prompt",
+            p.negative_prompt,
+            f"is not supported by {spec.name} models (they run no classifier-free guidance)",
+        )
     for name in ("height", "width"):
         value = _check_int(p, name, MIN_SIZE, MAX_SIZE)
         if value % spec.size_multiple:
@@ -186,14 +192,19 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
         _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
     if p.sampler not in spec.samplers:
         raise InvalidParamsError(
-            "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models")
+            "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models"
+        )
     _check_str(p, "model", 500, allow_empty=False)
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:
         _check_str(p, "lora", 200, allow_empty=False)
         if not LORA_KEY_PATTERN.fullmatch(p.lora):
-            raise InvalidParamsError("lora", p.lora, "must be an adapter name: letters, digits, '_', '.', '-' "
-                                     "(at most 100, starting with a letter or digit)")
+            raise InvalidParamsError(
+                "lora",
+                p.lora,
+                "must be an adapter name: letters, digits, '_', '.', '-' "
+                "(at most 100, starting with a letter or digit)",
+            )
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
     _validate_image_fields(p, spec)
 
@@ -211,8 +222,9 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     if strength != 1.0 and p.init_image is None:
         raise InvalidParamsError("strength", p.strength, "needs an init_image")
     if p.init_image is not None and spec.steps_to_run(p.num_inference_steps, strength) < 1:
-        raise InvalidParamsError("strength", p.strength, f"runs no step of {p.num_inference_steps}: "
-                                 "raise strength or num_inference_steps")
+        raise InvalidParamsError(
+            "strength", p.strength, f"runs no step of {p.num_inference_steps}: raise strength or num_inference_steps"
+        )
     if p.resize_mode not in RESIZE_MODES:
         raise InvalidParamsError("resize_mode", p.resize_mode, f"must be one of {', '.join(RESIZE_MODES)}")
     if p.output_format not in OUTPUT_FORMATS:

@@ -119,7 +119,9 @@ class Scheduler:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
         self._waiting[sample.sample_id] = ScheduledSample(
-            new_sample=sample, num_steps=sample.num_steps, cost=sample.num_tokens,
+            new_sample=sample,
+            num_steps=sample.num_steps,
+            cost=sample.num_tokens,
             priority_rank=PRIORITIES.index(priority),
         )
 

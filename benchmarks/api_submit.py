@@ -43,8 +43,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def local_api(num_workers: int | None, num_threads: int, tree: Path = ROOT, server: str | None = None,
-              worker_class: str | None = None):
+def local_api(
+    num_workers: int | None,
+    num_threads: int,
+    tree: Path = ROOT,
+    server: str | None = None,
+    worker_class: str | None = None,
+):
     """redis-server + `stepwise api --server SERVER [--worker-class CLASS]` of the source tree `tree` on free
     ports; yields (url, key). None leaves an option to that tree's default."""
     binary = shutil.which("redis-server")
@@ -53,19 +58,58 @@ def local_api(num_workers: int | None, num_threads: int, tree: Path = ROOT, serv
     folder = Path(tempfile.mkdtemp(prefix="stepwise-bench-"))
     redis_port, api_port, key = free_port(), free_port(), f"sk_bench_{secrets.token_hex(8)}"
     env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
-    env.update(STEPWISE_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-               STEPWISE_STORAGE_URL=(folder / "images").as_uri(), STEPWISE_VAR_DIR=str(folder / "var"),
-               STEPWISE_API_KEYS=f"bench:{key}", STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
-               STEPWISE_ACCEPT_UNSERVED_MODELS="true", PYTHONPATH=str(tree))
+    env.update(
+        STEPWISE_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        STEPWISE_STORAGE_URL=(folder / "images").as_uri(),
+        STEPWISE_VAR_DIR=str(folder / "var"),
+        STEPWISE_API_KEYS=f"bench:{key}",
+        STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
+        STEPWISE_ACCEPT_UNSERVED_MODELS="true",
+        PYTHONPATH=str(tree),
+    )
     children = []
     try:
-        children.append(subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                                          "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL))
-        children.append(subprocess.Popen(
-            [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(api_port),
-             *(["--workers", str(num_workers)] if num_workers else []), "--threads", str(num_threads),
-             *(["--server", server] if server else []), *(["--worker-class", worker_class] if worker_class else [])],
-            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        children.append(
+            subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(folder),
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+        )
+        children.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "stepwise_cli.main",
+                    "api",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(api_port),
+                    *(["--workers", str(num_workers)] if num_workers else []),
+                    "--threads",
+                    str(num_threads),
+                    *(["--server", server] if server else []),
+                    *(["--worker-class", worker_class] if worker_class else []),
+                ],
+                cwd=tree,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         url = f"http://127.0.0.1:{api_port}"
         wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
         yield url, key
@@ -121,8 +165,10 @@ def measure(url: str, key: str, num_clients: int, seconds: float, batch: int = 0
     results = multiprocessing.Queue()
     start_at = time.perf_counter() + WARM_UP_SECONDS
     stop_at = start_at + seconds
-    processes = [multiprocessing.Process(target=client, args=(url, key, batch, start_at, stop_at, results))
-                 for _ in range(num_clients)]
+    processes = [
+        multiprocessing.Process(target=client, args=(url, key, batch, start_at, stop_at, results))
+        for _ in range(num_clients)
+    ]
     for process in processes:
         process.start()
     latencies, num_jobs, statuses = [], 0, Counter()
@@ -156,39 +202,65 @@ def compare(ref: str, num_threads: int, num_clients: int, seconds: float, batch:
     runs: dict[str, dict[str, list[dict]]] = {name: {"single": [], "batch": []} for name in names}
     with contextlib.ExitStack() as stack:
         old_tree = stack.enter_context(source_tree(ref))
-        targets = [stack.enter_context(local_api(None, num_threads, old_tree if tree == "ref" else ROOT,
-                                                 None if tree == "ref" else server))
-                   for tree, server in VARIANTS]
+        targets = [
+            stack.enter_context(
+                local_api(None, num_threads, old_tree if tree == "ref" else ROOT, None if tree == "ref" else server)
+            )
+            for tree, server in VARIANTS
+        ]
         for _ in range(rounds):
             for name, (url, key) in zip(names, targets):
                 runs[name]["single"].append(measure(url, key, num_clients, seconds))
                 if batch:
                     runs[name]["batch"].append(measure(url, key, num_clients, seconds, batch))
-    summary: dict = {"ref": ref, "rounds": rounds, "clients": num_clients, "seconds": seconds, "batch_size": batch,
-                     "threads": num_threads, "load_average": os.getloadavg(), "variants": {}}
+    summary: dict = {
+        "ref": ref,
+        "rounds": rounds,
+        "clients": num_clients,
+        "seconds": seconds,
+        "batch_size": batch,
+        "threads": num_threads,
+        "load_average": os.getloadavg(),
+        "variants": {},
+    }
     for name in names:
         summary["variants"][name] = {
-            mode: {"jobs_per_second_median": statistics.median(run["jobs_per_second"] for run in mode_runs),
-                   "runs": mode_runs} for mode, mode_runs in runs[name].items() if mode_runs}
+            mode: {
+                "jobs_per_second_median": statistics.median(run["jobs_per_second"] for run in mode_runs),
+                "runs": mode_runs,
+            }
+            for mode, mode_runs in runs[name].items()
+            if mode_runs
+        }
     baseline = summary["variants"][names[0]]
-    summary["ratios_to_ref"] = {name: {mode: variant[mode]["jobs_per_second_median"]
-                                       / max(baseline[mode]["jobs_per_second_median"], 1e-9) for mode in variant}
-                                for name, variant in summary["variants"].items()}
+    summary["ratios_to_ref"] = {
+        name: {
+            mode: variant[mode]["jobs_per_second_median"] / max(baseline[mode]["jobs_per_second_median"], 1e-9)
+            for mode in variant
+        }
+        for name, variant in summary["variants"].items()
+    }
     return summary
 
 
 def print_comparison(summary: dict) -> None:
-    print(f"{os.cpu_count()} CPUs shared by clients, servers and Redis; load average at the end "
-          f"{', '.join(f'{x:.1f}' for x in summary['load_average'])}")
-    print(f"{summary['clients']} client processes, {summary['seconds']:.0f}s per run, {summary['rounds']} rounds, "
-          f"batches of {summary['batch_size']}; jobs/s, median of the rounds (each round's value), ratio to the ref")
+    print(
+        f"{os.cpu_count()} CPUs shared by clients, servers and Redis; load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in summary['load_average'])}"
+    )
+    print(
+        f"{summary['clients']} client processes, {summary['seconds']:.0f}s per run, {summary['rounds']} rounds, "
+        f"batches of {summary['batch_size']}; jobs/s, median of the rounds (each round's value), ratio to the ref"
+    )
     for name, variant in summary["variants"].items():
         cells = []
         for mode, label in (("single", "POST /v1/jobs"), ("batch", "POST /v1/jobs/batch")):
             if mode in variant:
                 runs = [round(run["jobs_per_second"]) for run in variant[mode]["runs"]]
-                cells.append(f"{label} {variant[mode]['jobs_per_second_median']:6.0f} {runs} "
-                             f"{summary['ratios_to_ref'][name][mode]:.2f}x")
+                cells.append(
+                    f"{label} {variant[mode]['jobs_per_second_median']:6.0f} {runs} "
+                    f"{summary['ratios_to_ref'][name][mode]:.2f}x"
+                )
         print(f"  {name:32s} " + "   ".join(cells))
 
 
@@ -200,13 +272,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured duration of each run")
     parser.add_argument("--batch", type=int, default=100, help="jobs per POST /v1/jobs/batch (0: skip batches)")
     parser.add_argument("--workers", type=int, default=None, help="workers of the started API (default: the server's)")
-    parser.add_argument("--server", choices=("gunicorn", "granian"), default="gunicorn",
-                        help="server of the started API (default: gunicorn, as `stepwise api`)")
-    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
-                        help="gunicorn worker class of the started API (default: gevent, as `stepwise api`)")
+    parser.add_argument(
+        "--server",
+        choices=("gunicorn", "granian"),
+        default="gunicorn",
+        help="server of the started API (default: gunicorn, as `stepwise api`)",
+    )
+    parser.add_argument(
+        "--worker-class",
+        choices=("gevent", "gthread"),
+        default="gevent",
+        help="gunicorn worker class of the started API (default: gevent, as `stepwise api`)",
+    )
     parser.add_argument("--threads", type=int, default=4, help="threads per worker process of the started API")
-    parser.add_argument("--compare", metavar="REF",
-                        help="run git REF's API and this tree's (gunicorn and granian) in turn, and print ratios")
+    parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="run git REF's API and this tree's (gunicorn and granian) in turn, and print ratios",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds with --compare")
     parser.add_argument("--json", type=Path, help="write the results to this file")
     args = parser.parse_args()
@@ -228,8 +311,11 @@ def main() -> None:
     else:
         worker_class = args.worker_class if args.server == "gunicorn" else None
         target = local_api(num_workers, args.threads, server=args.server, worker_class=worker_class)
-        where = (f"stepwise api --server {args.server} --workers {num_workers} --threads {args.threads}"
-                 + (f" --worker-class {worker_class}" if worker_class else "") + " (started here)")
+        where = (
+            f"stepwise api --server {args.server} --workers {num_workers} --threads {args.threads}"
+            + (f" --worker-class {worker_class}" if worker_class else "")
+            + " (started here)"
+        )
     with target as (url, key):
         results = [measure(url, key, args.clients, args.seconds)]
         if args.batch:
@@ -239,9 +325,11 @@ def main() -> None:
     print(f"clients:  {args.clients} processes, {args.seconds:.0f}s measured after {WARM_UP_SECONDS:.0f}s warm-up")
     for result in results:
         what = f"batches of {result['batch']}" if result["batch"] else "single submits"
-        print(f"{what}: {result['requests']} requests -> {result['jobs_per_second']:.0f} jobs/s; latency p50 "
-              f"{result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms; "
-              f"statuses {result['statuses']}")
+        print(
+            f"{what}: {result['requests']} requests -> {result['jobs_per_second']:.0f} jobs/s; latency p50 "
+            f"{result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms; "
+            f"statuses {result['statuses']}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -104,7 +104,8 @@ def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[
     medians = {}
     for height, width, rows in sorted(shapes):
         params = GenerationParams(
-            prompt="a red fox in the snow", model=adapter.model, height=height, width=width, seed=0)
+            prompt="a red fox in the snow", model=adapter.model, height=height, width=width, seed=0
+        )
         sampler = adapter.new_sampler(params)
         latents = adapter.initial_latents(params, sampler, torch.Generator("cpu").manual_seed(0))  # [1, *latent_shape]
         texts = adapter.texts_to_encode(params)
@@ -112,8 +113,9 @@ def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[
         batch = ForwardBatch(
             latents=latents.expand(rows, *latents.shape[1:]).contiguous(),
             timesteps=sampler.timesteps[:1].float().expand(rows).contiguous(),  # [rows]
-            conditioning={name: tensor.unsqueeze(0).expand(rows, *tensor.shape).contiguous()
-                          for name, tensor in row.items()},
+            conditioning={
+                name: tensor.unsqueeze(0).expand(rows, *tensor.shape).contiguous() for name, tensor in row.items()
+            },
             lengths={},
         )
         adapter.forward(batch)

@@ -22,17 +22,27 @@ def run_correctness(num_cases: int, max_num_seqs: int, device: str, num_threads:
     results = {"model": MODEL, "num_cases": num_cases, "max_num_seqs": max_num_seqs}
     for mode, capacity in (("alone", 1), ("co_batched", max_num_seqs)):
         engine = DiffusionEngine(
-            EngineConfig(model=MODEL, device=device, max_num_seqs=capacity, num_threads=num_threads))
+            EngineConfig(model=MODEL, device=device, max_num_seqs=capacity, num_threads=num_threads)
+        )
         try:
             report = measure(engine, cases, co_batched=mode == "co_batched")
         finally:
             engine.shutdown()
-        log.info("shapes %-10s %d/%d drawn as asked  %5.2f images/s", mode, report.num_passed, report.num_cases,
-                 report.images_per_second)
+        log.info(
+            "shapes %-10s %d/%d drawn as asked  %5.2f images/s",
+            mode,
+            report.num_passed,
+            report.num_cases,
+            report.images_per_second,
+        )
         results[mode] = _as_dict(report)
     return results
 
 
 def _as_dict(report: AccuracyReport) -> dict:
-    return {"num_passed": report.num_passed, "accuracy": report.accuracy,
-            "images_per_second": report.images_per_second, "failures": report.failures}
+    return {
+        "num_passed": report.num_passed,
+        "accuracy": report.accuracy,
+        "images_per_second": report.images_per_second,
+        "failures": report.failures,
+    }

@@ -33,8 +33,13 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
     """One variant in this process: build, warm up, time the burst, return the figures."""
     from batching import DiffusionEngine, EngineConfig, GenerationParams
 
-    config = EngineConfig(model=args.model, device=args.device, max_num_seqs=args.max_num_seqs,
-                          decode_overlap=overlap, num_threads=args.threads)
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        decode_overlap=overlap,
+        num_threads=args.threads,
+    )
     with DiffusionEngine(config) as engine:
         adapter = engine.model_runner.model
         real_decode = adapter.decode
@@ -47,8 +52,14 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
         adapter.decode = costly_decode
 
         def params(index: int, steps: int) -> GenerationParams:
-            return GenerationParams(prompt=f"a lighthouse, picture {index}", seed=index, model=args.model,
-                                    num_inference_steps=steps, height=args.size, width=args.size)
+            return GenerationParams(
+                prompt=f"a lighthouse, picture {index}",
+                seed=index,
+                model=args.model,
+                num_inference_steps=steps,
+                height=args.size,
+                width=args.size,
+            )
 
         engine.submit(params(999, 2)).result()  # warm-up (both threads run torch work once), not timed
         before = engine.stats()
@@ -58,8 +69,10 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
             future.result()
         wall = time.perf_counter() - start
         after = engine.stats()
-    delta = {name: after[name] - before[name] for name in ("forward_seconds", "busy_seconds", "decode_seconds",
-                                                           "jobs_finished", "job_steps")}
+    delta = {
+        name: after[name] - before[name]
+        for name in ("forward_seconds", "busy_seconds", "decode_seconds", "jobs_finished", "job_steps")
+    }
     return {
         "decode_overlap": overlap,
         "wall_seconds": wall,
@@ -76,15 +89,31 @@ def compare(args: argparse.Namespace, argv: list[str]) -> dict:
     runs: dict[str, list[dict]] = {"off": [], "on": []}
     for _ in range(args.repeats):
         for name in ("off", "on"):
-            completed = subprocess.run([sys.executable, "-m", "benchmarks.decode_overlap", *argv, "--variant", name],
-                                       capture_output=True, text=True, check=True)
+            completed = subprocess.run(
+                [sys.executable, "-m", "benchmarks.decode_overlap", *argv, "--variant", name],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             runs[name].append(json.loads(completed.stdout.strip().splitlines()[-1]))
-    summary = {"settings": {key: value for key, value in vars(args).items() if key not in ("variant", "json")},
-               "step_counts": list(STEP_COUNTS[: args.jobs]), "runs": runs}
-    summary["median"] = {name: {key: sorted(run[key] for run in results)[len(results) // 2]
-                                for key in ("images_per_second", "denoiser_busy_fraction", "engine_busy_fraction",
-                                            "decode_seconds_per_image", "forward_seconds_per_step")}
-                         for name, results in runs.items()}
+    summary = {
+        "settings": {key: value for key, value in vars(args).items() if key not in ("variant", "json")},
+        "step_counts": list(STEP_COUNTS[: args.jobs]),
+        "runs": runs,
+    }
+    summary["median"] = {
+        name: {
+            key: sorted(run[key] for run in results)[len(results) // 2]
+            for key in (
+                "images_per_second",
+                "denoiser_busy_fraction",
+                "engine_busy_fraction",
+                "decode_seconds_per_image",
+                "forward_seconds_per_step",
+            )
+        }
+        for name, results in runs.items()
+    }
     return summary
 
 
@@ -109,14 +138,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as file:
             json.dump(summary, file, indent=2)
-    print(f"{args.jobs} jobs (steps {summary['step_counts']}), {args.model} {args.size}x{args.size}, "
-          f"max_num_seqs={args.max_num_seqs}, decode x{args.decode_repeats}, median of {args.repeats} per variant")
-    print(f"{'decode':>8} {'images/s':>9} {'denoiser busy':>14} {'engine busy':>12} "
-          f"{'decode s/img':>13} {'fwd s/step':>11}")
+    print(
+        f"{args.jobs} jobs (steps {summary['step_counts']}), {args.model} {args.size}x{args.size}, "
+        f"max_num_seqs={args.max_num_seqs}, decode x{args.decode_repeats}, median of {args.repeats} per variant"
+    )
+    print(
+        f"{'decode':>8} {'images/s':>9} {'denoiser busy':>14} {'engine busy':>12} "
+        f"{'decode s/img':>13} {'fwd s/step':>11}"
+    )
     for name, figures in summary["median"].items():
-        print(f"{name:>8} {figures['images_per_second']:9.3f} {figures['denoiser_busy_fraction']:14.1%} "
-              f"{figures['engine_busy_fraction']:12.1%} {figures['decode_seconds_per_image']:13.3f} "
-              f"{figures['forward_seconds_per_step']:11.3f}")
+        print(
+            f"{name:>8} {figures['images_per_second']:9.3f} {figures['denoiser_busy_fraction']:14.1%} "
+            f"{figures['engine_busy_fraction']:12.1%} {figures['decode_seconds_per_image']:13.3f} "
+            f"{figures['forward_seconds_per_step']:11.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,17 @@ LIST_LIMIT = 100  # newest jobs per listing: more than one workload's jobs
 SUBMIT_CLIENTS = 4
 SUBMIT_SECONDS = 5.0
 TERMINAL_STATES = TERMINAL_STATE_NAMES
-REQUEST_FIELDS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale", "seed",
-                  "sampler", "model")
+REQUEST_FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "height",
+    "width",
+    "num_inference_steps",
+    "guidance_scale",
+    "seed",
+    "sampler",
+    "model",
+)
 
 
 class UpStack:
@@ -68,16 +77,37 @@ class UpStack:
         self.key = ""
 
     def __enter__(self) -> UpStack:
-        env = {name: value for name, value in os.environ.items()
-               if not name.startswith("STEPWISE_") or name == "STEPWISE_CACHE_DIR"}
-        env.update(OMP_NUM_THREADS=str(self.num_threads), STEPWISE_SHUTDOWN_GRACE="3",
-                   STEPWISE_MAX_QUEUE_DEPTH=str(10**9), STEPWISE_WORKER_METRICS_PORT="0")
-        argv = [sys.executable, "-m", "stepwise_cli.main", "up", "--port", str(self.port), "--var-dir",
-                str(self.var_dir), "--max-num-seqs", str(self.max_num_seqs), "--device", self.device,
-                "--model", "builtin:tiny"]
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith("STEPWISE_") or name == "STEPWISE_CACHE_DIR"
+        }
+        env.update(
+            OMP_NUM_THREADS=str(self.num_threads),
+            STEPWISE_SHUTDOWN_GRACE="3",
+            STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
+            STEPWISE_WORKER_METRICS_PORT="0",
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "stepwise_cli.main",
+            "up",
+            "--port",
+            str(self.port),
+            "--var-dir",
+            str(self.var_dir),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--device",
+            self.device,
+            "--model",
+            "builtin:tiny",
+        ]
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         state_file = self.var_dir / "stepwise.json"
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not state_file.exists():
@@ -106,29 +136,39 @@ class UpStack:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
 
 
-def run_e2e(options, machine: dict, runs_dir: Path, *, serial_capacity: float | None,
-            engine_burst: dict | None) -> dict:
+def run_e2e(
+    options, machine: dict, runs_dir: Path, *, serial_capacity: float | None, engine_burst: dict | None
+) -> dict:
     size = options.size
-    shape = workloads.JobShape(model="builtin:tiny", num_steps=size.num_steps, size=size.size,
-                               second_size=size.second_size)
+    shape = workloads.JobShape(
+        model="builtin:tiny", num_steps=size.num_steps, size=size.size, second_size=size.second_size
+    )
     suite = [workloads.burst(shape, size.e2e_num_jobs)]
     if serial_capacity:
         suite.append(workloads.poisson(shape, size.e2e_num_jobs, serial_capacity, 1.0))
-    config = {"model": "builtin:tiny", "device": options.device, "num_threads": options.num_threads,
-              "max_num_seqs": size.max_num_seqs, "policy": "default"}
+    config = {
+        "model": "builtin:tiny",
+        "device": options.device,
+        "num_threads": options.num_threads,
+        "max_num_seqs": size.max_num_seqs,
+        "policy": "default",
+    }
     result = {
-        "description": (f"`stepwise up` with builtin:tiny, max_num_seqs {size.max_num_seqs}, default policy, "
-                        f"{options.num_threads} torch thread(s) in the worker; the engine-level default burst "
-                        f"ran at {_fmt((engine_burst or {}).get('metrics', {}).get('throughput_images_per_second'))} "
-                        "images/s for comparison."),
+        "description": (
+            f"`stepwise up` with builtin:tiny, max_num_seqs {size.max_num_seqs}, default policy, "
+            f"{options.num_threads} torch thread(s) in the worker; the engine-level default burst "
+            f"ran at {_fmt((engine_burst or {}).get('metrics', {}).get('throughput_images_per_second'))} "
+            "images/s for comparison."
+        ),
         "config": config,
         "runs": {},
         "api_submit": None,
     }
     with tempfile.TemporaryDirectory(prefix="stepwise-bench-e2e-") as tmp:
         try:
-            with UpStack(Path(tmp), max_num_seqs=size.max_num_seqs, num_threads=options.num_threads,
-                         device=options.device) as stack:
+            with UpStack(
+                Path(tmp), max_num_seqs=size.max_num_seqs, num_threads=options.num_threads, device=options.device
+            ) as stack:
                 session = requests.Session()
                 session.headers["Authorization"] = f"Bearer {stack.key}"
                 _run_workload(session, stack.url, workloads.burst(shape, 1))  # warm-up, not recorded
@@ -140,8 +180,9 @@ def run_e2e(options, machine: dict, runs_dir: Path, *, serial_capacity: float | 
     return result
 
 
-def _measure(session: requests.Session, url: str, workload: workloads.Workload, config: dict, machine: dict,
-             runs_dir: Path) -> dict:
+def _measure(
+    session: requests.Session, url: str, workload: workloads.Workload, config: dict, machine: dict, runs_dir: Path
+) -> dict:
     load_start = os.getloadavg()
     jobs = _run_workload(session, url, workload)
     ok = [job for job in jobs if job["state"] == "succeeded"]
@@ -166,9 +207,14 @@ def _measure(session: requests.Session, url: str, workload: workloads.Workload, 
     document = {
         "schema": RUN_SCHEMA,
         "kind": "end_to_end",
-        "workload": {"name": workload.name, "kind": workload.kind, "description": workload.description,
-                     "num_jobs": workload.num_jobs, "rate_per_second": workload.rate_per_second,
-                     "arrivals_at_seconds": [a.at_seconds for a in workload.arrivals]},
+        "workload": {
+            "name": workload.name,
+            "kind": workload.kind,
+            "description": workload.description,
+            "num_jobs": workload.num_jobs,
+            "rate_per_second": workload.rate_per_second,
+            "arrivals_at_seconds": [a.at_seconds for a in workload.arrivals],
+        },
         "config": config,
         "machine": machine,
         "load_average": {"start": load_start, "end": os.getloadavg()},
@@ -194,15 +240,22 @@ def _run_workload(session: requests.Session, url: str, workload: workloads.Workl
         response = session.post(f"{url}/v1/jobs", json=body, timeout=60)
         response.raise_for_status()
         with lock:
-            jobs.append({"job_id": response.json()["job_id"], "sent": sent,
-                         "submit_seconds": time.perf_counter() - sent, "state": "queued"})
+            jobs.append(
+                {
+                    "job_id": response.json()["job_id"],
+                    "sent": sent,
+                    "submit_seconds": time.perf_counter() - sent,
+                    "state": "queued",
+                }
+            )
     submitting_done.set()
     poller.join()
     return [{key: value for key, value in job.items() if key != "sent"} for job in jobs]
 
 
-def _poll(session: requests.Session, url: str, jobs: list[dict], lock: threading.Lock,
-          submitting_done: threading.Event) -> None:
+def _poll(
+    session: requests.Session, url: str, jobs: list[dict], lock: threading.Lock, submitting_done: threading.Event
+) -> None:
     """One `GET /v1/jobs` listing per round (not one GET per job), so the poller's own load on
     the shared cores stays small; latencies come from the records' timestamps, not from when
     the poller noticed. A pending job missing from the page is fetched on its own."""

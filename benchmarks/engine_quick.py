@@ -46,8 +46,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     params_list = [
-        GenerationParams(prompt=f"a red fox, picture {i}", seed=i, model=args.model, num_inference_steps=args.steps,
-                         height=args.size, width=args.size, sampler=SAMPLERS[i % len(SAMPLERS)])
+        GenerationParams(
+            prompt=f"a red fox, picture {i}",
+            seed=i,
+            model=args.model,
+            num_inference_steps=args.steps,
+            height=args.size,
+            width=args.size,
+            sampler=SAMPLERS[i % len(SAMPLERS)],
+        )
         for i in range(args.jobs)
     ]
     results = {}
@@ -56,9 +63,11 @@ def main() -> None:
         results[name] = run(config, params_list)
     print(f"{args.jobs} concurrent jobs, {args.steps} steps, {args.size}x{args.size}, {args.model}")
     for name, result in results.items():
-        print(f"  {name:>15}: {result['images_per_second']:6.2f} images/s"
-              f"  {result['rows_per_forward']:5.1f} rows/forward  {result['forwards']:4d} forwards"
-              f"  {result['seconds']:6.2f} s")
+        print(
+            f"  {name:>15}: {result['images_per_second']:6.2f} images/s"
+            f"  {result['rows_per_forward']:5.1f} rows/forward  {result['forwards']:4d} forwards"
+            f"  {result['seconds']:6.2f} s"
+        )
     ratio = results["batched"]["images_per_second"] / results["max_num_seqs=1"]["images_per_second"]
     print(f"  throughput ratio batched / max_num_seqs=1: {ratio:.2f}x")
 

@@ -39,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for seed, name in enumerate(ADAPTERS):
             make_lora(args.model, Path(folder) / f"{name}.safetensors", seed=seed)
-        loras = EngineLoras(LoraSource(Path(folder).as_uri()), model.pipeline, model.device, max_adapters=8,
-                            max_bytes=2**30)
+        loras = EngineLoras(
+            LoraSource(Path(folder).as_uri()), model.pipeline, model.device, max_adapters=8, max_bytes=2**30
+        )
         for name in ADAPTERS:
             loras.fetch(name)
             loras.prepare(name, in_use=())
@@ -59,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             return unet(latents, timesteps, encoder_hidden_states=embeds, return_dict=False)[0]
 
     def peft_forward() -> torch.Tensor:
-        handles = [layer.register_forward_pre_hook(lambda m, a, kw: (a, {**kw, "adapter_names": peft_names}),
-                                                   with_kwargs=True) for layer in layers]
+        handles = [
+            layer.register_forward_pre_hook(lambda m, a, kw: (a, {**kw, "adapter_names": peft_names}), with_kwargs=True)
+            for layer in layers
+        ]
         for layer in layers:
             layer.enable_adapters(True)
         try:
@@ -74,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     def base_forward() -> torch.Tensor:
         return unet(latents, timesteps, encoder_hidden_states=embeds, return_dict=False)[0]
 
-    paths = {"base (no adapters)": base_forward, "stepwise per-row deltas": rows_forward,
-             "PEFT adapter_names": peft_forward}
+    paths = {
+        "base (no adapters)": base_forward,
+        "stepwise per-row deltas": rows_forward,
+        "PEFT adapter_names": peft_forward,
+    }
     times: dict[str, list[float]] = {name: [] for name in paths}
     outputs = {}
     with torch.inference_mode():
@@ -86,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 forward()
                 times[name].append(time.perf_counter() - start)
-    print(f"{args.model}, {args.rows} rows over {len(ADAPTERS)} adapters + none, {args.threads} thread(s), "
-          f"median of {args.repeats}")
+    print(
+        f"{args.model}, {args.rows} rows over {len(ADAPTERS)} adapters + none, {args.threads} thread(s), "
+        f"median of {args.repeats}"
+    )
     for name, samples in times.items():
         print(f"{name:<26} {statistics.median(samples) * 1000:8.1f} ms")
     difference = (outputs["stepwise per-row deltas"] - outputs["PEFT adapter_names"]).abs().max().item()

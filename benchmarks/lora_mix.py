@@ -33,9 +33,17 @@ def workload(num_jobs: int, steps: int, model: str) -> list:
     from batching import GenerationParams
 
     choices = (*ADAPTERS, None)
-    return [GenerationParams(prompt=f"a picture number {index}", seed=index, num_inference_steps=steps, model=model,
-                             lora=choices[index % len(choices)], lora_scale=0.5 + 0.25 * (index % 3))
-            for index in range(num_jobs)]
+    return [
+        GenerationParams(
+            prompt=f"a picture number {index}",
+            seed=index,
+            num_inference_steps=steps,
+            model=model,
+            lora=choices[index % len(choices)],
+            lora_scale=0.5 + 0.25 * (index % 3),
+        )
+        for index in range(num_jobs)
+    ]
 
 
 def run_variant(name: str, store: str, args: argparse.Namespace) -> dict:
@@ -44,8 +52,9 @@ def run_variant(name: str, store: str, args: argparse.Namespace) -> dict:
     config = EngineConfig(model=args.model, device="cpu", lora_url=store, num_threads=args.threads, **VARIANTS[name])
     with DiffusionEngine(config) as engine:
         for adapter in ADAPTERS:  # load every adapter and warm up
-            engine.submit(GenerationParams(prompt="warm up", seed=0, num_inference_steps=2, model=args.model,
-                                           lora=adapter)).result()
+            engine.submit(
+                GenerationParams(prompt="warm up", seed=0, num_inference_steps=2, model=args.model, lora=adapter)
+            ).result()
         forwards_before = engine.stats()["forwards"]
         start = time.perf_counter()
         futures = [engine.submit(params) for params in workload(args.jobs, args.steps, args.model)]
@@ -53,8 +62,13 @@ def run_variant(name: str, store: str, args: argparse.Namespace) -> dict:
             future.result()
         seconds = time.perf_counter() - start
         stats = engine.stats()
-    return {"variant": name, "seconds": seconds, "images_per_second": args.jobs / seconds,
-            "forwards": stats["forwards"] - forwards_before, "loras_per_forward": stats["loras_per_forward"]}
+    return {
+        "variant": name,
+        "seconds": seconds,
+        "images_per_second": args.jobs / seconds,
+        "forwards": stats["forwards"] - forwards_before,
+        "loras_per_forward": stats["loras_per_forward"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,21 +91,41 @@ def main(argv: list[str] | None = None) -> int:
             make_lora(args.model, Path(folder) / f"{adapter}.safetensors", seed=seed)
         results = {}
         for name in VARIANTS:
-            child = [sys.executable, "-m", "benchmarks.lora_mix", "--variant", name, "--store", Path(folder).as_uri(),
-                     "--model", args.model, "--jobs", str(args.jobs), "--steps", str(args.steps),
-                     "--threads", str(args.threads)]
+            child = [
+                sys.executable,
+                "-m",
+                "benchmarks.lora_mix",
+                "--variant",
+                name,
+                "--store",
+                Path(folder).as_uri(),
+                "--model",
+                args.model,
+                "--jobs",
+                str(args.jobs),
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+            ]
             completed = subprocess.run(child, capture_output=True, text=True, check=True)
             results[name] = json.loads(completed.stdout.strip().splitlines()[-1])
-    print(f"{args.jobs} jobs over {len(ADAPTERS)} adapters + none, {args.steps} steps, {args.model}, "
-          f"{args.threads} torch thread(s)")
+    print(
+        f"{args.jobs} jobs over {len(ADAPTERS)} adapters + none, {args.steps} steps, {args.model}, "
+        f"{args.threads} torch thread(s)"
+    )
     print(f"{'variant':<8} {'seconds':>8} {'img/s':>7} {'forwards':>9}  adapters per forward -> forwards")
     for result in results.values():
-        print(f"{result['variant']:<8} {result['seconds']:8.2f} {result['images_per_second']:7.2f} "
-              f"{result['forwards']:9d}  {result['loras_per_forward']}")
+        print(
+            f"{result['variant']:<8} {result['seconds']:8.2f} {result['images_per_second']:7.2f} "
+            f"{result['forwards']:9d}  {result['loras_per_forward']}"
+        )
     rows = results["rows"]["seconds"]
-    print(f"rows vs group: {results['group']['seconds'] / rows:.2f}x   rows vs serial: "
-          f"{results['serial']['seconds'] / rows:.2f}x   group vs serial: "
-          f"{results['serial']['seconds'] / results['group']['seconds']:.2f}x")
+    print(
+        f"rows vs group: {results['group']['seconds'] / rows:.2f}x   rows vs serial: "
+        f"{results['serial']['seconds'] / rows:.2f}x   group vs serial: "
+        f"{results['serial']['seconds'] / results['group']['seconds']:.2f}x"
+    )
     return 0
 
 

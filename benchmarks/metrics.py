@@ -97,14 +97,17 @@ def headline_ratios(models: list[dict], end_to_end: dict | None) -> dict:
         headlines[model["model"]] = {
             "throughput_default_over_serial_burst": per_workload["burst"]["throughput_default_over_serial"],
             "throughput_default_over_static_burst": per_workload["burst"]["throughput_default_over_static"],
-            "throughput_default_over_fifo_two_resolution":
-                per_workload.get("two_resolution", {}).get("throughput_default_over_fifo"),
-            "p95_latency_fifo_over_default_two_resolution":
-                per_workload.get("two_resolution", {}).get("p95_latency_fifo_over_default"),
+            "throughput_default_over_fifo_two_resolution": per_workload.get("two_resolution", {}).get(
+                "throughput_default_over_fifo"
+            ),
+            "p95_latency_fifo_over_default_two_resolution": per_workload.get("two_resolution", {}).get(
+                "p95_latency_fifo_over_default"
+            ),
             "engine_efficiency_default_burst": efficiency["ideal_over_wall"] if efficiency else None,
             "throughput_mixed_over_uniform_equal_tokens": {
                 variant: _tokens_ratio(model, runs, variant, "mixed_size", "mixed_size_uniform")
-                for variant in ("serial", "static", "fifo", "default")},
+                for variant in ("serial", "static", "fifo", "default")
+            },
             "per_workload": per_workload,
         }
     if end_to_end:
@@ -125,5 +128,7 @@ def _tokens_ratio(model: dict, runs: dict, variant: str, workload: str, referenc
     mine, theirs = runs.get((workload, variant)), runs.get((reference, variant))
     if not (mine and theirs and tokens.get(workload) and tokens.get(reference)):
         return None
-    return ratio(mine["throughput_images_per_second"] * tokens[workload],
-                 theirs["throughput_images_per_second"] * tokens[reference])
+    return ratio(
+        mine["throughput_images_per_second"] * tokens[workload],
+        theirs["throughput_images_per_second"] * tokens[reference],
+    )

@@ -32,8 +32,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     size = SIZES["full"]
-    shape = workloads.JobShape(model=args.model, num_steps=size.num_steps, size=size.size,
-                               second_size=size.second_size)
+    shape = workloads.JobShape(model=args.model, num_steps=size.num_steps, size=size.size, second_size=size.second_size)
     suite = [BUILDERS[args.workload](shape, size.num_jobs["builtin:tiny"])]
     if args.workload == "mixed_size":
         suite.append(workloads.mixed_size_uniform(shape, suite[0]))
@@ -41,9 +40,11 @@ def main() -> None:
     family = FAMILIES[shape.family]
     max_num_tokens = size.max_num_seqs * max(family.sample_cost(h, w, shape.guidance_scale) for h, w in sizes)
     specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs, max_num_tokens)}
-    variants = {"static": StaticBatchVariant(specs["static"], args.model, "cpu", args.threads, 0.3),
-                "fifo": EngineVariant(specs["fifo"], args.model, "cpu", args.threads, 1),
-                "default": EngineVariant(specs["default"], args.model, "cpu", args.threads, 1)}
+    variants = {
+        "static": StaticBatchVariant(specs["static"], args.model, "cpu", args.threads, 0.3),
+        "fifo": EngineVariant(specs["fifo"], args.model, "cpu", args.threads, 1),
+        "default": EngineVariant(specs["default"], args.model, "cpu", args.threads, 1),
+    }
     for variant in variants.values():
         variant.open(sizes)
     tokens_per_second: dict[tuple[str, str], list[float]] = {}
@@ -54,15 +55,20 @@ def main() -> None:
                 rate = workloads.total_tokens(workload) / record.wall_seconds
                 tokens_per_second.setdefault((workload.name, name), []).append(rate)
                 images_per_second = workload.num_jobs / record.wall_seconds
-                print(f"round {round_index + 1} {workload.name:<18} {name:<8} {images_per_second:5.2f} "
-                      f"images/s  load {record.load_average_end[0]:.1f}", flush=True)
+                print(
+                    f"round {round_index + 1} {workload.name:<18} {name:<8} {images_per_second:5.2f} "
+                    f"images/s  load {record.load_average_end[0]:.1f}",
+                    flush=True,
+                )
     for variant in variants.values():
         variant.close()
     median = {key: statistics.median(values) for key, values in tokens_per_second.items()}
     name = suite[0].name
     print(f"{args.model} {name}, median of {args.rounds} interleaved rounds:")
-    print(f"  default / static {median[(name, 'default')] / median[(name, 'static')]:.2f}x, "
-          f"default / fifo {median[(name, 'default')] / median[(name, 'fifo')]:.2f}x")
+    print(
+        f"  default / static {median[(name, 'default')] / median[(name, 'static')]:.2f}x, "
+        f"default / fifo {median[(name, 'default')] / median[(name, 'fifo')]:.2f}x"
+    )
     if len(suite) > 1:
         for variant in variants:
             ratio = median[(name, variant)] / median[(suite[1].name, variant)]

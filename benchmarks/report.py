@@ -68,8 +68,10 @@ def _correctness_section(shapes: dict) -> list[str]:
     ]
     for mode, label in (("alone", "alone"), ("co_batched", "co-batched")):
         result = shapes[mode]
-        lines.append(f"| {label} | {result['num_passed']}/{shapes['num_cases']} ({_pct(result['accuracy'])}) "
-                     f"| {result['images_per_second']:.2f} |")
+        lines.append(
+            f"| {label} | {result['num_passed']}/{shapes['num_cases']} ({_pct(result['accuracy'])}) "
+            f"| {result['images_per_second']:.2f} |"
+        )
     failures = shapes["alone"]["failures"] + shapes["co_batched"]["failures"]
     if failures:
         lines += ["", "Not drawn as asked:", ""] + [f"- {failure}" for failure in failures]
@@ -110,8 +112,11 @@ def _model_section(model: dict, headlines: dict) -> list[str]:
             m = run["metrics"]
             lat, wait = m["latency_seconds"], m["queue_wait_seconds"]
             efficiency = m["efficiency"]
-            eff = (f"{_pct(efficiency['ideal_over_wall'])} / {_pct(efficiency['ideal_over_busy'])}"
-                   if efficiency else "n/a")
+            eff = (
+                f"{_pct(efficiency['ideal_over_wall'])} / {_pct(efficiency['ideal_over_busy'])}"
+                if efficiency
+                else "n/a"
+            )
             lines.append(
                 f"| {variant} | {_num(m['throughput_images_per_second'])} | {_num(lat['p50'])} | {_num(lat['p95'])} "
                 f"| {_num(lat['p99'])} | {_num(wait['p50'])} | {_num(m['mean_rows_per_forward'], 1)} | {eff} "
@@ -156,11 +161,14 @@ def _e2e_section(e2e: dict) -> list[str]:
         )
     submit = e2e.get("api_submit")
     if submit:
-        lines += ["", f"API submit throughput: {submit['requests_per_second']:.0f} POST /v1/jobs per second "
-                      f"({submit['clients']} client processes, {submit['seconds']:.0f} s, "
-                      f"p50 {submit['p50_ms']:.1f} ms, "
-                      f"p99 {submit['p99_ms']:.1f} ms, statuses {submit['statuses']}), measured while the worker was "
-                      "generating, on the same cores."]
+        lines += [
+            "",
+            f"API submit throughput: {submit['requests_per_second']:.0f} POST /v1/jobs per second "
+            f"({submit['clients']} client processes, {submit['seconds']:.0f} s, "
+            f"p50 {submit['p50_ms']:.1f} ms, "
+            f"p99 {submit['p99_ms']:.1f} ms, statuses {submit['statuses']}), measured while the worker was "
+            "generating, on the same cores.",
+        ]
     return lines + [""]
 
 
@@ -183,8 +191,11 @@ def _throughput_plot(plt, summary: dict, path: Path) -> Path:
         rates = {w["name"]: w["rate_per_second"] for w in model["workloads"] if w["kind"] == "poisson"}
         top = max(rates.values(), default=1.0)
         for variant in VARIANTS:
-            points = sorted((rates[r["workload"]], r["metrics"]["throughput_images_per_second"])
-                            for r in model["runs"] if r["variant"] == variant and r["workload"] in rates)
+            points = sorted(
+                (rates[r["workload"]], r["metrics"]["throughput_images_per_second"])
+                for r in model["runs"]
+                if r["variant"] == variant and r["workload"] in rates
+            )
             if points:
                 axis.plot(*zip(*points), marker="o", color=COLORS[variant], label=variant)
                 top = max(top, max(y for _, y in points))
@@ -218,7 +229,7 @@ def _cdf_plot(plt, model: dict, path: Path) -> Path:
         axis.set_ylabel("fraction of jobs")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-    for axis in list(axes.flat)[len(names):]:
+    for axis in list(axes.flat)[len(names) :]:
         axis.set_visible(False)
     figure.suptitle(f"Latency CDF, {model['model']}")
     figure.tight_layout()

@@ -47,17 +47,44 @@ class SuiteSize:
 
 
 SIZES = {
-    "smoke": SuiteSize("smoke", {"builtin:tiny": 3, "builtin:small": 3}, num_steps=2, size=64, second_size=96,
-                       rate_multiples=(1.0, 3.0), max_num_seqs=2, forward_repeats=1, e2e_num_jobs=3,
-                       num_shapes_cases=3),
-    "quick": SuiteSize("quick", {"builtin:tiny": 8, "builtin:small": 6}, num_steps=10, size=128, second_size=192,
-                       rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=4, forward_repeats=2, e2e_num_jobs=8,
-                       num_shapes_cases=24),
+    "smoke": SuiteSize(
+        "smoke",
+        {"builtin:tiny": 3, "builtin:small": 3},
+        num_steps=2,
+        size=64,
+        second_size=96,
+        rate_multiples=(1.0, 3.0),
+        max_num_seqs=2,
+        forward_repeats=1,
+        e2e_num_jobs=3,
+        num_shapes_cases=3,
+    ),
+    "quick": SuiteSize(
+        "quick",
+        {"builtin:tiny": 8, "builtin:small": 6},
+        num_steps=10,
+        size=128,
+        second_size=192,
+        rate_multiples=(0.5, 1.0, 2.0),
+        max_num_seqs=4,
+        forward_repeats=2,
+        e2e_num_jobs=8,
+        num_shapes_cases=24,
+    ),
     # full: about 10-15 minutes on 2 shared cores; the Poisson runs at 0.5x take longest (their length is set by
     # the arrival schedule), and builtin:small gets fewer jobs because each costs about 3x more.
-    "full": SuiteSize("full", {"builtin:tiny": 16, "builtin:small": 10}, num_steps=20, size=128, second_size=192,
-                      rate_multiples=(0.5, 1.0, 2.0), max_num_seqs=8, forward_repeats=3, e2e_num_jobs=16,
-                      num_shapes_cases=24),
+    "full": SuiteSize(
+        "full",
+        {"builtin:tiny": 16, "builtin:small": 10},
+        num_steps=20,
+        size=128,
+        second_size=192,
+        rate_multiples=(0.5, 1.0, 2.0),
+        max_num_seqs=8,
+        forward_repeats=3,
+        e2e_num_jobs=16,
+        num_shapes_cases=24,
+    ),
 }
 
 
@@ -84,21 +111,31 @@ def run_suite(options: SuiteOptions) -> dict:
     started = time.monotonic()
     with LoadSampler() as load:
         models = [run_model(model, options, machine, runs_dir) for model in options.models]
-        shapes = correctness.run_correctness(options.size.num_shapes_cases, options.size.max_num_seqs,
-                                             options.device, options.num_threads)
+        shapes = correctness.run_correctness(
+            options.size.num_shapes_cases, options.size.max_num_seqs, options.device, options.num_threads
+        )
         end_to_end = None
         if options.run_e2e:
             tiny = next((m for m in models if m["model"] == "builtin:tiny"), models[0] if models else None)
-            end_to_end = e2e.run_e2e(options, machine, runs_dir,
-                                     serial_capacity=tiny["serial_capacity"] if tiny else None,
-                                     engine_burst=_run_of(tiny, "burst", "default") if tiny else None)
+            end_to_end = e2e.run_e2e(
+                options,
+                machine,
+                runs_dir,
+                serial_capacity=tiny["serial_capacity"] if tiny else None,
+                engine_burst=_run_of(tiny, "burst", "default") if tiny else None,
+            )
     summary = {
         "schema": SUMMARY_SCHEMA,
         "suite": dataclasses.asdict(options.size),
         "command": options.command,
         "git_commit": _git_commit(),
-        "command_options": {"models": list(options.models), "workloads": list(options.workloads),
-                            "device": options.device, "num_threads": options.num_threads, "e2e": options.run_e2e},
+        "command_options": {
+            "models": list(options.models),
+            "workloads": list(options.workloads),
+            "device": options.device,
+            "num_threads": options.num_threads,
+            "e2e": options.run_e2e,
+        },
         "machine": machine,
         "load_average": load.summary(),
         "suite_seconds": time.monotonic() - started,
@@ -130,8 +167,12 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
     serial_burst = serial.run(burst)
     serial_capacity = num_jobs / serial_burst.wall_seconds
     static_timeout = 1.0 / serial_capacity
-    log.info("%s: serial capacity %.2f images/s; static batching launch timeout %.2fs", short, serial_capacity,
-             static_timeout)
+    log.info(
+        "%s: serial capacity %.2f images/s; static batching launch timeout %.2fs",
+        short,
+        serial_capacity,
+        static_timeout,
+    )
     variants = {
         "serial": serial,
         "static": StaticBatchVariant(specs["static"], model, options.device, options.num_threads, static_timeout),
@@ -142,10 +183,14 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         variants[name].open(sizes)
 
     suite = [burst]
-    suite += [workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple)
-              for multiple in size.rate_multiples]
-    suite += [workloads.mixed_steps(shape, num_jobs), workloads.two_resolution(shape, num_jobs),
-              workloads.mixed_guidance(shape, num_jobs)]
+    suite += [
+        workloads.poisson(shape, num_jobs, multiple * serial_capacity, multiple) for multiple in size.rate_multiples
+    ]
+    suite += [
+        workloads.mixed_steps(shape, num_jobs),
+        workloads.two_resolution(shape, num_jobs),
+        workloads.mixed_guidance(shape, num_jobs),
+    ]
     mixed = workloads.mixed_size(shape, num_jobs)
     suite += [mixed, workloads.mixed_size_uniform(shape, mixed)]
     if options.workloads:
@@ -158,24 +203,41 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
                 continue
             record = variant.run(workload)
             records.append(record)
-            log.info("%s %-14s %-8s %5.2f images/s  p50 %6.2fs  load %.1f", short, workload.name, name,
-                     workload.num_jobs / record.wall_seconds,
-                     sorted(j.finished - j.submitted for j in record.jobs)[len(record.jobs) // 2],
-                     record.load_average_end[0])
+            log.info(
+                "%s %-14s %-8s %5.2f images/s  p50 %6.2fs  load %.1f",
+                short,
+                workload.name,
+                name,
+                workload.num_jobs / record.wall_seconds,
+                sorted(j.finished - j.submitted for j in record.jobs)[len(record.jobs) // 2],
+                record.load_average_end[0],
+            )
     for variant in variants.values():
         variant.close()
 
-    config = {"model": model, "device": options.device, "num_threads": options.num_threads,
-              "max_num_seqs": size.max_num_seqs, "max_num_tokens": max_num_tokens,
-              "serial_capacity_images_per_second": serial_capacity,
-              "static_timeout_seconds": static_timeout}
+    config = {
+        "model": model,
+        "device": options.device,
+        "num_threads": options.num_threads,
+        "max_num_seqs": size.max_num_seqs,
+        "max_num_tokens": max_num_tokens,
+        "serial_capacity_images_per_second": serial_capacity,
+        "static_timeout_seconds": static_timeout,
+    }
     runs = []
     for record in records:
         metrics = summarize(record)
         path = runs_dir / f"{short}__{record.workload.name}__{record.variant.name}.json"
         path.write_text(json.dumps(_run_document(record, metrics, config, machine), indent=2) + "\n")
-        runs.append({"workload": record.workload.name, "variant": record.variant.name, "file": f"runs/{path.name}",
-                     "metrics": metrics, "latencies": sorted(j.finished - j.submitted for j in record.jobs)})
+        runs.append(
+            {
+                "workload": record.workload.name,
+                "variant": record.variant.name,
+                "file": f"runs/{path.name}",
+                "metrics": metrics,
+                "latencies": sorted(j.finished - j.submitted for j in record.jobs),
+            }
+        )
     return {
         "model": model,
         "serial_capacity": serial_capacity,
@@ -191,9 +253,10 @@ def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict)
         "kind": "engine_level",
         "model": config["model"],
         "variant": dataclasses.asdict(record.variant),
-        "workload": {**_workload_summary(record.workload),
-                     "arrivals": [{"at_seconds": a.at_seconds, "params": a.params.to_dict()}
-                                  for a in record.workload.arrivals]},
+        "workload": {
+            **_workload_summary(record.workload),
+            "arrivals": [{"at_seconds": a.at_seconds, "params": a.params.to_dict()} for a in record.workload.arrivals],
+        },
         "config": config,
         "machine": machine,
         "load_average": {"start": record.load_average_start, "end": record.load_average_end},
@@ -204,8 +267,10 @@ def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict)
         document["engine"] = {
             "stats_delta": record.engine_stats,
             "trace": record.trace,
-            "bare_forward_seconds": [{"height": h, "width": w, "rows": r, "seconds": seconds}
-                                     for (h, w, r), seconds in sorted(record.forward_times.items())],
+            "bare_forward_seconds": [
+                {"height": h, "width": w, "rows": r, "seconds": seconds}
+                for (h, w, r), seconds in sorted(record.forward_times.items())
+            ],
         }
     else:
         document["static"] = {"unet_rows_per_call": record.static_forwards, "requests_per_group": record.static_groups}
@@ -213,10 +278,15 @@ def _run_document(record: RunRecord, metrics: dict, config: dict, machine: dict)
 
 
 def _workload_summary(workload: workloads.Workload) -> dict:
-    return {"name": workload.name, "kind": workload.kind, "description": workload.description,
-            "num_jobs": workload.num_jobs, "total_tokens": workloads.total_tokens(workload),
-            "rate_per_second": workload.rate_per_second,
-            "rate_multiple": workload.rate_multiple}
+    return {
+        "name": workload.name,
+        "kind": workload.kind,
+        "description": workload.description,
+        "num_jobs": workload.num_jobs,
+        "total_tokens": workloads.total_tokens(workload),
+        "rate_per_second": workload.rate_per_second,
+        "rate_multiple": workload.rate_multiple,
+    }
 
 
 def _git_commit() -> str | None:
@@ -225,8 +295,9 @@ def _git_commit() -> str | None:
 
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None

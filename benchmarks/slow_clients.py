@@ -37,8 +37,9 @@ def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             chunk = b"X-Slow: 1\r\n"
         else:
-            sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100000\r\n\r\n")
+            sock.sendall(
+                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            )
             chunk = b" "
         while not stop.wait(interval):
             sock.sendall(chunk)
@@ -60,21 +61,55 @@ def probe(url: str, headers: dict[str, str]) -> float | None:
 def measure(args: argparse.Namespace) -> dict:
     work = tempfile.mkdtemp(prefix="stepwise-slow-")
     redis_port, api_port = free_port(), free_port()
-    redis = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
-                              "--bind", "127.0.0.1", "--save", "", "--dir", work],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {**os.environ, "STEPWISE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-           "STEPWISE_STORAGE_URL": f"file://{work}/images", "STEPWISE_API_KEYS": f"probe:{KEY}"}
-    api = subprocess.Popen([sys.executable, "-m", "stepwise_cli.main", "api", "--port", str(api_port),
-                            "--workers", str(args.workers), "--worker-class", args.worker_class],
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            work,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        **os.environ,
+        "STEPWISE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "STEPWISE_STORAGE_URL": f"file://{work}/images",
+        "STEPWISE_API_KEYS": f"probe:{KEY}",
+    }
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepwise_cli.main",
+            "api",
+            "--port",
+            str(api_port),
+            "--workers",
+            str(args.workers),
+            "--worker-class",
+            args.worker_class,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{api_port}"
     stop = threading.Event()
     closed: list[int] = []
     try:
         wait_until(lambda: requests.get(f"{base}/healthz", timeout=1).ok, 60, "the API")
-        slow = [threading.Thread(target=trickle, args=(api_port, args.mode, args.trickle_interval, stop, closed),
-                                 daemon=True) for _ in range(args.num_slow)]
+        slow = [
+            threading.Thread(
+                target=trickle, args=(api_port, args.mode, args.trickle_interval, stop, closed), daemon=True
+            )
+            for _ in range(args.num_slow)
+        ]
         for thread in slow:
             thread.start()
         time.sleep(1.0)  # let every slow socket connect and start its request
@@ -94,13 +129,22 @@ def measure(args: argparse.Namespace) -> dict:
 
     def summary(latencies: list[float | None]) -> dict:
         answered = [latency for latency in latencies if latency is not None]
-        return {"answered": f"{len(answered)}/{len(latencies)}",
-                "median_ms": round(statistics.median(answered) * 1000, 1) if answered else None,
-                "max_ms": round(max(answered) * 1000, 1) if answered else None}
+        return {
+            "answered": f"{len(answered)}/{len(latencies)}",
+            "median_ms": round(statistics.median(answered) * 1000, 1) if answered else None,
+            "max_ms": round(max(answered) * 1000, 1) if answered else None,
+        }
 
-    return {"worker_class": args.worker_class, "workers": args.workers, "mode": args.mode,
-            "num_slow": args.num_slow, "duration_s": args.duration, "healthz": summary(health),
-            "authenticated_list": summary(listing), "slow_sockets_closed_by_server": len(closed)}
+    return {
+        "worker_class": args.worker_class,
+        "workers": args.workers,
+        "mode": args.mode,
+        "num_slow": args.num_slow,
+        "duration_s": args.duration,
+        "healthz": summary(health),
+        "authenticated_list": summary(listing),
+        "slow_sockets_closed_by_server": len(closed),
+    }
 
 
 def main() -> None:

@@ -94,8 +94,14 @@ class EngineVariant:
     def __init__(self, spec: VariantSpec, model: str, device: str, num_threads: int, forward_repeats: int = 3) -> None:
         self.spec = spec
         self.forward_repeats = forward_repeats  # bare-UNet timings per shape, right after each run
-        self.config = EngineConfig(model=model, device=device, max_num_seqs=spec.max_num_seqs, policy=spec.policy,
-                                   num_threads=num_threads, max_num_tokens=spec.max_num_tokens)
+        self.config = EngineConfig(
+            model=model,
+            device=device,
+            max_num_seqs=spec.max_num_seqs,
+            policy=spec.policy,
+            num_threads=num_threads,
+            max_num_tokens=spec.max_num_tokens,
+        )
         self.engine: DiffusionEngine | None = None
         self.trace = ForwardTrace()
 
@@ -103,8 +109,10 @@ class EngineVariant:
         self.engine = DiffusionEngine(self.config)
         self.trace.attach(self.engine)
         for height, width in sizes:
-            futures = [self.engine.submit(params) for params in _warm_up_group(self.config.model, height, width,
-                                                                                 self.spec.max_num_seqs)]
+            futures = [
+                self.engine.submit(params)
+                for params in _warm_up_group(self.config.model, height, width, self.spec.max_num_seqs)
+            ]
             for future in futures:
                 future.result()
 
@@ -140,17 +148,37 @@ class EngineVariant:
             result = future.result()
             params = workload.arrivals[index].params
             started = submitted[index] + result.timings["queue_wait"]
-            jobs.append(JobTiming(index, submitted[index], started, finished[index], result.timings["queue_wait"],
-                                  finished[index] - started, params.height, params.width, params.num_inference_steps,
-                                  params.guidance_scale))
+            jobs.append(
+                JobTiming(
+                    index,
+                    submitted[index],
+                    started,
+                    finished[index],
+                    result.timings["queue_wait"],
+                    finished[index] - started,
+                    params.height,
+                    params.width,
+                    params.num_inference_steps,
+                    params.guidance_scale,
+                )
+            )
         wall = max(job.finished for job in jobs) - min(job.submitted for job in jobs)
         load_end = _load_average()
         stats = _stats_delta(before, engine.stats())
         trace = self.trace.as_dict()
         shapes = {(f["height"], f["width"], f["rows"]) for f in trace["forwards"]}
         forward_times = time_forwards(self.adapter, shapes, self.forward_repeats)
-        return RunRecord(workload, self.spec, jobs, wall, load_start, load_end, engine_stats=stats, trace=trace,
-                         forward_times=forward_times)
+        return RunRecord(
+            workload,
+            self.spec,
+            jobs,
+            wall,
+            load_start,
+            load_end,
+            engine_stats=stats,
+            trace=trace,
+            forward_times=forward_times,
+        )
 
     def close(self) -> None:
         if self.engine is not None:
@@ -189,7 +217,9 @@ class StaticBatchVariant:
         pipeline_class = getattr(diffusers, FAMILIES[self.family].pipeline_classes[0])
         components = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
         self.pipeline = pipeline_class.from_pretrained(
-            source, torch_dtype=resolve_dtype("auto", device), local_files_only=True,
+            source,
+            torch_dtype=resolve_dtype("auto", device),
+            local_files_only=True,
             **(components if self.family == "sd" else {}),
         ).to(device)
         self.pipeline.set_progress_bar_config(disable=True)
@@ -216,13 +246,33 @@ class StaticBatchVariant:
             groups.append(len(group))
             for w in group:
                 p = w.params
-                jobs.append(JobTiming(w.index, w.submitted, started, finished, started - w.submitted,
-                                      finished - started, p.height, p.width, p.num_inference_steps, p.guidance_scale))
+                jobs.append(
+                    JobTiming(
+                        w.index,
+                        w.submitted,
+                        started,
+                        finished,
+                        started - w.submitted,
+                        finished - started,
+                        p.height,
+                        p.width,
+                        p.num_inference_steps,
+                        p.guidance_scale,
+                    )
+                )
         driver.join()
         jobs.sort(key=lambda job: job.index)
         wall = max(job.finished for job in jobs) - min(job.submitted for job in jobs)
-        return RunRecord(workload, self.spec, jobs, wall, load_start, _load_average(),
-                         static_forwards=dict(sorted(self.row_counter.forwards.items())), static_groups=groups)
+        return RunRecord(
+            workload,
+            self.spec,
+            jobs,
+            wall,
+            load_start,
+            _load_average(),
+            static_forwards=dict(sorted(self.row_counter.forwards.items())),
+            static_groups=groups,
+        )
 
     def close(self) -> None:
         self.pipeline = None
@@ -261,8 +311,9 @@ class StaticBatchVariant:
         if FAMILIES[self.family].samplers != ("euler",):  # UNet families: the requested sampler
             sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
             self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
-        negative = ({"negative_prompt": [p.negative_prompt for p in group]}
-                    if any(p.negative_prompt for p in group) else {})
+        negative = (
+            {"negative_prompt": [p.negative_prompt for p in group]} if any(p.negative_prompt for p in group) else {}
+        )
         self.pipeline(
             prompt=[p.prompt for p in group],
             height=first.height,
@@ -277,8 +328,12 @@ class StaticBatchVariant:
 
 def _warm_up_group(model: str, height: int, width: int, num_jobs: int) -> list[GenerationParams]:
     """A full batch of short jobs: the first forward at the largest batch size is slow, and not measured."""
-    return [GenerationParams(prompt=f"warm-up {i}", seed=i, model=model, height=height, width=width,
-                             num_inference_steps=WARM_UP_STEPS) for i in range(num_jobs)]
+    return [
+        GenerationParams(
+            prompt=f"warm-up {i}", seed=i, model=model, height=height, width=width, num_inference_steps=WARM_UP_STEPS
+        )
+        for i in range(num_jobs)
+    ]
 
 
 def _static_key(params: GenerationParams) -> tuple:

@@ -37,8 +37,10 @@ def redis_server(folder: Path):
     if binary is None:
         raise SystemExit("redis-server is not installed")
     port = free_port()
-    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                                "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     try:
         wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server")
@@ -56,8 +58,11 @@ def storage_env(kind: str, folder: Path):
     import boto3
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(credentials)
@@ -91,12 +96,15 @@ class TimedJobStore:
                 if args and isinstance(args[0], str):
                     self.seconds[args[0]] += time.perf_counter() - started
                     self.calls[args[0]][name] += 1
+
         return timed
 
 
 def summarize(label: str, values: list[float]) -> str:
-    return (f"  {label:<40} median {statistics.median(values) * 1000:8.1f} ms"
-            f"   mean {statistics.fmean(values) * 1000:8.1f} ms")
+    return (
+        f"  {label:<40} median {statistics.median(values) * 1000:8.1f} ms"
+        f"   mean {statistics.fmean(values) * 1000:8.1f} ms"
+    )
 
 
 def main() -> int:
@@ -129,16 +137,23 @@ def main() -> int:
             data = encode_png(image)
             encode_seconds[id(image)] = time.perf_counter() - started
             return data
+
         uploads.encode_png = timed_encode
 
         def params(index: int) -> dict:
-            return GenerationParams(prompt=f"a lighthouse, take {index}", seed=index, num_inference_steps=args.steps,
-                                    height=args.size, width=args.size).to_dict()
+            return GenerationParams(
+                prompt=f"a lighthouse, take {index}",
+                seed=index,
+                num_inference_steps=args.steps,
+                height=args.size,
+                width=args.size,
+            ).to_dict()
 
         warm_up = runtime.job_store._store.create(tenant="bench", params=params(-1 + 2**31))[0]
         tasks.run_job(runtime, warm_up.job_id)
-        job_ids = [runtime.job_store._store.create(tenant="bench", params=params(i))[0].job_id
-                   for i in range(args.jobs)]
+        job_ids = [
+            runtime.job_store._store.create(tenant="bench", params=params(i))[0].job_id for i in range(args.jobs)
+        ]
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
             outcomes = list(pool.map(lambda job_id: tasks.run_job(runtime, job_id), job_ids))
@@ -151,14 +166,18 @@ def main() -> int:
     engine = [r.timings["denoise"] + r.timings["decode"] for r in records]
     record_io = [store.seconds[r.job_id] for r in records]
     upload = [r.timings["upload"] for r in records]
-    encode = sorted(encode_seconds.values())[-args.jobs:]
+    encode = sorted(encode_seconds.values())[-args.jobs :]
     overhead = [io + up for io, up in zip(record_io, upload, strict=True)]
     num_calls = [sum(store.calls[r.job_id].values()) for r in records]
-    print(f"{args.jobs} jobs, {args.steps} steps, {args.size}x{args.size}, storage={args.storage}, "
-          f"model {stats['model']} on {stats['device']}, max_num_seqs {settings.max_num_seqs}, "
-          f"task threads {settings.concurrency}")
-    print(f"wall {wall:.2f} s for all jobs; engine: {stats['steps_per_second']:.1f} steps/s, "
-          f"rows per forward {stats['rows_per_forward']}")
+    print(
+        f"{args.jobs} jobs, {args.steps} steps, {args.size}x{args.size}, storage={args.storage}, "
+        f"model {stats['model']} on {stats['device']}, max_num_seqs {settings.max_num_seqs}, "
+        f"task threads {settings.concurrency}"
+    )
+    print(
+        f"wall {wall:.2f} s for all jobs; engine: {stats['steps_per_second']:.1f} steps/s, "
+        f"rows per forward {stats['rows_per_forward']}"
+    )
     print("per job:")
     print(summarize("engine (denoise + decode)", engine))
     print(summarize(f"record I/O ({statistics.median(num_calls):.0f} JobStore calls)", record_io))

@@ -27,8 +27,12 @@ PROMPTS = (
 NEGATIVE_PROMPT = "blurry, low quality"
 # Guidance values each family's mixed-guidance workload cycles through; the first turns CFG off where the
 # family has it (FLUX-dev embeds its guidance, so every value is one row and its own tensor input).
-GUIDANCE_MIX = {"sd": (1.0, 4.0, 7.5, 12.0), "sdxl": (1.0, 4.0, 7.5, 12.0), "flux": (1.0, 2.5, 3.5, 5.0),
-                "zimage": (0.0, 2.0, 4.0, 6.0)}
+GUIDANCE_MIX = {
+    "sd": (1.0, 4.0, 7.5, 12.0),
+    "sdxl": (1.0, 4.0, 7.5, 12.0),
+    "flux": (1.0, 2.5, 3.5, 5.0),
+    "zimage": (0.0, 2.0, 4.0, 6.0),
+}
 
 
 @dataclass(frozen=True)
@@ -154,16 +158,19 @@ def mixed_size(shape: JobShape, num_jobs: int) -> Workload:
     """Three sizes at once, interleaved in arrival order; on transformer families they share forwards."""
     sizes = mixed_sizes(shape)
     num_jobs = max(len(sizes), num_jobs // len(sizes) * len(sizes))  # each size equally often
-    arrivals = tuple(Arrival(0.0, uniform_params(shape, i, height=sizes[i % 3][0], width=sizes[i % 3][1]))
-                     for i in range(num_jobs))
+    arrivals = tuple(
+        Arrival(0.0, uniform_params(shape, i, height=sizes[i % 3][0], width=sizes[i % 3][1])) for i in range(num_jobs)
+    )
     shown = ", ".join(f"{h}x{w}" for h, w in sizes)
     return Workload("mixed_size", "burst", f"{num_jobs} jobs at once, {shown} interleaved", arrivals)
 
 
 def total_tokens(workload: Workload) -> int:
     """Latent tokens summed over the workload's jobs (rows x tokens per row, FamilySpec.sample_cost)."""
-    return sum(a.params.family_spec.sample_cost(a.params.height, a.params.width, a.params.guidance_scale)
-               for a in workload.arrivals)
+    return sum(
+        a.params.family_spec.sample_cost(a.params.height, a.params.width, a.params.guidance_scale)
+        for a in workload.arrivals
+    )
 
 
 def mixed_size_uniform(shape: JobShape, mixed: Workload) -> Workload:
@@ -172,5 +179,9 @@ def mixed_size_uniform(shape: JobShape, mixed: Workload) -> Workload:
     one = uniform_params(shape, 0)
     num_jobs = round(total_tokens(mixed) / one.family_spec.sample_cost(one.height, one.width, one.guidance_scale))
     arrivals = tuple(Arrival(0.0, uniform_params(shape, i)) for i in range(num_jobs))
-    return Workload("mixed_size_uniform", "burst",
-                    f"{num_jobs} jobs at once, all {shape.size}px: the mixed-size workload's tokens", arrivals)
+    return Workload(
+        "mixed_size_uniform",
+        "burst",
+        f"{num_jobs} jobs at once, all {shape.size}px: the mixed-size workload's tokens",
+        arrivals,
+    )

@@ -36,8 +36,11 @@ class Receiver(BaseHTTPRequestHandler):
         except (KeyError, ValueError):
             ok = False
         event = json.loads(body or b"{}")
-        print(f"{'verified' if ok else 'BAD SIGNATURE'} {self.headers.get('webhook-id')} "
-              f"{event.get('type')} {json.dumps(event.get('data'))}", flush=True)
+        print(
+            f"{'verified' if ok else 'BAD SIGNATURE'} {self.headers.get('webhook-id')} "
+            f"{event.get('type')} {json.dumps(event.get('data'))}",
+            flush=True,
+        )
         self.send_response(204 if ok else 401)
         self.end_headers()
 

@@ -31,18 +31,37 @@ def default_workers(server: str = "gunicorn") -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=os.environ.get("STEPWISE_API_HOST", "127.0.0.1"),
-                        help="address to listen on (default: $STEPWISE_API_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("STEPWISE_API_PORT", "8000")),
-                        help="port (default: $STEPWISE_API_PORT or 8000)")
-    parser.add_argument("--server", default=os.environ.get("STEPWISE_API_SERVER") or "gunicorn",
-                        help="gunicorn or granian (default: $STEPWISE_API_SERVER or gunicorn)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="worker processes (default: gunicorn 2 x CPUs + 1, at most 8; granian one per CPU)")
-    parser.add_argument("--threads", type=int, default=4,
-                        help="threads per gunicorn gthread worker or granian process (default: 4)")
-    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent",
-                        help="gunicorn worker class (default: gevent, which slow clients cannot starve)")
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("STEPWISE_API_HOST", "127.0.0.1"),
+        help="address to listen on (default: $STEPWISE_API_HOST or 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("STEPWISE_API_PORT", "8000")),
+        help="port (default: $STEPWISE_API_PORT or 8000)",
+    )
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("STEPWISE_API_SERVER") or "gunicorn",
+        help="gunicorn or granian (default: $STEPWISE_API_SERVER or gunicorn)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default: gunicorn 2 x CPUs + 1, at most 8; granian one per CPU)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=4, help="threads per gunicorn gthread worker or granian process (default: 4)"
+    )
+    parser.add_argument(
+        "--worker-class",
+        choices=("gevent", "gthread"),
+        default="gevent",
+        help="gunicorn worker class (default: gevent, which slow clients cannot starve)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
 
@@ -57,8 +76,10 @@ def prepare_metrics_dir() -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.server not in SERVERS:
-        print(f"stepwise api: STEPWISE_API_SERVER must be one of {', '.join(SERVERS)} (got {args.server!r})",
-              file=sys.stderr)
+        print(
+            f"stepwise api: STEPWISE_API_SERVER must be one of {', '.join(SERVERS)} (got {args.server!r})",
+            file=sys.stderr,
+        )
         return 2
     is_gevent = args.server == "gunicorn" and args.worker_class == "gevent"
     if is_gevent:
@@ -104,9 +125,17 @@ def serve_granian(args: argparse.Namespace) -> None:
     from granian.constants import Interfaces
     from granian.server import Server
 
-    Server("api.wsgi:app", address=args.host, port=args.port, interface=Interfaces.WSGI, workers=args.workers,
-           blocking_threads=args.threads, log_access=args.access_log, log_access_format=GRANIAN_ACCESS_FORMAT,
-           respawn_failed_workers=True).serve()
+    Server(
+        "api.wsgi:app",
+        address=args.host,
+        port=args.port,
+        interface=Interfaces.WSGI,
+        workers=args.workers,
+        blocking_threads=args.threads,
+        log_access=args.access_log,
+        log_access_format=GRANIAN_ACCESS_FORMAT,
+        respawn_failed_workers=True,
+    ).serve()
 
 
 def serve_gunicorn(args: argparse.Namespace, *, is_gevent: bool, max_connections: int) -> None:

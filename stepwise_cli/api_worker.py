@@ -26,8 +26,7 @@ import gevent
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 
-STATUS_CODES = {400: "bad_request", 403: "forbidden", 431: "headers_too_large", 500: "internal",
-                501: "not_implemented"}
+STATUS_CODES = {400: "bad_request", 403: "forbidden", 431: "headers_too_large", 500: "internal", 501: "not_implemented"}
 
 
 def write_json_error(sock, status_int: int, reason: str, mesg: str) -> None:
@@ -35,8 +34,10 @@ def write_json_error(sock, status_int: int, reason: str, mesg: str) -> None:
     code = STATUS_CODES.get(status_int, "http_error")
     message = f"{reason}: {mesg}" if mesg else reason
     body = json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
-    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+    head = (
+        f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode("latin-1")
     util.write_nonblock(sock, head + body)
 
 

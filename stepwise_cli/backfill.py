@@ -80,17 +80,24 @@ class InFlight:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path,
-                        help="prompts: JSONL (one params object a line) or CSV (header = param names)")
+    parser.add_argument(
+        "file", type=Path, help="prompts: JSONL (one params object a line) or CSV (header = param names)"
+    )
     parser.add_argument("--format", choices=("jsonl", "csv"), help="input format (default: from the file name)")
     parser.add_argument("--out", type=Path, help="download each image into this folder as line-NNNNNN.png")
-    parser.add_argument("--manifest", type=Path,
-                        help="write one JSON line per row here (line, job_id, state, image, error)")
+    parser.add_argument(
+        "--manifest", type=Path, help="write one JSON line per row here (line, job_id, state, image, error)"
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="give up on unfinished rows after this many seconds")
-    parser.add_argument("--retry-for", type=float, default=600.0,
-                        help="keep retrying an unreachable or overloaded API this long (default 600 s)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="give up on unfinished rows after this many seconds"
+    )
+    parser.add_argument(
+        "--retry-for",
+        type=float,
+        default=600.0,
+        help="keep retrying an unreachable or overloaded API this long (default 600 s)",
+    )
     add_image_arguments(parser, format_flag="--output-format")  # --format names the input file's format
     parser.add_argument("--run-name", help="identity of this run in the idempotency keys (default: the file name)")
     add_api_arguments(parser)
@@ -174,10 +181,20 @@ class FatalApiError(ClientError):
 
 
 class Backfill:
-    def __init__(self, target: ApiTarget, *, retry_seconds: float, run_name: str, out_dir: Path | None,
-                 concurrency: int, manifest: Manifest, bar: tqdm) -> None:
-        self.client = ApiClient(target, retry_seconds=retry_seconds, max_connections=2 * concurrency,
-                                on_retry=self._count_retry)
+    def __init__(
+        self,
+        target: ApiTarget,
+        *,
+        retry_seconds: float,
+        run_name: str,
+        out_dir: Path | None,
+        concurrency: int,
+        manifest: Manifest,
+        bar: tqdm,
+    ) -> None:
+        self.client = ApiClient(
+            target, retry_seconds=retry_seconds, max_connections=2 * concurrency, on_retry=self._count_retry
+        )
         self.run_name = run_name
         self.out_dir = out_dir
         self.concurrency = concurrency
@@ -226,7 +243,8 @@ class Backfill:
         for flight in list(in_flight.values()):
             self._num_in_flight -= 1
             self._finish(
-                RowResult(flight.row.line, flight.job_id, flight.state, [], f"{waited} (still {flight.state})"))
+                RowResult(flight.row.line, flight.job_id, flight.state, [], f"{waited} (still {flight.state})")
+            )
         return self.results
 
     def _submit(self, row: Row) -> None:
@@ -239,8 +257,9 @@ class Backfill:
         else:
             self._submitted.put((row, accepted))
 
-    def _collect_submissions(self, awaiting_submit: dict[int, Row], in_flight: dict[int, InFlight], *,
-                             block: bool) -> None:
+    def _collect_submissions(
+        self, awaiting_submit: dict[int, Row], in_flight: dict[int, InFlight], *, block: bool
+    ) -> None:
         timeout = POLL_INTERVAL_SECONDS if block else 0
         while awaiting_submit:
             try:
@@ -303,8 +322,12 @@ class Backfill:
 
     def counts(self) -> dict[str, int]:
         """What the progress bar shows; equal to the summary's numbers once the run ends."""
-        return {"ok": len(self.results) - self.num_failed, "failed": self.num_failed,
-                "in_flight": self._num_in_flight, "retries": self.num_retries}
+        return {
+            "ok": len(self.results) - self.num_failed,
+            "failed": self.num_failed,
+            "in_flight": self._num_in_flight,
+            "retries": self.num_retries,
+        }
 
     def _show_counts(self) -> None:
         self.bar.set_postfix(self.counts(), refresh=False)
@@ -327,16 +350,27 @@ def run(args: argparse.Namespace) -> int:
         return 2
     manifest = Manifest(args.manifest)
     started = time.monotonic()
-    bar = tqdm(total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True,
-                disable=None)  # None: no bar when stderr is not a terminal (logs, CI)
-    backfill = Backfill(target, retry_seconds=args.retry_for, run_name=args.run_name or args.file.name,
-                        out_dir=args.out, concurrency=args.concurrency, manifest=manifest, bar=bar)
+    bar = tqdm(
+        total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True, disable=None
+    )  # None: no bar when stderr is not a terminal (logs, CI)
+    backfill = Backfill(
+        target,
+        retry_seconds=args.retry_for,
+        run_name=args.run_name or args.file.name,
+        out_dir=args.out,
+        concurrency=args.concurrency,
+        manifest=manifest,
+        bar=bar,
+    )
     try:
         results = backfill.run(rows, args.timeout)
     except KeyboardInterrupt:
         bar.close()
-        print("\nstepwise backfill: interrupted; run the same command again to resume "
-              "(submitted jobs are not duplicated)", file=sys.stderr)
+        print(
+            "\nstepwise backfill: interrupted; run the same command again to resume "
+            "(submitted jobs are not duplicated)",
+            file=sys.stderr,
+        )
         return 130
     except FatalApiError as e:
         bar.close()
@@ -353,8 +387,9 @@ def run(args: argparse.Namespace) -> int:
 def print_summary(results: list[RowResult], elapsed: float, manifest_path: Path | None) -> None:
     failures = sorted((r for r in results if not r.is_ok), key=lambda r: r.line)
     num_ok = len(results) - len(failures)
-    print(f"backfill: {len(results)} rows in {elapsed:.1f}s: {num_ok} succeeded, {len(failures)} failed",
-          file=sys.stderr)
+    print(
+        f"backfill: {len(results)} rows in {elapsed:.1f}s: {num_ok} succeeded, {len(failures)} failed", file=sys.stderr
+    )
     for result in failures[:MAX_FAILURES_LISTED]:
         print(f"  line {result.line}: {result.state}: {result.error}", file=sys.stderr)
     if len(failures) > MAX_FAILURES_LISTED:

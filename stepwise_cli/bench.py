@@ -1,11 +1,11 @@
 """`stepwise bench`: what step-level batching buys, side by side (see docs/benchmarks.md).
 
-    stepwise bench                      # the full suite (10-15 minutes on 2 CPU cores)
-    stepwise bench --quick              # a few minutes
-    stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
-    stepwise bench --model builtin:tiny-flux --workloads burst --no-e2e --out /tmp/bench-flux
-    stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
-    stepwise bench --submit                # submit throughput only: BASELINE_REF's API and this tree's
+stepwise bench                      # the full suite (10-15 minutes on 2 CPU cores)
+stepwise bench --quick              # a few minutes
+stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
+stepwise bench --model builtin:tiny-flux --workloads burst --no-e2e --out /tmp/bench-flux
+stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
+stepwise bench --submit                # submit throughput only: BASELINE_REF's API and this tree's
 """
 
 from __future__ import annotations
@@ -26,30 +26,56 @@ BASELINE_REF = "9e3133e"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_const", dest="size", const="quick",
-                      help="fewer and shorter jobs: a few minutes on 2 cores")
+    size.add_argument(
+        "--quick",
+        action="store_const",
+        dest="size",
+        const="quick",
+        help="fewer and shorter jobs: a few minutes on 2 cores",
+    )
     size.add_argument("--smoke", action="store_const", dest="size", const="smoke", help=argparse.SUPPRESS)
     parser.set_defaults(size="full")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: %(default)s)")
-    parser.add_argument("--models", "--model", nargs="+", default=["builtin:tiny", "builtin:small"],
-                        choices=builtin_names(), metavar="MODEL",
-                        help=f"built-in models to run, any of {', '.join(builtin_names())} "
-                             "(default: builtin:tiny builtin:small)")
-    parser.add_argument("--workloads", nargs="+", default=[], metavar="NAME",
-                        help="only these workloads: burst, poisson (every rate), poisson_1x, mixed_steps, "
-                             "two_resolution, mixed_guidance (default: all)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads for every variant and the e2e worker (default 1: on a shared "
-                             "machine more threads than free cores oversubscribe)")
+    parser.add_argument(
+        "--models",
+        "--model",
+        nargs="+",
+        default=["builtin:tiny", "builtin:small"],
+        choices=builtin_names(),
+        metavar="MODEL",
+        help=f"built-in models to run, any of {', '.join(builtin_names())} (default: builtin:tiny builtin:small)",
+    )
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="only these workloads: burst, poisson (every rate), poisson_1x, mixed_steps, "
+        "two_resolution, mixed_guidance (default: all)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads for every variant and the e2e worker (default 1: on a shared "
+        "machine more threads than free cores oversubscribe)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
-    parser.add_argument("--submit", action="store_true",
-                        help="only measure submit throughput (POST /v1/jobs and /batch, no worker), this tree's API "
-                             "with granian and gunicorn against --baseline's, alternating in one run")
+    parser.add_argument(
+        "--submit",
+        action="store_true",
+        help="only measure submit throughput (POST /v1/jobs and /batch, no worker), this tree's API "
+        "with granian and gunicorn against --baseline's, alternating in one run",
+    )
     parser.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline API (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="with --submit: alternating rounds (default 3)")
     parser.add_argument("--seconds", type=float, default=8.0, help="with --submit: seconds per measured run")
-    parser.add_argument("--no-e2e", dest="e2e", action="store_false",
-                        help="skip the end-to-end runs through `stepwise up` (they need redis-server)")
+    parser.add_argument(
+        "--no-e2e",
+        dest="e2e",
+        action="store_false",
+        help="skip the end-to-end runs through `stepwise up` (they need redis-server)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,25 +84,35 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("stepwise bench: --threads must be at least 1")
     if args.submit:
         return run_submit(args)
-    options = SuiteOptions(out=args.out, size=SIZES[args.size], models=tuple(dict.fromkeys(args.models)),
-                           device=args.device, num_threads=args.threads, run_e2e=args.e2e,
-                           workloads=tuple(args.workloads),
-                           command=" ".join(["stepwise", *map(shlex.quote, sys.argv[1:])]))
+    options = SuiteOptions(
+        out=args.out,
+        size=SIZES[args.size],
+        models=tuple(dict.fromkeys(args.models)),
+        device=args.device,
+        num_threads=args.threads,
+        run_e2e=args.e2e,
+        workloads=tuple(args.workloads),
+        command=" ".join(["stepwise", *map(shlex.quote, sys.argv[1:])]),
+    )
     from benchmarks.run import run_suite
 
     summary = run_suite(options)
     print(f"results: {args.out / 'results.md'}")
     shapes = summary["correctness"]
-    print(f"  {shapes['model']} drawn as asked (pixel checker): alone {_pct(shapes['alone']['accuracy'])}, "
-          f"co-batched {_pct(shapes['co_batched']['accuracy'])} of {shapes['num_cases']}")
+    print(
+        f"  {shapes['model']} drawn as asked (pixel checker): alone {_pct(shapes['alone']['accuracy'])}, "
+        f"co-batched {_pct(shapes['co_batched']['accuracy'])} of {shapes['num_cases']}"
+    )
     for model, ratios in summary["headlines"].items():
         if model == "e2e":
             print(f"  end to end: {ratios}")
             continue
-        print(f"  {model}: default/serial {_x(ratios['throughput_default_over_serial_burst'])}, "
-              f"default/static {_x(ratios['throughput_default_over_static_burst'])}, "
-              f"default/fifo two-resolution {_x(ratios['throughput_default_over_fifo_two_resolution'])}, "
-              f"engine efficiency {_pct(ratios['engine_efficiency_default_burst'])}")
+        print(
+            f"  {model}: default/serial {_x(ratios['throughput_default_over_serial_burst'])}, "
+            f"default/static {_x(ratios['throughput_default_over_static_burst'])}, "
+            f"default/fifo two-resolution {_x(ratios['throughput_default_over_fifo_two_resolution'])}, "
+            f"engine efficiency {_pct(ratios['engine_efficiency_default_burst'])}"
+        )
     return 0
 
 

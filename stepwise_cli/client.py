@@ -71,8 +71,12 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("API")
     group.add_argument("--api-url", help="API base URL (default: $STEPWISE_API_URL, else what `stepwise up` saved)")
     group.add_argument("--api-key", help="API key (default: $STEPWISE_API_KEY, else what `stepwise up` saved)")
-    group.add_argument("--var-dir", type=Path, default=None,
-                       help="where `stepwise up` saved its URL and key (default: $STEPWISE_VAR_DIR or ./var)")
+    group.add_argument(
+        "--var-dir",
+        type=Path,
+        default=None,
+        help="where `stepwise up` saved its URL and key (default: $STEPWISE_VAR_DIR or ./var)",
+    )
 
 
 def save_local_target(var_dir: Path, target: ApiTarget, **extra: str) -> Path:
@@ -115,8 +119,15 @@ def new_idempotency_key() -> str:
 class ApiClient:
     """Thread-safe: one `requests.Session` with a connection pool sized for `max_connections`."""
 
-    def __init__(self, target: ApiTarget, *, timeout: float = 30.0, retry_seconds: float = 60.0,
-                 max_connections: int = 10, on_retry: Callable[[ClientError, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        target: ApiTarget,
+        *,
+        timeout: float = 30.0,
+        retry_seconds: float = 60.0,
+        max_connections: int = 10,
+        on_retry: Callable[[ClientError, float], None] | None = None,
+    ) -> None:
         self.target = target
         self.timeout = timeout
         self.session = requests.Session()
@@ -132,7 +143,8 @@ class ApiClient:
             stop=tenacity.stop_after_delay(retry_seconds),
             sleep=self._sleep_unless_closed,
             before_sleep=(
-                (lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None),
+                (lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None
+            ),
             reraise=True,
         )
 
@@ -155,8 +167,7 @@ class ApiClient:
         """The job's view after the cancel: `canceled` at once when queued, `cancel_requested` when running."""
         return self.request("POST", f"/v1/jobs/{quote(job_id, safe='')}/cancel").json()
 
-    def list_jobs(self, *, state: str | None = None, limit: int = 20,
-                  cursor: str | None = None) -> dict[str, Any]:
+    def list_jobs(self, *, state: str | None = None, limit: int = 20, cursor: str | None = None) -> dict[str, Any]:
         params = {"limit": limit, **({"state": state} if state else {}), **({"cursor": cursor} if cursor else {})}
         return self.request("GET", "/v1/jobs", params=params).json()
 
@@ -201,8 +212,10 @@ class ApiClient:
         except requests.ConnectionError as e:
             raise TransientError(f"{method} {url}: cannot connect ({_connection_failure(e)})") from e
         if response.status_code == 429 or response.status_code >= 500:
-            raise TransientError(f"{method} {url}: HTTP {response.status_code} {_error_message(response)}",
-                                 retry_after=_retry_after_seconds(response))
+            raise TransientError(
+                f"{method} {url}: HTTP {response.status_code} {_error_message(response)}",
+                retry_after=_retry_after_seconds(response),
+            )
         if response.status_code >= 400:
             raise _api_error(response)
         return response

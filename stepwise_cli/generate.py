@@ -26,16 +26,25 @@ FLAG_OF_FIELD = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="what to draw")
-    parser.add_argument("--negative-prompt", default="",
-                        help="what to steer away from (families with CFG, guidance on)")
+    parser.add_argument(
+        "--negative-prompt", default="", help="what to steer away from (families with CFG, guidance on)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a random one, printed)")
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the model family's)")
-    parser.add_argument("--guidance", type=float, default=None,
-                        help="guidance scale (default: the model family's; SD/SDXL: <= 1 turns CFG off, "
-                        "Z-Image: 0 does, FLUX-dev: an embedded input)")
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="guidance scale (default: the model family's; SD/SDXL: <= 1 turns CFG off, "
+        "Z-Image: 0 does, FLUX-dev: an embedded input)",
+    )
     parser.add_argument("--sampler", default=None, choices=SAMPLERS, help="sampler (default: euler)")
-    parser.add_argument("--height", type=int, default=None,
-                        help="image height in pixels, a multiple of 8 (16 for FLUX and Z-Image); default: the family's")
+    parser.add_argument(
+        "--height",
+        type=int,
+        default=None,
+        help="image height in pixels, a multiple of 8 (16 for FLUX and Z-Image); default: the family's",
+    )
     parser.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's)")
     parser.add_argument(
         "--model",
@@ -44,11 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--lora", default=None,
-                        help="a LoRA adapter: NAME.safetensors in the store $STEPWISE_LORA_URL (file:///folder)")
+    parser.add_argument(
+        "--lora", default=None, help="a LoRA adapter: NAME.safetensors in the store $STEPWISE_LORA_URL (file:///folder)"
+    )
     parser.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default: 1.0)")
-    parser.add_argument("--out", type=Path, default=Path("stepwise.png"),
-                        help="PNG file to write (default: stepwise.png)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,8 +125,9 @@ def _generate(params, device: str):
     from batching.engine import DiffusionEngine, EngineConfig
 
     with DiffusionEngine(EngineConfig(model=params.model, device=device, max_num_seqs=1)) as engine:
-        with tqdm(total=params.num_inference_steps, desc="denoising", unit="step", file=sys.stderr,
-                  disable=None) as bar:  # None: a bar only on a terminal
+        with tqdm(
+            total=params.num_inference_steps, desc="denoising", unit="step", file=sys.stderr, disable=None
+        ) as bar:  # None: a bar only on a terminal
 
             def show_progress(num_steps_done: int, num_steps_total: int) -> None:
                 bar.update(num_steps_done - bar.n)

@@ -17,8 +17,11 @@ def add_image_arguments(parser: argparse.ArgumentParser, *, format_flag: str) ->
     parser.add_argument("--init-image", type=Path, help="image-to-image: start from this PNG/JPEG/WebP file")
     parser.add_argument("--mask", type=Path, help="inpainting: white repaints, black keeps (the init image's size)")
     parser.add_argument("--strength", type=float, help="with --init-image: fraction of the steps run (0 < s <= 1)")
-    parser.add_argument("--resize-mode", choices=("none", "stretch", "crop"),
-                        help="an image of another size than --size: none (refused), stretch or crop")
+    parser.add_argument(
+        "--resize-mode",
+        choices=("none", "stretch", "crop"),
+        help="an image of another size than --size: none (refused), stretch or crop",
+    )
     parser.add_argument(format_flag, dest="output_format", choices=OUTPUT_FORMATS, help="image format (default png)")
     parser.add_argument("--quality", type=int, dest="output_quality", help="JPEG/WebP quality 1-100 (default 90)")
 

@@ -21,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def line(job: dict) -> str:
     progress = job.get("progress") or {}
     prompt = (job.get("params") or {}).get("prompt", "")
-    return (f"{job['job_id']}  {job['state']:<9}  {progress.get('step', 0):>4}/{progress.get('total', 0):<4}  "
-            f"{job.get('created_at', '')}  {prompt[:40]!r}")
+    return (
+        f"{job['job_id']}  {job['state']:<9}  {progress.get('step', 0):>4}/{progress.get('total', 0):<4}  "
+        f"{job.get('created_at', '')}  {prompt[:40]!r}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

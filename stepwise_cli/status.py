@@ -32,8 +32,10 @@ def describe(job: dict[str, Any]) -> str:
         lines.append(f"  queue position: {job['queue_position']}")
     params = job.get("params") or {}
     if params:
-        lines.append(f"  {params.get('model')}: {params.get('prompt')!r}, {params.get('width')}x"
-                     f"{params.get('height')}, {params.get('num_inference_steps')} steps, seed {params.get('seed')}")
+        lines.append(
+            f"  {params.get('model')}: {params.get('prompt')!r}, {params.get('width')}x"
+            f"{params.get('height')}, {params.get('num_inference_steps')} steps, seed {params.get('seed')}"
+        )
     if job.get("timings"):
         lines.append("  timings: " + ", ".join(f"{name} {value:.2f}s" for name, value in job["timings"].items()))
     if job["state"] in FAILED_STATES:

@@ -64,8 +64,9 @@ def parse_deadline(text: str) -> str:
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"must be a duration such as 10m or an RFC 3339 time with offset, "
-                                         f"e.g. 2030-01-01T12:00:00Z (got {text!r})")
+        raise argparse.ArgumentTypeError(
+            f"must be a duration such as 10m or an RFC 3339 time with offset, e.g. 2030-01-01T12:00:00Z (got {text!r})"
+        )
     return moment.isoformat()
 
 
@@ -84,25 +85,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, dest="num_inference_steps", help="denoise steps")
     parser.add_argument("--height", type=int, help="image height in pixels, a multiple of 8")
     parser.add_argument("--width", type=int, help="image width in pixels, a multiple of 8")
-    parser.add_argument("--size", type=parse_size, help="N or WIDTHxHEIGHT in pixels, e.g. 128 or 192x128 "
-                                                        "(instead of --height/--width)")
+    parser.add_argument(
+        "--size", type=parse_size, help="N or WIDTHxHEIGHT in pixels, e.g. 128 or 192x128 (instead of --height/--width)"
+    )
     parser.add_argument("--guidance", type=float, dest="guidance_scale", help="classifier-free guidance scale")
     parser.add_argument("--sampler", help="ddim, euler, euler_ancestral or dpmpp_2m")
-    parser.add_argument("--num-images", type=int, dest="num_images",
-                        help="images from this prompt (seeds seed..seed+N-1)")
+    parser.add_argument(
+        "--num-images", type=int, dest="num_images", help="images from this prompt (seeds seed..seed+N-1)"
+    )
     parser.add_argument("--model", help="model name (default: the one the service serves, its STEPWISE_MODEL)")
     parser.add_argument("--webhook-url", help="URL the service calls on the job's events (signed, retried)")
-    parser.add_argument("--webhook-events", type=parse_events,
-                        help="comma-separated: started, completed, failed, canceled (default: all)")
-    parser.add_argument("--deadline", type=parse_deadline,
-                        help="a job not started by then ends `expired`: a duration (10m, 2h) or RFC 3339 time")
+    parser.add_argument(
+        "--webhook-events",
+        type=parse_events,
+        help="comma-separated: started, completed, failed, canceled (default: all)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=parse_deadline,
+        help="a job not started by then ends `expired`: a duration (10m, 2h) or RFC 3339 time",
+    )
     add_image_arguments(parser, format_flag="--format")
     parser.add_argument("--wait", action="store_true", help="wait for the job, showing its progress")
     parser.add_argument("--out", type=Path, help="save the images in this folder (implies --wait)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job (default 600)")
-    parser.add_argument("--no-worker-timeout", type=float, default=30.0,
-                        help="with --wait: give up once the job has stayed queued this long with no worker serving "
-                             "its model (default 30)")
+    parser.add_argument(
+        "--no-worker-timeout",
+        type=float,
+        default=30.0,
+        help="with --wait: give up once the job has stayed queued this long with no worker serving "
+        "its model (default 30)",
+    )
     parser.add_argument("--priority", choices=("high", "normal", "low"), help="queue priority (default normal)")
     parser.add_argument("--json", action="store_true", help="print the final job record as JSON")
     add_api_arguments(parser)
@@ -110,8 +123,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def request_body(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": args.prompt}
-    for name in ("negative_prompt", "seed", "num_inference_steps", "guidance_scale", "sampler", "num_images", "model",
-                 "height", "width", "webhook_url", "webhook_events", "deadline", "priority"):
+    for name in (
+        "negative_prompt",
+        "seed",
+        "num_inference_steps",
+        "guidance_scale",
+        "sampler",
+        "num_images",
+        "model",
+        "height",
+        "width",
+        "webhook_url",
+        "webhook_events",
+        "deadline",
+        "priority",
+    ):
         value = getattr(args, name)
         if value is not None:
             body[name] = value
@@ -156,8 +182,11 @@ def _submit(client: ApiClient, args: argparse.Namespace) -> int:
     job_id = accepted["job_id"]
     model = (accepted.get("params") or {}).get("model", "")
     if accepted.get("state") == "queued" and not is_served(client, model):
-        print(f"stepwise submit: warning: no worker serving {model!r} has been seen recently; the job waits in "
-              "the queue until one starts (stepwise worker, or `stepwise up`)", file=sys.stderr)
+        print(
+            f"stepwise submit: warning: no worker serving {model!r} has been seen recently; the job waits in "
+            "the queue until one starts (stepwise worker, or `stepwise up`)",
+            file=sys.stderr,
+        )
     if not (args.wait or args.out):
         if args.json:
             print(json.dumps(accepted, indent=2))
@@ -185,8 +214,9 @@ def is_served(client: ApiClient, model: str) -> bool:
     return bool(status and status.get("available"))
 
 
-def wait_for_job(client: ApiClient, job_id: str, *, timeout: float,
-                 no_worker_timeout: float | None = None) -> dict[str, Any]:
+def wait_for_job(
+    client: ApiClient, job_id: str, *, timeout: float, no_worker_timeout: float | None = None
+) -> dict[str, Any]:
     """Poll until the job is terminal, drawing its step progress; raise ClientError on timeout, or once
     the job has stayed queued for `no_worker_timeout` seconds while no worker served its model."""
     deadline = time.monotonic() + timeout
@@ -210,12 +240,16 @@ def wait_for_job(client: ApiClient, job_id: str, *, timeout: float,
                 model = job["params"].get("model", "")
                 unserved_since = None if is_served(client, model) else (unserved_since or now)
                 if unserved_since is not None and now - unserved_since >= no_worker_timeout:
-                    raise ClientError(f"job {job_id} is still queued: no worker serving {model!r} has been seen for "
-                                      f"{now - unserved_since:.0f}s (the job stays queued and runs once one starts; "
-                                      f"check {client.target.url}/v1/jobs/{job_id})")
+                    raise ClientError(
+                        f"job {job_id} is still queued: no worker serving {model!r} has been seen for "
+                        f"{now - unserved_since:.0f}s (the job stays queued and runs once one starts; "
+                        f"check {client.target.url}/v1/jobs/{job_id})"
+                    )
             if time.monotonic() > deadline:
-                raise ClientError(f"job {job_id} is still {job['state']} after {timeout:.0f}s "
-                                  f"(it keeps running; check {client.target.url}/v1/jobs/{job_id})")
+                raise ClientError(
+                    f"job {job_id} is still {job['state']} after {timeout:.0f}s "
+                    f"(it keeps running; check {client.target.url}/v1/jobs/{job_id})"
+                )
             time.sleep(POLL_INTERVAL_SECONDS)
 
 

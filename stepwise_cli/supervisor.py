@@ -32,7 +32,7 @@ class StopRequested(Exception):
 # Lines a child prints that a user cannot act on, replaced by a short explanation (once).
 EXPLAINED_LINES = {
     "Memory overcommit must be enabled": "Redis warns that vm.overcommit_memory is 0; harmless for the small "
-                                         "data set of `stepwise up` (see docs/operations.md)",
+    "data set of `stepwise up` (see docs/operations.md)",
 }
 
 
@@ -75,8 +75,15 @@ class Supervisor:
         self.stop_requested.set()
 
     def start(self, name: str, argv: list[str], env: dict[str, str], stop_timeout: float = 15.0) -> Child:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         child = Child(name, process, stop_timeout)
         child.reader = threading.Thread(target=self._relay, args=(child,), name=f"log-{name}", daemon=True)
         child.reader.start()

@@ -51,18 +51,31 @@ or run `make run`, which installs it when it can; or set STEPWISE_REDIS_URL=redi
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="API address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
-    parser.add_argument("--model", help="model the worker serves and jobs get by default "
-                                        f"(default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})")
+    parser.add_argument(
+        "--model",
+        help=f"model the worker serves and jobs get by default (default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})",
+    )
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: $STEPWISE_DEVICE, else cpu)")
     parser.add_argument("--max-num-seqs", type=int, help="jobs the worker batches at once (default: the worker's)")
-    parser.add_argument("--api-workers", type=int, default=2,
-                        help="gunicorn worker processes for the API (default 2: the model needs the CPU more)")
+    parser.add_argument(
+        "--api-workers",
+        type=int,
+        default=2,
+        help="gunicorn worker processes for the API (default 2: the model needs the CPU more)",
+    )
     parser.add_argument("--redis-port", type=int, help="port for the embedded redis-server (default: a free one)")
-    parser.add_argument("--var-dir", type=Path, default=None,
-                        help="where Redis data, images and the saved URL and key go "
-                             "(default: $STEPWISE_VAR_DIR or ./var)")
-    parser.add_argument("--startup-timeout", type=float, default=300.0,
-                        help="seconds to wait for the worker to load its model and the API to answer (default 300)")
+    parser.add_argument(
+        "--var-dir",
+        type=Path,
+        default=None,
+        help="where Redis data, images and the saved URL and key go (default: $STEPWISE_VAR_DIR or ./var)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the worker to load its model and the API to answer (default 300)",
+    )
 
 
 def free_port() -> int:
@@ -96,8 +109,11 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
         env["STEPWISE_API_KEYS"] = f"{LOCAL_TENANT}:{api_key}"
     env.setdefault("STEPWISE_WEBHOOK_SECRET", new_webhook_secret())
     env.setdefault("STEPWISE_WORKER_METRICS_PORT", str(free_port()))
-    for option, name in (("model", "STEPWISE_MODEL"), ("device", "STEPWISE_DEVICE"),
-                         ("max_num_seqs", "STEPWISE_MAX_NUM_SEQS")):
+    for option, name in (
+        ("model", "STEPWISE_MODEL"),
+        ("device", "STEPWISE_DEVICE"),
+        ("max_num_seqs", "STEPWISE_MAX_NUM_SEQS"),
+    ):
         if getattr(args, option) is not None:
             env[name] = str(getattr(args, option))
     env.setdefault("STEPWISE_DEVICE", "cpu")
@@ -153,7 +169,8 @@ def wait_for_redis(supervisor: Supervisor, url: str, timeout: float) -> None:
             except (redis.ConnectionError, redis.BusyLoadingError) as e:
                 if time.monotonic() > deadline:
                     raise ServiceError(
-                        f"Redis at {mask_password(url)} did not answer within {timeout:.0f}s: {e}") from e
+                        f"Redis at {mask_password(url)} did not answer within {timeout:.0f}s: {e}"
+                    ) from e
             supervisor.sleep(0.1)
     finally:
         client.close()
@@ -235,8 +252,17 @@ def run(args: argparse.Namespace) -> int:
         wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
         state_file = save_local_target(var_dir, ApiTarget(api_url, api_key.key), redis_url=redis_url)
-        supervisor.say(banner(api_url, api_key, state_file, env, redis_url, time.monotonic() - started,
-                              custom_var_dir=args.var_dir is not None))
+        supervisor.say(
+            banner(
+                api_url,
+                api_key,
+                state_file,
+                env,
+                redis_url,
+                time.monotonic() - started,
+                custom_var_dir=args.var_dir is not None,
+            )
+        )
         while True:
             supervisor.sleep(0.5)
     except StopRequested:
@@ -252,8 +278,23 @@ def run(args: argparse.Namespace) -> int:
 
 def start_redis(supervisor: Supervisor, binary: str, port: int, data_dir: Path, env: dict[str, str]) -> str:
     data_dir.mkdir(exist_ok=True)
-    supervisor.start("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-                               "--appendonly", "yes", "--daemonize", "no"], env)
+    supervisor.start(
+        "redis",
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--daemonize",
+            "no",
+        ],
+        env,
+    )
     return f"redis://127.0.0.1:{port}/0"
 
 
@@ -264,21 +305,43 @@ def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: 
     grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)  # the worker's warm shutdown, plus a margin
     supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
     start_webhook_worker(supervisor, stepwise, env)
-    supervisor.start("api", [*stepwise, "api", "--host", args.host, "--port", str(args.port),
-                             "--workers", str(args.api_workers)], env)
+    supervisor.start(
+        "api",
+        [*stepwise, "api", "--host", args.host, "--port", str(args.port), "--workers", str(args.api_workers)],
+        env,
+    )
     return worker_name
 
 
 def start_webhook_worker(supervisor: Supervisor, stepwise: list[str], env: dict[str, str]) -> None:
     """Webhook delivery in a process of its own (no model), so a slow receiver cannot hold the
     generating worker's threads (worker.webhooks)."""
-    supervisor.start("webhooks", [*stepwise, "worker", "--queues", WEBHOOK_QUEUE, "--concurrency", "4",
-                                  "--hostname", f"up{os.getpid()}-webhooks@{socket.gethostname()}"],
-                     {**env, "STEPWISE_WORKER_METRICS_PORT": "0"})
+    supervisor.start(
+        "webhooks",
+        [
+            *stepwise,
+            "worker",
+            "--queues",
+            WEBHOOK_QUEUE,
+            "--concurrency",
+            "4",
+            "--hostname",
+            f"up{os.getpid()}-webhooks@{socket.gethostname()}",
+        ],
+        {**env, "STEPWISE_WORKER_METRICS_PORT": "0"},
+    )
 
 
-def banner(api_url: str, api_key: ApiKeyChoice, state_file: Path, env: dict[str, str], redis_url: str,
-           elapsed: float, *, custom_var_dir: bool) -> str:
+def banner(
+    api_url: str,
+    api_key: ApiKeyChoice,
+    state_file: Path,
+    env: dict[str, str],
+    redis_url: str,
+    elapsed: float,
+    *,
+    custom_var_dir: bool,
+) -> str:
     """What `up` prints once everything answers: where things are and commands to try, no configured secret."""
     var_option = f" --var-dir {state_file.parent}" if custom_var_dir else ""
     metrics_port = env.get("STEPWISE_WORKER_METRICS_PORT", "0")
@@ -300,9 +363,9 @@ def banner(api_url: str, api_key: ApiKeyChoice, state_file: Path, env: dict[str,
         f"    redis:    {mask_password(redis_url)}\n"
         f"    metrics:  {api_url}/metrics{worker_metrics}\n\n"
         f"  try:\n"
-        f"    stepwise submit \"a red fox\" --wait --out out/{var_option}\n"
+        f'    stepwise submit "a red fox" --wait --out out/{var_option}\n'
         f"    curl -H 'Authorization: Bearer {bearer}' -H 'Content-Type: application/json' \\\n"
-        f"         -d '{{\"prompt\": \"a red fox\"}}' {api_url}/v1/jobs\n"
+        f'         -d \'{{"prompt": "a red fox"}}\' {api_url}/v1/jobs\n'
         f"    {inspect}\n\n"
         f"  Ctrl-C stops everything."
     )

@@ -23,8 +23,15 @@ from typing import Any, cast
 import redis
 
 # The engine statistics a heartbeat carries (the rest of engine.stats() stays in the worker).
-ENGINE_FIELDS = ("num_running", "num_waiting", "jobs_per_forward", "steps_per_second", "images_per_second",
-                 "running_by_key", "waiting_by_key")
+ENGINE_FIELDS = (
+    "num_running",
+    "num_waiting",
+    "jobs_per_forward",
+    "steps_per_second",
+    "images_per_second",
+    "running_by_key",
+    "waiting_by_key",
+)
 _SUMMED_NUMBERS = ("num_running", "num_waiting", "steps_per_second", "images_per_second")
 _SUMMED_COUNTERS = ("jobs_per_forward", "running_by_key", "waiting_by_key")
 
@@ -129,10 +136,18 @@ class HeartbeatStore:
         for model, beats in sorted(by_model.items()):
             live = [beat for beat in beats if self.is_live(beat, now)]
             newest = max(beats, key=lambda beat: beat.seen_at)
-            statuses.append(ModelStatus(
-                model=model, queue=newest.queue, family=newest.family, available=bool(live), workers=len(live),
-                capacity=sum(beat.capacity for beat in live), last_seen=newest.seen_at,
-                defaults=newest.defaults, limits=newest.limits,
-                engine=summed_engine_stats([beat.engine for beat in live]),
-            ))
+            statuses.append(
+                ModelStatus(
+                    model=model,
+                    queue=newest.queue,
+                    family=newest.family,
+                    available=bool(live),
+                    workers=len(live),
+                    capacity=sum(beat.capacity for beat in live),
+                    last_seen=newest.seen_at,
+                    defaults=newest.defaults,
+                    limits=newest.limits,
+                    engine=summed_engine_stats([beat.engine for beat in live]),
+                )
+            )
         return statuses

@@ -93,8 +93,11 @@ def open_image_store(settings: StorageSettings, *, retry: RetryPolicy | None = N
         from storage.s3_image_store import S3ImageStore
 
         return S3ImageStore(
-            bucket=parts.netloc, prefix=parts.path.strip("/"), endpoint_url=settings.s3_endpoint_url,
+            bucket=parts.netloc,
+            prefix=parts.path.strip("/"),
+            endpoint_url=settings.s3_endpoint_url,
             public_endpoint_url=settings.s3_public_endpoint_url,
-            presign_expiry_seconds=settings.presign_expiry_seconds, retry=retry,
+            presign_expiry_seconds=settings.presign_expiry_seconds,
+            retry=retry,
         )
     raise ValueError(f"STEPWISE_STORAGE_URL must be file:///absolute/path or s3://bucket/prefix (got {url!r})")

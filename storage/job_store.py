@@ -50,18 +50,38 @@ from storage.settings import StorageSettings
 from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
 
 __all__ = [
-    "Created", "NewJobSpec", "QueueFullError", "IdempotencyConflictError", "InvalidCursorError",
-    "InvalidTransitionError", "JobNotFoundError",
-    "JobRecord", "JobState", "JobStore", "StorageError", "StorageUnavailableError",
+    "Created",
+    "NewJobSpec",
+    "QueueFullError",
+    "IdempotencyConflictError",
+    "InvalidCursorError",
+    "InvalidTransitionError",
+    "JobNotFoundError",
+    "JobRecord",
+    "JobState",
+    "JobStore",
+    "StorageError",
+    "StorageUnavailableError",
 ]
 
 # Fields that finish() may set; the rest belong to the store's own transitions.
 FINISH_FIELDS = RECORD_FIELDS - {
-    "job_id", "tenant", "state", "created_at", "finished_at", "attempts", "worker_id",
-    "lease_expires_at", "idempotency_key",
+    "job_id",
+    "tenant",
+    "state",
+    "created_at",
+    "finished_at",
+    "attempts",
+    "worker_id",
+    "lease_expires_at",
+    "idempotency_key",
 }
-_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError)
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
+)
 
 
 def _wraps_redis_errors(method: Callable) -> Callable:
@@ -73,13 +93,21 @@ def _wraps_redis_errors(method: Callable) -> Callable:
             raise StorageUnavailableError(f"Redis at {self.redis_location} is unavailable: {e}") from e
         except redis.exceptions.RedisError as e:
             raise StorageError(f"Redis error in JobStore.{method.__name__}: {e}") from e
+
     return wrapper
 
 
 class JobStore:
-    def __init__(self, redis_url: str, *, job_ttl_seconds: int = 7 * 24 * 3600, namespace: str = "stepwise",
-                 clock: Callable[[], float] = time.time, worker_timeout: float = 15.0,
-                 model_retention: float = 3600.0) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        job_ttl_seconds: int = 7 * 24 * 3600,
+        namespace: str = "stepwise",
+        clock: Callable[[], float] = time.time,
+        worker_timeout: float = 15.0,
+        model_retention: float = 3600.0,
+    ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
         self.keys = RedisKeys(namespace)
@@ -87,13 +115,17 @@ class JobStore:
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
         # quick 503, not as a request hanging for half a minute.
         self._redis = redis.Redis.from_url(
-            redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5,
+            redis_url,
+            decode_responses=True,
+            socket_connect_timeout=2,
+            socket_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
         kwargs = self._redis.get_connection_kwargs()
         self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-        self._heartbeats = HeartbeatStore(self._redis, self.keys.workers, worker_timeout=worker_timeout,
-                                          retention=model_retention)
+        self._heartbeats = HeartbeatStore(
+            self._redis, self.keys.workers, worker_timeout=worker_timeout, retention=model_retention
+        )
         register = self._redis.register_script
         self._create = register(lua.CREATE)
         self._take = register(lua.TAKE)
@@ -111,8 +143,12 @@ class JobStore:
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> JobStore:
-        return cls(settings.redis_url, job_ttl_seconds=settings.job_ttl_seconds,
-                   worker_timeout=settings.worker_timeout, model_retention=settings.model_retention)
+        return cls(
+            settings.redis_url,
+            job_ttl_seconds=settings.job_ttl_seconds,
+            worker_timeout=settings.worker_timeout,
+            model_retention=settings.model_retention,
+        )
 
     def job_key(self, job_id: str) -> str:
         return self.keys.job(job_id)
@@ -131,8 +167,9 @@ class JobStore:
         return record_from_hash(mapping) if mapping else None
 
     @_wraps_redis_errors
-    def list_for_tenant(self, tenant: str, *, state: JobState | None = None, limit: int = 20,
-                        cursor: str | None = None) -> tuple[list[JobRecord], str | None]:
+    def list_for_tenant(
+        self, tenant: str, *, state: JobState | None = None, limit: int = 20, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
         """Newest first; returns (records, next_cursor or None)."""
         assert limit > 0
         state = JobState(state) if state is not None else None
@@ -191,7 +228,7 @@ class JobStore:
                     pipe.zcard(self.keys.queued_in(status.queue, priority))
             depths = pipe.execute()
         for index, status in enumerate(statuses):
-            status.queued_by_priority = dict(zip(PRIORITIES, depths[index * len(PRIORITIES):]))
+            status.queued_by_priority = dict(zip(PRIORITIES, depths[index * len(PRIORITIES) :]))
         return statuses
 
     @_wraps_redis_errors
@@ -249,24 +286,44 @@ class JobStore:
     # Transitions.
 
     @_wraps_redis_errors
-    def create(self, *, tenant: str, params: dict[str, Any], deadline: float | None = None,
-               webhook_url: str | None = None, webhook_events: list[str] | None = None,
-               idempotency_key: str | None = None, request_hash: str | None = None,
-               priority: str = DEFAULT_PRIORITY) -> tuple[JobRecord, bool]:
+    def create(
+        self,
+        *,
+        tenant: str,
+        params: dict[str, Any],
+        deadline: float | None = None,
+        webhook_url: str | None = None,
+        webhook_events: list[str] | None = None,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+        priority: str = DEFAULT_PRIORITY,
+    ) -> tuple[JobRecord, bool]:
         """Create a queued job. Returns (record, created). Same tenant+idempotency_key with the
         same request_hash returns the original (created=False); a different hash raises
         IdempotencyConflictError."""
-        spec = NewJobSpec(tenant=tenant, params=params, deadline=deadline, webhook_url=webhook_url,
-                          webhook_events=list(webhook_events or []), idempotency_key=idempotency_key,
-                          request_hash=request_hash, priority=priority)
+        spec = NewJobSpec(
+            tenant=tenant,
+            params=params,
+            deadline=deadline,
+            webhook_url=webhook_url,
+            webhook_events=list(webhook_events or []),
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            priority=priority,
+        )
         outcome = self.create_many([spec])[0]
         if isinstance(outcome, Exception):
             raise outcome
         return outcome.record, outcome.created
 
     @_wraps_redis_errors
-    def create_many(self, specs: list[NewJobSpec], *, max_queued: int = 0,
-                    message_for: Callable[[JobRecord], tuple[str, str]] | None = None) -> list[Created | StorageError]:
+    def create_many(
+        self,
+        specs: list[NewJobSpec],
+        *,
+        max_queued: int = 0,
+        message_for: Callable[[JobRecord], tuple[str, str]] | None = None,
+    ) -> list[Created | StorageError]:
         """Create queued jobs in one round trip (a pipeline of atomic scripts, run in order).
 
         One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
@@ -292,16 +349,19 @@ class JobStore:
         """Atomically queued -> running (attempts+1, started_at, lease). None if the job is not
         queued (terminal, or another worker holds it)."""
         now = self.clock()
-        reply = self._take(keys=[self.job_key(job_id)],
-                           args=[self.namespace, job_id, worker_id, repr(now), repr(now + lease_seconds)])
+        reply = self._take(
+            keys=[self.job_key(job_id)], args=[self.namespace, job_id, worker_id, repr(now), repr(now + lease_seconds)]
+        )
         return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
     def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool:
         """Extend the lease of a job this worker holds; False if it no longer holds it."""
         expires_at = self.clock() + lease_seconds
-        return self._renew_lease(keys=[self.job_key(job_id)],
-                                 args=[self.namespace, job_id, worker_id, repr(expires_at)]) == 1
+        return (
+            self._renew_lease(keys=[self.job_key(job_id)], args=[self.namespace, job_id, worker_id, repr(expires_at)])
+            == 1
+        )
 
     @_wraps_redis_errors
     def set_progress(self, job_id: str, step: int, total: int) -> None:
@@ -321,10 +381,20 @@ class JobStore:
         encoded = {name: encode_field(name, value) for name, value in fields.items()}
         to_set = [item for name, value in encoded.items() if value is not None for item in (name, value)]
         to_delete = [name for name, value in encoded.items() if value is None]
-        reply = self._finish(keys=[self.job_key(job_id)], args=[
-            self.namespace, job_id, state.value, repr(self.clock()), self.job_ttl_seconds,
-            worker_id or "", len(to_set), *to_set, *to_delete,
-        ])
+        reply = self._finish(
+            keys=[self.job_key(job_id)],
+            args=[
+                self.namespace,
+                job_id,
+                state.value,
+                repr(self.clock()),
+                self.job_ttl_seconds,
+                worker_id or "",
+                len(to_set),
+                *to_set,
+                *to_delete,
+            ],
+        )
         return reply == 1
 
     @_wraps_redis_errors
@@ -333,7 +403,8 @@ class JobStore:
         next step boundary). Raises InvalidTransitionError if terminal, JobNotFoundError if there is
         no such job. Returns the new state."""
         outcome, state = self._request_cancel(
-            keys=[self.job_key(job_id)], args=[self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds])
+            keys=[self.job_key(job_id)], args=[self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds]
+        )
         if outcome == "missing":
             raise JobNotFoundError(f"no job {job_id!r}")
         if outcome == "refused":
@@ -355,10 +426,17 @@ class JobStore:
         return self._release_script(job_id, worker_id=None, lapsed_at=now) == 1
 
     def _release_script(self, job_id: str, *, worker_id: str | None, lapsed_at: float | None) -> int:
-        return self._release(keys=[self.job_key(job_id)], args=[
-            self.namespace, job_id, worker_id or "", repr(self.clock()), self.job_ttl_seconds,
-            "" if lapsed_at is None else repr(lapsed_at),
-        ])
+        return self._release(
+            keys=[self.job_key(job_id)],
+            args=[
+                self.namespace,
+                job_id,
+                worker_id or "",
+                repr(self.clock()),
+                self.job_ttl_seconds,
+                "" if lapsed_at is None else repr(lapsed_at),
+            ],
+        )
 
     @_wraps_redis_errors
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:

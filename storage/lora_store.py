@@ -26,8 +26,9 @@ from storage.errors import ImageNotFoundError, StorageError
 from storage.settings import StorageSettings
 
 TENANTS_PREFIX = "tenants"
-SAFETENSORS_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
-                                "I64", "U64", "F8_E4M3", "F8_E5M2"})
+SAFETENSORS_DTYPES = frozenset(
+    {"BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64", "F8_E4M3", "F8_E5M2"}
+)
 
 
 class InvalidLoraFileError(ValueError):
@@ -67,10 +68,15 @@ def check_safetensors(data: bytes) -> int:
     tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
     for name, entry in tensors.items():
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES
-                or not isinstance(entry.get("shape"), list) or not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(offset, int) for offset in offsets)
-                or not 0 <= offsets[0] <= offsets[1] <= data_length):
+        if (
+            not isinstance(entry, dict)
+            or entry.get("dtype") not in SAFETENSORS_DTYPES
+            or not isinstance(entry.get("shape"), list)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(offset, int) for offset in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_length
+        ):
             raise InvalidLoraFileError(f"is not a valid safetensors file (tensor {name[:100]!r} is malformed)")
     if not tensors:
         raise InvalidLoraFileError("holds no tensors")
@@ -141,8 +147,11 @@ class LocalLoraStore(LoraStore):
         folder = self.root / prefix if prefix else self.root
         if not folder.is_dir():
             return []
-        return [LoraInfo(path.name.removesuffix(LORA_SUFFIX), path.stat().st_size)
-                for path in sorted(folder.glob(f"*{LORA_SUFFIX}")) if path.is_file()]
+        return [
+            LoraInfo(path.name.removesuffix(LORA_SUFFIX), path.stat().st_size)
+            for path in sorted(folder.glob(f"*{LORA_SUFFIX}"))
+            if path.is_file()
+        ]
 
 
 class S3LoraStore(LoraStore):
@@ -167,8 +176,15 @@ class S3LoraStore(LoraStore):
         return None if info is None else info.size
 
     def put(self, key: str, data: bytes) -> None:
-        self.s3._call("upload", key, self.s3._client.put_object, Bucket=self.s3.bucket, Key=self._object(key),
-                      Body=data, ContentType="application/octet-stream")
+        self.s3._call(
+            "upload",
+            key,
+            self.s3._client.put_object,
+            Bucket=self.s3.bucket,
+            Key=self._object(key),
+            Body=data,
+            ContentType="application/octet-stream",
+        )
 
     def delete(self, key: str) -> bool:
         if self.size(key) is None:
@@ -179,10 +195,14 @@ class S3LoraStore(LoraStore):
     def list(self, prefix: str) -> list[LoraInfo]:
         folder = "/".join(part for part in (self.s3.prefix, prefix) if part)
         folder = f"{folder}/" if folder else ""
-        response = self.s3._call("list", folder, self.s3._client.list_objects_v2, Bucket=self.s3.bucket,
-                                 Prefix=folder, Delimiter="/")
-        found = [LoraInfo(item["Key"][len(folder):].removesuffix(LORA_SUFFIX), item["Size"])
-                 for item in response.get("Contents", []) if item["Key"].endswith(LORA_SUFFIX)]
+        response = self.s3._call(
+            "list", folder, self.s3._client.list_objects_v2, Bucket=self.s3.bucket, Prefix=folder, Delimiter="/"
+        )
+        found = [
+            LoraInfo(item["Key"][len(folder) :].removesuffix(LORA_SUFFIX), item["Size"])
+            for item in response.get("Contents", [])
+            if item["Key"].endswith(LORA_SUFFIX)
+        ]
         return sorted(found, key=lambda info: info.name)
 
 

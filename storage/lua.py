@@ -80,7 +80,9 @@ end
 # the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
 # With a message, the job is created and its message pushed onto message_list together (the job is
 # then never unsent); without one, the job waits in the unsent set until its creator marks it sent.
-CREATE = _PREAMBLE + """
+CREATE = (
+    _PREAMBLE
+    + """
 local job_id = ARGV[2]
 local max_queued = tonumber(ARGV[4])
 if KEYS[2] then
@@ -115,9 +117,12 @@ end
 local index = queue_index(KEYS[1])
 return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', ns .. ':queued', job_id)}
 """
+)
 
 # ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
-TAKE = _PREAMBLE + """
+TAKE = (
+    _PREAMBLE
+    + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
   return false
 end
@@ -130,9 +135,12 @@ redis.call('ZREM', ns .. ':unsent', ARGV[2])
 redis.call('ZADD', ns .. ':leases', ARGV[5], ARGV[2])
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
 # ARGV: ns, job_id, worker_id, lease_expires_at. Returns 1 if renewed.
-RENEW_LEASE = _PREAMBLE + """
+RENEW_LEASE = (
+    _PREAMBLE
+    + """
 local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
 if state ~= 'running' or holder ~= ARGV[3] then
   return 0
@@ -141,19 +149,25 @@ redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[4])
 redis.call('ZADD', ns .. ':leases', ARGV[4], ARGV[2])
 return 1
 """
+)
 
 # ARGV: ns, step, total. Only a running job's progress moves (never recreates an expired hash).
-SET_PROGRESS = _PREAMBLE + """
+SET_PROGRESS = (
+    _PREAMBLE
+    + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
 redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3])
 return 1
 """
+)
 
 # ARGV: ns, job_id, to_state, now, ttl, worker_id or '', num_set, field, value, ..., field_to_delete, ...
 # Returns 1 if the job moved to to_state.
-FINISH = _PREAMBLE + """
+FINISH = (
+    _PREAMBLE
+    + """
 local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
 if state ~= 'queued' and state ~= 'running' then
   return 0
@@ -171,10 +185,13 @@ end
 finish_job(KEYS[1], ARGV[2], state, ARGV[3], ARGV[4], ARGV[5])
 return 1
 """
+)
 
 # ARGV: ns, job_id, now, ttl. Returns {outcome, state}: outcome is 'canceled' (was queued),
 # 'flagged' (running; the worker stops it), 'refused' (terminal) or 'missing'.
-REQUEST_CANCEL = _PREAMBLE + """
+REQUEST_CANCEL = (
+    _PREAMBLE
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return {'missing', ''}
@@ -189,10 +206,13 @@ if state == 'running' then
 end
 return {'refused', state}
 """
+)
 
 # ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or ''.
 # Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused.
-RELEASE = _PREAMBLE + """
+RELEASE = (
+    _PREAMBLE
+    + """
 local state, holder, lease, cancel = unpack(redis.call(
   'HMGET', KEYS[1], 'state', 'worker_id', 'lease_expires_at', 'cancel_requested'))
 if state ~= 'running' then
@@ -215,9 +235,12 @@ redis.call('ZREM', ns .. ':leases', ARGV[2])
 add_queued(KEYS[1], ARGV[2], ARGV[4])
 return 1
 """
+)
 
 # ARGV: ns, attempt as a JSON object. Appends to the JSON list without decoding it.
-ADD_WEBHOOK_ATTEMPT = _PREAMBLE + """
+ADD_WEBHOOK_ATTEMPT = (
+    _PREAMBLE
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -230,3 +253,4 @@ end
 redis.call('HSET', KEYS[1], 'webhook_attempts', attempts)
 return 1
 """
+)

@@ -39,9 +39,16 @@ class NewJobSpec:
     def new_record(self, job_id: str, now: float) -> JobRecord:
         assert self.tenant, "tenant must not be empty"
         return JobRecord(
-            job_id=job_id, tenant=self.tenant, state=JobState.QUEUED, params=self.params, created_at=now,
-            deadline=self.deadline, webhook_url=self.webhook_url, webhook_events=list(self.webhook_events),
-            idempotency_key=self.idempotency_key, queue=generate_queue(self.params.get("model", DEFAULT_MODEL)),
+            job_id=job_id,
+            tenant=self.tenant,
+            state=JobState.QUEUED,
+            params=self.params,
+            created_at=now,
+            deadline=self.deadline,
+            webhook_url=self.webhook_url,
+            webhook_events=list(self.webhook_events),
+            idempotency_key=self.idempotency_key,
+            queue=generate_queue(self.params.get("model", DEFAULT_MODEL)),
             priority=self.priority,
         )
 
@@ -56,8 +63,14 @@ class Created:
 MessageFor = Callable[[JobRecord], tuple[str, str]]  # record -> (Redis list, broker message payload)
 
 
-def run_creates(client: redis.Redis, create_sha: str, keys: RedisKeys, pending: list[tuple[NewJobSpec, JobRecord]],
-                max_queued: int, message_for: MessageFor | None) -> list[Any]:
+def run_creates(
+    client: redis.Redis,
+    create_sha: str,
+    keys: RedisKeys,
+    pending: list[tuple[NewJobSpec, JobRecord]],
+    max_queued: int,
+    message_for: MessageFor | None,
+) -> list[Any]:
     """One pipeline of CREATE scripts (storage.lua), one per pending job; their raw replies.
 
     EVALSHA goes straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
@@ -74,8 +87,18 @@ def run_creates(client: redis.Redis, create_sha: str, keys: RedisKeys, pending: 
                     script_keys.append(keys.idempotency(spec.tenant, spec.idempotency_key))
                 message_list, message = message_for(record) if message_for else ("", "")
                 flat = json.dumps([item for pair in record_to_hash(record).items() for item in pair])
-                pipe.evalsha(create_sha, len(script_keys), *script_keys, keys.namespace, record.job_id,
-                             spec.request_hash or "", max_queued, message_list, message, flat)
+                pipe.evalsha(
+                    create_sha,
+                    len(script_keys),
+                    *script_keys,
+                    keys.namespace,
+                    record.job_id,
+                    spec.request_hash or "",
+                    max_queued,
+                    message_list,
+                    message,
+                    flat,
+                )
             for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
                 replies[index] = reply
         todo = [index for index in todo if isinstance(replies[index], redis.exceptions.NoScriptError)]
@@ -97,5 +120,6 @@ def create_outcome(spec: NewJobSpec, record: JobRecord, reply: list) -> Created 
     _, stored_hash, earlier = reply
     if stored_hash != (spec.request_hash or ""):
         return IdempotencyConflictError(
-            f"idempotency key {spec.idempotency_key!r} was already used with a different request")
+            f"idempotency key {spec.idempotency_key!r} was already used with a different request"
+        )
     return Created(record_from_flat(earlier), False, None)

@@ -27,10 +27,19 @@ from storage.image_store import ImageInfo, ImageStore, RetryPolicy, content_type
 
 logger = logging.getLogger(__name__)
 
-_THROTTLING_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequestsException",
-    "RequestLimitExceeded", "RequestTimeout", "InternalError", "ServiceUnavailable",
-})
+_THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+    }
+)
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 
 
@@ -45,22 +54,33 @@ def is_transient(error: BaseException) -> bool:
 
 
 def _is_not_found(error: BaseException) -> bool:
-    return (isinstance(error, botocore.exceptions.ClientError)
-            and str(error.response.get("Error", {}).get("Code")) in _NOT_FOUND_CODES)
+    return (
+        isinstance(error, botocore.exceptions.ClientError)
+        and str(error.response.get("Error", {}).get("Code")) in _NOT_FOUND_CODES
+    )
 
 
 class S3ImageStore(ImageStore):
-    def __init__(self, *, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-                 public_endpoint_url: str | None = None, presign_expiry_seconds: int = 3600,
-                 retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        public_endpoint_url: str | None = None,
+        presign_expiry_seconds: int = 3600,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.presign_expiry_seconds = presign_expiry_seconds
         self.retry = retry or RetryPolicy()
         config = Config(
-            signature_version="s3v4", s3={"addressing_style": "path"},
+            signature_version="s3v4",
+            s3={"addressing_style": "path"},
             retries={"mode": "standard", "total_max_attempts": 1},
-            connect_timeout=5, read_timeout=30,
+            connect_timeout=5,
+            read_timeout=30,
         )
         # An own session: boto3's default session is not safe to share between threads.
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
@@ -73,8 +93,10 @@ class S3ImageStore(ImageStore):
     def _call(self, action: str, key: str, operation, **kwargs):
         retrying = Retrying(
             stop=stop_after_attempt(self.retry.max_attempts),
-            wait=(wait_exponential(multiplier=self.retry.initial_wait, max=self.retry.max_wait)
-                  + wait_random(0, self.retry.initial_wait)),
+            wait=(
+                wait_exponential(multiplier=self.retry.initial_wait, max=self.retry.max_wait)
+                + wait_random(0, self.retry.initial_wait)
+            ),
             retry=retry_if_exception(is_transient),
             before_sleep=before_sleep_log(logger, logging.WARNING),
             reraise=True,
@@ -87,13 +109,21 @@ class S3ImageStore(ImageStore):
                 raise ImageNotFoundError(f"no image {key!r} in s3://{self.bucket}") from e
             if is_transient(e):
                 raise StorageUnavailableError(
-                    f"S3 {action} of {location} failed after {self.retry.max_attempts} attempts: {e}") from e
+                    f"S3 {action} of {location} failed after {self.retry.max_attempts} attempts: {e}"
+                ) from e
             raise StorageError(f"S3 {action} of {location} failed: {e}") from e
 
     def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
-        self._call("upload", key, self._client.put_object, Bucket=self.bucket, Key=key, Body=data,
-                   ContentType=content_type_of_key(key),
-                   Metadata={name: str(value) for name, value in metadata.items()})
+        self._call(
+            "upload",
+            key,
+            self._client.put_object,
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            ContentType=content_type_of_key(key),
+            Metadata={name: str(value) for name, value in metadata.items()},
+        )
 
     def get_bytes(self, key: str) -> bytes:
         def download() -> bytes:
@@ -107,14 +137,18 @@ class S3ImageStore(ImageStore):
             response = self._call("head", key, self._client.head_object, Bucket=self.bucket, Key=key)
         except ImageNotFoundError:
             return None
-        return ImageInfo(size=response["ContentLength"], content_type=response.get("ContentType", ""),
-                         metadata=response.get("Metadata", {}))
+        return ImageInfo(
+            size=response["ContentLength"],
+            content_type=response.get("ContentType", ""),
+            metadata=response.get("Metadata", {}),
+        )
 
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         expiry = self.presign_expiry_seconds if expiry is None else expiry
         try:
             return self._presigner.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expiry)
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expiry
+            )
         except botocore.exceptions.BotoCoreError as e:  # no credentials, for example; no network involved
             raise StorageError(f"could not presign s3://{self.bucket}/{key}: {e}") from e
 

@@ -38,8 +38,9 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     return score, job_id
 
 
-def iter_tenant_records(client: redis.Redis, keys: RedisKeys, tenant: str, state: JobState | None,
-                        after: tuple[float, str] | None) -> Iterator[tuple[float, JobRecord]]:
+def iter_tenant_records(
+    client: redis.Redis, keys: RedisKeys, tenant: str, state: JobState | None, after: tuple[float, str] | None
+) -> Iterator[tuple[float, JobRecord]]:
     """Live records in index order (newest first, ties by job id descending) strictly after `after`.
 
     The offset only steps over entries that share the boundary score, which the (score, job id)
@@ -50,10 +51,15 @@ def iter_tenant_records(client: redis.Redis, keys: RedisKeys, tenant: str, state
     num_skip = 0
     while True:
         top = "+inf" if bound_id is None else repr(bound_score)
-        chunk = cast(list[tuple[str, float]],  # decode_responses=True, which redis-py's types cannot see
-                     client.zrevrangebyscore(index_key, top, "-inf", start=num_skip, num=INDEX_CHUNK, withscores=True))
-        entries = chunk if bound_id is None else [
-            (job_id, score) for job_id, score in chunk if score < bound_score or job_id < bound_id]
+        chunk = cast(
+            list[tuple[str, float]],  # decode_responses=True, which redis-py's types cannot see
+            client.zrevrangebyscore(index_key, top, "-inf", start=num_skip, num=INDEX_CHUNK, withscores=True),
+        )
+        entries = (
+            chunk
+            if bound_id is None
+            else [(job_id, score) for job_id, score in chunk if score < bound_score or job_id < bound_id]
+        )
         with client.pipeline(transaction=False) as pipe:
             for job_id, _ in entries:
                 pipe.hgetall(keys.job(job_id))

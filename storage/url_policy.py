@@ -74,8 +74,13 @@ def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         if address.ipv4_mapped is not None:
             return True
     return not (
-        address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
-        or address.is_reserved or address.is_unspecified or not address.is_global
+        address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or not address.is_global
     )
 
 

@@ -37,13 +37,15 @@ def secret_bytes(secret: str) -> bytes:
     """The HMAC key for a configured secret (`whsec_<base64>` or a plain string)."""
     if secret.startswith(SECRET_PREFIX):
         try:
-            key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+            key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
         except binascii.Error:
             key = b""
         if not key:
-            raise ValueError("STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64 "
-                             "(make one: python3 -c \"import base64, os; print('whsec_' + "
-                             "base64.b64encode(os.urandom(24)).decode())\")")
+            raise ValueError(
+                "STEPWISE_WEBHOOK_SECRET starts with whsec_ but the rest is not base64 "
+                "(make one: python3 -c \"import base64, os; print('whsec_' + "
+                'base64.b64encode(os.urandom(24)).decode())")'
+            )
         return key
     return secret.encode("utf-8")
 
@@ -67,8 +69,14 @@ def signed_headers(key: bytes | None, webhook_id: str, body: str, *, timestamp: 
     return headers
 
 
-def verify(key: bytes, headers: dict[str, str], body: str | bytes, *,
-           tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS, now: float | None = None) -> None:
+def verify(
+    key: bytes,
+    headers: dict[str, str],
+    body: str | bytes,
+    *,
+    tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS,
+    now: float | None = None,
+) -> None:
     """Raise WebhookSignatureError unless the headers sign this body with `key` recently enough.
 
     `webhook-signature` may hold several space-separated signatures (key rotation); one

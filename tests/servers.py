@@ -76,10 +76,27 @@ class RedisServer:
         assert binary, "redis-server is not installed (make test installs it)"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-             "--save", "", "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.data_dir),
+                "--appendonly",
+                "yes" if self.appendonly else "no",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.data_dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20
         client = redis.Redis.from_url(self.url)

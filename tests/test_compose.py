@@ -108,8 +108,11 @@ def test_presigned_urls_name_the_public_s3_endpoint_not_the_compose_host_name(co
     assert env["STEPWISE_S3_PUBLIC_URL"].startswith("${STEPWISE_S3_PUBLIC_URL:-http://localhost:9000")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stepwise")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "change-me-minio")
-    settings = StorageSettings(storage_url="s3://stepwise/images", s3_endpoint_url=env["STEPWISE_S3_ENDPOINT_URL"],
-                               s3_public_endpoint_url="http://localhost:9000")
+    settings = StorageSettings(
+        storage_url="s3://stepwise/images",
+        s3_endpoint_url=env["STEPWISE_S3_ENDPOINT_URL"],
+        s3_public_endpoint_url="http://localhost:9000",
+    )
     store = open_image_store(settings)  # presigning sends no request: nothing is contacted
 
     url = store.presigned_url("jobs/j1/0.png")

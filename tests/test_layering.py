@@ -20,19 +20,45 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TORCH_FREE_BATCHING_MODULES = ["batching", "batching.admission", "batching.builtin_models.registry", "batching.errors",
-                               "batching.families", "batching.image_inputs", "batching.params",
-                               "batching.plan", "batching.scheduler"]
+TORCH_FREE_BATCHING_MODULES = [
+    "batching",
+    "batching.admission",
+    "batching.builtin_models.registry",
+    "batching.errors",
+    "batching.families",
+    "batching.image_inputs",
+    "batching.params",
+    "batching.plan",
+    "batching.scheduler",
+]
 
 # package -> (top-level names it must not load, first-party modules it must not load)
 FORBIDDEN = {
     "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage"}, None),
-    "storage": ({"torch", "flask", "celery", "api", "worker"}, {"batching", "batching.params", "batching.families",
-                 "batching.builtin_models", "batching.builtin_models.registry", "batching.errors",
-                 "batching.image_inputs"}),
-    "api": ({"torch", "diffusers", "worker"}, {"batching", "batching.params", "batching.families",
-                 "batching.builtin_models", "batching.builtin_models.registry", "batching.errors",
-                 "batching.image_inputs"}),
+    "storage": (
+        {"torch", "flask", "celery", "api", "worker"},
+        {
+            "batching",
+            "batching.params",
+            "batching.families",
+            "batching.builtin_models",
+            "batching.builtin_models.registry",
+            "batching.errors",
+            "batching.image_inputs",
+        },
+    ),
+    "api": (
+        {"torch", "diffusers", "worker"},
+        {
+            "batching",
+            "batching.params",
+            "batching.families",
+            "batching.builtin_models",
+            "batching.builtin_models.registry",
+            "batching.errors",
+            "batching.image_inputs",
+        },
+    ),
     "worker": ({"flask", "api"}, None),
 }
 

@@ -43,8 +43,11 @@ def drain(state) -> dict:
     requeued = runtime.stop_admission()
     beat_now()
     log.info("drain: stopped admitting jobs; re-queued %d that had not started", len(requeued))
-    return {"ok": "draining", "requeued_job_ids": requeued,
-            "running_job_ids": [active.job_id for active in runtime.active_jobs()]}
+    return {
+        "ok": "draining",
+        "requeued_job_ids": requeued,
+        "running_job_ids": [active.job_id for active in runtime.active_jobs()],
+    }
 
 
 @control_command()

@@ -29,26 +29,44 @@ def engine_family(runtime: WorkerRuntime) -> str:
 def family_defaults(family: str) -> dict:
     """What an omitted field becomes for this family (batching.families, as GenerationParams fills them)."""
     spec = FAMILIES[family]
-    return {"height": spec.default_size, "width": spec.default_size, "num_inference_steps": spec.default_steps,
-            "guidance_scale": spec.default_guidance, "sampler": spec.default_sampler}
+    return {
+        "height": spec.default_size,
+        "width": spec.default_size,
+        "num_inference_steps": spec.default_steps,
+        "guidance_scale": spec.default_guidance,
+        "sampler": spec.default_sampler,
+    }
 
 
 def family_limits(family: str) -> dict:
     """What the served family accepts; the API refuses a job outside it naming the field."""
     spec = FAMILIES[family]
-    return {"max_size": MAX_SIZE, "max_pixels": MAX_PIXELS, "size_multiple": spec.size_multiple,
-            "max_steps": MAX_STEPS, "max_guidance": spec.max_guidance, "max_num_images": MAX_NUM_IMAGES,
-            "samplers": list(spec.samplers), "num_frames": [1], "supports_lora": spec.supports_lora}
+    return {
+        "max_size": MAX_SIZE,
+        "max_pixels": MAX_PIXELS,
+        "size_multiple": spec.size_multiple,
+        "max_steps": MAX_STEPS,
+        "max_guidance": spec.max_guidance,
+        "max_num_images": MAX_NUM_IMAGES,
+        "samplers": list(spec.samplers),
+        "num_frames": [1],
+        "supports_lora": spec.supports_lora,
+    }
 
 
 def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
     settings = runtime.settings
     family = engine_family(runtime)
     return Heartbeat(
-        worker_id=runtime.worker_id, model=settings.model, queue=settings.queue, family=family,
-        capacity=settings.max_num_seqs, seen_at=time.time(),
+        worker_id=runtime.worker_id,
+        model=settings.model,
+        queue=settings.queue,
+        family=family,
+        capacity=settings.max_num_seqs,
+        seen_at=time.time(),
         is_admitting=runtime.is_admitting and not runtime.is_shutting_down,
-        defaults=family_defaults(family), limits=family_limits(family),
+        defaults=family_defaults(family),
+        limits=family_limits(family),
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
     )
 

@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class LapsedLeaseSweeper:
-    def __init__(self, job_store: JobStore, enqueue: Callable[[JobRecord], None], interval: float,
-                 unsent_grace: float) -> None:
+    def __init__(
+        self, job_store: JobStore, enqueue: Callable[[JobRecord], None], interval: float, unsent_grace: float
+    ) -> None:
         self.job_store = job_store
         self.enqueue = enqueue
         self.interval = interval
@@ -91,8 +92,9 @@ class LeaseKeeper:
     job until its end state is written). A renewal the store refuses means another worker took
     the job over: `on_lost(job_id)` lets the job go here."""
 
-    def __init__(self, job_store: JobStore, worker_id: str, lease_seconds: float,
-                 on_lost: Callable[[str], None]) -> None:
+    def __init__(
+        self, job_store: JobStore, worker_id: str, lease_seconds: float, on_lost: Callable[[str], None]
+    ) -> None:
         self.job_store = job_store
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds

@@ -63,30 +63,43 @@ def start(sender) -> None:
     if "thread" not in pool:
         raise ImproperlyConfigured(
             f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
-            "its one engine to batch. Drop -P/--pool, or pass --pool threads.")
+            "its one engine to batch. Drop -P/--pool, or pass --pool threads."
+        )
     use_model_queue(sender.app.amqp.queues)
     consumed = sender.app.amqp.queues.consume_from
     runs_engine = generate_queue in consumed
     if runs_engine and WEBHOOK_QUEUE in consumed:
-        log.warning("this worker delivers webhooks on the task threads its jobs need: a slow receiver can delay "
-                    "generation. Deliver them from a worker of their own: stepwise worker --queues %s", WEBHOOK_QUEUE)
+        log.warning(
+            "this worker delivers webhooks on the task threads its jobs need: a slow receiver can delay "
+            "generation. Deliver them from a worker of their own: stepwise worker --queues %s",
+            WEBHOOK_QUEUE,
+        )
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
-    _sweeper = LapsedLeaseSweeper(runtime.job_store, send_generate, settings.lease_sweep_interval,
-                                  unsent_grace=runtime.lease_seconds).start()
+    _sweeper = LapsedLeaseSweeper(
+        runtime.job_store, send_generate, settings.lease_sweep_interval, unsent_grace=runtime.lease_seconds
+    ).start()
 
 
 @signals.worker_ready.connect
 def on_worker_ready(**_) -> None:
     runtime = current_runtime()
     if runtime is not None:
-        engine = (f"model {settings.model}, queue {generate_queue}, max_num_seqs {settings.max_num_seqs}"
-                  if runtime.runs_engine else "no engine")
-        log.info("stepwise worker %s ready (%s, %d task threads, metrics port %s)", runtime.worker_id, engine,
-                 settings.concurrency, settings.metrics_port or "off")
+        engine = (
+            f"model {settings.model}, queue {generate_queue}, max_num_seqs {settings.max_num_seqs}"
+            if runtime.runs_engine
+            else "no engine"
+        )
+        log.info(
+            "stepwise worker %s ready (%s, %d task threads, metrics port %s)",
+            runtime.worker_id,
+            engine,
+            settings.concurrency,
+            settings.metrics_port or "off",
+        )
 
 
 @signals.worker_shutting_down.connect

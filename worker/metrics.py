@@ -25,14 +25,20 @@ STEP_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
 ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 JOBS = Counter("stepwise_worker_jobs", "Jobs this worker handled, by outcome", ["outcome"])
-QUEUE_WAIT = Histogram("stepwise_worker_queue_wait_seconds",
-                       "From job creation until the engine admitted it", buckets=SECONDS_BUCKETS)
-STEP_LATENCY = Histogram("stepwise_worker_step_seconds",
-                         "Time between two denoise steps of one job (one engine iteration)", buckets=STEP_BUCKETS)
-UPLOAD_SECONDS = Histogram("stepwise_worker_upload_seconds",
-                           "PNG encoding and upload of one job's images", buckets=SECONDS_BUCKETS)
-JOB_SECONDS = Histogram("stepwise_worker_job_seconds",
-                        "From job creation until its record reached an end", buckets=SECONDS_BUCKETS)
+QUEUE_WAIT = Histogram(
+    "stepwise_worker_queue_wait_seconds", "From job creation until the engine admitted it", buckets=SECONDS_BUCKETS
+)
+STEP_LATENCY = Histogram(
+    "stepwise_worker_step_seconds",
+    "Time between two denoise steps of one job (one engine iteration)",
+    buckets=STEP_BUCKETS,
+)
+UPLOAD_SECONDS = Histogram(
+    "stepwise_worker_upload_seconds", "PNG encoding and upload of one job's images", buckets=SECONDS_BUCKETS
+)
+JOB_SECONDS = Histogram(
+    "stepwise_worker_job_seconds", "From job creation until its record reached an end", buckets=SECONDS_BUCKETS
+)
 
 
 class EngineCollector(Collector):
@@ -45,15 +51,24 @@ class EngineCollector(Collector):
         stats = self.read_stats()
         if not stats:
             return
-        yield _histogram("stepwise_engine_rows_per_forward", "Rows carried by each denoiser forward",
-                         stats.get("rows_per_forward") or {})
-        yield _histogram("stepwise_engine_jobs_per_forward", "Jobs sharing each denoiser forward",
-                         stats.get("jobs_per_forward") or {})
+        yield _histogram(
+            "stepwise_engine_rows_per_forward",
+            "Rows carried by each denoiser forward",
+            stats.get("rows_per_forward") or {},
+        )
+        yield _histogram(
+            "stepwise_engine_jobs_per_forward",
+            "Jobs sharing each denoiser forward",
+            stats.get("jobs_per_forward") or {},
+        )
         for name, help_text, key in (
             ("stepwise_engine_running_jobs", "Jobs in the running batch", "num_running"),
             ("stepwise_engine_waiting_jobs", "Jobs submitted to the engine and not yet admitted", "num_waiting"),
-            ("stepwise_engine_steps_per_second", "Denoise steps per second of busy engine time, all jobs",
-             "steps_per_second"),
+            (
+                "stepwise_engine_steps_per_second",
+                "Denoise steps per second of busy engine time, all jobs",
+                "steps_per_second",
+            ),
         ):
             if isinstance(stats.get(key), (int, float)):
                 yield GaugeMetricFamily(name, help_text, value=float(stats[key]))
@@ -67,8 +82,9 @@ def _histogram(name: str, help_text: str, counts: dict[Any, int]) -> HistogramMe
         buckets.append((str(bound), sum(count for value, count in pairs if value <= bound)))
     total = sum(count for _, count in pairs)
     buckets.append(("+Inf", total))
-    return HistogramMetricFamily(name, help_text, buckets=buckets,
-                                 sum_value=float(sum(value * count for value, count in pairs)))
+    return HistogramMetricFamily(
+        name, help_text, buckets=buckets, sum_value=float(sum(value * count for value, count in pairs))
+    )
 
 
 def start_exporter(host: str, port: int, read_stats: Callable[[], dict[str, Any] | None]) -> None:

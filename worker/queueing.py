@@ -17,5 +17,9 @@ def job_queue(record: JobRecord) -> str:
 
 
 def send_generate(record: JobRecord) -> None:
-    app.send_task(GENERATE_TASK, args=[record.job_id], queue=job_queue(record),
-                  priority=BROKER_PRIORITY.get(record.priority, BROKER_PRIORITY["normal"]))
+    app.send_task(
+        GENERATE_TASK,
+        args=[record.job_id],
+        queue=job_queue(record),
+        priority=BROKER_PRIORITY.get(record.priority, BROKER_PRIORITY["normal"]),
+    )

@@ -79,10 +79,18 @@ class WorkerRuntime:
 
         _quiet_model_libraries()
         s = self.settings
-        config = EngineConfig(model=s.model, device=s.device, max_num_seqs=s.max_num_seqs, policy=s.policy,
-                              deterministic=s.deterministic, lora_url=s.storage.lora_url or None,
-                              lora_mode=s.lora_mode, lora_cache_adapters=s.lora_cache_adapters,
-                              lora_cache_bytes=s.lora_cache_bytes, lora_max_bytes=s.storage.lora_max_bytes)
+        config = EngineConfig(
+            model=s.model,
+            device=s.device,
+            max_num_seqs=s.max_num_seqs,
+            policy=s.policy,
+            deterministic=s.deterministic,
+            lora_url=s.storage.lora_url or None,
+            lora_mode=s.lora_mode,
+            lora_cache_adapters=s.lora_cache_adapters,
+            lora_cache_bytes=s.lora_cache_bytes,
+            lora_max_bytes=s.storage.lora_max_bytes,
+        )
         log.info("loading model %s (max_num_seqs=%d, policy=%s)", s.model, s.max_num_seqs, s.policy)
         # The engine reads file:// stores itself; other stores (S3) through this process's storage code.
         is_local = s.storage.lora_url.startswith("file:")
@@ -105,8 +113,7 @@ class WorkerRuntime:
                 return None
             active = ActiveJob(job_id, total=params.total_steps(engine.family))
             try:
-                active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress,
-                                              priority=priority)
+                active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress, priority=priority)
             except EngineShutdownError:
                 return None
             self._active[job_id] = active

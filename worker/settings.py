@@ -96,20 +96,27 @@ class WorkerSettings:
                 raise ValueError(f"{ENV_NAMES[name]} must be at least 1 (got {getattr(self, name)})")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(
-                f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})")
+                f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})"
+            )
         for name in ("poll_interval", "progress_interval", "lease_sweep_interval", "webhook_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{ENV_NAMES[name]} must be a positive number of seconds (got {getattr(self, name)})")
         for name in ("shutdown_grace", "webhook_backoff", "redis_retry_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(
-                    f"{ENV_NAMES[name]} must be a number of seconds, 0 or more (got {getattr(self, name)})")
+                    f"{ENV_NAMES[name]} must be a number of seconds, 0 or more (got {getattr(self, name)})"
+                )
 
 
 ENV_NAMES = {
-    "concurrency": "STEPWISE_WORKER_CONCURRENCY", "visibility_timeout": "STEPWISE_VISIBILITY_TIMEOUT",
-    "webhook_max_attempts": "STEPWISE_WEBHOOK_MAX_ATTEMPTS", "poll_interval": "STEPWISE_WORKER_POLL_INTERVAL",
-    "progress_interval": "STEPWISE_PROGRESS_INTERVAL", "lease_sweep_interval": "STEPWISE_LEASE_SWEEP_INTERVAL",
-    "webhook_timeout": "STEPWISE_WEBHOOK_TIMEOUT", "shutdown_grace": "STEPWISE_SHUTDOWN_GRACE",
-    "webhook_backoff": "STEPWISE_WEBHOOK_BACKOFF", "redis_retry_seconds": "STEPWISE_REDIS_RETRY_SECONDS",
+    "concurrency": "STEPWISE_WORKER_CONCURRENCY",
+    "visibility_timeout": "STEPWISE_VISIBILITY_TIMEOUT",
+    "webhook_max_attempts": "STEPWISE_WEBHOOK_MAX_ATTEMPTS",
+    "poll_interval": "STEPWISE_WORKER_POLL_INTERVAL",
+    "progress_interval": "STEPWISE_PROGRESS_INTERVAL",
+    "lease_sweep_interval": "STEPWISE_LEASE_SWEEP_INTERVAL",
+    "webhook_timeout": "STEPWISE_WEBHOOK_TIMEOUT",
+    "shutdown_grace": "STEPWISE_SHUTDOWN_GRACE",
+    "webhook_backoff": "STEPWISE_WEBHOOK_BACKOFF",
+    "redis_retry_seconds": "STEPWISE_REDIS_RETRY_SECONDS",
 }

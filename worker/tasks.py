@@ -80,8 +80,9 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         raise  # the job's lease lapses and a lease sweeper re-queues it
     except Exception as e:  # a bug must end the job readably, not leave it running
         log.exception("job %s: worker error", job_id)
-        return end_job(runtime, taken, JobState.FAILED, error_code="worker_error",
-                       error_message=f"{type(e).__name__}: {e}")
+        return end_job(
+            runtime, taken, JobState.FAILED, error_code="worker_error", error_message=f"{type(e).__name__}: {e}"
+        )
     finally:
         runtime.leases.release(job_id)
 
@@ -90,8 +91,13 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
     job_id = record.job_id
     if record.deadline is not None and record.started_at > record.deadline:
         late = record.started_at - record.deadline
-        return end_job(runtime, record, JobState.EXPIRED, error_code="deadline_exceeded",
-                       error_message=f"the job did not start before its deadline ({late:.1f}s late)")
+        return end_job(
+            runtime,
+            record,
+            JobState.EXPIRED,
+            error_code="deadline_exceeded",
+            error_message=f"the job did not start before its deadline ({late:.1f}s late)",
+        )
     emit_event(record, "started")
     try:
         params = GenerationParams.from_dict(with_input_images(record.params, record.tenant, runtime.uploads))
@@ -100,8 +106,13 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
     if params.lora is not None:
         lora_key = runtime.resolve_lora(record.tenant, params.lora)
         if lora_key is None:  # deleted since submit, or no store: the same answer as for a missing adapter
-            return end_job(runtime, record, JobState.FAILED, error_code="invalid_params",
-                           error_message=f"LoRA adapter {params.lora!r} does not exist")
+            return end_job(
+                runtime,
+                record,
+                JobState.FAILED,
+                error_code="invalid_params",
+                error_message=f"LoRA adapter {params.lora!r} does not exist",
+            )
         params = dataclasses.replace(params, lora=lora_key)
     try:
         active = runtime.submit(job_id, params, priority=record.priority)
@@ -123,14 +134,22 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         if active.stop_reason is StopReason.LEASE_LOST:
             metrics.JOBS.labels("lease_lost").inc()
             return "lease lost"
-        return end_job(runtime, record, JobState.CANCELED, progress_step=active.step, progress_total=active.total,
-                       error_code="canceled", error_message=f"canceled at step {active.step}/{active.total}")
+        return end_job(
+            runtime,
+            record,
+            JobState.CANCELED,
+            progress_step=active.step,
+            progress_total=active.total,
+            error_code="canceled",
+            error_message=f"canceled at step {active.step}/{active.total}",
+        )
     except EngineShutdownError:
         return requeue(runtime, record, "the engine shut down")
     except Exception as e:  # one job's failure must not take the worker down
         log.exception("job %s: engine error", job_id)
-        return end_job(runtime, record, JobState.FAILED, error_code="engine_error",
-                       error_message=str(e) or type(e).__name__)
+        return end_job(
+            runtime, record, JobState.FAILED, error_code="engine_error", error_message=str(e) or type(e).__name__
+        )
     finally:
         runtime.release_active(job_id)
 
@@ -138,16 +157,33 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.QUEUE_WAIT.observe(_queue_wait(record, engine_timings))
     upload_started = time.perf_counter()
     try:
-        image_keys = upload_images(runtime.image_store, job_id, list(result.images), list(result.seeds),
-                                   result.params.model, result.params.output_format, result.params.output_quality)
+        image_keys = upload_images(
+            runtime.image_store,
+            job_id,
+            list(result.images),
+            list(result.seeds),
+            result.params.model,
+            result.params.output_format,
+            result.params.output_quality,
+        )
     except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries
         log.warning("job %s: image storage unavailable: %s", job_id, e)
-        return end_job(runtime, record, JobState.FAILED, error_code="storage_unavailable",
-                       error_message=f"the image could not be stored, image storage stayed unavailable: {e}")
+        return end_job(
+            runtime,
+            record,
+            JobState.FAILED,
+            error_code="storage_unavailable",
+            error_message=f"the image could not be stored, image storage stayed unavailable: {e}",
+        )
     except Exception as e:
         log.exception("job %s: upload failed", job_id)
-        return end_job(runtime, record, JobState.FAILED, error_code="upload_failed",
-                       error_message=f"the image could not be stored: {e}")
+        return end_job(
+            runtime,
+            record,
+            JobState.FAILED,
+            error_code="upload_failed",
+            error_message=f"the image could not be stored: {e}",
+        )
     upload_seconds = time.perf_counter() - upload_started
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
@@ -158,15 +194,20 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         "upload": upload_seconds,
     }
     timings["total"] = time.time() - record.created_at
-    return end_job(runtime, record, JobState.SUCCEEDED, image_keys=image_keys, timings=timings,
-                   progress_step=active.total, progress_total=active.total)
+    return end_job(
+        runtime,
+        record,
+        JobState.SUCCEEDED,
+        image_keys=image_keys,
+        timings=timings,
+        progress_step=active.total,
+        progress_total=active.total,
+    )
 
 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
     """From the job's creation until the engine admitted it: the broker's queue plus the engine's."""
     return (record.started_at - record.created_at) + float(engine_timings.get("queue_wait", 0.0))
-
-
 
 
 def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:

@@ -22,8 +22,15 @@ def encode_png(image: Any) -> bytes:
     return encode_image(image, "png")
 
 
-def upload_images(image_store: ImageStore, job_id: str, images: list[Any], seeds: list[int], model: str,
-                  output_format: str = "png", quality: int = 90) -> list[str]:
+def upload_images(
+    image_store: ImageStore,
+    job_id: str,
+    images: list[Any],
+    seeds: list[int],
+    model: str,
+    output_format: str = "png",
+    quality: int = 90,
+) -> list[str]:
     """Store each image under its deterministic key (its extension the format); a repeated run overwrites
     the same keys."""
     keys = []

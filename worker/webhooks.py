@@ -41,10 +41,14 @@ def emit_event(record: JobRecord, event: str) -> str | None:
     webhook_id = f"msg_{uuid.uuid4().hex}"
     try:
         base_url = settings.public_url or ""  # without STEPWISE_PUBLIC_URL: paths on the API
-        images = (public_urls.image_urls(base_url, record.job_id, record.image_keys, get_runtime().image_store)
-                  if record.state is JobState.SUCCEEDED else [])
-        payload = build_payload(record, event, status_url=public_urls.job_url(base_url, record.job_id),
-                                image_urls=images)
+        images = (
+            public_urls.image_urls(base_url, record.job_id, record.image_keys, get_runtime().image_store)
+            if record.state is JobState.SUCCEEDED
+            else []
+        )
+        payload = build_payload(
+            record, event, status_url=public_urls.job_url(base_url, record.job_id), image_urls=images
+        )
         app.send_task(WEBHOOK_TASK, args=[record.job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)
     except Exception:
         log.exception("job %s: could not queue the %s webhook", record.job_id, event)
@@ -89,18 +93,34 @@ def deliver_webhook(self, job_id: str, event: str, webhook_id: str, payload: dic
         log.info("webhook %s: job %s has no record or no webhook URL any more; dropped", webhook_id, job_id)
         return "dropped"
     outcome = post_once(record.webhook_url, webhook_id, payload, timeout=settings.webhook_timeout)
-    store.add_webhook_attempt(job_id, {
-        "webhook_id": webhook_id, "event": event, "attempt": attempt, "at": rfc3339_now(),
-        "status_code": outcome.status_code, "error": outcome.error, "delivered": outcome.is_delivered,
-    })
+    store.add_webhook_attempt(
+        job_id,
+        {
+            "webhook_id": webhook_id,
+            "event": event,
+            "attempt": attempt,
+            "at": rfc3339_now(),
+            "status_code": outcome.status_code,
+            "error": outcome.error,
+            "delivered": outcome.is_delivered,
+        },
+    )
     if outcome.is_delivered:
         return "delivered"
     reason = outcome.error or f"HTTP {outcome.status_code}"
     if outcome.is_final or attempt >= settings.webhook_max_attempts:
-        log.warning("webhook %s (%s for job %s): giving up after attempt %d: %s",
-                    webhook_id, event, job_id, attempt, reason)
+        log.warning(
+            "webhook %s (%s for job %s): giving up after attempt %d: %s", webhook_id, event, job_id, attempt, reason
+        )
         return "failed"
     delay = backoff_seconds(attempt)
-    log.info("webhook %s (%s for job %s): attempt %d failed (%s); retrying in %.1fs",
-             webhook_id, event, job_id, attempt, reason, delay)
+    log.info(
+        "webhook %s (%s for job %s): attempt %d failed (%s); retrying in %.1fs",
+        webhook_id,
+        event,
+        job_id,
+        attempt,
+        reason,
+        delay,
+    )
     raise self.retry(countdown=delay)

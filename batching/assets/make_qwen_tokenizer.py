@@ -54,7 +54,7 @@ def apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[
         rank, index = min(pairs)
         if rank == len(ranks):
             break
-        symbols = symbols[:index] + [symbols[index] + symbols[index + 1]] + symbols[index + 2:]
+        symbols = symbols[:index] + [symbols[index] + symbols[index + 1]] + symbols[index + 2 :]
     return symbols
 
 

@@ -37,9 +37,7 @@ watercolor cinematic lighting background high resolution
 def bytes_to_unicode() -> dict[int, str]:
     """CLIP's (and GPT-2's) reversible map from bytes to printable characters."""
     printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     chars = printable[:]
     extra = 0

@@ -32,8 +32,12 @@ BUILTIN_MODELS = {
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.builtin_models.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.builtin_models.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.builtin_models.zimage"),
-    "shapes": BuiltinModel(version="v1", family="sd", builder="batching.shapes.train",  # trained: docs/shapes.md
-                           shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes"),
+    "shapes": BuiltinModel(
+        version="v1",
+        family="sd",
+        builder="batching.shapes.train",  # trained: docs/shapes.md
+        shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes",
+    ),
 }
 
 
@@ -95,7 +99,7 @@ def build_builtin_pipeline(model: str):
 
 
 def _short_name(model: str) -> str:
-    name = model[len(BUILTIN_PREFIX):] if is_builtin(model) else model
+    name = model[len(BUILTIN_PREFIX) :] if is_builtin(model) else model
     if name not in BUILTIN_MODELS:
         raise ModelLoadError(f"unknown built-in model {model!r}; known: {', '.join(builtin_names())}")
     return name

@@ -65,8 +65,10 @@ class LoraCache:
         if any(key.startswith(TEXT_ENCODER_PREFIXES) for key in state_dict):
             text_encoder = getattr(self.pipeline, "text_encoder", None)
             if text_encoder is None or hasattr(self.pipeline, "text_encoder_2"):
-                raise LoraError(f"LoRA adapter {name!r} has text-encoder weights, which this engine loads only "
-                                "for single-text-encoder SD models")
+                raise LoraError(
+                    f"LoRA adapter {name!r} has text-encoder weights, which this engine loads only "
+                    "for single-text-encoder SD models"
+                )
             converted, alphas = self.pipeline.lora_state_dict(dict(state_dict))[:2]  # diffusers' key conversions
             text_encoder_weights, _ = split_text_encoder(converted)
             state_dict = {key: value for key, value in state_dict.items() if not key.startswith(TEXT_ENCODER_PREFIXES)}

@@ -24,8 +24,9 @@ from batching.lora.store import LoraFile, LoraSource
 
 
 class EngineLoras:
-    def __init__(self, source: LoraSource, pipeline: Any, device: torch.device, *, max_adapters: int,
-                 max_bytes: int) -> None:
+    def __init__(
+        self, source: LoraSource, pipeline: Any, device: torch.device, *, max_adapters: int, max_bytes: int
+    ) -> None:
         self.source = source
         self.device = device
         self.row_loras = RowLoras()
@@ -81,5 +82,8 @@ class EngineLoras:
             yield
 
     def stats(self) -> dict:
-        return {"loras_loaded": len(self.cache.loaded), "lora_loads": self.cache.num_loads,
-                "lora_evictions": self.cache.num_evictions}
+        return {
+            "loras_loaded": len(self.cache.loaded),
+            "lora_loads": self.cache.num_loads,
+            "lora_evictions": self.cache.num_evictions,
+        }

@@ -36,7 +36,8 @@ def make_lora(model: str, path: Path, *, rank: int = 4, seed: int = 0, with_text
     if with_text_encoder:  # PEFT directly: transformers 5's add_adapter asks for peft>=0.22
         text_encoder = inject_adapter_in_model(
             LoraConfig(r=rank, lora_alpha=rank, target_modules=TEXT_ENCODER_TARGETS, init_lora_weights=False),
-            pipeline.text_encoder)
+            pipeline.text_encoder,
+        )
         layers["text_encoder_lora_layers"] = _scaled(get_peft_model_state_dict(text_encoder))
     path.parent.mkdir(parents=True, exist_ok=True)
     type(pipeline).save_lora_weights(str(path.parent), weight_name=path.name, **layers)
@@ -57,8 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-encoder", action="store_true", help="also adapt the text encoder")
     args = parser.parse_args(argv)
     for name in args.names.split(","):
-        path = make_lora(args.model, args.out / f"{name}.safetensors", rank=args.rank,
-                         seed=zlib.crc32(name.encode()), with_text_encoder=args.text_encoder)
+        path = make_lora(
+            args.model,
+            args.out / f"{name}.safetensors",
+            rank=args.rank,
+            seed=zlib.crc32(name.encode()),
+            with_text_encoder=args.text_encoder,
+        )
         print(path)
     return 0
 

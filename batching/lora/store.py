@@ -70,5 +70,6 @@ class LoraSource:
             return None
         if os.path.getsize(path) > self.max_bytes:  # checked before reading it
             raise LoraError(
-                f"LoRA adapter {name!r} is {os.path.getsize(path)} bytes, above the limit of {self.max_bytes}")
+                f"LoRA adapter {name!r} is {os.path.getsize(path)} bytes, above the limit of {self.max_bytes}"
+            )
         return path.read_bytes()

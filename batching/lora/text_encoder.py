@@ -25,16 +25,19 @@ def split_text_encoder(state_dict: dict[str, torch.Tensor]) -> tuple[dict, dict]
     return text_encoder, rest
 
 
-def inject(text_encoder: Any, weights: dict[str, torch.Tensor], alphas: dict[str, float] | None,
-           adapter_name: str, name: str) -> None:
+def inject(
+    text_encoder: Any, weights: dict[str, torch.Tensor], alphas: dict[str, float] | None, adapter_name: str, name: str
+) -> None:
     """Add `weights` to `text_encoder` as PEFT adapter `adapter_name`, disabled (RowLoras activates rows)."""
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
 
     targets = sorted({key.split(".lora_A.")[0] for key in weights if ".lora_A." in key})
     ranks = {target: weights[f"{target}.lora_A.weight"].shape[0] for target in targets}
     if not targets or len(set(ranks.values())) != 1:
-        raise LoraError(f"LoRA adapter {name!r} has text-encoder weights this engine cannot read "
-                        "(no lora_A/lora_B pairs, or ranks that differ between layers)")
+        raise LoraError(
+            f"LoRA adapter {name!r} has text-encoder weights this engine cannot read "
+            "(no lora_A/lora_B pairs, or ranks that differ between layers)"
+        )
     rank = next(iter(ranks.values()))
     text_alphas = {value for key, value in (alphas or {}).items() if key.startswith(PREFIX)}
     alpha = text_alphas.pop() if len(text_alphas) == 1 else rank
@@ -46,5 +49,6 @@ def inject(text_encoder: Any, weights: dict[str, torch.Tensor], alphas: dict[str
         raise LoraError(f"LoRA adapter {name!r} does not fit the text encoder: {type(e).__name__}: {e}") from e
     unexpected_keys = getattr(result, "unexpected_keys", None)
     if unexpected_keys:
-        raise LoraError(f"LoRA adapter {name!r} does not fit the text encoder: unexpected weights "
-                        f"{unexpected_keys[:3]}")
+        raise LoraError(
+            f"LoRA adapter {name!r} does not fit the text encoder: unexpected weights {unexpected_keys[:3]}"
+        )

@@ -17,7 +17,10 @@ __all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "
 def adapter_class(family: str) -> type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]:
     """The adapter class of a family in batching.families.FAMILIES."""
     adapters: dict[str, type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]] = {
-        "sd": StableDiffusionAdapter, "sdxl": StableDiffusionXLAdapter, "flux": FluxAdapter, "zimage": ZImageAdapter,
+        "sd": StableDiffusionAdapter,
+        "sdxl": StableDiffusionXLAdapter,
+        "flux": FluxAdapter,
+        "zimage": ZImageAdapter,
     }
     return adapters[family]
 

@@ -57,12 +57,19 @@ class FluxAdapter(AdapterBase):
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         pipeline = self.pipeline
         clip_ids = pipeline.tokenizer(
-            list(texts), padding="max_length", max_length=pipeline.tokenizer.model_max_length, truncation=True,
+            list(texts),
+            padding="max_length",
+            max_length=pipeline.tokenizer.model_max_length,
+            truncation=True,
             return_tensors="pt",
         ).input_ids.to(self.device)  # [n, 77]
         pooled = pipeline.text_encoder(clip_ids, output_hidden_states=False).pooler_output  # [n, clip_dim]
         t5_ids = pipeline.tokenizer_2(
-            list(texts), padding="max_length", max_length=MAX_SEQUENCE_LENGTH, truncation=True, return_tensors="pt",
+            list(texts),
+            padding="max_length",
+            max_length=MAX_SEQUENCE_LENGTH,
+            truncation=True,
+            return_tensors="pt",
         ).input_ids.to(self.device)  # [n, 512]
         embeds = pipeline.text_encoder_2(t5_ids, output_hidden_states=False)[0]  # [n, 512, t5_dim]
         return [{"embeds": row.to(self.dtype), "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
@@ -114,8 +121,11 @@ class FluxAdapter(AdapterBase):
         else:
             num_tokens, latents = [batch.latents.shape[1]] * batch.latents.shape[0], batch.latents
         is_uniform = bool((image_ids == image_ids[:1]).all())  # 128x192 and 192x128 have equal token counts
-        with contextlib.nullcontext() if is_uniform else self.attention.rows(
-                self._row_layout(text_ids, image_ids, num_tokens)):
+        with (
+            contextlib.nullcontext()
+            if is_uniform
+            else self.attention.rows(self._row_layout(text_ids, image_ids, num_tokens))
+        ):
             predictions = self.transformer(
                 hidden_states=latents,
                 timestep=batch.timesteps.to(latents.dtype) / 1000,
@@ -134,10 +144,17 @@ class FluxAdapter(AdapterBase):
         """This forward's layout; reused while the rows' image ids stay the same (a group's membership
         changes far less often than every step, and comparing ids costs far less than rebuilding)."""
         cached = self._layout
-        if (cached is None or cached[1] != (tuple(num_tokens), text_ids.shape[0])
-                or cached[0].shape != image_ids.shape or not torch.equal(cached[0], image_ids)):
-            cached = (image_ids.clone(), (tuple(num_tokens), text_ids.shape[0]),
-                      row_layout(self.transformer, text_ids, image_ids, num_tokens))
+        if (
+            cached is None
+            or cached[1] != (tuple(num_tokens), text_ids.shape[0])
+            or cached[0].shape != image_ids.shape
+            or not torch.equal(cached[0], image_ids)
+        ):
+            cached = (
+                image_ids.clone(),
+                (tuple(num_tokens), text_ids.shape[0]),
+                row_layout(self.transformer, text_ids, image_ids, num_tokens),
+            )
             self._layout = cached
         return cached[2]
 

@@ -55,18 +55,19 @@ class MixedSizeFluxAttnProcessor:
         if layout is None:
             return self.uniform(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         query, key, value, text_query, text_key, text_value = self._projections(
-            attn, hidden_states, encoder_hidden_states)
+            attn, hidden_states, encoder_hidden_states
+        )
         query, key, value = (tensor.unflatten(-1, (-1, attn.head_dim)) for tensor in (query, key, value))
         query, key = attn.norm_q(query), attn.norm_k(key)
         if attn.added_kv_proj_dim is not None:  # double-stream block: text tokens go first
             text_query, text_key, text_value = (
-                tensor.unflatten(-1, (-1, attn.head_dim)) for tensor in (text_query, text_key, text_value))
+                tensor.unflatten(-1, (-1, attn.head_dim)) for tensor in (text_query, text_key, text_value)
+            )
             query = torch.cat([attn.norm_added_q(text_query), query], dim=1)
             key = torch.cat([attn.norm_added_k(text_key), key], dim=1)
             value = torch.cat([text_value, value], dim=1)
         query, key = _rotate(query, layout), _rotate(key, layout)
-        out = self._attention(query, key, value, attn_mask=layout.key_mask,
-                                    backend=self.uniform._attention_backend)
+        out = self._attention(query, key, value, attn_mask=layout.key_mask, backend=self.uniform._attention_backend)
         out = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
             return out
@@ -93,6 +94,7 @@ def row_layout(transformer, text_ids: torch.Tensor, image_ids: torch.Tensor, num
     num_text, num_tokens = text_ids.shape[0], image_ids.shape[1]
     positions = torch.arange(num_tokens, device=image_ids.device)
     image_mask = positions[None, :] < torch.tensor(num_image_tokens, device=image_ids.device)[:, None]
-    key_mask = torch.cat([torch.ones(len(num_image_tokens), num_text, dtype=torch.bool, device=image_ids.device),
-                          image_mask], dim=1)
+    key_mask = torch.cat(
+        [torch.ones(len(num_image_tokens), num_text, dtype=torch.bool, device=image_ids.device), image_mask], dim=1
+    )
     return RowLayout(torch.stack(cos_rows)[:, :, None], torch.stack(sin_rows)[:, :, None], key_mask)

@@ -49,8 +49,9 @@ class ImageLatentsMixin:
         small = torch.nn.functional.interpolate(mask, size=tuple(raw_shape[-2:]))
         return self.pack_latents(small.expand(-1, raw_shape[1], -1, -1).to(self.device, self.latent_dtype))
 
-    def noised_latents(self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor,
-                       timestep: torch.Tensor) -> torch.Tensor:
+    def noised_latents(
+        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+    ) -> torch.Tensor:
         """The image latents noised to the sampler's current timestep (its begin index before the first step)."""
         timesteps = timestep.reshape(1)
         if hasattr(sampler, "scale_noise"):  # flow matching

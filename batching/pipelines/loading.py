@@ -50,8 +50,9 @@ def detect_family(model: str, source: str) -> str:
     return family
 
 
-def load_pipeline(pipeline_class: Any, model: str, source: str, device: torch.device, dtype: torch.dtype,
-                  **components: Any) -> Any:
+def load_pipeline(
+    pipeline_class: Any, model: str, source: str, device: torch.device, dtype: torch.dtype, **components: Any
+) -> Any:
     """`pipeline_class.from_pretrained(source)` on `device`, every module in eval mode without grads."""
     try:
         with warnings.catch_warnings():  # newer diffusers renames torch_dtype; older ones know only it

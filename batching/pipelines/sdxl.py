@@ -41,12 +41,17 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         pipeline = self.pipeline
         per_token, pooled = [], None
-        for tokenizer, text_encoder in ((pipeline.tokenizer, pipeline.text_encoder),
-                                        (pipeline.tokenizer_2, pipeline.text_encoder_2)):
+        for tokenizer, text_encoder in (
+            (pipeline.tokenizer, pipeline.text_encoder),
+            (pipeline.tokenizer_2, pipeline.text_encoder_2),
+        ):
             if tokenizer is None or text_encoder is None:
                 continue
             input_ids = tokenizer(
-                list(texts), padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                list(texts),
+                padding="max_length",
+                max_length=tokenizer.model_max_length,
+                truncation=True,
                 return_tensors="pt",
             ).input_ids.to(self.device)  # [n, seq]
             output = text_encoder(input_ids, output_hidden_states=True)

@@ -36,8 +36,14 @@ class StableDiffusionAdapter(AdapterBase):
         from diffusers import StableDiffusionPipeline
 
         pipeline = load_pipeline(
-            StableDiffusionPipeline, model, source, device, dtype,
-            safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+            StableDiffusionPipeline,
+            model,
+            source,
+            device,
+            dtype,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
         )
         return cls(model, pipeline, device, dtype)
 
@@ -50,7 +56,10 @@ class StableDiffusionAdapter(AdapterBase):
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
         tokens = tokenizer(
-            list(texts), padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+            list(texts),
+            padding="max_length",
+            max_length=tokenizer.model_max_length,
+            truncation=True,
             return_tensors="pt",
         )
         input_ids = tokens.input_ids.to(self.device)  # [n, seq]
@@ -63,8 +72,12 @@ class StableDiffusionAdapter(AdapterBase):
         return make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
-        shape = (1, self.unet.config.in_channels, params.height // self.vae_scale_factor,
-                 params.width // self.vae_scale_factor)
+        shape = (
+            1,
+            self.unet.config.in_channels,
+            params.height // self.vae_scale_factor,
+            params.width // self.vae_scale_factor,
+        )
         return randn_tensor(shape, generator=generator, device=self.device, dtype=self.dtype)  # [1, c, h/8, w/8]
 
     def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
@@ -77,8 +90,11 @@ class StableDiffusionAdapter(AdapterBase):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
-        return {"embeds": torch.zeros(tokenizer.model_max_length, text_encoder.config.hidden_size,
-                                      device=self.device, dtype=self.dtype)}
+        return {
+            "embeds": torch.zeros(
+                tokenizer.model_max_length, text_encoder.config.hidden_size, device=self.device, dtype=self.dtype
+            )
+        }
 
     def model_input(self, sample: Any) -> torch.Tensor:
         return sample.sampler.scale_model_input(sample.latents, sample.timestep)
@@ -86,8 +102,11 @@ class StableDiffusionAdapter(AdapterBase):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.unet(
-            batch.latents, batch.timesteps, encoder_hidden_states=batch.conditioning["embeds"],
-            added_cond_kwargs=self.added_cond_kwargs(batch), return_dict=False,
+            batch.latents,
+            batch.timesteps,
+            encoder_hidden_states=batch.conditioning["embeds"],
+            added_cond_kwargs=self.added_cond_kwargs(batch),
+            return_dict=False,
         )[0]
 
     def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor] | None:

@@ -72,7 +72,8 @@ class ZImageAdapter(AdapterBase):
         height, width = self._latent_size(params)
         num_tokens = (height // 2) * (width // 2)
         return flow_matching_sampler(
-            self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
+            self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device
+        )
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (1, self.transformer.in_channels, *self._latent_size(params))

@@ -30,8 +30,16 @@ class Case:
     guidance_scale: float
 
     def params(self, sampler: str = "euler") -> GenerationParams:
-        return GenerationParams(prompt=self.prompt.text, seed=self.seed, guidance_scale=self.guidance_scale,
-                                num_inference_steps=NUM_STEPS, height=128, width=128, sampler=sampler, model=MODEL)
+        return GenerationParams(
+            prompt=self.prompt.text,
+            seed=self.seed,
+            guidance_scale=self.guidance_scale,
+            num_inference_steps=NUM_STEPS,
+            height=128,
+            width=128,
+            sampler=sampler,
+            model=MODEL,
+        )
 
 
 @dataclass

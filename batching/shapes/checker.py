@@ -66,7 +66,8 @@ def check_image(image: Image.Image, prompt: ShapePrompt | str) -> CheckResult:
     seen_background = _PALETTE_NAMES[int(counts.argmax())] if counts.any() else None
     if np.mean(border == background_index) < MIN_BACKGROUND_BORDER_SHARE:
         return CheckResult(
-            False, f"background is not {prompt.background} (border mostly {seen_background})", seen_background)
+            False, f"background is not {prompt.background} (border mostly {seen_background})", seen_background
+        )
 
     mask = labels == _PALETTE_NAMES.index(prompt.foreground)  # [H, W] bool
     share = float(mask.mean())
@@ -76,11 +77,13 @@ def check_image(image: Image.Image, prompt: ShapePrompt | str) -> CheckResult:
     box = mask[rows[0] : rows[1] + 1, cols[0] : cols[1] + 1]
     if box.sum() < MIN_BLOB_SHARE * mask.sum():
         return CheckResult(False, f"{prompt.foreground} is scattered, not one shape", seen_background)
-    centre_offset = max(abs((rows[0] + rows[1]) / 2 - (height - 1) / 2) / height,
-                        abs((cols[0] + cols[1]) / 2 - (width - 1) / 2) / width)
+    centre_offset = max(
+        abs((rows[0] + rows[1]) / 2 - (height - 1) / 2) / height, abs((cols[0] + cols[1]) / 2 - (width - 1) / 2) / width
+    )
     if centre_offset > MAX_CENTRE_OFFSET:
         return CheckResult(
-            False, f"the {prompt.foreground} shape is off centre by {centre_offset:.0%}", seen_background)
+            False, f"the {prompt.foreground} shape is off centre by {centre_offset:.0%}", seen_background
+        )
     shape = read_shape(box)
     if shape != prompt.shape:
         message = f"the {prompt.foreground} shape looks like a {shape or 'blob'}, not a {prompt.shape}"

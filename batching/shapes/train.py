@@ -63,8 +63,10 @@ def train_vae(vae, rng: np.random.Generator, num_steps: int, batch_size: int, lo
         if step % 50 == 0 or step == num_steps - 1:
             flat = images.mean(dim=(2, 3), keepdim=True).expand_as(images)  # what a VAE that sees no edges gives
             baseline = F.mse_loss(flat, images) + F.l1_loss(flat, images)
-            log(f"vae step {step} reconstruction {reconstruction_loss.item():.4f} "
-                f"(each crop's mean colour: {baseline.item():.4f})")
+            log(
+                f"vae step {step} reconstruction {reconstruction_loss.item():.4f} "
+                f"(each crop's mean colour: {baseline.item():.4f})"
+            )
     vae.eval()
 
 
@@ -95,8 +97,19 @@ def tokenize(tokenizer, texts: list[str]) -> torch.Tensor:
     ).input_ids
 
 
-def train_unet(unet, text_encoder, tokenizer, scheduler, data, num_steps: int, batch_size: int, save, save_every: int,
-               log, stop_after: int | None = None):
+def train_unet(
+    unet,
+    text_encoder,
+    tokenizer,
+    scheduler,
+    data,
+    num_steps: int,
+    batch_size: int,
+    save,
+    save_every: int,
+    log,
+    stop_after: int | None = None,
+):
     latent_means, latent_stds, token_ids = data
     empty_ids = tokenize(tokenizer, [""])  # [1, seq]
     parameters = list(unet.parameters()) + list(text_encoder.parameters())
@@ -173,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unet-batch", type=int, default=32)
     parser.add_argument("--save-every", type=int, default=250)
     parser.add_argument("--vae-from", type=Path, help="a folder this script wrote: reuse its VAE (and skip stage 1)")
-    parser.add_argument("--stop-after", type=int, help="stop after this many UNet steps, on the --unet-steps schedule "
-                        "(reproduces a checkpoint of a longer run exactly)")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        help="stop after this many UNet steps, on the --unet-steps schedule "
+        "(reproduces a checkpoint of a longer run exactly)",
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -207,8 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed + 1)  # the UNet stage is the same whether the VAE was trained now or loaded
     args.out.mkdir(parents=True, exist_ok=True)
     save = PipelineSaver(args.out, vae, tokenizer, scheduler, scaling_factor, log, started)
-    train_unet(unet, text_encoder, tokenizer, scheduler, data, args.unet_steps, args.unet_batch, save, args.save_every,
-               log, args.stop_after)
+    train_unet(
+        unet,
+        text_encoder,
+        tokenizer,
+        scheduler,
+        data,
+        args.unet_steps,
+        args.unet_batch,
+        save,
+        args.save_every,
+        log,
+        args.stop_after,
+    )
     log(f"done in {time.time() - started:.0f} s")
     return 0
 

@@ -51,10 +51,4 @@ def parse_prompt(text: str) -> ShapePrompt | None:
 
 def all_prompts() -> list[ShapePrompt]:
     """Every drawable combination (8 x 7 colour pairs x 3 shapes = 168), in a fixed order."""
-    return [
-        ShapePrompt(fg, shape, bg)
-        for fg in COLOURS
-        for bg in COLOURS
-        if fg != bg
-        for shape in SHAPES
-    ]
+    return [ShapePrompt(fg, shape, bg) for fg in COLOURS for bg in COLOURS if fg != bg for shape in SHAPES]

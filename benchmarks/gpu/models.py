@@ -25,25 +25,66 @@ from batching.builtin_models.components import clip_tokenizer
 SD_VAE = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32)
 TINY_VAE = dict(block_out_channels=(16, 32, 64, 64), layers_per_block=1, norm_num_groups=16)
 SIZES = {
-    ("sd15", "real"): dict(unet=dict(block_out_channels=(320, 640, 1280, 1280), attention_head_dim=8,
-                                     transformer_layers_per_block=1, cross_attention_dim=768),
-                           text=[dict(hidden=768, layers=12, heads=12)], vae=SD_VAE),
-    ("sd15", "tiny"): dict(unet=dict(block_out_channels=(32, 32, 64, 64), attention_head_dim=8,
-                                     transformer_layers_per_block=1, cross_attention_dim=32),
-                           text=[dict(hidden=32, layers=2, heads=4)], vae=TINY_VAE),
-    ("sdxl", "real"): dict(unet=dict(block_out_channels=(320, 640, 1280), attention_head_dim=(5, 10, 20),
-                                     transformer_layers_per_block=(1, 2, 10), cross_attention_dim=2048),
-                           text=[dict(hidden=768, layers=12, heads=12), dict(hidden=1280, layers=32, heads=20)],
-                           vae=SD_VAE),
-    ("sdxl", "tiny"): dict(unet=dict(block_out_channels=(32, 64, 64), attention_head_dim=(2, 4, 4),
-                                     transformer_layers_per_block=(1, 1, 2), cross_attention_dim=96),
-                           text=[dict(hidden=32, layers=2, heads=4), dict(hidden=64, layers=2, heads=4)],
-                           vae=TINY_VAE),
+    ("sd15", "real"): dict(
+        unet=dict(
+            block_out_channels=(320, 640, 1280, 1280),
+            attention_head_dim=8,
+            transformer_layers_per_block=1,
+            cross_attention_dim=768,
+        ),
+        text=[dict(hidden=768, layers=12, heads=12)],
+        vae=SD_VAE,
+    ),
+    ("sd15", "tiny"): dict(
+        unet=dict(
+            block_out_channels=(32, 32, 64, 64),
+            attention_head_dim=8,
+            transformer_layers_per_block=1,
+            cross_attention_dim=32,
+        ),
+        text=[dict(hidden=32, layers=2, heads=4)],
+        vae=TINY_VAE,
+    ),
+    ("sdxl", "real"): dict(
+        unet=dict(
+            block_out_channels=(320, 640, 1280),
+            attention_head_dim=(5, 10, 20),
+            transformer_layers_per_block=(1, 2, 10),
+            cross_attention_dim=2048,
+        ),
+        text=[dict(hidden=768, layers=12, heads=12), dict(hidden=1280, layers=32, heads=20)],
+        vae=SD_VAE,
+    ),
+    ("sdxl", "tiny"): dict(
+        unet=dict(
+            block_out_channels=(32, 64, 64),
+            attention_head_dim=(2, 4, 4),
+            transformer_layers_per_block=(1, 1, 2),
+            cross_attention_dim=96,
+        ),
+        text=[dict(hidden=32, layers=2, heads=4), dict(hidden=64, layers=2, heads=4)],
+        vae=TINY_VAE,
+    ),
 }
-FLUX = {"real": dict(num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
-                     joint_attention_dim=4096, pooled_projection_dim=768),
-        "tiny": dict(num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-                     joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6))}
+FLUX = {
+    "real": dict(
+        num_layers=19,
+        num_single_layers=38,
+        attention_head_dim=128,
+        num_attention_heads=24,
+        joint_attention_dim=4096,
+        pooled_projection_dim=768,
+    ),
+    "tiny": dict(
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=(4, 6, 6),
+    ),
+}
 
 
 def save_pipeline(family: str, scale: str, folder: Path, device: torch.device, dtype: torch.dtype) -> Path:
@@ -104,35 +145,84 @@ def _build(family: str, size: dict, device: torch.device):
     else:  # SD 1.5: no attention at the bottom level
         down = ("CrossAttnDownBlock2D",) * (levels - 1) + ("DownBlock2D",)
         up = ("UpBlock2D",) + ("CrossAttnUpBlock2D",) * (levels - 1)
-    xl_extra = dict(addition_embed_type="text_time", addition_time_embed_dim=256,
-                    projection_class_embeddings_input_dim=6 * 256 + size["text"][-1]["hidden"],
-                    use_linear_projection=True) if is_xl else {}
+    xl_extra = (
+        dict(
+            addition_embed_type="text_time",
+            addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=6 * 256 + size["text"][-1]["hidden"],
+            use_linear_projection=True,
+        )
+        if is_xl
+        else {}
+    )
 
     def text_config(text: dict, **extra) -> CLIPTextConfig:
-        return CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=text["hidden"],
-                              intermediate_size=4 * text["hidden"], num_hidden_layers=text["layers"],
-                              num_attention_heads=text["heads"],
-                              max_position_embeddings=tokenizer.model_max_length, bos_token_id=tokenizer.bos_token_id,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **extra)
+        return CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=text["hidden"],
+            intermediate_size=4 * text["hidden"],
+            num_hidden_layers=text["layers"],
+            num_attention_heads=text["heads"],
+            max_position_embeddings=tokenizer.model_max_length,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **extra,
+        )
 
     init = torch.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with init:
-        unet = UNet2DConditionModel(sample_size=128 if is_xl else 64, in_channels=4, out_channels=4, layers_per_block=2,
-                                    down_block_types=down, up_block_types=up, **unet_size, **xl_extra)
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, sample_size=1024 if is_xl else 512,
-                            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                            scaling_factor=0.13025 if is_xl else 0.18215, **size["vae"])
+        unet = UNet2DConditionModel(
+            sample_size=128 if is_xl else 64,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=2,
+            down_block_types=down,
+            up_block_types=up,
+            **unet_size,
+            **xl_extra,
+        )
+        vae = AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            sample_size=1024 if is_xl else 512,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            scaling_factor=0.13025 if is_xl else 0.18215,
+            **size["vae"],
+        )
         text_encoder = CLIPTextModel(text_config(size["text"][0]))
         if is_xl:
             last = size["text"][-1]
             text_encoder_2 = CLIPTextModelWithProjection(text_config(last, projection_dim=last["hidden"]))
-    schedule = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                    steps_offset=1, prediction_type="epsilon")
+    schedule = dict(
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        steps_offset=1,
+        prediction_type="epsilon",
+    )
     if is_xl:
-        return StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
-                                         tokenizer=tokenizer, tokenizer_2=tokenizer, unet=unet,
-                                         scheduler=EulerDiscreteScheduler(timestep_spacing="leading", **schedule),
-                                         force_zeros_for_empty_prompt=True, add_watermarker=False)
-    return StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-                                   scheduler=DDIMScheduler(clip_sample=False, set_alpha_to_one=False, **schedule),
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        return StableDiffusionXLPipeline(
+            vae=vae,
+            text_encoder=text_encoder,
+            text_encoder_2=text_encoder_2,
+            tokenizer=tokenizer,
+            tokenizer_2=tokenizer,
+            unet=unet,
+            scheduler=EulerDiscreteScheduler(timestep_spacing="leading", **schedule),
+            force_zeros_for_empty_prompt=True,
+            add_watermarker=False,
+        )
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=DDIMScheduler(clip_sample=False, set_alpha_to_one=False, **schedule),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )

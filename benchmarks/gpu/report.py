@@ -8,40 +8,57 @@ from pathlib import Path
 def write_summary(results: dict, path: Path) -> None:
     machine = results["machine"]
     profile = results["profile"]
-    lines = [f"# stepwise GPU suite ({profile['device']}, {profile['dtype']}, {profile['scale']} sizes)", "",
-             f"Device: {machine.get('device')}; torch {machine.get('torch')}, diffusers {machine.get('diffusers')}. "
-             f"Total {results['total_seconds']:.0f} s. "
-             f"Skipped (time budget): {', '.join(results['skipped']) or 'nothing'}.",
-             ""]
+    lines = [
+        f"# stepwise GPU suite ({profile['device']}, {profile['dtype']}, {profile['scale']} sizes)",
+        "",
+        f"Device: {machine.get('device')}; torch {machine.get('torch')}, diffusers {machine.get('diffusers')}. "
+        f"Total {results['total_seconds']:.0f} s. "
+        f"Skipped (time budget): {', '.join(results['skipped']) or 'nothing'}.",
+        "",
+    ]
     for name, model in results["models"].items():
         run = model["run"]
         millions = sum(model["parameters"].values()) / 1e6
-        lines += [f"## {name} at {run['size']}x{run['size']} ({millions:,.0f} M parameters, built in "
-                  f"{model['build_seconds']:.0f} s)", ""]
+        lines += [
+            f"## {name} at {run['size']}x{run['size']} ({millions:,.0f} M parameters, built in "
+            f"{model['build_seconds']:.0f} s)",
+            "",
+        ]
         if "forward_ceiling" in model:
             lines += _ceiling(model["forward_ceiling"])
         if "throughput" in model:
-            lines += [f"Throughput, {run['num_jobs']} jobs of {run['num_steps']} steps, "
-                      f"max_num_seqs={run['max_num_seqs']} "
-                      f"(Poisson at {model['throughput']['poisson_rate_per_second']:.2f}/s):", "",
-                      "| variant | burst images/s | burst p95 latency s | Poisson images/s | Poisson p95 latency s |",
-                      "|---|---|---|---|---|"]
+            lines += [
+                f"Throughput, {run['num_jobs']} jobs of {run['num_steps']} steps, "
+                f"max_num_seqs={run['max_num_seqs']} "
+                f"(Poisson at {model['throughput']['poisson_rate_per_second']:.2f}/s):",
+                "",
+                "| variant | burst images/s | burst p95 latency s | Poisson images/s | Poisson p95 latency s |",
+                "|---|---|---|---|---|",
+            ]
             for variant, burst in model["throughput"]["burst"].items():
                 poisson = model["throughput"]["poisson"][variant]
-                lines.append(f"| {variant} | {burst['throughput_images_per_second']:.3f} | "
-                             f"{burst['latency_seconds']['p95']:.2f} | {poisson['throughput_images_per_second']:.3f} | "
-                             f"{poisson['latency_seconds']['p95']:.2f} |")
+                lines.append(
+                    f"| {variant} | {burst['throughput_images_per_second']:.3f} | "
+                    f"{burst['latency_seconds']['p95']:.2f} | {poisson['throughput_images_per_second']:.3f} | "
+                    f"{poisson['latency_seconds']['p95']:.2f} |"
+                )
             lines.append("")
         if "invariance" in model:
             shown = ", ".join(f"{mode}: {diff}" for mode, diff in model["invariance"].items())
             lines += [f"Invariance, largest pixel difference alone vs batched (0-255): {shown}.", ""]
         if "decode_overlap" in model:
-            lines += ["Decode overlap (mixed-step burst):", "",
-                      "| decode | images/s | denoiser busy | engine busy | decode s/image |", "|---|---|---|---|---|"]
+            lines += [
+                "Decode overlap (mixed-step burst):",
+                "",
+                "| decode | images/s | denoiser busy | engine busy | decode s/image |",
+                "|---|---|---|---|---|",
+            ]
             for mode, figures in model["decode_overlap"].items():
-                lines.append(f"| {mode} | {figures['images_per_second']:.3f} "
-                             f"| {figures['denoiser_busy_fraction']:.1%} | "
-                             f"{figures['engine_busy_fraction']:.1%} | {figures['decode_seconds_per_image']:.3f} |")
+                lines.append(
+                    f"| {mode} | {figures['images_per_second']:.3f} "
+                    f"| {figures['denoiser_busy_fraction']:.1%} | "
+                    f"{figures['engine_busy_fraction']:.1%} | {figures['decode_seconds_per_image']:.3f} |"
+                )
             lines.append("")
     if "flux" in results:
         lines += ["## FLUX-sized transformer alone", ""] + _ceiling(results["flux"]["forward_ceiling"])

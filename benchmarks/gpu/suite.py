@@ -68,10 +68,24 @@ class Profile:
 
 
 PROFILES = {
-    "gpu": Profile("cuda", "float16", "real", (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8)),
-                   rows=(1, 2, 4, 8, 16), repeats=3, flux_size=1024),
-    "dry-run": Profile("cpu", "float32", "tiny", (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2)),
-                       rows=(1, 2, 4, 8, 16), repeats=1, flux_size=64),
+    "gpu": Profile(
+        "cuda",
+        "float16",
+        "real",
+        (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8)),
+        rows=(1, 2, 4, 8, 16),
+        repeats=3,
+        flux_size=1024,
+    ),
+    "dry-run": Profile(
+        "cpu",
+        "float32",
+        "tiny",
+        (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2)),
+        rows=(1, 2, 4, 8, 16),
+        repeats=1,
+        flux_size=64,
+    ),
 }
 
 
@@ -96,8 +110,11 @@ class Budget:
 
 
 def run(profile: Profile, out: Path, budget: Budget) -> dict:
-    results: dict = {"profile": asdict(profile), "machine": describe_machine(profile.device, torch.get_num_threads()),
-                     "models": {}}
+    results: dict = {
+        "profile": asdict(profile),
+        "machine": describe_machine(profile.device, torch.get_num_threads()),
+        "models": {},
+    }
     with tempfile.TemporaryDirectory(prefix="stepwise-gpu-models-") as scratch:
         for model_run in profile.models:
             if budget.allows(model_run.name):
@@ -117,10 +134,18 @@ def run(profile: Profile, out: Path, budget: Budget) -> dict:
 
 def run_model(profile: Profile, model_run: ModelRun, scratch: Path, budget: Budget) -> dict:
     start = time.perf_counter()
-    folder = save_pipeline(model_run.name, profile.scale, scratch / model_run.name, torch.device(profile.device),
-                           getattr(torch, profile.dtype))
-    result: dict = {"run": asdict(model_run), "parameters": num_parameters(folder),
-                    "build_seconds": time.perf_counter() - start}
+    folder = save_pipeline(
+        model_run.name,
+        profile.scale,
+        scratch / model_run.name,
+        torch.device(profile.device),
+        getattr(torch, profile.dtype),
+    )
+    result: dict = {
+        "run": asdict(model_run),
+        "parameters": num_parameters(folder),
+        "build_seconds": time.perf_counter() - start,
+    }
     model = str(folder)
     log.info("%s built in %.1fs", model_run.name, result["build_seconds"])
     engines = _Engines(profile, model, model_run)
@@ -130,16 +155,24 @@ def run_model(profile: Profile, model_run: ModelRun, scratch: Path, budget: Budg
             shapes = {(model_run.size, model_run.size, rows) for rows in profile.rows}
             times = time_forwards(adapter, shapes, profile.repeats)
             one = times[(model_run.size, model_run.size, 1)]
-            result["forward_ceiling"] = [{"rows": rows, "seconds": seconds, "rows_per_second": rows / seconds,
-                                          "speedup_over_1_row": rows * one / seconds}
-                                         for (_, _, rows), seconds in sorted(times.items())]
+            result["forward_ceiling"] = [
+                {
+                    "rows": rows,
+                    "seconds": seconds,
+                    "rows_per_second": rows / seconds,
+                    "speedup_over_1_row": rows * one / seconds,
+                }
+                for (_, _, rows), seconds in sorted(times.items())
+            ]
         if budget.allows(f"{model_run.name}.throughput"):
             result["throughput"] = throughput(engines, model, model_run)
         if budget.allows(f"{model_run.name}.invariance"):
             result["invariance"] = invariance(engines, profile, model, model_run)
         if budget.allows(f"{model_run.name}.decode_overlap"):
-            result["decode_overlap"] = {name: mixed_burst(engines.plain(overlap), model, model_run)
-                                        for name, overlap in (("off", False), ("on", True))}
+            result["decode_overlap"] = {
+                name: mixed_burst(engines.plain(overlap), model, model_run)
+                for name, overlap in (("off", False), ("on", True))
+            }
     finally:
         engines.close()
     return result
@@ -158,8 +191,11 @@ class _Engines:
             threads = torch.get_num_threads()
             seqs = 1 if name == "serial" else self.model_run.max_num_seqs
             spec = VariantSpec(name, "static" if name == "static" else "engine", seqs, "default")
-            variant = (StaticBatchVariant(spec, self.model, self.profile.device, threads, static_timeout)
-                       if name == "static" else EngineVariant(spec, self.model, self.profile.device, threads, 1))
+            variant = (
+                StaticBatchVariant(spec, self.model, self.profile.device, threads, static_timeout)
+                if name == "static"
+                else EngineVariant(spec, self.model, self.profile.device, threads, 1)
+            )
             variant.open([(self.model_run.size, self.model_run.size)])
             self.variants[name] = variant
         return self.variants[name]
@@ -168,10 +204,15 @@ class _Engines:
         """An engine of its own; a deterministic one runs 4 samples (its forwards are padded to all of them)."""
         name = f"overlap={decode_overlap},deterministic={deterministic}"
         if name not in self.engines:
-            self.engines[name] = DiffusionEngine(EngineConfig(
-                model=self.model, device=self.profile.device,
-                max_num_seqs=min(4, self.model_run.max_num_seqs) if deterministic else self.model_run.max_num_seqs,
-                decode_overlap=decode_overlap, deterministic=deterministic))
+            self.engines[name] = DiffusionEngine(
+                EngineConfig(
+                    model=self.model,
+                    device=self.profile.device,
+                    max_num_seqs=min(4, self.model_run.max_num_seqs) if deterministic else self.model_run.max_num_seqs,
+                    decode_overlap=decode_overlap,
+                    deterministic=deterministic,
+                )
+            )
         return self.engines[name]
 
     def close(self) -> None:
@@ -192,8 +233,9 @@ def throughput(engines: _Engines, model: str, model_run: ModelRun) -> dict:
     figures["poisson_rate_per_second"] = serial_capacity * POISSON_MULTIPLE
     for name in ("serial", "static", "default"):
         variant = engines.get(name, static_timeout=1.0 / serial_capacity)
-        figures["burst"][name] = (serial_burst if name == "serial"
-                                  else summarize(variant.run(burst(shape, model_run.num_jobs))))
+        figures["burst"][name] = (
+            serial_burst if name == "serial" else summarize(variant.run(burst(shape, model_run.num_jobs)))
+        )
         figures["poisson"][name] = summarize(variant.run(arrivals))
         if name == "static":
             variant.close()  # frees its pipeline before the next engine loads
@@ -204,17 +246,31 @@ def throughput(engines: _Engines, model: str, model_run: ModelRun) -> dict:
 
 def invariance(engines: _Engines, profile: Profile, model: str, model_run: ModelRun) -> dict:
     """Largest per-pixel difference (0-255) between each job alone and the same job batched."""
-    params = [GenerationParams(prompt=f"a harbour at dusk, view {i}", seed=50 + i, model=model, height=model_run.size,
-                               width=model_run.size, num_inference_steps=min(8, model_run.num_steps) - i % 2,
-                               guidance_scale=(7.5, 4.0)[i % 2], sampler="euler") for i in range(4)]
+    params = [
+        GenerationParams(
+            prompt=f"a harbour at dusk, view {i}",
+            seed=50 + i,
+            model=model,
+            height=model_run.size,
+            width=model_run.size,
+            num_inference_steps=min(8, model_run.num_steps) - i % 2,
+            guidance_scale=(7.5, 4.0)[i % 2],
+            sampler="euler",
+        )
+        for i in range(4)
+    ]
     alone_engine = engines.get("serial").engine
     batched_engine = engines.get("default").engine
     deterministic = engines.plain(deterministic=True)
     return {
-        profile.dtype: _max_diff([alone_engine.submit(p).result() for p in params],
-                                 [f.result() for f in [batched_engine.submit(p) for p in params]]),
-        "deterministic": _max_diff([deterministic.submit(p).result() for p in params],
-                                   [f.result() for f in [deterministic.submit(p) for p in params]]),
+        profile.dtype: _max_diff(
+            [alone_engine.submit(p).result() for p in params],
+            [f.result() for f in [batched_engine.submit(p) for p in params]],
+        ),
+        "deterministic": _max_diff(
+            [deterministic.submit(p).result() for p in params],
+            [f.result() for f in [deterministic.submit(p) for p in params]],
+        ),
     }
 
 
@@ -229,11 +285,14 @@ def mixed_burst(engine: DiffusionEngine, model: str, model_run: ModelRun) -> dic
         future.result()
     wall = time.perf_counter() - start
     after = engine.stats()
-    return {"decode_overlap": after["decode_overlap"], "wall_seconds": wall,
-            "images_per_second": workload.num_jobs / wall,
-            "denoiser_busy_fraction": (after["forward_seconds"] - before["forward_seconds"]) / wall,
-            "engine_busy_fraction": (after["busy_seconds"] - before["busy_seconds"]) / wall,
-            "decode_seconds_per_image": (after["decode_seconds"] - before["decode_seconds"]) / workload.num_jobs}
+    return {
+        "decode_overlap": after["decode_overlap"],
+        "wall_seconds": wall,
+        "images_per_second": workload.num_jobs / wall,
+        "denoiser_busy_fraction": (after["forward_seconds"] - before["forward_seconds"]) / wall,
+        "engine_busy_fraction": (after["busy_seconds"] - before["busy_seconds"]) / wall,
+        "decode_seconds_per_image": (after["decode_seconds"] - before["decode_seconds"]) / workload.num_jobs,
+    }
 
 
 def flux_ceiling(profile: Profile) -> list[dict]:
@@ -249,12 +308,15 @@ def flux_ceiling(profile: Profile) -> list[dict]:
             inputs = dict(
                 hidden_states=torch.randn(rows, tokens, config.in_channels, device=device, dtype=dtype),
                 encoder_hidden_states=torch.randn(
-                    rows, text_tokens, config.joint_attention_dim, device=device, dtype=dtype),
+                    rows, text_tokens, config.joint_attention_dim, device=device, dtype=dtype
+                ),
                 pooled_projections=torch.randn(rows, config.pooled_projection_dim, device=device, dtype=dtype),
                 timestep=torch.full((rows,), 0.5, device=device, dtype=dtype),
                 guidance=torch.full((rows,), 3.5, device=device, dtype=dtype),
                 img_ids=torch.zeros(tokens, 3, device=device, dtype=dtype),
-                txt_ids=torch.zeros(text_tokens, 3, device=device, dtype=dtype), return_dict=False)
+                txt_ids=torch.zeros(text_tokens, 3, device=device, dtype=dtype),
+                return_dict=False,
+            )
             try:
                 seconds = _time(functools.partial(model, **inputs), device, profile.repeats)
             except torch.OutOfMemoryError:
@@ -287,8 +349,10 @@ def _time(call, device: torch.device, repeats: int) -> float:
 def _max_diff(results_a: list, results_b: list) -> int:
     import numpy as np
 
-    return max(int(np.abs(np.asarray(a.image, dtype=np.int16) - np.asarray(b.image, dtype=np.int16)).max())
-               for a, b in zip(results_a, results_b))
+    return max(
+        int(np.abs(np.asarray(a.image, dtype=np.int16) - np.asarray(b.image, dtype=np.int16)).max())
+        for a, b in zip(results_a, results_b)
+    )
 
 
 def _free(device: str) -> None:
@@ -301,8 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "benchmarks/results/gpu"))
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes, one repetition, on the CPU")
-    parser.add_argument("--budget-seconds", type=float, default=420.0,
-                        help="start no section after this many seconds (sections already started finish)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=420.0,
+        help="start no section after this many seconds (sections already started finish)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if not args.dry_run and not torch.cuda.is_available():
@@ -311,8 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         torch.set_num_threads(min(2, torch.get_num_threads()))
     results = run(profile, args.out, Budget(args.budget_seconds))
-    log.info("wrote %s and %s in %.0fs (skipped: %s)", args.out / "gpu_results.json", args.out / "gpu_summary.md",
-             results["total_seconds"], ", ".join(results["skipped"]) or "nothing")
+    log.info(
+        "wrote %s and %s in %.0fs (skipped: %s)",
+        args.out / "gpu_results.json",
+        args.out / "gpu_summary.md",
+        results["total_seconds"],
+        ", ".join(results["skipped"]) or "nothing",
+    )
     return 0
 
 

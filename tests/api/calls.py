@@ -16,8 +16,9 @@ def auth(tenant: str = "alice") -> dict[str, str]:
     return {"Authorization": f"Bearer {TENANT_KEYS[tenant]}"}
 
 
-def submit(http: requests.Session, api: ApiProcess, body: object, tenant: str = "alice",
-           **headers: str) -> requests.Response:
+def submit(
+    http: requests.Session, api: ApiProcess, body: object, tenant: str = "alice", **headers: str
+) -> requests.Response:
     return http.post(f"{api.url}/v1/jobs", json=body, headers={**auth(tenant), **headers}, timeout=10)
 
 
@@ -25,8 +26,15 @@ def get_job(http: requests.Session, api: ApiProcess, job_id: str, tenant: str = 
     return http.get(f"{api.url}/v1/jobs/{job_id}", headers=auth(tenant), timeout=10)
 
 
-def wait_for(http: requests.Session, api: ApiProcess, job_id: str, states: set[str], *, timeout: float = 120.0,
-             tenant: str = "alice") -> dict:
+def wait_for(
+    http: requests.Session,
+    api: ApiProcess,
+    job_id: str,
+    states: set[str],
+    *,
+    timeout: float = 120.0,
+    tenant: str = "alice",
+) -> dict:
     """Poll until the job is in one of `states`; fail with its last view after `timeout`."""
     deadline = time.monotonic() + timeout
     job: dict = {}

@@ -36,8 +36,9 @@ class ChildProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def log_tail(self, num_chars: int = 4000) -> str:
         try:
@@ -47,7 +48,8 @@ class ChildProcess:
 
     def assert_running(self) -> None:
         assert self.process is not None and self.process.poll() is None, (
-            f"{self.name} exited with {self.process and self.process.returncode}:\n{self.log_tail()}")
+            f"{self.name} exited with {self.process and self.process.returncode}:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -63,21 +65,45 @@ class ChildProcess:
 class ApiProcess(ChildProcess):
     """`stepwise api` on a free loopback port."""
 
-    def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, *, workers: int = 2,
-                 access_log: bool = False, **env_overrides: str) -> None:
+    def __init__(
+        self,
+        tmp_dir: Path,
+        redis_url: str,
+        storage_url: str,
+        *,
+        workers: int = 2,
+        access_log: bool = False,
+        **env_overrides: str,
+    ) -> None:
         self.port = free_port()
         defaults = {
-            "STEPWISE_REDIS_URL": redis_url, "STEPWISE_STORAGE_URL": storage_url,
-            "STEPWISE_API_KEYS": api_keys_setting(), "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
-            "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET, "STEPWISE_VAR_DIR": str(tmp_dir / "var"),
+            "STEPWISE_REDIS_URL": redis_url,
+            "STEPWISE_STORAGE_URL": storage_url,
+            "STEPWISE_API_KEYS": api_keys_setting(),
+            "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+            "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "STEPWISE_VAR_DIR": str(tmp_dir / "var"),
             # Most API tests run without a worker: jobs for builtin:tiny queue as they would for an
             # autoscaled fleet. tests/api/test_fleet.py runs with the default (refuse unserved models).
             "STEPWISE_ACCEPT_UNSERVED_MODELS": "true",
         }
         env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        argv = [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(self.port),
-                "--workers", str(workers), "--threads", "4", *(["--access-log"] if access_log else [])]
+        argv = [
+            sys.executable,
+            "-m",
+            "stepwise_cli.main",
+            "api",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(workers),
+            "--threads",
+            "4",
+            *(["--access-log"] if access_log else []),
+        ]
         super().__init__("stepwise api", argv, env, tmp_dir / "api.log")
 
     @property
@@ -102,18 +128,44 @@ class ApiProcess(ChildProcess):
 class WorkerProcess(ChildProcess):
     """A Celery worker (threads pool) for both queues, with the built-in tiny model on the CPU."""
 
-    def __init__(self, tmp_dir: Path, redis_url: str, storage_url: str, *,
-                 queues: str = "stepwise.generate,stepwise.webhooks", **env_overrides: str) -> None:
+    def __init__(
+        self,
+        tmp_dir: Path,
+        redis_url: str,
+        storage_url: str,
+        *,
+        queues: str = "stepwise.generate,stepwise.webhooks",
+        **env_overrides: str,
+    ) -> None:
         defaults = dict(
-            STEPWISE_REDIS_URL=redis_url, STEPWISE_STORAGE_URL=storage_url, STEPWISE_MODEL="builtin:tiny",
-            STEPWISE_DEVICE="cpu", STEPWISE_MAX_NUM_SEQS="4", STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
-            STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1", STEPWISE_WEBHOOK_BACKOFF="0.2",
+            STEPWISE_REDIS_URL=redis_url,
+            STEPWISE_STORAGE_URL=storage_url,
+            STEPWISE_MODEL="builtin:tiny",
+            STEPWISE_DEVICE="cpu",
+            STEPWISE_MAX_NUM_SEQS="4",
+            STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
+            STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
+            STEPWISE_WEBHOOK_BACKOFF="0.2",
             STEPWISE_WORKER_METRICS_PORT="0",
         )
         env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         self.hostname = f"api-test-{free_port()}@{socket.gethostname()}"
-        argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues,
-                "--pool", "threads", "--loglevel", "INFO", "--hostname", self.hostname]
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "worker",
+            "-Q",
+            queues,
+            "--pool",
+            "threads",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            self.hostname,
+        ]
         super().__init__("celery worker", argv, env, tmp_dir / "worker.log")
 
     def start(self, timeout: float = 120.0) -> WorkerProcess:

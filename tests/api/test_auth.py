@@ -9,12 +9,29 @@ from tests.api.calls import auth
 BODY = {"prompt": "a quiet harbor", "seed": 3, "num_inference_steps": 2}
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sk_test_alice"},
-                                     {"Authorization": "Basic sk_test_alice"}, {"Authorization": "Bearer "},
-                                     {"Authorization": "Bearer sk_test_alicex"}, {"Authorization": "Bearer ümlaut"}])
-@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/abc"),
-                                              ("POST", "/v1/jobs/abc/cancel"), ("GET", "/v1/jobs/abc/image"),
-                                              ("POST", "/v1/jobs/batch")])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "sk_test_alice"},
+        {"Authorization": "Basic sk_test_alice"},
+        {"Authorization": "Bearer "},
+        {"Authorization": "Bearer sk_test_alicex"},
+        {"Authorization": "Bearer ümlaut"},
+    ],
+)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/jobs/abc"),
+        ("POST", "/v1/jobs/abc/cancel"),
+        ("GET", "/v1/jobs/abc/image"),
+        ("POST", "/v1/jobs/batch"),
+    ],
+)
 def test_requests_without_a_valid_key_get_401(client, headers, method, path):
     response = client.open(path, method=method, json=BODY, headers=headers)
 

@@ -20,8 +20,14 @@ from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.api.webhook_receiver import Delivery, WebhookReceiver
 
-SMALL = {"prompt": "a red fox in snow", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 96,
-         "guidance_scale": 1.0}
+SMALL = {
+    "prompt": "a red fox in snow",
+    "seed": 7,
+    "num_inference_steps": 4,
+    "height": 64,
+    "width": 96,
+    "guidance_scale": 1.0,
+}
 SLOW = {"prompt": "a long walk", "seed": 3, "num_inference_steps": 200, "height": 256, "width": 256}
 
 
@@ -100,8 +106,7 @@ def test_the_receiver_gets_started_and_completed_events_signed_with_the_secret(a
     assert len({d.headers["webhook-id"] for d in deliveries}) == 2
 
 
-def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt_with_the_same_id(
-        api, worker, http, receiver):
+def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt_with_the_same_id(api, worker, http, receiver):
     path = "/hooks/fail-2"
     job = submit(http, api, {**SMALL, "webhook_url": receiver.url(path), "webhook_events": ["completed"]}).json()
     wait_for(http, api, job["job_id"], {"succeeded"})
@@ -142,8 +147,9 @@ def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, 
     assert response.status_code == 202 and response.json()["cancel_requested"] is True
     assert 0 < canceled["progress"]["step"] < SLOW["num_inference_steps"]
     assert canceled["image_url"] is None
-    events = receiver.wait_for("/hooks/cancel-running", lambda got: any(d.payload["type"] == "job.canceled"
-                                                                         for d in got))
+    events = receiver.wait_for(
+        "/hooks/cancel-running", lambda got: any(d.payload["type"] == "job.canceled" for d in got)
+    )
     assert [d.payload["type"] for d in events] == ["job.started", "job.canceled"]
 
 
@@ -179,11 +185,18 @@ def _picture_bytes(image_format: str, size: tuple[int, int] = (64, 64)) -> bytes
 
 
 def test_an_uploaded_init_image_gives_an_img2img_job_whose_jpeg_output_decodes_as_jpeg(api, worker, http):
-    uploaded = http.post(f"{api.url}/v1/uploads", data=_picture_bytes("PNG"),
-                         headers={**auth(), "Content-Type": "image/png"}, timeout=10)
+    uploaded = http.post(
+        f"{api.url}/v1/uploads", data=_picture_bytes("PNG"), headers={**auth(), "Content-Type": "image/png"}, timeout=10
+    )
     assert uploaded.status_code == 201, uploaded.text
-    body = {**SMALL, "width": 64, "init_image": uploaded.json()["id"], "strength": 0.5, "output_format": "jpeg",
-            "output_quality": 80}
+    body = {
+        **SMALL,
+        "width": 64,
+        "init_image": uploaded.json()["id"],
+        "strength": 0.5,
+        "output_format": "jpeg",
+        "output_quality": 80,
+    }
 
     done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
     image = http.get(done["image_url"], headers=auth(), timeout=30)
@@ -198,9 +211,13 @@ def test_an_inline_inpainting_job_gives_a_webp_that_decodes_as_webp(api, worker,
     mask = io.BytesIO()
     Image.new("L", (64, 64), 255).save(mask, format="PNG")
     uri = "data:image/{};base64,{}".format
-    body = {**SMALL, "width": 64, "output_format": "webp",
-            "init_image": uri("jpeg", base64.b64encode(_picture_bytes("JPEG")).decode()),
-            "mask_image": uri("png", base64.b64encode(mask.getvalue()).decode())}
+    body = {
+        **SMALL,
+        "width": 64,
+        "output_format": "webp",
+        "init_image": uri("jpeg", base64.b64encode(_picture_bytes("JPEG")).decode()),
+        "mask_image": uri("png", base64.b64encode(mask.getvalue()).decode()),
+    }
 
     done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
     image = http.get(done["image_url"], headers=auth(), timeout=30)

@@ -21,8 +21,9 @@ def validate(redis_url):
     store.close()
 
 
-@pytest.mark.parametrize("field, value", [("sampler", "dpmpp_2m"), ("width", 200), ("guidance_scale", 30.0),
-                                          ("negative_prompt", "blurry")])
+@pytest.mark.parametrize(
+    "field, value", [("sampler", "dpmpp_2m"), ("width", 200), ("guidance_scale", 30.0), ("negative_prompt", "blurry")]
+)
 def test_a_flux_job_the_family_cannot_run_gets_422_naming_the_field(validate, field, value):
     with pytest.raises(ApiError) as error:
         validate({"prompt": "a fox", "model": "builtin:tiny-flux", field: value})

@@ -17,8 +17,16 @@ JOB_TIMEOUT = 240.0
 
 
 def cheap(model: str, **fields) -> dict:
-    return {"prompt": "a red fox", "model": model, "height": 64, "width": 64, "num_inference_steps": 4,
-            "guidance_scale": 1.0, "seed": 3, **fields}
+    return {
+        "prompt": "a red fox",
+        "model": model,
+        "height": 64,
+        "width": 64,
+        "num_inference_steps": 4,
+        "guidance_scale": 1.0,
+        "seed": 3,
+        **fields,
+    }
 
 
 def models_by_name(http, api) -> dict[str, dict]:
@@ -40,9 +48,14 @@ def poll(condition, timeout: float, what: str):
 
 @pytest.fixture(scope="module")
 def fleet_api(module_redis, storage_url, tmp_path_factory):
-    server = ApiProcess(tmp_path_factory.mktemp("fleet-api"), module_redis.url, storage_url,
-                        STEPWISE_ACCEPT_UNSERVED_MODELS="false", STEPWISE_WORKER_TIMEOUT="5",
-                        STEPWISE_TENANT_MAX_PRIORITY="bob:normal").start()
+    server = ApiProcess(
+        tmp_path_factory.mktemp("fleet-api"),
+        module_redis.url,
+        storage_url,
+        STEPWISE_ACCEPT_UNSERVED_MODELS="false",
+        STEPWISE_WORKER_TIMEOUT="5",
+        STEPWISE_TENANT_MAX_PRIORITY="bob:normal",
+    ).start()
     yield server
     server.stop()
 
@@ -50,12 +63,18 @@ def fleet_api(module_redis, storage_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def workers(module_redis, storage_url, tmp_path_factory, fleet_api):
     """builtin:tiny (one job at a time, four task threads: a busy worker) and builtin:small, started together."""
-    common = {"STEPWISE_HEARTBEAT_INTERVAL": "0.5", "STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WORKER_CONCURRENCY": "4",
-              "OMP_NUM_THREADS": "1"}  # two workers on two cores
-    tiny = WorkerProcess(tmp_path_factory.mktemp("tiny"), module_redis.url, storage_url,
-                         STEPWISE_MODEL="builtin:tiny", **common)
-    small = WorkerProcess(tmp_path_factory.mktemp("small"), module_redis.url, storage_url,
-                          STEPWISE_MODEL="builtin:small", **common)
+    common = {
+        "STEPWISE_HEARTBEAT_INTERVAL": "0.5",
+        "STEPWISE_MAX_NUM_SEQS": "1",
+        "STEPWISE_WORKER_CONCURRENCY": "4",
+        "OMP_NUM_THREADS": "1",
+    }  # two workers on two cores
+    tiny = WorkerProcess(
+        tmp_path_factory.mktemp("tiny"), module_redis.url, storage_url, STEPWISE_MODEL="builtin:tiny", **common
+    )
+    small = WorkerProcess(
+        tmp_path_factory.mktemp("small"), module_redis.url, storage_url, STEPWISE_MODEL="builtin:small", **common
+    )
     tiny.launch(), small.launch()
     yield {"builtin:tiny": tiny.wait_ready(), "builtin:small": small.wait_ready(180)}
     tiny.stop(), small.stop()
@@ -77,11 +96,14 @@ def test_each_worker_consumes_only_its_models_queue(module_redis, workers):
         assert generate_queue(model) in names and "stepwise.webhooks" in names and not names & others, names
 
 
-def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields_are_refused(
-        fleet_api, http, workers):
-    served = poll(lambda: (lambda m: m if {"builtin:tiny", "builtin:small"} <= {k for k, v in m.items()
-                                                                               if v["available"]} else None)(
-        models_by_name(http, fleet_api)), 30, "both models to be listed as available")
+def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields_are_refused(fleet_api, http, workers):
+    served = poll(
+        lambda: (
+            lambda m: m if {"builtin:tiny", "builtin:small"} <= {k for k, v in m.items() if v["available"]} else None
+        )(models_by_name(http, fleet_api)),
+        30,
+        "both models to be listed as available",
+    )
     for name in ("builtin:tiny", "builtin:small"):
         assert served[name]["workers"] == 1 and served[name]["capacity"] == 1 and served[name]["family"] == "sd"
         assert served[name]["limits"]["supports_lora"] is True and "num_running" in served[name]["engine"]
@@ -95,7 +117,8 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
 
 
 def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_still_finishes_low_ones(
-        fleet_api, http, workers):
+    fleet_api, http, workers
+):
     # Steps enough that each job outlasts a submit on a loaded machine (decodes run beside the loop now,
     # so a short job frees the engine's one slot almost at once).
     body = cheap("builtin:tiny", num_inference_steps=30)
@@ -105,13 +128,18 @@ def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_s
     low = submit(http, fleet_api, {**body, "priority": "low"}).json()["job_id"]
     assert get_job(http, fleet_api, high[0]).json()["priority"] == "high"
 
-    ended = {job_id: wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
-             for job_id in [*backlog, *high, low]}
+    ended = {
+        job_id: wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
+        for job_id in [*backlog, *high, low]
+    }
     finished = sorted(ended, key=lambda job_id: ended[job_id]["finished_at"])
     # One job at a time: finishing order is start order. The first backlog job was running and the
     # second already admitted when the high ones reached the worker; every later one waited for them.
-    names = {**{job_id: f"backlog-{i}" for i, job_id in enumerate(backlog)},
-             **{job_id: f"high-{i}" for i, job_id in enumerate(high)}, low: "low"}
+    names = {
+        **{job_id: f"backlog-{i}" for i, job_id in enumerate(backlog)},
+        **{job_id: f"high-{i}" for i, job_id in enumerate(high)},
+        low: "low",
+    }
     for job_id in high:
         order = [names[j] for j in finished]
         assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), order
@@ -124,17 +152,23 @@ def test_a_tenant_limited_to_normal_priority_cannot_ask_for_high(fleet_api, http
 
 
 def test_each_model_runs_on_its_own_worker_and_stopping_one_leaves_the_other_running_and_its_jobs_queued(
-        fleet_api, http, workers):
-    job_ids = {model: [submit(http, fleet_api, cheap(model, seed=seed)).json()["job_id"] for seed in range(2)]
-               for model in workers}
+    fleet_api, http, workers
+):
+    job_ids = {
+        model: [submit(http, fleet_api, cheap(model, seed=seed)).json()["job_id"] for seed in range(2)]
+        for model in workers
+    }
     for model, ids in job_ids.items():
         for job_id in ids:
             job = wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
             assert job["params"]["model"] == model
 
     workers["builtin:small"].stop()
-    poll(lambda: not models_by_name(http, fleet_api)["builtin:small"]["available"], 10,
-         "builtin:small to show unavailable once its worker stopped")
+    poll(
+        lambda: not models_by_name(http, fleet_api)["builtin:small"]["available"],
+        10,
+        "builtin:small to show unavailable once its worker stopped",
+    )
     assert models_by_name(http, fleet_api)["builtin:tiny"]["available"]
     waiting = submit(http, fleet_api, cheap("builtin:small"))
     assert waiting.status_code == 202, "a model that just lost its worker still accepts jobs (they queue)"

@@ -62,8 +62,12 @@ def test_an_uploaded_image_is_usable_by_id_and_the_record_keeps_only_the_id(app,
 
 
 def test_a_multipart_upload_works_too(client):
-    response = client.post("/v1/uploads", headers=auth(), content_type="multipart/form-data",
-                           data={"file": (io.BytesIO(image_bytes(image_format="JPEG")), "photo.jpg")})
+    response = client.post(
+        "/v1/uploads",
+        headers=auth(),
+        content_type="multipart/form-data",
+        data={"file": (io.BytesIO(image_bytes(image_format="JPEG")), "photo.jpg")},
+    )
 
     assert response.status_code == 201, response.json
     assert response.json["content_type"] == "image/jpeg"
@@ -130,8 +134,9 @@ def test_images_over_the_byte_or_pixel_limit_are_refused_naming_the_field(client
 
 
 def test_a_resize_mode_fits_an_image_of_another_size(client):
-    response = submit(client, {**JOB, "init_image": data_uri(image_bytes(80, 64)), "width": 64, "height": 64,
-                               "resize_mode": "crop"})
+    response = submit(
+        client, {**JOB, "init_image": data_uri(image_bytes(80, 64)), "width": 64, "height": 64, "resize_mode": "crop"}
+    )
 
     assert response.status_code == 202, response.json
 

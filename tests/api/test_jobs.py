@@ -131,17 +131,25 @@ def test_listing_filters_by_state(api, http):
     canceled = submit(http, api, BODY, "carol").json()
     http.post(canceled["cancel_url"], headers=auth("carol"), timeout=10)
 
-    page = http.get(f"{api.url}/v1/jobs", params={"state": "canceled", "limit": 100}, headers=auth("carol"),
-                    timeout=10).json()
+    page = http.get(
+        f"{api.url}/v1/jobs", params={"state": "canceled", "limit": 100}, headers=auth("carol"), timeout=10
+    ).json()
 
     ids = {job["job_id"] for job in page["jobs"]}
     assert canceled["job_id"] in ids and queued["job_id"] not in ids
     assert {job["state"] for job in page["jobs"]} == {"canceled"}
 
 
-@pytest.mark.parametrize(("params", "field"), [({"state": "done"}, "state"), ({"limit": 0}, "limit"),
-                                                ({"limit": 101}, "limit"), ({"limit": "ten"}, "limit"),
-                                                ({"cursor": "not-a-cursor!"}, "cursor")])
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"state": "done"}, "state"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"cursor": "not-a-cursor!"}, "cursor"),
+    ],
+)
 def test_bad_listing_parameters_get_422_naming_them(api, http, params, field):
     response = http.get(f"{api.url}/v1/jobs", params=params, headers=auth(), timeout=10)
 

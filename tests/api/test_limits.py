@@ -14,9 +14,14 @@ MAX_QUEUE_DEPTH = 3
 
 @pytest.fixture(scope="module")
 def limited_api(module_redis, storage_url, tmp_path_factory):
-    server = ApiProcess(tmp_path_factory.mktemp("limited-api"), module_redis.url, storage_url,
-                        STEPWISE_MAX_QUEUE_DEPTH=str(MAX_QUEUE_DEPTH), STEPWISE_MAX_BODY_BYTES="4096",
-                        STEPWISE_MAX_BATCH_JOBS="2").start()
+    server = ApiProcess(
+        tmp_path_factory.mktemp("limited-api"),
+        module_redis.url,
+        storage_url,
+        STEPWISE_MAX_QUEUE_DEPTH=str(MAX_QUEUE_DEPTH),
+        STEPWISE_MAX_BODY_BYTES="4096",
+        STEPWISE_MAX_BATCH_JOBS="2",
+    ).start()
     yield server
     server.stop()
 
@@ -57,9 +62,12 @@ def test_while_redis_is_down_the_api_answers_503_and_not_ready(own_redis, storag
         job = submit(http, api, BODY).json()
         own_redis.stop()
 
-        responses = [submit(http, api, BODY), http.get(job["status_url"], headers=auth(), timeout=10),
-                     http.get(f"{api.url}/v1/jobs", headers=auth(), timeout=10),
-                     http.post(job["cancel_url"], headers=auth(), timeout=10)]
+        responses = [
+            submit(http, api, BODY),
+            http.get(job["status_url"], headers=auth(), timeout=10),
+            http.get(f"{api.url}/v1/jobs", headers=auth(), timeout=10),
+            http.post(job["cancel_url"], headers=auth(), timeout=10),
+        ]
         ready = http.get(f"{api.url}/readyz", timeout=10)
         alive = http.get(f"{api.url}/healthz", timeout=10)
         metrics = http.get(f"{api.url}/metrics", timeout=10)

@@ -22,19 +22,30 @@ JOB = {"prompt": "a red fox in snow", "seed": 7, "num_inference_steps": 4, "heig
 def lora_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lora-store")
     make_lora("builtin:tiny", folder / "house-style.safetensors", seed=1)
-    (folder / "wrong-model.safetensors").write_bytes(save({
-        "unet.mid_block.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 5),
-        "unet.mid_block.attentions.0.proj_in.lora_B.weight": torch.zeros(5, 4)}))
+    (folder / "wrong-model.safetensors").write_bytes(
+        save(
+            {
+                "unet.mid_block.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 5),
+                "unet.mid_block.attentions.0.proj_in.lora_B.weight": torch.zeros(5, 4),
+            }
+        )
+    )
     return folder
 
 
 @pytest.fixture(scope="module")
 def lora_service(module_redis, storage_url, lora_folder, tmp_path_factory):
     lora_url = lora_folder.as_uri()
-    api = ApiProcess(tmp_path_factory.mktemp("api"), module_redis.url, storage_url, STEPWISE_LORA_URL=lora_url,
-                     STEPWISE_LORA_MAX_BYTES="2000000").start()
-    worker = WorkerProcess(tmp_path_factory.mktemp("worker"), module_redis.url, storage_url,
-                           STEPWISE_LORA_URL=lora_url).start()
+    api = ApiProcess(
+        tmp_path_factory.mktemp("api"),
+        module_redis.url,
+        storage_url,
+        STEPWISE_LORA_URL=lora_url,
+        STEPWISE_LORA_MAX_BYTES="2000000",
+    ).start()
+    worker = WorkerProcess(
+        tmp_path_factory.mktemp("worker"), module_redis.url, storage_url, STEPWISE_LORA_URL=lora_url
+    ).start()
     yield api
     worker.stop()
     api.stop()
@@ -62,8 +73,9 @@ def test_operator_and_uploaded_adapters_work_and_stay_with_their_tenant(lora_ser
     images = {name: image_of(http, api, job, tenant) for name, (job, tenant) in jobs.items()}
 
     assert refused.status_code == 422 and "'mine' does not exist" in refused.json()["error"]["message"]
-    assert "mine" not in [item["name"] for item in
-                          http.get(f"{api.url}/v1/loras", headers=auth("bob"), timeout=10).json()["loras"]]
+    assert "mine" not in [
+        item["name"] for item in http.get(f"{api.url}/v1/loras", headers=auth("bob"), timeout=10).json()["loras"]
+    ]
     # Co-batching moves a pixel by at most 1 level: a larger change is the adapter's.
     assert np.abs(images["house"] - images["plain"]).max() > 3
     assert np.abs(images["mine"] - images["plain"]).max() > 3

@@ -19,8 +19,12 @@ TRUNCATED_HEADER = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16
 
 def lora_bytes(rank: int = 2) -> bytes:
     """A small, valid safetensors file with LoRA-style keys (the API checks the format, not the weights)."""
-    return save({"unet.mid_block.attentions.0.proj_in.lora_A.weight": np.ones((rank, 8), dtype=np.float32),
-                 "unet.mid_block.attentions.0.proj_in.lora_B.weight": np.zeros((8, rank), dtype=np.float32)})
+    return save(
+        {
+            "unet.mid_block.attentions.0.proj_in.lora_A.weight": np.ones((rank, 8), dtype=np.float32),
+            "unet.mid_block.attentions.0.proj_in.lora_B.weight": np.zeros((8, rank), dtype=np.float32),
+        }
+    )
 
 
 @pytest.fixture
@@ -35,8 +39,12 @@ def lora_folder(tmp_path):
 def lora_client(redis_url, tmp_path, lora_folder):
     settings = ApiSettings(
         api_keys=tuple(TENANT_KEYS.items()),
-        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri(),
-                                lora_url=lora_folder.as_uri(), lora_max_bytes=MAX_LORA_BYTES),
+        storage=StorageSettings(
+            redis_url=redis_url,
+            storage_url=(tmp_path / "images").as_uri(),
+            lora_url=lora_folder.as_uri(),
+            lora_max_bytes=MAX_LORA_BYTES,
+        ),
         accept_unserved_models=True,  # no worker here: jobs stay queued
     )
     return create_app({"TESTING": True, "STEPWISE_SETTINGS": settings}).test_client()
@@ -85,17 +93,21 @@ def test_a_missing_adapter_is_refused_at_submit_naming_it(lora_client):
     assert response.status_code == 422
     assert response.json["error"]["field"] == "lora"
     assert "'nowhere' does not exist" in response.json["error"]["message"]
-    batch = lora_client.post("/v1/jobs/batch", json={"jobs": [{"prompt": "a", "lora": "nowhere"}, {"prompt": "b"}]},
-                             headers=auth("alice")).json
+    batch = lora_client.post(
+        "/v1/jobs/batch", json={"jobs": [{"prompt": "a", "lora": "nowhere"}, {"prompt": "b"}]}, headers=auth("alice")
+    ).json
     assert [result["status"] for result in batch["results"]] == [422, 202]
     assert batch["results"][0]["error"]["field"] == "jobs[0].lora"
 
 
-@pytest.mark.parametrize("body, message", [
-    (b"\x80\x04\x95pickle data, never loaded", "is not a safetensors file"),
-    (b"", "empty body"),
-    (len(TRUNCATED_HEADER).to_bytes(8, "little") + TRUNCATED_HEADER, "malformed"),  # its data is missing
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"\x80\x04\x95pickle data, never loaded", "is not a safetensors file"),
+        (b"", "empty body"),
+        (len(TRUNCATED_HEADER).to_bytes(8, "little") + TRUNCATED_HEADER, "malformed"),  # its data is missing
+    ],
+)
 def test_an_upload_that_is_not_safetensors_is_refused_and_nothing_is_stored(lora_client, body, message):
     response = put_lora(lora_client, "bad", body)
     assert response.status_code == 422

@@ -18,10 +18,13 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture
 def make_app(redis_url, tmp_path):
     def make(**overrides):
-        settings = ApiSettings(api_keys=(("local", KEY),),
-                               storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
-                               **{"accept_unserved_models": True, **overrides})  # no worker here: jobs stay queued
+        settings = ApiSettings(
+            api_keys=(("local", KEY),),
+            storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
+            **{"accept_unserved_models": True, **overrides},
+        )  # no worker here: jobs stay queued
         return create_app({"STEPWISE_SETTINGS": settings, "TESTING": True})
+
     return make
 
 
@@ -52,11 +55,14 @@ def test_stepwise_model_sets_the_apis_default_model_as_it_sets_the_workers(monke
     assert WorkerSettings.from_env().model == "/models/stable-diffusion-v1-5"
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"height": 2048, "width": 2048, "num_images": 8, "num_inference_steps": 200}, "height"),
-    ({"height": 512, "width": 512, "num_images": 8, "num_inference_steps": 50}, "num_images"),
-    ({"height": 512, "width": 512, "num_inference_steps": 200}, "num_inference_steps"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"height": 2048, "width": 2048, "num_images": 8, "num_inference_steps": 200}, "height"),
+        ({"height": 512, "width": 512, "num_images": 8, "num_inference_steps": 50}, "num_images"),
+        ({"height": 512, "width": 512, "num_inference_steps": 200}, "num_inference_steps"),
+    ],
+)
 def test_a_job_over_its_models_cpu_limits_gets_422_naming_the_field_and_is_not_stored(make_app, body, field):
     app = make_app(limits=LimitTable(device="cpu"))
 
@@ -70,8 +76,7 @@ def test_a_job_over_its_models_cpu_limits_gets_422_naming_the_field_and_is_not_s
 
 def test_a_batch_item_over_the_limits_is_refused_alone(make_app):
     app = make_app(limits=LimitTable(device="cpu"))
-    jobs = [{"prompt": "small", "num_inference_steps": 2},
-            {"prompt": "huge", "height": 1024, "width": 1024}]
+    jobs = [{"prompt": "small", "num_inference_steps": 2}, {"prompt": "huge", "height": 1024, "width": 1024}]
 
     response = app.test_client().post("/v1/jobs/batch", json={"jobs": jobs}, headers=AUTH)
 
@@ -97,7 +102,8 @@ def test_a_null_per_model_limit_keeps_the_default_instead_of_breaking_every_job_
     monkeypatch.setenv("STEPWISE_MODEL_LIMITS", '{"/models/sdxl": {"max_pixels": null, "max_pixel_steps": 5000000}}')
 
     assert LimitTable.from_env().for_model("/models/sdxl") == ModelLimits(
-        max_pixels=GPU_LIMITS.max_pixels, max_pixel_steps=5000000)
+        max_pixels=GPU_LIMITS.max_pixels, max_pixel_steps=5000000
+    )
 
 
 def test_the_first_hour_oversized_job_is_refused_but_the_tour_jobs_fit_the_cpu_limits():

@@ -31,9 +31,12 @@ def api_schema(api):
 
 
 # Routes without parameters or a body have no invalid input to generate.
-CASES = [(path, method, mode) for path, method in sorted(ROUTES)
-         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-         if mode is GenerationMode.POSITIVE or path.startswith("/v1/")]
+CASES = [
+    (path, method, mode)
+    for path, method in sorted(ROUTES)
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if mode is GenerationMode.POSITIVE or path.startswith("/v1/")
+]
 
 
 @pytest.mark.parametrize(("path", "method", "mode"), CASES, ids=str)
@@ -41,8 +44,7 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_answer(api, api_sche
     operation = api_schema[path][method.upper()]
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-              database=None)
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
     def check(case):
         response = case.call(base_url=api.url, session=http, headers=auth(), timeout=15)
         if response.status_code == 400 and "Request Line is too large" in response.text:

@@ -7,9 +7,18 @@ import re
 from tests.api.calls import submit
 
 ROUTES = {
-    ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/batch", "post"), ("/v1/jobs/{job_id}", "get"),
-    ("/v1/jobs/{job_id}/cancel", "post"), ("/v1/jobs/{job_id}/image", "get"), ("/healthz", "get"),
-    ("/readyz", "get"), ("/metrics", "get"), ("/openapi.json", "get"), ("/v1/models", "get"), ("/v1/uploads", "post"),
+    ("/v1/jobs", "post"),
+    ("/v1/jobs", "get"),
+    ("/v1/jobs/batch", "post"),
+    ("/v1/jobs/{job_id}", "get"),
+    ("/v1/jobs/{job_id}/cancel", "post"),
+    ("/v1/jobs/{job_id}/image", "get"),
+    ("/healthz", "get"),
+    ("/readyz", "get"),
+    ("/metrics", "get"),
+    ("/openapi.json", "get"),
+    ("/v1/models", "get"),
+    ("/v1/uploads", "post"),
 }
 
 
@@ -30,10 +39,12 @@ def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):
 
     assert re.search(r'^stepwise_jobs\{state="queued"\} [1-9]', text, re.M)
     assert re.search(r"^stepwise_queue_depth [1-9]", text, re.M)
-    assert re.search(r'^stepwise_api_request_duration_seconds_count\{method="POST",route="/v1/jobs"\} [1-9]',
-                     text, re.M)
-    healthz_count = re.search(r'^stepwise_api_requests_total\{method="GET",route="/healthz",status="200"\} (\S+)',
-                              text, re.M)
+    assert re.search(
+        r'^stepwise_api_request_duration_seconds_count\{method="POST",route="/v1/jobs"\} [1-9]', text, re.M
+    )
+    healthz_count = re.search(
+        r'^stepwise_api_requests_total\{method="GET",route="/healthz",status="200"\} (\S+)', text, re.M
+    )
     assert healthz_count and float(healthz_count.group(1)) >= 4  # summed over the workers
 
 

@@ -30,9 +30,12 @@ def make_client(redis_url, tmp_path):
     apps = []
 
     def make(**limits):
-        settings = ApiSettings(api_keys=tuple(KEYS.items()),
-                               storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
-                               accept_unserved_models=True, **limits)  # no worker here: jobs stay queued
+        settings = ApiSettings(
+            api_keys=tuple(KEYS.items()),
+            storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
+            accept_unserved_models=True,
+            **limits,
+        )  # no worker here: jobs stay queued
         app = create_app({"STEPWISE_SETTINGS": settings, "TESTING": True})
         apps.append(app)
         return app.test_client()
@@ -60,8 +63,10 @@ def batch(client, items, tenant="alice", **headers):
 
 # -- content types (item 9) -----------------------------------------------------------------
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
 @pytest.mark.parametrize("path", ["/v1/jobs", "/v1/jobs/batch"])
 def test_a_body_not_sent_as_json_gets_415_and_nothing_is_queued(client, redis_url, path, content_type):
     body = json.dumps(BODY if path == "/v1/jobs" else {"jobs": [BODY]})
@@ -82,8 +87,10 @@ def test_json_with_a_charset_or_a_json_suffix_type_is_accepted(client):
 
 # -- deadlines (item 3) ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("deadline", ["9999-12-31T23:59:59-12:00", "2300-01-01T00:00:00Z", 1900000000,
-                                      "1900000000", 1.9e9, True])
+
+@pytest.mark.parametrize(
+    "deadline", ["9999-12-31T23:59:59-12:00", "2300-01-01T00:00:00Z", 1900000000, "1900000000", 1.9e9, True]
+)
 def test_a_far_or_numeric_deadline_gets_422_naming_deadline_and_nothing_is_stored(client, redis_url, deadline):
     single = submit(client, {**BODY, "deadline": deadline})
     in_batch = batch(client, [BODY, {**BODY, "deadline": deadline}])
@@ -108,8 +115,9 @@ def test_one_stored_record_with_an_unrepresentable_deadline_breaks_no_view(clien
     store = JobStore(redis_url)
     for _ in range(3):
         assert submit(client).status_code == 202
-    odd, _ = store.create(tenant="alice", params={"prompt": "odd", "num_inference_steps": 2},
-                          deadline=253402343999.0)  # 9999-12-31T23:59:59-12:00, stored by an older API
+    odd, _ = store.create(
+        tenant="alice", params={"prompt": "odd", "num_inference_steps": 2}, deadline=253402343999.0
+    )  # 9999-12-31T23:59:59-12:00, stored by an older API
 
     assert client.get(f"/v1/jobs/{odd.job_id}", headers=auth()).status_code == 200
     assert client.head(f"/v1/jobs/{odd.job_id}", headers=auth()).status_code == 200
@@ -119,8 +127,9 @@ def test_one_stored_record_with_an_unrepresentable_deadline_breaks_no_view(clien
         assert client.head("/v1/jobs", query_string=query, headers=auth()).status_code == 200
     seen, cursor = [], None
     while True:
-        page = client.get("/v1/jobs", query_string={"limit": 1, **({"cursor": cursor} if cursor else {})},
-                          headers=auth())
+        page = client.get(
+            "/v1/jobs", query_string={"limit": 1, **({"cursor": cursor} if cursor else {})}, headers=auth()
+        )
         assert page.status_code == 200, page.text
         seen += [job["job_id"] for job in page.json["jobs"]]
         cursor = page.json["next_cursor"]
@@ -130,6 +139,7 @@ def test_one_stored_record_with_an_unrepresentable_deadline_breaks_no_view(clien
 
 
 # -- cursors (item 4) -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("text", ["nan:x", "inf:x", "-inf:x", "1e999:x", "5.0:"])
 def test_a_cursor_that_decodes_to_no_finite_score_gets_422_naming_cursor(client, text):
@@ -142,6 +152,7 @@ def test_a_cursor_that_decodes_to_no_finite_score_gets_422_naming_cursor(client,
 
 
 # -- queue room and tenant quotas (item 5) --------------------------------------------------
+
 
 def test_a_batch_takes_only_the_room_left_in_the_queue_and_gets_429_per_item_for_the_rest(make_client, redis_url):
     client = make_client(max_queue_depth=5)
@@ -183,6 +194,7 @@ def test_a_tenant_over_its_jobs_per_minute_gets_429_with_retry_after_and_others_
 
 
 # -- idempotency key spaces -----------------------------------------------------------------
+
 
 def test_a_single_submit_never_replays_a_batch_item_with_a_look_alike_key(client):
     first = batch(client, [BODY, {**BODY, "seed": 2}], **{"Idempotency-Key": "bk"})

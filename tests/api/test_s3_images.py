@@ -11,8 +11,7 @@ from tests.api.processes import ApiProcess, WorkerProcess
 from tests.servers import RedisServer, s3_env
 
 
-def test_with_s3_storage_the_image_url_is_presigned_and_the_image_route_redirects(s3_server, s3_bucket, tmp_path,
-                                                                                   http):
+def test_with_s3_storage_the_image_url_is_presigned_and_the_image_route_redirects(s3_server, s3_bucket, tmp_path, http):
     env = s3_env(s3_server.endpoint_url, s3_bucket)
     storage_url = env.pop("STEPWISE_STORAGE_URL")
     redis = RedisServer(tmp_path / "redis", appendonly=False).start()
@@ -20,8 +19,9 @@ def test_with_s3_storage_the_image_url_is_presigned_and_the_image_route_redirect
     try:
         api = ApiProcess(tmp_path / "api", redis.url, storage_url, **env).start()
         worker = WorkerProcess(tmp_path / "worker", redis.url, storage_url, **env).start()
-        job = submit(http, api, {"prompt": "a cloud", "seed": 2, "num_inference_steps": 2, "height": 64,
-                                 "width": 64}).json()
+        job = submit(
+            http, api, {"prompt": "a cloud", "seed": 2, "num_inference_steps": 2, "height": 64, "width": 64}
+        ).json()
 
         done = wait_for(http, api, job["job_id"], {"succeeded"})
         redirect = http.get(f"{done['status_url']}/image", headers=auth(), allow_redirects=False, timeout=10)

@@ -19,7 +19,12 @@ def test_api_keys_are_tenant_key_pairs_and_a_tenant_may_hold_several():
 
     assert pairs == (("acme", "k1"), ("acme", "k2"), ("globex", "k:with:colons"))
     assert [ring.tenant_for(key) for key in ("k1", "k2", "k:with:colons", "k3", "")] == [
-        "acme", "acme", "globex", None, None]
+        "acme",
+        "acme",
+        "globex",
+        None,
+        None,
+    ]
 
 
 @pytest.mark.parametrize("text", ["acme", "acme:", ":key", ",", "acme:k\x7f"])
@@ -45,7 +50,9 @@ def test_stepwise_api_refuses_malformed_settings_before_serving(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "stepwise_cli.main", "api", "--port", "1"],
         env=child_env(STEPWISE_API_KEYS="no-colon-here", STEPWISE_VAR_DIR=str(tmp_path)),
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
     assert result.returncode == 2

@@ -18,31 +18,63 @@ VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}
 
 # (field, bad value): one case per rule in batching/params.py, and the API's own fields.
 INVALID_FIELDS = [
-    ("prompt", ""), ("prompt", "   "), ("prompt", "x" * (P.MAX_PROMPT_CHARS + 1)), ("prompt", 5),
-    ("prompt", "nul\x00byte"), ("prompt", None),
-    ("negative_prompt", "x" * (P.MAX_PROMPT_CHARS + 1)), ("negative_prompt", 3), ("negative_prompt", "a\x00"),
-    ("height", P.MIN_SIZE - P.SIZE_MULTIPLE), ("height", P.MAX_SIZE + P.SIZE_MULTIPLE), ("height", 100),
-    ("height", "128"), ("height", 128.5), ("height", True),
-    ("width", P.MIN_SIZE - P.SIZE_MULTIPLE), ("width", P.MAX_SIZE + P.SIZE_MULTIPLE), ("width", 130),
+    ("prompt", ""),
+    ("prompt", "   "),
+    ("prompt", "x" * (P.MAX_PROMPT_CHARS + 1)),
+    ("prompt", 5),
+    ("prompt", "nul\x00byte"),
+    ("prompt", None),
+    ("negative_prompt", "x" * (P.MAX_PROMPT_CHARS + 1)),
+    ("negative_prompt", 3),
+    ("negative_prompt", "a\x00"),
+    ("height", P.MIN_SIZE - P.SIZE_MULTIPLE),
+    ("height", P.MAX_SIZE + P.SIZE_MULTIPLE),
+    ("height", 100),
+    ("height", "128"),
+    ("height", 128.5),
+    ("height", True),
+    ("width", P.MIN_SIZE - P.SIZE_MULTIPLE),
+    ("width", P.MAX_SIZE + P.SIZE_MULTIPLE),
+    ("width", 130),
     ("width", None),
-    ("num_inference_steps", P.MIN_STEPS - 1), ("num_inference_steps", P.MAX_STEPS + 1), ("num_inference_steps", 2.5),
-    ("guidance_scale", P.MIN_GUIDANCE - 0.5), ("guidance_scale", P.MAX_GUIDANCE + 0.5), ("guidance_scale", "7"),
+    ("num_inference_steps", P.MIN_STEPS - 1),
+    ("num_inference_steps", P.MAX_STEPS + 1),
+    ("num_inference_steps", 2.5),
+    ("guidance_scale", P.MIN_GUIDANCE - 0.5),
+    ("guidance_scale", P.MAX_GUIDANCE + 0.5),
+    ("guidance_scale", "7"),
     ("guidance_scale", False),
-    ("seed", -1), ("seed", P.MAX_SEED + 1), ("seed", 1.5), ("seed", "42"),
-    ("sampler", "heun"), ("sampler", 1),
-    ("num_images", 0), ("num_images", P.MAX_NUM_IMAGES + 1),
-    ("model", ""), ("model", "m" * 501),
-    ("num_frames", 0), ("num_frames", 2),
-    ("lora", ""), ("lora", "l" * 501), ("lora", 7),
-    ("lora_scale", P.MAX_LORA_SCALE + 1), ("lora_scale", -P.MAX_LORA_SCALE - 1),
+    ("seed", -1),
+    ("seed", P.MAX_SEED + 1),
+    ("seed", 1.5),
+    ("seed", "42"),
+    ("sampler", "heun"),
+    ("sampler", 1),
+    ("num_images", 0),
+    ("num_images", P.MAX_NUM_IMAGES + 1),
+    ("model", ""),
+    ("model", "m" * 501),
+    ("num_frames", 0),
+    ("num_frames", 2),
+    ("lora", ""),
+    ("lora", "l" * 501),
+    ("lora", 7),
+    ("lora_scale", P.MAX_LORA_SCALE + 1),
+    ("lora_scale", -P.MAX_LORA_SCALE - 1),
     ("not_a_field", 1),
     # Loopback spellings only: private and metadata addresses are checked against the policy function directly
     # (tests/faults/test_abuse.py); 127.0.0.2 is outside this app's allow list (127.0.0.1).
-    ("webhook_url", "ftp://127.0.0.1/hook"), ("webhook_url", "not a url"), ("webhook_url", "http://127.0.0.2/hook"),
-    ("webhook_url", "http://[::1]/latest"), ("webhook_url", "http://user:pw@127.0.0.1/"),
+    ("webhook_url", "ftp://127.0.0.1/hook"),
+    ("webhook_url", "not a url"),
+    ("webhook_url", "http://127.0.0.2/hook"),
+    ("webhook_url", "http://[::1]/latest"),
+    ("webhook_url", "http://user:pw@127.0.0.1/"),
     ("webhook_url", ""),
-    ("webhook_events", ["started", "exploded"]), ("webhook_events", []), ("webhook_events", "started"),
-    ("deadline", "tomorrow"), ("deadline", "2030-01-01T00:00:00"),
+    ("webhook_events", ["started", "exploded"]),
+    ("webhook_events", []),
+    ("webhook_events", "started"),
+    ("deadline", "tomorrow"),
+    ("deadline", "2030-01-01T00:00:00"),
     ("deadline", (datetime.now(UTC) - timedelta(minutes=1)).isoformat()),
 ]
 
@@ -80,8 +112,18 @@ def test_webhook_events_without_a_webhook_url_are_refused(client):
     assert response.get_json()["error"]["field"] == "webhook_events"
 
 
-@pytest.mark.parametrize("body", [b"{", b"{'prompt': 'x'}", b"", b"\xff\xfe", b'{"prompt": NaN}',
-                                  b'{"prompt": "x", "guidance_scale": Infinity}', b"[" * 100_000])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{",
+        b"{'prompt': 'x'}",
+        b"",
+        b"\xff\xfe",
+        b'{"prompt": NaN}',
+        b'{"prompt": "x", "guidance_scale": Infinity}',
+        b"[" * 100_000,
+    ],
+)
 def test_malformed_json_gets_400(client, body):
     response = client.post("/v1/jobs", data=body, headers={**auth(), "Content-Type": "application/json"})
 
@@ -91,8 +133,7 @@ def test_malformed_json_gets_400(client, body):
 
 @pytest.mark.parametrize("body", [[], "a red fox", 42, None])
 def test_a_body_that_is_not_an_object_gets_422(client, body):
-    response = client.post("/v1/jobs", data=json.dumps(body),
-                           headers={**auth(), "Content-Type": "application/json"})
+    response = client.post("/v1/jobs", data=json.dumps(body), headers={**auth(), "Content-Type": "application/json"})
 
     assert response.status_code == 422
     assert "must be a JSON object" in response.get_json()["error"]["message"]
@@ -108,11 +149,19 @@ def test_a_body_over_the_size_limit_gets_413(client):
 def test_a_valid_job_with_every_field_is_accepted(client):
     body = {
         # width 256: the most that 8 images of 200 steps may have within the CPU cost limits (api/limits.py)
-        "prompt": "a red fox", "negative_prompt": "blurry", "height": P.MIN_SIZE, "width": 256,
-        "num_inference_steps": P.MAX_STEPS, "guidance_scale": P.MAX_GUIDANCE,
-        "seed": P.MAX_SEED - (P.MAX_NUM_IMAGES - 1), "sampler": P.SAMPLERS[-1], "num_images": P.MAX_NUM_IMAGES,
-        "model": "builtin:tiny", "num_frames": 1,
-        "lora_scale": -P.MAX_LORA_SCALE, "webhook_url": HOOK,  # `lora` needs a store: tests/api/test_loras.py
+        "prompt": "a red fox",
+        "negative_prompt": "blurry",
+        "height": P.MIN_SIZE,
+        "width": 256,
+        "num_inference_steps": P.MAX_STEPS,
+        "guidance_scale": P.MAX_GUIDANCE,
+        "seed": P.MAX_SEED - (P.MAX_NUM_IMAGES - 1),
+        "sampler": P.SAMPLERS[-1],
+        "num_images": P.MAX_NUM_IMAGES,
+        "model": "builtin:tiny",
+        "num_frames": 1,
+        "lora_scale": -P.MAX_LORA_SCALE,
+        "webhook_url": HOOK,  # `lora` needs a store: tests/api/test_loras.py
         "webhook_events": ["completed", "failed"],
         "deadline": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
     }
@@ -122,13 +171,22 @@ def test_a_valid_job_with_every_field_is_accepted(client):
     assert response.status_code == 202, response.text
     job = response.get_json()
     assert {k: job["params"][k] for k in body if k in job["params"]} == {
-        k: v for k, v in body.items() if k in job["params"]}
+        k: v for k, v in body.items() if k in job["params"]
+    }
     assert job["webhook"] == {"url": HOOK, "events": ["completed", "failed"], "attempts": []}
     assert job["deadline"] is not None
 
 
-@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/jobs"), ("PUT", "/v1/jobs/x"),
-                                              ("GET", "/v1/jobs/x/cancel"), ("GET", "/nowhere"), ("POST", "/healthz")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("DELETE", "/v1/jobs"),
+        ("PUT", "/v1/jobs/x"),
+        ("GET", "/v1/jobs/x/cancel"),
+        ("GET", "/nowhere"),
+        ("POST", "/healthz"),
+    ],
+)
 def test_unknown_routes_and_methods_answer_in_the_json_error_shape(client, method, path):
     response = client.open(path, method=method, headers=auth())
 

@@ -51,8 +51,15 @@ def browser():
         pytest.fail("chromium and chromedriver are needed: `make chromium` or apt-get install chromium chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--window-size=1200,1000", "--no-first-run", "--disable-extensions"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1200,1000",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
@@ -91,19 +98,33 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
     browser.find_element(By.ID, "seed").send_keys("5")
     prompt.send_keys(Keys.ENTER)
 
-    job_id = wait_until(lambda: re.search(r"Submitted job (\S+) ", browser.find_element(By.ID, "job-status").text),
-                        15, "the page to say the job was submitted").group(1)
+    job_id = wait_until(
+        lambda: re.search(r"Submitted job (\S+) ", browser.find_element(By.ID, "job-status").text),
+        15,
+        "the page to say the job was submitted",
+    ).group(1)
     card = f"li.job[data-job-id='{job_id}']"
-    mid_job = wait_until(lambda: browser.execute_script(
-        "const bar = document.querySelector(arguments[0] + ' progress');"
-        "return bar && bar.value > 0 && bar.value < bar.max ? [bar.value, bar.max] : null;", card),
-        120, "the job's progress bar to show a step between the first and the last")
+    mid_job = wait_until(
+        lambda: browser.execute_script(
+            "const bar = document.querySelector(arguments[0] + ' progress');"
+            "return bar && bar.value > 0 && bar.value < bar.max ? [bar.value, bar.max] : null;",
+            card,
+        ),
+        120,
+        "the job's progress bar to show a step between the first and the last",
+    )
     assert mid_job[1] == 60
 
-    image_src = wait_until(lambda: browser.execute_script(
-        "const img = document.querySelector(arguments[0] + ' .thumbs img');"
-        "return img && img.complete && img.naturalWidth > 0 ? img.src : null;", card), 120, "the job's image",
-        seen=lambda: browser.find_element(By.CSS_SELECTOR, card).text)
+    image_src = wait_until(
+        lambda: browser.execute_script(
+            "const img = document.querySelector(arguments[0] + ' .thumbs img');"
+            "return img && img.complete && img.naturalWidth > 0 ? img.src : null;",
+            card,
+        ),
+        120,
+        "the job's image",
+        seen=lambda: browser.find_element(By.CSS_SELECTOR, card).text,
+    )
     assert image_src.startswith("blob:")  # fetched with the key in a header, not put in the URL
     assert browser.find_element(By.CSS_SELECTOR, f"{card} .state").text == "succeeded"
     engine_text = browser.find_element(By.ID, "engine-panel").text
@@ -116,6 +137,9 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
     browser.save_screenshot(str(tmp_path / "page-phone.png"))
     assert (tmp_path / "page-desktop.png").stat().st_size > 0 and (tmp_path / "page-phone.png").stat().st_size > 0
 
-    errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"
-              and "/v1/models" not in entry["message"]]  # a 404 there is expected until GET /v1/models exists
+    errors = [
+        entry["message"]
+        for entry in browser.get_log("browser")
+        if entry["level"] == "SEVERE" and "/v1/models" not in entry["message"]
+    ]  # a 404 there is expected until GET /v1/models exists
     assert errors == []

@@ -39,8 +39,9 @@ class WebhookReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status = receiver._status_for(self.path)
                 with receiver._lock:
-                    receiver.deliveries.append(Delivery(
-                        self.path, {k.lower(): v for k, v in self.headers.items()}, body, status))
+                    receiver.deliveries.append(
+                        Delivery(self.path, {k.lower(): v for k, v in self.headers.items()}, body, status)
+                    )
                 self.send_response(status)
                 if status == 302:
                     self.send_header("Location", receiver.redirect_to)
@@ -78,8 +79,9 @@ class WebhookReceiver:
             if predicate(got):
                 return got
             time.sleep(0.05)
-        raise AssertionError(f"webhook deliveries to {path} within {timeout}s: "
-                             f"{[(d.status, d.body[:200]) for d in self.received(path)]}")
+        raise AssertionError(
+            f"webhook deliveries to {path} within {timeout}s: {[(d.status, d.body[:200]) for d in self.received(path)]}"
+        )
 
     def __enter__(self) -> WebhookReceiver:
         self.thread.start()

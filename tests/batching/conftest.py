@@ -13,8 +13,9 @@ from batching import DiffusionEngine, EngineConfig, GenerationParams
 
 
 def make_params(**overrides) -> GenerationParams:
-    values = dict(prompt="a red fox in the forest", seed=7, num_inference_steps=8, guidance_scale=7.5,
-                  height=64, width=64)
+    values = dict(
+        prompt="a red fox in the forest", seed=7, num_inference_steps=8, guidance_scale=7.5, height=64, width=64
+    )
     values.update(overrides)
     return GenerationParams(**values)
 
@@ -24,14 +25,21 @@ def mixed_params() -> list[GenerationParams]:
     return [
         make_params(prompt="a red fox", seed=1, sampler="euler", num_inference_steps=12),
         make_params(prompt="a blue bird", seed=2, sampler="ddim", num_inference_steps=6, guidance_scale=1.0),
-        make_params(prompt="an old castle", seed=3, sampler="euler_ancestral", num_inference_steps=10,
-                    negative_prompt="blurry"),
+        make_params(
+            prompt="an old castle", seed=3, sampler="euler_ancestral", num_inference_steps=10, negative_prompt="blurry"
+        ),
         make_params(prompt="a calm lake", seed=4, sampler="dpmpp_2m", num_inference_steps=9, guidance_scale=3.0),
         make_params(prompt="a city at night", seed=5, sampler="euler", num_inference_steps=5, guidance_scale=0.0),
         make_params(prompt="snow", seed=6, sampler="ddim", num_inference_steps=11, negative_prompt="dark, low quality"),
         make_params(prompt="a cute dog", seed=7, sampler="euler_ancestral", num_inference_steps=7, guidance_scale=1.0),
-        make_params(prompt="a tiger", seed=8, sampler="dpmpp_2m", num_inference_steps=8, guidance_scale=12.0,
-                    negative_prompt="cat"),
+        make_params(
+            prompt="a tiger",
+            seed=8,
+            sampler="dpmpp_2m",
+            num_inference_steps=8,
+            guidance_scale=12.0,
+            negative_prompt="cat",
+        ),
     ]
 
 

@@ -8,8 +8,9 @@ from transformers import Qwen2Tokenizer, T5TokenizerFast
 from batching.assets import make_qwen_tokenizer, make_t5_tokenizer, make_tokenizer
 
 
-@pytest.mark.parametrize("generator", [make_t5_tokenizer, make_qwen_tokenizer],
-                         ids=lambda module: module.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize(
+    "generator", [make_t5_tokenizer, make_qwen_tokenizer], ids=lambda module: module.__name__.rsplit(".", 1)[-1]
+)
 def test_each_shipped_tokenizer_is_what_its_script_generates(generator, tmp_path):
     generator.write_tokenizer(tmp_path)
 

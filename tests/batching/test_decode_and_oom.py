@@ -104,8 +104,9 @@ def test_a_group_that_runs_out_of_memory_is_split_and_every_sample_gets_its_imag
     assert stats["oom_splits"] >= 1 and stats["jobs_failed"] == 0
     assert max(stats["rows_per_forward"]) == 4  # every forward that ran fitted
     assert tried.count(8) == 1  # the cap held: no second attempt at 8 rows
-    alone = run_alone(solo_engine, [make_params(prompt="a split group", seed=seed, num_inference_steps=5)
-                                    for seed in result.seeds])
+    alone = run_alone(
+        solo_engine, [make_params(prompt="a split group", seed=seed, num_inference_steps=5) for seed in result.seeds]
+    )
     for image, single in zip(result.images, alone):
         assert max_pixel_diff(image, single) <= 1
 
@@ -140,7 +141,8 @@ def test_a_decode_batch_that_runs_out_of_memory_is_split(fresh_engine, solo_engi
 
     assert decoded_sizes == [2, 1, 1]
     assert engine.stats()["oom_splits"] == 1
-    alone = run_alone(solo_engine, [make_params(prompt="two at once", seed=seed, num_inference_steps=3)
-                                    for seed in result.seeds])
+    alone = run_alone(
+        solo_engine, [make_params(prompt="two at once", seed=seed, num_inference_steps=3) for seed in result.seeds]
+    )
     for image, single in zip(result.images, alone):
         assert max_pixel_diff(image, single) <= 1

@@ -227,10 +227,16 @@ def test_a_cancel_takes_effect_before_the_next_group_forward_of_the_same_iterati
 
     monkeypatch.setattr(model, "forward", forward_that_cancels_the_other_group)
     engine.pause()
-    small = engine.submit(make_params(height=64, width=64, num_inference_steps=8), job_id="small",
-                          on_progress=lambda done, total: steps_of["small"].append(done))
-    large = engine.submit(make_params(height=96, width=96, num_inference_steps=8), job_id="large",
-                          on_progress=lambda done, total: steps_of["large"].append(done))
+    small = engine.submit(
+        make_params(height=64, width=64, num_inference_steps=8),
+        job_id="small",
+        on_progress=lambda done, total: steps_of["small"].append(done),
+    )
+    large = engine.submit(
+        make_params(height=96, width=96, num_inference_steps=8),
+        job_id="large",
+        on_progress=lambda done, total: steps_of["large"].append(done),
+    )
     engine.resume()
 
     with pytest.raises(JobCanceledError):

@@ -33,8 +33,15 @@ FAMILIES = [
 
 
 def family_params(family: Family, **overrides) -> GenerationParams:
-    values = dict(prompt="a red fox", model=family.model, seed=7, num_inference_steps=6, height=64, width=64,
-                  guidance_scale=family.guidances[0])
+    values = dict(
+        prompt="a red fox",
+        model=family.model,
+        seed=7,
+        num_inference_steps=6,
+        height=64,
+        width=64,
+        guidance_scale=family.guidances[0],
+    )
     values.update(overrides)
     return GenerationParams(**values)
 
@@ -44,8 +51,14 @@ def staggered_params(family: Family) -> list[GenerationParams]:
     prompts = ("a red fox", "a blue bird over the sea", "snow", "an old castle at night")
     steps = (8, 4, 6, 5)
     return [
-        family_params(family, prompt=prompt, seed=10 + index, num_inference_steps=num_steps, guidance_scale=guidance,
-                      negative_prompt=family.negative_prompt if index == 2 else "")
+        family_params(
+            family,
+            prompt=prompt,
+            seed=10 + index,
+            num_inference_steps=num_steps,
+            guidance_scale=guidance,
+            negative_prompt=family.negative_prompt if index == 2 else "",
+        )
         for index, (prompt, num_steps, guidance) in enumerate(zip(prompts, steps, family.guidances))
     ]
 
@@ -61,8 +74,9 @@ def engines(family):
     built = {
         "solo": DiffusionEngine(EngineConfig(model=family.model, device="cpu", max_num_seqs=1)),
         "batched": DiffusionEngine(EngineConfig(model=family.model, device="cpu", max_num_seqs=4)),
-        "deterministic": DiffusionEngine(EngineConfig(model=family.model, device="cpu", max_num_seqs=4,
-                                                      deterministic=True)),
+        "deterministic": DiffusionEngine(
+            EngineConfig(model=family.model, device="cpu", max_num_seqs=4, deterministic=True)
+        ),
     }
     yield built
     for engine in built.values():
@@ -106,8 +120,13 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
     pipeline.set_progress_bar_config(disable=True)
     extra = {"negative_prompt": params.negative_prompt} if params.negative_prompt else {}
     expected = pipeline(
-        params.prompt, height=params.height, width=params.width, num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale, generator=torch.Generator("cpu").manual_seed(params.seed), **extra,
+        params.prompt,
+        height=params.height,
+        width=params.width,
+        num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
+        **extra,
     ).images[0]
 
     image = engines["batched"].submit(params).result(timeout=120).image
@@ -115,15 +134,18 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
     assert max_pixel_diff(image, expected) <= 2
 
 
-@pytest.mark.parametrize("model, field, value", [
-    ("builtin:tiny-flux", "sampler", "dpmpp_2m"),
-    ("builtin:tiny-flux", "width", 200),
-    ("builtin:tiny-flux", "guidance_scale", 30.0),
-    ("builtin:tiny-flux", "negative_prompt", "blurry"),
-    ("builtin:tiny-zimage", "height", 72),
-    ("builtin:tiny-zimage", "sampler", "euler_ancestral"),
-    ("builtin:tiny-sdxl", "width", 60),
-])
+@pytest.mark.parametrize(
+    "model, field, value",
+    [
+        ("builtin:tiny-flux", "sampler", "dpmpp_2m"),
+        ("builtin:tiny-flux", "width", 200),
+        ("builtin:tiny-flux", "guidance_scale", 30.0),
+        ("builtin:tiny-flux", "negative_prompt", "blurry"),
+        ("builtin:tiny-zimage", "height", 72),
+        ("builtin:tiny-zimage", "sampler", "euler_ancestral"),
+        ("builtin:tiny-sdxl", "width", 60),
+    ],
+)
 def test_params_a_family_does_not_support_are_refused_naming_the_field(model, field, value):
     with pytest.raises(InvalidParamsError) as error:
         GenerationParams(prompt="a fox", model=model, **{field: value})
@@ -167,14 +189,22 @@ MIXED_SIZES = [(64, 64), (96, 96), (64, 128), (128, 64)]  # the last two: equal 
 
 def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[GenerationParams]:
     return [
-        GenerationParams(prompt=f"a fox {index}", model=model, seed=index, num_inference_steps=3,
-                         guidance_scale=guidances[index], height=height, width=width)
+        GenerationParams(
+            prompt=f"a fox {index}",
+            model=model,
+            seed=index,
+            num_inference_steps=3,
+            guidance_scale=guidances[index],
+            height=height,
+            width=width,
+        )
         for index, (height, width) in enumerate(MIXED_SIZES)
     ]
 
 
-@pytest.mark.parametrize("model, guidances", [("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
-                                              ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))])
+@pytest.mark.parametrize(
+    "model, guidances", [("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)), ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))]
+)
 def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):
     params_list = mixed_size_params(model, guidances)
     solo = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=1))
@@ -199,8 +229,9 @@ def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_al
 
 def test_flux_in_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_batched():
     params_list = mixed_size_params("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=4,
-                                          max_num_groups=4, deterministic=True))
+    engine = DiffusionEngine(
+        EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=4, max_num_groups=4, deterministic=True)
+    )
     try:
         alone = run_alone(engine, params_list)
         engine.pause()

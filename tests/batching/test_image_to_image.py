@@ -60,8 +60,17 @@ def right_half_mask(size: int = 64) -> Image.Image:
 
 
 def params_for(case: Case, **overrides) -> GenerationParams:
-    values = dict(prompt="a red fox", model=case.model, seed=11, num_inference_steps=6, height=64, width=64,
-                  guidance_scale=case.guidance, init_image=png_uri(init_picture()), strength=0.5)
+    values = dict(
+        prompt="a red fox",
+        model=case.model,
+        seed=11,
+        num_inference_steps=6,
+        height=64,
+        width=64,
+        guidance_scale=case.guidance,
+        init_image=png_uri(init_picture()),
+        strength=0.5,
+    )
     values.update(overrides)
     return GenerationParams(**values)
 
@@ -81,13 +90,19 @@ def test_an_img2img_sample_equals_the_familys_own_diffusers_img2img_pipeline(cas
     case, engine = case_engine
     params = params_for(case)
     pipeline = getattr(diffusers, case.img2img_pipeline).from_pretrained(
-        builtin_model_path(case.model), local_files_only=True)
+        builtin_model_path(case.model), local_files_only=True
+    )
     pipeline.set_progress_bar_config(disable=True)
     if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):  # the SD built-in ships DDIM; jobs default to euler
         pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
     expected = pipeline(
-        params.prompt, image=init_picture(), strength=params.strength, height=64, width=64,
-        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        params.prompt,
+        image=init_picture(),
+        strength=params.strength,
+        height=64,
+        width=64,
+        num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale,
         generator=torch.Generator("cpu").manual_seed(params.seed),
     ).images[0]
     progress: list[tuple[int, int]] = []
@@ -100,9 +115,12 @@ def test_an_img2img_sample_equals_the_familys_own_diffusers_img2img_pipeline(cas
 
 def test_img2img_co_batched_with_text_to_image_equals_itself_alone(case_engine):
     case, engine = case_engine
-    jobs = [params_for(case), params_for(case, prompt="a blue bird", seed=3, init_image=None, strength=None),
-            params_for(case, prompt="snow", seed=5, strength=0.8, num_inference_steps=5),
-            params_for(case, prompt="a castle", seed=8, init_image=None, strength=None, num_inference_steps=4)]
+    jobs = [
+        params_for(case),
+        params_for(case, prompt="a blue bird", seed=3, init_image=None, strength=None),
+        params_for(case, prompt="snow", seed=5, strength=0.8, num_inference_steps=5),
+        params_for(case, prompt="a castle", seed=8, init_image=None, strength=None, num_inference_steps=4),
+    ]
     alone = run_alone(engine, jobs)
     forwards_of_four_before = engine.stats()["jobs_per_forward"].get(4, 0)
 
@@ -128,8 +146,14 @@ def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and
     if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):
         pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
     expected = pipeline(
-        params.prompt, image=init_picture(), mask_image=mask, strength=1.0, height=64, width=64,
-        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        params.prompt,
+        image=init_picture(),
+        mask_image=mask,
+        strength=1.0,
+        height=64,
+        width=64,
+        num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale,
         generator=torch.Generator("cpu").manual_seed(params.seed),
     ).images[0]
 
@@ -144,9 +168,11 @@ def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and
 
 def test_deterministic_mode_keeps_img2img_and_inpainting_bit_identical_alone_and_co_batched(deterministic_engine):
     case, engine = CASES[0], deterministic_engine  # builtin:tiny, shared with the other deterministic tests
-    jobs = [params_for(case, num_inference_steps=4),  # 2 steps run
-            params_for(case, mask_image=png_uri(right_half_mask()), strength=0.75, seed=4, num_inference_steps=4),
-            params_for(case, prompt="a castle", init_image=None, strength=None, seed=9, num_inference_steps=2)]
+    jobs = [
+        params_for(case, num_inference_steps=4),  # 2 steps run
+        params_for(case, mask_image=png_uri(right_half_mask()), strength=0.75, seed=4, num_inference_steps=4),
+        params_for(case, prompt="a castle", init_image=None, strength=None, seed=9, num_inference_steps=2),
+    ]
     alone = run_alone(engine, jobs)
 
     futures = [engine.submit(params) for params in jobs]  # admitted together: init images encoded together

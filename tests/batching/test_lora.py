@@ -21,8 +21,14 @@ def lora_folder(tmp_path_factory):
         make_lora("builtin:tiny", folder / f"{name}.safetensors", seed=seed)
     (folder / "not-safetensors.safetensors").write_bytes(b"\x80\x04pickle, not safetensors")
     make_lora("builtin:tiny", folder / "with-text.safetensors", seed=5, with_text_encoder=True)
-    save_file({key: value for key, value in load_file(folder / "with-text.safetensors").items()
-               if not key.startswith("text_encoder.")}, folder / "without-text.safetensors")
+    save_file(
+        {
+            key: value
+            for key, value in load_file(folder / "with-text.safetensors").items()
+            if not key.startswith("text_encoder.")
+        },
+        folder / "without-text.safetensors",
+    )
     return folder
 
 
@@ -78,8 +84,12 @@ def test_an_adapter_job_equals_diffusers_pipeline_with_the_adapter_at_that_scale
     pipeline.load_lora_weights(str(lora_folder / "style-b.safetensors"), adapter_name="style_b")
     pipeline.set_adapters(["style_b"], adapter_weights=[params.lora_scale])
     expected = pipeline(
-        params.prompt, negative_prompt=params.negative_prompt, height=params.height, width=params.width,
-        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+        params.prompt,
+        negative_prompt=params.negative_prompt,
+        height=params.height,
+        width=params.width,
+        num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale,
         generator=torch.Generator("cpu").manual_seed(params.seed),
     ).images[0]
     for future in futures[1:]:
@@ -104,9 +114,13 @@ def test_a_missing_or_invalid_adapter_fails_only_its_own_job_naming_it(lora_engi
 def test_an_adapter_that_does_not_fit_the_model_fails_its_job_naming_it(lora_engines, lora_folder):
     from safetensors.torch import save_file
 
-    save_file({"unet.down_blocks.0.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 7),
-               "unet.down_blocks.0.attentions.0.proj_in.lora_B.weight": torch.zeros(7, 4)},
-              str(lora_folder / "wrong-shape.safetensors"))
+    save_file(
+        {
+            "unet.down_blocks.0.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 7),
+            "unet.down_blocks.0.attentions.0.proj_in.lora_B.weight": torch.zeros(7, 4),
+        },
+        str(lora_folder / "wrong-shape.safetensors"),
+    )
     mixed, _ = lora_engines
     with pytest.raises(JobFailedError, match="'wrong-shape' does not fit"):
         mixed.submit(make_params(lora="wrong-shape")).result(timeout=60)
@@ -117,8 +131,9 @@ def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_f
     mixed, _ = lora_engines
     workload = lora_workload()[:4]
     expected = [future.result(timeout=120).image for future in [mixed.submit(p) for p in workload]]
-    with DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=lora_folder.as_uri(),
-                                      lora_mode="group", max_num_groups=3)) as grouped:
+    with DiffusionEngine(
+        EngineConfig(device="cpu", max_num_seqs=6, lora_url=lora_folder.as_uri(), lora_mode="group", max_num_groups=3)
+    ) as grouped:
         images = [future.result(timeout=120).image for future in [grouped.submit(p) for p in workload]]
         stats = grouped.stats()
     assert set(stats["loras_per_forward"]) <= {0, 1}
@@ -133,8 +148,15 @@ def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alo
     workload = [
         make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, lora="style-a", guidance_scale=None),
         make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, guidance_scale=None),
-        make_params(model=model, prompt="a bird", seed=2, num_inference_steps=3, lora="style-b", lora_scale=0.5,
-                    guidance_scale=None),
+        make_params(
+            model=model,
+            prompt="a bird",
+            seed=2,
+            num_inference_steps=3,
+            lora="style-b",
+            lora_scale=0.5,
+            guidance_scale=None,
+        ),
     ]
     with DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, lora_url=tmp_path.as_uri())) as engine:
         together = [future.result(timeout=120).image for future in [engine.submit(p) for p in workload]]

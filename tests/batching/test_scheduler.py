@@ -161,20 +161,28 @@ def test_max_num_seqs_of_one_runs_jobs_one_at_a_time_in_arrival_order():
 
 
 def test_fifo_incompatible_head_blocks_everything_behind_it_until_the_wave_drains():
-    jobs = [make_sample("a1", key="A", steps=3), make_sample("b1", key="B", steps=2),
-            make_sample("a2", key="A", steps=1), make_sample("a3", key="A", steps=1)]
+    jobs = [
+        make_sample("a1", key="A", steps=3),
+        make_sample("b1", key="B", steps=2),
+        make_sample("a2", key="A", steps=1),
+        make_sample("a3", key="A", steps=1),
+    ]
     scheduler, runner = make_scheduler(*jobs, max_num_seqs=8, policy="fifo"), FakeRunner()
 
     plans = run_to_completion(scheduler, runner)
 
-    assert [admitted_ids(plan) for plan in plans] == [["a1"], [], [], ["b1"], [], ["a2", "a3"]], \
+    assert [admitted_ids(plan) for plan in plans] == [["a1"], [], [], ["b1"], [], ["a2", "a3"]], (
         "no extra iteration only to free finished samples"
+    )
     assert runner.forwards == [["a1"]] * 3 + [["b1"]] * 2 + [["a2", "a3"]]
 
 
 def test_fifo_keeps_guidance_in_its_key_like_the_reference_and_default_does_not():
-    jobs = [make_sample("g7", guidance=7.5, steps=2), make_sample("g1", guidance=1.0, steps=2),
-            make_sample("g7b", guidance=7.5, steps=2)]
+    jobs = [
+        make_sample("g7", guidance=7.5, steps=2),
+        make_sample("g1", guidance=1.0, steps=2),
+        make_sample("g7b", guidance=7.5, steps=2),
+    ]
 
     fifo = make_scheduler(*jobs, policy="fifo")
     default = make_scheduler(*jobs)
@@ -184,8 +192,9 @@ def test_fifo_keeps_guidance_in_its_key_like_the_reference_and_default_does_not(
 
 
 def test_incompatible_head_does_not_block_compatible_jobs_under_the_default_policy():
-    scheduler = make_scheduler(make_sample("a1", key="A"), make_sample("b1", key="B"), make_sample("a2", key="A"),
-                               max_num_groups=1)
+    scheduler = make_scheduler(
+        make_sample("a1", key="A"), make_sample("b1", key="B"), make_sample("a2", key="A"), max_num_groups=1
+    )
 
     plan = scheduler.schedule()
 
@@ -194,8 +203,12 @@ def test_incompatible_head_does_not_block_compatible_jobs_under_the_default_poli
 
 
 def test_default_policy_runs_two_groups_at_once_with_one_forward_each():
-    jobs = [make_sample("a1", key="A", steps=2), make_sample("b1", key="B", steps=1),
-            make_sample("a2", key="A", steps=2), make_sample("c1", key="C", steps=1)]
+    jobs = [
+        make_sample("a1", key="A", steps=2),
+        make_sample("b1", key="B", steps=1),
+        make_sample("a2", key="A", steps=2),
+        make_sample("c1", key="C", steps=1),
+    ]
     scheduler, runner = make_scheduler(*jobs), FakeRunner()
 
     first, output, _ = run_iteration(scheduler, runner)
@@ -371,8 +384,9 @@ def test_paused_admission_lets_running_jobs_finish_and_admits_nobody_until_resum
 
 
 def test_snapshot_counts_waiting_and_running_jobs_per_key():
-    scheduler = make_scheduler(make_sample(key="A"), make_sample(key="A"), make_sample(key="B"), make_sample(key="C"),
-                               max_num_groups=1)
+    scheduler = make_scheduler(
+        make_sample(key="A"), make_sample(key="A"), make_sample(key="B"), make_sample(key="C"), max_num_groups=1
+    )
     scheduler.schedule()
 
     snapshot = scheduler.snapshot()
@@ -389,30 +403,45 @@ def test_adding_a_job_id_twice_is_refused():
         scheduler.add(make_sample("same"))
 
 
-@pytest.mark.parametrize("config, field", [({"policy": "lifo"}, "policy"), ({"max_num_seqs": 0}, "max_num_seqs"),
-                                           ({"max_num_groups": 0}, "max_num_groups"),
-                                           ({"max_wait_iterations": -1}, "max_wait_iterations")])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"policy": "lifo"}, "policy"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_num_groups": 0}, "max_num_groups"),
+        ({"max_wait_iterations": -1}, "max_wait_iterations"),
+    ],
+)
 def test_an_invalid_config_is_refused_with_a_message_naming_the_field(config, field):
     with pytest.raises(ValueError, match=field):
         SchedulerConfig(**config)
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), policy=st.sampled_from(["default", "fifo"]),
-       max_num_seqs=st.integers(1, 5), max_num_groups=st.integers(1, 3), max_wait_iterations=st.integers(0, 4))
-def test_random_arrivals_aborts_and_failures_keep_every_guarantee(seed, policy, max_num_seqs, max_num_groups,
-                                                                  max_wait_iterations):
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    policy=st.sampled_from(["default", "fifo"]),
+    max_num_seqs=st.integers(1, 5),
+    max_num_groups=st.integers(1, 3),
+    max_wait_iterations=st.integers(0, 4),
+)
+def test_random_arrivals_aborts_and_failures_keep_every_guarantee(
+    seed, policy, max_num_seqs, max_num_groups, max_wait_iterations
+):
     rng = random.Random(seed)
-    scheduler = make_scheduler(policy=policy, max_num_seqs=max_num_seqs, max_num_groups=max_num_groups,
-                               max_wait_iterations=max_wait_iterations)
+    scheduler = make_scheduler(
+        policy=policy, max_num_seqs=max_num_seqs, max_num_groups=max_num_groups, max_wait_iterations=max_wait_iterations
+    )
     runner, aborted_ids_sent, aborted_running_ids = FakeRunner(), [], set()
     waiting_arrivals: list[int] = []  # arrival numbers of the jobs still waiting; job "job-N" arrived N-th
     num_overtaken_by_arrival: dict[int, int] = {}
     for iteration in range(400):
         if iteration < 60 and rng.random() < 0.6:
             arrival = len(num_overtaken_by_arrival)
-            scheduler.add(make_sample(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)),
-                          priority=rng.choice(PRIORITIES))
+            scheduler.add(
+                make_sample(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)),
+                priority=rng.choice(PRIORITIES),
+            )
             waiting_arrivals.append(arrival)
             num_overtaken_by_arrival[arrival] = 0
         if rng.random() < 0.05 and num_overtaken_by_arrival:

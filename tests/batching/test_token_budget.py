@@ -18,8 +18,15 @@ SMALL = SD.sample_cost(128, 128, 7.5)  # 2 rows x 16x16 latent
 
 
 def sized_sample(sample_id: str, size: int, *, steps: int = 2) -> NewSample:
-    params = GenerationParams(prompt="a red fox", model="test:A", height=size, width=size, num_inference_steps=steps,
-                              guidance_scale=7.5, seed=0)
+    params = GenerationParams(
+        prompt="a red fox",
+        model="test:A",
+        height=size,
+        width=size,
+        num_inference_steps=steps,
+        guidance_scale=7.5,
+        seed=0,
+    )
     return NewSample(sample_id=sample_id, params=params, key=CompatibilityKey.of(params))
 
 
@@ -46,8 +53,12 @@ def test_a_large_sample_takes_the_budget_of_several_small_ones_and_small_ones_fi
 def _stream_of_small_samples_behind_a_large_one(max_wait_iterations: int, num_iterations: int = 60):
     """Two small samples run; the large one needs three of the four small budgets; a small two-step sample
     arrives every iteration, so without a bound two smalls always run and the large one never fits."""
-    scheduler = make_scheduler(sized_sample("small-a", 128), sized_sample("small-b", 128), max_num_tokens=4 * SMALL,
-                               max_wait_iterations=max_wait_iterations)
+    scheduler = make_scheduler(
+        sized_sample("small-a", 128),
+        sized_sample("small-b", 128),
+        max_num_tokens=4 * SMALL,
+        max_wait_iterations=max_wait_iterations,
+    )
     runner = FakeRunner()
     run_iteration(scheduler, runner)
     scheduler.add(sized_sample("big", 192, steps=3))
@@ -94,12 +105,17 @@ def test_a_sample_over_the_whole_budget_runs_alone_rather_than_never():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), budget=st.integers(1, 12), max_wait_iterations=st.integers(0, 4),
-       policy=st.sampled_from(["default", "fifo"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    budget=st.integers(1, 12),
+    max_wait_iterations=st.integers(0, 4),
+    policy=st.sampled_from(["default", "fifo"]),
+)
 def test_random_sizes_keep_the_budget_and_the_starvation_bound(seed, budget, max_wait_iterations, policy):
     rng = random.Random(seed)
-    scheduler = make_scheduler(max_num_seqs=6, max_num_tokens=budget * SMALL // 2, policy=policy,
-                               max_wait_iterations=max_wait_iterations)
+    scheduler = make_scheduler(
+        max_num_seqs=6, max_num_tokens=budget * SMALL // 2, policy=policy, max_wait_iterations=max_wait_iterations
+    )
     runner, waiting, overtaken = FakeRunner(), [], {}
     for iteration in range(300):
         if iteration < 40 and rng.random() < 0.7:

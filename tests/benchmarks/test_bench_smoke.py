@@ -20,11 +20,26 @@ from PIL import Image
 from tests.servers import child_env
 
 VARIANTS = {"serial", "static", "fifo", "default"}
-WORKLOADS = {"burst", "poisson_1x", "poisson_3x", "mixed_steps", "two_resolution", "mixed_guidance", "mixed_size",
-             "mixed_size_uniform"}
+WORKLOADS = {
+    "burst",
+    "poisson_1x",
+    "poisson_3x",
+    "mixed_steps",
+    "two_resolution",
+    "mixed_guidance",
+    "mixed_size",
+    "mixed_size_uniform",
+}
 MACHINE_KEYS = {"cpu_count", "cpu_model", "torch", "diffusers", "device", "torch_num_threads"}
-METRIC_KEYS = {"num_jobs", "wall_seconds", "throughput_images_per_second", "latency_seconds", "queue_wait_seconds",
-               "mean_rows_per_forward", "efficiency"}
+METRIC_KEYS = {
+    "num_jobs",
+    "wall_seconds",
+    "throughput_images_per_second",
+    "latency_seconds",
+    "queue_wait_seconds",
+    "mean_rows_per_forward",
+    "efficiency",
+}
 PERCENTILE_KEYS = {"mean", "p50", "p95", "p99", "max"}
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="the e2e part needs redis-server")
@@ -35,7 +50,10 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     completed = subprocess.run(
         [sys.executable, "-m", "stepwise_cli.main", "bench", "--smoke", "--models", "builtin:tiny", "--out", str(out)],
-        env=child_env(), capture_output=True, text=True, timeout=240,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     return out
@@ -57,8 +75,12 @@ def test_summary_has_every_variant_on_every_workload_with_its_metrics(results):
         assert PERCENTILE_KEYS <= run["metrics"]["latency_seconds"].keys()
         assert (run["metrics"]["efficiency"] is None) == (run["variant"] == "static")
     headlines = summary["headlines"]["builtin:tiny"]
-    for name in ("throughput_default_over_serial_burst", "throughput_default_over_static_burst",
-                 "throughput_default_over_fifo_two_resolution", "engine_efficiency_default_burst"):
+    for name in (
+        "throughput_default_over_serial_burst",
+        "throughput_default_over_static_burst",
+        "throughput_default_over_fifo_two_resolution",
+        "engine_efficiency_default_burst",
+    ):
         assert is_number(headlines[name]), name
     assert set(headlines["throughput_mixed_over_uniform_equal_tokens"]) == VARIANTS
     assert all(is_number(value) for value in headlines["throughput_mixed_over_uniform_equal_tokens"].values())

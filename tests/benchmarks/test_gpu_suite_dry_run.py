@@ -24,8 +24,13 @@ ROWS = [1, 2, 4, 8, 16]
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-dry-run")
-    completed = subprocess.run([str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", str(out)],
-                               env=child_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=280)
+    completed = subprocess.run(
+        [str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", str(out)],
+        env=child_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     return json.loads((out / "gpu_results.json").read_text()), (out / "gpu_summary.md").read_text()
 
@@ -40,8 +45,9 @@ def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_tr
     assert set(results["models"]) == {"sd15", "sdxl"}
     for name, model in results["models"].items():
         assert [row["rows"] for row in model["forward_ceiling"]] == ROWS, name
-        assert all(_is_positive(row["seconds"]) and _is_positive(row["rows_per_second"])
-                   for row in model["forward_ceiling"])
+        assert all(
+            _is_positive(row["seconds"]) and _is_positive(row["rows_per_second"]) for row in model["forward_ceiling"]
+        )
         for workload in ("burst", "poisson"):
             assert set(model["throughput"][workload]) == VARIANTS, (name, workload)
             for figures in model["throughput"][workload].values():
@@ -59,6 +65,14 @@ def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_tr
 
 def test_the_dry_run_summary_shows_each_section(dry_run):
     _, summary = dry_run
-    for heading in ("## sd15 at 64x64", "## sdxl at 64x64", "## FLUX-sized transformer alone", "| serial |",
-                    "| static |", "| default |", "Invariance", "Decode overlap"):
+    for heading in (
+        "## sd15 at 64x64",
+        "## sdxl at 64x64",
+        "## FLUX-sized transformer alone",
+        "| serial |",
+        "| static |",
+        "| default |",
+        "Invariance",
+        "Decode overlap",
+    ):
         assert heading in summary

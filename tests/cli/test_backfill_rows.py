@@ -18,10 +18,12 @@ def test_jsonl_rows_keep_their_line_numbers_and_bad_lines_are_reported(tmp_path)
 
 def test_csv_numeric_columns_are_coerced_and_empty_cells_left_out(tmp_path):
     path = tmp_path / "prompts.csv"
-    path.write_text('prompt,seed,guidance_scale,height,negative_prompt\n'
-                    '"a fox, running",7,7.5,64,\n'
-                    'a cat,seven,7.5,64,blurry\n'
-                    'a dog,,1,128,blurry\n')
+    path.write_text(
+        "prompt,seed,guidance_scale,height,negative_prompt\n"
+        '"a fox, running",7,7.5,64,\n'
+        "a cat,seven,7.5,64,blurry\n"
+        "a dog,,1,128,blurry\n"
+    )
     rows = read_rows(path)
     assert [row.line for row in rows] == [2, 3, 4]
     assert rows[0].body == {"prompt": "a fox, running", "seed": 7, "guidance_scale": 7.5, "height": 64}

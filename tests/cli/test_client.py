@@ -133,8 +133,9 @@ def test_flags_beat_environment_beat_saved_file(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPWISE_API_URL", "http://env:1/")
     monkeypatch.setenv("STEPWISE_API_KEY", "sk_env")
     assert resolve_target(namespace(tmp_path)) == ApiTarget("http://env:1", "sk_env")
-    assert resolve_target(namespace(tmp_path, api_url="http://flag:2", api_key="sk_flag")) == \
-        ApiTarget("http://flag:2", "sk_flag")
+    assert resolve_target(namespace(tmp_path, api_url="http://flag:2", api_key="sk_flag")) == ApiTarget(
+        "http://flag:2", "sk_flag"
+    )
 
 
 def test_the_saved_key_is_never_sent_to_another_url(tmp_path, monkeypatch):

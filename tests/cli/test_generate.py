@@ -14,8 +14,27 @@ from stepwise_cli.main import main
 def test_generate_writes_a_png_of_the_requested_size_with_no_progress_bar_off_a_terminal(tmp_path, capsys):
     out = tmp_path / "fox.png"
 
-    code = main(["generate", "--prompt", "a red fox", "--seed", "7", "--steps", "4",
-                 "--height", "64", "--width", "96", "--device", "cpu", "--model", "builtin:tiny", "--out", str(out)])
+    code = main(
+        [
+            "generate",
+            "--prompt",
+            "a red fox",
+            "--seed",
+            "7",
+            "--steps",
+            "4",
+            "--height",
+            "64",
+            "--width",
+            "96",
+            "--device",
+            "cpu",
+            "--model",
+            "builtin:tiny",
+            "--out",
+            str(out),
+        ]
+    )
 
     assert code == 0
     with Image.open(out) as image:
@@ -40,8 +59,25 @@ def test_generate_loads_a_model_folder_given_with_model(tmp_path):
     shutil.copytree(builtin_model_path("builtin:tiny"), folder)
     out = tmp_path / "out.png"
 
-    code = main(["generate", "--prompt", "a house", "--steps", "3", "--height", "64", "--width", "64",
-                 "--model", str(folder), "--device", "cpu", "--out", str(out)])
+    code = main(
+        [
+            "generate",
+            "--prompt",
+            "a house",
+            "--steps",
+            "3",
+            "--height",
+            "64",
+            "--width",
+            "64",
+            "--model",
+            str(folder),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
 
     assert code == 0 and out.stat().st_size > 0
 
@@ -57,8 +93,27 @@ def test_generate_with_a_missing_model_folder_exits_with_a_message(tmp_path, cap
 def test_generate_works_for_every_family_built_in(tmp_path, model):
     out = tmp_path / "fox.png"
 
-    code = main(["generate", "--model", model, "--prompt", "a red fox", "--seed", "3", "--steps", "2",
-                 "--height", "64", "--width", "96", "--device", "cpu", "--out", str(out)])
+    code = main(
+        [
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "a red fox",
+            "--seed",
+            "3",
+            "--steps",
+            "2",
+            "--height",
+            "64",
+            "--width",
+            "96",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
 
     assert code == 0
     with Image.open(out) as image:
@@ -66,8 +121,19 @@ def test_generate_works_for_every_family_built_in(tmp_path, model):
 
 
 def test_generate_refuses_a_size_the_family_does_not_allow_naming_the_flag(tmp_path, capsys):
-    code = main(["generate", "--model", "builtin:tiny-flux", "--prompt", "a fox", "--width", "200",
-                 "--out", str(tmp_path / "x.png")])
+    code = main(
+        [
+            "generate",
+            "--model",
+            "builtin:tiny-flux",
+            "--prompt",
+            "a fox",
+            "--width",
+            "200",
+            "--out",
+            str(tmp_path / "x.png"),
+        ]
+    )
 
     assert code == 2
     assert "--width" in capsys.readouterr().err

@@ -28,8 +28,11 @@ KEY = "sk_cli_test_key_0123456789abcdef"
 
 class LiveApi:
     def __init__(self, redis_url: str, images: Path) -> None:
-        settings = ApiSettings(api_keys=(("local", KEY),), webhook_allow=AllowList.parse("127.0.0.1"),
-                               storage=StorageSettings(redis_url=redis_url, storage_url=images.as_uri()))
+        settings = ApiSettings(
+            api_keys=(("local", KEY),),
+            webhook_allow=AllowList.parse("127.0.0.1"),
+            storage=StorageSettings(redis_url=redis_url, storage_url=images.as_uri()),
+        )
         self.app = create_app({"STEPWISE_SETTINGS": settings})
         self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -58,9 +61,23 @@ def submit_json(api: LiveApi, capsys, *argv: str) -> dict:
 
 
 def test_submit_sends_height_width_webhook_and_deadline(live_api, capsys):
-    job = submit_json(live_api, capsys, "a fox", "--height", "64", "--width", "96", "--steps", "3",
-                      "--webhook-url", "http://127.0.0.1:9/hook", "--webhook-events", "completed,failed",
-                      "--deadline", "10m")
+    job = submit_json(
+        live_api,
+        capsys,
+        "a fox",
+        "--height",
+        "64",
+        "--width",
+        "96",
+        "--steps",
+        "3",
+        "--webhook-url",
+        "http://127.0.0.1:9/hook",
+        "--webhook-events",
+        "completed,failed",
+        "--deadline",
+        "10m",
+    )
 
     assert (job["params"]["height"], job["params"]["width"]) == (64, 96)
     assert job["webhook"]["url"] == "http://127.0.0.1:9/hook"
@@ -121,13 +138,21 @@ def finish_jobs_as_a_worker_would(api: LiveApi, num_jobs: int, fail_prompt: str,
 
 def test_backfill_progress_bar_ends_with_the_counts_of_its_summary(live_api, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"fox {i}", "num_inference_steps": 2}) + "\n"
-                               for i in range(4)) + "{broken\n")
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"fox {i}", "num_inference_steps": 2}) + "\n" for i in range(4)) + "{broken\n"
+    )
     rows = read_rows(prompts, None)
     shown = io.StringIO()
     bar = tqdm(total=len(rows), file=shown, disable=False, mininterval=0)
-    backfill = Backfill(ApiTarget(live_api.url, KEY), retry_seconds=5, run_name="counts", out_dir=None,
-                        concurrency=2, manifest=Manifest(tmp_path / "manifest.jsonl"), bar=bar)
+    backfill = Backfill(
+        ApiTarget(live_api.url, KEY),
+        retry_seconds=5,
+        run_name="counts",
+        out_dir=None,
+        concurrency=2,
+        manifest=Manifest(tmp_path / "manifest.jsonl"),
+        bar=bar,
+    )
     stop = threading.Event()
     worker = threading.Thread(target=finish_jobs_as_a_worker_would, args=(live_api, 4, "fox 2", stop))
     worker.start()
@@ -140,8 +165,13 @@ def test_backfill_progress_bar_ends_with_the_counts_of_its_summary(live_api, tmp
         backfill.manifest.close()
     bar.close()
 
-    assert sorted((r.line, r.state) for r in results) == [(1, "succeeded"), (2, "succeeded"), (3, "failed"),
-                                                         (4, "succeeded"), (5, "invalid")]
+    assert sorted((r.line, r.state) for r in results) == [
+        (1, "succeeded"),
+        (2, "succeeded"),
+        (3, "failed"),
+        (4, "succeeded"),
+        (5, "invalid"),
+    ]
     last_frame = shown.getvalue().split("\r")[-1]
     assert "ok=3, failed=2, in_flight=0" in last_frame, last_frame
     manifest = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]

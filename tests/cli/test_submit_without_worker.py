@@ -26,9 +26,26 @@ def lonely_api(tmp_path_factory):
 
 
 def submit(api: ApiProcess, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*STEPWISE, "submit", "a red fox", "--size", "64", "--steps", "4", "--api-url", api.url,
-                           "--api-key", TENANT_KEYS["alice"], *args],
-                          env=child_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            *STEPWISE,
+            "submit",
+            "a red fox",
+            "--size",
+            "64",
+            "--steps",
+            "4",
+            "--api-url",
+            api.url,
+            "--api-key",
+            TENANT_KEYS["alice"],
+            *args,
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_submit_warns_that_no_worker_serves_the_model_and_still_queues_the_job(lonely_api):

@@ -29,15 +29,21 @@ def up_args(**overrides) -> argparse.Namespace:
 
 
 def make_banner(api_key: up.ApiKeyChoice, redis_url: str, tmp_path: Path) -> str:
-    env = {"STEPWISE_STORAGE_URL": (tmp_path / "images").as_uri(), "STEPWISE_WORKER_METRICS_PORT": "0",
-           "STEPWISE_MODEL": "builtin:tiny", "STEPWISE_DEVICE": "cpu"}
-    return up.banner("http://127.0.0.1:8000", api_key, tmp_path / "stepwise.json", env, redis_url, 1.0,
-                     custom_var_dir=False)
+    env = {
+        "STEPWISE_STORAGE_URL": (tmp_path / "images").as_uri(),
+        "STEPWISE_WORKER_METRICS_PORT": "0",
+        "STEPWISE_MODEL": "builtin:tiny",
+        "STEPWISE_DEVICE": "cpu",
+    }
+    return up.banner(
+        "http://127.0.0.1:8000", api_key, tmp_path / "stepwise.json", env, redis_url, 1.0, custom_var_dir=False
+    )
 
 
 def test_the_banner_never_prints_a_configured_key_or_a_redis_password(tmp_path):
-    text = make_banner(up.ApiKeyChoice(CONFIGURED_KEY, is_generated=False),
-                       f"redis://:{REDIS_PASSWORD}@127.0.0.1:6380/0", tmp_path)
+    text = make_banner(
+        up.ApiKeyChoice(CONFIGURED_KEY, is_generated=False), f"redis://:{REDIS_PASSWORD}@127.0.0.1:6380/0", tmp_path
+    )
 
     assert CONFIGURED_KEY not in text and REDIS_PASSWORD not in text
     assert "redis://:***@127.0.0.1:6380/0" in text
@@ -58,13 +64,18 @@ def test_a_configured_key_is_not_reported_as_generated(tmp_path, monkeypatch):
     assert up.choose_api_key(tmp_path).is_generated
 
 
-@pytest.mark.parametrize(("text", "masked"), [
-    ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
-    ("rediss://user:pw@h/0", "rediss://user:***@h/0"),
-    ("redis://h:1/0", "redis://h:1/0"),
-    ("connecting to redis://:pw@h:1/0 failed; retry redis://:pw2@h:2/0", "connecting to redis://:***@h:1/0 failed; "
-                                                                       "retry redis://:***@h:2/0"),
-])
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+        ("rediss://user:pw@h/0", "rediss://user:***@h/0"),
+        ("redis://h:1/0", "redis://h:1/0"),
+        (
+            "connecting to redis://:pw@h:1/0 failed; retry redis://:pw2@h:2/0",
+            "connecting to redis://:***@h:1/0 failed; retry redis://:***@h:2/0",
+        ),
+    ],
+)
 def test_passwords_in_urls_are_masked_wherever_they_appear_in_a_line(text, masked):
     assert mask_urls(text) == masked
     if "://" in text and " " not in text:
@@ -93,8 +104,9 @@ def test_a_bad_setting_stops_up_before_any_child_starts_with_one_line_naming_it(
 
 def test_a_child_that_exits_with_status_0_is_reported_with_what_it_said_last():
     supervisor = Supervisor()
-    supervisor.start("worker", [sys.executable, "-c", "print('loading'); print('worker: nothing to do, bye')"],
-                     dict(os.environ))
+    supervisor.start(
+        "worker", [sys.executable, "-c", "print('loading'); print('worker: nothing to do, bye')"], dict(os.environ)
+    )
     try:
         deadline = time.monotonic() + 30
         with pytest.raises(ServiceError) as raised:

@@ -44,10 +44,24 @@ class UpProcess:
         self.started_at = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [*STEPWISE, "up", "--port", str(self.api_port), "--redis-port", str(self.redis_port),
-                 "--var-dir", str(self.var_dir), "--max-num-seqs", "4", "--api-workers", "1"],
-                cwd=self.workdir, env=child_env(STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
-                stdout=log, stderr=subprocess.STDOUT,
+                [
+                    *STEPWISE,
+                    "up",
+                    "--port",
+                    str(self.api_port),
+                    "--redis-port",
+                    str(self.redis_port),
+                    "--var-dir",
+                    str(self.var_dir),
+                    "--max-num-seqs",
+                    "4",
+                    "--api-workers",
+                    "1",
+                ],
+                cwd=self.workdir,
+                env=child_env(STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not (self.var_dir / "stepwise.json").exists():
@@ -75,8 +89,7 @@ class UpProcess:
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([*STEPWISE, *args], cwd=cwd, env=child_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([*STEPWISE, *args], cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +108,19 @@ def up(tmp_path_factory):
 
 
 def test_submit_wait_saves_the_image_from_a_fresh_stepwise_up(up, tmp_path):
-    result = run_cli("submit", "a red fox", "--seed", "7", *TINY, "--wait", "--out", str(tmp_path / "out"),
-                     "--var-dir", str(up.var_dir), cwd=tmp_path)
+    result = run_cli(
+        "submit",
+        "a red fox",
+        "--seed",
+        "7",
+        *TINY,
+        "--wait",
+        "--out",
+        str(tmp_path / "out"),
+        "--var-dir",
+        str(up.var_dir),
+        cwd=tmp_path,
+    )
     elapsed = time.monotonic() - up.started_at
     assert result.returncode == 0, result.stderr + up.log()
     (path,) = (tmp_path / "out").glob("*.png")
@@ -109,9 +133,27 @@ def test_submit_wait_saves_the_image_from_a_fresh_stepwise_up(up, tmp_path):
 def test_submit_with_an_init_image_and_mask_saves_a_jpeg_of_the_images_size(up, tmp_path):
     Image.radial_gradient("L").resize((64, 64)).convert("RGB").save(tmp_path / "photo.png")
     Image.new("L", (64, 64), 255).save(tmp_path / "mask.png")
-    result = run_cli("submit", "a red door", "--seed", "3", "--steps", "4", "--init-image", str(tmp_path / "photo.png"),
-                     "--mask", str(tmp_path / "mask.png"), "--strength", "0.5", "--format", "jpeg", "--out",
-                     str(tmp_path / "out"), "--var-dir", str(up.var_dir), cwd=tmp_path)
+    result = run_cli(
+        "submit",
+        "a red door",
+        "--seed",
+        "3",
+        "--steps",
+        "4",
+        "--init-image",
+        str(tmp_path / "photo.png"),
+        "--mask",
+        str(tmp_path / "mask.png"),
+        "--strength",
+        "0.5",
+        "--format",
+        "jpeg",
+        "--out",
+        str(tmp_path / "out"),
+        "--var-dir",
+        str(up.var_dir),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr + up.log()
     (path,) = (tmp_path / "out").glob("*.jpeg")
     with Image.open(path) as image:
@@ -121,8 +163,14 @@ def test_submit_with_an_init_image_and_mask_saves_a_jpeg_of_the_images_size(up, 
 def test_submit_finds_the_api_through_the_environment(up, tmp_path):
     saved = json.loads((up.var_dir / "stepwise.json").read_text())
     env = child_env(STEPWISE_API_URL=saved["api_url"], STEPWISE_API_KEY=saved["api_key"])
-    result = subprocess.run([*STEPWISE, "submit", "a blue bird", *TINY, "--wait"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [*STEPWISE, "submit", "a blue bird", *TINY, "--wait"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert "/v1/jobs/" in result.stdout  # without --out it prints the image URL
 
@@ -134,9 +182,26 @@ def test_submit_refused_field_exits_non_zero_naming_the_field(up, tmp_path):
 
 
 def test_submit_wait_exits_non_zero_with_the_jobs_error_when_it_does_not_succeed(up, tmp_path):
-    waiting = subprocess.Popen([*STEPWISE, "submit", "a slow fox", "--size", "64", "--steps", "200", "--wait",
-                                "--var-dir", str(up.var_dir), "--json"],
-                               cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        [
+            *STEPWISE,
+            "submit",
+            "a slow fox",
+            "--size",
+            "64",
+            "--steps",
+            "200",
+            "--wait",
+            "--var-dir",
+            str(up.var_dir),
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         store = JobStore(up.redis_url)
         deadline = time.monotonic() + 60
@@ -157,16 +222,26 @@ def test_submit_wait_exits_non_zero_with_the_jobs_error_when_it_does_not_succeed
     assert f"job {job_id} canceled" in stderr
 
 
-INVALID_LINES = {5: "{not json", 12: {"prompt": "odd size", "height": 65},
-                 23: {"prompt": "typo", "num_steps": 4}, 34: {"prompt": "  "},
-                 45: {"prompt": "no steps", "num_inference_steps": 0}}
+INVALID_LINES = {
+    5: "{not json",
+    12: {"prompt": "odd size", "height": 65},
+    23: {"prompt": "typo", "num_steps": 4},
+    34: {"prompt": "  "},
+    45: {"prompt": "no steps", "num_inference_steps": 0},
+}
 
 
 def write_prompts(path: Path) -> int:
     lines = []
     for line in range(1, 51):
-        row = INVALID_LINES.get(line) or {"prompt": f"prompt number {line}", "seed": line, "height": 64,
-                                          "width": 64, "num_inference_steps": 8, "guidance_scale": 1.0}
+        row = INVALID_LINES.get(line) or {
+            "prompt": f"prompt number {line}",
+            "seed": line,
+            "height": 64,
+            "width": 64,
+            "num_inference_steps": 8,
+            "guidance_scale": 1.0,
+        }
         lines.append(row if isinstance(row, str) else json.dumps(row))
     path.write_text("\n".join(lines) + "\n")
     return 50 - len(INVALID_LINES)
@@ -190,8 +265,21 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     num_valid = write_prompts(prompts)
     out, manifest = tmp_path / "images", tmp_path / "results.jsonl"
-    argv = [*STEPWISE, "backfill", str(prompts), "--out", str(out), "--manifest", str(manifest),
-            "--concurrency", "4", "--var-dir", str(up.var_dir), "--timeout", "240"]
+    argv = [
+        *STEPWISE,
+        "backfill",
+        str(prompts),
+        "--out",
+        str(out),
+        "--manifest",
+        str(manifest),
+        "--concurrency",
+        "4",
+        "--var-dir",
+        str(up.var_dir),
+        "--timeout",
+        "240",
+    ]
 
     first = subprocess.Popen(argv, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -233,8 +321,14 @@ def readme_block(containing: str) -> str:
 def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):
     saved = json.loads((up.var_dir / "stepwise.json").read_text())
     script = readme_block("export API=").replace("http://127.0.0.1:8000", saved["api_url"])
-    result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=up.workdir, env=child_env(),
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        cwd=up.workdir,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
     assert result.returncode == 0, result.stdout + result.stderr
     saved_as = re.findall(r"-o (\S+\.png)", script)[-1]  # the file the tour tells the user to open

@@ -17,8 +17,14 @@ STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 def test_a_missing_redis_server_is_explained_with_how_to_install_it(tmp_path):
     empty_path = tmp_path / "bin"
     empty_path.mkdir()
-    result = subprocess.run([*STEPWISE, "up", "--var-dir", str(tmp_path / "var")], cwd=tmp_path,
-                            env=child_env(PATH=str(empty_path)), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*STEPWISE, "up", "--var-dir", str(tmp_path / "var")],
+        cwd=tmp_path,
+        env=child_env(PATH=str(empty_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert "redis-server is not installed" in result.stderr
     assert "apt-get install redis-server" in result.stderr
@@ -32,7 +38,8 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
             [*STEPWISE, "up", "--port", str(free_port()), "--var-dir", str(var_dir), "--api-workers", "1"],
             cwd=tmp_path,
             env=child_env(STEPWISE_REDIS_URL=redis_url, STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     children: list[psutil.Process] = []
     try:

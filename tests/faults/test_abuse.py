@@ -29,14 +29,32 @@ pytestmark = pytest.mark.timeout(120)
 
 NO_ALLOW_LIST = AllowList()
 REFUSED_URLS = [
-    "http://127.0.0.1/hook", "http://127.1/hook", "http://2130706433/hook", "http://0x7f000001/hook",
-    "http://0177.0.0.1/hook", "http://0.0.0.0/hook", "http://0/hook", "http://[::1]/hook",
-    "http://[::ffff:127.0.0.1]/hook", "http://[::ffff:7f00:1]/hook", "http://localhost/hook",
-    "http://LOCALHOST./hook", "http://localhost:8080/hook", "https://10.0.0.1/hook", "http://172.16.5.4/hook",
-    "http://192.168.1.1/hook", "http://100.64.0.1/hook", "http://169.254.169.254/latest/meta-data/",
-    "http://[fd00:ec2::254]/latest", "http://[fe80::1]/hook", "http://224.0.0.1/hook",
-    "http://metadata.google.internal/computeMetadata/v1/", "http://user:pw@93.184.216.34/hook",
-    "file:///etc/passwd", "gopher://93.184.216.34/", "http:///hook",
+    "http://127.0.0.1/hook",
+    "http://127.1/hook",
+    "http://2130706433/hook",
+    "http://0x7f000001/hook",
+    "http://0177.0.0.1/hook",
+    "http://0.0.0.0/hook",
+    "http://0/hook",
+    "http://[::1]/hook",
+    "http://[::ffff:127.0.0.1]/hook",
+    "http://[::ffff:7f00:1]/hook",
+    "http://localhost/hook",
+    "http://LOCALHOST./hook",
+    "http://localhost:8080/hook",
+    "https://10.0.0.1/hook",
+    "http://172.16.5.4/hook",
+    "http://192.168.1.1/hook",
+    "http://100.64.0.1/hook",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[fd00:ec2::254]/latest",
+    "http://[fe80::1]/hook",
+    "http://224.0.0.1/hook",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://user:pw@93.184.216.34/hook",
+    "file:///etc/passwd",
+    "gopher://93.184.216.34/",
+    "http:///hook",
 ]
 
 
@@ -49,10 +67,15 @@ def test_webhook_urls_to_loopback_private_link_local_or_metadata_addresses_are_r
 # IPv6 forms that carry traffic to an embedded IPv4 address: 6to4 (2002::/16), Teredo (2001::/32,
 # client address inverted) and NAT64 (64:ff9b::/96, and 64:ff9b:1::/48 with RFC 6052's layout).
 EMBEDDED_PRIVATE_IPV4 = {
-    "2002:7f00:1::": "127.0.0.1", "2002:a9fe:a9fe::1": "169.254.169.254", "2002:c0a8:101::": "192.168.1.1",
-    "2001:0:4136:e378:8000:63bf:80ff:fffe": "127.0.0.1", "2001:0:4136:e378:8000:63bf:f5ff:fefe": "10.0.1.1",
-    "64:ff9b::7f00:1": "127.0.0.1", "64:ff9b::a9fe:a9fe": "169.254.169.254",
-    "64:ff9b:1:a00:0:100::": "10.0.0.1", "64:ff9b:1:a9fe:a9:fe00::": "169.254.169.254",
+    "2002:7f00:1::": "127.0.0.1",
+    "2002:a9fe:a9fe::1": "169.254.169.254",
+    "2002:c0a8:101::": "192.168.1.1",
+    "2001:0:4136:e378:8000:63bf:80ff:fffe": "127.0.0.1",
+    "2001:0:4136:e378:8000:63bf:f5ff:fefe": "10.0.1.1",
+    "64:ff9b::7f00:1": "127.0.0.1",
+    "64:ff9b::a9fe:a9fe": "169.254.169.254",
+    "64:ff9b:1:a00:0:100::": "10.0.0.1",
+    "64:ff9b:1:a9fe:a9:fe00::": "169.254.169.254",
 }
 
 
@@ -72,11 +95,13 @@ def test_a_6to4_address_embedding_a_public_ipv4_address_is_accepted():
 
 def resolving_to(address: str, real=socket.getaddrinfo):
     """getaddrinfo as a DNS server would answer for a name that points at `address`."""
+
     def fake(host, port, *args, **kwargs):
         if host.endswith("example.com"):
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             return [(family, socket.SOCK_STREAM, 6, "", (address, port))]
         return real(host, port, *args, **kwargs)
+
     return fake
 
 
@@ -92,8 +117,12 @@ def test_allow_listed_hosts_and_ranges_are_accepted_and_nothing_else(monkeypatch
     monkeypatch.setattr(url_policy.socket, "getaddrinfo", resolving_to("10.1.2.3"))
     allow = AllowList.parse("127.0.0.1, 10.0.0.0/8, hooks.internal")
 
-    for url in ("http://127.0.0.1:9000/hook", "http://localhost/hook", "https://hooks.example.com/x",
-                "http://hooks.internal/x"):
+    for url in (
+        "http://127.0.0.1:9000/hook",
+        "http://localhost/hook",
+        "https://hooks.example.com/x",
+        "http://hooks.internal/x",
+    ):
         assert check_webhook_url(url, allow) == url
     for url in ("http://127.0.0.2/hook", "http://192.168.0.1/hook", "http://169.254.169.254/"):
         with pytest.raises(WebhookURLError):
@@ -106,8 +135,9 @@ def strict_api(tmp_path_factory):
     """`stepwise api` with no webhook allow list and an access log, as in production."""
     root = tmp_path_factory.mktemp("abuse")
     redis = RedisServer(root / "redis", appendonly=False).start()
-    server = ApiProcess(root, redis.url, (root / "images").as_uri(), access_log=True,
-                        STEPWISE_WEBHOOK_ALLOW_HOSTS="").start()
+    server = ApiProcess(
+        root, redis.url, (root / "images").as_uri(), access_log=True, STEPWISE_WEBHOOK_ALLOW_HOSTS=""
+    ).start()
     yield server, redis
     server.stop()
     redis.stop()
@@ -115,8 +145,9 @@ def strict_api(tmp_path_factory):
 
 # Only loopback spellings go into requests (traffic and request bodies stay on loopback); the metadata and
 # private addresses are checked against the policy function directly above.
-@pytest.mark.parametrize("url", ["http://localhost:9/hook", "http://127.0.0.1:9/hook", "http://[::1]/hook",
-                                 "http://2130706433/hook"])
+@pytest.mark.parametrize(
+    "url", ["http://localhost:9/hook", "http://127.0.0.1:9/hook", "http://[::1]/hook", "http://2130706433/hook"]
+)
 def test_the_api_refuses_a_webhook_url_to_this_machine(strict_api, url):
     api, _ = strict_api
     with requests.Session() as http:
@@ -145,15 +176,20 @@ def test_api_keys_never_reach_the_logs(strict_api):
     with requests.Session() as http:
         assert submit(http, api, {"prompt": "a fox"}).status_code == 202
         assert http.get(f"{api.url}/v1/jobs", headers=auth_header("bob"), timeout=10).status_code == 200
-        assert http.get(f"{api.url}/v1/jobs", headers={"Authorization": f"Bearer {wrong_key}"},
-                        timeout=10).status_code == 401
+        assert (
+            http.get(f"{api.url}/v1/jobs", headers={"Authorization": f"Bearer {wrong_key}"}, timeout=10).status_code
+            == 401
+        )
         # Keys where clients put them by mistake: a query string, a referer, Basic auth.
         assert http.get(f"{api.url}/v1/jobs?key={wrong_key}x", timeout=10).status_code == 401
-        assert http.get(f"{api.url}/healthz", headers={"Referer": f"https://x/?k={wrong_key}"},
-                        timeout=10).status_code == 200
+        assert (
+            http.get(f"{api.url}/healthz", headers={"Referer": f"https://x/?k={wrong_key}"}, timeout=10).status_code
+            == 200
+        )
         basic = base64.b64encode(f"{TENANT_KEYS['carol']}:".encode()).decode()
-        assert http.get(f"{api.url}/v1/jobs", headers={"Authorization": f"Basic {basic}"},
-                        timeout=10).status_code == 401
+        assert (
+            http.get(f"{api.url}/v1/jobs", headers={"Authorization": f"Basic {basic}"}, timeout=10).status_code == 401
+        )
         redis.stop()  # errors are logged too
         try:
             assert submit(http, api, {"prompt": "a fox"}).status_code == 503

@@ -26,8 +26,7 @@ from tests.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(300)
 
-VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2, "height": 64, "width": 64,
-         "guidance_scale": 1.0}
+VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2, "height": 64, "width": 64, "guidance_scale": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +46,19 @@ def http():
         yield session
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("height", 10**9), ("width", 2**63), ("height", -(2**70)), ("num_inference_steps", 10**12),
-    ("num_images", 10**6), ("guidance_scale", 1e308), ("seed", 2**200),
-], ids=str)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("height", 10**9),
+        ("width", 2**63),
+        ("height", -(2**70)),
+        ("num_inference_steps", 10**12),
+        ("num_images", 10**6),
+        ("guidance_scale", 1e308),
+        ("seed", 2**200),
+    ],
+    ids=str,
+)
 def test_absurd_sizes_and_counts_get_422_naming_the_field(api, http, field, value):
     response = submit(http, api, {**VALID, field: value})
 
@@ -75,10 +83,21 @@ def test_a_prompt_of_megabytes_gets_413_and_one_under_the_body_limit_gets_422(ap
     assert all(len(job["params"]["prompt"]) <= P.MAX_PROMPT_CHARS for job in listed)
 
 
-@pytest.mark.parametrize("prompt", [
-    "a fox \U0001F98A in the snow ❄️", "雪の中の赤い狐", "紅色狐狸", "🦊" * 500, "e\u0301\u200d\u202eright to left",
-    "tab\tand\nnewline\r\n", "bell \x07 and escape \x1b[31m", "\ufeffbyte order mark", "\U0010FFFF",
-], ids=repr)
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "a fox \U0001f98a in the snow ❄️",
+        "雪の中の赤い狐",
+        "紅色狐狸",
+        "🦊" * 500,
+        "e\u0301\u200d\u202eright to left",
+        "tab\tand\nnewline\r\n",
+        "bell \x07 and escape \x1b[31m",
+        "\ufeffbyte order mark",
+        "\U0010ffff",
+    ],
+    ids=repr,
+)
 def test_unicode_and_control_characters_are_accepted_and_kept_exactly(api, http, prompt):
     response = submit(http, api, {**VALID, "prompt": prompt})
 
@@ -86,11 +105,19 @@ def test_unicode_and_control_characters_are_accepted_and_kept_exactly(api, http,
     assert get_job(http, api, response.json()["job_id"]).json()["params"]["prompt"] == prompt
 
 
-@pytest.mark.parametrize("raw", [b'{"prompt": "lone \\ud800 surrogate"}', b'{"prompt": "nul \\u0000 inside"}',
-                                 b'{"prompt": "fox", "negative_prompt": "\\udfff"}'], ids=repr)
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"prompt": "lone \\ud800 surrogate"}',
+        b'{"prompt": "nul \\u0000 inside"}',
+        b'{"prompt": "fox", "negative_prompt": "\\udfff"}',
+    ],
+    ids=repr,
+)
 def test_a_prompt_that_is_not_text_gets_422_naming_it(api, http, raw):
-    response = http.post(f"{api.url}/v1/jobs", data=raw, timeout=10,
-                         headers={**auth(), "Content-Type": "application/json"})
+    response = http.post(
+        f"{api.url}/v1/jobs", data=raw, timeout=10, headers={**auth(), "Content-Type": "application/json"}
+    )
 
     assert response.status_code == 422, response.text
     assert response.json()["error"]["field"] in ("prompt", "negative_prompt")

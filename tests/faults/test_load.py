@@ -31,9 +31,12 @@ pytestmark = pytest.mark.timeout(600)
 
 def submit_all(api: ApiProcess, num_jobs: int, first_seed: int) -> list[str]:
     """POST /v1/jobs/batch from 4 clients at once; returns the accepted job ids."""
+
     def post(start: int) -> list[str]:
-        jobs = [{**TINY, "seed": seed, "num_inference_steps": 1 + seed % 2}
-                for seed in range(start, min(start + BATCH_SIZE, first_seed + num_jobs))]
+        jobs = [
+            {**TINY, "seed": seed, "num_inference_steps": 1 + seed % 2}
+            for seed in range(start, min(start + BATCH_SIZE, first_seed + num_jobs))
+        ]
         response = requests.post(f"{api.url}/v1/jobs/batch", json={"jobs": jobs}, headers=auth(), timeout=60)
         assert response.status_code == 200, response.text
         results = response.json()["results"]
@@ -50,8 +53,10 @@ def wait_until_all_ended(cluster, num_ended: int, timeout: float) -> dict[str, i
         by_state = cluster.store.counts_by_state()
         ended = sum(n for state, n in by_state.items() if state not in ("queued", "running"))
         return by_state if ended >= num_ended else None
-    return wait_for(counts, timeout, lambda: f"{num_ended} jobs to end (now {cluster.store.counts_by_state()})",
-                    interval=1.0)
+
+    return wait_for(
+        counts, timeout, lambda: f"{num_ended} jobs to end (now {cluster.store.counts_by_state()})", interval=1.0
+    )
 
 
 def test_thousands_of_tiny_jobs_all_end_and_the_worker_does_not_grow(folder_cluster, tmp_path):
@@ -73,9 +78,11 @@ def test_thousands_of_tiny_jobs_all_end_and_the_worker_does_not_grow(folder_clus
         api.stop()
 
     grew_mb = (rss_after - rss_before) / 2**20
-    print(f"\n{NUM_JOBS} jobs: submitted in {submitted_in:.1f}s ({NUM_JOBS / submitted_in:.0f}/s), all ended after "
-          f"{ran_in:.1f}s ({NUM_JOBS / ran_in:.1f} jobs/s); worker RSS {rss_before / 2**20:.0f} MB -> "
-          f"{rss_after / 2**20:.0f} MB ({grew_mb:+.1f} MB)")
+    print(
+        f"\n{NUM_JOBS} jobs: submitted in {submitted_in:.1f}s ({NUM_JOBS / submitted_in:.0f}/s), all ended after "
+        f"{ran_in:.1f}s ({NUM_JOBS / ran_in:.1f} jobs/s); worker RSS {rss_before / 2**20:.0f} MB -> "
+        f"{rss_after / 2**20:.0f} MB ({grew_mb:+.1f} MB)"
+    )
     assert len(set(job_ids)) == NUM_JOBS
     assert counts["succeeded"] == NUM_WARM_UP + NUM_JOBS, counts
     assert grew_mb < RSS_MARGIN_MB, f"the worker grew by {grew_mb:.0f} MB over {NUM_JOBS} jobs"

@@ -22,8 +22,12 @@ TINY = {"prompt": "a lantern in fog", "height": 64, "width": 64, "guidance_scale
 OUTAGE_SECONDS = 6
 # The lease outlives the outage: every job must come through on its first attempt, because the
 # worker retries its record writes instead of leaving the job to the lease sweeper.
-WORKER_ENV = {"STEPWISE_JOB_LEASE_SECONDS": "60", "STEPWISE_LEASE_SWEEP_INTERVAL": "1",
-              "STEPWISE_VISIBILITY_TIMEOUT": "36000", "STEPWISE_PROGRESS_INTERVAL": "0.1"}
+WORKER_ENV = {
+    "STEPWISE_JOB_LEASE_SECONDS": "60",
+    "STEPWISE_LEASE_SWEEP_INTERVAL": "1",
+    "STEPWISE_VISIBILITY_TIMEOUT": "36000",
+    "STEPWISE_PROGRESS_INTERVAL": "0.1",
+}
 
 
 def accepted(response: requests.Response) -> requests.Response | None:
@@ -48,13 +52,17 @@ def test_a_redis_restart_loses_no_accepted_job_and_api_and_worker_reconnect_by_t
 
         assert [r.status_code for r in refused] == [503, 503], [r.text for r in refused]
         assert all(r.json()["error"]["code"] == "unavailable" for r in refused)
-        after = wait_for(lambda: accepted(submit(http, api, {**TINY, "seed": 7, "num_inference_steps": 2})), 30,
-                         "the API to accept jobs again")
+        after = wait_for(
+            lambda: accepted(submit(http, api, {**TINY, "seed": 7, "num_inference_steps": 2})),
+            30,
+            "the API to accept jobs again",
+        )
         job_ids.append(after.json()["job_id"])
 
         records = [folder_cluster.wait_for_end(job_id, timeout=180) for job_id in job_ids]
         assert [(r.state, r.attempts) for r in records] == [(JobState.SUCCEEDED, 1)] * len(job_ids), [
-            (r.state.value, r.attempts, r.error_message) for r in records]
+            (r.state.value, r.attempts, r.error_message) for r in records
+        ]
         assert folder_cluster.store.counts_by_state()["succeeded"] == len(job_ids)
         images = sorted(str(p.relative_to(folder_cluster.images)) for p in folder_cluster.images.rglob("*.png"))
         assert images == sorted(r.image_keys[0] for r in records)

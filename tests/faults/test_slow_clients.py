@@ -27,8 +27,13 @@ def guarded_api(tmp_path_factory):
     """`stepwise api` as `stepwise up` runs it (2 workers), with short read deadlines."""
     root = tmp_path_factory.mktemp("slow-clients")
     redis = RedisServer(root / "redis", appendonly=False).start()
-    server = ApiProcess(root, redis.url, (root / "images").as_uri(), STEPWISE_API_HEADER_TIMEOUT=str(HEADER_TIMEOUT),
-                        STEPWISE_API_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT)).start()
+    server = ApiProcess(
+        root,
+        redis.url,
+        (root / "images").as_uri(),
+        STEPWISE_API_HEADER_TIMEOUT=str(HEADER_TIMEOUT),
+        STEPWISE_API_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT),
+    ).start()
     yield server
     server.stop()
     redis.stop()
@@ -48,8 +53,9 @@ def trickle(port: int, mode: str, stop: threading.Event, closed_after: list[floa
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             chunk = b"X-Slow: 1\r\n"
         else:
-            sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100000\r\n\r\n")
+            sock.sendall(
+                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            )
             chunk = b" "
         sock.settimeout(0.5)
         while not stop.is_set():
@@ -69,8 +75,11 @@ def trickle(port: int, mode: str, stop: threading.Event, closed_after: list[floa
 def test_slow_headers_and_bodies_do_not_starve_health_checks_or_authenticated_clients(guarded_api, http):
     stop = threading.Event()
     closed_after: dict[str, list[float]] = {"headers": [], "body": []}
-    slow = [threading.Thread(target=trickle, args=(guarded_api.port, mode, stop, closed_after[mode]), daemon=True)
-            for mode in ("headers", "body") for _ in range(NUM_SLOW // 2)]
+    slow = [
+        threading.Thread(target=trickle, args=(guarded_api.port, mode, stop, closed_after[mode]), daemon=True)
+        for mode in ("headers", "body")
+        for _ in range(NUM_SLOW // 2)
+    ]
     for thread in slow:
         thread.start()
     try:
@@ -100,8 +109,9 @@ def test_slow_headers_and_bodies_do_not_starve_health_checks_or_authenticated_cl
 MALFORMED = {
     "a request line over 8190 bytes": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     "Content-Length: -1": b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-    "Content-Length with chunked": (b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-                                    b"Transfer-Encoding: chunked\r\n\r\n"),
+    "Content-Length with chunked": (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ),
     "a NUL in a header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
 }
 

@@ -25,8 +25,14 @@ def outage_cluster(tmp_path):
     """A deployment whose S3 server the test stops and restarts (the bucket exists again at once)."""
     bucket = f"stepwise-outage-{os.urandom(3).hex()}"
     s3 = MotoS3Server(buckets=(bucket,)).start()
-    cluster = Cluster(RedisServer(tmp_path / "redis").start(), s3_env(s3.endpoint_url, bucket), tmp_path,
-                      extra_env=dict(TEST_WORKER_ENV), bucket=bucket, s3=s3_client(s3.endpoint_url))
+    cluster = Cluster(
+        RedisServer(tmp_path / "redis").start(),
+        s3_env(s3.endpoint_url, bucket),
+        tmp_path,
+        extra_env=dict(TEST_WORKER_ENV),
+        bucket=bucket,
+        s3=s3_client(s3.endpoint_url),
+    )
     cluster.s3_server = s3
     yield cluster
     cluster.stop_all()
@@ -54,7 +60,8 @@ def test_uploads_ride_out_a_short_storage_outage_and_every_job_succeeds(outage_c
     records = [outage_cluster.wait_for_end(job_id) for job_id in job_ids]
 
     assert [(r.state, r.attempts) for r in records] == [(JobState.SUCCEEDED, 1)] * 4, [
-        (r.state.value, r.error_message) for r in records]
+        (r.state.value, r.error_message) for r in records
+    ]
     assert bucket_keys(outage_cluster) == sorted(r.image_keys[0] for r in records)
 
 

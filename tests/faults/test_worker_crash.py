@@ -25,10 +25,15 @@ def stored_images(cluster: Cluster) -> list[str]:
 
 def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_twice(folder_cluster):
     doomed = folder_cluster.start_worker("doomed", STEPWISE_MAX_NUM_SEQS=str(NUM_IN_FLIGHT), **FAST_RECOVERY)
-    job_ids = [folder_cluster.submit(small_params(prompt=f"crash survivor {i}", seed=i, num_inference_steps=150))
-               for i in range(NUM_IN_FLIGHT)]
-    wait_for(lambda: folder_cluster.store.counts_by_state()["running"] == NUM_IN_FLIGHT, 120,
-             lambda: f"all {NUM_IN_FLIGHT} jobs to be taken (now {folder_cluster.store.counts_by_state()})")
+    job_ids = [
+        folder_cluster.submit(small_params(prompt=f"crash survivor {i}", seed=i, num_inference_steps=150))
+        for i in range(NUM_IN_FLIGHT)
+    ]
+    wait_for(
+        lambda: folder_cluster.store.counts_by_state()["running"] == NUM_IN_FLIGHT,
+        120,
+        lambda: f"all {NUM_IN_FLIGHT} jobs to be taken (now {folder_cluster.store.counts_by_state()})",
+    )
     folder_cluster.wait_for_progress(job_ids[0], min_step=1)
 
     doomed.stop(signal.SIGKILL)
@@ -50,8 +55,11 @@ def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_
     # for that redelivery, and must change nothing.
     for job_id in job_ids:
         folder_cluster.enqueue(job_id)
-    wait_for(lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == NUM_IN_FLIGHT, 60,
-             "the redelivered messages to be consumed and acknowledged")
+    wait_for(
+        lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == NUM_IN_FLIGHT,
+        60,
+        "the redelivered messages to be consumed and acknowledged",
+    )
     after = [folder_cluster.store.get(job_id) for job_id in job_ids]
     assert [(r.state, r.attempts, r.image_keys) for r in after] == [(r.state, 2, r.image_keys) for r in records]
     assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT

@@ -11,9 +11,12 @@ from batching.shapes.vocabulary import SHAPES, ShapePrompt, all_prompts, parse_p
 
 
 def test_every_generated_image_passes_for_its_own_prompt_at_the_smallest_and_largest_size():
-    failures = [(prompt.text, fraction, result.reason)
-                for prompt in all_prompts() for fraction in (MIN_BOX_FRACTION, MAX_BOX_FRACTION)
-                if not (result := check_image(draw(prompt, 128, fraction), prompt))]
+    failures = [
+        (prompt.text, fraction, result.reason)
+        for prompt in all_prompts()
+        for fraction in (MIN_BOX_FRACTION, MAX_BOX_FRACTION)
+        if not (result := check_image(draw(prompt, 128, fraction), prompt))
+    ]
     assert failures == []
 
 

@@ -7,9 +7,15 @@ from storage.queues import generate_queue
 
 
 def beat(clock, worker_id: str, model: str = "builtin:tiny", **fields) -> Heartbeat:
-    values = dict(worker_id=worker_id, model=model, queue=generate_queue(model), family="sd", capacity=4,
-                  seen_at=clock.now, engine={"num_running": 1, "images_per_second": 0.5,
-                                             "jobs_per_forward": {"1": 2}})
+    values = dict(
+        worker_id=worker_id,
+        model=model,
+        queue=generate_queue(model),
+        family="sd",
+        capacity=4,
+        seen_at=clock.now,
+        engine={"num_running": 1, "images_per_second": 0.5, "jobs_per_forward": {"1": 2}},
+    )
     values.update(fields)
     return Heartbeat(**values)
 

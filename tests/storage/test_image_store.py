@@ -75,8 +75,9 @@ def test_a_stored_png_reads_back_with_its_metadata(image_store):
 
 
 @pytest.mark.parametrize("image_format, content_type", [("jpeg", "image/jpeg"), ("webp", "image/webp")])
-def test_an_image_stored_in_another_format_has_its_content_type_on_the_stored_object(image_store, image_format,
-                                                                                      content_type):
+def test_an_image_stored_in_another_format_has_its_content_type_on_the_stored_object(
+    image_store, image_format, content_type
+):
     key = image_store.key_for("job1", 0, image_format)
 
     image_store.put_image(key, b"not checked here", METADATA)

@@ -27,8 +27,11 @@ def list_all_pages(store: JobStore, tenant: str, **kwargs) -> list[list[str]]:
 
 def test_a_created_job_reads_back_with_every_field(store, clock):
     record, created = store.create(
-        tenant="acme", params={"prompt": "a red fox", "seed": 7, "guidance_scale": 7.5},
-        deadline=clock.now + 600, webhook_url="https://example.com/hook", webhook_events=["succeeded"],
+        tenant="acme",
+        params={"prompt": "a red fox", "seed": 7, "guidance_scale": 7.5},
+        deadline=clock.now + 600,
+        webhook_url="https://example.com/hook",
+        webhook_events=["succeeded"],
     )
 
     assert created
@@ -158,8 +161,9 @@ def test_a_cursor_this_store_did_not_hand_out_is_refused(store):
 
 def test_the_same_idempotency_key_and_body_return_the_original_job(store):
     first, created = store.create(tenant="acme", params={"prompt": "fox"}, idempotency_key="k1", request_hash="h1")
-    again, created_again = store.create(tenant="acme", params={"prompt": "fox"}, idempotency_key="k1",
-                                        request_hash="h1")
+    again, created_again = store.create(
+        tenant="acme", params={"prompt": "fox"}, idempotency_key="k1", request_hash="h1"
+    )
 
     assert created and not created_again
     assert again == first
@@ -175,8 +179,7 @@ def test_the_same_idempotency_key_with_another_body_is_a_conflict(store):
 
 def test_idempotency_keys_are_per_tenant(store):
     acme, _ = store.create(tenant="acme", params={"prompt": "fox"}, idempotency_key="k1", request_hash="h1")
-    globex, created = store.create(tenant="globex", params={"prompt": "fox"}, idempotency_key="k1",
-                                   request_hash="h1")
+    globex, created = store.create(tenant="globex", params={"prompt": "fox"}, idempotency_key="k1", request_hash="h1")
 
     assert created and globex.job_id != acme.job_id
 

@@ -84,8 +84,14 @@ def test_finish_stores_the_results_and_the_finish_time(store, clock):
     store.take(record.job_id, "w1", 30)
     clock.advance(2)
 
-    assert store.finish(record.job_id, JobState.FAILED, worker_id="w1", error_code="oom",
-                        error_message="out of memory", timings={"total": 2.0})
+    assert store.finish(
+        record.job_id,
+        JobState.FAILED,
+        worker_id="w1",
+        error_code="oom",
+        error_message="out of memory",
+        timings={"total": 2.0},
+    )
 
     final = store.get(record.job_id)
     assert (final.state, final.error_code, final.error_message) == (JobState.FAILED, "oom", "out of memory")
@@ -244,7 +250,12 @@ def test_counts_by_state_follow_every_transition(store):
     store.finish(records[3].job_id, JobState.FAILED)
 
     assert store.counts_by_state() == {
-        "queued": 1, "running": 1, "succeeded": 1, "failed": 0, "canceled": 1, "expired": 1,
+        "queued": 1,
+        "running": 1,
+        "succeeded": 1,
+        "failed": 0,
+        "canceled": 1,
+        "expired": 1,
     }
 
 
@@ -275,7 +286,11 @@ def test_a_job_stays_unsent_until_its_message_is_marked_sent_taken_or_ended(stor
     sent, taken, canceled, orphan = (make_job(store) for _ in range(4))
     clock.advance(10)
     assert set(store.unsent_job_ids(created_before=clock.now)) == {
-        sent.job_id, taken.job_id, canceled.job_id, orphan.job_id}
+        sent.job_id,
+        taken.job_id,
+        canceled.job_id,
+        orphan.job_id,
+    }
 
     store.mark_sent(sent.job_id)
     store.take(taken.job_id, "worker-1", lease_seconds=30)

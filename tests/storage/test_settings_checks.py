@@ -44,8 +44,14 @@ def test_a_malformed_setting_is_refused_naming_the_variable(monkeypatch, name, v
 @pytest.mark.parametrize("command", ["api", "worker"])
 def test_stepwise_api_and_worker_refuse_a_bad_webhook_secret_with_one_line(tmp_path, command):
     env = child_env(STEPWISE_API_KEYS="local:sk_test_key", STEPWISE_WEBHOOK_SECRET="whsec_change-me")
-    result = subprocess.run([sys.executable, "-m", "stepwise_cli.main", command], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "stepwise_cli.main", command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -46,8 +46,14 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str | Callable[[]
 
 def small_params(**overrides: Any) -> dict[str, Any]:
     """A cheap builtin:tiny job: 64x64, few steps, no guidance (one row per job)."""
-    values = {"prompt": "a red fox", "height": 64, "width": 64, "num_inference_steps": 4,
-              "guidance_scale": 1.0, "seed": 7}
+    values = {
+        "prompt": "a red fox",
+        "height": 64,
+        "width": 64,
+        "num_inference_steps": 4,
+        "guidance_scale": 1.0,
+        "seed": 7,
+    }
     values.update(overrides)
     return GenerationParams(**values).to_dict()
 
@@ -55,8 +61,16 @@ def small_params(**overrides: Any) -> dict[str, Any]:
 def long_params(**overrides: Any) -> dict[str, Any]:
     """A job that runs for seconds even on an idle machine (200 guided steps at 128x128: about
     3 s alone there, a minute or more on a busy 2-core one), so a test can act while it runs."""
-    return small_params(**{"prompt": "a long job", "height": 128, "width": 128, "num_inference_steps": 200,
-                           "guidance_scale": 7.5, **overrides})
+    return small_params(
+        **{
+            "prompt": "a long job",
+            "height": 128,
+            "width": 128,
+            "num_inference_steps": 200,
+            "guidance_scale": 7.5,
+            **overrides,
+        }
+    )
 
 
 @dataclass
@@ -82,8 +96,9 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise AssertionError(f"worker {self.name} did not exit within {timeout:.0f}s of {sig!r}:\n"
-                                 f"{self.log_tail()}") from None
+            raise AssertionError(
+                f"worker {self.name} did not exit within {timeout:.0f}s of {sig!r}:\n{self.log_tail()}"
+            ) from None
 
     def kill(self) -> None:
         if self.is_alive():
@@ -113,8 +128,15 @@ class Cluster:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def start_worker(self, label: str | None = None, *, via_stepwise: bool = False, wait: bool = True,
-                     stepwise_args: tuple[str, ...] = (), **env: str) -> WorkerProcess:
+    def start_worker(
+        self,
+        label: str | None = None,
+        *,
+        via_stepwise: bool = False,
+        wait: bool = True,
+        stepwise_args: tuple[str, ...] = (),
+        **env: str,
+    ) -> WorkerProcess:
         """`celery -A worker worker` with no pool, concurrency or prefetch flags (the app's defaults
         must be right), or `stepwise worker` (with `stepwise_args`)."""
         label = label or f"w{len(self.workers) + 1}"
@@ -125,8 +147,18 @@ class Cluster:
         if via_stepwise:
             command = [STEPWISE, "worker", "--hostname", name, *stepwise_args]
         else:
-            command = [CELERY, "-A", "worker", "worker", "-Q", "stepwise.generate,stepwise.webhooks", "-n", name,
-                       "--loglevel", "INFO"]
+            command = [
+                CELERY,
+                "-A",
+                "worker",
+                "worker",
+                "-Q",
+                "stepwise.generate,stepwise.webhooks",
+                "-n",
+                name,
+                "--loglevel",
+                "INFO",
+            ]
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(command, cwd=ROOT, env=child, stdout=log_file, stderr=subprocess.STDOUT)
         worker = WorkerProcess(name, process, log_path, metrics_port)
@@ -161,8 +193,9 @@ class Cluster:
     def enqueue(self, job_id: str, *, task_id: str | None = None) -> None:
         """Send the job's message to its queue at its priority, and say so, as the API does."""
         record = self.store.get(job_id)
-        self.celery.send_task(GENERATE_TASK, args=[job_id], queue=record.queue, task_id=task_id,
-                              priority=BROKER_PRIORITY[record.priority])
+        self.celery.send_task(
+            GENERATE_TASK, args=[job_id], queue=record.queue, task_id=task_id, priority=BROKER_PRIORITY[record.priority]
+        )
         self.store.mark_sent(job_id)
 
     def submit(self, params: dict[str, Any] | None = None, **fields: Any) -> str:
@@ -174,6 +207,7 @@ class Cluster:
         def ended() -> JobRecord | None:
             record = self.store.get(job_id)
             return record if record is not None and record.state.is_terminal else None
+
         return wait_for(ended, timeout, lambda: f"job {job_id} to end (now {self.describe(job_id)})", interval=0.2)
 
     def wait_for_progress(self, job_id: str, min_step: int = 1, timeout: float = JOB_TIMEOUT) -> JobRecord:
@@ -181,9 +215,13 @@ class Cluster:
             record = self.store.get(job_id)
             is_running = record is not None and record.state is JobState.RUNNING
             return record if is_running and record.progress_step >= min_step else None
-        return wait_for(progressed, timeout,
-                        lambda: f"job {job_id} to be running at step {min_step} (now {self.describe(job_id)})",
-                        interval=0.05)
+
+        return wait_for(
+            progressed,
+            timeout,
+            lambda: f"job {job_id} to be running at step {min_step} (now {self.describe(job_id)})",
+            interval=0.05,
+        )
 
     def describe(self, job_id: str) -> str:
         record = self.store.get(job_id)
@@ -194,8 +232,11 @@ class Cluster:
     def broker_is_idle(self, models: tuple[str, ...] = ("builtin:tiny",)) -> bool:
         """No message waits in a stepwise queue and none is delivered but unacknowledged."""
         with redis.Redis.from_url(self.redis.url) as client:
-            return (all(self.queue_length(generate_queue(model)) == 0 for model in models)
-                    and self.queue_length(WEBHOOK_QUEUE) == 0 and client.hlen("unacked") == 0)
+            return (
+                all(self.queue_length(generate_queue(model)) == 0 for model in models)
+                and self.queue_length(WEBHOOK_QUEUE) == 0
+                and client.hlen("unacked") == 0
+            )
 
     def num_unacked(self) -> int:
         """Messages delivered to some worker and not acknowledged (kombu's `unacked` hash)."""
@@ -211,8 +252,14 @@ class Cluster:
 
     def celery_cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """`celery -A worker <args>` as an operator would type it."""
-        return subprocess.run([CELERY, "-A", "worker", *args], cwd=ROOT, env=child_env(**self.env),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [CELERY, "-A", "worker", *args],
+            cwd=ROOT,
+            env=child_env(**self.env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def command(self, worker: WorkerProcess, name: str) -> Any:
         """One worker's reply to a remote command (inspect or control), through Celery's client."""

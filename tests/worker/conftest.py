@@ -21,9 +21,13 @@ TEST_WORKER_ENV = {
 
 
 def s3_client(endpoint_url: str):
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1",
-                        aws_access_key_id=S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +37,14 @@ def s3_cluster(s3_server, tmp_path_factory) -> Cluster:
     bucket = f"stepwise-workers-{os.urandom(3).hex()}"
     s3_client(s3_server.endpoint_url).create_bucket(Bucket=bucket)
     root = tmp_path_factory.mktemp("s3-cluster")
-    cluster = Cluster(RedisServer(root / "redis").start(), s3_env(s3_server.endpoint_url, bucket), root,
-                      extra_env=dict(TEST_WORKER_ENV), bucket=bucket, s3=s3_client(s3_server.endpoint_url))
+    cluster = Cluster(
+        RedisServer(root / "redis").start(),
+        s3_env(s3_server.endpoint_url, bucket),
+        root,
+        extra_env=dict(TEST_WORKER_ENV),
+        bucket=bucket,
+        s3=s3_client(s3_server.endpoint_url),
+    )
     try:
         cluster.main = cluster.start_worker("main")
         yield cluster
@@ -54,8 +64,13 @@ def main_worker(s3_cluster) -> WorkerProcess:
 def folder_cluster(tmp_path) -> Cluster:
     """A deployment of this test's own, storing images in a local folder."""
     images = tmp_path / "images"
-    cluster = Cluster(RedisServer(tmp_path / "redis").start(), {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
-                      tmp_path, extra_env=dict(TEST_WORKER_ENV), images=images)
+    cluster = Cluster(
+        RedisServer(tmp_path / "redis").start(),
+        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
+        tmp_path,
+        extra_env=dict(TEST_WORKER_ENV),
+        images=images,
+    )
     yield cluster
     cluster.stop_all()
     cluster.redis.stop()

@@ -15,8 +15,9 @@ def test_a_channel_whose_transport_was_detached_closes_and_acknowledges_quietly(
     queue = Queue("broker-test", Exchange("broker-test"), routing_key="broker-test")
     with Connection(redis_url, transport=TRANSPORT) as connection:
         channel = connection.default_channel
-        connection.Producer(channel).publish({"job": 1}, exchange=queue.exchange, routing_key="broker-test",
-                                             declare=[queue])
+        connection.Producer(channel).publish(
+            {"job": 1}, exchange=queue.exchange, routing_key="broker-test", declare=[queue]
+        )
         message = queue(channel).get(no_ack=False)  # delivered, not yet acknowledged
         assert message is not None
 

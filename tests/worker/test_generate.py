@@ -12,16 +12,21 @@ from tests.worker.cluster import Cluster, engine_stats_from_cli, long_params, pn
 
 def key_for(cluster: Cluster, job_id: str, index: int = 0) -> str:
     """The deterministic key the image store gives this image."""
-    settings = StorageSettings(storage_url=cluster.storage_env["STEPWISE_STORAGE_URL"],
-                               s3_endpoint_url=cluster.storage_env.get("STEPWISE_S3_ENDPOINT_URL"))
+    settings = StorageSettings(
+        storage_url=cluster.storage_env["STEPWISE_STORAGE_URL"],
+        s3_endpoint_url=cluster.storage_env.get("STEPWISE_S3_ENDPOINT_URL"),
+    )
     return open_image_store(settings).key_for(job_id, index)
 
 
 def bucket_objects(cluster: Cluster, job_id: str) -> dict[str, bytes]:
     """Every object in the bucket whose key mentions the job, read over HTTP with boto3."""
     listing = cluster.s3.list_objects_v2(Bucket=cluster.bucket)
-    return {item["Key"]: cluster.s3.get_object(Bucket=cluster.bucket, Key=item["Key"])["Body"].read()
-            for item in listing.get("Contents", []) if job_id in item["Key"]}
+    return {
+        item["Key"]: cluster.s3.get_object(Bucket=cluster.bucket, Key=item["Key"])["Body"].read()
+        for item in listing.get("Contents", [])
+        if job_id in item["Key"]
+    }
 
 
 def shared_forwards(stats: dict) -> int:
@@ -64,8 +69,10 @@ def test_eight_jobs_succeed_with_their_pngs_in_a_local_folder_under_stepwise_wor
 
 def test_a_job_canceled_while_running_stops_at_a_step_boundary_and_its_batch_mates_finish(s3_cluster, main_worker):
     long_id = s3_cluster.submit(long_params())
-    mate_ids = [s3_cluster.submit(small_params(prompt=f"batch mate {i}", height=128, width=128,
-                                               num_inference_steps=30)) for i in range(3)]
+    mate_ids = [
+        s3_cluster.submit(small_params(prompt=f"batch mate {i}", height=128, width=128, num_inference_steps=30))
+        for i in range(3)
+    ]
     s3_cluster.wait_for_progress(long_id, min_step=2)
 
     assert s3_cluster.store.request_cancel(long_id) is JobState.RUNNING
@@ -122,7 +129,8 @@ def test_a_job_for_another_model_stays_in_its_own_queue_untouched_by_this_worker
 
 
 def test_a_job_the_engine_cannot_serve_fails_with_a_readable_message_and_the_worker_keeps_working(
-        s3_cluster, main_worker):
+    s3_cluster, main_worker
+):
     bad = s3_cluster.create_job(small_params(model="builtin:not-this-one"))
     s3_cluster.celery.send_task("stepwise.generate", args=[bad.job_id], queue=generate_queue("builtin:tiny"))
     bad_id = bad.job_id  # misrouted onto this worker's queue by hand: the engine refuses it

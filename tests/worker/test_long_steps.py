@@ -58,9 +58,12 @@ class LongStepEngine:
 
 @pytest.fixture
 def runtime(redis_url, tmp_path):
-    settings = WorkerSettings(storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri(),
-                                                      job_lease_seconds=LEASE_SECONDS),
-                              poll_interval=0.05, progress_interval=0.05, redis_retry_seconds=5)
+    settings = WorkerSettings(
+        storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri(), job_lease_seconds=LEASE_SECONDS),
+        poll_interval=0.05,
+        progress_interval=0.05,
+        redis_retry_seconds=5,
+    )
     runtime = WorkerRuntime(settings, "long-step-worker")
     runtime._engine = LongStepEngine(num_steps=4)
     yield runtime
@@ -70,7 +73,8 @@ def runtime(redis_url, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_cancel_inside_a_step_longer_than_the_lease_ends_the_job_at_that_step_without_the_lease_lapsing(
-        runtime, redis_url):
+    runtime, redis_url
+):
     store = JobStore(redis_url)
     record, _ = store.create(tenant="tests", params=small_params(num_inference_steps=4))
     outcome: list[str] = []

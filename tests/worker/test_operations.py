@@ -42,8 +42,14 @@ def test_engine_stats_reports_batching_per_key_throughput_and_the_model(s3_clust
     result = s3_cluster.celery_cli("inspect", "engine_stats", "-d", main_worker.name, "-t", "10")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    for field in ("rows_per_forward", "jobs_per_forward", "running_by_key", "num_waiting",
-                  "steps_per_second", "builtin:tiny"):
+    for field in (
+        "rows_per_forward",
+        "jobs_per_forward",
+        "running_by_key",
+        "num_waiting",
+        "steps_per_second",
+        "builtin:tiny",
+    ):
         assert field in result.stdout
 
 
@@ -52,8 +58,11 @@ def test_worker_metrics_are_served_in_prometheus_format(s3_cluster, main_worker)
     assert s3_cluster.wait_for_end(job_id).state is JobState.SUCCEEDED
 
     text = requests.get(f"http://127.0.0.1:{main_worker.metrics_port}/metrics", timeout=10).text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
     assert samples[("stepwise_worker_jobs_total", (("outcome", "succeeded"),))] >= 1
     assert samples[("stepwise_engine_rows_per_forward_count", ())] >= 1
@@ -84,8 +93,12 @@ def listening_addresses(port: int) -> set[str]:
                 address, _, hex_port = local.partition(":")
                 if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
                     raw = bytes.fromhex(address)
-                    addresses.add(socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6,
-                                                   b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
+                    addresses.add(
+                        socket.inet_ntop(
+                            socket.AF_INET if len(raw) == 4 else socket.AF_INET6,
+                            b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)),
+                        )
+                    )
     return addresses
 
 

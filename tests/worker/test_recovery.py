@@ -56,7 +56,10 @@ def test_a_killed_workers_job_is_requeued_when_its_lease_lapses_and_runs_to_the_
     # timeout); the same message delivered now stands in for that redelivery and must do nothing.
     assert folder_cluster.num_unacked() == 1
     folder_cluster.enqueue(job_id)
-    wait_for(lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == 1, 60,
-             "the redelivered message to be consumed and acknowledged")
+    wait_for(
+        lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == 1,
+        60,
+        "the redelivered message to be consumed and acknowledged",
+    )
     after = folder_cluster.store.get(job_id)
     assert after.state is JobState.SUCCEEDED and after.attempts == 2 and after.image_keys == record.image_keys

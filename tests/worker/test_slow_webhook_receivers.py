@@ -83,21 +83,35 @@ def test_an_attempt_ends_at_its_deadline_however_slowly_the_receiver_answers(tri
 def test_slow_receivers_never_hold_the_threads_generation_needs(folder_cluster, trickling_receiver):
     """`stepwise worker` as `stepwise up` starts it, with 3 task threads, beside a webhook worker."""
     settings = {"STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WEBHOOK_TIMEOUT": "2", "STEPWISE_WEBHOOK_MAX_ATTEMPTS": "1"}
-    workers = [folder_cluster.start_worker("generate", via_stepwise=True, wait=False, **settings),
-               folder_cluster.start_worker("webhooks", via_stepwise=True, wait=False, **settings,
-                                           stepwise_args=("--queues", "stepwise.webhooks", "--concurrency", "4"))]
+    workers = [
+        folder_cluster.start_worker("generate", via_stepwise=True, wait=False, **settings),
+        folder_cluster.start_worker(
+            "webhooks",
+            via_stepwise=True,
+            wait=False,
+            **settings,
+            stepwise_args=("--queues", "stepwise.webhooks", "--concurrency", "4"),
+        ),
+    ]
     for worker in workers:  # booted side by side
         folder_cluster.wait_until_ready(worker)
-    hooked = [folder_cluster.submit(small_params(prompt=f"hooked {i}"), webhook_url=trickling_receiver.url,
-                                    webhook_events=["started"]) for i in range(3)]
+    hooked = [
+        folder_cluster.submit(
+            small_params(prompt=f"hooked {i}"), webhook_url=trickling_receiver.url, webhook_events=["started"]
+        )
+        for i in range(3)
+    ]
     wait_for(lambda: len(trickling_receiver.connections) >= 3, 120, "three deliveries to the slow receiver")
 
     plain = folder_cluster.submit(small_params(prompt="plain"))
     assert folder_cluster.wait_for_end(plain, timeout=90).state is JobState.SUCCEEDED
     assert [folder_cluster.wait_for_end(job_id).state for job_id in hooked] == [JobState.SUCCEEDED] * 3
 
-    wait_for(lambda: all(folder_cluster.store.get(job_id).webhook_attempts for job_id in hooked), 60,
-             "the attempt of every hooked job to be recorded")
+    wait_for(
+        lambda: all(folder_cluster.store.get(job_id).webhook_attempts for job_id in hooked),
+        60,
+        "the attempt of every hooked job to be recorded",
+    )
     wait_for(lambda: trickling_receiver.num_open() == 0, 10, "every delivery connection to close")
     durations = [closed - opened for opened, closed in trickling_receiver.connections]
     assert len(durations) == 3 and max(durations) < 2 + 1.5, durations  # each cut at its 2 s deadline

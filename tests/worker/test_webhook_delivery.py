@@ -66,11 +66,14 @@ def test_started_and_completed_events_are_signed_delivered_and_recorded_on_the_j
     attempts = s3_cluster.store.get(job_id).webhook_attempts
     assert all(attempt["at"].endswith("Z") for attempt in attempts)  # RFC 3339, like every other time
     assert sorted((a["event"], a["status_code"], a["delivered"]) for a in attempts) == [
-        ("completed", 200, True), ("started", 200, True)]
+        ("completed", 200, True),
+        ("started", 200, True),
+    ]
 
 
 def test_a_failing_receiver_is_retried_under_the_same_webhook_id_and_the_job_still_succeeds(
-        s3_cluster, main_worker, receiver):
+    s3_cluster, main_worker, receiver
+):
     receiver.statuses = [500, 503]
     job_id = s3_cluster.submit(small_params(), webhook_url=receiver.url, webhook_events=["completed"])
 

@@ -56,19 +56,36 @@ def test_a_completed_payload_gives_the_jobs_urls_as_its_view_does_not_storage_ke
     from storage.local_image_store import LocalImageStore
     from storage.public_urls import image_urls, job_url
 
-    record = JobRecord(job_id="j1", tenant="t", state=JobState.SUCCEEDED, params={}, created_at=0.0,
-                       image_keys=["j1/0.png", "j1/1.png"])
+    record = JobRecord(
+        job_id="j1",
+        tenant="t",
+        state=JobState.SUCCEEDED,
+        params={},
+        created_at=0.0,
+        image_keys=["j1/0.png", "j1/1.png"],
+    )
     base = "http://127.0.0.1:8000"
     urls = image_urls(base, "j1", record.image_keys, LocalImageStore(tmp_path))
     payload = build_payload(record, "completed", status_url=job_url(base, "j1"), image_urls=urls)
     assert payload["type"] == "job.completed"
     assert payload["timestamp"].endswith("Z")
-    assert payload["data"] == {"job_id": "j1", "state": "succeeded", "status_url": f"{base}/v1/jobs/j1",
-                               "image_urls": [f"{base}/v1/jobs/j1/image", f"{base}/v1/jobs/j1/image?index=1"]}
+    assert payload["data"] == {
+        "job_id": "j1",
+        "state": "succeeded",
+        "status_url": f"{base}/v1/jobs/j1",
+        "image_urls": [f"{base}/v1/jobs/j1/image", f"{base}/v1/jobs/j1/image?index=1"],
+    }
 
 
 def test_a_failed_payload_carries_the_error():
-    record = JobRecord(job_id="j2", tenant="t", state=JobState.FAILED, params={}, created_at=0.0,
-                       error_code="engine_error", error_message="boom")
+    record = JobRecord(
+        job_id="j2",
+        tenant="t",
+        state=JobState.FAILED,
+        params={},
+        created_at=0.0,
+        error_code="engine_error",
+        error_message="boom",
+    )
     payload = build_payload(record, "failed", status_url="http://127.0.0.1:8000/v1/jobs/j2")
     assert payload["data"]["error"] == {"code": "engine_error", "message": "boom"}
