@@ -7,7 +7,8 @@ with the API; these are the ones only a worker reads.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from batching.params import DEFAULT_SERVICE_MODEL, DEVICE_PATTERN, service_model
 from storage.queues import generate_queue
@@ -20,30 +21,43 @@ def default_concurrency(max_num_seqs: int) -> int:
     return max_num_seqs + max(2, max_num_seqs // 2)
 
 
+def setting(default: Any, variable: str) -> Any:
+    """A settings field with its default and the environment variable that sets it."""
+    return field(default=default, metadata={"env": variable})
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     storage: StorageSettings
-    model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL
-    device: str = "auto"  # STEPWISE_DEVICE: auto (cuda when available), cuda, cuda:N, cpu
-    max_num_seqs: int = 8  # STEPWISE_MAX_NUM_SEQS: the engine's running capacity, in jobs
-    policy: str = "default"  # STEPWISE_POLICY: default or fifo
-    deterministic: bool = False  # STEPWISE_DETERMINISTIC: pad forwards for bit-identical results
-    lora_mode: str = "rows"  # STEPWISE_LORA_MODE: rows (different adapters share a forward) or group (one per forward)
-    lora_cache_adapters: int = 16  # STEPWISE_LORA_CACHE_ADAPTERS: adapters kept loaded (LRU)
-    lora_cache_bytes: int = 2 * 2**30  # STEPWISE_LORA_CACHE_BYTES: their summed file sizes (LRU)
-    concurrency: int = 12  # STEPWISE_WORKER_CONCURRENCY: task threads (default from max_num_seqs)
-    visibility_timeout: int = 7200  # STEPWISE_VISIBILITY_TIMEOUT: seconds before Redis redelivers an unacked message
-    metrics_port: int = 9101  # STEPWISE_WORKER_METRICS_PORT: Prometheus exporter; 0 turns it off
-    metrics_host: str = "127.0.0.1"  # STEPWISE_WORKER_METRICS_HOST: the exporter has no auth; 0.0.0.0 exposes it
-    poll_interval: float = 0.2  # STEPWISE_WORKER_POLL_INTERVAL: how often a task thread checks its job's cancel flag
-    progress_interval: float = 0.5  # STEPWISE_PROGRESS_INTERVAL: at most one progress write per job per interval
-    lease_sweep_interval: float = 15.0  # STEPWISE_LEASE_SWEEP_INTERVAL: how often to look for lapsed leases
-    shutdown_grace: float = 30.0  # STEPWISE_SHUTDOWN_GRACE: seconds running jobs get at warm shutdown before re-queue
-    webhook_max_attempts: int = 8  # STEPWISE_WEBHOOK_MAX_ATTEMPTS
-    webhook_backoff: float = 2.0  # STEPWISE_WEBHOOK_BACKOFF: first retry delay; doubles per attempt
-    webhook_timeout: float = 10.0  # STEPWISE_WEBHOOK_TIMEOUT: per attempt, seconds
-    redis_retry_seconds: float = 60.0  # STEPWISE_REDIS_RETRY_SECONDS: how long a task thread retries its record I/O
-    public_url: str | None = None  # STEPWISE_PUBLIC_URL: the API's base URL, for the URLs in webhook payloads
+    model: str = setting(DEFAULT_SERVICE_MODEL, "STEPWISE_MODEL")
+    device: str = setting("auto", "STEPWISE_DEVICE")  # auto (cuda when available), cuda, cuda:N, cpu
+    max_num_seqs: int = setting(8, "STEPWISE_MAX_NUM_SEQS")  # the engine's running capacity, in jobs
+    policy: str = setting("default", "STEPWISE_POLICY")  # default or fifo
+    deterministic: bool = setting(False, "STEPWISE_DETERMINISTIC")  # pad forwards for bit-identical results
+    # rows (different adapters share a forward) or group (one per forward)
+    lora_mode: str = setting("rows", "STEPWISE_LORA_MODE")
+    lora_cache_adapters: int = setting(16, "STEPWISE_LORA_CACHE_ADAPTERS")  # adapters kept loaded (LRU)
+    lora_cache_bytes: int = setting(2 * 2**30, "STEPWISE_LORA_CACHE_BYTES")  # their summed file sizes (LRU)
+    concurrency: int = setting(12, "STEPWISE_WORKER_CONCURRENCY")  # task threads (default from max_num_seqs)
+    # seconds before Redis redelivers an unacked message
+    visibility_timeout: int = setting(7200, "STEPWISE_VISIBILITY_TIMEOUT")
+    metrics_port: int = setting(9101, "STEPWISE_WORKER_METRICS_PORT")  # Prometheus exporter; 0 turns it off
+    # the exporter has no auth; 0.0.0.0 exposes it
+    metrics_host: str = setting("127.0.0.1", "STEPWISE_WORKER_METRICS_HOST")
+    # how often a task thread checks its job's cancel flag
+    poll_interval: float = setting(0.2, "STEPWISE_WORKER_POLL_INTERVAL")
+    # at most one progress write per job per interval
+    progress_interval: float = setting(0.5, "STEPWISE_PROGRESS_INTERVAL")
+    lease_sweep_interval: float = setting(15.0, "STEPWISE_LEASE_SWEEP_INTERVAL")  # how often to look for lapsed leases
+    # seconds running jobs get at warm shutdown before re-queue
+    shutdown_grace: float = setting(30.0, "STEPWISE_SHUTDOWN_GRACE")
+    webhook_max_attempts: int = setting(8, "STEPWISE_WEBHOOK_MAX_ATTEMPTS")
+    webhook_backoff: float = setting(2.0, "STEPWISE_WEBHOOK_BACKOFF")  # first retry delay; doubles per attempt
+    webhook_timeout: float = setting(10.0, "STEPWISE_WEBHOOK_TIMEOUT")  # per attempt, seconds
+    # how long a task thread retries its record I/O
+    redis_retry_seconds: float = setting(60.0, "STEPWISE_REDIS_RETRY_SECONDS")
+    # the API's base URL, for the URLs in webhook payloads
+    public_url: str | None = setting(None, "STEPWISE_PUBLIC_URL")
 
     @property
     def queue(self) -> str:
@@ -52,39 +66,34 @@ class WorkerSettings:
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
+        """Every field from its variable in ENV_NAMES; a variable left unset keeps the field's default above."""
         storage = StorageSettings.from_env()
-        max_num_seqs = env_int("STEPWISE_MAX_NUM_SEQS", 8)
+        max_num_seqs = env_int(ENV_NAMES["max_num_seqs"], _default("max_num_seqs"))
         if max_num_seqs < 1:
             raise ValueError(f"STEPWISE_MAX_NUM_SEQS must be at least 1 (got {max_num_seqs})")
-        policy = os.environ.get("STEPWISE_POLICY") or "default"
+        policy = os.environ.get("STEPWISE_POLICY") or _default("policy")
         if policy not in ("default", "fifo"):
             raise ValueError(f"STEPWISE_POLICY must be default or fifo (got {policy!r})")
-        device = os.environ.get("STEPWISE_DEVICE") or "auto"
+        device = os.environ.get("STEPWISE_DEVICE") or _default("device")
         if not DEVICE_PATTERN.fullmatch(device):
             raise ValueError(f"STEPWISE_DEVICE must be auto, cpu, cuda or cuda:N (got {device!r})")
+        derived_defaults = {  # defaults that depend on other settings
+            "concurrency": default_concurrency(max_num_seqs),
+            "lease_sweep_interval": max(1.0, storage.job_lease_seconds / 4),
+        }
+        parsed = {
+            name: PARSERS[type(_default(name))](variable, derived_defaults.get(name, _default(name)))
+            for name, variable in ENV_NAMES.items()
+            if name not in ("max_num_seqs", "policy", "device", "model", "public_url")
+        }
         settings = cls(
             storage=storage,
             model=service_model(),
             device=device,
             max_num_seqs=max_num_seqs,
             policy=policy,
-            deterministic=env_bool("STEPWISE_DETERMINISTIC", False),
-            lora_mode=os.environ.get("STEPWISE_LORA_MODE") or "rows",
-            lora_cache_adapters=env_int("STEPWISE_LORA_CACHE_ADAPTERS", 16),
-            lora_cache_bytes=env_int("STEPWISE_LORA_CACHE_BYTES", 2 * 2**30),
-            concurrency=env_int("STEPWISE_WORKER_CONCURRENCY", default_concurrency(max_num_seqs)),
-            visibility_timeout=env_int("STEPWISE_VISIBILITY_TIMEOUT", 7200),
-            metrics_port=env_int("STEPWISE_WORKER_METRICS_PORT", 9101),
-            metrics_host=os.environ.get("STEPWISE_WORKER_METRICS_HOST") or "127.0.0.1",
-            poll_interval=env_float("STEPWISE_WORKER_POLL_INTERVAL", 0.2),
-            progress_interval=env_float("STEPWISE_PROGRESS_INTERVAL", 0.5),
-            lease_sweep_interval=env_float("STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, storage.job_lease_seconds / 4)),
-            shutdown_grace=env_float("STEPWISE_SHUTDOWN_GRACE", 30.0),
-            webhook_max_attempts=env_int("STEPWISE_WEBHOOK_MAX_ATTEMPTS", 8),
-            webhook_backoff=env_float("STEPWISE_WEBHOOK_BACKOFF", 2.0),
-            webhook_timeout=env_float("STEPWISE_WEBHOOK_TIMEOUT", 10.0),
-            redis_retry_seconds=env_float("STEPWISE_REDIS_RETRY_SECONDS", 60.0),
             public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
+            **parsed,
         )
         settings.check()
         return settings
@@ -108,15 +117,13 @@ class WorkerSettings:
                 )
 
 
-ENV_NAMES = {
-    "concurrency": "STEPWISE_WORKER_CONCURRENCY",
-    "visibility_timeout": "STEPWISE_VISIBILITY_TIMEOUT",
-    "webhook_max_attempts": "STEPWISE_WEBHOOK_MAX_ATTEMPTS",
-    "poll_interval": "STEPWISE_WORKER_POLL_INTERVAL",
-    "progress_interval": "STEPWISE_PROGRESS_INTERVAL",
-    "lease_sweep_interval": "STEPWISE_LEASE_SWEEP_INTERVAL",
-    "webhook_timeout": "STEPWISE_WEBHOOK_TIMEOUT",
-    "shutdown_grace": "STEPWISE_SHUTDOWN_GRACE",
-    "webhook_backoff": "STEPWISE_WEBHOOK_BACKOFF",
-    "redis_retry_seconds": "STEPWISE_REDIS_RETRY_SECONDS",
+ENV_NAMES = {  # field -> the variable that sets it
+    name: field.metadata["env"]
+    for name, field in WorkerSettings.__dataclass_fields__.items()
+    if "env" in field.metadata
 }
+PARSERS = {int: env_int, float: env_float, bool: env_bool, str: lambda name, default: os.environ.get(name) or default}
+
+
+def _default(name: str):
+    return WorkerSettings.__dataclass_fields__[name].default
