@@ -1,6 +1,7 @@
 """Lua scripts for the job store's state transitions: each runs atomically inside Redis.
 
-Every script takes the job's hash as KEYS[1] and the namespace as ARGV[1]. The index keys
+Every script takes the job's hash as KEYS[1] and the namespace as ARGV[1]. Key names come from
+`storage.redis_keys.RedisKeys` (the only place they are spelled), turned into Lua expressions below. The index keys
 (a tenant's per-state sets, the queued set, the lease set) are derived from the namespace and
 the tenant read from the hash, so the store needs one Redis instance, not a cluster.
 
@@ -18,11 +19,49 @@ Keys, with ns the namespace:
 
 from __future__ import annotations
 
-_PREAMBLE = """
+import re
+from types import SimpleNamespace
+from typing import cast
+
+from storage.job_record import JobState
+from storage.redis_keys import RedisKeys
+
+# Key names are spelled once, in RedisKeys: the scripts get them as Lua expressions over their `ns`, built by
+# asking RedisKeys for a key whose variable parts are placeholders and putting the Lua variables in their place.
+_PLACEHOLDERS = {"\x01": "ns", "\x02": "tenant", "\x03": "state", "\x04": "queue", "\x05": "priority"}
+_KEYS = RedisKeys("\x01")
+_STATE_PLACEHOLDER = cast(JobState, SimpleNamespace(value="\x03"))  # tenant_index reads only .value
+
+
+def _lua_expression(key: str) -> str:
+    """`key` with placeholders, as a Lua concatenation of string literals and the variables they stand for."""
+    parts = [part for part in re.split("([\x01-\x05])", key) if part]
+    return " .. ".join(_PLACEHOLDERS.get(part) or "'" + part.replace("'", "\\'") + "'" for part in parts)
+
+
+_KEY_NAMES = f"""
+local queued_key = {_lua_expression(_KEYS.queued)}
+local leases_key = {_lua_expression(_KEYS.leases)}
+local unsent_key = {_lua_expression(_KEYS.unsent)}
+local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
+
+local function job_key_of(job_id)
+  return {_lua_expression(_KEYS.job(""))} .. job_id
+end
+"""
+
+
+_PREAMBLE = (
+    """
 local ns = ARGV[1]
+"""
+    + _KEY_NAMES
+    + """
 
 local function tenant_index(state, tenant)
-  return ns .. ':tenant-jobs:' .. state .. ':' .. tenant
+  return """
+    + _lua_expression(_KEYS.tenant_index("\x02", _STATE_PLACEHOLDER))
+    + """
 end
 
 local function queue_index(job_key)
@@ -30,11 +69,14 @@ local function queue_index(job_key)
   if not queue then
     return nil
   end
-  return ns .. ':queued:' .. queue .. ':' .. (priority or 'normal')
+  priority = priority or 'normal'
+  return """
+    + _lua_expression(_KEYS.queued_in("\x04", "\x05"))
+    + """
 end
 
 local function add_queued(job_key, job_id, score)
-  redis.call('ZADD', ns .. ':queued', score, job_id)
+  redis.call('ZADD', queued_key, score, job_id)
   local index = queue_index(job_key)
   if index then
     redis.call('ZADD', index, score, job_id)
@@ -42,7 +84,7 @@ local function add_queued(job_key, job_id, score)
 end
 
 local function remove_queued(job_key, job_id)
-  redis.call('ZREM', ns .. ':queued', job_id)
+  redis.call('ZREM', queued_key, job_id)
   local index = queue_index(job_key)
   if index then
     redis.call('ZREM', index, job_id)
@@ -62,9 +104,9 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   redis.call('HSET', job_key, 'finished_at', now)
   redis.call('HDEL', job_key, 'lease_expires_at')
   remove_queued(job_key, job_id)
-  redis.call('ZREM', ns .. ':leases', job_id)
-  redis.call('ZREM', ns .. ':unsent', job_id)
-  redis.call('HINCRBY', ns .. ':finished-counts', to_state, 1)
+  redis.call('ZREM', leases_key, job_id)
+  redis.call('ZREM', unsent_key, job_id)
+  redis.call('HINCRBY', finished_counts_key, to_state, 1)
   redis.call('EXPIRE', job_key, ttl)
   local idem_key = redis.call('HGET', job_key, 'idem_redis_key')
   if idem_key then
@@ -72,6 +114,7 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   end
 end
 """
+)
 
 # KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), message_list,
 # message ('' and '': none), the record's hash as a JSON list [field, value, ...] (one argument
@@ -87,12 +130,12 @@ local job_id = ARGV[2]
 local max_queued = tonumber(ARGV[4])
 if KEYS[2] then
   local held = redis.call('HMGET', KEYS[2], 'job_id', 'request_hash')
-  if held[1] and redis.call('EXISTS', ns .. ':job:' .. held[1]) == 1 then
-    return {0, held[2], redis.call('HGETALL', ns .. ':job:' .. held[1])}
+  if held[1] and redis.call('EXISTS', job_key_of(held[1])) == 1 then
+    return {0, held[2], redis.call('HGETALL', job_key_of(held[1]))}
   end
 end
 if max_queued > 0 then
-  local num_queued = redis.call('ZCARD', ns .. ':queued')
+  local num_queued = redis.call('ZCARD', queued_key)
   if num_queued >= max_queued then
     return {2, num_queued}
   end
@@ -112,10 +155,10 @@ add_queued(KEYS[1], job_id, created_at)
 if ARGV[5] ~= '' then
   redis.call('LPUSH', ARGV[5], ARGV[6])
 else
-  redis.call('ZADD', ns .. ':unsent', created_at, job_id)
+  redis.call('ZADD', unsent_key, created_at, job_id)
 end
 local index = queue_index(KEYS[1])
-return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', ns .. ':queued', job_id)}
+return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', queued_key, job_id)}
 """
 )
 
@@ -131,8 +174,8 @@ redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_
            'progress_step', '0')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 remove_queued(KEYS[1], ARGV[2])
-redis.call('ZREM', ns .. ':unsent', ARGV[2])
-redis.call('ZADD', ns .. ':leases', ARGV[5], ARGV[2])
+redis.call('ZREM', unsent_key, ARGV[2])
+redis.call('ZADD', leases_key, ARGV[5], ARGV[2])
 return redis.call('HGETALL', KEYS[1])
 """
 )
@@ -146,7 +189,7 @@ if state ~= 'running' or holder ~= ARGV[3] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[4])
-redis.call('ZADD', ns .. ':leases', ARGV[4], ARGV[2])
+redis.call('ZADD', leases_key, ARGV[4], ARGV[2])
 return 1
 """
 )
@@ -231,7 +274,7 @@ end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
 redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at')
 redis.call('HSET', KEYS[1], 'progress_step', '0')
-redis.call('ZREM', ns .. ':leases', ARGV[2])
+redis.call('ZREM', leases_key, ARGV[2])
 add_queued(KEYS[1], ARGV[2], ARGV[4])
 return 1
 """

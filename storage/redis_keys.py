@@ -1,4 +1,4 @@
-"""Names of the job store's Redis keys (lua.py's docstring describes what each holds)."""
+"""Names of the job store's Redis keys, the only place they are spelled (lua.py derives its Lua from them)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class RedisKeys:
         return f"{self.namespace}:queued"
 
     def queued_in(self, queue: str, priority: str) -> str:
-        """Queued jobs of one model's queue and one priority (lua.py builds the same name)."""
+        """Queued jobs of one model's queue and one priority."""
         return f"{self.namespace}:queued:{queue}:{priority}"
 
     @property
