@@ -32,6 +32,7 @@ class LiveApi:
             api_keys=(("local", KEY),),
             webhook_allow=AllowList.parse("127.0.0.1"),
             storage=StorageSettings(redis_url=redis_url, storage_url=images.as_uri()),
+            accept_unserved_models=True,  # no worker here: jobs queue, as for an autoscaled fleet
         )
         self.app = create_app({"STEPWISE_SETTINGS": settings})
         self.server = make_server("127.0.0.1", 0, self.app, threaded=True)

@@ -30,6 +30,8 @@ class LongStepEngine:
     next step boundary, and `cancel()` itself returns only then, as an engine whose lock is held
     through a forward would."""
 
+    family = "sd"  # as DiffusionEngine.family: the worker reads it for the job's total steps
+
     def __init__(self, num_steps: int) -> None:
         self.num_steps = num_steps
         self.is_cancel_wanted = threading.Event()
