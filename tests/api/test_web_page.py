@@ -13,6 +13,7 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.select import Select
 
 from api import create_app
 from api.settings import ApiSettings
@@ -92,9 +93,12 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
     prompt = browser.find_element(By.ID, "prompt")
     prompt.clear()
     prompt.send_keys("a red circle on a blue background")
+    # 200 steps at 256x256 take several seconds on the tiny model even on an idle machine, so the page's
+    # once-a-second poll lands mid-job (60 steps at 128x128 could finish between two polls)
+    Select(browser.find_element(By.ID, "size")).select_by_value("256")
     steps = browser.find_element(By.ID, "steps")
     steps.clear()
-    steps.send_keys("60")  # a few seconds on the tiny model: a once-a-second poll lands mid-job
+    steps.send_keys("200")
     browser.find_element(By.ID, "seed").send_keys("5")
     prompt.send_keys(Keys.ENTER)
 
@@ -113,7 +117,7 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
         120,
         "the job's progress bar to show a step between the first and the last",
     )
-    assert mid_job[1] == 60
+    assert mid_job[1] == 200
 
     image_src = wait_until(
         lambda: browser.execute_script(
