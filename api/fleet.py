@@ -15,8 +15,7 @@ from typing import Any
 
 from api.errors import from_params_error, invalid
 from api.settings import ApiSettings
-from batching.families import FAMILIES
-from batching.params import PRIORITIES, GenerationParams, InvalidParamsError
+from batching.params import FAMILIES, PRIORITIES, GenerationParams, InvalidParamsError
 from storage.heartbeats import ModelStatus
 from storage.job_record import JobRecord
 from storage.job_store import JobStore

@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.errors import ApiError, from_params_error, invalid
-from batching.image_inputs import IMAGE_FIELDS, is_upload_id, job_images
-from batching.params import GenerationParams, InvalidParamsError
+from batching.params import IMAGE_FIELDS, GenerationParams, InvalidParamsError, is_upload_id, job_images
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
 

@@ -14,8 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation
 
 import batching.params as P
-from batching.families import FAMILIES
-from batching.image_inputs import MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
+from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
 from storage.job_record import JOB_STATE_NAMES
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 

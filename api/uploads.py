@@ -14,8 +14,7 @@ from flask import Blueprint, g, request
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
 from api.resources import get_upload_store
-from batching.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
-from batching.params import InvalidParamsError
+from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
 from storage.errors import StorageError
 
 bp = Blueprint("uploads", __name__, url_prefix="/v1/uploads")

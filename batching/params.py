@@ -17,7 +17,20 @@ from typing import Any
 
 from batching.errors import InvalidParamsError  # re-exported: the API imports it from here
 from batching.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
-from batching.image_inputs import RESIZE_MODES, check_reference, image_size
+from batching.image_inputs import (  # the image-input rules the API also applies, re-exported for it
+    IMAGE_FIELDS,
+    INPUT_FORMATS,
+    MAX_DATA_URI_CHARS,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGE_PIXELS,
+    RESIZE_MODES,
+    check_reference,
+    image_size,
+    is_upload_id,
+    job_images,
+    open_image,
+    to_data_uri,
+)
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
 DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
@@ -296,3 +309,20 @@ class CompatibilityKey:
         lora = f" lora={self.lora}@{self.lora_scale}" if self.lora else ""
         size = f"{self.width}x{self.height}" if self.height is not None else "*x*"  # any size
         return f"{self.model} {size}x{self.num_frames}{lora}"
+
+
+# The API may import batching.params only (README's package table): what it needs of the family table and the
+# image-input rules is re-exported here.
+__all__ = [
+    "FAMILIES",
+    "IMAGE_FIELDS",
+    "INPUT_FORMATS",
+    "MAX_DATA_URI_CHARS",
+    "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
+    "RESIZE_MODES",
+    "is_upload_id",
+    "job_images",
+    "open_image",
+    "to_data_uri",
+]
