@@ -133,16 +133,19 @@ def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_s
         for job_id in [*backlog, *high, low]
     }
     finished = sorted(ended, key=lambda job_id: ended[job_id]["finished_at"])
-    # One job at a time: finishing order is start order. The first backlog job was running and the
-    # second already admitted when the high ones reached the worker; every later one waited for them.
+    # One job at a time: finishing order is start order. One backlog job was running and at most one
+    # more already admitted when the high ones reached the worker; every other one waited for them.
+    # (Which backlog job is second depends on which worker thread reached the engine first, so the
+    # test counts backlog jobs ahead of each high one rather than naming them.)
     names = {
         **{job_id: f"backlog-{i}" for i, job_id in enumerate(backlog)},
         **{job_id: f"high-{i}" for i, job_id in enumerate(high)},
         low: "low",
     }
+    order = [names[j] for j in finished]
     for job_id in high:
-        order = [names[j] for j in finished]
-        assert finished.index(job_id) < min(finished.index(later) for later in backlog[2:]), order
+        ahead = [j for j in finished[: finished.index(job_id)] if j in backlog]
+        assert len(ahead) <= 2, order
     assert ended[low]["state"] == "succeeded"
 
 
