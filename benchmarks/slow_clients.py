@@ -1,6 +1,7 @@
 """How the API serves health checks and authenticated clients while slow clients hold sockets.
 
-    python -m benchmarks.slow_clients --worker-class gevent --num-slow 50 --mode headers
+    python -m benchmarks.slow_clients --server granian --num-slow 50 --mode headers
+    python -m benchmarks.slow_clients --server gunicorn --worker-class gevent --num-slow 50 --mode body
 
 Starts its own redis-server and `stepwise api` on loopback, opens `--num-slow` connections
 that send their request head (`headers`) or body (`body`) one line or byte every
@@ -36,9 +37,12 @@ def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed
         if mode == "headers":
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             chunk = b"X-Slow: 1\r\n"
-        else:
+        else:  # body: unauthenticated (refused before the app reads it); auth-body: read by the app
+            key = f"Authorization: Bearer {KEY}\r\n".encode() if mode == "auth-body" else b""
             sock.sendall(
-                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + key
+                + b"Content-Length: 100000\r\n\r\n"
             )
             chunk = b" "
         while not stop.wait(interval):
@@ -92,8 +96,9 @@ def measure(args: argparse.Namespace) -> dict:
             str(api_port),
             "--workers",
             str(args.workers),
-            "--worker-class",
-            args.worker_class,
+            "--server",
+            args.server,
+            *(["--worker-class", args.worker_class] if args.server == "gunicorn" else []),
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -136,7 +141,8 @@ def measure(args: argparse.Namespace) -> dict:
         }
 
     return {
-        "worker_class": args.worker_class,
+        "server": args.server,
+        "worker_class": args.worker_class if args.server == "gunicorn" else None,
         "workers": args.workers,
         "mode": args.mode,
         "num_slow": args.num_slow,
@@ -149,9 +155,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent")
+    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian")
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent", help="gunicorn only")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--mode", choices=("headers", "body"), default="headers")
+    parser.add_argument("--mode", choices=("headers", "body", "auth-body"), default="headers")
     parser.add_argument("--num-slow", type=int, default=50)
     parser.add_argument("--trickle-interval", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=20.0)
