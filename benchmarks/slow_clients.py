@@ -4,10 +4,11 @@
     python -m benchmarks.slow_clients --server gunicorn --worker-class gevent --num-slow 50 --mode body
 
 Starts its own redis-server and `stepwise api` on loopback, opens `--num-slow` connections
-that send their request head (`headers`) or body (`body`) one line or byte every
-`--trickle-interval` seconds, and meanwhile probes `GET /healthz` and an authenticated
+that send their request head (`headers`) or body (`body` without an API key, `auth-body`
+with one) one line or byte every `--trickle-interval` seconds, and meanwhile probes `GET /healthz` and an authenticated
 `GET /v1/jobs` every `--probe-interval` with a 2 s client timeout. Prints one JSON line:
-probes answered, their median and worst latency, and how many slow sockets the server closed.
+probes answered, their median and worst latency, how many slow sockets the server closed, and
+the API's resident memory (all its processes) before the slow clients and at the end.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed
         closed.append(1)  # the server closed it (a read deadline), or refused it
         return
     sock.close()
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and its descendants (Linux /proc), in MiB."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as status:
+                total += next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+            with open(f"/proc/{current}/task/{current}/children") as children:
+                pending.extend(int(child) for child in children.read().split())
+        except (OSError, StopIteration):
+            continue
+    return round(total / 1024, 1)
 
 
 def probe(url: str, headers: dict[str, str]) -> float | None:
@@ -117,6 +133,7 @@ def measure(args: argparse.Namespace) -> dict:
         ]
         for thread in slow:
             thread.start()
+        rss_before = tree_rss_mib(api.pid)
         time.sleep(1.0)  # let every slow socket connect and start its request
         health, listing = [], []
         deadline = time.monotonic() + args.duration
@@ -124,6 +141,7 @@ def measure(args: argparse.Namespace) -> dict:
             health.append(probe(f"{base}/healthz", {}))
             listing.append(probe(f"{base}/v1/jobs", {"Authorization": f"Bearer {KEY}"}))
             time.sleep(args.probe_interval)
+        rss_during = tree_rss_mib(api.pid)
     finally:
         stop.set()
         api.terminate()
@@ -150,6 +168,7 @@ def measure(args: argparse.Namespace) -> dict:
         "healthz": summary(health),
         "authenticated_list": summary(listing),
         "slow_sockets_closed_by_server": len(closed),
+        "api_rss_mib": {"before": rss_before, "with_slow_clients": rss_during},
     }
 
 
