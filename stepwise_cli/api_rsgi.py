@@ -73,10 +73,14 @@ class BufferedWsgi:
             return
         declared = scope.headers.get("content-length")
         try:
-            if declared is not None and self.max_body is not None and int(declared) > self.max_body:
-                body = b""  # left unread: the app answers 413 from the declared length
+            # With Transfer-Encoding, hyper reads the body as chunked whatever Content-Length says.
+            length = None if declared is None or "transfer-encoding" in scope.headers else int(declared)
+            if length == 0 or (length is not None and self.max_body is not None and length > self.max_body):
+                body = b""  # nothing to read, or left unread: the app answers 413 from the declared length
+            elif length is None and scope.method in ("GET", "HEAD", "DELETE", "OPTIONS"):
+                body = b""  # no body
             else:
-                body = await asyncio.wait_for(self.read_body(protocol), self.request_timeout)
+                body = await asyncio.wait_for(self.read_body(protocol, length), self.request_timeout)
         except TimeoutError:
             protocol.response_bytes(
                 *json_error(
@@ -94,8 +98,8 @@ class BufferedWsgi:
         status, headers, content = await loop.run_in_executor(self.pool, self.call, environ)
         protocol.response_bytes(status, headers, content)
 
-    async def read_body(self, protocol: HTTPProtocol) -> bytes:
-        if self.max_body is None:
+    async def read_body(self, protocol: HTTPProtocol, length: int | None) -> bytes:
+        if length is not None or self.max_body is None:  # hyper stops at Content-Length: read it at once
             return await protocol()
         chunks, size = [], 0
         async for chunk in protocol:
@@ -131,8 +135,9 @@ class BufferedWsgi:
         for name, value in scope.headers.items():
             key = UNPREFIXED.get(name) or "HTTP_" + name.upper().replace("-", "_")
             environ[key] = f"{environ[key]},{value}" if key in environ else value
-        if "CONTENT_LENGTH" not in environ and body:
-            environ["CONTENT_LENGTH"] = str(len(body))  # a chunked body, now buffered
+        if body:  # buffered and de-chunked: its length is known (a body left unread keeps the declared one)
+            environ.pop("HTTP_TRANSFER_ENCODING", None)
+            environ["CONTENT_LENGTH"] = str(len(body))
         return environ
 
     def call(self, environ: dict[str, Any]) -> tuple[int, Headers, bytes]:
