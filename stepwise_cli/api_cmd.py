@@ -3,8 +3,8 @@
 The default server is granian (Rust HTTP, one process per core) serving the WSGI app through
 `stepwise_cli.api_rsgi`, which reads each request body on granian's event loop before the app
 runs on a thread: slow clients cost a buffer, never a thread, and head and body have read
-deadlines (docs/api.md; docs/operations.md has the slow-client measurement). It takes about
-twice the submits per second of gunicorn on 2 cores (docs/api.md).
+deadlines (docs/api.md; the README's production notes have the slow-client measurement). It
+takes more submits per second than gunicorn on 2 cores (docs/api.md#throughput).
 
 `--server gunicorn` runs gunicorn with gevent workers (`stepwise_cli.api_worker`, the same
 deadlines and a connection limit, and JSON bodies for the requests gunicorn refuses itself);
