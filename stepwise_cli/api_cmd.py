@@ -28,8 +28,8 @@ GRANIAN_ACCESS_FORMAT = '%(addr)s [%(time)s] "%(method)s %(path)s %(protocol)s" 
 
 
 def default_workers(server: str = DEFAULT_SERVER) -> int:
-    if server == "granian":  # a Rust event loop per process: one process per core
-        return max(os.cpu_count() or 1, 2)
+    if server == "granian":  # a Rust event loop per process: one process per usable core, 2 to 8
+        return min(max(len(os.sched_getaffinity(0)), 2), 8)
     return min(2 * (os.cpu_count() or 1) + 1, 8)
 
 
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=None,
-        help="worker processes (default: granian one per CPU, at least 2; gunicorn 2 x CPUs + 1, at most 8)",
+        help="worker processes (default: granian one per usable CPU, 2 to 8; gunicorn 2 x CPUs + 1, at most 8)",
     )
     parser.add_argument(
         "--threads",
