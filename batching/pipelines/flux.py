@@ -26,7 +26,6 @@ from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
@@ -34,6 +33,7 @@ MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
 class FluxAdapter(AdapterBase):
     family = "flux"
+    pipeline_classes = ("FluxPipeline",)
     max_rows_per_sample = 1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -43,12 +43,6 @@ class FluxAdapter(AdapterBase):
         self.attention = MixedSizeFluxAttnProcessor()
         self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
         self.transformer.set_attn_processor(self.attention)
-
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> FluxAdapter:
-        from diffusers import FluxPipeline
-
-        return cls(model, load_pipeline(FluxPipeline, model, source, device, dtype), device, dtype)
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
         return [params.prompt]

@@ -19,19 +19,13 @@ import torch
 
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
 
 
 class StableDiffusionXLAdapter(StableDiffusionAdapter):
     family = "sdxl"
-
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionXLAdapter:
-        from diffusers import StableDiffusionXLPipeline
-
-        pipeline = load_pipeline(StableDiffusionXLPipeline, model, source, device, dtype)
-        return cls(model, pipeline, device, dtype)
+    pipeline_classes = ("StableDiffusionXLPipeline",)
+    load_options = {}
 
     @property
     def zeros_for_empty_negative(self) -> bool:
