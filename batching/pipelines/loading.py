@@ -59,3 +59,14 @@ def load_pipeline(
         if isinstance(module, torch.nn.Module):
             module.eval().requires_grad_(False)
     return pipeline
+
+
+def quiet_model_libraries() -> None:
+    """Keep transformers' and diffusers' loading notices (e.g. that an image processor would like
+    torchvision, which this engine never uses) and their progress bars out of a server's log or a CLI's output."""
+    import diffusers
+    import transformers
+
+    for library in (diffusers, transformers):
+        library.utils.logging.set_verbosity_error()
+        library.utils.logging.disable_progress_bar()
