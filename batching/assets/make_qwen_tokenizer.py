@@ -97,16 +97,8 @@ def build_tokenizer() -> Tokenizer:
 
 def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
     special = {"bos_token": None, "eos_token": IM_END, "pad_token": END_OF_TEXT, "unk_token": None}
-    return write_tokenizer_files(
-        out_dir,
-        "Qwen2Tokenizer",
-        MODEL_MAX_LENGTH,
-        build_tokenizer(),
-        **special,
-        padding_side="right",
-        add_prefix_space=False,
-        chat_template=CHAT_TEMPLATE,
-    )
+    settings = {**special, "padding_side": "right", "add_prefix_space": False, "chat_template": CHAT_TEMPLATE}
+    return write_tokenizer_files(out_dir, "Qwen2Tokenizer", MODEL_MAX_LENGTH, settings, build_tokenizer())
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ def build_tokenizer() -> Tokenizer:
 
 
 def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
-    special = {"eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN}
-    return write_tokenizer_files(out_dir, "T5Tokenizer", MODEL_MAX_LENGTH, build_tokenizer(), **special, extra_ids=0)
+    settings = {"eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN, "extra_ids": 0}
+    return write_tokenizer_files(out_dir, "T5Tokenizer", MODEL_MAX_LENGTH, settings, build_tokenizer())
 
 
 if __name__ == "__main__":

@@ -81,7 +81,11 @@ def build_vocab(merges: list[tuple[str, str]]) -> dict[str, int]:
 
 
 def write_tokenizer_files(
-    out_dir: Path, tokenizer_class: str, model_max_length: int, tokenizer: Tokenizer | None = None, **settings: Any
+    out_dir: Path,
+    tokenizer_class: str,
+    model_max_length: int,
+    settings: dict[str, Any],
+    tokenizer: Tokenizer | None = None,
 ) -> Path:
     """Write `tokenizer_config.json` (class, maximum length, then `settings`) and, for a `tokenizers` tokenizer,
     its `tokenizer.json`, into `out_dir`."""
@@ -101,7 +105,7 @@ def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
     lines = ["#version: 0.2"] + [f"{left} {right}" for left, right in merges]
     (out_dir / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN, "pad_token": EOS_TOKEN}
-    return write_tokenizer_files(out_dir, "CLIPTokenizer", MODEL_MAX_LENGTH, **special, do_lower_case=True)
+    return write_tokenizer_files(out_dir, "CLIPTokenizer", MODEL_MAX_LENGTH, {**special, "do_lower_case": True})
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Self
 
 import torch
 
 from batching.families import FAMILIES
+from batching.params import GenerationParams
 from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.loading import load_pipeline
 
@@ -26,6 +28,12 @@ class AdapterBase(ImageLatentsMixin):
         self.vae = pipeline.vae
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
+    def texts_to_encode(self, params: GenerationParams) -> list[str]:
+        """The prompt, and the negative prompt when the sample runs classifier-free guidance."""
+        if self.spec.has_cfg(params.guidance_scale):
+            return [params.prompt, params.negative_prompt]
+        return [params.prompt]
+
     @classmethod
     def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:
         """The family's own diffusers pipeline from `source`, as diffusers runs it (the static-batching baseline
@@ -38,3 +46,15 @@ class AdapterBase(ImageLatentsMixin):
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Self:
         return cls(model, cls.load_pipeline(model, source, device, dtype), device, dtype)
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int | None = None) -> Any:
+    """`texts` padded and truncated to `max_length` (the tokenizer's own maximum unless told), as the diffusers
+    pipelines tokenize prompts: a BatchEncoding of [n, max_length] tensors."""
+    return tokenizer(
+        list(texts),
+        padding="max_length",
+        max_length=max_length or tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="pt",
+    )

@@ -22,7 +22,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
-from batching.pipelines.adapter_base import AdapterBase
+from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
@@ -44,27 +44,12 @@ class FluxAdapter(AdapterBase):
         self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
         self.transformer.set_attn_processor(self.attention)
 
-    def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        return [params.prompt]
-
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         pipeline = self.pipeline
-        clip_ids = pipeline.tokenizer(
-            list(texts),
-            padding="max_length",
-            max_length=pipeline.tokenizer.model_max_length,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids.to(self.device)  # [n, 77]
+        clip_ids = tokenize(pipeline.tokenizer, texts).input_ids.to(self.device)  # [n, 77]
         pooled = pipeline.text_encoder(clip_ids, output_hidden_states=False).pooler_output  # [n, clip_dim]
-        t5_ids = pipeline.tokenizer_2(
-            list(texts),
-            padding="max_length",
-            max_length=MAX_SEQUENCE_LENGTH,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids.to(self.device)  # [n, 512]
+        t5_ids = tokenize(pipeline.tokenizer_2, texts, MAX_SEQUENCE_LENGTH).input_ids.to(self.device)  # [n, 512]
         embeds = pipeline.text_encoder_2(t5_ids, output_hidden_states=False)[0]  # [n, 512, t5_dim]
         return [{"embeds": row.to(self.dtype), "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
 
