@@ -183,6 +183,18 @@ class UploadView(BaseModel):
     expires_in: int = Field(description="Seconds until the upload is deleted (STEPWISE_JOB_TTL).")
 
 
+class LoraView(BaseModel):
+    name: str = Field(description="The adapter's name: give it as a job's lora.")
+    size_bytes: int
+    owner: Literal["tenant", "operator"] = Field(
+        description="tenant: uploaded by your tenant (only it can use it); operator: usable by every tenant."
+    )
+
+
+class LoraList(BaseModel):
+    loras: list[LoraView] = Field(description="Your tenant's uploads, then the operator's adapters.")
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(description="Machine-readable, e.g. invalid_params, not_found, queue_full.")
     message: str = Field(description="For humans.")

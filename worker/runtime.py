@@ -84,6 +84,7 @@ class WorkerRuntime:
             model=s.model,
             device=s.device,
             max_num_seqs=s.max_num_seqs,
+            max_num_tokens=s.max_num_tokens or None,
             policy=s.policy,
             deterministic=s.deterministic,
             lora_url=s.storage.lora_url or None,
