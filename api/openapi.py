@@ -17,28 +17,28 @@ bp = Blueprint("openapi", __name__)
 
 REF = "#/components/schemas/{model}"
 ERROR = schemas.ErrorResponse
-JOB_ID = {
-    "name": "job_id",
-    "in": "path",
-    "required": True,
-    "description": "The job's id.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
-}
-IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": False,
-    "description": "Retries with the same key and body return the original job; "
-    "the same key with another body gets 409.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-}
-LORA_NAME = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "description": "The adapter's name (letters, digits, '_', '.', '-').",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 100},
-}
+
+
+def parameter(name: str, where: str, description: str, max_length: int, *, required: bool = True) -> dict[str, Any]:
+    """A string parameter of a path or header."""
+    return {
+        "name": name,
+        "in": where,
+        "required": required,
+        "description": description,
+        "schema": {"type": "string", "minLength": 1, "maxLength": max_length},
+    }
+
+
+JOB_ID = parameter("job_id", "path", "The job's id.", 128)
+IDEMPOTENCY_KEY = parameter(
+    "Idempotency-Key",
+    "header",
+    "Retries with the same key and body return the original job; the same key with another body gets 409.",
+    255,
+    required=False,
+)
+LORA_NAME = parameter("name", "path", "The adapter's name (letters, digits, '_', '.', '-').", 100)
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
 
 
