@@ -18,9 +18,7 @@ from tests.batching.conftest import make_params, max_pixel_diff, run_alone
 DEADLINE_SECONDS = 60
 
 
-def test_running_jobs_keep_stepping_while_a_new_jobs_prompt_encodes_and_images_are_unchanged(
-    fresh_engine, solo_engine
-):
+def test_running_jobs_keep_stepping_while_a_new_jobs_prompt_encodes_and_images_are_unchanged(fresh_engine, solo_engine):
     engine = fresh_engine(encode_overlap=True)
     adapter = engine.model_runner.model
     real_encode = adapter.encode_prompts
