@@ -185,13 +185,15 @@ class Encoder:
                 encoded[adapter] = self._encode_texts(adapter, sorted(texts))
         ready: list[tuple[StartItem, dict[str, Conditioning]]] = []
         for item in items:
-            texts = self.model.texts_to_encode(item.new_sample.params)
-            errors = [encoded[item.text_encoder_adapter][text] for text in texts]
-            error = next((error for error in errors if isinstance(error, Exception)), None)
-            if error is not None:
-                result.failed[item.new_sample.sample_id] = f"prompt encoding failed: {_describe(error)}"
+            conditioning: dict[str, Conditioning] = {}
+            for text in self.model.texts_to_encode(item.new_sample.params):
+                outcome = encoded[item.text_encoder_adapter][text]
+                if isinstance(outcome, Exception):
+                    result.failed[item.new_sample.sample_id] = f"prompt encoding failed: {_describe(outcome)}"
+                    break
+                conditioning[text] = outcome
             else:
-                ready.append((item, encoded[item.text_encoder_adapter]))  # type: ignore[arg-type]  # no errors
+                ready.append((item, conditioning))
         init_images = encode_init_images(
             self.model, [item.new_sample for item, _ in ready], one_at_a_time=self.chunk_size is not None
         )

@@ -45,9 +45,10 @@ IDLE_WAIT_SECONDS = 1.0
 # stream and the loop only launches work; on the CPU both threads compete for the same cores
 # (benchmarks/decode_overlap.py measured it; docs/benchmarks.md gives the figures).
 DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
-# Device type -> whether new samples' prompts are encoded beside the loop by default (benchmarks/encode_overlap.py;
-# docs/benchmarks.md gives the figures).
-ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
+# Device type -> whether new samples are started (prompts encoded) beside the loop by default. On CUDA the encoder
+# runs in its own stream; on the CPU a second torch thread slowed the loop more than the built-in models' encodes
+# (a tenth of a forward) ever stall it (benchmarks/encode_overlap.py; docs/benchmarks.md gives the figures).
+ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": False}
 
 
 @dataclass(frozen=True)
