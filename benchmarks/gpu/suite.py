@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
+from batching.engine import ENCODE_OVERLAP_DEFAULT
 from benchmarks.component_times import time_forwards
 from benchmarks.gpu.models import flux_transformer, num_parameters, save_pipeline
 from benchmarks.gpu.report import write_summary
@@ -211,7 +212,10 @@ class _Engines:
     def plain(
         self, decode_overlap: bool | None = None, deterministic: bool = False, encode_overlap: bool | None = None
     ) -> DiffusionEngine:
-        """An engine of its own; a deterministic one runs 4 samples (its forwards are padded to all of them)."""
+        """An engine of its own; a deterministic one runs 4 samples (its forwards are padded to all of them).
+        Encode overlap left to the device's default is spelled out, so the sections share engines where they can."""
+        if encode_overlap is None:
+            encode_overlap = ENCODE_OVERLAP_DEFAULT.get(torch.device(self.profile.device).type, True)
         name = f"overlap={decode_overlap},deterministic={deterministic},encode_overlap={encode_overlap}"
         if name not in self.engines:
             self.engines[name] = DiffusionEngine(
