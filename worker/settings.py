@@ -32,6 +32,8 @@ class WorkerSettings:
     model: str = setting(DEFAULT_SERVICE_MODEL, "STEPWISE_MODEL")
     device: str = setting("auto", "STEPWISE_DEVICE")  # auto (cuda when available), cuda, cuda:N, cpu
     max_num_seqs: int = setting(8, "STEPWISE_MAX_NUM_SEQS")  # the engine's running capacity, in jobs
+    # a step's budget in rows x latent tokens; 0: max_num_seqs jobs at the model's default size
+    max_num_tokens: int = setting(0, "STEPWISE_MAX_NUM_TOKENS")
     policy: str = setting("default", "STEPWISE_POLICY")  # default or fifo
     deterministic: bool = setting(False, "STEPWISE_DETERMINISTIC")  # pad forwards for bit-identical results
     # auto (the device's default), on or off: decode / start new jobs on a thread beside the denoise loop
@@ -109,6 +111,10 @@ class WorkerSettings:
         for name in ("concurrency", "visibility_timeout", "webhook_max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_NAMES[name]} must be at least 1 (got {getattr(self, name)})")
+        if self.max_num_tokens < 0:
+            raise ValueError(
+                f"STEPWISE_MAX_NUM_TOKENS must be 0 (derived) or a positive budget (got {self.max_num_tokens})"
+            )
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(
                 f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})"

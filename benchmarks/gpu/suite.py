@@ -66,30 +66,16 @@ class Profile:
     dtype: str
     scale: str  # "real" or "tiny"
     models: tuple[ModelRun, ...]
-    rows: tuple[int, ...]
     repeats: int
     flux_size: int
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
+GPU_RUNS = (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8))
+DRY_RUNS = (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2))
 PROFILES = {
-    "gpu": Profile(
-        "cuda",
-        "float16",
-        "real",
-        (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8)),
-        rows=(1, 2, 4, 8, 16),
-        repeats=3,
-        flux_size=1024,
-    ),
-    "dry-run": Profile(
-        "cpu",
-        "float32",
-        "tiny",
-        (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2)),
-        rows=(1, 2, 4, 8, 16),
-        repeats=1,
-        flux_size=64,
-    ),
+    "gpu": Profile("cuda", "float16", "real", GPU_RUNS, repeats=3, flux_size=1024),
+    "dry-run": Profile("cpu", "float32", "tiny", DRY_RUNS, repeats=1, flux_size=64),
 }
 
 
