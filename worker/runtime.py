@@ -23,7 +23,7 @@ from storage.lora_store import LoraStore, open_lora_store
 from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
-from worker.settings import WorkerSettings
+from worker.settings import OVERLAP_CHOICES, WorkerSettings
 
 if TYPE_CHECKING:
     from batching import DiffusionEngine
@@ -87,6 +87,8 @@ class WorkerRuntime:
             max_num_tokens=s.max_num_tokens or None,
             policy=s.policy,
             deterministic=s.deterministic,
+            decode_overlap=OVERLAP_CHOICES[s.decode_overlap],
+            encode_overlap=OVERLAP_CHOICES[s.encode_overlap],
             lora_url=s.storage.lora_url or None,
             lora_mode=s.lora_mode,
             lora_cache_adapters=s.lora_cache_adapters,

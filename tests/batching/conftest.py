@@ -103,23 +103,25 @@ def run_staggered(
     return [futures[i].result(timeout=120).image for i in range(len(params_list))]
 
 
+# The solo engine starts jobs inline and the batched one beside the loop (batching.encoder): a test that holds
+# a batched image against the same job alone covers both ways of encoding prompts.
 @pytest.fixture(scope="session")
 def solo_engine():
-    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1))
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, encode_overlap=False))
     yield engine
     engine.shutdown(abort=True)
 
 
 @pytest.fixture(scope="session")
 def batched_engine():
-    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=8))
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=8, encode_overlap=True))
     yield engine
     engine.shutdown(abort=True)
 
 
 @pytest.fixture(scope="session")
 def deterministic_engine():
-    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, deterministic=True))
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, deterministic=True, encode_overlap=True))
     yield engine
     engine.shutdown(abort=True)
 

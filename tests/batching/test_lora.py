@@ -34,10 +34,13 @@ def lora_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_engines(lora_folder):
-    """A mixing engine (rows with different adapters share a forward) and one running jobs one by one."""
+    """A mixing engine (rows with different adapters share a forward) and one running jobs one by one; the
+    mixing one encodes prompts beside its loop (text-encoder adapters on the encoder's thread), the other inline."""
     url = lora_folder.as_uri()
-    mixed = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=url, max_num_groups=1))
-    solo = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, lora_url=url))
+    mixed = DiffusionEngine(
+        EngineConfig(device="cpu", max_num_seqs=6, lora_url=url, max_num_groups=1, encode_overlap=True)
+    )
+    solo = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, lora_url=url, encode_overlap=False))
     yield mixed, solo
     mixed.shutdown(abort=True)
     solo.shutdown(abort=True)

@@ -26,6 +26,8 @@ BAD_SETTINGS = [
     ("STEPWISE_MODEL_LIMITS", '{"builtin:tiny": {"max_steps": 5}}'),
     ("STEPWISE_DEVICE", "gpu"),
     ("STEPWISE_DETERMINISTIC", "maybe"),
+    ("STEPWISE_ENCODE_OVERLAP", "yes"),
+    ("STEPWISE_DECODE_OVERLAP", "sometimes"),
     ("STEPWISE_WORKER_POLL_INTERVAL", "0"),
     ("STEPWISE_WORKER_METRICS_PORT", "70000"),
     ("STEPWISE_MAX_NUM_TOKENS", "-5"),
