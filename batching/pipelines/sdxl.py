@@ -18,20 +18,15 @@ from typing import Any
 import torch
 
 from batching.params import GenerationParams
+from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
 
 
 class StableDiffusionXLAdapter(StableDiffusionAdapter):
     family = "sdxl"
-
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionXLAdapter:
-        from diffusers import StableDiffusionXLPipeline
-
-        pipeline = load_pipeline(StableDiffusionXLPipeline, model, source, device, dtype)
-        return cls(model, pipeline, device, dtype)
+    pipeline_classes = ("StableDiffusionXLPipeline",)
+    load_options = {}
 
     @property
     def zeros_for_empty_negative(self) -> bool:
@@ -47,13 +42,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
         ):
             if tokenizer is None or text_encoder is None:
                 continue
-            input_ids = tokenizer(
-                list(texts),
-                padding="max_length",
-                max_length=tokenizer.model_max_length,
-                truncation=True,
-                return_tensors="pt",
-            ).input_ids.to(self.device)  # [n, seq]
+            input_ids = tokenize(tokenizer, texts).input_ids.to(self.device)  # [n, seq]
             output = text_encoder(input_ids, output_hidden_states=True)
             if pooled is None and output[0].ndim == 2:
                 pooled = output[0]  # [n, projection_dim]: the projecting encoder's text embeds

@@ -41,12 +41,6 @@ def guarded_api(request, tmp_path_factory):
     redis.stop()
 
 
-@pytest.fixture
-def http():
-    with requests.Session() as session:
-        yield session
-
-
 def trickle(port: int, mode: str, stop: threading.Event, closed_after: list[float]) -> None:
     """Send a request head (or a body) one line (or byte) every 0.5 s until the server hangs up.
     `body` comes without an API key (gunicorn's app refuses it unread), `auth-body` with one, so
