@@ -17,6 +17,9 @@ threads wait on Redis, never on a client. The bounds (docs/api.md):
   way, so a buffered body never exceeds the limit by more than a byte;
 - at most `STEPWISE_API_MAX_CONNECTIONS` requests in progress per worker process (granian's
   backpressure); more wait until one finishes.
+
+Responses are buffered too (the app's answers are JSON and small images). The app threads per
+process come from `STEPWISE_API_THREADS`, which `stepwise api --threads` sets.
 """
 
 from __future__ import annotations
