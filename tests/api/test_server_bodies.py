@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.api.calls import auth, get_job
+from tests.api.test_image_inputs import image_bytes
 
 MAX_BODY = 4096
 
@@ -61,3 +62,32 @@ def test_a_percent_encoded_path_reaches_the_route_decoded(small_body_api, http):
 
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("sent_as", ["content-length", "chunked", "multipart"])
+def test_an_image_upload_over_the_json_body_limit_reaches_its_route(small_body_api, http, sent_as):
+    """/v1/uploads has its own limit (10 MiB), above STEPWISE_MAX_BODY_BYTES: the server streams
+    such a body to the app instead of refusing it."""
+    data = image_bytes(160, 160, seed=3)  # noise: about 75 KiB of PNG, far over MAX_BODY
+    assert len(data) > 10 * MAX_BODY
+    if sent_as == "multipart":
+        kwargs: dict = {"files": {"file": ("noise.png", data, "image/png")}}
+    else:
+        body = data if sent_as == "content-length" else chunked(data, 5000)
+        kwargs = {"data": body, "headers": {"Content-Type": "image/png"}}
+    headers = {**auth(), **kwargs.pop("headers", {})}
+    response = http.post(f"{small_body_api.url}/v1/uploads", headers=headers, timeout=10, **kwargs)
+
+    assert response.status_code == 201, response.text
+    assert response.json()["bytes"] == len(data) and response.json()["width"] == 160
+
+
+def test_an_oversized_upload_without_a_key_is_refused_unread(small_body_api, http):
+    response = http.post(
+        f"{small_body_api.url}/v1/uploads",
+        data=b"\0" * (20 * MAX_BODY),
+        headers={"Content-Type": "image/png"},
+        timeout=10,
+    )
+
+    assert response.status_code == 401

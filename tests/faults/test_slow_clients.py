@@ -18,7 +18,7 @@ from tests.servers import RedisServer
 HEADER_TIMEOUT = 2
 REQUEST_TIMEOUT = 4
 NUM_SLOW = 60  # far more than the 8 app threads a `stepwise api` of 2 workers x 4 threads has
-MODES = ("headers", "body", "auth-body")
+MODES = ("headers", "body", "auth-body", "auth-upload")
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,12 +44,20 @@ def guarded_api(request, tmp_path_factory):
 def trickle(port: int, mode: str, stop: threading.Event, closed_after: list[float]) -> None:
     """Send a request head (or a body) one line (or byte) every 0.5 s until the server hangs up.
     `body` comes without an API key (gunicorn's app refuses it unread), `auth-body` with one, so
-    the app needs the whole body."""
+    the app needs the whole body; `auth-upload` is an image upload over the JSON routes' body
+    limit, which the app reads itself."""
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         if mode == "headers":
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             chunk = b"X-Slow: 1\r\n"
+        elif mode == "auth-upload":
+            sock.sendall(
+                b"POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                + f"Authorization: {auth()['Authorization']}\r\n".encode()
+                + b"Content-Length: 2000000\r\n\r\n"
+            )
+            chunk = b"\0"
         else:
             key = f"Authorization: {auth()['Authorization']}\r\n".encode() if mode == "auth-body" else b""
             sock.sendall(
@@ -105,7 +113,7 @@ def test_slow_headers_and_bodies_do_not_starve_health_checks_or_authenticated_cl
     # The server hung up on every slow client, each within its deadline (plus slack for a busy machine).
     each = NUM_SLOW // len(MODES)
     assert len(closed_after["headers"]) == each and max(closed_after["headers"]) < HEADER_TIMEOUT + 2
-    for mode in ("body", "auth-body"):
+    for mode in ("body", "auth-body", "auth-upload"):
         assert len(closed_after[mode]) == each and max(closed_after[mode]) < REQUEST_TIMEOUT + 2, mode
 
 
