@@ -5,7 +5,8 @@
 
 Starts its own redis-server and `stepwise api` on loopback, opens `--num-slow` connections
 that send their request head (`headers`) or body (`body` without an API key, `auth-body`
-with one) one line or byte every `--trickle-interval` seconds, and meanwhile probes `GET /healthz` and an authenticated
+with one, `auth-upload` a 2 MB image upload with one) one line or byte every
+`--trickle-interval` seconds, and meanwhile probes `GET /healthz` and an authenticated
 `GET /v1/jobs` every `--probe-interval` with a 2 s client timeout. Prints one JSON line:
 probes answered, their median and worst latency, how many slow sockets the server closed, and
 the API's resident memory (all its processes) before the slow clients and at the end.
@@ -38,6 +39,13 @@ def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed
         if mode == "headers":
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             chunk = b"X-Slow: 1\r\n"
+        elif mode == "auth-upload":  # an image upload over the JSON routes' limit: the app reads it itself
+            sock.sendall(
+                b"POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                + f"Authorization: Bearer {KEY}\r\n".encode()
+                + b"Content-Length: 2000000\r\n\r\n"
+            )
+            chunk = b"\0"
         else:  # body: unauthenticated (refused before the app reads it); auth-body: read by the app
             key = f"Authorization: Bearer {KEY}\r\n".encode() if mode == "auth-body" else b""
             sock.sendall(
@@ -177,7 +185,7 @@ def main() -> None:
     parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian")
     parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent", help="gunicorn only")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--mode", choices=("headers", "body", "auth-body"), default="headers")
+    parser.add_argument("--mode", choices=("headers", "body", "auth-body", "auth-upload"), default="headers")
     parser.add_argument("--num-slow", type=int, default=50)
     parser.add_argument("--trickle-interval", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=20.0)
