@@ -72,7 +72,7 @@ class FamilySpec:
 FAMILIES: dict[str, FamilySpec] = {
     "sd": FamilySpec(
         name="sd",
-        pipeline_classes=("StableDiffusionPipeline",),
+        pipeline_classes=("StableDiffusionPipeline", "StableDiffusionInpaintPipeline"),  # 4- or 9-channel UNet
         samplers=UNET_SAMPLERS,
         size_multiple=8,
         default_size=128,

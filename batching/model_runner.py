@@ -28,7 +28,7 @@ import torch
 from batching.decoder import DecodeItem, Decoder
 from batching.device_timing import DeviceTimer
 from batching.errors import LoraError
-from batching.image_start import blend_unmasked, encode_init_images, start_from_image
+from batching.image_start import ImageStart, blend_unmasked, encode_init_images, start_from_image
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
@@ -143,25 +143,29 @@ class ModelRunner:
                 sampler = self.model.new_sampler(params)
                 assert params.seed is not None  # GenerationParams draws one when none is given
                 generator = torch.Generator("cpu").manual_seed(params.seed)
-                latents, guide = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
+                start = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
+                row_conditioning = self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)])
+                if start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
+                    row_conditioning = [{**row, **start.row_inputs} for row in row_conditioning]
                 self.samples[new.sample_id] = SampleTensors(
                     sample_id=new.sample_id,
                     params=params,
                     sampler=sampler,
                     generator=generator,
-                    latents=latents,
-                    row_conditioning=self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)]),
+                    latents=start.latents,
+                    row_conditioning=row_conditioning,
                     first_step=new.first_step,
-                    guide=guide,
+                    guide=start.guide,
                 )
             except Exception as e:
                 logger.exception("could not start sample %s", new.sample_id)
                 output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
 
-    def _start_latents(self, new: NewSample, sampler, generator: torch.Generator, init_image) -> tuple:
-        """Noise for text-to-image; the noised init image (and an inpaint guide) for image-to-image."""
+    def _start_latents(self, new: NewSample, sampler, generator: torch.Generator, init_image) -> ImageStart:
+        """Noise for text-to-image; the noised init image (and an inpaint guide or mask channels) for
+        image-to-image and for every sample of a model with mask channels."""
         if init_image is None:
-            return self.model.initial_latents(new.params, sampler, generator), None
+            return ImageStart(self.model.initial_latents(new.params, sampler, generator))
         if isinstance(init_image, Exception):
             raise init_image
         return start_from_image(self.model, new, sampler, generator, init_image)

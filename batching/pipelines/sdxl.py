@@ -88,6 +88,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
             "embeds": torch.zeros(pipeline.tokenizer_2.model_max_length, width, **zeros),
             "pooled": torch.zeros(pipeline.text_encoder_2.config.projection_dim, **zeros),
             "time_ids": torch.zeros(6, **zeros),
+            **self.mask_channels_padding(params),
         }
 
     def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:
