@@ -92,9 +92,9 @@ def encode_init_images(
         for sample_id, to_encode, mask_rows in items:
             rows = [(mean[index : index + 1], std[index : index + 1]) for index in range(row, row + len(to_encode))]
             row += len(to_encode)
-            masked = rows.pop() if adapter.has_mask_channels else None
+            masked_distribution = rows.pop() if adapter.has_mask_channels else None
             init_mean, init_std = rows[0] if rows else (None, None)
-            results[sample_id] = EncodedImage(init_mean, init_std, mask_rows, masked)
+            results[sample_id] = EncodedImage(init_mean, init_std, mask_rows, masked=masked_distribution)
     return results
 
 

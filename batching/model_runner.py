@@ -143,19 +143,19 @@ class ModelRunner:
                 sampler = self.model.new_sampler(params)
                 assert params.seed is not None  # GenerationParams draws one when none is given
                 generator = torch.Generator("cpu").manual_seed(params.seed)
-                start = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
+                image_start = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
                 row_conditioning = self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)])
-                if start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
-                    row_conditioning = [{**row, **start.row_inputs} for row in row_conditioning]
+                if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
+                    row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
                 self.samples[new.sample_id] = SampleTensors(
                     sample_id=new.sample_id,
                     params=params,
                     sampler=sampler,
                     generator=generator,
-                    latents=start.latents,
+                    latents=image_start.latents,
                     row_conditioning=row_conditioning,
                     first_step=new.first_step,
-                    guide=start.guide,
+                    guide=image_start.guide,
                 )
             except Exception as e:
                 logger.exception("could not start sample %s", new.sample_id)

@@ -138,6 +138,7 @@ class StableDiffusionAdapter(AdapterBase):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         latents = batch.latents  # [num_rows, 4, h, w]
+        assert isinstance(latents, torch.Tensor)  # UNet families keep the size in the key: one shape per group
         if self.has_mask_channels:
             conditioning = batch.conditioning
             latents = torch.cat([latents, conditioning["mask"], conditioning["masked_image_latents"]], dim=1)
