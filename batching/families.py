@@ -84,7 +84,7 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "sdxl": FamilySpec(
         name="sdxl",
-        pipeline_classes=("StableDiffusionXLPipeline",),
+        pipeline_classes=("StableDiffusionXLPipeline", "StableDiffusionXLInpaintPipeline"),  # 4- or 9-channel UNet
         samplers=UNET_SAMPLERS,
         size_multiple=8,
         default_size=128,

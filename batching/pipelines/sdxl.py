@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from batching.errors import ModelLoadError
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.loading import load_pipeline
@@ -28,8 +29,13 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionXLAdapter:
-        from diffusers import StableDiffusionXLPipeline
+        from diffusers import DiffusionPipeline, StableDiffusionXLPipeline
 
+        if DiffusionPipeline.load_config(source, local_files_only=True).get("requires_aesthetics_score"):
+            raise ModelLoadError(  # a refiner-style checkpoint: its UNet takes aesthetic scores among the time ids
+                f"model {model!r} conditions on aesthetic scores (requires_aesthetics_score), which this engine "
+                "does not serve; SDXL base and base inpainting checkpoints are served"
+            )
         pipeline = load_pipeline(StableDiffusionXLPipeline, model, source, device, dtype)
         return cls(model, pipeline, device, dtype)
 

@@ -1,4 +1,4 @@
-"""Inpainting UNets (9 input channels) on builtin:tiny-inpaint (CPU, 64x64, 6 steps).
+"""Inpainting UNets (9 input channels) on builtin:tiny-inpaint, and an SDXL one built here (CPU, 64x64, 6 steps).
 
 An inpainting job must equal diffusers' own StableDiffusionInpaintPipeline for the same
 seed, strength and steps (no latent blend: the mask and the masked image's latents are
@@ -150,3 +150,59 @@ def test_deterministic_mode_pads_the_mask_channels_and_keeps_jobs_bit_identical(
 
     for image_alone, image_together in zip(alone, together):
         assert (pixels(image_alone) == pixels(image_together)).all()
+
+
+@pytest.fixture(scope="module")
+def sdxl_inpaint_folder(tmp_path_factory):
+    """An SDXL inpainting checkpoint at toy size: builtin:tiny-sdxl with a seeded 9-channel UNet."""
+    from batching.builtin_model import build_builtin_pipeline
+    from batching.builtin_models.components import seeded
+
+    base = build_builtin_pipeline("builtin:tiny-sdxl")
+    with seeded(5):
+        unet = diffusers.UNet2DConditionModel.from_config({**base.unet.config, "in_channels": 9})
+    components = {name: module for name, module in base.components.items() if name != "unet"}
+    pipeline = diffusers.StableDiffusionXLInpaintPipeline(
+        **components,
+        unet=unet.eval(),
+        requires_aesthetics_score=False,
+        force_zeros_for_empty_prompt=True,
+        add_watermarker=False,
+    )
+    folder = tmp_path_factory.mktemp("tiny-sdxl-inpaint")
+    pipeline.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("strength", [1.0, 0.5])
+def test_an_sdxl_inpainting_checkpoint_job_equals_diffusers_sdxl_inpaint_pipeline(sdxl_inpaint_folder, strength):
+    mask = right_half_mask()
+    model = str(sdxl_inpaint_folder)
+    params = params_for(model=model, guidance_scale=5.0, strength=strength)
+    pipeline = diffusers.StableDiffusionXLInpaintPipeline.from_pretrained(
+        sdxl_inpaint_folder, local_files_only=True, add_watermarker=False
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    expected = Image.composite(diffusers_image(pipeline, params, init_picture(), mask), init_picture(), mask)
+    engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=2))
+    try:
+        image = engine.submit(params).result(timeout=120).image
+    finally:
+        engine.shutdown(abort=True)
+
+    assert max_pixel_diff(image, expected) <= 2
+
+
+def test_an_sdxl_checkpoint_that_conditions_on_aesthetic_scores_is_refused_at_load(sdxl_inpaint_folder, tmp_path):
+    import json
+    import shutil
+
+    from batching.errors import ModelLoadError
+
+    folder = tmp_path / "refiner-like"
+    shutil.copytree(sdxl_inpaint_folder, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "requires_aesthetics_score": True}))
+
+    with pytest.raises(ModelLoadError, match="requires_aesthetics_score"):
+        DiffusionEngine(EngineConfig(model=str(folder), device="cpu"))
