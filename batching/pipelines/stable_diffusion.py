@@ -23,15 +23,16 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from batching.errors import ModelLoadError
 from batching.params import GenerationParams
-from batching.pipelines.adapter_base import AdapterBase
+from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 
 
 class StableDiffusionAdapter(AdapterBase):
     family = "sd"
+    pipeline_classes = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")  # 4- or 9-channel UNet
+    load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -47,37 +48,10 @@ class StableDiffusionAdapter(AdapterBase):
             )
         self.has_mask_channels = in_channels != latent_channels
 
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionAdapter:
-        from diffusers import StableDiffusionPipeline
-
-        pipeline = load_pipeline(
-            StableDiffusionPipeline,
-            model,
-            source,
-            device,
-            dtype,
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
-        )
-        return cls(model, pipeline, device, dtype)
-
-    def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        if self.spec.has_cfg(params.guidance_scale):
-            return [params.prompt, params.negative_prompt]
-        return [params.prompt]
-
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
-        tokens = tokenizer(
-            list(texts),
-            padding="max_length",
-            max_length=tokenizer.model_max_length,
-            truncation=True,
-            return_tensors="pt",
-        )
+        tokens = tokenize(tokenizer, texts)
         input_ids = tokens.input_ids.to(self.device)  # [n, seq]
         uses_mask = getattr(text_encoder.config, "use_attention_mask", False)
         attention_mask = tokens.attention_mask.to(self.device) if uses_mask else None
