@@ -105,15 +105,17 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
-        description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI or an upload id (POST /v1/uploads). "
-        f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. Remote URLs are not fetched. "
+        description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI, an upload id (POST /v1/uploads), "
+        "or an http(s) URL on a host the operator allows (STEPWISE_IMAGE_URL_HOSTS; fetched at submit). "
+        f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. "
         "height and width default to the image's size.",
     )
     mask_image: str | None = Field(
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
-        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image.",
+        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image. "
+        "The same forms as init_image.",
     )
     strength: float | None = Field(
         None,

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from batching.image_start import encode_init_images, start_from_image
+from batching.image_start import ImageStart, encode_init_images, start_from_image
 from batching.pipelines.contract import Conditioning, PipelineAdapter
 from batching.plan import NewSample
 from batching.sample_tensors import SampleTensors
@@ -238,22 +238,24 @@ class Encoder:
         sampler = self.model.new_sampler(params)
         assert params.seed is not None  # GenerationParams draws one when none is given
         generator = torch.Generator("cpu").manual_seed(params.seed)
-        guide = None
         if init_image is None:  # text-to-image: noise
-            latents = self.model.initial_latents(params, sampler, generator)
+            image_start = ImageStart(self.model.initial_latents(params, sampler, generator))
         elif isinstance(init_image, Exception):
             raise init_image
-        else:  # the noised init image (and an inpaint guide)
-            latents, guide = start_from_image(self.model, new, sampler, generator, init_image)
+        else:  # the noised init image, and an inpaint guide or mask channels (every sample of such a model)
+            image_start = start_from_image(self.model, new, sampler, generator, init_image)
+        row_conditioning = self.model.row_conditioning(params, encoded)
+        if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
+            row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
         return SampleTensors(
             sample_id=new.sample_id,
             params=params,
             sampler=sampler,
             generator=generator,
-            latents=latents,
-            row_conditioning=self.model.row_conditioning(params, encoded),
+            latents=image_start.latents,
+            row_conditioning=row_conditioning,
             first_step=new.first_step,
-            guide=guide,
+            guide=image_start.guide,
         )
 
 
