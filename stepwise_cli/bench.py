@@ -103,13 +103,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def results_folder(out: Path | None) -> Path:
+    """Where the CPU suite and --submit write: --out, else DEFAULT_OUT (never the committed results unasked)."""
+    return out or DEFAULT_OUT
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if args.suite == "gpu":
         return run_gpu(args)
     if args.dry_run or args.budget_seconds is not None:
         raise SystemExit("stepwise bench: --dry-run and --budget-seconds belong to --suite gpu")
-    args.out = args.out or DEFAULT_OUT
+    args.out = results_folder(args.out)
     if args.threads < 1:
         raise SystemExit("stepwise bench: --threads must be at least 1")
     if args.submit:

@@ -118,7 +118,7 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
             "return img && img.complete && img.naturalWidth > 0 ? img.src : null;",
             card,
         ),
-        120,
+        600,  # idle: seconds; a machine loaded by other work made the tiny model's steps 100x slower
         "the job's image",
         seen=lambda: browser.find_element(By.CSS_SELECTOR, card).text,
     )
