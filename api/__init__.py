@@ -25,7 +25,8 @@ from storage.upload_store import UploadStore
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    """`test_config` updates `app.config`; its `STEPWISE_SETTINGS` (an ApiSettings) replaces the environment."""
+    """The API application. `test_config` updates `app.config`: its `STEPWISE_SETTINGS` (an ApiSettings)
+    replaces the environment, and `TESTING` raises unexpected errors into the test instead of answering 500."""
     app = Flask(__name__)
     app.config.from_mapping(test_config or {})
     settings: ApiSettings = app.config.get("STEPWISE_SETTINGS") or ApiSettings.from_env()

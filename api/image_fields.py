@@ -1,11 +1,13 @@
 """A job's input images in the API: resolving upload ids, checking the images, keeping records small.
 
-`init_image` / `mask_image` arrive as data URIs or upload ids. Before the engine's rules
-run, an upload id is replaced by the tenant's stored image (a missing, expired or other
-tenant's upload is one and the same 422 naming the field); then the images are decoded
-and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and pixel
-limits, sizes, the mask); and the record keeps upload ids only: an inline image is
-stored as an upload of the tenant first. Remote URLs are refused (not fetched).
+`init_image` / `mask_image` arrive as data URIs, upload ids or http(s) URLs. Before the
+engine's rules run, an upload id is replaced by the tenant's stored image (a missing,
+expired or other tenant's upload is one and the same 422 naming the field) and a URL by
+the image fetched from it, if the operator allows its host (`api.remote_images`; otherwise
+a 422 naming the field); then the images are decoded and checked with Pillow
+(`batching.image_inputs.job_images`: formats, byte and pixel limits, sizes, the mask); and
+the record keeps upload ids only: an inline or fetched image is stored as an upload of the
+tenant first.
 """
 
 from __future__ import annotations
@@ -13,19 +15,30 @@ from __future__ import annotations
 from typing import Any
 
 from api.errors import ApiError, from_params_error, invalid
+from api.remote_images import DEFAULT_FETCH_SECONDS, fetch_image, is_remote_url
 from batching.params import IMAGE_FIELDS, GenerationParams, InvalidParamsError, is_upload_id, job_images
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
+from storage.url_policy import AllowList
 
 
-def resolve_uploads(
-    params: dict[str, Any], tenant: str, uploads: UploadStore | None, prefix: str = ""
+def resolve_images(
+    params: dict[str, Any],
+    tenant: str,
+    uploads: UploadStore | None,
+    prefix: str = "",
+    *,
+    image_hosts: AllowList = AllowList(),  # noqa: B008  # frozen: a shared default is safe
+    fetch_seconds: float = DEFAULT_FETCH_SECONDS,
 ) -> dict[str, Any]:
-    """The params with each upload id replaced by the tenant's image (a data URI)."""
+    """The params with each upload id replaced by the tenant's image and each URL by the fetched image
+    (data URIs)."""
     resolved = dict(params)
     for name in IMAGE_FIELDS:
         value = resolved.get(name)
-        if isinstance(value, str) and is_upload_id(value):
+        if is_remote_url(value):
+            resolved[name] = fetch_image(f"{prefix}{name}", value, image_hosts, seconds=fetch_seconds)
+        elif isinstance(value, str) and is_upload_id(value):
             data_uri = _get(uploads, tenant, value) if uploads is not None else None
             if data_uri is None:
                 raise invalid(f"{prefix}{name}", f"{prefix}{name} names no upload of yours (it may have expired)")

@@ -1,9 +1,11 @@
 """Per-model cost limits, checked at submit so that one job cannot hold a worker for minutes.
 
-A job's cost is its pixel-steps, `num_images x height x width x num_inference_steps`: the
-denoiser's work grows with each factor, so this one number bounds how long a job keeps the
-engine. Each model has two limits, `max_pixels` (of one image) and `max_pixel_steps` (of the
-whole job). The engine's own hard limits (`batching.params`) still apply on top.
+A job's cost is its pixel-steps, `num_images x height x width x steps run`: the denoiser's
+work grows with each factor, so this one number bounds how long a job keeps the engine. The
+steps run are `num_inference_steps`, or with an init image the last `strength` fraction of
+them (what the engine runs and progress counts: `GenerationParams.total_steps`). Each model
+has two limits, `max_pixels` (of one image) and `max_pixel_steps` (of the whole job). The
+engine's own hard limits (`batching.params`) still apply on top.
 
 Defaults are sized for the device: a CPU (STEPWISE_DEVICE=cpu, or `auto` with a built-in model)
 gets limits under which the built-in models finish a job in seconds; a GPU gets limits that let
@@ -29,7 +31,7 @@ BUILTIN_PREFIX = "builtin:"
 @dataclass(frozen=True)
 class ModelLimits:
     max_pixels: int  # height x width of one image
-    max_pixel_steps: int  # num_images x height x width x num_inference_steps of one job
+    max_pixel_steps: int  # num_images x height x width x steps run, of one job
 
 
 CPU_LIMITS = ModelLimits(max_pixels=512 * 512, max_pixel_steps=8 * 256 * 256 * 50)
@@ -41,7 +43,7 @@ class LimitsError(ValueError):
 
 
 def pixel_steps(params: P.GenerationParams) -> int:
-    return params.num_images * params.height * params.width * params.num_inference_steps
+    return params.height * params.width * params.total_steps()  # total_steps: images x steps each runs
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,9 @@ class LimitTable:
             field_name = "num_images" if params.num_images > 1 else "num_inference_steps"
             raise _over(
                 f"{field_prefix}{field_name}",
-                f"num_images x height x width x num_inference_steps = {cost} is over the limit of "
-                f"{limits.max_pixel_steps} for model {params.model}: ask for fewer images, steps or "
-                f"pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)",
+                f"num_images x height x width x steps run (num_inference_steps, times strength with an "
+                f"init_image) = {cost} is over the limit of {limits.max_pixel_steps} for model {params.model}: "
+                f"ask for fewer images, steps or pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)",
             )
 
     @classmethod

@@ -9,11 +9,14 @@ operator's adapters, which every tenant may use.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from flask import Blueprint, g, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
 from api.resources import get_lora_store, get_settings
+from api.schemas import LoraView
 from batching.params import LORA_NAME_PATTERN
 from storage.lora_store import InvalidLoraFileError, LoraStore, check_safetensors, tenant_key, tenant_slug
 
@@ -38,8 +41,8 @@ def check_name(name: str) -> str:
     return name
 
 
-def lora_view(name: str, size: int, owner: str) -> dict:
-    return {"name": name, "size_bytes": size, "owner": owner}
+def lora_view(name: str, size: int, owner: Literal["tenant", "operator"]) -> dict:
+    return LoraView(name=name, size_bytes=size, owner=owner).model_dump()
 
 
 @bp.put("/<path:name>")

@@ -17,21 +17,28 @@ bp = Blueprint("openapi", __name__)
 
 REF = "#/components/schemas/{model}"
 ERROR = schemas.ErrorResponse
-JOB_ID = {
-    "name": "job_id",
-    "in": "path",
-    "required": True,
-    "description": "The job's id.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
-}
-IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": False,
-    "description": "Retries with the same key and body return the original job; "
-    "the same key with another body gets 409.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-}
+
+
+def parameter(name: str, where: str, description: str, max_length: int, *, required: bool = True) -> dict[str, Any]:
+    """A string parameter of a path or header."""
+    return {
+        "name": name,
+        "in": where,
+        "required": required,
+        "description": description,
+        "schema": {"type": "string", "minLength": 1, "maxLength": max_length},
+    }
+
+
+JOB_ID = parameter("job_id", "path", "The job's id.", 128)
+IDEMPOTENCY_KEY = parameter(
+    "Idempotency-Key",
+    "header",
+    "Retries with the same key and body return the original job; the same key with another body gets 409.",
+    255,
+    required=False,
+)
+LORA_NAME = parameter("name", "path", "The adapter's name (letters, digits, '_', '.', '-').", 100)
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
 
 
@@ -62,7 +69,7 @@ class DocumentBuilder:
         meanings = {
             400: "Malformed JSON.",
             401: "Missing or invalid API key.",
-            404: "No such job for this key.",
+            404: "No such job (or upload, or adapter) for this key; for /v1/loras also: no LoRA store.",
             409: "Conflict with the job's state or an earlier request.",
             413: "Request body too large.",
             415: "The body is not sent as JSON (Content-Type: application/json).",
@@ -155,6 +162,41 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                     "201": b.response("Stored; name its id in init_image or mask_image.", schemas.UploadView),
                     **b.errors(401, 413, 422, 503),
                 },
+            },
+        },
+        "/v1/loras": {
+            "get": {
+                "operationId": "listLoras",
+                "summary": "The adapters this tenant may use: its own uploads and the operator's.",
+                "responses": {"200": b.response("The adapters.", schemas.LoraList), **b.errors(401, 404, 503)},
+            },
+        },
+        "/v1/loras/{name}": {
+            "put": {
+                "operationId": "uploadLora",
+                "summary": "Store a LoRA adapter (the raw .safetensors file) usable only by this tenant.",
+                "parameters": [LORA_NAME],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                "responses": {
+                    "200": b.response("Replaced.", schemas.LoraView),
+                    "201": b.response("Stored.", schemas.LoraView),
+                    **b.errors(401, 404, 413, 422, 503),
+                },
+            },
+            "get": {
+                "operationId": "getLora",
+                "summary": "One of this tenant's uploaded adapters.",
+                "parameters": [LORA_NAME],
+                "responses": {"200": b.response("The adapter.", schemas.LoraView), **b.errors(401, 404, 422, 503)},
+            },
+            "delete": {
+                "operationId": "deleteLora",
+                "summary": "Remove one of this tenant's uploaded adapters.",
+                "parameters": [LORA_NAME],
+                "responses": {"204": {"description": "Removed."}, **b.errors(401, 404, 422, 503)},
             },
         },
         "/v1/jobs/{job_id}": {

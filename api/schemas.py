@@ -7,6 +7,7 @@ API and the engine cannot disagree about what a valid job is.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -28,27 +29,7 @@ OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 _SD = FAMILIES["sd"]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
-PARAM_FIELDS = (
-    "prompt",
-    "negative_prompt",
-    "height",
-    "width",
-    "num_inference_steps",
-    "guidance_scale",
-    "seed",
-    "sampler",
-    "num_images",
-    "model",
-    "num_frames",
-    "lora",
-    "lora_scale",
-    "init_image",
-    "mask_image",
-    "strength",
-    "resize_mode",
-    "output_format",
-    "output_quality",
-)
+PARAM_FIELDS = tuple(field.name for field in dataclasses.fields(P.GenerationParams))
 
 
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600  # a deadline at most 30 days ahead: any later is no deadline at all
@@ -124,15 +105,17 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
-        description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI or an upload id (POST /v1/uploads). "
-        f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. Remote URLs are not fetched. "
+        description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI, an upload id (POST /v1/uploads), "
+        "or an http(s) URL on a host the operator allows (STEPWISE_IMAGE_URL_HOSTS; fetched at submit). "
+        f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. "
         "height and width default to the image's size.",
     )
     mask_image: str | None = Field(
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
-        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image.",
+        description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image. "
+        "The same forms as init_image.",
     )
     strength: float | None = Field(
         None,
@@ -200,6 +183,18 @@ class UploadView(BaseModel):
     height: int
     bytes: int
     expires_in: int = Field(description="Seconds until the upload is deleted (STEPWISE_JOB_TTL).")
+
+
+class LoraView(BaseModel):
+    name: str = Field(description="The adapter's name: give it as a job's lora.")
+    size_bytes: int
+    owner: Literal["tenant", "operator"] = Field(
+        description="tenant: uploaded by your tenant (only it can use it); operator: usable by every tenant."
+    )
+
+
+class LoraList(BaseModel):
+    loras: list[LoraView] = Field(description="Your tenant's uploads, then the operator's adapters.")
 
 
 class ErrorDetail(BaseModel):

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.limits import LimitTable
+from api.remote_images import DEFAULT_FETCH_SECONDS
 from batching.params import DEFAULT_SERVICE_MODEL, PRIORITIES, service_model
-from storage.settings import StorageSettings, env_bool, env_int, env_url
+from storage.settings import StorageSettings, env_bool, env_float, env_int, env_url
 from storage.url_policy import AllowList
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,10 @@ class ApiSettings:
     max_batch_jobs: int = DEFAULT_MAX_BATCH_JOBS  # STEPWISE_MAX_BATCH_JOBS: jobs per POST /v1/jobs/batch
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
+    # STEPWISE_IMAGE_URL_HOSTS: hosts (names or CIDR ranges) init_image / mask_image URLs may name; empty: no
+    # URL is fetched. STEPWISE_IMAGE_URL_TIMEOUT_SECONDS bounds one URL's fetch, redirects included.
+    image_url_hosts: AllowList = field(default_factory=AllowList)
+    image_url_timeout_seconds: float = DEFAULT_FETCH_SECONDS
     retry_after_seconds: int = 5  # Retry-After sent with 429
     default_model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL: the model of a job that names none
     limits: LimitTable = field(default_factory=LimitTable)  # per-model cost limits checked at submit
@@ -132,6 +137,8 @@ class ApiSettings:
             max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
             public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
             webhook_allow=AllowList.from_env(),
+            image_url_hosts=AllowList.from_env("STEPWISE_IMAGE_URL_HOSTS"),
+            image_url_timeout_seconds=env_float("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS", DEFAULT_FETCH_SECONDS),
             default_model=service_model(),
             limits=LimitTable.from_env(),
             tenant_max_priority=parse_tenant_priorities(os.environ.get("STEPWISE_TENANT_MAX_PRIORITY", "")),
@@ -143,4 +150,6 @@ class ApiSettings:
         for name in ("tenant_max_queued", "tenant_jobs_per_minute"):
             if getattr(settings, name) < 0:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be 0 (no cap) or more")
+        if not settings.image_url_timeout_seconds > 0:
+            raise SettingsError("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS must be above 0")
         return settings

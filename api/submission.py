@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.fleet import Fleet
-from api.image_fields import check_images, record_params, resolve_uploads
+from api.image_fields import check_images, record_params, resolve_images
 from api.queue import TaskQueue
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
@@ -90,7 +90,17 @@ def validate_job(
     sent = job.params_dict()
     try:
         params = GenerationParams.from_dict(
-            {"model": settings.default_model, **resolve_uploads(sent, tenant, uploads, field_prefix)}
+            {
+                "model": settings.default_model,
+                **resolve_images(
+                    sent,
+                    tenant,
+                    uploads,
+                    field_prefix,
+                    image_hosts=settings.image_url_hosts,
+                    fetch_seconds=settings.image_url_timeout_seconds,
+                ),
+            }
         )
     except InvalidParamsError as e:
         raise from_params_error(e, field_prefix) from e

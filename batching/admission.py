@@ -35,17 +35,13 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from batching.scheduler import ScheduledSample
 
+Samples = Sequence["ScheduledSample"]  # in arrival order
+
 
 class AdmissionPolicy(Protocol):
     max_num_groups: int  # distinct compatibility keys the running set may hold
 
-    def admit(
-        self,
-        waiting: Sequence[ScheduledSample],
-        running: Sequence[ScheduledSample],
-        num_free: int,
-        tokens_free: float,
-    ) -> list[ScheduledSample]:
+    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
         """The waiting samples to admit now, in admission order: at most `num_free`, costing at most
         `tokens_free` together (but see `_fits`)."""
         ...
@@ -56,13 +52,7 @@ class GroupedAdmission:
         self.max_num_groups = max_num_groups
         self.max_wait_iterations = max_wait_iterations
 
-    def admit(
-        self,
-        waiting: Sequence[ScheduledSample],
-        running: Sequence[ScheduledSample],
-        num_free: int,
-        tokens_free: float,
-    ) -> list[ScheduledSample]:
+    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
         eligible = sorted(waiting, key=self._walk_order(waiting))  # arrival order, bound and priority first
         while True:  # narrow to the first overdue sample left out, until none behind one is admitted
             admitted = self._fill(eligible, running, num_free, tokens_free)
@@ -94,9 +84,7 @@ class GroupedAdmission:
 
         return order
 
-    def _fill(
-        self, eligible: Sequence[ScheduledSample], running: Sequence[ScheduledSample], num_free: int, tokens_free: float
-    ) -> list[ScheduledSample]:
+    def _fill(self, eligible: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
         """Running keys' groups first (the head's key when nothing runs), then new groups, each in walk order."""
         keys = {sample.key for sample in running}
         admitted: list[ScheduledSample] = []
@@ -121,13 +109,7 @@ class GroupedAdmission:
 class FifoAdmission:
     max_num_groups = 1
 
-    def admit(
-        self,
-        waiting: Sequence[ScheduledSample],
-        running: Sequence[ScheduledSample],
-        num_free: int,
-        tokens_free: float,
-    ) -> list[ScheduledSample]:
+    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
         wave_key = _reference_key(running[0]) if running else None
         admitted: list[ScheduledSample] = []
         for sample in waiting:

@@ -45,6 +45,10 @@ IDLE_WAIT_SECONDS = 1.0
 # stream and the loop only launches work; on the CPU both threads compete for the same cores
 # (benchmarks/decode_overlap.py measured it; docs/benchmarks.md gives the figures).
 DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
+# Device type -> whether new samples are started (prompts encoded) beside the loop by default. On CUDA the encoder
+# runs in its own stream; on the CPU a second torch thread slowed the loop more than the built-in models' encodes
+# (a tenth of a forward) ever stall it (benchmarks/encode_overlap.py; docs/benchmarks.md gives the figures).
+ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": False}
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class EngineConfig:
     lora_max_bytes: int = MAX_LORA_BYTES  # one adapter file
     decode_overlap: bool | None = None  # decode on a worker thread beside the loop; None: the device's default
     # (DECODE_OVERLAP_DEFAULT, chosen by measurement: docs/benchmarks.md)
+    encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
+    # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -117,6 +123,9 @@ class DiffusionEngine:
         decode_overlap = self.config.decode_overlap
         if decode_overlap is None:
             decode_overlap = DECODE_OVERLAP_DEFAULT.get(model.device.type, True)
+        encode_overlap = self.config.encode_overlap
+        if encode_overlap is None:
+            encode_overlap = ENCODE_OVERLAP_DEFAULT.get(model.device.type, True)
         self.model_runner = ModelRunner(
             model,
             max_num_seqs=self.config.max_num_seqs,
@@ -124,6 +133,8 @@ class DiffusionEngine:
             loras=self.loras,
             decode_overlap=decode_overlap,
             on_decoded=self._wake,
+            encode_overlap=encode_overlap,
+            on_encoded=self._wake,
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -248,6 +259,7 @@ class DiffusionEngine:
                 "max_num_seqs": self.config.max_num_seqs,
                 "is_deterministic": self.config.deterministic,
                 "decode_overlap": self.model_runner.decoder.is_async,
+                "encode_overlap": self.model_runner.encoder.is_async,
                 **self._stats.as_dict(),
                 **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
@@ -282,9 +294,15 @@ class DiffusionEngine:
             start = time.perf_counter()
             output = self.model_runner.execute(plan, self._take_cancels)
             self.scheduler.update_from_output(plan, output)
-            with self._cond:
-                self._stats.record(output, time.perf_counter() - start)
+            # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
+            is_waiting = output.num_samples_starting > 0 and not (
+                output.rows_per_forward or output.failed or output.finished_sample_ids or plan.aborted_sample_ids
+            )
+            if not is_waiting:
+                with self._cond:
+                    self._stats.record(output, time.perf_counter() - start)
             self._resolve(output, started_at=start)
+            did_work = did_work and not is_waiting
         self._publish()
         return did_work
 
@@ -306,6 +324,7 @@ class DiffusionEngine:
                         or self._cancel_job_ids
                         or self._is_stopping
                         or self.model_runner.decoder.has_results()
+                        or self.model_runner.encoder.has_results()
                     ):
                         self._cond.wait(IDLE_WAIT_SECONDS)
         self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
@@ -316,7 +335,8 @@ class DiffusionEngine:
         return self.scheduler.has_unfinished() or self.model_runner.decoder.num_pending > 0
 
     def _wake(self) -> None:
-        """Called by the decode worker when images are ready: an idle loop collects them at once."""
+        """Called by the decode and encode workers when images or started samples are ready: an idle loop
+        collects them at once."""
         with self._cond:
             self._cond.notify()
 

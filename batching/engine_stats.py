@@ -27,6 +27,8 @@ class EngineStats:
     busy_seconds: float = 0.0  # wall time spent inside iterations that did work
     forward_seconds: float = 0.0  # denoiser forwards (device time on CUDA, read from events without waiting)
     decode_seconds: float = 0.0  # decode batches (on the decode worker when decode overlaps the loop)
+    encode_seconds: float = 0.0  # starting new samples: prompt and init-image encoding (on the encode worker when
+    # encoding overlaps the loop)
     num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward or a decode batch
 
     def record(self, output: RunnerOutput, seconds: float) -> None:
@@ -42,6 +44,7 @@ class EngineStats:
         self.num_samples_failed += len(output.failed)
         self.forward_seconds += sum(output.forward_seconds)
         self.decode_seconds += output.decode_seconds
+        self.encode_seconds += output.encode_seconds
         self.num_oom_splits += output.num_oom_splits
 
     def as_dict(self) -> dict:
@@ -59,6 +62,7 @@ class EngineStats:
             "busy_seconds": round(self.busy_seconds, 6),
             "forward_seconds": round(self.forward_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
+            "encode_seconds": round(self.encode_seconds, 6),
             "oom_splits": self.num_oom_splits,
             "steps_per_second": self.num_sample_steps / self.busy_seconds if self.busy_seconds else 0.0,
             "images_per_second": self.num_samples_finished / self.busy_seconds if self.busy_seconds else 0.0,

@@ -3,8 +3,10 @@
 `GenerationParams` validates a job against the family of its model (samplers, size
 multiple, guidance range) and takes its defaults from here; the API reads the same
 table through `batching.params`. The family of a built-in model is known by name; a
-folder or repo id is classified when the engine loads it (`model_index.json`'s
-`_class_name`), and the engine validates jobs against that family at submit.
+folder or repo id is classified when the engine loads it (the adapter that serves its
+`model_index.json` `_class_name`, see `batching.pipelines`), and the engine validates
+jobs against that family at submit. What a family's diffusers classes are and how they
+are driven lives in its adapter, `batching/pipelines/<family>.py`.
 """
 
 from __future__ import annotations
@@ -20,20 +22,19 @@ FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' 
 @dataclass(frozen=True)
 class FamilySpec:
     name: str
-    pipeline_classes: tuple[str, ...]  # model_index.json `_class_name` values that load as this family
     samplers: tuple[str, ...]  # the first is the default
     size_multiple: int  # height and width: VAE downsampling x the denoiser's patch size
-    default_size: int  # height and width when the job names none
-    default_steps: int
     default_guidance: float
-    max_guidance: float
-    guidance_kind: str  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
+    default_size: int = 128  # height and width when the job names none
+    default_steps: int = 20
+    max_guidance: float = 50.0
+    guidance_kind: str = "cfg"  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
     mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
-    supports_lora: bool = False  # the engine serves LoRA adapters for it (batching.lora)
+    supports_lora: bool = True  # the engine serves LoRA adapters for it (batching.lora)
     # How img2img turns a strength into steps run, as the family's own diffusers img2img pipeline rounds:
-    # "floor_steps" runs int(steps * strength) (StableDiffusion[XL]Img2ImgPipeline); "floor_start" starts at
-    # int(steps - steps * strength) and runs the rest (FluxImg2ImgPipeline, ZImageImg2ImgPipeline).
+    # "floor_steps" runs int(steps * strength) (the UNet families); "floor_start" starts at
+    # int(steps - steps * strength) and runs the rest (the flow-matching families).
     strength_rounding: str = "floor_steps"
 
     @property
@@ -70,59 +71,30 @@ class FamilySpec:
 
 
 FAMILIES: dict[str, FamilySpec] = {
-    "sd": FamilySpec(
-        name="sd",
-        pipeline_classes=("StableDiffusionPipeline",),
-        samplers=UNET_SAMPLERS,
-        size_multiple=8,
-        default_size=128,
-        default_steps=20,
-        default_guidance=7.5,
-        max_guidance=50.0,
-        guidance_kind="cfg",
-        supports_lora=True,
-    ),
-    "sdxl": FamilySpec(
-        name="sdxl",
-        pipeline_classes=("StableDiffusionXLPipeline",),
-        samplers=UNET_SAMPLERS,
-        size_multiple=8,
-        default_size=128,
-        default_steps=20,
-        default_guidance=5.0,
-        max_guidance=50.0,
-        guidance_kind="cfg",
-        supports_lora=True,
-    ),
-    "flux": FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
-        name="flux",
-        pipeline_classes=("FluxPipeline",),
-        samplers=FLOW_SAMPLERS,
-        size_multiple=16,
-        default_size=128,
-        default_steps=20,
-        default_guidance=3.5,
-        max_guidance=20.0,
-        guidance_kind="embedded",
-        mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
-        strength_rounding="floor_start",
-        supports_lora=True,
-    ),
-    "zimage": FamilySpec(  # ZImagePipeline runs CFG for any guidance above 0
-        name="zimage",
-        pipeline_classes=("ZImagePipeline",),
-        samplers=FLOW_SAMPLERS,
-        size_multiple=16,
-        default_size=128,
-        default_steps=20,
-        default_guidance=5.0,
-        max_guidance=50.0,
-        guidance_kind="cfg",
-        cfg_above=0.0,
-        mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
-        supports_lora=True,
-        strength_rounding="floor_start",
-    ),
+    spec.name: spec
+    for spec in (
+        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5),
+        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0),
+        FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
+            name="flux",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=3.5,
+            max_guidance=20.0,
+            guidance_kind="embedded",
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
+            strength_rounding="floor_start",
+        ),
+        FamilySpec(  # its pipeline runs CFG for any guidance above 0
+            name="zimage",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=5.0,
+            cfg_above=0.0,
+            mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
+            strength_rounding="floor_start",
+        ),
+    )
 }
 
 # Jobs for a model whose family is not known yet (a folder or repo id) get these defaults and the
@@ -134,12 +106,3 @@ def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
     built_in = BUILTIN_MODELS.get(model.removeprefix(BUILTIN_PREFIX)) if model.startswith(BUILTIN_PREFIX) else None
     return built_in.family if built_in else None
-
-
-def family_of_pipeline_class(class_name: str) -> str | None:
-    """The family whose diffusers pipeline class is `class_name` (model_index.json's `_class_name`)."""
-    return next((spec.name for spec in FAMILIES.values() if class_name in spec.pipeline_classes), None)
-
-
-def supported_pipeline_classes() -> list[str]:
-    return [name for spec in FAMILIES.values() for name in spec.pipeline_classes]

@@ -53,7 +53,8 @@ def check_reference(field: str, value: object) -> str:
         raise InvalidParamsError(
             field,
             shown,
-            "must be a data:image/png|jpeg|webp;base64,... URI or an upload id (remote URLs are not fetched)",
+            "must be a data:image/png|jpeg|webp;base64,... URI or an upload id (URLs: only through the API, "
+            "from hosts its operator allows)",
         )
     return value
 

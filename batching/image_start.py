@@ -10,6 +10,14 @@ region outside the mask is replaced by the image latents re-noised to the next t
 4-channel UNets, applied to every family. Text-to-image samples never enter here, and
 all of this happens outside the forward, so these samples share forwards with
 text-to-image samples of the same key.
+
+A model whose denoiser has mask channels (an inpainting UNet, `has_mask_channels`) is
+different, as in diffusers' inpaint pipelines: no latent blend; instead every sample,
+text-to-image ones included, gets its mask and the latents of its masked image (the init
+image where the mask keeps it, 0 where it repaints) as per-row conditioning. A sample
+without a mask repaints everything (mask all ones, masked image all zeros), which is what
+diffusers' inpaint pipeline computes for an all-white mask; without an init image it
+starts from pure noise, so text-to-image works on such a model too.
 """
 
 from __future__ import annotations
@@ -27,9 +35,17 @@ from batching.plan import NewSample
 
 @dataclass(slots=True)
 class EncodedImage:
-    mean: torch.Tensor  # [1, c, h, w]: the VAE's latent distribution of the init image, raw layout
-    std: torch.Tensor
+    mean: torch.Tensor | None  # [1, c, h, w]: the VAE's latent distribution of the init image, raw layout;
+    std: torch.Tensor | None  # None: no init image (text-to-image on a model with mask channels)
     mask: torch.Tensor | None  # [1, 1, H, W] float, 1 = repaint; None: plain img2img
+    masked: tuple[torch.Tensor, torch.Tensor] | None = None  # mask channels only: the masked image's (mean, std)
+
+
+@dataclass(slots=True)
+class ImageStart:
+    latents: torch.Tensor  # [1, *latent_shape]: the sample's first latents
+    guide: InpaintGuide | None = None  # latent-blend inpainting only
+    row_inputs: dict[str, torch.Tensor] | None = None  # mask channels only: added to each of its rows' conditioning
 
 
 @dataclass(slots=True)
@@ -42,50 +58,89 @@ class InpaintGuide:
 def encode_init_images(
     adapter: Any, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
 ) -> dict[str, EncodedImage | Exception]:
-    """The encoded init image of each new sample that has one (or the error that refused it), one VAE call
-    per size (per image with `one_at_a_time`: deterministic mode, where no batch size may vary)."""
+    """The encoded init image (and masked image, for mask channels) of each new sample that needs one, or the
+    error that refused it; one VAE call per size (per sample with `one_at_a_time`: deterministic mode, where no
+    batch size may vary)."""
     results: dict[str, EncodedImage | Exception] = {}
-    by_size: dict[Any, list[tuple[str, torch.Tensor, torch.Tensor | None]]] = {}
+    by_size: dict[Any, list[tuple[str, list[torch.Tensor], torch.Tensor | None]]] = {}
     for new in new_samples:
-        if new.params.init_image is None:
+        if new.params.init_image is None and not adapter.has_mask_channels:
             continue
         try:
             init, mask = job_images(new.params)
         except Exception as e:
             results[new.sample_id] = e
             continue
-        assert init is not None  # init_image is set
-        pixels = torch.from_numpy(np.asarray(init, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
+        size = (new.params.height, new.params.width)
+        to_encode = [] if init is None else [_to_pixels(init)]  # [1, 3, H, W] in [-1, 1]
         mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
-        group = new.sample_id if one_at_a_time else (init.height, init.width)
-        by_size.setdefault(group, []).append((new.sample_id, pixels, mask_tensor))
+        if adapter.has_mask_channels:
+            if mask_tensor is None:  # repaint everything
+                mask_tensor = torch.ones(1, 1, *size)
+            masked = torch.zeros(1, 3, *size) if init is None else to_encode[0] * (mask_tensor < 0.5)
+            to_encode.append(masked)  # last: the masked image
+        group = new.sample_id if one_at_a_time else size
+        by_size.setdefault(group, []).append((new.sample_id, to_encode, mask_tensor))
     for items in by_size.values():
         try:
-            mean, std = adapter.encode_images(torch.cat([pixels for _, pixels, _ in items]))
+            mean, std = adapter.encode_images(torch.cat([pixels for _, to_encode, _ in items for pixels in to_encode]))
         except Exception as e:
             for sample_id, _, _ in items:
                 results[sample_id] = e
             continue
-        for index, (sample_id, _, mask_rows) in enumerate(items):
-            results[sample_id] = EncodedImage(mean[index : index + 1], std[index : index + 1], mask_rows)
+        row = 0
+        for sample_id, to_encode, mask_rows in items:
+            rows = [(mean[index : index + 1], std[index : index + 1]) for index in range(row, row + len(to_encode))]
+            row += len(to_encode)
+            masked_distribution = rows.pop() if adapter.has_mask_channels else None
+            init_mean, init_std = rows[0] if rows else (None, None)
+            results[sample_id] = EncodedImage(init_mean, init_std, mask_rows, masked=masked_distribution)
     return results
+
+
+def _to_pixels(image: Any) -> torch.Tensor:
+    """[1, 3, H, W] in [-1, 1], contiguous: one memory layout for every image the VAE encodes."""
+    return (torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1).contiguous()
 
 
 def start_from_image(
     adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
-) -> tuple[torch.Tensor, InpaintGuide | None]:
-    """The sample's first latents (image latents noised to its first step) and its inpaint guide."""
+) -> ImageStart:
+    """The sample's first latents (image latents noised to its first step), and its inpaint guide or its
+    mask channels."""
     if hasattr(sampler, "set_begin_index"):  # samplers that count steps start counting here
         sampler.set_begin_index(new.first_step * sampler.order)
+    if encoded.masked is not None:
+        return _start_with_mask_channels(adapter, new, sampler, generator, encoded)
+    assert encoded.mean is not None and encoded.std is not None  # only mask channels start without an init image
     image_latents = adapter.image_latents(encoded.mean, encoded.std, generator)  # first draw, as diffusers
     noise = adapter.draw_noise(new.params, generator)  # second draw
     if encoded.mask is None:
-        return adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step]), None
+        return ImageStart(adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step]))
     if new.params.strength == 1.0:  # inpainting from pure noise, as diffusers' inpaint pipelines start it
         latents = noise * getattr(sampler, "init_noise_sigma", 1.0)  # flow matching: pure noise
     else:
         latents = adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step])
-    return latents, InpaintGuide(image_latents, noise, adapter.latent_mask(encoded.mask, encoded.mean.shape))
+    return ImageStart(
+        latents, guide=InpaintGuide(image_latents, noise, adapter.latent_mask(encoded.mask, encoded.mean.shape))
+    )
+
+
+def _start_with_mask_channels(
+    adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+) -> ImageStart:
+    """Draws in diffusers' inpaint pipeline's order: the init image's latents only when the sample starts from
+    it (strength < 1), then the noise, then the masked image's latents."""
+    assert encoded.masked is not None and encoded.mask is not None  # set for every sample of such a model
+    noise_first = new.params.strength == 1.0
+    image_latents = None if noise_first else adapter.image_latents(encoded.mean, encoded.std, generator)
+    noise = adapter.draw_noise(new.params, generator)
+    masked_image_latents = adapter.image_latents(*encoded.masked, generator)  # [1, c, h, w]
+    if image_latents is None:
+        latents = noise * sampler.init_noise_sigma
+    else:
+        latents = adapter.noised_latents(sampler, image_latents, noise, sampler.timesteps[new.first_step])
+    return ImageStart(latents, row_inputs=adapter.mask_conditioning(encoded.mask, masked_image_latents))
 
 
 def blend_unmasked(adapter: Any, sample: Any) -> None:

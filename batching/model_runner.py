@@ -3,7 +3,8 @@
 It owns every running sample's tensors (sampler, generator, latents, row conditioning)
 and one `InputBatch` per group, and knows no model family: the adapter
 (`batching.pipelines.contract`) does everything family-specific. Per plan: drop aborted
-samples, encode the new samples' prompts in one text-encoder call, run one denoiser
+samples, hand the new samples to the encoder (`batching.encoder`: prompts encoded beside
+the loop, or inline; a sample joins its group's forwards once started), run one denoiser
 forward per group, step each sample's own sampler, hand the samples that finished to the
 decoder (`batching.decoder`: beside the loop, or inline) and collect the images decoded meanwhile.
 Between two group forwards it asks the engine for samples canceled meanwhile, so a
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
@@ -27,8 +27,9 @@ import torch
 
 from batching.decoder import DecodeItem, Decoder
 from batching.device_timing import DeviceTimer
+from batching.encoder import Encoder, StartItem
 from batching.errors import LoraError
-from batching.image_start import blend_unmasked, encode_init_images, start_from_image
+from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
@@ -54,6 +55,8 @@ class ModelRunner:
         loras: EngineLoras | None = None,
         decode_overlap: bool = False,
         on_decoded: Callable[[], None] = lambda: None,
+        encode_overlap: bool = False,
+        on_encoded: Callable[[], None] = lambda: None,
     ) -> None:
         self.model = model
         self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
@@ -66,6 +69,13 @@ class ModelRunner:
         self.input_batches: dict[tuple[CompatibilityKey, str], InputBatch] = {}  # (key, chunk) -> its buffers
         self.row_caps: RowCaps[SampleTensors] = RowCaps()
         self.decoder = Decoder(model, is_async=decode_overlap, on_result=on_decoded)
+        self.encoder = Encoder(
+            model,
+            is_async=encode_overlap,
+            chunk_size=self.num_padded_rows,
+            encoding_with=loras.encoding_with if loras else None,
+            on_result=on_encoded,
+        )
         self.timer = DeviceTimer(model.device)
 
     def reset(self) -> None:
@@ -75,8 +85,10 @@ class ModelRunner:
         self.row_caps = RowCaps()
         self.timer.discard()
         self.decoder.discard(self.decoder.pending_sample_ids)
+        self.encoder.discard(self.encoder.pending.keys())
 
     def close(self) -> None:
+        self.encoder.close()
         self.decoder.close()
 
     @torch.inference_mode()
@@ -89,6 +101,10 @@ class ModelRunner:
         self.row_caps.keep_only(plan.groups)  # a drained group freed its memory
         if plan.new_samples:
             self._admit(plan.new_samples, output)
+        self._collect_started(output)  # samples still starting (prompts encoding) skip this iteration's forwards
+        output.num_samples_starting = sum(
+            sample_id in self.encoder.pending for sample_ids in plan.groups.values() for sample_id in sample_ids
+        )
         finished: list[SampleTensors] = []
         for key, sample_ids in plan.groups.items():
             self._drop(aborted_since())
@@ -106,84 +122,38 @@ class ModelRunner:
     def _drop(self, sample_ids: Collection[str]) -> None:
         for sample_id in sample_ids:
             self.samples.pop(sample_id, None)
+        self.encoder.discard(sample_ids)
 
     def _admit(self, new_samples: Sequence[NewSample], output: RunnerOutput) -> None:
-        start = time.perf_counter()
-        ready: list[NewSample] = []
+        """Load the new samples' adapters (here: they change the model) and hand them to the encoder."""
+        items: list[StartItem] = []
         for new in new_samples:
             try:
                 if new.params.lora is not None:  # the ones admitted with it are in use too
-                    self._prepare_lora(new.params.lora, also_in_use=[other.params.lora for other in ready])
+                    self._prepare_lora(new.params.lora, also_in_use=[item.new_sample.params.lora for item in items])
             except LoraError as e:
                 output.failed[new.sample_id] = str(e)
                 continue
-            ready.append(new)
-        # Prompts go through the text encoder once per text-encoder adapter (None: the base encoder).
-        texts_of_encoder: dict[tuple[str, float] | None, set[str]] = {}
-        for new in ready:
-            texts_of_encoder.setdefault(self._text_encoder_adapter(new.params), set()).update(
-                self.model.texts_to_encode(new.params)
-            )
-        encoded: dict[tuple[str, float] | None, dict] = {}
-        try:
-            for adapter, distinct_texts in texts_of_encoder.items():
-                texts = sorted(distinct_texts)
-                with self.loras.encoding_with(adapter) if self.loras else contextlib.nullcontext():
-                    encoded[adapter] = dict(zip(texts, self._encode(texts)))
-        except Exception as e:
-            logger.exception("text encoder failed")
-            for new in ready:
-                output.failed[new.sample_id] = f"prompt encoding failed: {_describe(e)}"
-            return
-        init_images = encode_init_images(self.model, ready, one_at_a_time=self.is_deterministic)
-        output.encode_seconds = time.perf_counter() - start
-        for new in ready:
-            params = new.params
-            try:
-                sampler = self.model.new_sampler(params)
-                assert params.seed is not None  # GenerationParams draws one when none is given
-                generator = torch.Generator("cpu").manual_seed(params.seed)
-                latents, guide = self._start_latents(new, sampler, generator, init_images.get(new.sample_id))
-                self.samples[new.sample_id] = SampleTensors(
-                    sample_id=new.sample_id,
-                    params=params,
-                    sampler=sampler,
-                    generator=generator,
-                    latents=latents,
-                    row_conditioning=self.model.row_conditioning(params, encoded[self._text_encoder_adapter(params)]),
-                    first_step=new.first_step,
-                    guide=guide,
-                )
-            except Exception as e:
-                logger.exception("could not start sample %s", new.sample_id)
-                output.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
+            items.append(StartItem(new, self._text_encoder_adapter(new.params)))
+        self.encoder.submit(items)
 
-    def _start_latents(self, new: NewSample, sampler, generator: torch.Generator, init_image) -> tuple:
-        """Noise for text-to-image; the noised init image (and an inpaint guide) for image-to-image."""
-        if init_image is None:
-            return self.model.initial_latents(new.params, sampler, generator), None
-        if isinstance(init_image, Exception):
-            raise init_image
-        return start_from_image(self.model, new, sampler, generator, init_image)
+    def _collect_started(self, output: RunnerOutput) -> None:
+        for result in self.encoder.collect():
+            output.encode_seconds += result.seconds
+            output.failed.update(result.failed)
+            self.samples.update((sample.sample_id, sample) for sample in result.samples)
 
     def _text_encoder_adapter(self, params) -> tuple[str, float] | None:
         return self.loras.text_encoder_adapter(params.lora, params.lora_scale) if self.loras else None
 
     def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"
-        in_use = [sample.params.lora for sample in self.samples.values()] + list(also_in_use)
-        self.loras.prepare(name, in_use={lora for lora in in_use if lora is not None})
-
-    def _encode(self, texts: list[str]) -> list:
-        if not self.is_deterministic:
-            return self.model.encode_prompts(texts)
-        chunk_size = self.num_padded_rows
-        assert chunk_size is not None  # set in deterministic mode
-        encoded = []
-        for start in range(0, len(texts), chunk_size):
-            chunk = texts[start : start + chunk_size]
-            encoded += self.model.encode_prompts(chunk + [""] * (chunk_size - len(chunk)))[: len(chunk)]
-        return encoded
+        if self.loras.cache.is_loaded(name):
+            return
+        starting = [new.params.lora for new in self.encoder.pending.values()]
+        in_use = [sample.params.lora for sample in self.samples.values()] + starting + list(also_in_use)
+        with self.encoder.model_lock:  # loading (or evicting) changes the text encoder the encoder may be running
+            self.loras.prepare(name, in_use={lora for lora in in_use if lora is not None})
 
     def _run_group(
         self, key: CompatibilityKey, samples: list[SampleTensors], output: RunnerOutput

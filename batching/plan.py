@@ -64,7 +64,9 @@ class RunnerOutput:
     loras_per_forward: list[int] = field(default_factory=list)  # distinct LoRA adapters among each forward's rows
     forward_seconds: list[float] = field(default_factory=list)  # time of each forward whose work completed since the
     # last output, oldest first (wall time on the CPU; CUDA event time, read without waiting: maybe a later output)
-    encode_seconds: float = 0.0  # text-encoder time for this iteration's new samples
+    encode_seconds: float = 0.0  # time to start the samples collected in this output (prompt and init-image
+    # encoding, first latents; on the encoder worker when encoding overlaps the loop)
+    num_samples_starting: int = 0  # planned samples still being started: they skipped this iteration's forwards
     decode_seconds: float = 0.0  # VAE decode time of the batches collected in this output
     # finished sample -> its batch's decode time
     decode_seconds_by_sample: dict[str, float] = field(default_factory=dict)

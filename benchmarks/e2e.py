@@ -48,17 +48,6 @@ LIST_LIMIT = 100  # newest jobs per listing: more than one workload's jobs
 SUBMIT_CLIENTS = 4
 SUBMIT_SECONDS = 5.0
 TERMINAL_STATES = TERMINAL_STATE_NAMES
-REQUEST_FIELDS = (
-    "prompt",
-    "negative_prompt",
-    "height",
-    "width",
-    "num_inference_steps",
-    "guidance_scale",
-    "seed",
-    "sampler",
-    "model",
-)
 
 
 class UpStack:
@@ -235,7 +224,7 @@ def _run_workload(session: requests.Session, url: str, workload: workloads.Workl
     t0 = time.perf_counter()
     for arrival in workload.arrivals:
         sleep_until(t0 + arrival.at_seconds)
-        body = {name: getattr(arrival.params, name) for name in REQUEST_FIELDS}
+        body = {name: value for name, value in arrival.params.to_dict().items() if value is not None}
         sent = time.perf_counter()
         response = session.post(f"{url}/v1/jobs", json=body, timeout=60)
         response.raise_for_status()

@@ -37,15 +37,18 @@ class SuiteSize:
     name: str  # "smoke", "quick", "full"
     num_jobs: dict[str, int]  # model -> jobs per workload
     num_steps: int
-    size: int
-    second_size: int
-    rate_multiples: tuple[float, ...]  # Poisson rates, as multiples of the measured serial capacity
     max_num_seqs: int  # engine capacity and static group size
     forward_repeats: int  # timed repeats per shape in the bare-UNet timing
     e2e_num_jobs: int
-    num_shapes_cases: int  # builtin:shapes cases the pixel checker judges, alone and co-batched
+    size: int = 128
+    second_size: int = 192
+    rate_multiples: tuple[float, ...] = (0.5, 1.0, 2.0)  # Poisson rates, as multiples of the measured serial capacity
+    num_shapes_cases: int = 24  # builtin:shapes cases the pixel checker judges, alone and co-batched
 
 
+QUICK = SuiteSize(
+    "quick", {"builtin:tiny": 8, "builtin:small": 6}, num_steps=10, max_num_seqs=4, forward_repeats=2, e2e_num_jobs=8
+)
 SIZES = {
     "smoke": SuiteSize(
         "smoke",
@@ -59,31 +62,17 @@ SIZES = {
         e2e_num_jobs=3,
         num_shapes_cases=3,
     ),
-    "quick": SuiteSize(
-        "quick",
-        {"builtin:tiny": 8, "builtin:small": 6},
-        num_steps=10,
-        size=128,
-        second_size=192,
-        rate_multiples=(0.5, 1.0, 2.0),
-        max_num_seqs=4,
-        forward_repeats=2,
-        e2e_num_jobs=8,
-        num_shapes_cases=24,
-    ),
+    "quick": QUICK,
     # full: about 10-15 minutes on 2 shared cores; the Poisson runs at 0.5x take longest (their length is set by
     # the arrival schedule), and builtin:small gets fewer jobs because each costs about 3x more.
-    "full": SuiteSize(
-        "full",
-        {"builtin:tiny": 16, "builtin:small": 10},
+    "full": dataclasses.replace(
+        QUICK,
+        name="full",
+        num_jobs={"builtin:tiny": 16, "builtin:small": 10},
         num_steps=20,
-        size=128,
-        second_size=192,
-        rate_multiples=(0.5, 1.0, 2.0),
         max_num_seqs=8,
         forward_repeats=3,
         e2e_num_jobs=16,
-        num_shapes_cases=24,
     ),
 }
 

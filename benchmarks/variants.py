@@ -205,23 +205,15 @@ class StaticBatchVariant:
         self.row_counter: UNetRowCounter | None = None
 
     def open(self, sizes: list[tuple[int, int]]) -> None:
-        import diffusers
-
-        from batching.pipelines import resolve_device, resolve_dtype
-        from batching.pipelines.loading import detect_family, model_source
+        from batching.pipelines import adapter_serving, resolve_device, resolve_dtype
+        from batching.pipelines.loading import model_source
 
         torch.set_num_threads(self.num_threads)
         device = resolve_device(self.device)
         source = model_source(self.model)
-        self.family = detect_family(self.model, source)
-        pipeline_class = getattr(diffusers, FAMILIES[self.family].pipeline_classes[0])
-        components = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
-        self.pipeline = pipeline_class.from_pretrained(
-            source,
-            torch_dtype=resolve_dtype("auto", device),
-            local_files_only=True,
-            **(components if self.family == "sd" else {}),
-        ).to(device)
+        adapter = adapter_serving(self.model, source)
+        self.family = adapter.family
+        self.pipeline = adapter.load_pipeline(self.model, source, device, resolve_dtype("auto", device))
         self.pipeline.set_progress_bar_config(disable=True)
         self.row_counter = UNetRowCounter(getattr(self.pipeline, "unet", None) or self.pipeline.transformer)
         for height, width in sizes:

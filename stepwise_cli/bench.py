@@ -6,6 +6,8 @@ stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
 stepwise bench --model builtin:tiny-flux --workloads burst --no-e2e --out /tmp/bench-flux
 stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
 stepwise bench --submit                # submit throughput only: BASELINE_REF's API and this tree's
+stepwise bench --suite gpu            # the prepared GPU run (benchmarks/gpu: real-size models, one CUDA device)
+stepwise bench --suite gpu --dry-run --out /tmp/gpu   # the same at tiny sizes on the CPU (what make test runs)
 """
 
 from __future__ import annotations
@@ -20,11 +22,29 @@ from batching.builtin_model import builtin_names
 from benchmarks.run import SIZES, SuiteOptions
 
 DEFAULT_OUT = Path("var/bench")  # not benchmarks/results: a trial run must not overwrite the committed run
+SUITES = ("cpu", "gpu")  # cpu: benchmarks.run (built-in models, any device); gpu: benchmarks.gpu.suite
 # The last commit before per-model queues and the one-round-trip submit path: "today's path" of issue 14.
 BASELINE_REF = "9e3133e"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--suite",
+        choices=SUITES,
+        default="cpu",
+        help="cpu: the built-in models' suite below (default); gpu: the prepared GPU run of benchmarks/gpu "
+        "(real-size random-weight models on CUDA; writes gpu_results.json and gpu_summary.md; takes --out, "
+        "--dry-run and --budget-seconds only)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="with --suite gpu: tiny sizes, one repetition, on the CPU"
+    )
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=None,
+        help="with --suite gpu: start no section after this many seconds (default: the suite's, 420)",
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument(
         "--quick",
@@ -35,7 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     size.add_argument("--smoke", action="store_const", dest="size", const="smoke", help=argparse.SUPPRESS)
     parser.set_defaults(size="full")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"results folder (default: {DEFAULT_OUT}; with --suite gpu: $OUT, else benchmarks/results/gpu)",
+    )
     parser.add_argument(
         "--models",
         "--model",
@@ -80,6 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.suite == "gpu":
+        return run_gpu(args)
+    if args.dry_run or args.budget_seconds is not None:
+        raise SystemExit("stepwise bench: --dry-run and --budget-seconds belong to --suite gpu")
+    args.out = args.out or DEFAULT_OUT
     if args.threads < 1:
         raise SystemExit("stepwise bench: --threads must be at least 1")
     if args.submit:
@@ -114,6 +144,18 @@ def run(args: argparse.Namespace) -> int:
             f"engine efficiency {_pct(ratios['engine_efficiency_default_burst'])}"
         )
     return 0
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    """The GPU suite (benchmarks/gpu/run.sh calls this after installing the wheels a bare machine lacks)."""
+    from benchmarks.gpu import suite
+
+    argv = ["--dry-run"] if args.dry_run else []
+    if args.out is not None:
+        argv += ["--out", str(args.out)]
+    if args.budget_seconds is not None:
+        argv += ["--budget-seconds", str(args.budget_seconds)]
+    return suite.main(argv)
 
 
 def run_submit(args: argparse.Namespace) -> int:

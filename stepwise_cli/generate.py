@@ -119,10 +119,12 @@ def device_problem(device: str) -> str | None:
 
 
 def _generate(params, device: str):
-    _quiet_model_loading()
     from tqdm import tqdm
 
     from batching.engine import DiffusionEngine, EngineConfig
+    from batching.pipelines.loading import quiet_model_libraries
+
+    quiet_model_libraries()
 
     with DiffusionEngine(EngineConfig(model=params.model, device=device, max_num_seqs=1)) as engine:
         with tqdm(
@@ -133,13 +135,3 @@ def _generate(params, device: str):
                 bar.update(num_steps_done - bar.n)
 
             return engine.submit(params, on_progress=show_progress).result().image
-
-
-def _quiet_model_loading() -> None:
-    import diffusers
-    import transformers
-
-    diffusers.utils.logging.set_verbosity_error()
-    diffusers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()

@@ -13,9 +13,23 @@ OUTPUT_FORMATS = ("png", "jpeg", "webp")  # batching.params.OUTPUT_FORMATS (the 
 INPUT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 
 
+def file_or_url(value: str) -> Path | str:
+    """An http(s) URL is sent as is (the API fetches it, if its operator allows the host); anything else is a
+    file."""
+    return value if value.lower().startswith(("http://", "https://")) else Path(value)
+
+
 def add_image_arguments(parser: argparse.ArgumentParser, *, format_flag: str) -> None:
-    parser.add_argument("--init-image", type=Path, help="image-to-image: start from this PNG/JPEG/WebP file")
-    parser.add_argument("--mask", type=Path, help="inpainting: white repaints, black keeps (the init image's size)")
+    parser.add_argument(
+        "--init-image",
+        type=file_or_url,
+        help="image-to-image: start from this PNG/JPEG/WebP file, or an http(s) URL the API may fetch",
+    )
+    parser.add_argument(
+        "--mask",
+        type=file_or_url,
+        help="inpainting: white repaints, black keeps (the init image's size); a file or an http(s) URL",
+    )
     parser.add_argument("--strength", type=float, help="with --init-image: fraction of the steps run (0 < s <= 1)")
     parser.add_argument(
         "--resize-mode",
@@ -37,7 +51,9 @@ def image_fields(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]
     fields: dict[str, Any] = {}
     for flag, name in (("init_image", "init_image"), ("mask", "mask_image")):
         path = getattr(args, flag, None)
-        if path is not None:
+        if isinstance(path, str):  # a URL
+            fields[name] = path
+        elif path is not None:
             fields[name] = upload(path) if upload else image_file_uri(path)
     for name in ("strength", "resize_mode", "output_format", "output_quality"):
         if getattr(args, name, None) is not None:

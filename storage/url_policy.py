@@ -1,8 +1,14 @@
-"""Which webhook URLs stepwise may call: no loopback, private, link-local or metadata
-addresses unless allow-listed (`STEPWISE_WEBHOOK_ALLOW_HOSTS`: host names or CIDR ranges).
+"""Which URLs stepwise may call: webhooks it POSTs to and input images it fetches.
 
-Checked by the API when a job is submitted and again by the worker before every delivery
-attempt (a DNS name may resolve differently later; redirects are not followed).
+One address rule for both: no loopback, private, link-local or metadata addresses (IPv6
+forms that embed such an IPv4 address included) unless the operator's allow list names
+them. Webhooks: any host, allow list `STEPWISE_WEBHOOK_ALLOW_HOSTS` (host names or CIDR
+ranges), checked by the API at submit and by the worker before every delivery attempt (a
+DNS name may resolve differently later; redirects are not followed). Input images
+(`init_image` / `mask_image` URLs): only hosts listed in `STEPWISE_IMAGE_URL_HOSTS`, by name
+or as an address in a listed range; a listed name's addresses must still be public unless
+a listed range holds them, and the fetcher connects to the addresses checked here, so a
+name cannot re-resolve elsewhere between check and fetch (`api.remote_images`).
 """
 
 from __future__ import annotations
@@ -14,8 +20,17 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 
-class WebhookURLError(ValueError):
+class URLPolicyError(ValueError):
+    """A URL stepwise was asked to call is malformed or points somewhere it must not call."""
+
+
+class WebhookURLError(URLPolicyError):
     """The webhook URL is malformed or points somewhere stepwise must not call."""
+
+
+class ImageURLError(URLPolicyError):
+    """An input image's URL is malformed, names a host the operator does not allow, or points somewhere
+    stepwise must not fetch from."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +53,11 @@ class AllowList:
         return cls(frozenset(names), tuple(networks))
 
     @classmethod
-    def from_env(cls) -> AllowList:
-        return cls.parse(os.environ.get("STEPWISE_WEBHOOK_ALLOW_HOSTS"))
+    def from_env(cls, variable: str = "STEPWISE_WEBHOOK_ALLOW_HOSTS") -> AllowList:
+        return cls.parse(os.environ.get(variable))
+
+    def __bool__(self) -> bool:
+        return bool(self.host_names or self.networks)
 
     def allows_address(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         return any(address in network for network in self.networks)
@@ -84,43 +102,81 @@ def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     )
 
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
 def check_webhook_url(url: str, allow: AllowList | None = None, *, resolve: bool = True) -> str:
     """Return the URL if stepwise may call it, else raise WebhookURLError saying why."""
     allow = allow if allow is not None else AllowList.from_env()
+    host, port = _split(url, WebhookURLError)
+    if host in allow.host_names:
+        return url
+    addresses = _addresses(host, port, WebhookURLError, resolve=resolve)
+    _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
+    return url
+
+
+def check_image_url(url: str, hosts: AllowList, *, resolve: bool = True) -> list[Address]:
+    """The addresses stepwise may fetch the image at `url` from (connect to these, not to a fresh lookup),
+    else raise ImageURLError saying why. `hosts` is STEPWISE_IMAGE_URL_HOSTS: nothing is fetched when empty."""
+    if not hosts:
+        raise ImageURLError(
+            "is a remote URL, and this service fetches none (the operator allows no hosts in "
+            "STEPWISE_IMAGE_URL_HOSTS): send a data: URI or an upload id"
+        )
+    host, port = _split(url, ImageURLError)
+    literal = _literal(host)
+    if host not in hosts.host_names and not (literal is not None and hosts.allows_address(literal)):
+        # refused before any name lookup: a host not listed costs stepwise nothing
+        raise ImageURLError(f"names host {host!r}, which is not one the operator allows (STEPWISE_IMAGE_URL_HOSTS)")
+    addresses = _addresses(host, port, ImageURLError, resolve=resolve)
+    _check_addresses(addresses, AllowList(networks=hosts.networks), ImageURLError, "STEPWISE_IMAGE_URL_HOSTS")
+    return addresses
+
+
+def _split(url: str, error: type[URLPolicyError]) -> tuple[str, int]:
+    """The URL's host (lowercase, no trailing dot) and port, after the checks every URL passes."""
     if not isinstance(url, str) or len(url) > 2048:
-        raise WebhookURLError("must be a URL of at most 2048 characters")
+        raise error("must be a URL of at most 2048 characters")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
-        raise WebhookURLError("must use http or https")
+        raise error("must use http or https")
     if parts.username or parts.password:
-        raise WebhookURLError("must not contain credentials")
+        raise error("must not contain credentials")
     host = (parts.hostname or "").lower().rstrip(".")
     if not host:
-        raise WebhookURLError("must name a host")
+        raise error("must name a host")
     try:
         port = parts.port
     except ValueError as e:
-        raise WebhookURLError("has an invalid port") from e
-    if host in allow.host_names:
-        return url
+        raise error("has an invalid port") from e
+    return host, port or (443 if parts.scheme == "https" else 80)
+
+
+def _literal(host: str) -> Address | None:
     try:
-        literal = ipaddress.ip_address(host)
+        return ipaddress.ip_address(host)
     except ValueError:
-        literal = None
+        return None
+
+
+def _addresses(host: str, port: int, error: type[URLPolicyError], *, resolve: bool) -> list[Address]:
+    """The host's addresses: itself for an address literal, its DNS answers otherwise (none unless `resolve`)."""
+    literal = _literal(host)
     if literal is not None:
-        addresses = [literal]
-    elif not resolve:
-        return url
-    else:
-        try:
-            infos = socket.getaddrinfo(host, port or (443 if parts.scheme == "https" else 80), proto=socket.IPPROTO_TCP)
-        except (socket.gaierror, UnicodeError) as e:
-            raise WebhookURLError(f"host {host!r} does not resolve") from e
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]  # TCP: (host, port, ...)
+        return [literal]
+    if not resolve:
+        return []
+    try:
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as e:
+        raise error(f"host {host!r} does not resolve") from e
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]  # TCP: (host, port, ...)
+
+
+def _check_addresses(addresses: list[Address], allow: AllowList, error: type[URLPolicyError], setting: str) -> None:
     for address in addresses:
         if not _is_public(address) and not allow.allows_address(address):
-            raise WebhookURLError(
-                f"resolves to {address}, a private, loopback, link-local or metadata address "
-                "(allow it with STEPWISE_WEBHOOK_ALLOW_HOSTS)"
+            raise error(
+                f"resolves to {address}, a private, loopback, link-local or metadata address (allow it with {setting})"
             )
-    return url

@@ -5,6 +5,7 @@ import os
 import boto3
 import pytest
 import redis
+import requests
 
 from tests.servers import S3_TEST_ENV, MotoS3Server, RedisServer
 
@@ -50,3 +51,10 @@ def s3_bucket(s3_server, monkeypatch):
     client = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1")
     client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def http():
+    """An HTTP session for the tests that talk to a server process."""
+    with requests.Session() as session:
+        yield session

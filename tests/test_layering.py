@@ -32,33 +32,22 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.scheduler",
 ]
 
-# package -> (top-level names it must not load, first-party modules it must not load)
+# What `batching.params` loads of batching: all that storage and api may load of it.
+PARAMS_CLOSURE = {
+    "batching",
+    "batching.params",
+    "batching.families",
+    "batching.builtin_models",
+    "batching.builtin_models.registry",
+    "batching.errors",
+    "batching.image_inputs",
+}
+
+# package -> (top-level names it must not load, the batching modules it may load (None: any))
 FORBIDDEN = {
     "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage"}, None),
-    "storage": (
-        {"torch", "flask", "celery", "api", "worker"},
-        {
-            "batching",
-            "batching.params",
-            "batching.families",
-            "batching.builtin_models",
-            "batching.builtin_models.registry",
-            "batching.errors",
-            "batching.image_inputs",
-        },
-    ),
-    "api": (
-        {"torch", "diffusers", "worker"},
-        {
-            "batching",
-            "batching.params",
-            "batching.families",
-            "batching.builtin_models",
-            "batching.builtin_models.registry",
-            "batching.errors",
-            "batching.image_inputs",
-        },
-    ),
+    "storage": ({"torch", "flask", "celery", "api", "worker"}, PARAMS_CLOSURE),
+    "api": ({"torch", "diffusers", "worker"}, PARAMS_CLOSURE),
     "worker": ({"flask", "api"}, None),
 }
 

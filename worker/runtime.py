@@ -23,7 +23,7 @@ from storage.lora_store import LoraStore, open_lora_store
 from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
-from worker.settings import WorkerSettings
+from worker.settings import OVERLAP_CHOICES, WorkerSettings
 
 if TYPE_CHECKING:
     from batching import DiffusionEngine
@@ -76,15 +76,19 @@ class WorkerRuntime:
 
     def _build_engine(self) -> DiffusionEngine:
         from batching import DiffusionEngine, EngineConfig
+        from batching.pipelines.loading import quiet_model_libraries
 
-        _quiet_model_libraries()
+        quiet_model_libraries()
         s = self.settings
         config = EngineConfig(
             model=s.model,
             device=s.device,
             max_num_seqs=s.max_num_seqs,
+            max_num_tokens=s.max_num_tokens or None,
             policy=s.policy,
             deterministic=s.deterministic,
+            decode_overlap=OVERLAP_CHOICES[s.decode_overlap],
+            encode_overlap=OVERLAP_CHOICES[s.encode_overlap],
             lora_url=s.storage.lora_url or None,
             lora_mode=s.lora_mode,
             lora_cache_adapters=s.lora_cache_adapters,
@@ -238,14 +242,3 @@ def start_runtime(settings: WorkerSettings, nodename: str, *, runs_engine: bool)
 
 def current_runtime() -> WorkerRuntime | None:
     return _runtime
-
-
-def _quiet_model_libraries() -> None:
-    """Keep transformers' and diffusers' loading notices (e.g. that an image processor would like
-    torchvision, which this engine never uses) and their progress bars out of the worker's log."""
-    import diffusers
-    import transformers
-
-    for library in (diffusers, transformers):
-        library.utils.logging.set_verbosity_error()
-        library.utils.logging.disable_progress_bar()

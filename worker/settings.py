@@ -32,8 +32,13 @@ class WorkerSettings:
     model: str = setting(DEFAULT_SERVICE_MODEL, "STEPWISE_MODEL")
     device: str = setting("auto", "STEPWISE_DEVICE")  # auto (cuda when available), cuda, cuda:N, cpu
     max_num_seqs: int = setting(8, "STEPWISE_MAX_NUM_SEQS")  # the engine's running capacity, in jobs
+    # a step's budget in rows x latent tokens; 0: max_num_seqs jobs at the model's default size
+    max_num_tokens: int = setting(0, "STEPWISE_MAX_NUM_TOKENS")
     policy: str = setting("default", "STEPWISE_POLICY")  # default or fifo
     deterministic: bool = setting(False, "STEPWISE_DETERMINISTIC")  # pad forwards for bit-identical results
+    # auto (the device's default), on or off: decode / start new jobs on a thread beside the denoise loop
+    decode_overlap: str = setting("auto", "STEPWISE_DECODE_OVERLAP")
+    encode_overlap: str = setting("auto", "STEPWISE_ENCODE_OVERLAP")
     # rows (different adapters share a forward) or group (one per forward)
     lora_mode: str = setting("rows", "STEPWISE_LORA_MODE")
     lora_cache_adapters: int = setting(16, "STEPWISE_LORA_CACHE_ADAPTERS")  # adapters kept loaded (LRU)
@@ -100,9 +105,16 @@ class WorkerSettings:
 
     def check(self) -> None:
         """Refuse values that parse but make no sense, naming the variable."""
+        for name in ("decode_overlap", "encode_overlap"):
+            if getattr(self, name) not in OVERLAP_CHOICES:
+                raise ValueError(f"{ENV_NAMES[name]} must be auto, on or off (got {getattr(self, name)!r})")
         for name in ("concurrency", "visibility_timeout", "webhook_max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_NAMES[name]} must be at least 1 (got {getattr(self, name)})")
+        if self.max_num_tokens < 0:
+            raise ValueError(
+                f"STEPWISE_MAX_NUM_TOKENS must be 0 (derived) or a positive budget (got {self.max_num_tokens})"
+            )
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(
                 f"STEPWISE_WORKER_METRICS_PORT must be a port number, or 0 for none (got {self.metrics_port})"
@@ -123,6 +135,9 @@ ENV_NAMES = {  # field -> the variable that sets it
     if "env" in field.metadata
 }
 PARSERS = {int: env_int, float: env_float, bool: env_bool, str: lambda name, default: os.environ.get(name) or default}
+
+
+OVERLAP_CHOICES = {"auto": None, "on": True, "off": False}  # setting -> EngineConfig's decode/encode_overlap
 
 
 def _default(name: str):

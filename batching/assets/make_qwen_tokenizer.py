@@ -15,13 +15,12 @@ regenerate `batching/assets/tiny-qwen-tokenizer/`:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from batching.assets.make_tokenizer import WORDS, bytes_to_unicode
+from batching.assets.make_tokenizer import WORDS, bytes_to_unicode, write_tokenizer_files
 
 OUT_DIR = Path(__file__).resolve().parent / "tiny-qwen-tokenizer"
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -97,21 +96,9 @@ def build_tokenizer() -> Tokenizer:
 
 
 def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tokenizer.json").write_text(build_tokenizer().to_str(pretty=True) + "\n", encoding="utf-8")
-    config = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "model_max_length": MODEL_MAX_LENGTH,
-        "bos_token": None,
-        "eos_token": IM_END,
-        "pad_token": END_OF_TEXT,
-        "unk_token": None,
-        "padding_side": "right",
-        "add_prefix_space": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return out_dir
+    special = {"bos_token": None, "eos_token": IM_END, "pad_token": END_OF_TEXT, "unk_token": None}
+    settings = {**special, "padding_side": "right", "add_prefix_space": False, "chat_template": CHAT_TEMPLATE}
+    return write_tokenizer_files(out_dir, "Qwen2Tokenizer", MODEL_MAX_LENGTH, settings, build_tokenizer())
 
 
 if __name__ == "__main__":

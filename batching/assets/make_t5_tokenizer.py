@@ -12,13 +12,12 @@ regenerate `batching/assets/tiny-t5-tokenizer/`:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import Unigram
 
-from batching.assets.make_tokenizer import WORDS
+from batching.assets.make_tokenizer import WORDS, write_tokenizer_files
 
 OUT_DIR = Path(__file__).resolve().parent / "tiny-t5-tokenizer"
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "</s>", "<unk>"
@@ -55,18 +54,8 @@ def build_tokenizer() -> Tokenizer:
 
 
 def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tokenizer.json").write_text(build_tokenizer().to_str(pretty=True) + "\n", encoding="utf-8")
-    config = {
-        "tokenizer_class": "T5Tokenizer",
-        "model_max_length": MODEL_MAX_LENGTH,
-        "eos_token": EOS_TOKEN,
-        "unk_token": UNK_TOKEN,
-        "pad_token": PAD_TOKEN,
-        "extra_ids": 0,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return out_dir
+    settings = {"eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN, "extra_ids": 0}
+    return write_tokenizer_files(out_dir, "T5Tokenizer", MODEL_MAX_LENGTH, settings, build_tokenizer())
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 OUT_DIR = Path(__file__).resolve().parent / "tiny-clip-tokenizer"
 BOS_TOKEN = "<|startoftext|>"
@@ -76,6 +80,23 @@ def build_vocab(merges: list[tuple[str, str]]) -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
+def write_tokenizer_files(
+    out_dir: Path,
+    tokenizer_class: str,
+    model_max_length: int,
+    settings: dict[str, Any],
+    tokenizer: Tokenizer | None = None,
+) -> Path:
+    """Write `tokenizer_config.json` (class, maximum length, then `settings`) and, for a `tokenizers` tokenizer,
+    its `tokenizer.json`, into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:
+        (out_dir / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    config = {"tokenizer_class": tokenizer_class, "model_max_length": model_max_length, **settings}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return out_dir
+
+
 def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     merges = whole_word_merges(WORDS)
@@ -83,17 +104,8 @@ def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
     (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     lines = ["#version: 0.2"] + [f"{left} {right}" for left, right in merges]
     (out_dir / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = {
-        "tokenizer_class": "CLIPTokenizer",
-        "model_max_length": MODEL_MAX_LENGTH,
-        "bos_token": BOS_TOKEN,
-        "eos_token": EOS_TOKEN,
-        "unk_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN,
-        "do_lower_case": True,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return out_dir
+    special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN, "pad_token": EOS_TOKEN}
+    return write_tokenizer_files(out_dir, "CLIPTokenizer", MODEL_MAX_LENGTH, {**special, "do_lower_case": True})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ SEED = 0
 
 # Four levels, like SD's: the VAE downsamples by 8.
 TINY_VAE_CHANNELS = (16, 32, 64, 64)
+FLUX_LATENT_CHANNELS = 16
+FLUX_VAE_SCALING_FACTOR, FLUX_VAE_SHIFT_FACTOR = 0.3611, 0.1159
 
 
 @contextmanager
@@ -33,16 +35,18 @@ def clip_tokenizer():
     return CLIPTokenizer.from_pretrained(CLIP_TOKENIZER_DIR)
 
 
-def clip_text_config(tokenizer, hidden_size: int, num_hidden_layers: int = 5, **extra):
-    """A small CLIP text encoder config (5 layers unless told) sized for `tokenizer`."""
+def clip_text_config(
+    tokenizer, hidden_size: int, num_hidden_layers: int = 5, num_attention_heads: int = 4, mlp_ratio: int = 2, **extra
+):
+    """A CLIP text encoder config sized for `tokenizer` (small unless told: 5 layers, 4 heads, an MLP twice as wide)."""
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        intermediate_size=mlp_ratio * hidden_size,
         num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
+        num_attention_heads=num_attention_heads,
         max_position_embeddings=tokenizer.model_max_length,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -66,4 +70,16 @@ def tiny_vae(latent_channels: int, **extra):
         norm_num_groups=16,
         sample_size=128,
         **extra,
+    )
+
+
+def tiny_flux_vae():
+    """FLUX's VAE layout (16 latent channels, no quant convs, its scaling and shift) at `tiny_vae`'s size; Z-Image
+    uses FLUX's VAE too."""
+    return tiny_vae(
+        latent_channels=FLUX_LATENT_CHANNELS,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=FLUX_VAE_SCALING_FACTOR,
+        shift_factor=FLUX_VAE_SHIFT_FACTOR,
     )

@@ -29,6 +29,7 @@ class BuiltinModel:
 BUILTIN_MODELS = {
     "tiny": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
     "small": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
+    "tiny-inpaint": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.builtin_models.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.builtin_models.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.builtin_models.zimage"),

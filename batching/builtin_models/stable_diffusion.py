@@ -1,8 +1,10 @@
-"""builtin:tiny and builtin:small: Stable Diffusion 1.x-style pipelines.
+"""builtin:tiny, builtin:small and builtin:tiny-inpaint: Stable Diffusion 1.x-style pipelines.
 
 `builtin:tiny` is small enough that a 20-step 128x128 job takes well under a second on
 two CPU cores; `builtin:small` has a denoiser large enough to dominate the step time,
-for benchmarks.
+for benchmarks. `builtin:tiny-inpaint` is `builtin:tiny` with an inpainting UNet (9 input
+channels: latents, mask, masked-image latents), saved as a `StableDiffusionInpaintPipeline`
+as SD inpainting checkpoints are.
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ from batching.builtin_models.components import clip_text_config, clip_tokenizer,
 class StableDiffusionSize:
     unet_channels: tuple[int, ...]
     text_hidden_size: int  # also the UNet's cross-attention dim
+    unet_in_channels: int = 4  # 9: an inpainting UNet (4 latent + 1 mask + 4 masked-image latent channels)
 
 
 SIZES = {
     "tiny": StableDiffusionSize(unet_channels=(32, 64), text_hidden_size=32),
     "small": StableDiffusionSize(unet_channels=(64, 128, 256), text_hidden_size=64),
+    "tiny-inpaint": StableDiffusionSize(unet_channels=(32, 64), text_hidden_size=32, unet_in_channels=9),
 }
 
 
 def build_pipeline(name: str):
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import DDIMScheduler, StableDiffusionInpaintPipeline, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel
 
     size = SIZES[name]
@@ -34,7 +38,7 @@ def build_pipeline(name: str):
     with seeded(0):
         unet = UNet2DConditionModel(
             sample_size=16,
-            in_channels=4,
+            in_channels=size.unet_in_channels,
             out_channels=4,
             block_out_channels=size.unet_channels,
             layers_per_block=2,
@@ -58,7 +62,8 @@ def build_pipeline(name: str):
         steps_offset=1,
         prediction_type="epsilon",
     )
-    return StableDiffusionPipeline(
+    pipeline_class = StableDiffusionInpaintPipeline if size.unet_in_channels == 9 else StableDiffusionPipeline
+    return pipeline_class(
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,

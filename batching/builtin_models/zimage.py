@@ -9,7 +9,7 @@ by `batching/assets/make_qwen_tokenizer.py`.
 
 from __future__ import annotations
 
-from batching.builtin_models.components import ASSETS_DIR, seeded, tiny_vae
+from batching.builtin_models.components import ASSETS_DIR, FLUX_LATENT_CHANNELS, seeded, tiny_flux_vae
 
 QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
 TEXT_HIDDEN_SIZE = 32  # the caption features' width (Z-Image: 2560)
@@ -17,8 +17,7 @@ TRANSFORMER_DIM = 64
 NUM_HEADS = 2
 ROPE_AXES_DIMS = (8, 12, 12)  # Z-Image's (32, 48, 48) scaled down; sums to the head dim
 ROPE_AXES_LENS = (1536, 512, 512)  # Z-Image's: caption/frame, height and width positions
-LATENT_CHANNELS = 16
-VAE_SCALING_FACTOR, VAE_SHIFT_FACTOR = 0.3611, 0.1159  # Z-Image uses FLUX's VAE
+LATENT_CHANNELS = FLUX_LATENT_CHANNELS
 
 
 def build_pipeline(name: str):
@@ -46,13 +45,7 @@ def build_pipeline(name: str):
             axes_lens=list(ROPE_AXES_LENS),
         )
     with seeded(1):
-        vae = tiny_vae(
-            latent_channels=LATENT_CHANNELS,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            scaling_factor=VAE_SCALING_FACTOR,
-            shift_factor=VAE_SHIFT_FACTOR,
-        )
+        vae = tiny_flux_vae()
     with seeded(2):
         text_encoder = Qwen3Model(
             Qwen3Config(

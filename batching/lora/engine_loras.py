@@ -66,19 +66,21 @@ class EngineLoras:
             yield
 
     def text_encoder_adapter(self, name: str | None, scale: float) -> tuple[str, float] | None:
-        """(name, scale) when the loaded adapter changes the text encoder: its prompts are encoded with it."""
+        """(internal name, scale) when the loaded adapter changes the text encoder: its prompts are encoded
+        with it. Resolved on the loop thread; the encoder may use it on its own thread."""
         if name is None or not self.cache.loaded[name].has_text_encoder:
             return None
-        return name, scale
+        return self.cache.internal_name(name), scale
 
     @contextmanager
     def encoding_with(self, adapter: tuple[str, float] | None) -> Iterator[None]:
-        """Text-encoder calls inside the block use `adapter` (from text_encoder_adapter) on every row."""
+        """Text-encoder calls inside the block, on this thread, use `adapter` (from text_encoder_adapter)
+        on every row; touches no cache state, so it may run beside the loop."""
         if adapter is None:
             yield
             return
-        name, scale = adapter
-        with self.row_loras.every_row(self.cache.internal_name(name), scale, self.device):
+        internal_name, scale = adapter
+        with self.row_loras.every_row(internal_name, scale, self.device):
             yield
 
     def stats(self) -> dict:

@@ -6,10 +6,13 @@ the forward, `scale_row * B(A(x_rows)) * alpha/r` to that adapter's rows only (g
 index, computed once per adapter, scattered back with `index_add_`). Rows without an adapter
 get nothing added. This is PEFT's mixed-batch idea (`adapter_names`), extended with a scale
 per row, which PEFT keeps per adapter. Outside `RowLoras.rows(...)` the hooks add nothing.
+What is active is per thread: the text encoder may run on the encoder's thread (`every_row`)
+while the loop runs a denoiser forward with its own rows.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,11 +35,15 @@ class AdapterRows:
     scales: torch.Tensor  # [n] float: each row's scale ([1] with index None)
 
 
+class _Active(threading.local):
+    adapters: dict[str, AdapterRows] | None = None  # internal adapter name -> its rows, in this thread's call
+    num_rows = 0
+
+
 class RowLoras:
     def __init__(self) -> None:
         self._hooked: set[int] = set()  # id() of LoRA layers that carry the hook
-        self._active: dict[str, AdapterRows] | None = None  # internal adapter name -> its rows, in a forward
-        self._num_rows = 0
+        self._active = _Active()
 
     def hook_new_layers(self, module: torch.nn.Module) -> int:
         """Disable the PEFT layers' own adapter path and hook every LoRA layer of `module`; how many it has."""
@@ -60,37 +67,39 @@ class RowLoras:
                 indices, scales = by_adapter.setdefault(name, ([], []))
                 indices.append(row)
                 scales.append(scale)
-        self._active = {
+        self._active.adapters = {
             name: AdapterRows(torch.tensor(indices, device=device), torch.tensor(scales, device=device))
             for name, (indices, scales) in by_adapter.items()
         } or None
-        self._num_rows = len(row_adapters)
+        self._active.num_rows = len(row_adapters)
         try:
             yield
         finally:
-            self._active = None
+            self._active.adapters = None
 
     @contextmanager
     def every_row(self, name: str, scale: float, device: torch.device) -> Iterator[None]:
         """Within the block, every row of every call uses adapter `name` (a text-encoder call of one adapter)."""
-        self._active = {name: AdapterRows(None, torch.tensor([scale], device=device))}
+        self._active.adapters = {name: AdapterRows(None, torch.tensor([scale], device=device))}
         try:
             yield
         finally:
-            self._active = None
+            self._active.adapters = None
 
     def _add_deltas(self, layer: LoraLayer, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        if self._active is None:
+        active = self._active.adapters
+        if active is None:
             return output
         x = args[0]
-        for name, rows in self._active.items():
+        for name, rows in active.items():
             if name not in layer.lora_A:
                 continue
             lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
             if rows.index is None:
                 sub_batch = x.to(lora_A.weight.dtype)
             else:
-                assert x.shape[0] == self._num_rows, f"a LoRA layer saw {x.shape[0]} rows, not {self._num_rows}"
+                num_rows = self._active.num_rows
+                assert x.shape[0] == num_rows, f"a LoRA layer saw {x.shape[0]} rows, not {num_rows}"
                 sub_batch = x.index_select(0, rows.index).to(lora_A.weight.dtype)
             delta = lora_B(lora_A(sub_batch)) * layer.scaling[name]  # [n, *out_shape]
             row_scales = rows.scales.to(delta.dtype).view(-1, *([1] * (delta.dim() - 1)))

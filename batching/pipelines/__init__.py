@@ -1,28 +1,44 @@
-"""Pipeline adapters: one module per model family, each implementing `contract.PipelineAdapter`."""
+"""Pipeline adapters: one module per model family, each implementing `contract.PipelineAdapter`.
+
+A model's family is the family of the adapter that declares its diffusers pipeline class
+(`model_index.json`'s `_class_name`), so a checkpoint of a family the engine does not
+serve is refused at load, naming it and the pipelines the adapters do serve.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
-from batching.pipelines.loading import detect_family, model_source
+from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
 from batching.pipelines.zimage import ZImageAdapter
 
-__all__ = ["PipelineAdapter", "adapter_class", "load_model", "resolve_device", "resolve_dtype"]
+__all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "load_model", "resolve_device", "resolve_dtype"]
+
+AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]
+ADAPTERS: tuple[AdapterClass, ...] = (StableDiffusionAdapter, StableDiffusionXLAdapter, FluxAdapter, ZImageAdapter)
 
 
-def adapter_class(family: str) -> type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]:
+def adapter_class(family: str) -> AdapterClass:
     """The adapter class of a family in batching.families.FAMILIES."""
-    adapters: dict[str, type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]] = {
-        "sd": StableDiffusionAdapter,
-        "sdxl": StableDiffusionXLAdapter,
-        "flux": FluxAdapter,
-        "zimage": ZImageAdapter,
-    }
-    return adapters[family]
+    return next(adapter for adapter in ADAPTERS if adapter.family == family)
+
+
+def adapter_serving(model: str, source: str) -> AdapterClass:
+    """The adapter class that serves the diffusers pipeline class of the model at `source`."""
+    class_name = pipeline_class_name(model, source)
+    adapter = next((adapter for adapter in ADAPTERS if class_name in adapter.pipeline_classes), None)
+    if adapter is None:
+        supported = [name for adapter in ADAPTERS for name in adapter.pipeline_classes]
+        raise ModelLoadError(
+            f"model {model!r} is a {class_name}, which this engine does not serve; "
+            f"supported pipelines: {', '.join(supported)}"
+        )
+    return adapter
 
 
 def resolve_device(device: str) -> torch.device:
@@ -41,5 +57,4 @@ def load_model(model: str, device: str = "auto", dtype: str = "auto") -> Pipelin
     """Load `model` (builtin:NAME, a diffusers folder, or a cached repo id) with its family's adapter."""
     torch_device = resolve_device(device)
     source = model_source(model)
-    family = detect_family(model, source)
-    return adapter_class(family).load(model, source, torch_device, resolve_dtype(dtype, torch_device))
+    return adapter_serving(model, source).load(model, source, torch_device, resolve_dtype(dtype, torch_device))

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar, Self
 
 import torch
 
 from batching.families import FAMILIES
+from batching.params import GenerationParams
 from batching.pipelines.image_latents import ImageLatentsMixin
+from batching.pipelines.loading import load_pipeline
 
 
 class AdapterBase(ImageLatentsMixin):
     family: str  # a key of batching.families.FAMILIES, set by each adapter class
+    # The diffusers pipeline classes (model_index.json `_class_name`) this adapter serves; it loads with the first.
+    pipeline_classes: ClassVar[tuple[str, ...]]
+    load_options: ClassVar[dict[str, Any]] = {}  # extra `from_pretrained` arguments of the family's pipeline
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
@@ -21,3 +27,34 @@ class AdapterBase(ImageLatentsMixin):
         self.pipeline = pipeline
         self.vae = pipeline.vae
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def texts_to_encode(self, params: GenerationParams) -> list[str]:
+        """The prompt, and the negative prompt when the sample runs classifier-free guidance."""
+        if self.spec.has_cfg(params.guidance_scale):
+            return [params.prompt, params.negative_prompt]
+        return [params.prompt]
+
+    @classmethod
+    def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:
+        """The family's own diffusers pipeline from `source`, as diffusers runs it (the static-batching baseline
+        calls it too)."""
+        import diffusers
+
+        pipeline_class = getattr(diffusers, cls.pipeline_classes[0])
+        return load_pipeline(pipeline_class, model, source, device, dtype, **cls.load_options)
+
+    @classmethod
+    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Self:
+        return cls(model, cls.load_pipeline(model, source, device, dtype), device, dtype)
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int | None = None) -> Any:
+    """`texts` padded and truncated to `max_length` (the tokenizer's own maximum unless told), as the diffusers
+    pipelines tokenize prompts: a BatchEncoding of [n, max_length] tensors."""
+    return tokenizer(
+        list(texts),
+        padding="max_length",
+        max_length=max_length or tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="pt",
+    )

@@ -55,6 +55,8 @@ class PipelineAdapter(Protocol):
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
+    has_mask_channels: bool  # the denoiser takes a mask and masked-image latents (an inpainting UNet; see
+    # batching.image_start): every sample then carries them as per-row conditioning
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 

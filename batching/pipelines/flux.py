@@ -22,11 +22,10 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
-from batching.pipelines.adapter_base import AdapterBase
+from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
@@ -34,6 +33,7 @@ MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
 class FluxAdapter(AdapterBase):
     family = "flux"
+    pipeline_classes = ("FluxPipeline",)
     max_rows_per_sample = 1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -44,33 +44,12 @@ class FluxAdapter(AdapterBase):
         self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
         self.transformer.set_attn_processor(self.attention)
 
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> FluxAdapter:
-        from diffusers import FluxPipeline
-
-        return cls(model, load_pipeline(FluxPipeline, model, source, device, dtype), device, dtype)
-
-    def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        return [params.prompt]
-
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         pipeline = self.pipeline
-        clip_ids = pipeline.tokenizer(
-            list(texts),
-            padding="max_length",
-            max_length=pipeline.tokenizer.model_max_length,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids.to(self.device)  # [n, 77]
+        clip_ids = tokenize(pipeline.tokenizer, texts).input_ids.to(self.device)  # [n, 77]
         pooled = pipeline.text_encoder(clip_ids, output_hidden_states=False).pooler_output  # [n, clip_dim]
-        t5_ids = pipeline.tokenizer_2(
-            list(texts),
-            padding="max_length",
-            max_length=MAX_SEQUENCE_LENGTH,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids.to(self.device)  # [n, 512]
+        t5_ids = tokenize(pipeline.tokenizer_2, texts, MAX_SEQUENCE_LENGTH).input_ids.to(self.device)  # [n, 512]
         embeds = pipeline.text_encoder_2(t5_ids, output_hidden_states=False)[0]  # [n, 512, t5_dim]
         return [{"embeds": row.to(self.dtype), "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
 

@@ -25,6 +25,9 @@ class ImageLatentsMixin:
     vae: Any
     device: torch.device
     dtype: torch.dtype
+    # The denoiser takes the mask and the masked image's latents as input channels (an inpainting UNet):
+    # every sample then gets them, and inpainting runs without the latent blend.
+    has_mask_channels: bool = False
 
     @property
     def latent_dtype(self) -> torch.dtype:
@@ -57,6 +60,10 @@ class ImageLatentsMixin:
         if hasattr(sampler, "scale_noise"):  # flow matching
             return sampler.scale_noise(image_latents, timesteps, noise)
         return sampler.add_noise(image_latents, noise, timesteps)
+
+    def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""
+        raise NotImplementedError
 
     def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[1, c, h, w] in the VAE's layout to the denoiser's (the identity, except for packing families)."""

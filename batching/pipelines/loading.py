@@ -1,9 +1,8 @@
-"""Finding a model's files, telling its family, and loading its diffusers pipeline.
+"""Finding a model's files, reading its pipeline class, and loading its diffusers pipeline.
 
 Nothing is downloaded: a built-in model is built and cached on first use, a folder is
-read as it is, and a repo id must already be in the Hugging Face cache. The family comes
-from `model_index.json`'s `_class_name`, so a checkpoint of a family the engine does not
-serve is refused at load, naming it and the families it does serve.
+read as it is, and a repo id must already be in the Hugging Face cache. Which adapter
+serves a pipeline class is the adapters' own declaration (`batching.pipelines`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 
 from batching.builtin_model import builtin_model_path, is_builtin
 from batching.errors import ModelLoadError
-from batching.families import family_of_pipeline_class, supported_pipeline_classes
 
 
 def model_source(model: str) -> str:
@@ -29,8 +27,8 @@ def model_source(model: str) -> str:
     return source
 
 
-def detect_family(model: str, source: str) -> str:
-    """The family of the pipeline at `source`, from its model_index.json `_class_name`."""
+def pipeline_class_name(model: str, source: str) -> str:
+    """The diffusers pipeline class of the model at `source`: its model_index.json `_class_name`."""
     from diffusers import DiffusionPipeline
 
     try:
@@ -40,14 +38,7 @@ def detect_family(model: str, source: str) -> str:
             f"could not read model_index.json of model {model!r} from a local folder or the Hugging Face cache "
             f"(nothing is downloaded at run time): {type(e).__name__}: {e}"
         ) from e
-    class_name = config.get("_class_name", "<none>")
-    family = family_of_pipeline_class(class_name)
-    if family is None:
-        raise ModelLoadError(
-            f"model {model!r} is a {class_name}, which this engine does not serve; "
-            f"supported pipelines: {', '.join(supported_pipeline_classes())}"
-        )
-    return family
+    return config.get("_class_name", "<none>")
 
 
 def load_pipeline(
@@ -68,3 +59,14 @@ def load_pipeline(
         if isinstance(module, torch.nn.Module):
             module.eval().requires_grad_(False)
     return pipeline
+
+
+def quiet_model_libraries() -> None:
+    """Keep transformers' and diffusers' loading notices (e.g. that an image processor would like
+    torchvision, which this engine never uses) and their progress bars out of a server's log or a CLI's output."""
+    import diffusers
+    import transformers
+
+    for library in (diffusers, transformers):
+        library.utils.logging.set_verbosity_error()
+        library.utils.logging.disable_progress_bar()

@@ -17,21 +17,28 @@ from typing import Any
 
 import torch
 
+from batching.errors import ModelLoadError
 from batching.params import GenerationParams
+from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
 
 
 class StableDiffusionXLAdapter(StableDiffusionAdapter):
     family = "sdxl"
+    pipeline_classes = ("StableDiffusionXLPipeline", "StableDiffusionXLInpaintPipeline")  # 4- or 9-channel UNet
+    load_options = {}
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionXLAdapter:
-        from diffusers import StableDiffusionXLPipeline
+        from diffusers import DiffusionPipeline
 
-        pipeline = load_pipeline(StableDiffusionXLPipeline, model, source, device, dtype)
-        return cls(model, pipeline, device, dtype)
+        if DiffusionPipeline.load_config(source, local_files_only=True).get("requires_aesthetics_score"):
+            raise ModelLoadError(  # a refiner-style checkpoint: its UNet takes aesthetic scores among the time ids
+                f"model {model!r} conditions on aesthetic scores (requires_aesthetics_score), which this engine "
+                "does not serve; SDXL base and base inpainting checkpoints are served"
+            )
+        return super().load(model, source, device, dtype)
 
     @property
     def zeros_for_empty_negative(self) -> bool:
@@ -47,13 +54,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
         ):
             if tokenizer is None or text_encoder is None:
                 continue
-            input_ids = tokenizer(
-                list(texts),
-                padding="max_length",
-                max_length=tokenizer.model_max_length,
-                truncation=True,
-                return_tensors="pt",
-            ).input_ids.to(self.device)  # [n, seq]
+            input_ids = tokenize(tokenizer, texts).input_ids.to(self.device)  # [n, seq]
             output = text_encoder(input_ids, output_hidden_states=True)
             if pooled is None and output[0].ndim == 2:
                 pooled = output[0]  # [n, projection_dim]: the projecting encoder's text embeds
@@ -88,6 +89,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
             "embeds": torch.zeros(pipeline.tokenizer_2.model_max_length, width, **zeros),
             "pooled": torch.zeros(pipeline.text_encoder_2.config.projection_dim, **zeros),
             "time_ids": torch.zeros(6, **zeros),
+            **self.mask_channels_padding(params),
         }
 
     def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:

@@ -4,6 +4,13 @@ A sample with classifier-free guidance puts two rows into each forward, [uncond,
 and its own guidance scale combines them afterwards; a sample without it puts one row.
 The UNet takes one timestep per row, so samples at different steps share a forward.
 `StableDiffusionXLAdapter` extends this with SDXL's added conditioning.
+
+An inpainting UNet (9 input channels, as in SD inpainting checkpoints) takes, beside the
+latents, the mask at latent size and the latents of the masked image; as diffusers'
+`StableDiffusionInpaintPipeline` does, they are concatenated to the scaled latents on the
+channel axis. They travel as two more per-row conditioning tensors (`mask_conditioning`,
+built at admission by `batching.image_start`), so samples with different masks and
+images share a forward, and a CFG sample's two rows carry the same ones.
 """
 
 from __future__ import annotations
@@ -14,54 +21,37 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from batching.errors import ModelLoadError
 from batching.params import GenerationParams
-from batching.pipelines.adapter_base import AdapterBase
+from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 
 
 class StableDiffusionAdapter(AdapterBase):
     family = "sd"
+    pipeline_classes = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")  # 4- or 9-channel UNet
+    load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.unet = pipeline.unet
         self.scheduler_config = pipeline.scheduler.config
-
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionAdapter:
-        from diffusers import StableDiffusionPipeline
-
-        pipeline = load_pipeline(
-            StableDiffusionPipeline,
-            model,
-            source,
-            device,
-            dtype,
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
-        )
-        return cls(model, pipeline, device, dtype)
-
-    def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        if self.spec.has_cfg(params.guidance_scale):
-            return [params.prompt, params.negative_prompt]
-        return [params.prompt]
+        latent_channels = self.vae.config.latent_channels
+        in_channels = self.unet.config.in_channels
+        if in_channels not in (latent_channels, 2 * latent_channels + 1):
+            raise ModelLoadError(
+                f"model {model!r} has a UNet with {in_channels} input channels; this engine serves {latent_channels} "
+                f"(text-to-image) or {2 * latent_channels + 1} (inpainting: latents, mask, masked-image latents)"
+            )
+        self.has_mask_channels = in_channels != latent_channels
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
-        tokens = tokenizer(
-            list(texts),
-            padding="max_length",
-            max_length=tokenizer.model_max_length,
-            truncation=True,
-            return_tensors="pt",
-        )
+        tokens = tokenize(tokenizer, texts)
         input_ids = tokens.input_ids.to(self.device)  # [n, seq]
         uses_mask = getattr(text_encoder.config, "use_attention_mask", False)
         attention_mask = tokens.attention_mask.to(self.device) if uses_mask else None
@@ -74,7 +64,7 @@ class StableDiffusionAdapter(AdapterBase):
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (
             1,
-            self.unet.config.in_channels,
+            self.vae.config.latent_channels,
             params.height // self.vae_scale_factor,
             params.width // self.vae_scale_factor,
         )
@@ -93,7 +83,27 @@ class StableDiffusionAdapter(AdapterBase):
         return {
             "embeds": torch.zeros(
                 tokenizer.model_max_length, text_encoder.config.hidden_size, device=self.device, dtype=self.dtype
-            )
+            ),
+            **self.mask_channels_padding(params),
+        }
+
+    def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> Conditioning:
+        """An inpainting UNet's extra inputs for each of a sample's rows: its [1, 1, H, W] pixel mask (1 =
+        repaint) downsampled to latent size (nearest, as diffusers does) and its masked image's latents."""
+        small = torch.nn.functional.interpolate(mask, size=tuple(masked_image_latents.shape[-2:]))  # [1, 1, h, w]
+        return {
+            "mask": small[0].to(self.device, self.dtype),
+            "masked_image_latents": masked_image_latents[0].to(self.device, self.dtype),  # [c, h, w]
+        }
+
+    def mask_channels_padding(self, params: GenerationParams) -> Conditioning:
+        if not self.has_mask_channels:
+            return {}
+        latent_size = (params.height // self.vae_scale_factor, params.width // self.vae_scale_factor)
+        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
+        return {
+            "mask": torch.zeros(1, *latent_size, **zeros),
+            "masked_image_latents": torch.zeros(self.vae.config.latent_channels, *latent_size, **zeros),
         }
 
     def model_input(self, sample: Any) -> torch.Tensor:
@@ -101,8 +111,13 @@ class StableDiffusionAdapter(AdapterBase):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        latents = batch.latents  # [num_rows, 4, h, w]
+        assert isinstance(latents, torch.Tensor)  # UNet families keep the size in the key: one shape per group
+        if self.has_mask_channels:
+            conditioning = batch.conditioning
+            latents = torch.cat([latents, conditioning["mask"], conditioning["masked_image_latents"]], dim=1)
         return self.unet(
-            batch.latents,
+            latents,
             batch.timesteps,
             encoder_hidden_states=batch.conditioning["embeds"],
             added_cond_kwargs=self.added_cond_kwargs(batch),

@@ -20,10 +20,9 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
-from batching.pipelines.adapter_base import AdapterBase
+from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import decode_latents
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
@@ -32,22 +31,12 @@ MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
 class ZImageAdapter(AdapterBase):
     latent_dtype = torch.float32  # as ZImagePipeline keeps its latents
     family = "zimage"
+    pipeline_classes = ("ZImagePipeline",)
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
-
-    @classmethod
-    def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> ZImageAdapter:
-        from diffusers import ZImagePipeline
-
-        return cls(model, load_pipeline(ZImagePipeline, model, source, device, dtype), device, dtype)
-
-    def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        if self.spec.has_cfg(params.guidance_scale):
-            return [params.prompt, params.negative_prompt]
-        return [params.prompt]
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -58,9 +47,7 @@ class ZImageAdapter(AdapterBase):
             )
             for text in texts
         ]
-        tokens = tokenizer(
-            templated, padding="max_length", max_length=MAX_SEQUENCE_LENGTH, truncation=True, return_tensors="pt"
-        )
+        tokens = tokenize(tokenizer, templated, MAX_SEQUENCE_LENGTH)
         input_ids = tokens.input_ids.to(self.device)  # [n, 512]
         masks = tokens.attention_mask.to(self.device).bool()  # [n, 512]
         hidden = self.pipeline.text_encoder(

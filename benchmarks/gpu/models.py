@@ -20,71 +20,55 @@ from pathlib import Path
 
 import torch
 
-from batching.builtin_models.components import clip_tokenizer
+from batching.builtin_models.components import clip_text_config, clip_tokenizer
 
 SD_VAE = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32)
 TINY_VAE = dict(block_out_channels=(16, 32, 64, 64), layers_per_block=1, norm_num_groups=16)
+CLIP_L = dict(hidden=768, layers=12, heads=12)  # CLIP ViT-L's text encoder
+OPEN_CLIP_BIG_G = dict(hidden=1280, layers=32, heads=20)  # OpenCLIP bigG's
+
+
+def _unet(channels: tuple[int, ...], head_dim: int | tuple[int, ...], layers: int | tuple[int, ...], context: int):
+    """A UNet size: channels per level, attention head dim and transformer layers (per level or for all), and the
+    cross-attention width."""
+    return dict(
+        block_out_channels=channels,
+        attention_head_dim=head_dim,
+        transformer_layers_per_block=layers,
+        cross_attention_dim=context,
+    )
+
+
 SIZES = {
-    ("sd15", "real"): dict(
-        unet=dict(
-            block_out_channels=(320, 640, 1280, 1280),
-            attention_head_dim=8,
-            transformer_layers_per_block=1,
-            cross_attention_dim=768,
-        ),
-        text=[dict(hidden=768, layers=12, heads=12)],
-        vae=SD_VAE,
-    ),
+    ("sd15", "real"): dict(unet=_unet((320, 640, 1280, 1280), 8, 1, 768), text=[CLIP_L], vae=SD_VAE),
     ("sd15", "tiny"): dict(
-        unet=dict(
-            block_out_channels=(32, 32, 64, 64),
-            attention_head_dim=8,
-            transformer_layers_per_block=1,
-            cross_attention_dim=32,
-        ),
-        text=[dict(hidden=32, layers=2, heads=4)],
-        vae=TINY_VAE,
+        unet=_unet((32, 32, 64, 64), 8, 1, 32), text=[dict(hidden=32, layers=2, heads=4)], vae=TINY_VAE
     ),
     ("sdxl", "real"): dict(
-        unet=dict(
-            block_out_channels=(320, 640, 1280),
-            attention_head_dim=(5, 10, 20),
-            transformer_layers_per_block=(1, 2, 10),
-            cross_attention_dim=2048,
-        ),
-        text=[dict(hidden=768, layers=12, heads=12), dict(hidden=1280, layers=32, heads=20)],
-        vae=SD_VAE,
+        unet=_unet((320, 640, 1280), (5, 10, 20), (1, 2, 10), 2048), text=[CLIP_L, OPEN_CLIP_BIG_G], vae=SD_VAE
     ),
     ("sdxl", "tiny"): dict(
-        unet=dict(
-            block_out_channels=(32, 64, 64),
-            attention_head_dim=(2, 4, 4),
-            transformer_layers_per_block=(1, 1, 2),
-            cross_attention_dim=96,
-        ),
+        unet=_unet((32, 64, 64), (2, 4, 4), (1, 1, 2), 96),
         text=[dict(hidden=32, layers=2, heads=4), dict(hidden=64, layers=2, heads=4)],
         vae=TINY_VAE,
     ),
 }
-FLUX = {
-    "real": dict(
-        num_layers=19,
-        num_single_layers=38,
-        attention_head_dim=128,
-        num_attention_heads=24,
-        joint_attention_dim=4096,
-        pooled_projection_dim=768,
-    ),
-    "tiny": dict(
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        axes_dims_rope=(4, 6, 6),
-    ),
-}
+
+
+def _flux(layers: int, single_layers: int, head_dim: int, heads: int, text_width: int, pooled_width: int, **extra):
+    """A FluxTransformer2DModel size: double- and single-stream blocks, attention, and the T5 and CLIP widths."""
+    return dict(
+        num_layers=layers,
+        num_single_layers=single_layers,
+        attention_head_dim=head_dim,
+        num_attention_heads=heads,
+        joint_attention_dim=text_width,
+        pooled_projection_dim=pooled_width,
+        **extra,
+    )
+
+
+FLUX = {"real": _flux(19, 38, 128, 24, 4096, 768), "tiny": _flux(1, 1, 16, 2, 32, 32, axes_dims_rope=(4, 6, 6))}
 
 
 def save_pipeline(family: str, scale: str, folder: Path, device: torch.device, dtype: torch.dtype) -> Path:
@@ -157,18 +141,7 @@ def _build(family: str, size: dict, device: torch.device):
     )
 
     def text_config(text: dict, **extra) -> CLIPTextConfig:
-        return CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=text["hidden"],
-            intermediate_size=4 * text["hidden"],
-            num_hidden_layers=text["layers"],
-            num_attention_heads=text["heads"],
-            max_position_embeddings=tokenizer.model_max_length,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            **extra,
-        )
+        return clip_text_config(tokenizer, text["hidden"], text["layers"], text["heads"], mlp_ratio=4, **extra)
 
     init = torch.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with init:

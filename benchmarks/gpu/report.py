@@ -60,6 +60,19 @@ def write_summary(results: dict, path: Path) -> None:
                     f"{figures['engine_busy_fraction']:.1%} | {figures['decode_seconds_per_image']:.3f} |"
                 )
             lines.append("")
+        if "encode_overlap" in model:
+            lines += [
+                "Encode overlap (a job arrives at each step of a running job):",
+                "",
+                "| encode | images/s | max stall s | median step gap s | encode s/job |",
+                "|---|---|---|---|---|",
+            ]
+            for mode, figures in model["encode_overlap"].items():
+                lines.append(
+                    f"| {mode} | {figures['images_per_second']:.3f} | {figures['max_stall_seconds']:.3f} | "
+                    f"{figures['median_step_gap_seconds']:.3f} | {figures['encode_seconds_per_job']:.3f} |"
+                )
+            lines.append("")
     if "flux" in results:
         lines += ["## FLUX-sized transformer alone", ""] + _ceiling(results["flux"]["forward_ceiling"])
     path.write_text("\n".join(lines) + "\n")

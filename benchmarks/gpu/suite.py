@@ -11,7 +11,10 @@ weights built from configs by `benchmarks.gpu.models`, fp16):
 - invariance: the largest pixel difference between a job run alone and the same job run
   batched with others, in the run's dtype and in deterministic mode (expected: 0);
 - decode_overlap: a mixed-step burst with decode beside the loop off and on: images/s
-  and the denoiser-busy fraction.
+  and the denoiser-busy fraction;
+- encode_overlap: jobs arriving one per step of a running job, their prompts encoded
+  inline and beside the loop: the longest gap between two steps of a running job (max
+  stall) against the median gap, and images/s.
 Then forward_ceiling of a FLUX-sized transformer alone (the whole FLUX pipeline is too
 large to build, save and load within the time). Sections run in that order while the
 time budget lasts; one that does not fit is listed under "skipped", never silently left
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
+from batching.engine import ENCODE_OVERLAP_DEFAULT
 from benchmarks.component_times import time_forwards
 from benchmarks.gpu.models import flux_transformer, num_parameters, save_pipeline
 from benchmarks.gpu.report import write_summary
@@ -62,30 +66,16 @@ class Profile:
     dtype: str
     scale: str  # "real" or "tiny"
     models: tuple[ModelRun, ...]
-    rows: tuple[int, ...]
     repeats: int
     flux_size: int
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
+GPU_RUNS = (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8))
+DRY_RUNS = (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2))
 PROFILES = {
-    "gpu": Profile(
-        "cuda",
-        "float16",
-        "real",
-        (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8)),
-        rows=(1, 2, 4, 8, 16),
-        repeats=3,
-        flux_size=1024,
-    ),
-    "dry-run": Profile(
-        "cpu",
-        "float32",
-        "tiny",
-        (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2)),
-        rows=(1, 2, 4, 8, 16),
-        repeats=1,
-        flux_size=64,
-    ),
+    "gpu": Profile("cuda", "float16", "real", GPU_RUNS, repeats=3, flux_size=1024),
+    "dry-run": Profile("cpu", "float32", "tiny", DRY_RUNS, repeats=1, flux_size=64),
 }
 
 
@@ -173,6 +163,11 @@ def run_model(profile: Profile, model_run: ModelRun, scratch: Path, budget: Budg
                 name: mixed_burst(engines.plain(overlap), model, model_run)
                 for name, overlap in (("off", False), ("on", True))
             }
+        if budget.allows(f"{model_run.name}.encode_overlap"):
+            result["encode_overlap"] = {
+                name: arrivals_while_running(engines.plain(True, encode_overlap=overlap), model, model_run)
+                for name, overlap in (("off", False), ("on", True))
+            }
     finally:
         engines.close()
     return result
@@ -200,9 +195,14 @@ class _Engines:
             self.variants[name] = variant
         return self.variants[name]
 
-    def plain(self, decode_overlap: bool | None = None, deterministic: bool = False) -> DiffusionEngine:
-        """An engine of its own; a deterministic one runs 4 samples (its forwards are padded to all of them)."""
-        name = f"overlap={decode_overlap},deterministic={deterministic}"
+    def plain(
+        self, decode_overlap: bool | None = None, deterministic: bool = False, encode_overlap: bool | None = None
+    ) -> DiffusionEngine:
+        """An engine of its own; a deterministic one runs 4 samples (its forwards are padded to all of them).
+        Encode overlap left to the device's default is spelled out, so the sections share engines where they can."""
+        if encode_overlap is None:
+            encode_overlap = ENCODE_OVERLAP_DEFAULT.get(torch.device(self.profile.device).type, True)
+        name = f"overlap={decode_overlap},deterministic={deterministic},encode_overlap={encode_overlap}"
         if name not in self.engines:
             self.engines[name] = DiffusionEngine(
                 EngineConfig(
@@ -211,6 +211,7 @@ class _Engines:
                     max_num_seqs=min(4, self.model_run.max_num_seqs) if deterministic else self.model_run.max_num_seqs,
                     decode_overlap=decode_overlap,
                     deterministic=deterministic,
+                    encode_overlap=encode_overlap,
                 )
             )
         return self.engines[name]
@@ -292,6 +293,60 @@ def mixed_burst(engine: DiffusionEngine, model: str, model_run: ModelRun) -> dic
         "denoiser_busy_fraction": (after["forward_seconds"] - before["forward_seconds"]) / wall,
         "engine_busy_fraction": (after["busy_seconds"] - before["busy_seconds"]) / wall,
         "decode_seconds_per_image": (after["decode_seconds"] - before["decode_seconds"]) / workload.num_jobs,
+    }
+
+
+def arrivals_while_running(engine: DiffusionEngine, model: str, model_run: ModelRun) -> dict:
+    """A job runs; each of num_jobs/2 shorter jobs (long prompts) arrives after its next step, so new prompts are
+    encoded while jobs run. Max stall: the longest gap between two consecutive steps of one job."""
+    num_arrivals = max(1, model_run.num_jobs // 2)
+    prompt = "a lighthouse on a cliff above a stormy sea at dusk, " * 6  # about the text encoder's 77 tokens
+
+    def params(index: int, steps: int) -> GenerationParams:
+        return GenerationParams(
+            prompt=f"{prompt}view {index}",
+            seed=70 + index,
+            model=model,
+            height=model_run.size,
+            width=model_run.size,
+            num_inference_steps=steps,
+        )
+
+    engine.submit(params(99, 1)).result()  # warm-up
+    before = engine.stats()
+    step_times: dict[int, list[float]] = {}
+    futures = []
+
+    def on_progress_of(index: int):
+        times = step_times.setdefault(index, [])
+
+        def on_progress(num_steps_done: int, num_steps_total: int) -> None:
+            times.append(time.perf_counter())
+            if index == 0 and num_steps_done <= num_arrivals:
+                futures.append(
+                    engine.submit(
+                        params(num_steps_done, max(1, model_run.num_steps // 2)),
+                        on_progress=on_progress_of(num_steps_done),
+                    )
+                )
+
+        return on_progress
+
+    start = time.perf_counter()
+    first = engine.submit(params(0, max(model_run.num_steps, num_arrivals + 2)), on_progress=on_progress_of(0))
+    first.result()
+    for future in list(futures):
+        future.result()
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    gaps = [later - earlier for times in step_times.values() for earlier, later in zip(times, times[1:])]
+    return {
+        "encode_overlap": after["encode_overlap"],
+        "num_jobs": 1 + len(futures),
+        "images_per_second": (1 + len(futures)) / wall,
+        "max_stall_seconds": max(gaps),
+        "median_step_gap_seconds": statistics.median(gaps),
+        "encode_seconds_per_job": (after["encode_seconds"] - before["encode_seconds"]) / (1 + len(futures)),
     }
 
 

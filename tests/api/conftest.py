@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 import pytest
-import requests
 
 from api import create_app
 from api.resources import get_task_queue
 from api.settings import ApiSettings
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
-from tests.api.processes import TENANT_KEYS, ApiProcess
+from tests.api.processes import TENANT_KEYS, ApiProcess, WorkerProcess
 from tests.servers import RedisServer
 
 
@@ -33,10 +32,12 @@ def api(module_redis, storage_url, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture
-def http():
-    with requests.Session() as session:
-        yield session
+@pytest.fixture(scope="module")
+def worker(module_redis, storage_url, tmp_path_factory):
+    """`stepwise worker` serving builtin:tiny beside `api` (same Redis and storage)."""
+    process = WorkerProcess(tmp_path_factory.mktemp("worker"), module_redis.url, storage_url).start()
+    yield process
+    process.stop()
 
 
 @pytest.fixture

@@ -31,13 +31,6 @@ SMALL = {
 SLOW = {"prompt": "a long walk", "seed": 3, "num_inference_steps": 200, "height": 256, "width": 256}
 
 
-@pytest.fixture(scope="module")
-def worker(module_redis, storage_url, tmp_path_factory):
-    process = WorkerProcess(tmp_path_factory.mktemp("worker"), module_redis.url, storage_url).start()
-    yield process
-    process.stop()
-
-
 @pytest.fixture
 def receiver():
     with WebhookReceiver() as server:

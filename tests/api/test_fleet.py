@@ -3,8 +3,6 @@ with its default of refusing jobs for models no worker serves; then priorities o
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from celery import Celery
 
@@ -12,6 +10,7 @@ from batching.families import FAMILIES
 from storage.queues import generate_queue
 from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import ApiProcess, WorkerProcess
+from tests.worker.cluster import wait_for as poll
 
 JOB_TIMEOUT = 240.0
 
@@ -33,17 +32,6 @@ def models_by_name(http, api) -> dict[str, dict]:
     response = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10)
     assert response.status_code == 200, response.text
     return {entry["model"]: entry for entry in response.json()["models"]}
-
-
-def poll(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -132,3 +132,17 @@ def test_every_canceled_job_view_carries_an_error_object(make_app):
     for view in (canceled_queued, canceled_running):
         assert view["state"] == "canceled"
         assert view["error"]["code"] == "canceled" and view["error"]["message"]
+
+
+def test_an_img2img_job_is_priced_at_the_steps_its_strength_runs():
+    from batching.params import GenerationParams
+    from tests.api.test_image_inputs import data_uri, image_bytes
+
+    table = LimitTable(overrides=ModelLimits(max_pixels=64 * 64, max_pixel_steps=64 * 64 * 10))
+    picture = data_uri(image_bytes(64, 64))
+    job = dict(prompt="a fox", seed=1, height=64, width=64, num_inference_steps=20)
+
+    table.check(GenerationParams(**job, init_image=picture, strength=0.5))  # runs 10 of its 20 steps: fits
+    for over in (GenerationParams(**job), GenerationParams(**job, init_image=picture, strength=0.6)):  # 20, 12
+        with pytest.raises(Exception, match="over the limit"):
+            table.check(over)

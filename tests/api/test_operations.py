@@ -19,6 +19,10 @@ ROUTES = {
     ("/openapi.json", "get"),
     ("/v1/models", "get"),
     ("/v1/uploads", "post"),
+    ("/v1/loras", "get"),
+    ("/v1/loras/{name}", "put"),
+    ("/v1/loras/{name}", "get"),
+    ("/v1/loras/{name}", "delete"),
 }
 
 

@@ -17,7 +17,7 @@ from selenium.webdriver.support.select import Select
 
 from api import create_app
 from api.settings import ApiSettings
-from tests.api.processes import TENANT_KEYS, WorkerProcess
+from tests.api.processes import TENANT_KEYS
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -37,13 +37,6 @@ def test_the_page_and_its_files_are_served_without_a_key_and_load_nothing_from_e
         assert url.startswith("/static/"), url
         assert client.get(url).status_code == 200, url
     assert client.get("/static/app.js").mimetype in ("text/javascript", "application/javascript")
-
-
-@pytest.fixture(scope="module")
-def worker(module_redis, storage_url, tmp_path_factory):
-    process = WorkerProcess(tmp_path_factory.mktemp("worker"), module_redis.url, storage_url).start()
-    yield process
-    process.stop()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 
@@ -51,6 +52,33 @@ def max_pixel_diff(image_a, image_b) -> int:
     return int(np.abs(pixels(image_a) - pixels(image_b)).max())
 
 
+def own_pipeline(model: str, pipeline_class: str):
+    """diffusers' own `pipeline_class` (a name in `diffusers`) loaded from a built-in model's folder, quiet."""
+    import diffusers
+
+    from batching.builtin_model import builtin_model_path
+
+    pipeline = getattr(diffusers, pipeline_class).from_pretrained(builtin_model_path(model), local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def own_pipeline_image(pipeline, params: GenerationParams, **inputs):
+    """What diffusers' `pipeline` draws for `params`: its prompt (and negative prompt, when it has one), size,
+    steps, guidance and seed, plus `inputs`."""
+    if params.negative_prompt:
+        inputs["negative_prompt"] = params.negative_prompt
+    return pipeline(
+        params.prompt,
+        height=params.height,
+        width=params.width,
+        num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
+        **inputs,
+    ).images[0]
+
+
 def run_alone(engine: DiffusionEngine, params_list: list[GenerationParams]) -> list:
     """Each job on its own: submitted only after the previous one finished."""
     return [engine.submit(params).result(timeout=120).image for params in params_list]
@@ -75,23 +103,25 @@ def run_staggered(
     return [futures[i].result(timeout=120).image for i in range(len(params_list))]
 
 
+# The solo engine starts jobs inline and the batched one beside the loop (batching.encoder): a test that holds
+# a batched image against the same job alone covers both ways of encoding prompts.
 @pytest.fixture(scope="session")
 def solo_engine():
-    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1))
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, encode_overlap=False))
     yield engine
     engine.shutdown(abort=True)
 
 
 @pytest.fixture(scope="session")
 def batched_engine():
-    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=8))
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=8, encode_overlap=True))
     yield engine
     engine.shutdown(abort=True)
 
 
 @pytest.fixture(scope="session")
 def deterministic_engine():
-    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, deterministic=True))
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, deterministic=True, encode_overlap=True))
     yield engine
     engine.shutdown(abort=True)
 

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from tests.batching.conftest import make_params, max_pixel_diff, mixed_params, pixels, run_alone, run_staggered
+from tests.batching.conftest import (
+    make_params,
+    max_pixel_diff,
+    mixed_params,
+    own_pipeline,
+    own_pipeline_image,
+    pixels,
+    run_alone,
+    run_staggered,
+)
 
 
 def test_co_batched_jobs_match_the_same_jobs_alone_within_one_level(solo_engine, batched_engine):
@@ -34,25 +42,13 @@ def test_deterministic_mode_is_bit_identical_alone_and_batched(deterministic_eng
 
 @pytest.mark.parametrize("sampler", ["ddim", "euler", "euler_ancestral", "dpmpp_2m"])
 def test_a_job_matches_diffusers_own_pipeline_for_the_same_seed(batched_engine, sampler):
-    from diffusers import StableDiffusionPipeline
-
-    from batching.builtin_model import builtin_model_path
     from batching.samplers import SAMPLER_CLASSES
 
     params = make_params(sampler=sampler, negative_prompt="blurry")
-    pipeline = StableDiffusionPipeline.from_pretrained(builtin_model_path("builtin:tiny"), local_files_only=True)
+    pipeline = own_pipeline("builtin:tiny", "StableDiffusionPipeline")
     sampler_class, overrides = SAMPLER_CLASSES[sampler]
     pipeline.scheduler = sampler_class.from_config(pipeline.scheduler.config, **overrides)
-    pipeline.set_progress_bar_config(disable=True)
-    expected = pipeline(
-        params.prompt,
-        negative_prompt=params.negative_prompt,
-        height=params.height,
-        width=params.width,
-        num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(params.seed),
-    ).images[0]
+    expected = own_pipeline_image(pipeline, params)
 
     image = batched_engine.submit(params).result(timeout=120).image
 

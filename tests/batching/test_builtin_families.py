@@ -20,6 +20,7 @@ from batching.builtin_model import (
     main,
     save_builtin_model,
 )
+from batching.pipelines import adapter_serving
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ def test_the_build_command_prints_a_cached_folder_of_the_family_pipeline(case, c
     assert folder == builtin_model_path(case.model)
     assert json.loads((folder / "model_index.json").read_text())["_class_name"] == case.pipeline_class.__name__
     assert builtin_family(case.model) == case.family
+    assert adapter_serving(case.model, str(folder)).family == case.family  # the adapter that declares the class
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.model)

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError, ModelLoadError
-from tests.batching.conftest import max_pixel_diff, pixels, run_alone, run_staggered
+from tests.batching.conftest import max_pixel_diff, own_pipeline, own_pipeline_image, pixels, run_alone, run_staggered
 
 
 @dataclass(frozen=True)
@@ -109,25 +108,8 @@ def test_deterministic_mode_is_bit_identical_alone_and_co_batched(family, engine
 
 
 def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engines):
-    import diffusers
-
-    from batching.builtin_model import builtin_model_path
-
     params = family_params(family, negative_prompt=family.negative_prompt)
-    pipeline = getattr(diffusers, family.pipeline_class).from_pretrained(
-        builtin_model_path(family.model), local_files_only=True
-    )
-    pipeline.set_progress_bar_config(disable=True)
-    extra = {"negative_prompt": params.negative_prompt} if params.negative_prompt else {}
-    expected = pipeline(
-        params.prompt,
-        height=params.height,
-        width=params.width,
-        num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(params.seed),
-        **extra,
-    ).images[0]
+    expected = own_pipeline_image(own_pipeline(family.model, family.pipeline_class), params)
 
     image = engines["batched"].submit(params).result(timeout=120).image
 

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image, ImageDraw
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.image_inputs import to_data_uri
-from tests.batching.conftest import max_pixel_diff, pixels, run_alone
+from tests.batching.conftest import max_pixel_diff, own_pipeline, own_pipeline_image, pixels, run_alone
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,16 @@ def params_for(case: Case, **overrides) -> GenerationParams:
     return GenerationParams(**values)
 
 
+def own_euler_pipeline(model: str, pipeline_class: str):
+    """diffusers' own pipeline with the sampler jobs default to (the SD built-in ships DDIM; jobs run euler)."""
+    import diffusers
+
+    pipeline = own_pipeline(model, pipeline_class)
+    if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):
+        pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+    return pipeline
+
+
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: case.model)
 def case_engine(request):
     engine = DiffusionEngine(EngineConfig(model=request.param.model, device="cpu", max_num_seqs=4))
@@ -83,28 +92,10 @@ def case_engine(request):
 
 
 def test_an_img2img_sample_equals_the_familys_own_diffusers_img2img_pipeline(case_engine):
-    import diffusers
-
-    from batching.builtin_model import builtin_model_path
-
     case, engine = case_engine
     params = params_for(case)
-    pipeline = getattr(diffusers, case.img2img_pipeline).from_pretrained(
-        builtin_model_path(case.model), local_files_only=True
-    )
-    pipeline.set_progress_bar_config(disable=True)
-    if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):  # the SD built-in ships DDIM; jobs default to euler
-        pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
-    expected = pipeline(
-        params.prompt,
-        image=init_picture(),
-        strength=params.strength,
-        height=64,
-        width=64,
-        num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(params.seed),
-    ).images[0]
+    pipeline = own_euler_pipeline(case.model, case.img2img_pipeline)
+    expected = own_pipeline_image(pipeline, params, image=init_picture(), strength=params.strength)
     progress: list[tuple[int, int]] = []
 
     image = engine.submit(params, on_progress=lambda done, total: progress.append((done, total))).result(120).image
@@ -133,29 +124,11 @@ def test_img2img_co_batched_with_text_to_image_equals_itself_alone(case_engine):
 
 
 def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and_keeps_the_rest(case_engine):
-    import diffusers
-
-    from batching.builtin_model import builtin_model_path
-
     case, engine = case_engine
     mask = right_half_mask()
     params = params_for(case, mask_image=png_uri(mask), strength=1.0)
-    pipeline_class = getattr(diffusers, case.img2img_pipeline.replace("Img2Img", "Inpaint"))
-    pipeline = pipeline_class.from_pretrained(builtin_model_path(case.model), local_files_only=True)
-    pipeline.set_progress_bar_config(disable=True)
-    if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):
-        pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
-    expected = pipeline(
-        params.prompt,
-        image=init_picture(),
-        mask_image=mask,
-        strength=1.0,
-        height=64,
-        width=64,
-        num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(params.seed),
-    ).images[0]
+    pipeline = own_euler_pipeline(case.model, case.img2img_pipeline.replace("Img2Img", "Inpaint"))
+    expected = own_pipeline_image(pipeline, params, image=init_picture(), mask_image=mask, strength=1.0)
 
     image = engine.submit(params).result(timeout=120).image
 

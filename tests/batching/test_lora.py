@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from batching import DiffusionEngine, EngineConfig, JobFailedError
 from batching.lora.make_test_loras import make_lora
-from tests.batching.conftest import make_params, max_pixel_diff, run_alone
+from tests.batching.conftest import make_params, max_pixel_diff, own_pipeline, own_pipeline_image, run_alone
 
 ADAPTERS = ("style-a", "style-b")
 
@@ -34,10 +34,13 @@ def lora_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_engines(lora_folder):
-    """A mixing engine (rows with different adapters share a forward) and one running jobs one by one."""
+    """A mixing engine (rows with different adapters share a forward) and one running jobs one by one; the
+    mixing one encodes prompts beside its loop (text-encoder adapters on the encoder's thread), the other inline."""
     url = lora_folder.as_uri()
-    mixed = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=6, lora_url=url, max_num_groups=1))
-    solo = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, lora_url=url))
+    mixed = DiffusionEngine(
+        EngineConfig(device="cpu", max_num_seqs=6, lora_url=url, max_num_groups=1, encode_overlap=True)
+    )
+    solo = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=1, lora_url=url, encode_overlap=False))
     yield mixed, solo
     mixed.shutdown(abort=True)
     solo.shutdown(abort=True)
@@ -69,29 +72,16 @@ def test_jobs_with_different_adapters_share_forwards_and_each_equals_itself_alon
 
 
 def test_an_adapter_job_equals_diffusers_pipeline_with_the_adapter_at_that_scale(lora_engines, lora_folder):
-    from diffusers import StableDiffusionPipeline
-
-    from batching.builtin_model import builtin_model_path
-
     mixed, _ = lora_engines
     params = make_params(prompt="a blue bird", seed=2, lora="style-b", lora_scale=0.5, negative_prompt="blurry")
     others = [make_params(seed=9, lora="style-a"), make_params(seed=10)]
     futures = [mixed.submit(p) for p in [params, *others]]
     image = futures[0].result(timeout=120).image
 
-    pipeline = StableDiffusionPipeline.from_pretrained(builtin_model_path("builtin:tiny"), local_files_only=True)
-    pipeline.set_progress_bar_config(disable=True)
+    pipeline = own_pipeline("builtin:tiny", "StableDiffusionPipeline")
     pipeline.load_lora_weights(str(lora_folder / "style-b.safetensors"), adapter_name="style_b")
     pipeline.set_adapters(["style_b"], adapter_weights=[params.lora_scale])
-    expected = pipeline(
-        params.prompt,
-        negative_prompt=params.negative_prompt,
-        height=params.height,
-        width=params.width,
-        num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(params.seed),
-    ).images[0]
+    expected = own_pipeline_image(pipeline, params)
     for future in futures[1:]:
         future.result(timeout=120)
 

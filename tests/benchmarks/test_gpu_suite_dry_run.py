@@ -59,6 +59,12 @@ def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_tr
         assert overlap["off"]["decode_overlap"] is False and overlap["on"]["decode_overlap"] is True
         for figures in overlap.values():
             assert _is_positive(figures["images_per_second"]) and 0 < figures["denoiser_busy_fraction"] <= 1.5
+        encode = model["encode_overlap"]
+        assert encode["off"]["encode_overlap"] is False and encode["on"]["encode_overlap"] is True
+        for figures in encode.values():
+            assert figures["num_jobs"] == 1 + model["run"]["num_jobs"] // 2
+            assert _is_positive(figures["max_stall_seconds"]) and _is_positive(figures["encode_seconds_per_job"])
+            assert figures["max_stall_seconds"] >= figures["median_step_gap_seconds"]
         assert sum(model["parameters"].values()) > 0
     assert [row["rows"] for row in results["flux"]["forward_ceiling"]] == ROWS
 
@@ -74,5 +80,6 @@ def test_the_dry_run_summary_shows_each_section(dry_run):
         "| default |",
         "Invariance",
         "Decode overlap",
+        "Encode overlap",
     ):
         assert heading in summary

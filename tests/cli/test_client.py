@@ -143,3 +143,20 @@ def test_the_saved_key_is_never_sent_to_another_url(tmp_path, monkeypatch):
     monkeypatch.delenv("STEPWISE_API_KEY", raising=False)
     save_local_target(tmp_path, ApiTarget("http://127.0.0.1:8123", "sk_saved"))
     assert resolve_target(namespace(tmp_path, api_url="https://elsewhere.example")).key is None
+
+
+def test_image_flags_send_a_url_as_is_and_a_file_as_an_upload_or_inline(tmp_path):
+    from stepwise_cli.image_args import add_image_arguments, image_fields
+
+    parser = argparse.ArgumentParser()
+    add_image_arguments(parser, format_flag="--format")
+    picture = tmp_path / "door.png"
+    picture.write_bytes(b"\x89PNG...")
+    args = parser.parse_args(["--init-image", "https://images.example.com/house.png", "--mask", str(picture)])
+
+    uploaded = image_fields(args, upload=lambda path: f"upl_for_{path.name}")
+    inline = image_fields(args)
+
+    assert uploaded == {"init_image": "https://images.example.com/house.png", "mask_image": "upl_for_door.png"}
+    assert inline["init_image"] == "https://images.example.com/house.png"
+    assert inline["mask_image"].startswith("data:image/png;base64,")

@@ -11,30 +11,16 @@ from batching.builtin_model import builtin_model_path
 from stepwise_cli.main import main
 
 
+def generate_96x64(out, model: str, *options: str) -> int:
+    """`stepwise generate` of "a red fox" at 96x64 on the CPU into `out`; its exit code."""
+    size = ["--height", "64", "--width", "96", "--device", "cpu"]
+    return main(["generate", "--model", model, "--prompt", "a red fox", *size, *options, "--out", str(out)])
+
+
 def test_generate_writes_a_png_of_the_requested_size_with_no_progress_bar_off_a_terminal(tmp_path, capsys):
     out = tmp_path / "fox.png"
 
-    code = main(
-        [
-            "generate",
-            "--prompt",
-            "a red fox",
-            "--seed",
-            "7",
-            "--steps",
-            "4",
-            "--height",
-            "64",
-            "--width",
-            "96",
-            "--device",
-            "cpu",
-            "--model",
-            "builtin:tiny",
-            "--out",
-            str(out),
-        ]
-    )
+    code = generate_96x64(out, "builtin:tiny", "--seed", "7", "--steps", "4")
 
     assert code == 0
     with Image.open(out) as image:
@@ -93,27 +79,7 @@ def test_generate_with_a_missing_model_folder_exits_with_a_message(tmp_path, cap
 def test_generate_works_for_every_family_built_in(tmp_path, model):
     out = tmp_path / "fox.png"
 
-    code = main(
-        [
-            "generate",
-            "--model",
-            model,
-            "--prompt",
-            "a red fox",
-            "--seed",
-            "3",
-            "--steps",
-            "2",
-            "--height",
-            "64",
-            "--width",
-            "96",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    code = generate_96x64(out, model, "--seed", "3", "--steps", "2")
 
     assert code == 0
     with Image.open(out) as image:

@@ -14,7 +14,6 @@ import dataclasses
 import io
 
 import pytest
-import requests
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
@@ -38,12 +37,6 @@ def api(tmp_path_factory):
     yield server
     server.stop()
     redis.stop()
-
-
-@pytest.fixture
-def http():
-    with requests.Session() as session:
-        yield session
 
 
 @pytest.mark.parametrize(

@@ -39,12 +39,6 @@ def guarded_api(tmp_path_factory):
     redis.stop()
 
 
-@pytest.fixture
-def http():
-    with requests.Session() as session:
-        yield session
-
-
 def trickle(port: int, mode: str, stop: threading.Event, closed_after: list[float]) -> None:
     """Send a request head (or a body) one line (or byte) every 0.5 s until the server hangs up."""
     started = time.monotonic()

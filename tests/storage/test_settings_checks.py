@@ -26,8 +26,12 @@ BAD_SETTINGS = [
     ("STEPWISE_MODEL_LIMITS", '{"builtin:tiny": {"max_steps": 5}}'),
     ("STEPWISE_DEVICE", "gpu"),
     ("STEPWISE_DETERMINISTIC", "maybe"),
+    ("STEPWISE_ENCODE_OVERLAP", "yes"),
+    ("STEPWISE_DECODE_OVERLAP", "sometimes"),
     ("STEPWISE_WORKER_POLL_INTERVAL", "0"),
     ("STEPWISE_WORKER_METRICS_PORT", "70000"),
+    ("STEPWISE_MAX_NUM_TOKENS", "-5"),
+    ("STEPWISE_MAX_NUM_TOKENS", "many"),
 ]
 
 
@@ -56,3 +60,10 @@ def test_stepwise_api_and_worker_refuse_a_bad_webhook_secret_with_one_line(tmp_p
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"stepwise {command}: STEPWISE_WEBHOOK_SECRET"), result.stderr
+
+
+def test_the_token_budget_setting_reaches_the_worker_settings(monkeypatch):
+    monkeypatch.setenv("STEPWISE_MAX_NUM_TOKENS", "4096")
+    assert WorkerSettings.from_env().max_num_tokens == 4096
+    monkeypatch.delenv("STEPWISE_MAX_NUM_TOKENS")
+    assert WorkerSettings.from_env().max_num_tokens == 0  # derived by the engine from max_num_seqs

@@ -1,0 +1,142 @@
+"""Fetching `init_image` / `mask_image` URLs at submit, from the hosts the operator allows.
+
+Nothing is fetched unless `STEPWISE_IMAGE_URL_HOSTS` lists hosts; then a URL must pass the
+image URL policy (`storage.url_policy.check_image_url`: a listed host, and the webhooks'
+address rule: no loopback, private, link-local or metadata address unless a listed range
+holds it). The connection goes to the addresses the policy checked (the name is not
+looked up again), a redirect is followed only to a URL that passes the same policy (at
+most `MAX_REDIRECTS`), and the whole fetch, redirects included, has one deadline and the
+input-image byte limit. The image is then what an inline data URI would have been: the
+API checks it and stores it as an upload of the tenant, so the job record holds its id.
+
+Why here and not in the worker: a bad URL (refused, unreachable, not an image, too large)
+is answered at submit with a 422 naming the field instead of a job that fails later; the
+worker machines need no outbound network; and the job runs on the bytes checked at submit
+even if the remote image changes or disappears before a worker takes it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import threading
+import time
+from typing import TypeGuard
+from urllib.parse import urljoin, urlsplit
+
+from api.errors import invalid
+from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
+from storage.url_policy import Address, AllowList, ImageURLError, check_image_url
+
+MAX_REDIRECTS = 3
+DEFAULT_FETCH_SECONDS = 10.0  # STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: one URL, redirects included
+READ_CHUNK_BYTES = 64 * 1024
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+
+
+def is_remote_url(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and value[:8].lower().startswith(("http://", "https://"))
+
+
+def fetch_image(field: str, url: str, hosts: AllowList, *, seconds: float = DEFAULT_FETCH_SECONDS) -> str:
+    """The image at `url` as a data URI, or an ApiError (422) naming `field` that says why not."""
+    deadline = time.monotonic() + seconds
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            addresses = check_image_url(url, hosts)
+        except ImageURLError as e:
+            raise invalid(field, f"{field} {e} (got {_shown(url)})") from e
+        try:
+            status, location, data = _get(url, addresses, deadline)
+        except TimeoutError as e:
+            raise invalid(field, f"{field}: {_shown(url)} did not answer within {seconds:g}s") from e
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise invalid(field, f"{field}: {_shown(url)} could not be fetched ({type(e).__name__}: {e})") from e
+        if status in REDIRECT_STATUSES and location:
+            url = urljoin(url, location)
+            continue
+        if status != 200:
+            raise invalid(field, f"{field}: {_shown(url)} answered HTTP {status}")
+        try:
+            image = open_image(field, data)
+        except InvalidParamsError as e:
+            raise invalid(field, f"{e} (fetched from {_shown(url)})") from e
+        assert image.format is not None  # open_image refuses formats outside INPUT_FORMATS
+        return to_data_uri(data, INPUT_FORMATS[image.format])
+    raise invalid(field, f"{field}: {_shown(url)} redirected more than {MAX_REDIRECTS} times")
+
+
+def _get(url: str, addresses: list[Address], deadline: float) -> tuple[int, str | None, bytes]:
+    """GET `url` from one of `addresses`: (status, Location header, body of a 200 up to the byte limit).
+    Raises TimeoutError at the deadline, whatever the server is doing then (a timer shuts the socket down:
+    a socket timeout alone bounds each read, and a server that drips a byte at a time would outlast it)."""
+    parts = urlsplit(url)
+    assert parts.hostname is not None  # the policy refuses URLs without a host
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("deadline passed")
+    connection = _connect(parts.scheme, parts.hostname, port, addresses, remaining)
+    has_fired = threading.Event()
+    # The socket itself: http.client drops connection.sock once a response says it closes the connection.
+    watchdog = threading.Timer(remaining, _shut_down, (connection.sock, has_fired))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connection.request("GET", path, headers={"User-Agent": "stepwise-image-fetch", "Accept": "image/*"})
+        response = connection.getresponse()
+        if response.status != 200:
+            return response.status, response.getheader("Location"), b""
+        length = response.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > MAX_IMAGE_BYTES:
+            raise ValueError(f"the image is {length} bytes, more than the {MAX_IMAGE_BYTES} allowed")
+        chunks, size = [], 0
+        while chunk := response.read1(READ_CHUNK_BYTES):
+            size += len(chunk)
+            if size > MAX_IMAGE_BYTES:
+                raise ValueError(f"the image is more than the {MAX_IMAGE_BYTES} bytes allowed")
+            chunks.append(chunk)
+        if has_fired.is_set():  # the shutdown can look like the end of the body
+            raise TimeoutError("deadline passed")
+        return 200, None, b"".join(chunks)
+    except (OSError, http.client.HTTPException) as e:
+        if has_fired.is_set():
+            raise TimeoutError("deadline passed") from e
+        raise
+    finally:
+        watchdog.cancel()
+        connection.close()
+
+
+def _connect(scheme: str, host: str, port: int, addresses: list[Address], seconds: float) -> http.client.HTTPConnection:
+    """A connection to the first of `addresses` that answers, speaking to `host` (Host header, TLS name)."""
+    error: OSError = OSError(f"no address to connect to for {host!r}")
+    for address in addresses:
+        try:
+            sock = socket.create_connection((str(address), port), timeout=seconds)
+        except OSError as e:
+            error = e
+            continue
+        connection: http.client.HTTPConnection
+        if scheme == "https":
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            connection = http.client.HTTPSConnection(host, port, timeout=seconds)
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=seconds)
+        connection.sock = sock  # already connected: http.client does not look the name up again
+        return connection
+    raise error
+
+
+def _shut_down(sock: socket.socket, has_fired: threading.Event) -> None:
+    has_fired.set()
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _shown(url: str) -> str:
+    return repr(url if len(url) <= 100 else url[:97] + "...")

@@ -1,0 +1,275 @@
+"""Starting admitted samples beside the denoise loop: prompt encoding, init images, first latents.
+
+A sample the scheduler admits is handed to the `Encoder`, which encodes the prompts of
+every sample handed over since it last looked (one text-encoder call per batch, per
+text-encoder LoRA adapter), VAE-encodes their init images, and draws each one's sampler
+and first latents. The runner puts a sample into its group's forward only once it has
+been started (`collect()`, which never waits), so with `is_async` the running samples
+keep stepping while a new prompt encodes: the work runs on a worker thread, on CUDA in
+its own stream (it waits for an event recorded on the loop's stream at hand-over, so
+adapter weights loaded just before are complete; the loop's stream waits for the
+encoder's event before using a started sample, and the sample's tensors are marked as
+used by the loop's stream). Without `is_async` it runs inline in `submit()` and the
+sample joins the same iteration's forward (the old behaviour, kept because two threads
+of one process that both run torch ops on the CPU slow each other: docs/benchmarks.md).
+
+Failures touch only their samples: a text-encoder call that fails is retried one text at
+a time, and only the samples whose texts fail alone fail. Cancellation: `discard()`
+drops the samples whose job ended while they were being started. LoRA adapters are
+loaded by the loop; it holds `model_lock` while it changes the model, which the worker
+holds while it runs the text encoder, so an adapter is never injected mid-call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from batching.image_start import ImageStart, encode_init_images, start_from_image
+from batching.pipelines.contract import Conditioning, PipelineAdapter
+from batching.plan import NewSample
+from batching.sample_tensors import SampleTensors
+
+logger = logging.getLogger(__name__)
+
+TextEncoderAdapter = tuple[str, float] | None  # (internal PEFT name, scale) of a LoRA with text-encoder weights
+EncodingWith = Callable[[TextEncoderAdapter], contextlib.AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class StartItem:
+    new_sample: NewSample
+    text_encoder_adapter: TextEncoderAdapter  # its prompts go through the text encoder with this adapter
+
+
+@dataclass
+class StartResult:
+    samples: list[SampleTensors] = field(default_factory=list)  # ready to join their group's forward
+    failed: dict[str, str] = field(default_factory=dict)  # sample_id -> message
+    seconds: float = 0.0  # wall time of the batch's start (on the worker when async)
+    ready: Any = None  # torch.cuda.Event recorded on the encoder's stream after the batch
+
+
+@dataclass
+class _Batch:
+    items: list[StartItem]
+    ready: Any = None  # torch.cuda.Event recorded on the loop's stream at hand-over
+
+
+class Encoder:
+    def __init__(
+        self,
+        model: PipelineAdapter,
+        *,
+        is_async: bool,
+        chunk_size: int | None = None,
+        encoding_with: EncodingWith | None = None,
+        on_result: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`chunk_size`: deterministic mode, every text-encoder call gets exactly this many texts (padded) and
+        init images are encoded one at a time. `encoding_with(adapter)`: the block in which a text-encoder call
+        uses a LoRA adapter (EngineLoras.encoding_with)."""
+        self.model = model
+        self.is_async = is_async
+        self.chunk_size = chunk_size
+        self._encoding_with = encoding_with
+        self._on_result = on_result  # called from the worker after each batch (the engine wakes its loop)
+        self.model_lock = threading.Lock()  # held while the text encoder runs or the loop changes the model
+        self._results: list[StartResult] = []
+        self._lock = threading.Lock()
+        self.pending: dict[str, NewSample] = {}  # sample_id -> handed over, not yet collected; loop thread only
+        self._discarded: set[str] = set()  # loop thread only
+        self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._stream = torch.cuda.Stream(model.device) if is_async and model.device.type == "cuda" else None
+        self._thread: threading.Thread | None = None
+        if is_async:
+            self._thread = threading.Thread(target=self._work, name="stepwise-encode", daemon=True)
+            self._thread.start()
+
+    def submit(self, items: Sequence[StartItem]) -> None:
+        """Start these samples: inline, or queued to the worker (which batches what arrived meanwhile)."""
+        if not items:
+            return
+        self.pending.update((item.new_sample.sample_id, item.new_sample) for item in items)
+        batch = _Batch(list(items))
+        if self._stream is not None:
+            batch.ready = torch.cuda.Event()
+            batch.ready.record(torch.cuda.current_stream(self.model.device))
+        if self.is_async:
+            self._queue.put(batch)
+        else:
+            self._finish(self._start(batch.items))
+
+    def has_results(self) -> bool:
+        with self._lock:
+            return bool(self._results)
+
+    def collect(self) -> list[StartResult]:
+        """The batches started since the last call, without the discarded samples; never waits."""
+        with self._lock:
+            results, self._results = self._results, []
+        for result in results:
+            if result.ready is not None:
+                stream = torch.cuda.current_stream(self.model.device)
+                stream.wait_event(result.ready)
+                for sample in result.samples:
+                    for tensor in _tensors_of(sample):
+                        tensor.record_stream(stream)
+            started_ids = {sample.sample_id for sample in result.samples} | result.failed.keys()
+            for sample_id in started_ids:
+                self.pending.pop(sample_id, None)
+            result.samples = [sample for sample in result.samples if sample.sample_id not in self._discarded]
+            result.failed = {key: value for key, value in result.failed.items() if key not in self._discarded}
+            self._discarded -= started_ids
+        return results
+
+    def discard(self, sample_ids: Collection[str]) -> None:
+        """Forget these samples when they are started (their job ended meanwhile)."""
+        self._discarded.update(self.pending.keys() & set(sample_ids))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _work(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            batches = [batch]
+            is_closing = False
+            while not self._queue.empty():  # whatever arrived meanwhile goes through the same calls
+                more = self._queue.get_nowait()
+                if more is None:
+                    is_closing = True
+                    break
+                batches.append(more)
+            items = [item for each in batches for item in each.items]
+            with torch.inference_mode():
+                if self._stream is None:
+                    result = self._start(items)
+                else:
+                    with torch.cuda.stream(self._stream):
+                        for each in batches:
+                            self._stream.wait_event(each.ready)
+                        result = self._start(items)
+                        result.ready = torch.cuda.Event()
+                        result.ready.record(self._stream)
+            self._finish(result)
+            if is_closing:
+                break
+
+    def _finish(self, result: StartResult) -> None:
+        with self._lock:
+            self._results.append(result)
+        self._on_result()
+
+    def _start(self, items: list[StartItem]) -> StartResult:
+        start = time.perf_counter()
+        result = StartResult()
+        texts_of_adapter: dict[TextEncoderAdapter, set[str]] = {}
+        for item in items:
+            texts_of_adapter.setdefault(item.text_encoder_adapter, set()).update(
+                self.model.texts_to_encode(item.new_sample.params)
+            )
+        encoded: dict[TextEncoderAdapter, dict[str, Conditioning | Exception]] = {}
+        with self.model_lock:
+            for adapter, texts in texts_of_adapter.items():
+                encoded[adapter] = self._encode_texts(adapter, sorted(texts))
+        ready: list[tuple[StartItem, dict[str, Conditioning]]] = []
+        for item in items:
+            conditioning: dict[str, Conditioning] = {}
+            for text in self.model.texts_to_encode(item.new_sample.params):
+                outcome = encoded[item.text_encoder_adapter][text]
+                if isinstance(outcome, Exception):
+                    result.failed[item.new_sample.sample_id] = f"prompt encoding failed: {_describe(outcome)}"
+                    break
+                conditioning[text] = outcome
+            else:
+                ready.append((item, conditioning))
+        init_images = encode_init_images(
+            self.model, [item.new_sample for item, _ in ready], one_at_a_time=self.chunk_size is not None
+        )
+        for item, conditioning in ready:
+            new = item.new_sample
+            try:
+                result.samples.append(self._sample_tensors(new, conditioning, init_images.get(new.sample_id)))
+            except Exception as e:
+                logger.exception("could not start sample %s", new.sample_id)
+                result.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _encode_texts(self, adapter: TextEncoderAdapter, texts: list[str]) -> dict[str, Conditioning | Exception]:
+        """Each text's conditioning from one call; after a failure, one call per text (its own error)."""
+        with self._encoding_with(adapter) if self._encoding_with else contextlib.nullcontext():
+            try:
+                return dict(zip(texts, self._encode(texts)))
+            except Exception as e:
+                logger.exception("text encoder failed on %d texts", len(texts))
+                if len(texts) == 1:
+                    return {texts[0]: e}
+            encoded: dict[str, Conditioning | Exception] = {}
+            for text in texts:
+                try:
+                    encoded[text] = self._encode([text])[0]
+                except Exception as e:
+                    encoded[text] = e
+            return encoded
+
+    def _encode(self, texts: list[str]) -> list[Conditioning]:
+        if self.chunk_size is None:
+            return self.model.encode_prompts(texts)
+        encoded: list[Conditioning] = []
+        for start in range(0, len(texts), self.chunk_size):
+            chunk = texts[start : start + self.chunk_size]
+            encoded += self.model.encode_prompts(chunk + [""] * (self.chunk_size - len(chunk)))[: len(chunk)]
+        return encoded
+
+    def _sample_tensors(self, new: NewSample, encoded: dict[str, Conditioning], init_image: Any) -> SampleTensors:
+        params = new.params
+        sampler = self.model.new_sampler(params)
+        assert params.seed is not None  # GenerationParams draws one when none is given
+        generator = torch.Generator("cpu").manual_seed(params.seed)
+        if init_image is None:  # text-to-image: noise
+            image_start = ImageStart(self.model.initial_latents(params, sampler, generator))
+        elif isinstance(init_image, Exception):
+            raise init_image
+        else:  # the noised init image, and an inpaint guide or mask channels (every sample of such a model)
+            image_start = start_from_image(self.model, new, sampler, generator, init_image)
+        row_conditioning = self.model.row_conditioning(params, encoded)
+        if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
+            row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
+        return SampleTensors(
+            sample_id=new.sample_id,
+            params=params,
+            sampler=sampler,
+            generator=generator,
+            latents=image_start.latents,
+            row_conditioning=row_conditioning,
+            first_step=new.first_step,
+            guide=image_start.guide,
+        )
+
+
+def _tensors_of(sample: SampleTensors) -> Iterator[torch.Tensor]:
+    """The device tensors a started sample carries (its latents, conditioning, guide and sampler state)."""
+    candidates: list[Any] = [sample.latents]
+    candidates += [tensor for row in sample.row_conditioning for tensor in row.values()]
+    if sample.guide is not None:
+        candidates += [sample.guide.image_latents, sample.guide.noise, sample.guide.mask]
+    candidates += list(vars(sample.sampler).values())
+    for candidate in candidates:
+        if isinstance(candidate, torch.Tensor) and candidate.device.type == "cuda":
+            yield candidate
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,257 @@
+"""init_image / mask_image as http(s) URLs: fetched at submit only from hosts the operator allows
+(STEPWISE_IMAGE_URL_HOSTS), through the webhooks' address rule.
+
+Every request here goes to a loopback image server: the app under test allows 127.0.0.1
+explicitly (a listed range is the operator's way to allow a private address). Refusals of
+other addresses are tested on the policy function itself, with name resolution faked, so
+no request ever leaves the machine.
+"""
+
+from __future__ import annotations
+
+import http.server
+import ipaddress
+import socket
+import threading
+import time
+
+import pytest
+
+from api import create_app
+from api.settings import ApiSettings
+from batching.params import MAX_IMAGE_BYTES, is_upload_id
+from storage import url_policy
+from storage.settings import StorageSettings
+from storage.url_policy import AllowList, ImageURLError, check_image_url
+from tests.api.calls import auth
+from tests.api.conftest import get_task_queue_of
+from tests.api.processes import TENANT_KEYS
+from tests.api.test_image_inputs import JOB, image_bytes, mask_uri, stored_params
+
+PICTURE = image_bytes(96, 72, seed=3)  # a size no default has: the job's size must come from the image
+
+
+class ImageHandler(http.server.BaseHTTPRequestHandler):
+    paths_seen: list[str]  # set per server
+
+    def do_GET(self) -> None:  # noqa: N802  # http.server's name
+        self.paths_seen.append(self.path)
+        port = self.server.server_address[1]
+        routes = {
+            "/cat.png": lambda: self._send(200, PICTURE, "image/png"),
+            "/hop": lambda: self._redirect("/cat.png"),
+            "/hop-to-unlisted-name": lambda: self._redirect(f"http://localhost:{port}/cat.png"),
+            "/loop": lambda: self._redirect("/loop"),
+            "/missing.png": lambda: self._send(404, b"not here", "text/plain"),
+            "/page.html": lambda: self._send(200, b"<html>not an image</html>", "text/html"),
+            "/huge.png": lambda: self._send_headers(200, MAX_IMAGE_BYTES + 1, "image/png"),
+            "/endless.png": self._endless,
+            "/drip.png": self._drip,
+        }
+        routes.get(self.path, lambda: self._send(404, b"", "text/plain"))()
+
+    def _send_headers(self, status: int, length: int, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self._send_headers(status, len(body), content_type)
+        self.wfile.write(body)
+
+    def _redirect(self, location: str) -> None:
+        self.send_response(302)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _endless(self) -> None:  # no Content-Length: the byte limit must stop the read
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.end_headers()
+        chunk = b"\0" * 65536
+        try:
+            for _ in range(MAX_IMAGE_BYTES // len(chunk) + 10):
+                self.wfile.write(chunk)
+        except OSError:
+            pass
+
+    def _drip(self) -> None:  # a byte every 0.2 s: each read is quick, the whole body never ends in time
+        self._send_headers(200, len(PICTURE), "image/png")
+        try:
+            for byte in PICTURE:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    handler = type("Handler", (ImageHandler,), {"paths_seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.paths_seen = handler.paths_seen  # type: ignore[attr-defined]
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def url_of(server, path: str) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}{path}"
+
+
+@pytest.fixture
+def fetching_client(redis_url, tmp_path):
+    """The app with 127.0.0.1 as its one image host and a 1 s fetch deadline."""
+    settings = ApiSettings(
+        api_keys=tuple(TENANT_KEYS.items()),
+        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
+        image_url_hosts=AllowList.parse("127.0.0.1"),
+        image_url_timeout_seconds=1.0,
+        accept_unserved_models=True,
+    )
+    app = create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+    yield app, app.test_client()
+    get_task_queue_of(app).close()
+
+
+def submit(client, body: dict):
+    return client.post("/v1/jobs", json=body, headers=auth())
+
+
+def test_an_image_url_on_an_allowed_host_is_fetched_and_kept_as_an_upload(fetching_client, image_server):
+    app, client = fetching_client
+
+    response = submit(client, {**JOB, "init_image": url_of(image_server, "/cat.png"), "strength": 0.5})
+
+    assert response.status_code == 202, response.json
+    assert (response.json["params"]["width"], response.json["params"]["height"]) == (96, 72), "the image's size"
+    upload_id = stored_params(app, response.json["job_id"])["init_image"]
+    assert is_upload_id(upload_id), "the record keeps an upload id, not the URL"
+    with app.app_context():
+        from api.resources import get_upload_store
+
+        data_uri = get_upload_store().get("alice", upload_id)
+    assert data_uri is not None and data_uri.startswith("data:image/png;base64,")
+
+
+def test_a_redirect_on_an_allowed_host_is_followed_and_the_mask_may_be_a_url_too(fetching_client, image_server):
+    _, client = fetching_client
+    mask_url = url_of(image_server, "/cat.png")  # any picture decodes as a mask (thresholded gray)
+
+    response = submit(client, {**JOB, "init_image": url_of(image_server, "/hop"), "mask_image": mask_url})
+
+    assert response.status_code == 202, response.json
+    assert response.json["params"]["strength"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("/hop-to-unlisted-name", "names host 'localhost', which is not one the operator allows"),
+        ("/loop", "redirected more than 3 times"),
+        ("/missing.png", "answered HTTP 404"),
+        ("/page.html", "is not a decodable image"),
+        ("/huge.png", f"more than the {MAX_IMAGE_BYTES} allowed"),
+        ("/endless.png", f"more than the {MAX_IMAGE_BYTES} bytes allowed"),
+        ("/drip.png", "did not answer within 1s"),
+    ],
+)
+def test_an_image_url_that_cannot_be_used_gets_a_422_naming_the_field(fetching_client, image_server, path, words):
+    _, client = fetching_client
+    started = time.monotonic()
+
+    response = submit(client, {**JOB, "init_image": url_of(image_server, path)})
+
+    assert response.status_code == 422, response.json
+    assert response.json["error"]["field"] == "init_image"
+    assert words in response.json["error"]["message"]
+    assert time.monotonic() - started < 5, "one deadline bounds the whole fetch"
+
+
+def test_without_allowed_hosts_no_url_is_fetched(client, image_server):
+    before = len(image_server.paths_seen)
+
+    response = submit(client, {**JOB, "init_image": data_uri_of_picture(), "mask_image": url_of(image_server, "/a")})
+
+    assert response.status_code == 422
+    assert response.json["error"]["field"] == "mask_image"
+    assert "STEPWISE_IMAGE_URL_HOSTS" in response.json["error"]["message"]
+    assert len(image_server.paths_seen) == before, "nothing was requested"
+
+
+def data_uri_of_picture() -> str:
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(image_bytes()).decode()
+
+
+def test_a_url_in_a_batch_job_is_named_with_its_index(fetching_client, image_server):
+    _, client = fetching_client
+    jobs = [{**JOB, "init_image": data_uri_of_picture(), "mask_image": mask_uri()}, {**JOB, "init_image": "http://x"}]
+
+    response = client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=auth())
+
+    results = response.json["results"]
+    assert [result["status"] for result in results] == [202, 422], response.json
+    assert results[1]["error"]["field"] == "jobs[1].init_image"
+
+
+# The policy itself: no request is made (address literals, or names with faked resolution).
+
+HOSTS = AllowList.parse("images.example.com, 127.0.0.1, 10.20.0.0/16")
+
+
+def resolving_to(address: str):
+    def fake(host, port, *args, **kwargs):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        return [(family, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    return fake
+
+
+def test_the_policy_fetches_nothing_when_no_host_is_allowed():
+    with pytest.raises(ImageURLError, match="fetches none"):
+        check_image_url("https://images.example.com/cat.png", AllowList())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://elsewhere.example.com/cat.png",  # a name not listed
+        "http://127.0.0.2/cat.png",  # an address outside the listed ones
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]/cat.png",
+        "http://localhost/cat.png",  # resolves to a listed address, but names are matched by name
+        "ftp://images.example.com/cat.png",
+        "https://user:pw@images.example.com/cat.png",
+    ],
+)
+def test_the_policy_refuses_hosts_not_listed_and_malformed_urls(monkeypatch, url):
+    monkeypatch.setattr(url_policy.socket, "getaddrinfo", resolving_to("93.184.216.34"))
+
+    with pytest.raises(ImageURLError):
+        check_image_url(url, HOSTS)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "169.254.169.254", "fd00:ec2::254", "::ffff:192.168.0.1"])
+def test_a_listed_name_that_resolves_to_a_private_or_metadata_address_is_refused(monkeypatch, address):
+    monkeypatch.setattr(url_policy.socket, "getaddrinfo", resolving_to(address))
+
+    with pytest.raises(ImageURLError, match="private, loopback, link-local or metadata"):
+        check_image_url("https://images.example.com/cat.png", AllowList.parse("images.example.com"))
+
+
+def test_the_policy_returns_the_addresses_it_checked_for_the_fetcher_to_connect_to(monkeypatch):
+    monkeypatch.setattr(url_policy.socket, "getaddrinfo", resolving_to("93.184.216.34"))
+
+    assert check_image_url("https://images.example.com/cat.png", HOSTS) == [ipaddress.ip_address("93.184.216.34")]
+    assert check_image_url("http://10.20.3.4:8080/a.png", HOSTS) == [ipaddress.ip_address("10.20.3.4")]
