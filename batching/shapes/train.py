@@ -31,7 +31,6 @@ from batching.shapes.vocabulary import all_prompts
 
 PROMPT_DROPOUT = 0.15  # share of training rows with the empty prompt (for classifier-free guidance)
 UNET_LR = 1e-3
-OVERSHOOT_MIN_SIGMA = 0.3  # the overshoot augmentation (train_unet) applies at this noise level and above
 EMA_DECAY = 0.995
 NUM_BOX_SIZES = 8  # shape sizes per prompt in the UNet's fixed training set
 VAE_CROP = 32
@@ -169,19 +168,8 @@ def train_unet(
     prompt_dropout: float = PROMPT_DROPOUT,
     pct_start: float = 0.03,
     stage: str = "unet",
-    overshoot: float = 1.0,
-    latent_mean: torch.Tensor | None = None,
 ):
-    """The v-prediction loss over `num_steps` steps of `batch_size` latents; saves the EMA weights.
-
-    With `overshoot` > 1, half of the rows whose noise level sigma is at least OVERSHOOT_MIN_SIGMA
-    are noised from a latent pushed away from `latent_mean` (scaled units, [1, 4, 1, 1]) by a factor
-    drawn from 1..overshoot, and the target is the velocity that leads back to the true latent.
-    Classifier-free guidance pushes a sample away from the unconditional prediction in the early
-    steps; this teaches the UNet to pull such an over-saturated sample back to the palette in the
-    later ones, instead of carrying the excess into the image (input perturbation against
-    exposure bias, as in Ning et al. 2023).
-    """
+    """The v-prediction loss over `num_steps` steps of `batch_size` latents; saves the EMA weights."""
     latent_means, latent_stds, token_ids = data
     empty_ids = tokenize(tokenizer, [""])  # [1, seq]
     parameters = list(unet.parameters()) + list(text_encoder.parameters())
@@ -201,15 +189,6 @@ def train_unet(
         timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch_size,))
         noisy = scheduler.add_noise(latents, noise, timesteps)
         target = scheduler.get_velocity(latents, noise, timesteps)
-        if overshoot > 1.0 and latent_mean is not None:
-            alpha_bar = scheduler.alphas_cumprod[timesteps].view(-1, 1, 1, 1)
-            alpha, sigma = alpha_bar.sqrt(), (1 - alpha_bar).sqrt()
-            pushed = (sigma.flatten() >= OVERSHOOT_MIN_SIGMA) & (torch.rand(batch_size) < 0.5)
-            factor = torch.where(pushed, 1 + (overshoot - 1) * torch.rand(batch_size), torch.ones(batch_size))
-            pushed_latents = latent_mean + factor.view(-1, 1, 1, 1) * (latents - latent_mean)
-            noisy = alpha * pushed_latents + sigma * noise
-            pushed_target = (alpha * noisy - latents) / sigma  # v whose clean-latent estimate is the true latent
-            target = torch.where(pushed.view(-1, 1, 1, 1), pushed_target, target)
         embeds = text_encoder(ids)[0]  # [b, seq, dim]
         prediction = unet(noisy, timesteps, encoder_hidden_states=embeds).sample
         loss = F.mse_loss(prediction, target)
@@ -290,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finetune-lr", type=float, default=5e-4)
     parser.add_argument("--finetune-dropout", type=float, default=PROMPT_DROPOUT)
     parser.add_argument(
-        "--overshoot-steps", type=int, default=300, help="stage 4: UNet steps with the overshoot augmentation"
+        "--guidance-steps", type=int, default=700, help="stage 4: more UNet steps with more empty prompts"
     )
-    parser.add_argument("--overshoot", type=float, default=2.0, help="stage 4's largest push from the latent mean")
-    parser.add_argument("--overshoot-lr", type=float, default=3e-4)
+    parser.add_argument("--guidance-lr", type=float, default=3e-4)
+    parser.add_argument("--guidance-dropout", type=float, default=0.3)
     parser.add_argument("--save-every", type=int, default=250)
     parser.add_argument("--keep-checkpoints", action="store_true", help="also keep each checkpoint in OUT-<stage>-N")
     parser.add_argument("--vae-from", type=Path, help="a folder this script wrote: reuse its VAE (and skip stage 1)")
@@ -370,15 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             pct_start=0.05, stage="finetune",
         )  # fmt: skip
         unet, text_encoder = save.last_unet, save.last_text_encoder
-    if args.overshoot_steps:
+    if args.guidance_steps:
         torch.manual_seed(args.seed + 4)
-        save.stage = "overshoot"
+        save.stage = "guidance"
         save.steps_before = min(args.unet_steps, args.stop_after or args.unet_steps) + args.finetune_steps
-        latent_mean = data[0].mean(dim=(0, 2, 3), keepdim=True) * scaling_factor  # [1, 4, 1, 1]
         train_unet(
-            unet, text_encoder, tokenizer, scheduler, data, args.overshoot_steps, args.unet_batch, save,
-            args.save_every, log, max_lr=args.overshoot_lr, prompt_dropout=args.finetune_dropout,
-            pct_start=0.1, stage="overshoot", overshoot=args.overshoot, latent_mean=latent_mean,
+            unet, text_encoder, tokenizer, scheduler, data, args.guidance_steps, args.unet_batch, save,
+            args.save_every, log, max_lr=args.guidance_lr, prompt_dropout=args.guidance_dropout,
+            pct_start=0.1, stage="guidance",
         )  # fmt: skip
     log(f"done in {time.time() - started:.0f} s")
     return 0
