@@ -2,15 +2,20 @@
 
     python -m batching.shapes.train --out DIR --seed 0
 
-Stage 1 trains the autoencoder to reconstruct the procedural images (flat colours
-are easy: a thousand or so small steps). Stage 2 encodes a fixed set of images once
-(every prompt at several shape sizes) and trains the UNet and the text encoder
-together on those latents with the v-prediction objective on a zero-terminal-SNR
-schedule (see `model.build_scheduler` for why) and an exponential moving average of
-the weights, which is what gets saved. A share of prompts is replaced by the empty prompt so that
-classifier-free guidance works. The folder written is an ordinary
-`StableDiffusionPipeline.save_pretrained` folder (safetensors). A checkpoint is saved
-every `--save-every` UNet steps, so an interrupted run still leaves a usable model.
+Stage 1 trains the autoencoder to reconstruct the procedural images on crops (flat
+colours are easy: a thousand or so small steps); the training set (every prompt at several
+shape sizes) is then encoded once, and the encoder is final. Stages 1b and 1c fine-tune
+the decoder alone on whole images, 1c also on latents pushed away from their mean as
+classifier-free guidance pushes them. Stage 2 trains the UNet and the text encoder together
+on the latents with the v-prediction objective on a zero-terminal-SNR schedule (see
+`model.build_scheduler` for why) and an exponential moving average of the weights, which is
+what gets saved; stage 3 continues from that average at a lower rate, and stage 4 at a
+lower rate still with twice the share of empty prompts (for classifier-free guidance).
+Each stage is reseeded from --seed, so it gives the same weights whether the earlier stages
+ran in this process or were loaded (--vae-from, --unet-from). The folder written is an
+ordinary `StableDiffusionPipeline.save_pretrained` folder (safetensors). A checkpoint is
+saved every `--save-every` steps of a stage, so an interrupted run still leaves a usable
+model. docs/shapes.md has the measurements behind each stage.
 """
 
 from __future__ import annotations
