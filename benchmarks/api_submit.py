@@ -1,6 +1,6 @@
 """Submit throughput of `stepwise api`: POST /v1/jobs and POST /v1/jobs/batch, jobs per second.
 
-    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100] [--server gunicorn|granian]
+    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100] [--server granian|gunicorn]
                                     [--worker-class gevent|gthread]
     python -m benchmarks.api_submit --compare 9e3133e        # today's tree and REF's, side by side
     python -m benchmarks.api_submit --url http://127.0.0.1:8000 --key KEY   # an API already running
@@ -274,15 +274,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="workers of the started API (default: the server's)")
     parser.add_argument(
         "--server",
-        choices=("gunicorn", "granian"),
-        default="gunicorn",
-        help="server of the started API (default: gunicorn, as `stepwise api`)",
+        choices=("granian", "gunicorn"),
+        default="granian",
+        help="server of the started API (default: granian, as `stepwise api`)",
     )
     parser.add_argument(
         "--worker-class",
         choices=("gevent", "gthread"),
         default="gevent",
-        help="gunicorn worker class of the started API (default: gevent, as `stepwise api`)",
+        help="with --server gunicorn: worker class of the started API (default: gevent, as `stepwise api`)",
     )
     parser.add_argument("--threads", type=int, default=4, help="threads per worker process of the started API")
     parser.add_argument(

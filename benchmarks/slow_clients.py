@@ -1,12 +1,15 @@
 """How the API serves health checks and authenticated clients while slow clients hold sockets.
 
-    python -m benchmarks.slow_clients --worker-class gevent --num-slow 50 --mode headers
+    python -m benchmarks.slow_clients --server granian --num-slow 50 --mode headers
+    python -m benchmarks.slow_clients --server gunicorn --worker-class gevent --num-slow 50 --mode body
 
 Starts its own redis-server and `stepwise api` on loopback, opens `--num-slow` connections
-that send their request head (`headers`) or body (`body`) one line or byte every
+that send their request head (`headers`) or body (`body` without an API key, `auth-body`
+with one, `auth-upload` a 2 MB image upload with one) one line or byte every
 `--trickle-interval` seconds, and meanwhile probes `GET /healthz` and an authenticated
 `GET /v1/jobs` every `--probe-interval` with a 2 s client timeout. Prints one JSON line:
-probes answered, their median and worst latency, and how many slow sockets the server closed.
+probes answered, their median and worst latency, how many slow sockets the server closed, and
+the API's resident memory (all its processes) before the slow clients and at the end.
 """
 
 from __future__ import annotations
@@ -36,9 +39,19 @@ def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed
         if mode == "headers":
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             chunk = b"X-Slow: 1\r\n"
-        else:
+        elif mode == "auth-upload":  # an image upload over the JSON routes' limit: the app reads it itself
             sock.sendall(
-                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                b"POST /v1/uploads HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                + f"Authorization: Bearer {KEY}\r\n".encode()
+                + b"Content-Length: 2000000\r\n\r\n"
+            )
+            chunk = b"\0"
+        else:  # body: unauthenticated (refused before the app reads it); auth-body: read by the app
+            key = f"Authorization: Bearer {KEY}\r\n".encode() if mode == "auth-body" else b""
+            sock.sendall(
+                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + key
+                + b"Content-Length: 100000\r\n\r\n"
             )
             chunk = b" "
         while not stop.wait(interval):
@@ -47,6 +60,21 @@ def trickle(port: int, mode: str, interval: float, stop: threading.Event, closed
         closed.append(1)  # the server closed it (a read deadline), or refused it
         return
     sock.close()
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and its descendants (Linux /proc), in MiB."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as status:
+                total += next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+            with open(f"/proc/{current}/task/{current}/children") as children:
+                pending.extend(int(child) for child in children.read().split())
+        except (OSError, StopIteration):
+            continue
+    return round(total / 1024, 1)
 
 
 def probe(url: str, headers: dict[str, str]) -> float | None:
@@ -92,8 +120,9 @@ def measure(args: argparse.Namespace) -> dict:
             str(api_port),
             "--workers",
             str(args.workers),
-            "--worker-class",
-            args.worker_class,
+            "--server",
+            args.server,
+            *(["--worker-class", args.worker_class] if args.server == "gunicorn" else []),
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -112,6 +141,7 @@ def measure(args: argparse.Namespace) -> dict:
         ]
         for thread in slow:
             thread.start()
+        rss_before = tree_rss_mib(api.pid)
         time.sleep(1.0)  # let every slow socket connect and start its request
         health, listing = [], []
         deadline = time.monotonic() + args.duration
@@ -119,6 +149,7 @@ def measure(args: argparse.Namespace) -> dict:
             health.append(probe(f"{base}/healthz", {}))
             listing.append(probe(f"{base}/v1/jobs", {"Authorization": f"Bearer {KEY}"}))
             time.sleep(args.probe_interval)
+        rss_during = tree_rss_mib(api.pid)
     finally:
         stop.set()
         api.terminate()
@@ -136,7 +167,8 @@ def measure(args: argparse.Namespace) -> dict:
         }
 
     return {
-        "worker_class": args.worker_class,
+        "server": args.server,
+        "worker_class": args.worker_class if args.server == "gunicorn" else None,
         "workers": args.workers,
         "mode": args.mode,
         "num_slow": args.num_slow,
@@ -144,14 +176,16 @@ def measure(args: argparse.Namespace) -> dict:
         "healthz": summary(health),
         "authenticated_list": summary(listing),
         "slow_sockets_closed_by_server": len(closed),
+        "api_rss_mib": {"before": rss_before, "with_slow_clients": rss_during},
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent")
+    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian")
+    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent", help="gunicorn only")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--mode", choices=("headers", "body"), default="headers")
+    parser.add_argument("--mode", choices=("headers", "body", "auth-body", "auth-upload"), default="headers")
     parser.add_argument("--num-slow", type=int, default=50)
     parser.add_argument("--trickle-interval", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=20.0)

@@ -1,12 +1,14 @@
 """`stepwise api`: serve the HTTP API, one app per worker process.
 
-The default server is gunicorn with gevent workers, so slow clients cannot hold the threads that
-serve everyone else; see `stepwise_cli.api_worker` for the read deadlines and the connection
-limit, and docs/operations.md for the measurement behind the choice. `--worker-class gthread`
-remains for comparison. `--server granian` serves the same WSGI app from granian's Rust HTTP
-server (one process per core, each with a pool of Python threads): a faster submit path
-(docs/api.md), without gunicorn's read deadlines and connection limit, so put a buffering proxy
-in front of it.
+The default server is granian (Rust HTTP, one process per core) serving the WSGI app through
+`stepwise_cli.api_rsgi`, which reads each request body on granian's event loop before the app
+runs on a thread: slow clients cost a buffer, never a thread, and head and body have read
+deadlines (docs/api.md; the README's production notes have the slow-client measurement). It
+takes more submits per second than gunicorn on 2 cores (docs/api.md#throughput).
+
+`--server gunicorn` runs gunicorn with gevent workers (`stepwise_cli.api_worker`, the same
+deadlines and a connection limit, and JSON bodies for the requests gunicorn refuses itself);
+`--worker-class gthread` remains for comparison.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ import sys
 import tempfile
 from typing import Any
 
-SERVERS = ("gunicorn", "granian")
+SERVERS = ("granian", "gunicorn")
+DEFAULT_SERVER = SERVERS[0]
 # No query string, referer or Basic-auth user: clients put keys there by mistake.
 GUNICORN_ACCESS_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"'
 GRANIAN_ACCESS_FORMAT = '%(addr)s [%(time)s] "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).1fms'
 
 
-def default_workers(server: str = "gunicorn") -> int:
-    if server == "granian":  # a Rust event loop per process: one process per core
-        return max(os.cpu_count() or 1, 2)
+def default_workers(server: str = DEFAULT_SERVER) -> int:
+    if server == "granian":  # a Rust event loop per process: one process per usable core, 2 to 8
+        return min(max(len(os.sched_getaffinity(0)), 2), 8)
     return min(2 * (os.cpu_count() or 1) + 1, 8)
 
 
@@ -44,23 +47,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--server",
-        default=os.environ.get("STEPWISE_API_SERVER") or "gunicorn",
-        help="gunicorn or granian (default: $STEPWISE_API_SERVER or gunicorn)",
+        default=os.environ.get("STEPWISE_API_SERVER") or DEFAULT_SERVER,
+        help="granian or gunicorn (default: $STEPWISE_API_SERVER or granian)",
     )
     parser.add_argument(
         "--workers",
         type=int,
         default=None,
-        help="worker processes (default: gunicorn 2 x CPUs + 1, at most 8; granian one per CPU)",
+        help="worker processes (default: granian one per usable CPU, 2 to 8; gunicorn 2 x CPUs + 1, at most 8)",
     )
     parser.add_argument(
-        "--threads", type=int, default=4, help="threads per gunicorn gthread worker or granian process (default: 4)"
+        "--threads",
+        type=int,
+        default=4,
+        help="app threads per granian process or gunicorn gthread worker (default: 4)",
     )
     parser.add_argument(
         "--worker-class",
         choices=("gevent", "gthread"),
         default="gevent",
-        help="gunicorn worker class (default: gevent, which slow clients cannot starve)",
+        help="with --server gunicorn: worker class (default: gevent, which slow clients cannot starve)",
     )
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
@@ -112,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"stepwise api: http://{args.host}:{args.port} ({shape}), tenants: {', '.join(tenants)}", file=sys.stderr)
     try:
         if args.server == "granian":
-            serve_granian(args)
+            serve_granian(args, max_connections=max_connections)
         else:
             serve_gunicorn(args, is_gevent=is_gevent, max_connections=max_connections)
     finally:
@@ -121,17 +127,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_granian(args: argparse.Namespace) -> None:
+def serve_granian(args: argparse.Namespace, *, max_connections: int) -> None:
     from granian.constants import Interfaces
+    from granian.http import HTTP1Settings
     from granian.server import Server
 
+    from storage.settings import env_float
+
+    header_timeout = env_float("STEPWISE_API_HEADER_TIMEOUT", 10.0)
+    os.environ["STEPWISE_API_THREADS"] = str(args.threads)  # read by stepwise_cli.api_rsgi in each worker
     Server(
-        "api.wsgi:app",
+        "stepwise_cli.api_rsgi:app",
         address=args.host,
         port=args.port,
-        interface=Interfaces.WSGI,
+        interface=Interfaces.RSGI,
         workers=args.workers,
-        blocking_threads=args.threads,
+        backpressure=max_connections,
+        http1_settings=HTTP1Settings(header_read_timeout=max(1, round(header_timeout * 1000))),
         log_access=args.access_log,
         log_access_format=GRANIAN_ACCESS_FORMAT,
         respawn_failed_workers=True,

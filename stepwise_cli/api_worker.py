@@ -1,9 +1,9 @@
-"""The gunicorn worker `stepwise api` runs: gevent, with read deadlines and JSON errors.
+"""The gunicorn worker `stepwise api --server gunicorn` runs: gevent, with read deadlines and JSON errors.
 
 Why gevent: with gthread, a connection whose request head or body trickles in holds one of
 the worker's few threads until it completes, so a few dozen slow unauthenticated sockets left
-/healthz unanswered (docs/operations.md has the measurement). Under gevent each connection
-costs a greenlet, not a thread, and these bounds hold:
+/healthz unanswered (the README's production notes have the measurement). Under gevent each
+connection costs a greenlet, not a thread, and these bounds hold:
 
 - request head (request line and headers): read within `STEPWISE_API_HEADER_TIMEOUT` seconds,
   measured over the whole head, not per read (gunicorn's gevent worker bounds `next(parser)`

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-workers",
         type=int,
         default=2,
-        help="gunicorn worker processes for the API (default 2: the model needs the CPU more)",
+        help="API worker processes (default 2: the model needs the CPU more)",
     )
     parser.add_argument("--redis-port", type=int, help="port for the embedded redis-server (default: a free one)")
     parser.add_argument(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import requests
 
+from stepwise_cli.api_cmd import DEFAULT_SERVER
 from tests.servers import child_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ class ChildProcess:
 
 
 class ApiProcess(ChildProcess):
-    """`stepwise api` on a free loopback port."""
+    """`stepwise api` on a free loopback port, with its default server unless `server` names one."""
 
     def __init__(
         self,
@@ -73,9 +74,11 @@ class ApiProcess(ChildProcess):
         *,
         workers: int = 2,
         access_log: bool = False,
+        server: str | None = None,
         **env_overrides: str,
     ) -> None:
         self.port = free_port()
+        self.server = server or DEFAULT_SERVER
         defaults = {
             "STEPWISE_REDIS_URL": redis_url,
             "STEPWISE_STORAGE_URL": storage_url,
@@ -86,6 +89,7 @@ class ApiProcess(ChildProcess):
             # Most API tests run without a worker: jobs for builtin:tiny queue as they would for an
             # autoscaled fleet. tests/api/test_fleet.py runs with the default (refuse unserved models).
             "STEPWISE_ACCEPT_UNSERVED_MODELS": "true",
+            **({"STEPWISE_API_SERVER": server} if server else {}),
         }
         env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)

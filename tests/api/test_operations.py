@@ -36,7 +36,7 @@ def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_w
 
 def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):
     submit(http, api, {"prompt": "a metric", "num_inference_steps": 2})
-    for _ in range(4):  # reach both gunicorn workers
+    for _ in range(4):  # reach both API worker processes
         http.get(f"{api.url}/healthz", timeout=10)
 
     text = http.get(f"{api.url}/metrics", timeout=10).text
