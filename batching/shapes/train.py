@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finetune-lr", type=float, default=5e-4)
     parser.add_argument("--finetune-dropout", type=float, default=PROMPT_DROPOUT)
     parser.add_argument(
-        "--guidance-steps", type=int, default=700, help="stage 4: more UNet steps with more empty prompts"
+        "--guidance-steps", type=int, default=1200, help="stage 4: more UNet steps with more empty prompts"
     )
     parser.add_argument("--guidance-lr", type=float, default=3e-4)
     parser.add_argument("--guidance-dropout", type=float, default=0.3)
