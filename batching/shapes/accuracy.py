@@ -106,3 +106,70 @@ def score(cases: list[Case], images: list, images_per_second: float = 0.0) -> Ac
         if not result:
             failures.append(f"{case.prompt.text} (seed {case.seed}, guidance {case.guidance_scale}): {result.reason}")
     return AccuracyReport(len(cases) - len(failures), len(cases), images_per_second, failures)
+
+
+def grid(images: list, columns: int = 8):
+    """The images side by side, `columns` to a row (docs/images/shapes-grid.png)."""
+    from PIL import Image
+
+    width, height = images[0].size
+    rows = -(-len(images) // columns)
+    sheet = Image.new("RGB", (columns * width, rows * height), (255, 255, 255))
+    for index, image in enumerate(images):
+        sheet.paste(image, ((index % columns) * width, (index // columns) * height))
+    return sheet
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the fixed set's accuracy alone and co-batched, and per guidance scale; optionally save images.
+
+    python -m batching.shapes.accuracy --guidance 1 5 7.5 10 --grid docs/images/shapes-grid.png
+    """
+    import argparse
+    from dataclasses import replace
+    from pathlib import Path
+
+    import torch
+
+    from batching import DiffusionEngine, EngineConfig
+
+    parser = argparse.ArgumentParser(description="accuracy of builtin:shapes on the fixed 24-case set")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--guidance", type=float, nargs="*", default=[], help="also run every case at these scales")
+    parser.add_argument("--grid", type=Path, help="save the co-batched images here, 8 to a row")
+    parser.add_argument("--example", type=Path, help="save the README's example here (seed 7, the defaults)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cases = fixed_cases()
+    engine = DiffusionEngine(EngineConfig(model=MODEL, device="cpu", max_num_seqs=8))
+    try:
+
+        def run(name: str, run_cases: list[Case], co_batched: bool = False) -> list:
+            started = time.perf_counter()
+            images = run_co_batched(engine, run_cases) if co_batched else run_alone(engine, run_cases)
+            report = score(run_cases, images, len(run_cases) / (time.perf_counter() - started))
+            print(f"{name}: {report.num_passed}/{report.num_cases} ({report.accuracy:.0%}), "
+                  f"{report.images_per_second:.2f} images/s", flush=True)  # fmt: skip
+            for failure in report.failures:
+                print(f"    {failure}")
+            return images
+
+        images = run("co-batched, guidance 5/7.5/10 mixed", cases, co_batched=True)
+        run("alone, guidance 5/7.5/10 mixed", cases)
+        for scale in args.guidance:
+            run(f"alone, guidance {scale:g}", [replace(case, guidance_scale=scale) for case in cases])
+        if args.grid:
+            grid(images).save(args.grid)
+        if args.example:
+            # the README tour's `stepwise submit "a red circle on a blue background" --seed 7 --steps 20`
+            example = GenerationParams(
+                prompt="a red circle on a blue background", seed=7, num_inference_steps=20, model=MODEL
+            )
+            engine.submit(example).result(timeout=300).image.save(args.example)
+    finally:
+        engine.shutdown(abort=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
