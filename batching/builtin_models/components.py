@@ -1,4 +1,4 @@
-"""Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder.
+"""Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder, SD's DDIM schedule.
 
 Every module is constructed right after `torch.manual_seed` inside a forked RNG, so a
 built-in's weights depend on its seeds only, never on what ran before in the process.
@@ -83,3 +83,21 @@ def tiny_flux_vae():
         scaling_factor=FLUX_VAE_SCALING_FACTOR,
         shift_factor=FLUX_VAE_SHIFT_FACTOR,
     )
+
+
+def sd_ddim_scheduler(**overrides):
+    """A DDIMScheduler with Stable Diffusion 1.x's training schedule (epsilon prediction unless `overrides` say)."""
+    from diffusers import DDIMScheduler
+
+    values = dict(
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        prediction_type="epsilon",
+    )
+    values.update(overrides)
+    return DDIMScheduler(**values)

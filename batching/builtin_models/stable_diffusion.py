@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batching.builtin_models.components import clip_text_config, clip_tokenizer, seeded, tiny_vae
+from batching.builtin_models.components import (
+    clip_text_config,
+    clip_tokenizer,
+    sd_ddim_scheduler,
+    seeded,
+    tiny_vae,
+)
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ SIZES = {
 
 
 def build_pipeline(name: str):
-    from diffusers import DDIMScheduler, StableDiffusionInpaintPipeline, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel
 
     size = SIZES[name]
@@ -52,16 +58,7 @@ def build_pipeline(name: str):
         vae = tiny_vae(latent_channels=4)
     with seeded(2):
         text_encoder = CLIPTextModel(clip_text_config(tokenizer, size.text_hidden_size))
-    scheduler = DDIMScheduler(  # Stable Diffusion 1.x's training schedule
-        num_train_timesteps=1000,
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-        prediction_type="epsilon",
-    )
+    scheduler = sd_ddim_scheduler()  # Stable Diffusion 1.x's training schedule
     pipeline_class = StableDiffusionInpaintPipeline if size.unet_in_channels == 9 else StableDiffusionPipeline
     return pipeline_class(
         vae=vae.eval(),

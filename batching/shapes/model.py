@@ -69,22 +69,11 @@ def build_unet():
 
 
 def build_scheduler():
-    from diffusers import DDIMScheduler
+    from batching.builtin_models.components import sd_ddim_scheduler
 
     # SD 1.x's betas, rescaled to zero terminal SNR, with v-prediction and trailing timesteps (Lin et al. 2023,
     # "Common Diffusion Noise Schedules and Sample Steps are Flawed"). With SD's own schedule the last training
     # step still holds 7% of the image: on 16x16 latents of flat colours the mean colour survives that noise, so
     # the model learns to copy colours from its input instead of reading the prompt, and at sampling time copies
     # them from the random starting noise (an epsilon run of 750 steps drew the right shapes in random colours).
-    return DDIMScheduler(
-        num_train_timesteps=1000,
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-        prediction_type="v_prediction",
-        rescale_betas_zero_snr=True,
-        timestep_spacing="trailing",
-    )
+    return sd_ddim_scheduler(prediction_type="v_prediction", rescale_betas_zero_snr=True, timestep_spacing="trailing")
