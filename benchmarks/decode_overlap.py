@@ -21,17 +21,17 @@ and the decode time per image.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
+
+from benchmarks import overlap_common
 
 STEP_COUNTS = (4, 6, 8, 10, 12, 5, 7, 9)
 
 
 def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
     """One variant in this process: build, warm up, time the burst, return the figures."""
-    from batching import DiffusionEngine, EngineConfig, GenerationParams
+    from batching import DiffusionEngine, EngineConfig
 
     config = EngineConfig(
         model=args.model,
@@ -51,15 +51,8 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
 
         adapter.decode = costly_decode
 
-        def params(index: int, steps: int) -> GenerationParams:
-            return GenerationParams(
-                prompt=f"a lighthouse, picture {index}",
-                seed=index,
-                model=args.model,
-                num_inference_steps=steps,
-                height=args.size,
-                width=args.size,
-            )
+        def params(index: int, steps: int):
+            return overlap_common.job_params(args, "a lighthouse", index, steps)
 
         engine.submit(params(999, 2)).result()  # warm-up (both threads run torch work once), not timed
         before = engine.stats()
@@ -85,59 +78,34 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
     }
 
 
-def compare(args: argparse.Namespace, argv: list[str]) -> dict:
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
-    for _ in range(args.repeats):
-        for name in ("off", "on"):
-            completed = subprocess.run(
-                [sys.executable, "-m", "benchmarks.decode_overlap", *argv, "--variant", name],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            runs[name].append(json.loads(completed.stdout.strip().splitlines()[-1]))
-    summary = {
-        "settings": {key: value for key, value in vars(args).items() if key not in ("variant", "json")},
-        "step_counts": list(STEP_COUNTS[: args.jobs]),
-        "runs": runs,
-    }
-    summary["median"] = {
-        name: {
-            key: sorted(run[key] for run in results)[len(results) // 2]
-            for key in (
-                "images_per_second",
-                "denoiser_busy_fraction",
-                "engine_busy_fraction",
-                "decode_seconds_per_image",
-                "forward_seconds_per_step",
-            )
-        }
-        for name, results in runs.items()
-    }
-    return summary
+FIGURES = (
+    "images_per_second",
+    "denoiser_busy_fraction",
+    "engine_busy_fraction",
+    "decode_seconds_per_image",
+    "forward_seconds_per_step",
+)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="builtin:tiny")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--size", type=int, default=96)
-    parser.add_argument("--jobs", type=int, default=8)
+    overlap_common.add_engine_arguments(parser, size=96, jobs=8)
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--decode-repeats", type=int, default=3, help="real decodes per decode call (its cost)")
-    parser.add_argument("--repeats", type=int, default=2, help="off/on pairs, alternating")
+    overlap_common.add_comparison_arguments(parser)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", help="also write the summary here")
-    parser.add_argument("--variant", choices=("on", "off"), help=argparse.SUPPRESS)  # one variant, in this process
+    overlap_common.add_output_arguments(parser)
     args = parser.parse_args(argv)
-    if args.variant:
-        print(json.dumps(run_variant(args, args.variant == "on")))
+    summary = overlap_common.variant_or_summary(
+        args,
+        run_variant,
+        lambda: overlap_common.compare(
+            "benchmarks.decode_overlap", args, argv, list(STEP_COUNTS[: args.jobs]), FIGURES
+        ),
+    )
+    if summary is None:
         return
-    summary = compare(args, argv)
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(summary, file, indent=2)
     print(
         f"{args.jobs} jobs (steps {summary['step_counts']}), {args.model} {args.size}x{args.size}, "
         f"max_num_seqs={args.max_num_seqs}, decode x{args.decode_repeats}, median of {args.repeats} per variant"

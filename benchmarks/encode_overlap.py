@@ -23,18 +23,18 @@ last result), the forward time per forward and the encode time per text-encoder 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
+
+from benchmarks import overlap_common
 
 STEP_COUNTS = (6, 10, 8, 12, 7, 9, 11, 5)
 
 
 def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
     """One variant in this process: build, warm up, run the stream, return the figures."""
-    from batching import DiffusionEngine, EngineConfig, GenerationParams
+    from batching import DiffusionEngine, EngineConfig
 
     config = EngineConfig(
         model=args.model,
@@ -59,15 +59,8 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
 
         adapter.encode_prompts = costly_encode
 
-        def params(index: int, steps: int) -> GenerationParams:
-            return GenerationParams(
-                prompt=f"a lighthouse on a cliff, picture {index}",
-                seed=index,
-                model=args.model,
-                num_inference_steps=steps,
-                height=args.size,
-                width=args.size,
-            )
+        def params(index: int, steps: int):
+            return overlap_common.job_params(args, "a lighthouse on a cliff", index, steps)
 
         engine.submit(params(999, 2)).result()  # warm-up (every thread runs torch work once), not timed
         encode_calls.clear()
@@ -117,52 +110,24 @@ FIGURES = (
 )
 
 
-def compare(args: argparse.Namespace, argv: list[str]) -> dict:
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
-    for _ in range(args.repeats):
-        for name in ("off", "on"):
-            completed = subprocess.run(
-                [sys.executable, "-m", "benchmarks.encode_overlap", *argv, "--variant", name],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            runs[name].append(json.loads(completed.stdout.strip().splitlines()[-1]))
-    summary = {
-        "settings": {key: value for key, value in vars(args).items() if key not in ("variant", "json")},
-        "step_counts": [STEP_COUNTS[i % len(STEP_COUNTS)] for i in range(args.jobs)],
-        "runs": runs,
-    }
-    summary["median"] = {
-        name: {key: sorted(run[key] for run in results)[len(results) // 2] for key in FIGURES}
-        for name, results in runs.items()
-    }
-    return summary
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="builtin:tiny")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--jobs", type=int, default=16)
+    overlap_common.add_engine_arguments(parser, size=64, jobs=16)
     parser.add_argument("--interval", type=float, default=0.15, help="seconds between two arrivals")
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--encode-repeats", type=int, default=20, help="real encodes per encode call (its cost)")
     parser.add_argument("--decode-overlap", choices=("on", "off"), help="default: the engine's for the device")
-    parser.add_argument("--repeats", type=int, default=2, help="off/on pairs, alternating")
+    overlap_common.add_comparison_arguments(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--json", help="also write the summary here")
-    parser.add_argument("--variant", choices=("on", "off"), help=argparse.SUPPRESS)  # one variant, in this process
+    overlap_common.add_output_arguments(parser)
     args = parser.parse_args(argv)
-    if args.variant:
-        print(json.dumps(run_variant(args, args.variant == "on")))
+    step_counts = [STEP_COUNTS[i % len(STEP_COUNTS)] for i in range(args.jobs)]
+    summary = overlap_common.variant_or_summary(
+        args, run_variant, lambda: overlap_common.compare("benchmarks.encode_overlap", args, argv, step_counts, FIGURES)
+    )
+    if summary is None:
         return
-    summary = compare(args, argv)
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(summary, file, indent=2)
     print(
         f"{args.jobs} jobs arriving every {args.interval}s (steps {sorted(set(summary['step_counts']))}), "
         f"{args.model} {args.size}x{args.size}, max_num_seqs={args.max_num_seqs}, encode x{args.encode_repeats}, "

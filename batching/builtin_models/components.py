@@ -1,4 +1,5 @@
-"""Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder, SD's DDIM schedule.
+"""Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder,
+SD 1.x's DDIM schedule.
 
 Every module is constructed right after `torch.manual_seed` inside a forked RNG, so a
 built-in's weights depend on its seeds only, never on what ran before in the process.

@@ -6,11 +6,15 @@ engine's state for good (shutdown, a broken model) builds its own.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
+
+DEADLINE_SECONDS = 60  # the longest a test waits for something the engine does in well under a second
 
 
 def make_params(**overrides) -> GenerationParams:
@@ -82,6 +86,32 @@ def own_pipeline_image(pipeline, params: GenerationParams, **inputs):
 def run_alone(engine: DiffusionEngine, params_list: list[GenerationParams]) -> list:
     """Each job on its own: submitted only after the previous one finished."""
     return [engine.submit(params).result(timeout=120).image for params in params_list]
+
+
+def assert_together_equals_alone(engine: DiffusionEngine, params_list: list[GenerationParams]) -> list:
+    """Each job alone, then all submitted at once: each image equals itself alone, and some forward held all
+    of the jobs (they shared it). The images made together."""
+    alone = run_alone(engine, params_list)
+    num_jobs = len(params_list)
+    forwards_of_all_before = engine.stats()["jobs_per_forward"].get(num_jobs, 0)
+
+    futures = [engine.submit(params) for params in params_list]  # admitted together: they share forwards
+    together = [future.result(timeout=120).image for future in futures]
+
+    for image_alone, image_together in zip(alone, together):
+        assert max_pixel_diff(image_alone, image_together) <= 1
+    assert engine.stats()["jobs_per_forward"].get(num_jobs, 0) > forwards_of_all_before, "all jobs shared a forward"
+    return together
+
+
+def steps_taken_meanwhile(steps: list, more: int = 3) -> int:
+    """Waits until `steps` (appended to by a job's on_progress) holds `more` more entries, or DEADLINE_SECONDS
+    pass: how many it gained meanwhile."""
+    before = len(steps)
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while len(steps) < before + more and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(steps) - before
 
 
 def run_staggered(

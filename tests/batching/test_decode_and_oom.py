@@ -8,15 +8,12 @@ torch.OutOfMemoryError above a row count, as a GPU would.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
 
 from batching import JobCanceledError, JobFailedError
-from tests.batching.conftest import make_params, max_pixel_diff, run_alone
-
-DEADLINE_SECONDS = 60
+from tests.batching.conftest import DEADLINE_SECONDS, make_params, max_pixel_diff, run_alone, steps_taken_meanwhile
 
 
 def test_running_jobs_keep_stepping_while_another_job_decodes_and_images_are_unchanged(fresh_engine, solo_engine):
@@ -29,11 +26,7 @@ def test_running_jobs_keep_stepping_while_another_job_decodes_and_images_are_unc
     def slow_decode(latents, params_list):
         """Holds the decode until the long job has stepped 3 more times (a loop waiting for it never would)."""
         if any(params.prompt == "short" for params in params_list):
-            before = len(steps_of_long_job)
-            deadline = time.monotonic() + DEADLINE_SECONDS
-            while len(steps_of_long_job) < before + 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            steps_during_decode.append(len(steps_of_long_job) - before)
+            steps_during_decode.append(steps_taken_meanwhile(steps_of_long_job, 3))
         return real_decode(latents, params_list)
 
     adapter.decode = slow_decode

@@ -8,14 +8,11 @@ and one that waits for a cancel.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from batching import JobCanceledError, JobFailedError
-from tests.batching.conftest import make_params, max_pixel_diff, run_alone
-
-DEADLINE_SECONDS = 60
+from tests.batching.conftest import DEADLINE_SECONDS, make_params, max_pixel_diff, run_alone, steps_taken_meanwhile
 
 
 def test_running_jobs_keep_stepping_while_a_new_jobs_prompt_encodes_and_images_are_unchanged(fresh_engine, solo_engine):
@@ -28,11 +25,7 @@ def test_running_jobs_keep_stepping_while_a_new_jobs_prompt_encodes_and_images_a
     def slow_encode(texts):
         """Holds the new prompt's encode until the running job has stepped 3 more times."""
         if "a new arrival" in texts:
-            before = len(steps_of_running_job)
-            deadline = time.monotonic() + DEADLINE_SECONDS
-            while len(steps_of_running_job) < before + 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            steps_during_encode.append(len(steps_of_running_job) - before)
+            steps_during_encode.append(steps_taken_meanwhile(steps_of_running_job, 3))
         return real_encode(texts)
 
     adapter.encode_prompts = slow_encode

@@ -17,7 +17,14 @@ from PIL import Image, ImageDraw
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.image_inputs import to_data_uri
-from tests.batching.conftest import max_pixel_diff, own_pipeline, own_pipeline_image, pixels, run_alone
+from tests.batching.conftest import (
+    assert_together_equals_alone,
+    max_pixel_diff,
+    own_pipeline,
+    own_pipeline_image,
+    pixels,
+    run_alone,
+)
 
 
 @dataclass(frozen=True)
@@ -112,15 +119,7 @@ def test_img2img_co_batched_with_text_to_image_equals_itself_alone(case_engine):
         params_for(case, prompt="snow", seed=5, strength=0.8, num_inference_steps=5),
         params_for(case, prompt="a castle", seed=8, init_image=None, strength=None, num_inference_steps=4),
     ]
-    alone = run_alone(engine, jobs)
-    forwards_of_four_before = engine.stats()["jobs_per_forward"].get(4, 0)
-
-    futures = [engine.submit(params) for params in jobs]  # admitted together: they share forwards
-    together = [future.result(timeout=120).image for future in futures]
-
-    for image_alone, image_together in zip(alone, together):
-        assert max_pixel_diff(image_alone, image_together) <= 1
-    assert engine.stats()["jobs_per_forward"].get(4, 0) > forwards_of_four_before, "all four shared a forward"
+    assert_together_equals_alone(engine, jobs)
 
 
 def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and_keeps_the_rest(case_engine):

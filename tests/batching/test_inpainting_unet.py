@@ -16,8 +16,14 @@ import torch
 from PIL import Image, ImageDraw
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.builtin_model import builtin_model_path
-from tests.batching.conftest import max_pixel_diff, pixels, run_alone
+from tests.batching.conftest import (
+    assert_together_equals_alone,
+    max_pixel_diff,
+    own_pipeline,
+    own_pipeline_image,
+    pixels,
+    run_alone,
+)
 from tests.batching.test_image_to_image import init_picture, png_uri, right_half_mask
 
 MODEL = "builtin:tiny-inpaint"
@@ -55,27 +61,14 @@ def engine():
 
 @pytest.fixture(scope="module")
 def pipeline():
-    pipeline = diffusers.StableDiffusionInpaintPipeline.from_pretrained(
-        builtin_model_path(MODEL), local_files_only=True
-    )
-    pipeline.set_progress_bar_config(disable=True)
+    pipeline = own_pipeline(MODEL, "StableDiffusionInpaintPipeline")
     pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)  # jobs' default
     assert pipeline.unet.config.in_channels == 9
     return pipeline
 
 
 def diffusers_image(pipeline, params: GenerationParams, image, mask: Image.Image) -> Image.Image:
-    return pipeline(
-        params.prompt,
-        image=image,
-        mask_image=mask,
-        strength=params.strength,
-        height=params.height,
-        width=params.width,
-        num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
-        generator=torch.Generator("cpu").manual_seed(params.seed),
-    ).images[0]
+    return own_pipeline_image(pipeline, params, image=image, mask_image=mask, strength=params.strength)
 
 
 @pytest.mark.parametrize("strength", [1.0, 0.5])
@@ -123,15 +116,7 @@ def test_inpainting_jobs_with_different_masks_share_forwards_and_each_equals_its
         params_for(prompt="snow", seed=5, strength=0.8, num_inference_steps=5, guidance_scale=1.0),  # one row
         params_for(prompt="a castle", seed=8, init_image=None, mask_image=None, strength=None),  # text-to-image
     ]
-    alone = run_alone(engine, jobs)
-    forwards_of_four_before = engine.stats()["jobs_per_forward"].get(4, 0)
-
-    futures = [engine.submit(params) for params in jobs]  # admitted together: they share forwards
-    together = [future.result(timeout=120).image for future in futures]
-
-    for image_alone, image_together in zip(alone, together):
-        assert max_pixel_diff(image_alone, image_together) <= 1
-    assert engine.stats()["jobs_per_forward"].get(4, 0) > forwards_of_four_before, "all four shared a forward"
+    together = assert_together_equals_alone(engine, jobs)
     assert max_pixel_diff(together[0], together[1]) > 10, "different masks and prompts give different images"
 
 
