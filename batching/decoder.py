@@ -20,8 +20,6 @@ finished.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from typing import Any
 
 import torch
 
+from batching.beside_loop import BesideTheLoop
 from batching.oom import alone_message, run_splitting
 from batching.params import GenerationParams
 from batching.pipelines.contract import PipelineAdapter
@@ -57,22 +56,11 @@ class _Batch:
     ready: Any = None  # torch.cuda.Event recorded on the loop's stream after the latents were final
 
 
-class Decoder:
+class Decoder(BesideTheLoop[DecodeResult]):
     def __init__(self, model: PipelineAdapter, *, is_async: bool, on_result: Callable[[], None] = lambda: None) -> None:
-        self.model = model
-        self.is_async = is_async
-        self._on_result = on_result  # called from the worker after each batch (the engine wakes its loop)
-        self._results: list[DecodeResult] = []
-        self._lock = threading.Lock()
-        self._discarded: set[str] = set()  # loop thread only
         self.num_pending = 0  # batches submitted and not yet collected; loop thread only
         self.pending_sample_ids: set[str] = set()  # their samples; loop thread only
-        self._queue: queue.Queue[_Batch | None] = queue.Queue()
-        self._stream = torch.cuda.Stream(model.device) if is_async and model.device.type == "cuda" else None
-        self._thread: threading.Thread | None = None
-        if is_async:
-            self._thread = threading.Thread(target=self._work, name="stepwise-decode", daemon=True)
-            self._thread.start()
+        super().__init__(model, is_async=is_async, thread_name="stepwise-decode", on_result=on_result)
 
     def submit(self, batches: Sequence[list[DecodeItem]]) -> None:
         """Decode each batch (samples of one size); inline, or queued to the worker."""
@@ -90,14 +78,9 @@ class Decoder:
             else:
                 self._finish(self._decode(batch))
 
-    def has_results(self) -> bool:
-        with self._lock:
-            return bool(self._results)
-
     def collect(self) -> list[DecodeResult]:
         """The batches decoded since the last call, without the discarded samples; never waits."""
-        with self._lock:
-            results, self._results = self._results, []
+        results = self._take_results()
         self.num_pending -= len(results)
         for result in results:
             self.pending_sample_ids.difference_update(result.images.keys() | result.failed.keys())
@@ -111,12 +94,6 @@ class Decoder:
         """Forget these samples' images when they arrive (their job ended while they were decoding)."""
         self._discarded.update(self.pending_sample_ids.intersection(sample_ids))
 
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-
     def _work(self) -> None:
         while (batch := self._queue.get()) is not None:
             with torch.inference_mode():
@@ -127,11 +104,6 @@ class Decoder:
                         self._stream.wait_event(batch.ready)
                         result = self._decode(batch)
             self._finish(result)
-
-    def _finish(self, result: DecodeResult) -> None:
-        with self._lock:
-            self._results.append(result)
-        self._on_result()
 
     def _decode(self, batch: _Batch) -> DecodeResult:
         start = time.perf_counter()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from batching.beside_loop import BesideTheLoop
 from batching.image_start import ImageStart, encode_init_images, start_from_image
 from batching.pipelines.contract import Conditioning, PipelineAdapter
 from batching.plan import NewSample
@@ -64,7 +64,7 @@ class _Batch:
     ready: Any = None  # torch.cuda.Event recorded on the loop's stream at hand-over
 
 
-class Encoder:
+class Encoder(BesideTheLoop[StartResult]):
     def __init__(
         self,
         model: PipelineAdapter,
@@ -77,22 +77,11 @@ class Encoder:
         """`chunk_size`: deterministic mode, every text-encoder call gets exactly this many texts (padded) and
         init images are encoded one at a time. `encoding_with(adapter)`: the block in which a text-encoder call
         uses a LoRA adapter (EngineLoras.encoding_with)."""
-        self.model = model
-        self.is_async = is_async
         self.chunk_size = chunk_size
         self._encoding_with = encoding_with
-        self._on_result = on_result  # called from the worker after each batch (the engine wakes its loop)
         self.model_lock = threading.Lock()  # held while the text encoder runs or the loop changes the model
-        self._results: list[StartResult] = []
-        self._lock = threading.Lock()
         self.pending: dict[str, NewSample] = {}  # sample_id -> handed over, not yet collected; loop thread only
-        self._discarded: set[str] = set()  # loop thread only
-        self._queue: queue.Queue[_Batch | None] = queue.Queue()
-        self._stream = torch.cuda.Stream(model.device) if is_async and model.device.type == "cuda" else None
-        self._thread: threading.Thread | None = None
-        if is_async:
-            self._thread = threading.Thread(target=self._work, name="stepwise-encode", daemon=True)
-            self._thread.start()
+        super().__init__(model, is_async=is_async, thread_name="stepwise-encode", on_result=on_result)
 
     def submit(self, items: Sequence[StartItem]) -> None:
         """Start these samples: inline, or queued to the worker (which batches what arrived meanwhile)."""
@@ -108,14 +97,9 @@ class Encoder:
         else:
             self._finish(self._start(batch.items))
 
-    def has_results(self) -> bool:
-        with self._lock:
-            return bool(self._results)
-
     def collect(self) -> list[StartResult]:
         """The batches started since the last call, without the discarded samples; never waits."""
-        with self._lock:
-            results, self._results = self._results, []
+        results = self._take_results()
         for result in results:
             if result.ready is not None:
                 stream = torch.cuda.current_stream(self.model.device)
@@ -134,12 +118,6 @@ class Encoder:
     def discard(self, sample_ids: Collection[str]) -> None:
         """Forget these samples when they are started (their job ended meanwhile)."""
         self._discarded.update(self.pending.keys() & set(sample_ids))
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
 
     def _work(self) -> None:
         while (batch := self._queue.get()) is not None:
@@ -165,11 +143,6 @@ class Encoder:
             self._finish(result)
             if is_closing:
                 break
-
-    def _finish(self, result: StartResult) -> None:
-        with self._lock:
-            self._results.append(result)
-        self._on_result()
 
     def _start(self, items: list[StartItem]) -> StartResult:
         start = time.perf_counter()
