@@ -3,7 +3,8 @@
 Like Qwen2/Qwen3's own it is byte-level BPE: the 256 byte characters, merges that make
 whole words single tokens (with and without the leading-space marker `Ġ`), no BOS, and
 the chat special tokens. Its chat template renders a conversation the way Qwen3's does
-for what ZImagePipeline asks (one user message, a generation prompt, thinking enabled):
+for what the Z-Image family's pipeline asks (one user message, a generation prompt, thinking enabled;
+batching/pipelines/zimage.py):
 
     <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
 
@@ -26,7 +27,7 @@ OUT_DIR = Path(__file__).resolve().parent / "tiny-qwen-tokenizer"
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 THINK_TOKENS = ("<think>", "</think>")  # Qwen3 adds them as ordinary (not special) tokens
 SPACE_MARKER = bytes_to_unicode()[ord(" ")]  # "Ġ"
-MODEL_MAX_LENGTH = 512  # ZImagePipeline's max_sequence_length
+MODEL_MAX_LENGTH = 512  # the Z-Image pipeline's max_sequence_length
 CHAT_WORDS = ["user", "assistant", "system"]
 
 # Qwen2's pre-tokenizer split: contractions, letters with one leading non-letter, single

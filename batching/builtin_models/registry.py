@@ -27,12 +27,12 @@ class BuiltinModel:
 
 
 BUILTIN_MODELS = {
-    "tiny": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
-    "small": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
-    "tiny-inpaint": BuiltinModel(version="v1", family="sd", builder="batching.builtin_models.stable_diffusion"),
-    "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.builtin_models.sdxl"),
-    "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.builtin_models.flux"),
-    "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.builtin_models.zimage"),
+    "tiny": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
+    "small": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
+    "tiny-inpaint": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
+    "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
+    "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
+    "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
     "shapes": BuiltinModel(
         version="v1",
         family="sd",
