@@ -71,7 +71,7 @@ def submit():
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job = validate_job(read_json(), settings, get_fleet(), g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
-    QueueRoom.read(store, settings, g.tenant).take_one()
+    QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
     outcome = create_jobs(store, queue, settings, g.tenant, [(job, idempotency_key)])[0]
     if isinstance(outcome, ApiError):
         raise outcome

@@ -167,20 +167,24 @@ class GenerationParams:
         return OUTPUT_FORMATS[self.output_format]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Every field holds a scalar (validate() checks their types), so a shallow copy is
+        # dataclasses.asdict's result, without its recursive deep copy (it is on the submit path).
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationParams:
         """Build from untrusted JSON-like data; unknown fields are an error."""
         if not isinstance(data, dict):
             raise InvalidParamsError("params", data, "must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
         for name in data:
-            if name not in known:
+            if name not in _FIELD_NAMES:
                 raise InvalidParamsError(name, data[name], "is not a known field")
         if "prompt" not in data:
             raise InvalidParamsError("prompt", None, "is required")
         return cls(**data)
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(GenerationParams))  # in declaration order
 
 
 def _validate(p: GenerationParams, spec: FamilySpec) -> None:
