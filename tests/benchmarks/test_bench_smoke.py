@@ -141,3 +141,18 @@ def test_plots_are_readable_png_images(results):
         with Image.open(results / name) as image:
             image.verify()
             assert image.format == "PNG"
+
+
+@pytest.mark.parametrize("batch", [0, 5])
+def test_the_submit_profile_reports_cpu_per_request_and_a_profile(batch):
+    """`python -m benchmarks.submit_profile`: its own redis-server, the app in process; every
+    profiled submit must be accepted (the script asserts 202/200), and it prints what it measured."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is needed: `make install-test` installs it")
+    argv = [sys.executable, "-m", "benchmarks.submit_profile", "--requests", "20", "--top", "3", "--batch", str(batch)]
+    done = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    path = "/v1/jobs/batch" if batch else "/v1/jobs"
+    line = rf"^{re.escape(path)}: \d+\.\d+ ms of CPU per request \(\d+ us per job\), 20 requests$"
+    assert re.search(line, done.stdout, re.M)
+    assert "function calls" in done.stdout
