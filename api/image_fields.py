@@ -4,11 +4,11 @@
 engine's rules run, an upload id is replaced by the tenant's stored image (a missing,
 expired or other tenant's upload is one and the same 422 naming the field) and a URL by
 the image fetched from it, if the operator allows its host (`api.remote_images`; otherwise
-a 422 naming the field; a batch fetches all its items' URLs together first, `remote_image_urls`
-+ `fetch_images`, and hands each item the results); then the images are decoded and checked with Pillow
-(`batching.image_inputs.job_images`: formats, byte and pixel limits, sizes, the mask); and
-the record keeps upload ids only: an inline or fetched image is stored as an upload of the
-tenant first.
+a 422 naming the field; a batch fetches all its items' URLs together first, with
+`remote_image_urls` and `fetch_images`, and hands each item the results); then the images
+are decoded and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and
+pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
+image is stored as an upload of the tenant first.
 """
 
 from __future__ import annotations
