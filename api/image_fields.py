@@ -4,22 +4,31 @@
 engine's rules run, an upload id is replaced by the tenant's stored image (a missing,
 expired or other tenant's upload is one and the same 422 naming the field) and a URL by
 the image fetched from it, if the operator allows its host (`api.remote_images`; otherwise
-a 422 naming the field); then the images are decoded and checked with Pillow
-(`batching.image_inputs.job_images`: formats, byte and pixel limits, sizes, the mask); and
-the record keeps upload ids only: an inline or fetched image is stored as an upload of the
-tenant first.
+a 422 naming the field; a batch fetches all its items' URLs together first, with
+`remote_image_urls` and `fetch_images`, and hands each item the results); then the images
+are decoded and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and
+pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
+image is stored as an upload of the tenant first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from api.errors import ApiError, from_params_error, invalid
-from api.remote_images import DEFAULT_FETCH_SECONDS, fetch_image, is_remote_url
+from api.remote_images import DEFAULT_FETCH_SECONDS, ImageURL, fetch_images, is_remote_url
 from batching.params import IMAGE_FIELDS, GenerationParams, InvalidParamsError, is_upload_id, job_images
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
 from storage.url_policy import AllowList
+
+
+def remote_image_urls(params: Any, prefix: str = "") -> list[ImageURL]:
+    """The (field, url) of each image field of a job's params (as sent) that holds an http(s) URL."""
+    if not isinstance(params, dict):
+        return []
+    return [(f"{prefix}{name}", value) for name in IMAGE_FIELDS if is_remote_url(value := params.get(name))]
 
 
 def resolve_images(
@@ -30,14 +39,22 @@ def resolve_images(
     *,
     image_hosts: AllowList = AllowList(),  # noqa: B008  # frozen: a shared default is safe
     fetch_seconds: float = DEFAULT_FETCH_SECONDS,
+    fetched: Mapping[ImageURL, str | ApiError] | None = None,
 ) -> dict[str, Any]:
     """The params with each upload id replaced by the tenant's image and each URL by the fetched image
-    (data URIs)."""
+    (data URIs). URLs not in `fetched` (a batch's results, fetched together) are fetched now, together."""
+    fetched = fetched or {}
+    missing = [image_url for image_url in remote_image_urls(params, prefix) if image_url not in fetched]
+    if missing:
+        fetched = {**fetched, **fetch_images(missing, image_hosts, seconds=fetch_seconds)}
     resolved = dict(params)
     for name in IMAGE_FIELDS:
         value = resolved.get(name)
         if is_remote_url(value):
-            resolved[name] = fetch_image(f"{prefix}{name}", value, image_hosts, seconds=fetch_seconds)
+            result = fetched[(f"{prefix}{name}", value)]
+            if isinstance(result, ApiError):
+                raise result
+            resolved[name] = result
         elif isinstance(value, str) and is_upload_id(value):
             data_uri = _get(uploads, tenant, value) if uploads is not None else None
             if data_uri is None:

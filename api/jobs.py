@@ -10,6 +10,8 @@ from pydantic import ValidationError
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
+from api.image_fields import remote_image_urls
+from api.remote_images import fetch_images
 from api.request_body import read_json
 from api.resources import (
     get_fleet,
@@ -96,6 +98,12 @@ def submit_batch():
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
     room = QueueRoom.read(store, settings, g.tenant)
     room.check_depths()  # nothing fits: the whole batch gets 429, as POST /v1/jobs would
+    # all items' image URLs at once, by one deadline: a batch of slow URLs costs one deadline, not one each
+    fetched = fetch_images(
+        [url for index, item in enumerate(items) for url in remote_image_urls(item, f"jobs[{index}].")],
+        settings.image_url_hosts,
+        seconds=settings.image_url_timeout_seconds,
+    )
     results: list[dict | None] = [None] * len(items)
     valid = []  # (index, job, item idempotency key)
     for index, item in enumerate(items):
@@ -108,6 +116,7 @@ def submit_batch():
                 uploads=get_upload_store(),
                 field_prefix=f"jobs[{index}].",
                 default_priority=batch.priority,
+                fetched_images=fetched,
             )
             check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
             room.take_one()

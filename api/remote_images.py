@@ -5,9 +5,17 @@ image URL policy (`storage.url_policy.check_image_url`: a listed host, and the w
 address rule: no loopback, private, link-local or metadata address unless a listed range
 holds it). The connection goes to the addresses the policy checked (the name is not
 looked up again), a redirect is followed only to a URL that passes the same policy (at
-most `MAX_REDIRECTS`), and the whole fetch, redirects included, has one deadline and the
-input-image byte limit. The image is then what an inline data URI would have been: the
-API checks it and stores it as an upload of the tenant, so the job record holds its id.
+most `MAX_REDIRECTS`), and the image is held to the input-image byte limit. The image is
+then what an inline data URI would have been: the API checks it and stores it as an upload
+of the tenant, so the job record holds its id.
+
+One deadline (`STEPWISE_IMAGE_URL_TIMEOUT_SECONDS`) bounds all of a request's fetches: every
+name lookup (redirects' included, on the policy's bounded lookup pool), each connect (given
+the time left), the TLS handshake, the request and the body (a timer shuts the socket down
+at the deadline). A request's URLs (a batch's, or a job's image and mask) are fetched at
+most `MAX_CONCURRENT_FETCHES` at once, all by that deadline, so a request spends about one
+deadline fetching whatever its number of URLs; a URL whose turn comes after it is not
+requested and gets a 422 like one that timed out.
 
 Why here and not in the worker: a bad URL (refused, unreachable, not an image, too large)
 is answered at submit with a 422 naming the field instead of a job that fails later; the
@@ -22,31 +30,71 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeGuard
 from urllib.parse import urljoin, urlsplit
 
-from api.errors import invalid
+from api.errors import ApiError, invalid
 from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
 from storage.url_policy import Address, AllowList, ImageURLError, check_image_url
 
 MAX_REDIRECTS = 3
-DEFAULT_FETCH_SECONDS = 10.0  # STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: one URL, redirects included
+DEFAULT_FETCH_SECONDS = 10.0  # STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: all of one request's URLs, redirects included
+MAX_CONCURRENT_FETCHES = 8  # URLs one request fetches at once (threads it holds while fetching)
 READ_CHUNK_BYTES = 64 * 1024
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+
+ImageURL = tuple[str, str]  # (field, url): ("jobs[3].init_image", "https://...")
 
 
 def is_remote_url(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and value[:8].lower().startswith(("http://", "https://"))
 
 
-def fetch_image(field: str, url: str, hosts: AllowList, *, seconds: float = DEFAULT_FETCH_SECONDS) -> str:
-    """The image at `url` as a data URI, or an ApiError (422) naming `field` that says why not."""
+def fetch_images(
+    urls: Iterable[ImageURL], hosts: AllowList, *, seconds: float = DEFAULT_FETCH_SECONDS
+) -> dict[ImageURL, str | ApiError]:
+    """Each (field, url)'s image as a data URI, or its 422 ApiError naming the field: fetched at most
+    MAX_CONCURRENT_FETCHES at once, all by one deadline `seconds` from now."""
     deadline = time.monotonic() + seconds
+    todo = list(dict.fromkeys(urls))
+
+    def fetch(field: str, url: str) -> str | ApiError:
+        try:
+            return fetch_image(field, url, hosts, seconds=seconds, deadline=deadline)
+        except ApiError as e:
+            return e
+
+    if len(todo) <= 1:  # a single submit's one URL: no pool needed
+        return {(field, url): fetch(field, url) for field, url in todo}
+    # Every fetch ends by the deadline on its own (lookups, connects and reads are all bounded by it), so
+    # leaving the pool waits about one deadline at most.
+    with ThreadPoolExecutor(min(len(todo), MAX_CONCURRENT_FETCHES), thread_name_prefix="image-fetch") as pool:
+        futures = {(field, url): pool.submit(fetch, field, url) for field, url in todo}
+        return {key: future.result() for key, future in futures.items()}
+
+
+def fetch_image(
+    field: str, url: str, hosts: AllowList, *, seconds: float = DEFAULT_FETCH_SECONDS, deadline: float | None = None
+) -> str:
+    """The image at `url` as a data URI, or an ApiError (422) naming `field` that says why not. `deadline`
+    (a time.monotonic() value, `seconds` from now unless given) bounds the whole fetch."""
+    if deadline is None:
+        deadline = time.monotonic() + seconds
+    if time.monotonic() >= deadline:
+        raise invalid(
+            field,
+            f"{field}: {_shown(url)} was not fetched: this request's image URLs took all of their {seconds:g}s"
+            " (STEPWISE_IMAGE_URL_TIMEOUT_SECONDS)",
+        )
     for _ in range(MAX_REDIRECTS + 1):
         try:
-            addresses = check_image_url(url, hosts)
+            addresses = check_image_url(url, hosts, deadline=deadline)
         except ImageURLError as e:
             raise invalid(field, f"{field} {e} (got {_shown(url)})") from e
+        except TimeoutError as e:
+            raise invalid(field, f"{field}: the host of {_shown(url)} did not resolve within {seconds:g}s") from e
         try:
             status, location, data = _get(url, addresses, deadline)
         except TimeoutError as e:
@@ -69,22 +117,30 @@ def fetch_image(field: str, url: str, hosts: AllowList, *, seconds: float = DEFA
 
 def _get(url: str, addresses: list[Address], deadline: float) -> tuple[int, str | None, bytes]:
     """GET `url` from one of `addresses`: (status, Location header, body of a 200 up to the byte limit).
-    Raises TimeoutError at the deadline, whatever the server is doing then (a timer shuts the socket down:
-    a socket timeout alone bounds each read, and a server that drips a byte at a time would outlast it)."""
+    Raises TimeoutError at the deadline, whatever the server is doing then: each connect gets the time
+    left, and from the TLS handshake on a timer shuts the socket down at the deadline (a socket timeout
+    alone bounds each read, and a server that drips a byte at a time would outlast it)."""
     parts = urlsplit(url)
     assert parts.hostname is not None  # the policy refuses URLs without a host
     port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise TimeoutError("deadline passed")
-    connection = _connect(parts.scheme, parts.hostname, port, addresses, remaining)
+    sock = _connect(addresses, port, deadline)
+    connection: http.client.HTTPConnection
+    if parts.scheme == "https":
+        sock = ssl.create_default_context().wrap_socket(
+            sock, server_hostname=parts.hostname, do_handshake_on_connect=False
+        )
+        connection = http.client.HTTPSConnection(parts.hostname, port)
+    else:
+        connection = http.client.HTTPConnection(parts.hostname, port)
+    connection.sock = sock  # already connected: http.client does not look the name up again
     has_fired = threading.Event()
-    # The socket itself: http.client drops connection.sock once a response says it closes the connection.
-    watchdog = threading.Timer(remaining, _shut_down, (connection.sock, has_fired))
+    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, (sock, has_fired))
     watchdog.daemon = True
     watchdog.start()
     try:
+        if isinstance(sock, ssl.SSLSocket):
+            sock.do_handshake()
         connection.request("GET", path, headers={"User-Agent": "stepwise-image-fetch", "Accept": "image/*"})
         response = connection.getresponse()
         if response.status != 200:
@@ -107,33 +163,32 @@ def _get(url: str, addresses: list[Address], deadline: float) -> tuple[int, str 
         raise
     finally:
         watchdog.cancel()
-        connection.close()
+        connection.close()  # http.client drops connection.sock once a response says it closes the connection
+        sock.close()
 
 
-def _connect(scheme: str, host: str, port: int, addresses: list[Address], seconds: float) -> http.client.HTTPConnection:
-    """A connection to the first of `addresses` that answers, speaking to `host` (Host header, TLS name)."""
-    error: OSError = OSError(f"no address to connect to for {host!r}")
+def _connect(addresses: list[Address], port: int, deadline: float) -> socket.socket:
+    """A TCP connection to the first of `addresses` that answers, each try given the time left."""
+    error: OSError = OSError("no address to connect to")
     for address in addresses:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("deadline passed")
         try:
-            sock = socket.create_connection((str(address), port), timeout=seconds)
+            return socket.create_connection((str(address), port), timeout=remaining)
+        except TimeoutError:
+            raise
         except OSError as e:
             error = e
-            continue
-        connection: http.client.HTTPConnection
-        if scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-            connection = http.client.HTTPSConnection(host, port, timeout=seconds)
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=seconds)
-        connection.sock = sock  # already connected: http.client does not look the name up again
-        return connection
     raise error
 
 
 def _shut_down(sock: socket.socket, has_fired: threading.Event) -> None:
     has_fired.set()
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        # socket.socket's own shutdown, not SSLSocket's: that one also drops the TLS state a handshake
+        # in progress on another thread is using
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass
 

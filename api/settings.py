@@ -106,7 +106,7 @@ class ApiSettings:
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
     # STEPWISE_IMAGE_URL_HOSTS: hosts (names or CIDR ranges) init_image / mask_image URLs may name; empty: no
-    # URL is fetched. STEPWISE_IMAGE_URL_TIMEOUT_SECONDS bounds one URL's fetch, redirects included.
+    # URL is fetched. STEPWISE_IMAGE_URL_TIMEOUT_SECONDS bounds all of one request's fetches, redirects included.
     image_url_hosts: AllowList = field(default_factory=AllowList)
     image_url_timeout_seconds: float = DEFAULT_FETCH_SECONDS
     retry_after_seconds: int = 5  # Retry-After sent with 429

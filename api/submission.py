@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from api.errors import ApiError, from_params_error, from_validation_error, inval
 from api.fleet import Fleet
 from api.image_fields import check_images, record_params, resolve_images
 from api.queue import TaskQueue
+from api.remote_images import ImageURL
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError
@@ -78,10 +80,12 @@ def validate_job(
     uploads: UploadStore | None = None,
     field_prefix: str = "",
     default_priority: str | None = None,
+    fetched_images: Mapping[ImageURL, str | ApiError] | None = None,
 ) -> ValidJob:
     """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
     store (validation only), upload ids name nothing and inline images stay inline; without a fleet, the
-    served models are not checked."""
+    served models are not checked. Image URLs are fetched here unless `fetched_images` holds them (a batch
+    fetches its items' URLs together first)."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
         job = JobRequest.model_validate(data)
@@ -99,6 +103,7 @@ def validate_job(
                     field_prefix,
                     image_hosts=settings.image_url_hosts,
                     fetch_seconds=settings.image_url_timeout_seconds,
+                    fetched=fetched_images,
                 ),
             }
         )

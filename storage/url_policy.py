@@ -9,6 +9,12 @@ DNS name may resolve differently later; redirects are not followed). Input image
 or as an address in a listed range; a listed name's addresses must still be public unless
 a listed range holds them, and the fetcher connects to the addresses checked here, so a
 name cannot re-resolve elsewhere between check and fetch (`api.remote_images`).
+
+An image URL's name lookup has the fetch's deadline: `getaddrinfo` cannot be interrupted, so
+it runs on a pool of `NUM_LOOKUP_THREADS` threads and the caller stops waiting at the
+deadline. A lookup still hung then keeps its thread until the resolver gives up (its own
+timeouts, resolv.conf's); while all of them are held, further lookups wait in the pool's
+queue, by their own deadline still, and are dropped from it at that deadline.
 """
 
 from __future__ import annotations
@@ -16,8 +22,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+NUM_LOOKUP_THREADS = 16  # image URL name lookups in flight at once, per process
+
+_lookups = ThreadPoolExecutor(NUM_LOOKUP_THREADS, thread_name_prefix="url-lookup")
 
 
 class URLPolicyError(ValueError):
@@ -116,9 +128,12 @@ def check_webhook_url(url: str, allow: AllowList | None = None, *, resolve: bool
     return url
 
 
-def check_image_url(url: str, hosts: AllowList, *, resolve: bool = True) -> list[Address]:
+def check_image_url(
+    url: str, hosts: AllowList, *, resolve: bool = True, deadline: float | None = None
+) -> list[Address]:
     """The addresses stepwise may fetch the image at `url` from (connect to these, not to a fresh lookup),
-    else raise ImageURLError saying why. `hosts` is STEPWISE_IMAGE_URL_HOSTS: nothing is fetched when empty."""
+    else raise ImageURLError saying why. `hosts` is STEPWISE_IMAGE_URL_HOSTS: nothing is fetched when empty.
+    With a `deadline` (a time.monotonic() value), a name lookup not answered by then raises TimeoutError."""
     if not hosts:
         raise ImageURLError(
             "is a remote URL, and this service fetches none (the operator allows no hosts in "
@@ -129,7 +144,7 @@ def check_image_url(url: str, hosts: AllowList, *, resolve: bool = True) -> list
     if host not in hosts.host_names and not (literal is not None and hosts.allows_address(literal)):
         # refused before any name lookup: a host not listed costs stepwise nothing
         raise ImageURLError(f"names host {host!r}, which is not one the operator allows (STEPWISE_IMAGE_URL_HOSTS)")
-    addresses = _addresses(host, port, ImageURLError, resolve=resolve)
+    addresses = _addresses(host, port, ImageURLError, resolve=resolve, deadline=deadline)
     _check_addresses(addresses, AllowList(networks=hosts.networks), ImageURLError, "STEPWISE_IMAGE_URL_HOSTS")
     return addresses
 
@@ -160,15 +175,26 @@ def _literal(host: str) -> Address | None:
         return None
 
 
-def _addresses(host: str, port: int, error: type[URLPolicyError], *, resolve: bool) -> list[Address]:
-    """The host's addresses: itself for an address literal, its DNS answers otherwise (none unless `resolve`)."""
+def _addresses(
+    host: str, port: int, error: type[URLPolicyError], *, resolve: bool, deadline: float | None = None
+) -> list[Address]:
+    """The host's addresses: itself for an address literal, its DNS answers otherwise (none unless `resolve`).
+    With a `deadline`, the lookup runs on the lookup pool and raises TimeoutError if not answered by then."""
     literal = _literal(host)
     if literal is not None:
         return [literal]
     if not resolve:
         return []
     try:
-        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+        if deadline is None:
+            infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+        else:
+            lookup = _lookups.submit(socket.getaddrinfo, host, port, proto=socket.IPPROTO_TCP)
+            try:
+                infos = lookup.result(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                lookup.cancel()  # still queued: never run; running: its thread stays held until it returns
+                raise
     except (socket.gaierror, UnicodeError) as e:
         raise error(f"host {host!r} does not resolve") from e
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]  # TCP: (host, port, ...)

@@ -4,7 +4,8 @@
 Every request here goes to a loopback image server: the app under test allows 127.0.0.1
 explicitly (a listed range is the operator's way to allow a private address). Refusals of
 other addresses are tested on the policy function itself, with name resolution faked, so
-no request ever leaves the machine.
+no request ever leaves the machine; so are the host names the app lists (`images.test`
+resolves to 127.0.0.1, `slow.test` hangs), through the `names` fixture.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import pytest
 
 from api import create_app
+from api.remote_images import MAX_CONCURRENT_FETCHES
 from api.settings import ApiSettings
 from batching.params import MAX_IMAGE_BYTES, is_upload_id
 from storage import url_policy
@@ -41,6 +43,8 @@ class ImageHandler(http.server.BaseHTTPRequestHandler):
             "/cat.png": lambda: self._send(200, PICTURE, "image/png"),
             "/hop": lambda: self._redirect("/cat.png"),
             "/hop-to-unlisted-name": lambda: self._redirect(f"http://localhost:{port}/cat.png"),
+            "/hop-to-slow-name": lambda: self._redirect(f"http://slow.test:{port}/cat.png"),
+            "/together.png": self._together,
             "/loop": lambda: self._redirect("/loop"),
             "/missing.png": lambda: self._send(404, b"not here", "text/plain"),
             "/page.html": lambda: self._send(200, b"<html>not an image</html>", "text/html"),
@@ -87,8 +91,30 @@ class ImageHandler(http.server.BaseHTTPRequestHandler):
         except OSError:
             pass
 
+    def _together(self) -> None:  # waits (briefly) for company: answers at once only to overlapping requests
+        overlap = self.server.overlap  # type: ignore[attr-defined]
+        with overlap.changed:
+            overlap.num_in_flight += 1
+            overlap.max_in_flight = max(overlap.max_in_flight, overlap.num_in_flight)
+            overlap.changed.notify_all()
+            overlap.changed.wait_for(lambda: overlap.num_in_flight > 1, timeout=0.5)
+        try:
+            self._send(200, PICTURE, "image/png")
+        finally:
+            with overlap.changed:
+                overlap.num_in_flight -= 1
+
     def log_message(self, *args) -> None:
         pass
+
+
+class Overlap:
+    """How many requests for /together.png the server held at once."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.num_in_flight = 0
+        self.max_in_flight = 0
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +125,7 @@ def image_server():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     server.paths_seen = handler.paths_seen  # type: ignore[attr-defined]
+    server.overlap = Overlap()  # type: ignore[attr-defined]
     yield server
     server.shutdown()
     server.server_close()
@@ -110,11 +137,12 @@ def url_of(server, path: str) -> str:
 
 @pytest.fixture
 def fetching_client(redis_url, tmp_path):
-    """The app with 127.0.0.1 as its one image host and a 1 s fetch deadline."""
+    """The app with 127.0.0.1 and two names (resolved only through the `names` fixture) as its image hosts,
+    and a 1 s fetch deadline."""
     settings = ApiSettings(
         api_keys=tuple(TENANT_KEYS.items()),
         storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
-        image_url_hosts=AllowList.parse("127.0.0.1"),
+        image_url_hosts=AllowList.parse("127.0.0.1, images.test, slow.test"),
         image_url_timeout_seconds=1.0,
         accept_unserved_models=True,
     )
@@ -203,6 +231,120 @@ def test_a_url_in_a_batch_job_is_named_with_its_index(fetching_client, image_ser
     results = response.json["results"]
     assert [result["status"] for result in results] == [202, 422], response.json
     assert results[1]["error"]["field"] == "jobs[1].init_image"
+
+
+@pytest.fixture
+def names(monkeypatch):
+    """Faked name resolution: `slow.test` hangs (up to 60 s, released when the test ends), any other
+    name resolves to 127.0.0.1. Yields the names looked up, in order."""
+    looked_up: list[str] = []
+    release = threading.Event()
+
+    def fake(host, port, *args, **kwargs):
+        looked_up.append(host)
+        if host == "slow.test":
+            release.wait(60)
+        return resolving_to("127.0.0.1")(host, port)
+
+    monkeypatch.setattr(url_policy.socket, "getaddrinfo", fake)
+    yield looked_up
+    release.set()
+
+
+def test_a_listed_name_is_looked_up_and_fetched_from_the_address_checked(fetching_client, image_server, names):
+    _, client = fetching_client
+    port = image_server.server_address[1]
+
+    response = submit(client, {**JOB, "init_image": f"http://images.test:{port}/cat.png", "strength": 0.5})
+
+    assert response.status_code == 202, response.json
+    assert (response.json["params"]["width"], response.json["params"]["height"]) == (96, 72), "the image's size"
+    assert names.count("images.test") == 1, "looked up once, then connected to the checked address"
+
+
+@pytest.mark.parametrize("path", ["/cat.png", "/hop-to-slow-name"])
+def test_a_name_lookup_that_hangs_gets_a_422_naming_the_field_by_the_deadline(
+    fetching_client, image_server, names, path
+):
+    _, client = fetching_client
+    port = image_server.server_address[1]
+    host = "slow.test" if path == "/cat.png" else "127.0.0.1"  # or a redirect's target hangs
+    started = time.monotonic()
+
+    response = submit(client, {**JOB, "init_image": f"http://{host}:{port}{path}"})
+
+    assert response.status_code == 422, response.json
+    assert response.json["error"]["field"] == "init_image"
+    assert "did not resolve within 1s" in response.json["error"]["message"]
+    assert time.monotonic() - started < 6, "the 60 s lookup did not hold the request past the 1 s deadline"
+
+
+@pytest.fixture
+def silent_server():
+    """A loopback TCP server that accepts connections and never sends a byte (a TLS handshake that stalls)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield listener
+    listener.close()
+    for connection in held:
+        connection.close()
+
+
+def test_an_https_url_whose_tls_handshake_stalls_gets_a_422_by_the_deadline(fetching_client, silent_server):
+    _, client = fetching_client
+    started = time.monotonic()
+
+    response = submit(client, {**JOB, "init_image": f"https://127.0.0.1:{silent_server.getsockname()[1]}/cat.png"})
+
+    assert response.status_code == 422, response.json
+    assert response.json["error"]["field"] == "init_image"
+    assert "did not answer within 1s" in response.json["error"]["message"]
+    assert time.monotonic() - started < 6
+
+
+def test_a_batch_fetches_its_items_urls_together(fetching_client, image_server):
+    _, client = fetching_client
+    image_server.overlap.max_in_flight = 0
+    url = url_of(image_server, "/together.png")
+    jobs = [{**JOB, "seed": seed, "init_image": url, "strength": 0.5} for seed in range(4)]
+
+    response = client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=auth())
+
+    assert response.status_code == 200, response.json
+    assert [result["status"] for result in response.json["results"]] == [202] * 4, response.json
+    assert image_server.overlap.max_in_flight > 1, "the server saw the batch's requests overlap"
+
+
+def test_a_batch_of_hanging_urls_answers_by_about_one_deadline_each_item_naming_its_field(
+    fetching_client, image_server, names
+):
+    _, client = fetching_client
+    port = image_server.server_address[1]
+    num_jobs = MAX_CONCURRENT_FETCHES + 2
+    jobs = [{**JOB, "init_image": f"http://slow.test:{port}/cat.png"} for _ in range(num_jobs)]
+    jobs.append({**JOB, "init_image": data_uri_of_picture(), "strength": 0.5})  # no URL: unaffected
+    started = time.monotonic()
+
+    response = client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=auth())
+
+    assert response.status_code == 200, response.json
+    results = response.json["results"]
+    assert [result["status"] for result in results] == [422] * num_jobs + [202], response.json
+    assert [result["error"]["field"] for result in results[:num_jobs]] == [
+        f"jobs[{index}].init_image" for index in range(num_jobs)
+    ]
+    assert time.monotonic() - started < 6, f"{num_jobs} hanging lookups cost about one 1 s deadline, not one each"
+    assert names.count("slow.test") <= MAX_CONCURRENT_FETCHES, "URLs whose turn came after the deadline: not looked up"
+    assert "was not fetched" in results[num_jobs - 1]["error"]["message"]
 
 
 # The policy itself: no request is made (address literals, or names with faked resolution).
