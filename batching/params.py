@@ -107,7 +107,8 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         spec = self.family_spec
-        from_image = []  # the size fields the init image set
+        from_image: list[str] = []  # the size fields the init image set
+        image_width = image_height = 0
         if (self.height is None or self.width is None) and is_data_uri(self.init_image):
             image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
             for name, value in (("width", image_width), ("height", image_height)):
@@ -137,8 +138,7 @@ class GenerationParams:
             raise InvalidParamsError(
                 "init_image",
                 f"{image_width}x{image_height}",
-                f"sets the job's {e.field}, which {e.message}: name height and width, with resize_mode stretch "
-                "or crop",
+                f"sets the job's {e.field}, which {e.message}: name height and width, with resize_mode stretch or crop",
             ) from None
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbelow(2**31))
