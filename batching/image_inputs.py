@@ -4,7 +4,16 @@ A job names its images in `init_image` / `mask_image` as a `data:` URI (base64 P
 or WebP) or, through the API, as an upload id (`upl_...`, resolved to a data URI by the
 worker before the engine sees the job). Every check here raises `InvalidParamsError`
 naming the field, so the API (which imports this module without torch) and the engine
-refuse the same inputs with the same words.
+refuse the same inputs with the same words, and read the same pixels from what they accept.
+
+Hostile bytes: only Pillow's PNG, JPEG and WebP plugins ever parse them, and the byte and
+pixel limits are checked on the header, before any pixel is decoded (Pillow's own
+decompression-bomb error and warning, and its limit on PNG text and ICC chunks, become the
+same refusal). Odd but valid images are read as diffusers' `load_image` reads them: the
+first frame of an animation or of a multi-picture camera JPEG (MPO), turned as the EXIF
+orientation says, converted to RGB (alpha dropped, not composited) or, for a mask, to
+grayscale (ITU-R 601 luma of the colours, alpha ignored); one difference: 16-bit gray is
+scaled to 8 bits, where Pillow's conversion would clip it to near white.
 
 `resize_mode` says what happens when an image's size differs from the job's:
 - "none" (default): a mismatch is an error naming the field;
@@ -136,17 +145,17 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
         if mask_value is not None:
             raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
         return None, None
-    init = _upright_pixels("init_image", init_value)
-    mask = _upright_pixels("mask_image", mask_value) if mask_value is not None else None
+    init = _upright_pixels("init_image", init_value, "RGB")
+    mask = _upright_pixels("mask_image", mask_value, "L") if mask_value is not None else None
     if mask is not None and mask.size != init.size:
         raise InvalidParamsError(
             "mask_image", f"{mask.width}x{mask.height}", f"must have the init_image's size {init.width}x{init.height}"
         )
     size = (params.width, params.height)  # type: ignore[attr-defined]
     mode = params.resize_mode  # type: ignore[attr-defined]
-    init = _fit("init_image", init.convert("RGB"), size, mode)
+    init = _fit("init_image", init, size, mode)
     if mask is not None:
-        mask = _fit("mask_image", mask.convert("L"), size, mode).point(lambda v: 255 if v >= 128 else 0)
+        mask = _fit("mask_image", mask, size, mode).point(lambda v: 255 if v >= 128 else 0)
     return init, mask
 
 
@@ -198,16 +207,16 @@ def _refusing(field: str, shown: str) -> Iterator[None]:
         raise InvalidParamsError(field, shown, f"is not a decodable image ({reason[:100]})") from None
 
 
-def _upright_pixels(field: str, value: str) -> Image.Image:
-    """The image as diffusers' `load_image` reads it (first frame, turned as EXIF says), 16-bit gray scaled
-    to 8 bits rather than clipped."""
+def _upright_pixels(field: str, value: str, mode: str) -> Image.Image:
+    """The image in `mode` as diffusers' `load_image` reads it (first frame, turned as EXIF says), 16-bit gray
+    scaled to 8 bits rather than clipped."""
     data = data_uri_bytes(field, value)
     image = open_image(field, data)
     with _refusing(field, f"<{len(data)} bytes>"):
         image = ImageOps.exif_transpose(image)
-    if image.mode.startswith("I"):  # a 16-bit gray PNG ("I;16"): Pillow's convert would clip at 255
-        return Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8), "L")
-    return image
+        if image.mode.startswith("I"):  # a 16-bit gray PNG ("I;16"): Pillow's convert would clip at 255
+            image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8), "L")
+        return image.convert(mode)
 
 
 def _fit(field: str, image: Image.Image, size: tuple[int, int], mode: str) -> Image.Image:

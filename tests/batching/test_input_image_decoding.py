@@ -44,6 +44,14 @@ def rotated_jpeg(orientation: int) -> bytes:
     return encoded(pattern(128, 64), "JPEG", exif=exif.tobytes())
 
 
+def ycck_jpeg() -> bytes:
+    """A CMYK JPEG whose Adobe marker says its components are YCCK (as Photoshop writes CMYK), which libjpeg
+    then converts to CMYK: the pixels differ from the pattern's, the decoding path is the one to cover."""
+    data = bytearray(encoded(pattern(mode="CMYK"), "JPEG"))
+    data[data.index(b"Adobe") + 11] = 2  # APP14: "Adobe", version, flags0, flags1, transform (2: YCCK)
+    return bytes(data)
+
+
 def animated(image_format: str) -> bytes:
     frames = [pattern(seed=seed) for seed in range(3)]
     return encoded(frames[0], image_format, save_all=True, append_images=frames[1:])
@@ -51,6 +59,7 @@ def animated(image_format: str) -> bytes:
 
 ODD_IMAGES = [  # (name, bytes)
     ("CMYK jpeg", encoded(pattern(mode="CMYK"), "JPEG")),
+    ("YCCK jpeg", ycck_jpeg()),
     ("palette png with transparency", encoded(pattern(mode="P"), transparency=3)),
     ("LA png", encoded(pattern(mode="LA"))),
     ("RGBA png, half transparent", encoded(Image.merge("RGBA", (*pattern().split(), pattern(mode="L"))))),
