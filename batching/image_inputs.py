@@ -110,6 +110,14 @@ def to_data_uri(data: bytes, content_type: str) -> str:
     return f"data:{content_type};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def canonical_data_uri(field: str, value: str) -> str:
+    """A data URI in the one form every reader takes: the image's own MIME type, plain padded base64."""
+    data = data_uri_bytes(field, value)
+    image_format = _open_header(field, data).format
+    assert image_format is not None  # _open_header refuses formats outside INPUT_FORMATS
+    return to_data_uri(data, INPUT_FORMATS[image_format])
+
+
 def open_image(field: str, data: bytes) -> Image.Image:
     """Decode image bytes (the first frame of an animation) within the byte and pixel limits; PNG, JPEG and
     WebP only. The pixels are as stored: `upright_size` and `job_images` turn them as EXIF says."""

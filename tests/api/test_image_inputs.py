@@ -340,3 +340,18 @@ def test_a_hostile_multipart_filename_is_ignored(client, filename):
 
     assert response.status_code == 201, response.json
     assert set(response.json) == {"id", "content_type", "width", "height", "bytes", "expires_in"}
+
+
+def test_an_inline_image_in_an_unusual_form_is_stored_in_the_plain_form(app, client):
+    from api.resources import get_upload_store
+
+    png = image_bytes()
+    text = base64.urlsafe_b64encode(png).decode().rstrip("=")
+    sent = "data:application/octet-stream;name=x;base64," + "\n".join(text[i : i + 76] for i in range(0, len(text), 76))
+
+    response = submit(client, {**JOB, "init_image": sent})
+
+    assert response.status_code == 202, response.json
+    upload_id = stored_params(app, response.json["job_id"])["init_image"]
+    with app.app_context():
+        assert get_upload_store().get("alice", upload_id) == data_uri(png, "image/png")
