@@ -223,7 +223,7 @@ def _upright_pixels(field: str, value: str, mode: str) -> Image.Image:
     with _refusing(field, f"<{len(data)} bytes>"):
         image = ImageOps.exif_transpose(image)
         if image.mode.startswith("I"):  # a 16-bit gray PNG ("I;16"): Pillow's convert would clip at 255
-            image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8), "L")
+            image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8))  # mode L
         return image.convert(mode)
 
 
