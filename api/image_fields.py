@@ -8,7 +8,9 @@ a 422 naming the field; a batch fetches all its items' URLs together first, with
 `remote_image_urls` and `fetch_images`, and hands each item the results); then the images
 are decoded and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and
 pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
-image is stored as an upload of the tenant first.
+image is stored as an upload of the tenant first, as a canonical data URI (its own MIME
+type, plain base64: whatever form of base64 or media type the caller sent, the worker reads
+one form).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from typing import Any
 
 from api.errors import ApiError, from_params_error, invalid
 from api.remote_images import DEFAULT_FETCH_SECONDS, ImageURL, fetch_images, is_remote_url
-from batching.params import IMAGE_FIELDS, GenerationParams, InvalidParamsError, is_upload_id, job_images
+from batching.params import (
+    IMAGE_FIELDS,
+    GenerationParams,
+    InvalidParamsError,
+    canonical_data_uri,
+    is_upload_id,
+    job_images,
+)
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
 from storage.url_policy import AllowList
@@ -85,7 +94,7 @@ def record_params(
             stored[name] = sent_value
         else:
             try:
-                stored[name] = uploads.put(tenant, stored[name])
+                stored[name] = uploads.put(tenant, canonical_data_uri(name, stored[name]))
             except StorageError as e:
                 raise ApiError(
                     503, "unavailable", "the job store is unavailable; retry later", headers={"Retry-After": "5"}

@@ -1,7 +1,8 @@
 """POST /v1/uploads: store an input image for the caller's tenant and return its id.
 
-The body is the image itself (Content-Type image/png, image/jpeg or image/webp) or a
-multipart form with the image in a `file` part. It is decoded with Pillow and checked
+The body is the image itself or a multipart form with the image in a `file` part (its
+filename is never read). The bytes decide the format, not the Content-Type: the image is
+decoded with Pillow (batching.image_inputs: PNG, JPEG or WebP) and checked
 against the same byte and pixel limits as inline images, then kept in Redis as long as a
 job record (storage.upload_store). Jobs name it in `init_image` / `mask_image`; only the
 uploading tenant can.
@@ -14,7 +15,14 @@ from flask import Blueprint, g, request
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
 from api.resources import get_upload_store
-from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
+from batching.params import (
+    INPUT_FORMATS,
+    MAX_IMAGE_BYTES,
+    InvalidParamsError,
+    open_image,
+    to_data_uri,
+    upright_size,
+)
 from storage.errors import StorageError
 
 bp = Blueprint("uploads", __name__, url_prefix="/v1/uploads")
@@ -32,6 +40,7 @@ def upload():
     data = _image_bytes()
     try:
         image = open_image("file", data)
+        width, height = upright_size("file", image)
     except InvalidParamsError as e:
         raise from_params_error(e) from e
     content_type = INPUT_FORMATS[image.format]
@@ -45,8 +54,8 @@ def upload():
     return {
         "id": upload_id,
         "content_type": content_type,
-        "width": image.width,
-        "height": image.height,
+        "width": width,
+        "height": height,
         "bytes": len(data),
         "expires_in": uploads.ttl_seconds,
     }, 201

@@ -4,7 +4,16 @@ A job names its images in `init_image` / `mask_image` as a `data:` URI (base64 P
 or WebP) or, through the API, as an upload id (`upl_...`, resolved to a data URI by the
 worker before the engine sees the job). Every check here raises `InvalidParamsError`
 naming the field, so the API (which imports this module without torch) and the engine
-refuse the same inputs with the same words.
+refuse the same inputs with the same words, and read the same pixels from what they accept.
+
+Hostile bytes: only Pillow's PNG, JPEG and WebP plugins ever parse them, and the byte and
+pixel limits are checked on the header, before any pixel is decoded (Pillow's own
+decompression-bomb error and warning, and its limit on PNG text and ICC chunks, become the
+same refusal). Odd but valid images are read as diffusers' `load_image` reads them: the
+first frame of an animation or of a multi-picture camera JPEG (MPO), turned as the EXIF
+orientation says, converted to RGB (alpha dropped, not composited) or, for a mask, to
+grayscale (ITU-R 601 luma of the colours, alpha ignored); one difference: 16-bit gray is
+scaled to 8 bits, where Pillow's conversion would clip it to near white.
 
 `resize_mode` says what happens when an image's size differs from the job's:
 - "none" (default): a mismatch is an error naming the field;
@@ -18,22 +27,44 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import re
 import warnings
+from collections.abc import Iterator
 
-from PIL import Image
+import numpy as np
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from batching.errors import InvalidParamsError
 
 IMAGE_FIELDS = ("init_image", "mask_image")
 RESIZE_MODES = ("none", "stretch", "crop")
-INPUT_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}  # Pillow format -> MIME type
+PILLOW_FORMATS = ("PNG", "JPEG", "WEBP")  # the only Pillow plugins that ever parse input bytes
+INPUT_FORMATS = {  # Pillow format -> MIME type; MPO: a camera JPEG holding more pictures, read as its first
+    "PNG": "image/png",
+    "JPEG": "image/jpeg",
+    "MPO": "image/jpeg",
+    "WEBP": "image/webp",
+}
 MAX_IMAGE_BYTES = 10 * 1024 * 1024  # one input image, encoded
 MAX_IMAGE_PIXELS = 4096 * 4096  # one input image, decoded (Pillow's decompression-bomb guard is larger)
-MAX_DATA_URI_CHARS = (MAX_IMAGE_BYTES + 2) // 3 * 4 + 100  # base64 of the largest image plus its header
+MAX_DATA_URI_CHARS = (MAX_IMAGE_BYTES + 2) // 3 * 4 * 78 // 76 + 100  # its base64, wrapped at 76 with CRLF, header
 UPLOAD_ID = re.compile(r"^upl_[0-9a-f]{32}$")
-_DATA_URI = re.compile(r"^data:(image/(?:png|jpeg|jpg|webp));base64,", re.IGNORECASE)
+# data:[<type>/<subtype>][;<name>=<value>]*;base64, -- the media type is not trusted: the bytes decide the format
+_DATA_URI = re.compile(r"^data:(?:[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+=[^;,]*)*;base64,", re.IGNORECASE)
+_URL_SAFE_BASE64 = str.maketrans("-_", "+/")
+_OTHER_FORMATS = {  # leading bytes -> name, only for the message refusing them
+    b"GIF8": "GIF",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+    b"BM": "BMP",
+    b"\x00\x00\x01\x00": "ICO",
+    b"\xff\x0a": "JPEG XL",
+    b"\x00\x00\x00\x0cJXL ": "JPEG XL",
+    b"\x00\x00\x00\x0cjP  ": "JPEG 2000",
+}
+_TURNED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
 def is_upload_id(value: str) -> bool:
@@ -59,13 +90,18 @@ def check_reference(field: str, value: object) -> str:
     return value
 
 
+def is_data_uri(value: object) -> bool:
+    return isinstance(value, str) and bool(_DATA_URI.match(value))
+
+
 def data_uri_bytes(field: str, value: str) -> bytes:
-    """The image bytes of a data URI."""
+    """The image bytes of a data URI. The base64 may be line-wrapped, URL-safe or unpadded: what encoders send."""
     match = _DATA_URI.match(check_reference(field, value))
     if not match:
         raise InvalidParamsError(field, value[:40], "is an upload id: the worker resolves it before the engine runs")
+    text = "".join(value[match.end() :].split()).translate(_URL_SAFE_BASE64)
     try:
-        return base64.b64decode(value[match.end() :], validate=True)
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidParamsError(field, value[:40] + "...", "is not valid base64") from None
 
@@ -74,27 +110,20 @@ def to_data_uri(data: bytes, content_type: str) -> str:
     return f"data:{content_type};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def canonical_data_uri(field: str, value: str) -> str:
+    """A data URI in the one form every reader takes: the image's own MIME type, plain padded base64."""
+    data = data_uri_bytes(field, value)
+    image_format = _open_header(field, data).format
+    assert image_format is not None  # _open_header refuses formats outside INPUT_FORMATS
+    return to_data_uri(data, INPUT_FORMATS[image_format])
+
+
 def open_image(field: str, data: bytes) -> Image.Image:
-    """Decode image bytes fully, within the byte and pixel limits; PNG, JPEG and WebP only."""
-    if len(data) > MAX_IMAGE_BYTES:
-        raise InvalidParamsError(field, f"<{len(data)} bytes>", f"must be at most {MAX_IMAGE_BYTES} bytes")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            if image.format not in INPUT_FORMATS:
-                raise InvalidParamsError(field, image.format, "must be a PNG, JPEG or WebP image")
-            if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise InvalidParamsError(
-                    field, f"{image.width}x{image.height}", f"must have at most {MAX_IMAGE_PIXELS} pixels"
-                )
-            image.load()
-    except InvalidParamsError:
-        raise
-    except Exception as e:  # Pillow raises many kinds for corrupt data
-        raise InvalidParamsError(
-            field, f"<{len(data)} bytes>", f"is not a decodable image ({type(e).__name__})"
-        ) from None
+    """Decode image bytes (the first frame of an animation) within the byte and pixel limits; PNG, JPEG and
+    WebP only. The pixels are as stored: `upright_size` and `job_images` turn them as EXIF says."""
+    image = _open_header(field, data)
+    with _refusing(field, f"<{len(data)} bytes>"):
+        image.load()
     return image
 
 
@@ -104,15 +133,16 @@ def content_type_of(field: str, data: bytes) -> str:
     return INPUT_FORMATS[image_format]
 
 
+def upright_size(field: str, image: Image.Image) -> tuple[int, int]:
+    """(width, height) of an opened image as viewers show it: turned as its EXIF orientation says."""
+    with _refusing(field, f"{image.width}x{image.height}"):
+        orientation = image.getexif().get(ExifTags.Base.Orientation)
+    return (image.height, image.width) if orientation in _TURNED_ORIENTATIONS else image.size
+
+
 def image_size(field: str, value: str) -> tuple[int, int]:
-    """(width, height) of a data URI's image, reading only its header."""
-    try:
-        image = Image.open(io.BytesIO(data_uri_bytes(field, value)))
-        return image.size
-    except InvalidParamsError:
-        raise
-    except Exception as e:
-        raise InvalidParamsError(field, value[:40] + "...", f"is not a decodable image ({type(e).__name__})") from None
+    """(width, height) of a data URI's image as viewers show it, decoding no more than the limits allow."""
+    return upright_size(field, _open_header(field, data_uri_bytes(field, value)))
 
 
 def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
@@ -123,17 +153,17 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
         if mask_value is not None:
             raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
         return None, None
-    init = open_image("init_image", data_uri_bytes("init_image", init_value))
-    mask = open_image("mask_image", data_uri_bytes("mask_image", mask_value)) if mask_value is not None else None
+    init = _upright_pixels("init_image", init_value, "RGB")
+    mask = _upright_pixels("mask_image", mask_value, "L") if mask_value is not None else None
     if mask is not None and mask.size != init.size:
         raise InvalidParamsError(
             "mask_image", f"{mask.width}x{mask.height}", f"must have the init_image's size {init.width}x{init.height}"
         )
     size = (params.width, params.height)  # type: ignore[attr-defined]
     mode = params.resize_mode  # type: ignore[attr-defined]
-    init = _fit("init_image", init.convert("RGB"), size, mode)
+    init = _fit("init_image", init, size, mode)
     if mask is not None:
-        mask = _fit("mask_image", mask.convert("L"), size, mode).point(lambda v: 255 if v >= 128 else 0)
+        mask = _fit("mask_image", mask, size, mode).point(lambda v: 255 if v >= 128 else 0)
     return init, mask
 
 
@@ -145,6 +175,56 @@ def keep_unmasked_pixels(params: object, image: Image.Image) -> Image.Image:
     init, mask = job_images(params)
     assert init is not None and mask is not None  # a mask_image is refused without an init_image
     return Image.composite(image.convert("RGB"), init, mask)  # mask white: the generated pixels
+
+
+def _open_header(field: str, data: bytes) -> Image.Image:
+    """The image with its header read, no pixels decoded; refused unless PNG, JPEG or WebP within the limits."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise InvalidParamsError(field, f"<{len(data)} bytes>", f"must be at most {MAX_IMAGE_BYTES} bytes")
+    with _refusing(field, f"<{len(data)} bytes>"):
+        try:
+            image = Image.open(io.BytesIO(data), formats=PILLOW_FORMATS)
+        except UnidentifiedImageError:
+            other = next((name for magic, name in _OTHER_FORMATS.items() if data.startswith(magic)), None)
+            raise InvalidParamsError(
+                field, other or f"<{len(data)} bytes>", "must be a PNG, JPEG or WebP image"
+            ) from None
+    if image.format not in INPUT_FORMATS:
+        raise InvalidParamsError(field, image.format, "must be a PNG, JPEG or WebP image")
+    if image.width * image.height > MAX_IMAGE_PIXELS:
+        raise InvalidParamsError(field, f"{image.width}x{image.height}", f"must have at most {MAX_IMAGE_PIXELS} pixels")
+    return image
+
+
+@contextlib.contextmanager
+def _refusing(field: str, shown: str) -> Iterator[None]:
+    """Pillow's errors (it raises many kinds for corrupt data) and its decompression-bomb warning as
+    InvalidParamsError naming the field."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except InvalidParamsError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InvalidParamsError(
+            field, shown, f"declares more pixels than Pillow will decode: at most {MAX_IMAGE_PIXELS} are allowed"
+        ) from None
+    except Exception as e:
+        reason = f"{type(e).__name__}: {e}" if isinstance(e, (OSError, ValueError, SyntaxError)) else type(e).__name__
+        raise InvalidParamsError(field, shown, f"is not a decodable image ({reason[:100]})") from None
+
+
+def _upright_pixels(field: str, value: str, mode: str) -> Image.Image:
+    """The image in `mode` as diffusers' `load_image` reads it (first frame, turned as EXIF says), 16-bit gray
+    scaled to 8 bits rather than clipped."""
+    data = data_uri_bytes(field, value)
+    image = open_image(field, data)
+    with _refusing(field, f"<{len(data)} bytes>"):
+        image = ImageOps.exif_transpose(image)
+        if image.mode.startswith("I"):  # a 16-bit gray PNG ("I;16"): Pillow's convert would clip at 255
+            image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8))  # mode L
+        return image.convert(mode)
 
 
 def _fit(field: str, image: Image.Image, size: tuple[int, int], mode: str) -> Image.Image:
@@ -161,7 +241,6 @@ def _fit(field: str, image: Image.Image, size: tuple[int, int], mode: str) -> Im
     if mode == "stretch":
         return image.resize(size, resample)
     scale = max(size[0] / image.width, size[1] / image.height)  # "crop": cover, then center-crop
-    scaled_size = (max(size[0], round(image.width * scale)), max(size[1], round(image.height * scale)))
-    scaled = image.resize(scaled_size, resample)
-    left, top = (scaled.width - size[0]) // 2, (scaled.height - size[1]) // 2
-    return scaled.crop((left, top, left + size[0], top + size[1]))
+    box_width, box_height = size[0] / scale, size[1] / scale  # the job's aspect ratio, in the image's pixels
+    left, top = (image.width - box_width) / 2, (image.height - box_height) / 2
+    return image.resize(size, resample, box=(left, top, left + box_width, top + box_height))  # resizes the box only

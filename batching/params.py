@@ -24,12 +24,15 @@ from batching.image_inputs import (  # the image-input rules the API also applie
     MAX_IMAGE_BYTES,
     MAX_IMAGE_PIXELS,
     RESIZE_MODES,
+    canonical_data_uri,
     check_reference,
     image_size,
+    is_data_uri,
     is_upload_id,
     job_images,
     open_image,
     to_data_uri,
+    upright_size,
 )
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
@@ -105,14 +108,16 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         spec = self.family_spec
-        if (
-            (self.height is None or self.width is None)
-            and isinstance(self.init_image, str)
-            and self.init_image.startswith("data:")
-        ):
-            width, height = image_size("init_image", self.init_image)  # the image's size, unless the job names one
-            object.__setattr__(self, "width", self.width if self.width is not None else width)
-            object.__setattr__(self, "height", self.height if self.height is not None else height)
+        from_image: list[str] = []  # the size fields the init image set
+        image_width = image_height = 0
+        if (self.height is None or self.width is None) and is_data_uri(self.init_image):
+            image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
+            for name, value in (("width", image_width), ("height", image_height)):
+                if getattr(self, name) is None:
+                    if self.resize_mode in RESIZE_MODES[1:]:  # as diffusers does: the largest multiple below
+                        value -= value % spec.size_multiple
+                    object.__setattr__(self, name, value)
+                    from_image.append(name)
         if self.strength is None:
             only_init = self.init_image is not None and self.mask_image is None
             object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
@@ -126,7 +131,16 @@ class GenerationParams:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
-        self.validate()
+        try:
+            self.validate()
+        except InvalidParamsError as e:
+            if e.field not in from_image:
+                raise
+            raise InvalidParamsError(
+                "init_image",
+                f"{image_width}x{image_height}",
+                f"sets the job's {e.field}, which {e.message}: name height and width, with resize_mode stretch or crop",
+            ) from None
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbelow(2**31))
 
@@ -326,7 +340,9 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "RESIZE_MODES",
     "is_upload_id",
+    "canonical_data_uri",
     "job_images",
     "open_image",
     "to_data_uri",
+    "upright_size",
 ]

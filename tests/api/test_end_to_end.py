@@ -11,6 +11,7 @@ import io
 import time
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 from celery import Celery
 from PIL import Image
@@ -218,3 +219,35 @@ def test_an_inline_inpainting_job_gives_a_webp_that_decodes_as_webp(api, worker,
     assert image.status_code == 200 and image.headers["Content-Type"] == "image/webp"
     with Image.open(io.BytesIO(image.content)) as webp:
         assert webp.format == "WEBP" and webp.size == (64, 64)
+
+
+def test_a_rotated_jpeg_and_an_odd_mask_are_read_by_the_worker_as_the_api_read_them(api, worker, http):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 128x64; viewers show it turned, 64x128
+    stored = Image.linear_gradient("L").resize((128, 64)).convert("RGB")
+    sideways = io.BytesIO()
+    stored.save(sideways, format="JPEG", exif=exif.tobytes())
+    upright = Image.open(io.BytesIO(sideways.getvalue())).transpose(Image.Transpose.ROTATE_270).convert("RGB")
+    mask = Image.new("LA", (64, 128), (0, 255))
+    mask.paste((255, 255), (0, 0, 64, 64))  # repaint the top half, keep the bottom
+    mask_bytes = io.BytesIO()
+    mask.save(mask_bytes, format="PNG")
+    wrapped = base64.urlsafe_b64encode(mask_bytes.getvalue()).decode().rstrip("=")
+    wrapped = "\n".join(wrapped[i : i + 76] for i in range(0, len(wrapped), 76))
+    uploaded = http.post(
+        f"{api.url}/v1/uploads", data=sideways.getvalue(), headers={**auth(), "Content-Type": "image/jpeg"}, timeout=10
+    )
+    body = {
+        **{name: value for name, value in SMALL.items() if name not in ("height", "width")},  # the image's size
+        "init_image": uploaded.json()["id"],
+        "mask_image": f"data:image/png;charset=x;base64,{wrapped}",
+    }
+
+    done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
+    image = http.get(done["image_url"], headers=auth(), timeout=30)
+
+    assert (uploaded.json()["width"], uploaded.json()["height"]) == (64, 128)
+    with Image.open(io.BytesIO(image.content)) as output:
+        assert output.size == (64, 128)
+        kept = np.asarray(output.convert("RGB"))[64:]
+    assert np.array_equal(kept, np.asarray(upright)[64:]), "the kept half is the init image as viewers show it"

@@ -187,7 +187,7 @@ def test_a_redirect_on_an_allowed_host_is_followed_and_the_mask_may_be_a_url_too
         ("/hop-to-unlisted-name", "names host 'localhost', which is not one the operator allows"),
         ("/loop", "redirected more than 3 times"),
         ("/missing.png", "answered HTTP 404"),
-        ("/page.html", "is not a decodable image"),
+        ("/page.html", "must be a PNG, JPEG or WebP image"),
         ("/huge.png", f"more than the {MAX_IMAGE_BYTES} allowed"),
         ("/endless.png", f"more than the {MAX_IMAGE_BYTES} bytes allowed"),
         ("/drip.png", "did not answer within 1s"),
