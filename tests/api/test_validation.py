@@ -140,6 +140,17 @@ def test_malformed_json_gets_400(client, body):
     assert response.get_json()["error"]["code"] == "malformed_json"
 
 
+def test_a_latin_1_body_gets_400_saying_json_is_utf_8_whatever_its_charset_says(client):
+    response = client.post(
+        "/v1/jobs",
+        data='{"prompt": "caf\u00e9"}'.encode("latin-1"),
+        headers={**auth(), "Content-Type": "application/json; charset=latin-1"},
+    )
+
+    assert response.status_code == 400
+    assert "not UTF-8" in response.get_json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body", [[], "a red fox", 42, None])
 def test_a_body_that_is_not_an_object_gets_422(client, body):
     response = client.post("/v1/jobs", data=json.dumps(body), headers={**auth(), "Content-Type": "application/json"})
