@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from batching import JobCanceledError, JobFailedError
-from tests.batching.conftest import DEADLINE_SECONDS, make_params, max_pixel_diff, run_alone, steps_taken_meanwhile
+from tests.batching.conftest import (
+    DEADLINE_SECONDS,
+    make_params,
+    max_pixel_diff,
+    pixels,
+    run_alone,
+    steps_taken_meanwhile,
+)
 
 
 def test_running_jobs_keep_stepping_while_another_job_decodes_and_images_are_unchanged(fresh_engine, solo_engine):
@@ -166,6 +173,6 @@ def test_a_sample_whose_image_comes_out_nan_fails_saying_so_and_its_decode_batch
         doomed.result(timeout=120)
     image = healthy.result(timeout=120).image
     assert 2 in decode_batch_sizes  # decoded together: the failure stayed with its own sample
-    assert len(set(image.getdata())) > 1
+    assert pixels(image).std() > 0  # a picture, not one flat colour
     adapter.guided_prediction = real_guided
     assert engine.submit(make_params(prompt="overflow", num_inference_steps=2)).result(timeout=120).image
