@@ -83,7 +83,8 @@ def from_validation_error(error: ValidationError, prefix: tuple[Any, ...] = ()) 
     field = field_path(loc)
     message = OBJECT_MESSAGES.get(first["type"], first["msg"])
     if field is None:
-        return invalid(None, f"the request body {message}")
+        joiner = " " if first["type"] in OBJECT_MESSAGES else ": "
+        return invalid(None, f"the request body{joiner}{message}")
     return invalid(field, f"{field}: {message}")
 
 

@@ -36,5 +36,9 @@ def read_json() -> Any:
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object")
     try:
         return json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except UnicodeDecodeError as e:  # a charset parameter changes nothing: JSON is UTF-8 (RFC 8259)
+        raise ApiError(
+            400, "malformed_json", f"the request body is not UTF-8 (JSON is UTF-8 whatever the charset says): {e}"
+        ) from e
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {e}") from e

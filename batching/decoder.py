@@ -12,9 +12,10 @@ kept because two threads of one process that both run torch ops on the CPU slow 
 other: see docs/benchmarks.md for what it measured).
 
 A decode batch that runs out of memory is split like a forward (`batching.oom`); a
-sample fails only if it cannot be decoded alone. Cancellation: `discard()` drops the
-images of samples whose job ended meanwhile, so a canceled job is never counted as
-finished.
+sample fails only if it cannot be decoded alone, or if its image holds NaN or infinite values
+(the adapter's decode gives None for it), which would otherwise pass as a black picture.
+Cancellation: `discard()` drops the images of samples whose job ended meanwhile, so a
+canceled job is never counted as finished.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from batching.params import GenerationParams
 from batching.pipelines.contract import PipelineAdapter
 
 logger = logging.getLogger(__name__)
+
+NON_FINITE_MESSAGE = (
+    "the image came out as NaN or infinite values (the model overflowed): try another seed, "
+    "a lower guidance_scale or a higher-precision dtype"
+)
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,11 @@ class Decoder(BesideTheLoop[DecodeResult]):
         else:
             result.num_oom_splits = outcome.num_splits
             for chunk, images in outcome.results:
-                result.images.update((item.sample_id, image) for item, image in zip(chunk, images))
+                for item, image in zip(chunk, images):
+                    if image is None:
+                        result.failed[item.sample_id] = NON_FINITE_MESSAGE
+                    else:
+                        result.images[item.sample_id] = image
             for item, error in outcome.failed:
                 result.failed[item.sample_id] = alone_message("decoding this image", 1, error)
         result.seconds = time.perf_counter() - start

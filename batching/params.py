@@ -62,6 +62,7 @@ DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask 
 LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 LORA_KEY_PATTERN = re.compile(r"(tenants/[A-Za-z0-9_-]{1,64}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 LORA_SUFFIX = ".safetensors"
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1: what no model name, path or repo id holds
 MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the engine's read limit
 
 
@@ -225,7 +226,9 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError(
             "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models"
         )
-    _check_str(p, "model", 500, allow_empty=False)
+    model = _check_str(p, "model", 500, allow_empty=False)
+    if CONTROL_CHARACTERS.search(model):
+        raise InvalidParamsError("model", model, "must not contain control characters (no model is named so)")
     _check_int(p, "num_frames", 1, 1)
     if p.lora is not None:
         _check_str(p, "lora", 200, allow_empty=False)
@@ -273,6 +276,11 @@ def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: boo
         raise InvalidParamsError(name, f"<{len(value)} characters>", f"must be at most {max_len} characters")
     if "\x00" in value:
         raise InvalidParamsError(name, value, "must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer, JSON encoder or Redis client takes it
+            raise InvalidParamsError(name, value, "must be valid Unicode text (it holds a lone surrogate)") from e
     return value
 
 

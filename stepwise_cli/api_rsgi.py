@@ -49,6 +49,7 @@ from storage.settings import env_float
 Headers = list[tuple[str, str]]
 # Header names a WSGI environ keeps without the HTTP_ prefix.
 UNPREFIXED = {"content-type": "CONTENT_TYPE", "content-length": "CONTENT_LENGTH"}
+UNREADABLE_DROPPED = {"host"}  # without a Host, werkzeug falls back to SERVER_NAME; an empty one would name no host
 TOO_LARGE = "request body is larger than the limit (STEPWISE_MAX_BODY_BYTES)"  # as api.errors words it
 
 
@@ -221,9 +222,15 @@ class BufferedWsgi:
             "wsgi.run_once": False,
             "wsgi.input_terminated": True,  # the whole body is buffered: read to its end
         }
-        for name, value in scope.headers.items():
+        items = scope.headers.items()
+        for name, value in items:
             key = UNPREFIXED.get(name) or "HTTP_" + name.upper().replace("-", "_")
             environ[key] = f"{environ[key]},{value}" if key in environ else value
+        # granian keeps the name of a header whose value is not visible ASCII (UTF-8, say) but drops the value.
+        # Such a header reaches the app empty, as sent but unreadable, rather than not at all: an Idempotency-Key
+        # that vanished would let a retry create a second job (gunicorn passes the bytes; the app answers 422).
+        for name in set(scope.headers.keys()).difference(name for name, _ in items).difference(UNREADABLE_DROPPED):
+            environ.setdefault(UNPREFIXED.get(name) or "HTTP_" + name.upper().replace("-", "_"), "")
         if body:  # buffered and de-chunked: its length is known (a body left unread keeps the declared one)
             environ.pop("HTTP_TRANSFER_ENCODING", None)
             environ["CONTENT_LENGTH"] = str(len(body))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 NUM_LOOKUP_THREADS = 16  # image URL name lookups in flight at once, per process
+UNSENDABLE = re.compile(r"[^\x21-\x7e]")  # control characters, spaces and anything beyond ASCII
 
 _lookups = ThreadPoolExecutor(NUM_LOOKUP_THREADS, thread_name_prefix="url-lookup")
 
@@ -153,7 +155,13 @@ def _split(url: str, error: type[URLPolicyError]) -> tuple[str, int]:
     """The URL's host (lowercase, no trailing dot) and port, after the checks every URL passes."""
     if not isinstance(url, str) or len(url) > 2048:
         raise error("must be a URL of at most 2048 characters")
-    parts = urlsplit(url)
+    if UNSENDABLE.search(url):
+        # http.client refuses these in a request line (or cannot encode them): such a URL could never be called
+        raise error("must hold only printable ASCII without spaces: percent-encode the rest (punycode for a host)")
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # an unbalanced or invalid [IPv6] host
+        raise error(f"is not a valid URL ({e})") from e
     if parts.scheme not in ("http", "https"):
         raise error("must use http or https")
     if parts.username or parts.password:
@@ -165,6 +173,8 @@ def _split(url: str, error: type[URLPolicyError]) -> tuple[str, int]:
         port = parts.port
     except ValueError as e:
         raise error("has an invalid port") from e
+    if port == 0:
+        raise error("has an invalid port (0)")
     return host, port or (443 if parts.scheme == "https" else 80)
 
 

@@ -95,5 +95,6 @@ class PipelineAdapter(Protocol):
         ...
 
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        """Latents [n, *latent_shape] of samples of one size to n RGB PIL images."""
+        """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
+        with NaN or infinite pixels (the decoder fails that sample)."""
         ...

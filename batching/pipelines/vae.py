@@ -10,8 +10,8 @@ from PIL import Image
 
 
 @torch.inference_mode()
-def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image]:
-    """Latents [n, c, h, w] (the VAE's layout) to n RGB images."""
+def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
+    """Latents [n, c, h, w] (the VAE's layout) to n RGB images (None for one with non-finite pixels)."""
     config = vae.config
     latents = latents.to(vae.dtype)
     latents_mean, latents_std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
@@ -26,11 +26,14 @@ def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image]:
     return _to_images(vae, latents)
 
 
-def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image]:
-    pixels = vae.decode(latents, return_dict=False)[0]  # [n, 3, H, W] in [-1, 1]
-    pixels = (pixels.float() / 2 + 0.5).clamp(0, 1)
+def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
+    """None for an image with a NaN or infinite pixel (non-finite latents, or a VAE overflowing in half
+    precision): cast to bytes it would be a black or noisy picture that looks like a result."""
+    pixels = vae.decode(latents, return_dict=False)[0].float()  # [n, 3, H, W] in [-1, 1]
+    is_finite = torch.isfinite(pixels).flatten(1).all(1).cpu().tolist()  # [n]
+    pixels = (pixels / 2 + 0.5).clamp(0, 1)
     array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
-    return [Image.fromarray(np.ascontiguousarray(image)) for image in array]
+    return [Image.fromarray(np.ascontiguousarray(image)) if ok else None for image, ok in zip(array, is_finite)]
 
 
 @torch.inference_mode()

@@ -375,6 +375,10 @@ def test_the_policy_fetches_nothing_when_no_host_is_allowed():
         "http://localhost/cat.png",  # resolves to a listed address, but names are matched by name
         "ftp://images.example.com/cat.png",
         "https://user:pw@images.example.com/cat.png",
+        "https://[::1/cat.png",  # urlsplit raises ValueError on it: the API answered 500
+        "https://images.example.com/caf\u00e9.png",  # http.client cannot send it: percent-encode it
+        "https://images.example.com/a cat.png",
+        "https://images.example.com:0/cat.png",
     ],
 )
 def test_the_policy_refuses_hosts_not_listed_and_malformed_urls(monkeypatch, url):

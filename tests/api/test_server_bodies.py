@@ -91,3 +91,19 @@ def test_an_oversized_upload_without_a_key_is_refused_unread(small_body_api, htt
     )
 
     assert response.status_code == 401
+
+
+@pytest.mark.parametrize("key", ["ключ-1".encode(), b"caf\xe9-1"], ids=repr)
+def test_an_idempotency_key_beyond_ascii_gets_422_rather_than_vanishing(small_body_api, http, key):
+    """granian drops a header value that is not visible ASCII but keeps its name; before, the app saw no key,
+    and each retry of a submit queued another job."""
+    headers = {**auth(), "Content-Type": "application/json", "Idempotency-Key": key, "X-Note": "ключ".encode()}
+    body = json.dumps({"prompt": "a lighthouse at dusk"})
+
+    responses = [http.post(f"{small_body_api.url}/v1/jobs", data=body, headers=headers, timeout=10) for _ in range(2)]
+
+    for response in responses:
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["field"] == "Idempotency-Key"
+    del headers["Idempotency-Key"]  # another header beyond ASCII is no reason to refuse a request
+    assert http.post(f"{small_body_api.url}/v1/jobs", data=body, headers=headers, timeout=10).status_code == 202

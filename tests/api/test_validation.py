@@ -54,6 +54,8 @@ INVALID_FIELDS = [
     ("num_images", P.MAX_NUM_IMAGES + 1),
     ("model", ""),
     ("model", "m" * 501),
+    ("model", "builtin:tiny\n"),  # no worker could serve it: the job would wait until it expired
+    ("model", "a\x85b"),
     ("num_frames", 0),
     ("num_frames", 2),
     ("lora", ""),
@@ -70,6 +72,13 @@ INVALID_FIELDS = [
     ("webhook_url", "http://[::1]/latest"),
     ("webhook_url", "http://user:pw@127.0.0.1/"),
     ("webhook_url", ""),
+    # URLs the worker's HTTP client could never send: before, accepted here and failed at every delivery
+    # (or answered 500, for the unbalanced bracket that urlsplit raises on)
+    ("webhook_url", "http://[::1/hook"),
+    ("webhook_url", "http://127.0.0.1/caf\u00e9"),
+    ("webhook_url", "http://127.0.0.1/a b"),
+    ("webhook_url", "http://127.0.0.1/hook\r\nX-Injected: 1"),
+    ("webhook_url", "http://127.0.0.1:0/hook"),
     ("webhook_events", ["started", "exploded"]),
     ("webhook_events", []),
     ("webhook_events", "started"),
@@ -131,12 +140,41 @@ def test_malformed_json_gets_400(client, body):
     assert response.get_json()["error"]["code"] == "malformed_json"
 
 
+def test_a_latin_1_body_gets_400_saying_json_is_utf_8_whatever_its_charset_says(client):
+    response = client.post(
+        "/v1/jobs",
+        data='{"prompt": "caf\u00e9"}'.encode("latin-1"),
+        headers={**auth(), "Content-Type": "application/json; charset=latin-1"},
+    )
+
+    assert response.status_code == 400
+    assert "not UTF-8" in response.get_json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body", [[], "a red fox", 42, None])
 def test_a_body_that_is_not_an_object_gets_422(client, body):
     response = client.post("/v1/jobs", data=json.dumps(body), headers={**auth(), "Content-Type": "application/json"})
 
     assert response.status_code == 422
     assert "must be a JSON object" in response.get_json()["error"]["message"]
+
+
+def test_a_field_name_that_is_not_text_gets_422_saying_why(client):
+    response = client.post(
+        "/v1/jobs", data=b'{"prompt": "x", "\\ud800": 1}', headers={**auth(), "Content-Type": "application/json"}
+    )
+
+    assert response.status_code == 422
+    assert response.get_json()["error"]["message"].startswith("the request body: ")
+
+
+def test_a_webhook_url_with_a_percent_encoded_path_and_query_is_accepted_as_sent(client):
+    url = "http://127.0.0.1:9/caf%C3%A9/hook?job=a%20b&x=1#top"
+
+    response = post_job(client, {**VALID, "webhook_url": url})
+
+    assert response.status_code == 202, response.text
+    assert response.get_json()["webhook"]["url"] == url
 
 
 def test_a_body_over_the_size_limit_gets_413(client):

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from batching import JobCanceledError, JobFailedError
-from tests.batching.conftest import DEADLINE_SECONDS, make_params, max_pixel_diff, run_alone, steps_taken_meanwhile
+from tests.batching.conftest import (
+    DEADLINE_SECONDS,
+    make_params,
+    max_pixel_diff,
+    pixels,
+    run_alone,
+    steps_taken_meanwhile,
+)
 
 
 def test_running_jobs_keep_stepping_while_another_job_decodes_and_images_are_unchanged(fresh_engine, solo_engine):
@@ -139,3 +146,33 @@ def test_a_decode_batch_that_runs_out_of_memory_is_split(fresh_engine, solo_engi
     )
     for image, single in zip(result.images, alone):
         assert max_pixel_diff(image, single) <= 1
+
+
+def test_a_sample_whose_image_comes_out_nan_fails_saying_so_and_its_decode_batch_mates_finish(fresh_engine):
+    """Before, NaN pixels were cast to bytes and the job succeeded with a black picture."""
+    engine = fresh_engine(max_num_seqs=4)
+    adapter = engine.model_runner.model
+    real_guided, real_decode = adapter.guided_prediction, adapter.decode
+    decode_batch_sizes: list[int] = []
+
+    def overflowing(rows, params):
+        prediction = real_guided(rows, params)
+        return prediction * float("nan") if params.prompt == "overflow" else prediction
+
+    def counting_decode(latents, params_list):
+        decode_batch_sizes.append(len(params_list))
+        return real_decode(latents, params_list)
+
+    adapter.guided_prediction, adapter.decode = overflowing, counting_decode
+    engine.pause()
+    doomed = engine.submit(make_params(prompt="overflow", seed=1, num_inference_steps=3))
+    healthy = engine.submit(make_params(prompt="a calm lake", seed=2, num_inference_steps=3))
+    engine.resume()
+
+    with pytest.raises(JobFailedError, match="NaN or infinite"):
+        doomed.result(timeout=120)
+    image = healthy.result(timeout=120).image
+    assert 2 in decode_batch_sizes  # decoded together: the failure stayed with its own sample
+    assert pixels(image).std() > 0  # a picture, not one flat colour
+    adapter.guided_prediction = real_guided
+    assert engine.submit(make_params(prompt="overflow", num_inference_steps=2)).result(timeout=120).image

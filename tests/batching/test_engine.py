@@ -124,6 +124,22 @@ def test_a_failing_group_fails_its_jobs_readably_and_the_engine_serves_the_next(
     assert engine.stats()["jobs_failed"] == 2
 
 
+@pytest.mark.parametrize("field", ["prompt", "negative_prompt"])
+def test_a_prompt_with_a_lone_surrogate_is_refused_at_submit_naming_it_not_failed_by_the_tokenizer(
+    batched_engine, field
+):
+    text = "a red \udcff fox"  # what Python makes of a non-UTF-8 byte on a command line (surrogateescape)
+    with pytest.raises(InvalidParamsError) as error:
+        make_params(**{field: text})
+    assert error.value.field == field and "surrogate" in str(error.value)
+
+    forged = make_params(num_inference_steps=2)
+    object.__setattr__(forged, field, text)  # altered after validation: the engine checks again
+    with pytest.raises(InvalidParamsError) as error:
+        batched_engine.submit(forged)
+    assert error.value.field == field
+
+
 def test_a_request_for_another_model_is_rejected_naming_the_model_field(batched_engine):
     with pytest.raises(InvalidParamsError) as error:
         batched_engine.submit(make_params(model="builtin:small"))

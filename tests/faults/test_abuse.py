@@ -130,6 +130,30 @@ def test_allow_listed_hosts_and_ranges_are_accepted_and_nothing_else(monkeypatch
     assert ipaddress.ip_address("127.0.0.2") not in allow.networks[0]
 
 
+# Allowed hosts, in URLs http.client cannot send (it refuses controls and spaces in a request line and cannot
+# encode non-ASCII) or cannot parse: accepted at submit, such a webhook failed at every delivery attempt.
+UNSENDABLE_URLS = [
+    "http://127.0.0.1/caf\u00e9",
+    "http://127.0.0.1/hook?name=caf\u00e9",
+    "http://127.0.0.1/a b",
+    "http://127.0.0.1/hook\r\nX-Injected: 1",
+    "http://127.0.0.1/hook\t",
+    "http://127.0.0.1/\x00",
+    "http://[::1/hook",
+    "http://[127.0.0.1]/hook",
+    "http://127.0.0.1:0/hook",
+]
+
+
+@pytest.mark.parametrize("url", UNSENDABLE_URLS, ids=repr)
+def test_a_webhook_url_that_could_never_be_sent_is_refused_even_to_an_allowed_host(url):
+    allow = AllowList.parse("127.0.0.1, ::1")
+
+    with pytest.raises(WebhookURLError):
+        check_webhook_url(url, allow)
+    assert check_webhook_url("http://127.0.0.1/caf%C3%A9?name=a%20b", allow)  # the same, percent-encoded
+
+
 @pytest.fixture(scope="module")
 def strict_api(tmp_path_factory):
     """`stepwise api` with no webhook allow list and an access log, as in production."""
