@@ -7,12 +7,13 @@ checked as safetensors itself checks it, so a file that passes here also parses 
 declared size is ever allocated: every tensor's offsets must match its dtype and shape exactly and
 the tensors must tile the data with no gap or overlap (a 1-KB file cannot declare a 40-GB tensor).
 
-Then the LoRA rules, on the keys in the formats diffusers reads (`X.lora_A.weight`/`X.lora_B.weight`,
-kohya's `X.lora_down.weight`/`X.lora_up.weight` and `X.alpha`, older diffusers' `X.lora.down.weight`/
-`X.lora.up.weight`): every down matrix has its up matrix and the other way round, both 2-D (linear)
-or 4-D (conv) floating-point tensors of the same positive rank (down `[r, in, ...]`, up `[out, r, ...]`),
-and an alpha is one finite floating-point number. At least one such pair must be present. Keys in
-other forms are left to diffusers. Finite weights are checked after parsing, with torch (`store.py`).
+Then the LoRA rules. Some tensor name must contain "lora" (diffusers refuses the file otherwise).
+Among those names, in the formats diffusers reads (`X.lora_A.weight`/`X.lora_B.weight`, kohya's
+`X.lora_down.weight`/`X.lora_up.weight`, and `X.down.weight`/`X.up.weight` as older diffusers and
+XLabs write them), every down matrix has its up matrix and the other way round, both 2-D (linear)
+or 4-D (conv) floating-point tensors of the same positive rank (down `[r, in, ...]`, up `[out, r, ...]`);
+an alpha (`X.alpha`) is one finite floating-point number. Keys in other forms are left to diffusers.
+Finite weights are checked after parsing, with torch (`store.py`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # what a LoRA weight or
 PAIR_SUFFIXES = (
     (".lora_A.weight", ".lora_B.weight"),
     (".lora_down.weight", ".lora_up.weight"),
-    (".lora.down.weight", ".lora.up.weight"),
-    (".lora_linear_layer.down.weight", ".lora_linear_layer.up.weight"),
+    (".down.weight", ".up.weight"),  # older diffusers' `.lora.down.weight`, XLabs' `.qkv_lora1.down.weight`, ...
 )
 ALPHA_SUFFIX = ".alpha"
 _SHOWN = 100  # characters of a tensor name quoted in a message
@@ -120,20 +120,17 @@ def _entry_problem(entry: object) -> str | None:
 
 
 def _check_lora_keys(tensors: dict[str, tuple[str, list[int], int]], data: bytes, data_start: int) -> None:
-    num_pairs = 0
+    lora_names = [name for name in tensors if "lora" in name.lower()]  # diffusers' own test of a LoRA key
+    if not lora_names:
+        raise LoraFileError("holds no LoRA weights (no tensor name contains 'lora', as diffusers requires)")
     for down_suffix, up_suffix in PAIR_SUFFIXES:
-        downs = {name.removesuffix(down_suffix) for name in tensors if name.endswith(down_suffix)}
-        ups = {name.removesuffix(up_suffix) for name in tensors if name.endswith(up_suffix)}
+        downs = {name.removesuffix(down_suffix) for name in lora_names if name.endswith(down_suffix)}
+        ups = {name.removesuffix(up_suffix) for name in lora_names if name.endswith(up_suffix)}
         for module in sorted(downs ^ ups):
             present, missing = (down_suffix, up_suffix) if module in downs else (up_suffix, down_suffix)
             raise LoraFileError(f"has {(module + present)[:_SHOWN]!r} without its {missing.lstrip('.')!r}")
         for module in sorted(downs):
             _check_pair(module, tensors[module + down_suffix], tensors[module + up_suffix])
-        num_pairs += len(downs)
-    if num_pairs == 0:
-        raise LoraFileError(
-            "holds no LoRA weights (lora_A/lora_B or lora_down/lora_up pairs, as diffusers and kohya save them)"
-        )
     for name, (dtype, shape, start) in tensors.items():
         if name.endswith(ALPHA_SUFFIX):
             _check_alpha(name, dtype, shape, data[data_start + start : data_start + start + DTYPE_BYTES[dtype]])
