@@ -252,3 +252,24 @@ def test_a_broken_adapter_fails_only_its_own_job_naming_it_and_its_batch_mates_d
     for image, image_alone in zip([future.result(timeout=120).image for future in futures], run_alone(solo, others)):
         assert max_pixel_diff(image, image_alone) <= 1
     assert not mixed.loras.cache.is_loaded(name)
+
+
+def test_an_adapter_whose_finite_weights_overflow_fails_its_job_naming_it_instead_of_a_black_image(
+    lora_engines, lora_folder
+):
+    """Weights of 1e18 are finite (the file passes) but overflow in the forward: the job fails at decode, naming
+    the adapter, and the jobs sharing its forwards are the images they are alone."""
+    save_file(
+        {key: value * 1e18 for key, value in load_file(lora_folder / "style-a.safetensors").items()},
+        str(lora_folder / "overflowing.safetensors"),
+    )
+    mixed, solo = lora_engines
+    others = [make_params(prompt="a red fox", seed=1, lora="style-b"), make_params(prompt="a blue bird", seed=2)]
+    futures = [mixed.submit(others[0]), mixed.submit(make_params(seed=3, lora="overflowing")), mixed.submit(others[1])]
+
+    with pytest.raises(JobFailedError, match="not finite .* its LoRA adapter 'overflowing' \\(scale 1.0\\)"):
+        futures[1].result(timeout=120)
+    for image, image_alone in zip(
+        [futures[0].result(timeout=120).image, futures[2].result(timeout=120).image], run_alone(solo, others)
+    ):
+        assert max_pixel_diff(image, image_alone) <= 1
