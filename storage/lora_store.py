@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from batching.params import LORA_SUFFIX
-from storage.errors import ImageNotFoundError, StorageError
+from storage.errors import ImageNotFoundError, LoraTooLargeError, StorageError
 from storage.settings import StorageSettings
 
 TENANTS_PREFIX = "tenants"
@@ -61,6 +61,16 @@ class LoraStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> list[LoraInfo]:
         """The adapters directly under `prefix` ("" for the operator's), sorted by name."""
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes | None:
+        """`get(key)`, but LoraTooLargeError instead of reading a file above `max_bytes` (the worker's reads:
+        an operator's file or one uploaded under a higher limit is not downloaded into memory to be refused)."""
+        size = self.size(key)
+        if size is None:
+            return None
+        if size > max_bytes:
+            raise LoraTooLargeError(f"the file is {size} bytes, above the limit of {max_bytes}")
+        return self.get(key)
 
     def resolve(self, tenant: str, name: str) -> str | None:
         """The key of the adapter `name` as `tenant` may use it: its own upload, else the operator's; else None."""
