@@ -1,7 +1,9 @@
 """The /v1/loras blueprint: a tenant's own LoRA adapters (upload, list, fetch info, delete).
 
 An upload is the raw safetensors file as the request body (`PUT /v1/loras/{name}`), at most
-`STEPWISE_LORA_MAX_BYTES`, checked to be safetensors without torch (`storage.lora_store`).
+`STEPWISE_LORA_MAX_BYTES`, checked without torch to be a safetensors file whose header tells the
+truth and whose LoRA matrices pair up (`batching.lora.file_format`); what needs the weights or the
+model (finite values, fitting its layers) is checked by the worker, failing only jobs using it.
 It is stored under the tenant's own prefix: only that tenant can use, list, see or delete it;
 for another tenant it does not exist. `GET /v1/loras` lists the tenant's uploads and the
 operator's adapters, which every tenant may use.
@@ -17,8 +19,8 @@ from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
 from api.resources import get_lora_store, get_settings
 from api.schemas import LoraView
-from batching.params import LORA_NAME_PATTERN
-from storage.lora_store import InvalidLoraFileError, LoraStore, check_safetensors, tenant_key, tenant_slug
+from batching.params import LORA_NAME_PATTERN, LoraFileError, check_lora_file
+from storage.lora_store import LoraStore, tenant_key, tenant_slug
 
 bp = Blueprint("loras", __name__, url_prefix="/v1/loras")
 bp.before_request(require_tenant)
@@ -58,8 +60,8 @@ def upload(name: str):
     if not data:
         raise invalid("body", "the body must be the adapter's .safetensors file (got an empty body)")
     try:
-        check_safetensors(data)
-    except InvalidLoraFileError as e:
+        check_lora_file(data)
+    except LoraFileError as e:
         raise invalid("body", f"the body {e}; only safetensors LoRA files are accepted") from e
     existed = store.size(tenant_key(g.tenant, name)) is not None
     store.put(tenant_key(g.tenant, name), data)

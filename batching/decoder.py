@@ -12,9 +12,11 @@ kept because two threads of one process that both run torch ops on the CPU slow 
 other: see docs/benchmarks.md for what it measured).
 
 A decode batch that runs out of memory is split like a forward (`batching.oom`); a
-sample fails only if it cannot be decoded alone, or if its image holds NaN or infinite values
-(the adapter's decode gives None for it), which would otherwise pass as a black picture.
-Cancellation: `discard()` drops the images of samples whose job ended meanwhile, so a
+sample fails only if it cannot be decoded alone. A sample whose latents are not finite (an
+adapter whose weights overflow, say) fails, naming its adapter, before it is decoded; one whose
+decoded image holds NaN or infinite values (the pipeline adapter's decode gives None for it)
+fails too: either would otherwise pass as a black picture. Cancellation: `discard()` drops the
+images of samples whose job ended meanwhile, so a
 canceled job is never counted as finished.
 """
 
@@ -114,12 +116,23 @@ class Decoder(BesideTheLoop[DecodeResult]):
     def _decode(self, batch: _Batch) -> DecodeResult:
         start = time.perf_counter()
         result = DecodeResult()
+        items = []
+        # One device-to-host copy for the whole batch (the host waits for the images here anyway).
+        finite = torch.stack([item.latents.isfinite().all() for item in batch.items]).tolist()
+        for item, is_finite in zip(batch.items, finite):
+            if is_finite:
+                items.append(item)
+            else:
+                result.failed[item.sample_id] = _not_finite_message(item.params)
+        if not items:
+            result.seconds = time.perf_counter() - start
+            return result
         try:
-            outcome = run_splitting([batch.items], self._decode_chunk, rows_of=len, device=self.model.device)
+            outcome = run_splitting([items], self._decode_chunk, rows_of=len, device=self.model.device)
         except Exception as e:
             logger.exception("decode failed")
             message = f"decoding the image failed: {type(e).__name__}: {e}"
-            result.failed = {item.sample_id: message for item in batch.items}
+            result.failed.update((item.sample_id, message) for item in items)
         else:
             result.num_oom_splits = outcome.num_splits
             for chunk, images in outcome.results:
@@ -135,3 +148,11 @@ class Decoder(BesideTheLoop[DecodeResult]):
 
     def _decode_chunk(self, items: list[DecodeItem]) -> list[Any]:
         return self.model.decode(torch.cat([item.latents for item in items]), [item.params for item in items])
+
+
+def _not_finite_message(params: GenerationParams) -> str:
+    """A sample whose latents hold NaN or infinity would decode to a black image: it fails instead."""
+    message = "the denoised latents are not finite (NaN or infinity), so there is no image"
+    if params.lora is not None:
+        return f"{message}; its LoRA adapter {params.lora!r} (scale {params.lora_scale}) likely overflows"
+    return message

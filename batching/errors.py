@@ -37,3 +37,10 @@ class ModelLoadError(BatchingError):
 class LoraError(BatchingError):
     """A LoRA adapter could not be used: missing, not a safetensors file, too large, or not fitting the model.
     The message names the adapter."""
+
+
+def describe(error: Exception, max_chars: int = 300) -> str:
+    """A foreign error in a job's message: its first two lines, cut (PEFT lists every mismatching layer)."""
+    lines = [line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip()]
+    text = " ".join(lines[:2])
+    return text if len(text) <= max_chars and len(lines) <= 2 else f"{text[:max_chars]}..."

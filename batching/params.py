@@ -34,6 +34,12 @@ from batching.image_inputs import (  # the image-input rules the API also applie
     to_data_uri,
     upright_size,
 )
+from batching.lora.file_format import (  # the adapter-file rules the API applies to uploads, re-exported for it
+    LORA_SUFFIX,
+    MAX_LORA_BYTES,
+    LoraFileError,
+    check_lora_file,
+)
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
 DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
@@ -61,9 +67,7 @@ DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask 
 # worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
 LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 LORA_KEY_PATTERN = re.compile(r"(tenants/[A-Za-z0-9_-]{1,64}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-LORA_SUFFIX = ".safetensors"
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1: what no model name, path or repo id holds
-MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the engine's read limit
 
 
 # Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
@@ -338,11 +342,15 @@ class CompatibilityKey:
 
 
 # The API may import batching.params only (README's package table): what it needs of the family table and the
-# image-input rules is re-exported here.
+# image-input and adapter-file rules is re-exported here.
 __all__ = [
     "FAMILIES",
     "IMAGE_FIELDS",
     "INPUT_FORMATS",
+    "LORA_SUFFIX",
+    "MAX_LORA_BYTES",
+    "LoraFileError",
+    "check_lora_file",
     "MAX_DATA_URI_CHARS",
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",

@@ -29,3 +29,7 @@ class InvalidCursorError(StorageError, ValueError):
 
 class ImageNotFoundError(StorageError):
     """No image stored under this key."""
+
+
+class LoraTooLargeError(StorageError):
+    """A LoRA adapter file in the store is above the size limit; it was not read."""

@@ -6,33 +6,24 @@ uploads under `tenants/<tenant slug>/NAME.safetensors`, usable only by that tena
 own upload first, then the operator's), or None, which every caller reports as a missing
 adapter, so another tenant's upload is indistinguishable from one that does not exist.
 
-Uploads are checked here without torch: a safetensors file is an 8-byte little-endian
-header length, a JSON header (tensor name -> dtype, shape, data offsets) and the data.
+The API checks uploads before they get here, without torch (`batching.lora.file_format`, through
+`batching.params`): the safetensors header as safetensors checks it, and the LoRA rules.
 """
 
 from __future__ import annotations
 
 import abc
 import hashlib
-import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from batching.params import LORA_SUFFIX
-from storage.errors import ImageNotFoundError, StorageError
+from storage.errors import ImageNotFoundError, LoraTooLargeError, StorageError
 from storage.settings import StorageSettings
 
 TENANTS_PREFIX = "tenants"
-SAFETENSORS_DTYPES = frozenset(
-    {"BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64", "F8_E4M3", "F8_E5M2"}
-)
-
-
-class InvalidLoraFileError(ValueError):
-    """The bytes are not a safetensors file; the message says what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -49,38 +40,6 @@ def tenant_slug(tenant: str) -> str:
 def tenant_key(tenant: str, name: str) -> str:
     """The store key (without suffix) of a tenant's upload; also what the worker hands the engine."""
     return f"{TENANTS_PREFIX}/{tenant_slug(tenant)}/{name}"
-
-
-def check_safetensors(data: bytes) -> int:
-    """The number of tensors in a safetensors file, or InvalidLoraFileError saying why it is not one."""
-    if len(data) < 8:
-        raise InvalidLoraFileError("is not a safetensors file (shorter than its 8-byte header length)")
-    (header_length,) = struct.unpack("<Q", data[:8])
-    if header_length > len(data) - 8:
-        raise InvalidLoraFileError("is not a safetensors file (its header length exceeds the file)")
-    try:
-        header = json.loads(data[8 : 8 + header_length])
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidLoraFileError("is not a safetensors file (its header is not JSON)") from e
-    if not isinstance(header, dict):
-        raise InvalidLoraFileError("is not a safetensors file (its header is not a JSON object)")
-    data_length = len(data) - 8 - header_length
-    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
-    for name, entry in tensors.items():
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (
-            not isinstance(entry, dict)
-            or entry.get("dtype") not in SAFETENSORS_DTYPES
-            or not isinstance(entry.get("shape"), list)
-            or not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(offset, int) for offset in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_length
-        ):
-            raise InvalidLoraFileError(f"is not a valid safetensors file (tensor {name[:100]!r} is malformed)")
-    if not tensors:
-        raise InvalidLoraFileError("holds no tensors")
-    return len(tensors)
 
 
 class LoraStore(abc.ABC):
@@ -102,6 +61,16 @@ class LoraStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> list[LoraInfo]:
         """The adapters directly under `prefix` ("" for the operator's), sorted by name."""
+
+    def get_at_most(self, key: str, max_bytes: int) -> bytes | None:
+        """`get(key)`, but LoraTooLargeError instead of reading a file above `max_bytes` (the worker's reads:
+        an operator's file or one uploaded under a higher limit is not downloaded into memory to be refused)."""
+        size = self.size(key)
+        if size is None:
+            return None
+        if size > max_bytes:
+            raise LoraTooLargeError(f"the file is {size} bytes, above the limit of {max_bytes}")
+        return self.get(key)
 
     def resolve(self, tenant: str, name: str) -> str | None:
         """The key of the adapter `name` as `tenant` may use it: its own upload, else the operator's; else None."""

@@ -27,6 +27,7 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.errors",
     "batching.families",
     "batching.image_inputs",
+    "batching.lora.file_format",
     "batching.params",
     "batching.plan",
     "batching.scheduler",
@@ -41,6 +42,8 @@ PARAMS_CLOSURE = {
     "batching.builtin_models.registry",
     "batching.errors",
     "batching.image_inputs",
+    "batching.lora",
+    "batching.lora.file_format",
 }
 
 # package -> (top-level names it must not load, the batching modules it may load (None: any))

@@ -8,6 +8,7 @@ under one lock, so a job is either in the engine or sent back to the queue, neve
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -98,7 +99,10 @@ class WorkerRuntime:
         log.info("loading model %s (max_num_seqs=%d, policy=%s)", s.model, s.max_num_seqs, s.policy)
         # The engine reads file:// stores itself; other stores (S3) through this process's storage code.
         is_local = s.storage.lora_url.startswith("file:")
-        return DiffusionEngine(config, lora_fetcher=None if is_local or not self.lora_store else self.lora_store.get)
+        fetcher = None
+        if self.lora_store is not None and not is_local:
+            fetcher = functools.partial(self.lora_store.get_at_most, max_bytes=s.storage.lora_max_bytes)
+        return DiffusionEngine(config, lora_fetcher=fetcher)
 
     def resolve_lora(self, tenant: str, name: str) -> str | None:
         """The store key of adapter `name` as `tenant` may use it, or None (see storage.lora_store)."""

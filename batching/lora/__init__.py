@@ -2,8 +2,10 @@
 
 - `store.LoraSource`: reads `<name>.safetensors` from the adapter store (`file://` directly,
   anything else through a fetcher the caller injects: the worker builds an S3 one from
-  `storage`, which `batching` may not import), checks the size limit and parses the file
-  with safetensors (never a pickle).
+  `storage`, which `batching` may not import), checks the size limit and the file's rules
+  (`file_format`, from the header alone), parses it with safetensors (never a pickle) and
+  refuses weights that are not finite.
+- `file_format`: what an adapter file must be, checked without torch (the API applies it to uploads).
 - `cache.LoraCache`: adapters loaded onto the pipeline's modules without fusing, bounded LRU
   by count and bytes; adapters in use by running samples are never evicted.
 - `row_deltas.RowLoras`: forward hooks on the LoRA layers that add each row's own low-rank
@@ -12,5 +14,5 @@
 - `engine_loras.EngineLoras`: the engine's facade over the above (fetch, prepare, rows, encoding).
 - `make_test_loras`: random-weight adapter files for the built-ins (tests, bench).
 
-Torch is imported by `cache` and `row_deltas` only.
+Torch is imported by `cache` and `row_deltas` only; `file_format` imports only the standard library.
 """

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from batching.errors import LoraError
+from batching.errors import LoraError, describe
 from batching.lora.row_deltas import RowLoras
 from batching.lora.store import LoraFile
 from batching.lora.text_encoder import inject, split_text_encoder
@@ -55,7 +55,22 @@ class LoraCache:
         return name in self.loaded
 
     def load(self, lora_file: LoraFile, in_use: Collection[str]) -> None:
-        """Load the adapter onto the model (evicting unused ones over the bounds); LoraError if it does not fit."""
+        """Load the adapter onto the model (evicting unused ones over the bounds); LoraError naming it if it
+        does not fit. Whatever goes wrong, a refused adapter leaves nothing on the model or in the cache."""
+        internal_name = next(self._internal_names)
+        try:
+            has_text_encoder, num_layers = self._load(lora_file, internal_name, in_use)
+        except Exception as e:
+            self._delete(internal_name)
+            if isinstance(e, LoraError):
+                raise
+            raise LoraError(f"LoRA adapter {lora_file.name!r} does not fit the model: {describe(e)}") from e
+        self.loaded[lora_file.name] = LoadedLora(lora_file.name, internal_name, lora_file.num_bytes, has_text_encoder)
+        self.num_loads += 1
+        logger.info("loaded LoRA adapter %r into %d layers", lora_file.name, num_layers)
+
+    def _load(self, lora_file: LoraFile, internal_name: str, in_use: Collection[str]) -> tuple[bool, int]:
+        """(whether it adapts the text encoder, how many denoiser layers it adapts)."""
         from safetensors.torch import load
 
         name = lora_file.name
@@ -72,28 +87,24 @@ class LoraCache:
             converted, alphas = self.pipeline.lora_state_dict(dict(state_dict))[:2]  # diffusers' key conversions
             text_encoder_weights, _ = split_text_encoder(converted)
             state_dict = {key: value for key, value in state_dict.items() if not key.startswith(TEXT_ENCODER_PREFIXES)}
-        internal_name = next(self._internal_names)
+            if not state_dict:
+                raise LoraError(
+                    f"LoRA adapter {name!r} has weights only for the text encoder; this engine needs "
+                    "weights for the denoiser too"
+                )
         self._evict(in_use, incoming_bytes=lora_file.num_bytes)
         try:
             self.pipeline.load_lora_weights(state_dict, adapter_name=internal_name)
         except Exception as e:
-            self._delete(internal_name)
-            raise LoraError(f"LoRA adapter {name!r} does not fit model: {type(e).__name__}: {e}") from e
+            raise LoraError(f"LoRA adapter {name!r} does not fit the model: {describe(e)}") from e
         if text_encoder_weights:
-            try:
-                inject(self.pipeline.text_encoder, text_encoder_weights, alphas, internal_name, name)
-            except LoraError:
-                self._delete(internal_name)
-                raise
+            inject(self.pipeline.text_encoder, text_encoder_weights, alphas, internal_name, name)
             self.row_loras.hook_new_layers(self.pipeline.text_encoder)
         self.row_loras.hook_new_layers(self.denoiser)
         num_layers = sum(1 for layer in self.denoiser.modules() if internal_name in getattr(layer, "lora_A", {}))
         if num_layers == 0:
-            self._delete(internal_name)
             raise LoraError(f"LoRA adapter {name!r} does not fit the model: none of its weights match its layers")
-        self.loaded[name] = LoadedLora(name, internal_name, lora_file.num_bytes, bool(text_encoder_weights))
-        self.num_loads += 1
-        logger.info("loaded LoRA adapter %r into %d layers", name, num_layers)
+        return bool(text_encoder_weights), num_layers
 
     def _evict(self, in_use: Collection[str], *, incoming_bytes: int) -> None:
         for name in list(self.loaded):

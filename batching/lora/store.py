@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from batching.errors import LoraError
-from batching.params import LORA_SUFFIX, MAX_LORA_BYTES
+from batching.lora.file_format import LORA_SUFFIX, MAX_LORA_BYTES, LoraFileError, check_lora_file
 
 LoraFetcher = Callable[[str], "bytes | None"]  # a job's `lora` (the store key without suffix) -> the file's
 # bytes, None when there is none (storage.lora_store.LoraStore.get)
@@ -23,7 +23,7 @@ LoraFetcher = Callable[[str], "bytes | None"]  # a job's `lora` (the store key w
 @dataclass(frozen=True)
 class LoraFile:
     name: str  # the job's `lora`
-    data: bytes  # the safetensors file, checked to parse
+    data: bytes  # the safetensors file, checked (file_format's rules, finite weights)
 
     @property
     def num_bytes(self) -> int:
@@ -44,7 +44,8 @@ class LoraSource:
             raise ValueError(f"the LoRA store {url!r} needs a fetcher (the engine reads only file:// stores itself)")
 
     def read(self, name: str) -> LoraFile:
-        """The adapter's file, or LoraError naming it (missing, too large, or not safetensors)."""
+        """The adapter's file, or LoraError naming it: missing, too large, breaking the file rules
+        (`file_format`), or holding weights that are not finite."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
@@ -59,14 +60,22 @@ class LoraSource:
         if len(data) > self.max_bytes:
             raise LoraError(f"LoRA adapter {name!r} is {len(data)} bytes, above the limit of {self.max_bytes}")
         try:
-            load(data)
+            check_lora_file(data)  # from the header alone: nothing it declares is allocated unless it is there
+        except LoraFileError as e:
+            raise LoraError(f"LoRA adapter {name!r} {e}") from e
+        try:
+            state_dict = load(data)
         except (SafetensorError, ValueError, OSError) as e:
             raise LoraError(f"LoRA adapter {name!r} is not a valid safetensors file: {e}") from e
+        for key, tensor in state_dict.items():
+            if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+                # refused, not loaded: one NaN weight turns every image of the adapter into a black one
+                raise LoraError(f"LoRA adapter {name!r} has weights that are not finite (NaN or infinity) in {key!r}")
         return LoraFile(name=name, data=data)
 
     def _read_file(self, name: str) -> bytes | None:
         path = self._root / f"{name}{LORA_SUFFIX}"
-        if ".." in Path(name).parts or not path.is_file():
+        if ".." in Path(name).parts or Path(name).is_absolute() or not path.is_file():
             return None
         if os.path.getsize(path) > self.max_bytes:  # checked before reading it
             raise LoraError(

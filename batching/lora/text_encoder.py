@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from batching.errors import LoraError
+from batching.errors import LoraError, describe
 
 PREFIX = "text_encoder."
 
@@ -46,7 +46,7 @@ def inject(
         inject_adapter_in_model(config, text_encoder, adapter_name=adapter_name)
         result = set_peft_model_state_dict(text_encoder, weights, adapter_name=adapter_name)
     except Exception as e:
-        raise LoraError(f"LoRA adapter {name!r} does not fit the text encoder: {type(e).__name__}: {e}") from e
+        raise LoraError(f"LoRA adapter {name!r} does not fit the text encoder: {describe(e)}") from e
     unexpected_keys = getattr(result, "unexpected_keys", None)
     if unexpected_keys:
         raise LoraError(

@@ -3,6 +3,8 @@ each job equal to itself alone and to diffusers' own pipeline with the adapter s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -96,7 +98,7 @@ def test_a_missing_or_invalid_adapter_fails_only_its_own_job_naming_it(lora_engi
 
     with pytest.raises(JobFailedError, match="'no-such-adapter' does not exist"):
         missing.result(timeout=60)
-    with pytest.raises(JobFailedError, match="'not-safetensors' is not a valid safetensors file"):
+    with pytest.raises(JobFailedError, match="'not-safetensors' is not a safetensors file"):
         pickle.result(timeout=60)
     assert good.result(timeout=120).image.size == (64, 64)
 
@@ -180,3 +182,94 @@ def test_an_adapter_with_text_encoder_weights_encodes_its_prompts_with_them(lora
     with_text = mixed.submit(make_params(prompt="a red fox", seed=1, lora="with-text", lora_scale=0.8))
     without_text = mixed.submit(make_params(prompt="a red fox", seed=1, lora="without-text", lora_scale=0.8))
     assert max_pixel_diff(with_text.result(timeout=120).image, without_text.result(timeout=120).image) > 3
+
+
+def write_hostile(folder, name: str) -> None:
+    """`<name>.safetensors`: style-a (or with-text) broken in the way `name` says."""
+    weights = load_file(folder / "style-a.safetensors")
+    first_down = sorted(key for key in weights if ".lora_A." in key)[0]
+    if name == "nan-weights":
+        weights[first_down] = torch.full_like(weights[first_down], float("nan"))
+    elif name == "inf-weights":
+        weights[first_down] = weights[first_down].clone().index_fill_(1, torch.tensor([0]), float("inf"))
+    elif name == "nan-text-encoder":
+        weights = load_file(folder / "with-text.safetensors")
+        text_down = sorted(key for key in weights if key.startswith("text_encoder.") and ".lora_A." in key)[0]
+        weights[text_down] = torch.full_like(weights[text_down], float("nan"))
+    elif name == "nan-alpha":  # kohya's names, with an alpha per module
+        kohya = {}
+        for key, value in weights.items():
+            module, matrix = key.removeprefix("unet.").rsplit(".lora_", 1)
+            prefix = "lora_unet_" + module.replace(".", "_")
+            kohya[prefix + (".lora_down.weight" if matrix.startswith("A") else ".lora_up.weight")] = value
+            kohya[prefix + ".alpha"] = torch.tensor(float("nan") if first_down.startswith(f"unet.{module}.") else 4.0)
+        weights = kohya
+    elif name == "up-only":
+        weights = {key: value for key, value in weights.items() if ".lora_B." in key}
+    elif name == "text-encoder-only":
+        weights = {key: value for key, value in load_file(folder / "with-text.safetensors").items() if "text_" in key}
+    elif name == "wrong-in-dims":
+        weights = {
+            key: torch.zeros(4, value.shape[1] + 3) if ".lora_A." in key else value for key, value in weights.items()
+        }
+    elif name == "memory-bomb":  # 16 bytes of data declared as a 100000x100000 float32 tensor (40 GB)
+        header = json.dumps({"w": {"dtype": "F32", "shape": [100000, 100000], "data_offsets": [0, 16]}}).encode()
+        (folder / f"{name}.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+        return
+    save_file(weights, str(folder / f"{name}.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("nan-weights", "has weights that are not finite (NaN or infinity) in 'unet."),
+        ("inf-weights", "has weights that are not finite (NaN or infinity)"),
+        ("nan-text-encoder", "has weights that are not finite (NaN or infinity) in 'text_encoder."),
+        ("nan-alpha", "has alpha 'lora_unet_"),
+        ("up-only", "without its 'lora_A.weight'"),
+        ("memory-bomb", "shape [100000, 100000] of F32 is 40000000000 bytes, its data_offsets span 16"),
+        ("text-encoder-only", "has weights only for the text encoder"),
+        ("wrong-in-dims", "does not fit the model: RuntimeError: Error(s) in loading state_dict"),
+    ],
+)
+def test_a_broken_adapter_fails_only_its_own_job_naming_it_and_its_batch_mates_draw_their_own_images(
+    lora_engines, lora_folder, name, message
+):
+    """NaN weights or alpha would make every image of the adapter black: refused, like a file whose header lies
+    (never allocated) or whose matrices do not pair or fit. The jobs submitted with it, with another adapter and
+    with none, are the images they are alone; the broken adapter is not left in the cache."""
+    write_hostile(lora_folder, name)
+    mixed, solo = lora_engines
+    others = [make_params(prompt="a red fox", seed=1, lora="style-a"), make_params(prompt="a blue bird", seed=2)]
+    futures = [mixed.submit(params) for params in others[:1]]
+    broken = mixed.submit(make_params(prompt="a red fox", seed=3, lora=name))
+    futures.append(mixed.submit(others[1]))
+
+    with pytest.raises(JobFailedError) as failure:
+        broken.result(timeout=120)
+    assert f"LoRA adapter {name!r} " in str(failure.value) and message in str(failure.value)
+    assert len(str(failure.value)) < 500, "a readable message, not PEFT's list of every mismatching layer"
+    for image, image_alone in zip([future.result(timeout=120).image for future in futures], run_alone(solo, others)):
+        assert max_pixel_diff(image, image_alone) <= 1
+    assert not mixed.loras.cache.is_loaded(name)
+
+
+def test_an_adapter_whose_finite_weights_overflow_fails_its_job_naming_it_instead_of_a_black_image(
+    lora_engines, lora_folder
+):
+    """Weights of 1e18 are finite (the file passes) but overflow in the forward: the job fails at decode, naming
+    the adapter, and the jobs sharing its forwards are the images they are alone."""
+    save_file(
+        {key: value * 1e18 for key, value in load_file(lora_folder / "style-a.safetensors").items()},
+        str(lora_folder / "overflowing.safetensors"),
+    )
+    mixed, solo = lora_engines
+    others = [make_params(prompt="a red fox", seed=1, lora="style-b"), make_params(prompt="a blue bird", seed=2)]
+    futures = [mixed.submit(others[0]), mixed.submit(make_params(seed=3, lora="overflowing")), mixed.submit(others[1])]
+
+    with pytest.raises(JobFailedError, match="not finite .* its LoRA adapter 'overflowing' \\(scale 1.0\\)"):
+        futures[1].result(timeout=120)
+    for image, image_alone in zip(
+        [futures[0].result(timeout=120).image, futures[2].result(timeout=120).image], run_alone(solo, others)
+    ):
+        assert max_pixel_diff(image, image_alone) <= 1

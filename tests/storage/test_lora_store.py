@@ -4,14 +4,19 @@ through the fetcher the worker gives it."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from safetensors.numpy import save
 
+from storage.errors import LoraTooLargeError
 from storage.lora_store import LoraStore, open_lora_store, tenant_key
 from storage.settings import StorageSettings
 
-FILE = save({"unet.x.lora_A.weight": np.ones((2, 4), dtype=np.float32)})
+FILE = save(
+    {"unet.x.lora_A.weight": np.ones((2, 4), dtype=np.float32), "unet.x.lora_B.weight": np.ones((4, 2), np.float32)}
+)
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -50,7 +55,22 @@ def test_the_engine_source_reads_an_s3_store_through_the_injected_fetcher(s3_ser
     assert source.read("style").data == FILE
     with pytest.raises(LoraError, match="'missing' does not exist"):
         source.read("missing")
-    with pytest.raises(LoraError, match="'pickle' is not a valid safetensors file"):
+    with pytest.raises(LoraError, match="'pickle' is not a safetensors file"):
         source.read("pickle")
     with pytest.raises(ValueError, match="needs a fetcher"):
         LoraSource(f"s3://{s3_bucket}")
+
+
+def test_the_worker_read_refuses_a_file_above_the_limit_before_reading_it(lora_store):
+    from batching.errors import LoraError
+    from batching.lora.store import LoraSource
+
+    lora_store.put("big", FILE)
+    source = LoraSource("s3://any", fetcher=functools.partial(lora_store.get_at_most, max_bytes=len(FILE) - 1))
+
+    with pytest.raises(LoraTooLargeError, match=f"is {len(FILE)} bytes, above the limit of {len(FILE) - 1}"):
+        lora_store.get_at_most("big", max_bytes=len(FILE) - 1)
+    with pytest.raises(LoraError, match="'big' could not be read from the store: LoraTooLargeError"):
+        source.read("big")
+    assert lora_store.get_at_most("big", max_bytes=len(FILE)) == FILE
+    assert lora_store.get_at_most("missing", max_bytes=len(FILE)) is None
