@@ -23,7 +23,16 @@ from api.resources import (
     get_upload_store,
 )
 from api.schemas import BatchRequest, ImageQuery, ListQuery
-from api.submission import QueueRoom, batch_item_key, check_idempotency_key, check_lora, create_jobs, validate_job
+from api.submission import (
+    QueueRoom,
+    batch_item_key,
+    check_idempotency_key,
+    check_lora,
+    check_webhooks,
+    create_jobs,
+    validate_job,
+    webhook_url_of,
+)
 from api.views import job_url, job_view
 from storage.errors import (
     ImageNotFoundError,
@@ -104,6 +113,8 @@ def submit_batch():
         settings.image_url_hosts,
         seconds=settings.image_url_timeout_seconds,
     )
+    # likewise their webhook URLs: each distinct host looked up once, all at once, by one deadline of its own
+    checked_webhooks = check_webhooks([url for item in items if (url := webhook_url_of(item)) is not None], settings)
     results: list[dict | None] = [None] * len(items)
     valid = []  # (index, job, item idempotency key)
     for index, item in enumerate(items):
@@ -117,6 +128,7 @@ def submit_batch():
                 field_prefix=f"jobs[{index}].",
                 default_priority=batch.priority,
                 fetched_images=fetched,
+                checked_webhooks=checked_webhooks,
             )
             check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
             room.take_one()

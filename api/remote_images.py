@@ -37,7 +37,7 @@ from urllib.parse import urljoin, urlsplit
 
 from api.errors import ApiError, invalid
 from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
-from storage.url_policy import Address, AllowList, ImageURLError, check_image_url
+from storage.url_policy import Address, AllowList, ImageURLError, check_image_url, connect_to
 
 MAX_REDIRECTS = 3
 DEFAULT_FETCH_SECONDS = 10.0  # STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: all of one request's URLs, redirects included
@@ -124,7 +124,7 @@ def _get(url: str, addresses: list[Address], deadline: float) -> tuple[int, str 
     assert parts.hostname is not None  # the policy refuses URLs without a host
     port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    sock = _connect(addresses, port, deadline)
+    sock = connect_to(addresses, port, deadline)
     connection: http.client.HTTPConnection
     if parts.scheme == "https":
         sock = ssl.create_default_context().wrap_socket(
@@ -165,22 +165,6 @@ def _get(url: str, addresses: list[Address], deadline: float) -> tuple[int, str 
         watchdog.cancel()
         connection.close()  # http.client drops connection.sock once a response says it closes the connection
         sock.close()
-
-
-def _connect(addresses: list[Address], port: int, deadline: float) -> socket.socket:
-    """A TCP connection to the first of `addresses` that answers, each try given the time left."""
-    error: OSError = OSError("no address to connect to")
-    for address in addresses:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("deadline passed")
-        try:
-            return socket.create_connection((str(address), port), timeout=remaining)
-        except TimeoutError:
-            raise
-        except OSError as e:
-            error = e
-    raise error
 
 
 def _shut_down(sock: socket.socket, has_fired: threading.Event) -> None:

@@ -16,7 +16,7 @@ from api.limits import LimitTable
 from api.remote_images import DEFAULT_FETCH_SECONDS
 from batching.params import DEFAULT_SERVICE_MODEL, PRIORITIES, service_model
 from storage.settings import StorageSettings, env_bool, env_float, env_int, env_url
-from storage.url_policy import AllowList
+from storage.url_policy import DEFAULT_WEBHOOK_LOOKUP_SECONDS, AllowList
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ class ApiSettings:
     max_batch_jobs: int = DEFAULT_MAX_BATCH_JOBS  # STEPWISE_MAX_BATCH_JOBS: jobs per POST /v1/jobs/batch
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
+    # STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS: one deadline for the name lookups of a request's webhook hosts
+    webhook_lookup_timeout_seconds: float = DEFAULT_WEBHOOK_LOOKUP_SECONDS
     # STEPWISE_IMAGE_URL_HOSTS: hosts (names or CIDR ranges) init_image / mask_image URLs may name; empty: no
     # URL is fetched. STEPWISE_IMAGE_URL_TIMEOUT_SECONDS bounds all of one request's fetches, redirects included.
     image_url_hosts: AllowList = field(default_factory=AllowList)
@@ -137,6 +139,9 @@ class ApiSettings:
             max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
             public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
             webhook_allow=AllowList.from_env(),
+            webhook_lookup_timeout_seconds=env_float(
+                "STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS", DEFAULT_WEBHOOK_LOOKUP_SECONDS
+            ),
             image_url_hosts=AllowList.from_env("STEPWISE_IMAGE_URL_HOSTS"),
             image_url_timeout_seconds=env_float("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS", DEFAULT_FETCH_SECONDS),
             default_model=service_model(),
@@ -150,6 +155,7 @@ class ApiSettings:
         for name in ("tenant_max_queued", "tenant_jobs_per_minute"):
             if getattr(settings, name) < 0:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be 0 (no cap) or more")
-        if not settings.image_url_timeout_seconds > 0:
-            raise SettingsError("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS must be above 0")
+        for name in ("image_url_timeout_seconds", "webhook_lookup_timeout_seconds"):
+            if not getattr(settings, name) > 0:
+                raise SettingsError(f"STEPWISE_{name.upper()} must be above 0")
         return settings

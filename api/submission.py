@@ -35,7 +35,7 @@ from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
 from storage.lora_store import LoraStore
 from storage.queues import DEFAULT_PRIORITY
 from storage.upload_store import UploadStore
-from storage.url_policy import WebhookURLError, check_webhook_url
+from storage.url_policy import WebhookCheck, check_webhook_urls
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,12 @@ def validate_job(
     field_prefix: str = "",
     default_priority: str | None = None,
     fetched_images: Mapping[ImageURL, str | ApiError] | None = None,
+    checked_webhooks: Mapping[str, WebhookCheck] | None = None,
 ) -> ValidJob:
     """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
     store (validation only), upload ids name nothing and inline images stay inline; without a fleet, the
-    served models are not checked. Image URLs are fetched here unless `fetched_images` holds them (a batch
-    fetches its items' URLs together first)."""
+    served models are not checked. Image URLs are fetched and the webhook URL checked here unless
+    `fetched_images` and `checked_webhooks` hold them (a batch does its items' together first)."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
         job = JobRequest.model_validate(data)
@@ -136,10 +137,7 @@ def validate_job(
             raise invalid(f"{field_prefix}webhook_events", f"{field_prefix}webhook_events needs webhook_url")
         events = [event for event in WEBHOOK_EVENTS if event in job.webhook_events]
     if job.webhook_url is not None:
-        try:
-            check_webhook_url(job.webhook_url, settings.webhook_allow)
-        except WebhookURLError as e:
-            raise invalid(f"{field_prefix}webhook_url", f"{field_prefix}webhook_url {e}") from e
+        check_webhook(job.webhook_url, settings, f"{field_prefix}webhook_url", checked_webhooks)
     return ValidJob(
         params=params,
         record_params=record_params(params, sent, tenant, uploads),
@@ -149,6 +147,32 @@ def validate_job(
         request_hash=request_hash(data),
         priority=priority,
     )
+
+
+def webhook_url_of(item: Any) -> str | None:
+    """The webhook URL of a job as sent, if it holds one (the item's own validation judges anything else)."""
+    url = item.get("webhook_url") if isinstance(item, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def check_webhooks(urls: list[str], settings: ApiSettings) -> dict[str, WebhookCheck]:
+    """The webhook URL policy's check of each URL: each distinct host looked up once, all at once, all by
+    one deadline STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS from now."""
+    deadline = time.monotonic() + settings.webhook_lookup_timeout_seconds
+    return check_webhook_urls(urls, settings.webhook_allow, deadline=deadline)
+
+
+def check_webhook(url: str, settings: ApiSettings, field: str, checked: Mapping[str, WebhookCheck] | None) -> None:
+    """Raise a 422 ApiError naming `field` unless the policy allows `url` (checked now unless in `checked`)."""
+    outcome = checked[url] if checked is not None and url in checked else check_webhooks([url], settings)[url]
+    if isinstance(outcome, TimeoutError):
+        raise invalid(
+            field,
+            f"{field}: its host did not resolve within {settings.webhook_lookup_timeout_seconds:g}s"
+            " (STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS)",
+        ) from outcome
+    if outcome is not None:
+        raise invalid(field, f"{field} {outcome}") from outcome
 
 
 def _loc(field_prefix: str) -> list[Any]:

@@ -4,17 +4,20 @@ One address rule for both: no loopback, private, link-local or metadata addresse
 forms that embed such an IPv4 address included) unless the operator's allow list names
 them. Webhooks: any host, allow list `STEPWISE_WEBHOOK_ALLOW_HOSTS` (host names or CIDR
 ranges), checked by the API at submit and by the worker before every delivery attempt (a
-DNS name may resolve differently later; redirects are not followed). Input images
+DNS name may resolve differently later), which connects to the addresses it checked
+(`webhook_addresses`; redirects are not followed). Input images
 (`init_image` / `mask_image` URLs): only hosts listed in `STEPWISE_IMAGE_URL_HOSTS`, by name
 or as an address in a listed range; a listed name's addresses must still be public unless
 a listed range holds them, and the fetcher connects to the addresses checked here, so a
 name cannot re-resolve elsewhere between check and fetch (`api.remote_images`).
 
-An image URL's name lookup has the fetch's deadline: `getaddrinfo` cannot be interrupted, so
-it runs on a pool of `NUM_LOOKUP_THREADS` threads and the caller stops waiting at the
-deadline. A lookup still hung then keeps its thread until the resolver gives up (its own
-timeouts, resolv.conf's); while all of them are held, further lookups wait in the pool's
-queue, by their own deadline still, and are dropped from it at that deadline.
+A name lookup with a deadline (an image URL's fetch, a webhook URL's check at submit or a
+delivery attempt) stops the caller waiting at that deadline: `getaddrinfo` cannot be
+interrupted, so it runs on a pool of `NUM_LOOKUP_THREADS` threads. A lookup still hung then
+keeps its thread until the resolver gives up (its own timeouts, resolv.conf's); while all of
+them are held, further lookups wait in the pool's queue, by their own deadline still, and
+are dropped from it at that deadline. A batch's webhook URLs are checked together
+(`check_webhook_urls`): each distinct host looked up once, all at once, by one deadline.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import os
 import re
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-NUM_LOOKUP_THREADS = 16  # image URL name lookups in flight at once, per process
+NUM_LOOKUP_THREADS = 16  # name lookups with a deadline in flight at once, per process
+DEFAULT_WEBHOOK_LOOKUP_SECONDS = 5.0  # STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS: all of a request's webhook hosts
 UNSENDABLE = re.compile(r"[^\x21-\x7e]")  # control characters, spaces and anything beyond ASCII
 
 _lookups = ThreadPoolExecutor(NUM_LOOKUP_THREADS, thread_name_prefix="url-lookup")
@@ -120,7 +125,8 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def check_webhook_url(url: str, allow: AllowList | None = None, *, resolve: bool = True) -> str:
-    """Return the URL if stepwise may call it, else raise WebhookURLError saying why."""
+    """Return the URL if stepwise may call it, else raise WebhookURLError saying why. The name lookup
+    is the system resolver's, unbounded: the API bounds its checks with `check_webhook_urls`."""
     allow = allow if allow is not None else AllowList.from_env()
     host, port = _split(url, WebhookURLError)
     if host in allow.host_names:
@@ -128,6 +134,52 @@ def check_webhook_url(url: str, allow: AllowList | None = None, *, resolve: bool
     addresses = _addresses(host, port, WebhookURLError, resolve=resolve)
     _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
     return url
+
+
+WebhookCheck = WebhookURLError | TimeoutError | None  # None: stepwise may call the URL
+
+
+def check_webhook_urls(urls: Iterable[str], allow: AllowList, *, deadline: float) -> dict[str, WebhookCheck]:
+    """Each URL's check: None if stepwise may call it, else the WebhookURLError saying why, or a
+    TimeoutError when its host's name lookup was not answered by `deadline` (a time.monotonic() value).
+    Each distinct host is looked up once (a listed name not at all), all of them at once on the lookup pool."""
+    hosts: dict[str, tuple[str, int]] = {}  # url -> (host, port), for the URLs whose host needs a lookup
+    checks: dict[str, WebhookCheck] = {}
+    for url in dict.fromkeys(urls):
+        try:
+            host, port = _split(url, WebhookURLError)
+            if host in allow.host_names:
+                checks[url] = None
+            elif (literal := _literal(host)) is not None:
+                _check_addresses([literal], allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
+                checks[url] = None
+            else:
+                hosts[url] = (host, port)
+        except WebhookURLError as e:
+            checks[url] = e
+    # the port only goes into the answers' socket addresses, which are not read: one lookup per host
+    lookups = {host: _start_lookup(host, port) for host, port in dict(hosts.values()).items()}
+    host_checks: dict[str, WebhookCheck] = {}
+    for host, lookup in lookups.items():
+        try:
+            addresses = _answer(lookup, host, WebhookURLError, deadline)
+            _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
+            host_checks[host] = None
+        except (WebhookURLError, TimeoutError) as e:
+            host_checks[host] = e
+    return checks | {url: host_checks[host] for url, (host, _) in hosts.items()}
+
+
+def webhook_addresses(url: str, allow: AllowList | None = None, *, deadline: float) -> list[Address]:
+    """The addresses a webhook delivery to `url` may connect to (connect to these, not to a fresh lookup),
+    else raise WebhookURLError saying why, or TimeoutError when the name lookup is not answered by `deadline`.
+    A listed name is looked up too (it must be connected to somewhere) and its addresses are not checked."""
+    allow = allow if allow is not None else AllowList.from_env()
+    host, port = _split(url, WebhookURLError)
+    addresses = _addresses(host, port, WebhookURLError, resolve=True, deadline=deadline)
+    if host not in allow.host_names:
+        _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
+    return addresses
 
 
 def check_image_url(
@@ -195,19 +247,52 @@ def _addresses(
         return [literal]
     if not resolve:
         return []
+    if deadline is not None:
+        return _answer(_start_lookup(host, port), host, error, deadline)
     try:
-        if deadline is None:
-            infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-        else:
-            lookup = _lookups.submit(socket.getaddrinfo, host, port, proto=socket.IPPROTO_TCP)
-            try:
-                infos = lookup.result(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                lookup.cancel()  # still queued: never run; running: its thread stays held until it returns
-                raise
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as e:
         raise error(f"host {host!r} does not resolve") from e
+    return _addresses_of(infos)
+
+
+LookupAnswer = list[tuple]  # getaddrinfo's: (family, type, proto, canonname, sockaddr)
+
+
+def _start_lookup(host: str, port: int) -> Future[LookupAnswer]:
+    return _lookups.submit(socket.getaddrinfo, host, port, proto=socket.IPPROTO_TCP)
+
+
+def _answer(lookup: Future[LookupAnswer], host: str, error: type[URLPolicyError], deadline: float) -> list[Address]:
+    """The lookup's addresses, waiting for it until `deadline` at most (then TimeoutError)."""
+    try:
+        infos = lookup.result(timeout=max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        lookup.cancel()  # still queued: never run; running: its thread stays held until it returns
+        raise
+    except (socket.gaierror, UnicodeError) as e:
+        raise error(f"host {host!r} does not resolve") from e
+    return _addresses_of(infos)
+
+
+def _addresses_of(infos: LookupAnswer) -> list[Address]:
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]  # TCP: (host, port, ...)
+
+
+def connect_to(addresses: list[Address], port: int, deadline: float) -> socket.socket:
+    """A TCP connection to the first of `addresses` (checked ones) that answers, each try given the time left."""
+    error: OSError = OSError("no address to connect to")
+    for address in addresses:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("deadline passed")
+        try:
+            return socket.create_connection((str(address), port), timeout=remaining)
+        except TimeoutError:
+            raise
+        except OSError as e:
+            error = e
+    raise error
 
 
 def _check_addresses(addresses: list[Address], allow: AllowList, error: type[URLPolicyError], setting: str) -> None:

@@ -3,10 +3,12 @@
 Delivery runs as its own task on its own queue, consumed by its own worker process
 (`stepwise worker --queues stepwise.webhooks`, which loads no model; `stepwise up` and compose
 start one), so a slow or failing receiver never holds a thread that generation needs. Each
-attempt has one hard deadline, `STEPWISE_WEBHOOK_TIMEOUT`, for connect, send and read together
-(`worker.webhook_http`). Every attempt of one event carries the same `webhook-id` (receivers
-deduplicate on it), is signed afresh (Standard Webhooks, see `storage.webhooks`), re-checks
-the URL against the webhook URL policy, does not follow redirects, and is recorded on the job.
+attempt has one hard deadline, `STEPWISE_WEBHOOK_TIMEOUT`, for the name lookup, connect, send and
+read together (`worker.webhook_http`). Every attempt of one event carries the same `webhook-id`
+(receivers deduplicate on it), is signed afresh (Standard Webhooks, see `storage.webhooks`),
+re-checks the URL against the webhook URL policy and connects to the addresses it checked (a
+name that re-resolves elsewhere since submit is caught; DNS rebinding), does not follow
+redirects, and is recorded on the job.
 Retries back off exponentially: `STEPWISE_WEBHOOK_BACKOFF` * 2**(attempt-1) seconds.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +25,11 @@ from typing import Any
 from storage import public_urls
 from storage.job_record import JobRecord, JobState
 from storage.queues import WEBHOOK_QUEUE, WEBHOOK_TASK
-from storage.url_policy import WebhookURLError, check_webhook_url
+from storage.url_policy import WebhookURLError, webhook_addresses
 from storage.webhooks import build_payload, rfc3339_now, secret_from_env, signed_headers
 from worker.app import app, settings
 from worker.runtime import get_runtime
-from worker.webhook_http import post_within
+from worker.webhook_http import AttemptDeadlineError, post_within
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +68,19 @@ class AttemptOutcome:
 
 
 def post_once(url: str, webhook_id: str, payload: dict[str, Any], *, timeout: float) -> AttemptOutcome:
+    deadline = time.monotonic() + timeout
     try:
-        check_webhook_url(url)
+        addresses = webhook_addresses(url, deadline=deadline)
     except WebhookURLError as e:
         return AttemptOutcome(False, True, error=f"webhook URL refused: {e}")
+    except TimeoutError:  # a resolver slow now may answer a later attempt
+        return AttemptOutcome(
+            False, False, error=f"{AttemptDeadlineError.__name__}: the host did not resolve within {timeout:g}s"
+        )
     body = json.dumps(payload, separators=(",", ":"))
     headers = signed_headers(secret_from_env(), webhook_id, body)
     try:
-        code = post_within(url, body.encode("utf-8"), headers, timeout)
+        code = post_within(url, addresses, body.encode("utf-8"), headers, timeout, deadline=deadline)
     except (OSError, http.client.HTTPException) as e:  # AttemptDeadlineError is an OSError (TimeoutError)
         return AttemptOutcome(False, False, error=f"{type(e).__name__}: {e}")
     except ValueError as e:  # a URL http.client cannot send (non-ASCII path): retrying changes nothing
