@@ -42,6 +42,8 @@ _lookups = ThreadPoolExecutor(NUM_LOOKUP_THREADS, thread_name_prefix="url-lookup
 class URLPolicyError(ValueError):
     """A URL stepwise was asked to call is malformed or points somewhere it must not call."""
 
+    unresolved = False  # True: the host's name did not resolve (a DNS outage may end; a refused address will not)
+
 
 class WebhookURLError(URLPolicyError):
     """The webhook URL is malformed or points somewhere stepwise must not call."""
@@ -252,7 +254,7 @@ def _addresses(
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as e:
-        raise error(f"host {host!r} does not resolve") from e
+        raise _unresolved(error, host) from e
     return _addresses_of(infos)
 
 
@@ -271,8 +273,14 @@ def _answer(lookup: Future[LookupAnswer], host: str, error: type[URLPolicyError]
         lookup.cancel()  # still queued: never run; running: its thread stays held until it returns
         raise
     except (socket.gaierror, UnicodeError) as e:
-        raise error(f"host {host!r} does not resolve") from e
+        raise _unresolved(error, host) from e
     return _addresses_of(infos)
+
+
+def _unresolved(error: type[URLPolicyError], host: str) -> URLPolicyError:
+    e = error(f"host {host!r} does not resolve")
+    e.unresolved = True
+    return e
 
 
 def _addresses_of(infos: LookupAnswer) -> list[Address]:

@@ -72,7 +72,9 @@ def post_once(url: str, webhook_id: str, payload: dict[str, Any], *, timeout: fl
     try:
         addresses = webhook_addresses(url, deadline=deadline)
     except WebhookURLError as e:
-        return AttemptOutcome(False, True, error=f"webhook URL refused: {e}")
+        # A name that resolved at submit and does not now may be a DNS outage: retried, as a timeout is.
+        # An address the policy refuses stays refused.
+        return AttemptOutcome(False, not e.unresolved, error=f"webhook URL refused: {e}")
     except TimeoutError:  # a resolver slow now may answer a later attempt
         return AttemptOutcome(
             False, False, error=f"{AttemptDeadlineError.__name__}: the host did not resolve within {timeout:g}s"

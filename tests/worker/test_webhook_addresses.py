@@ -23,7 +23,8 @@ def receiver():
 @pytest.fixture
 def names(monkeypatch):
     """`rebinding.test` resolves to 127.0.0.1 once, then to 127.0.0.2 (a DNS rebinding name); `slow.test`
-    hangs (up to 60 s, released when the test ends); other names resolve for real (addresses only here).
+    hangs (up to 60 s, released when the test ends); `outage.test` fails to resolve once, then resolves;
+    other names resolve for real (addresses only here).
     Yields the `.test` names looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()
@@ -35,6 +36,10 @@ def names(monkeypatch):
         looked_up.append(host)
         if host == "slow.test":
             release.wait(60)
+        if host == "outage.test":  # the resolver fails once (a DNS outage), then answers
+            if looked_up.count(host) == 1:
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
         address = "127.0.0.1" if looked_up.count(host) == 1 else "127.0.0.2"
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
 
@@ -72,6 +77,24 @@ def test_an_attempt_whose_name_lookup_hangs_ends_by_its_deadline_and_may_be_retr
     assert not outcome.is_delivered and not outcome.is_final, outcome
     assert "AttemptDeadlineError" in outcome.error and "did not resolve within 1s" in outcome.error
     assert time.monotonic() - started < 1 + 5, "the 60 s lookup did not hold the attempt"
+
+
+def test_an_attempt_whose_name_does_not_resolve_may_be_retried_and_the_next_one_delivers(receiver, names):
+    """The name resolved at submit; failing now is likely a DNS outage, not a refused address: not final."""
+    from worker.webhooks import post_once
+
+    url = f"http://outage.test:{receiver.server.server_port}/hook"
+
+    first = post_once(url, "msg_outage", {"type": "job.started"}, timeout=5)
+
+    assert not first.is_delivered and not first.is_final, first
+    assert "does not resolve" in first.error
+    assert receiver.received("/hook") == []
+
+    second = post_once(url, "msg_outage", {"type": "job.started"}, timeout=5)
+
+    assert second.is_delivered, second
+    assert len(receiver.received("/hook")) == 1
 
 
 @pytest.fixture
