@@ -184,3 +184,28 @@ def child_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWISE_")}
     env.update(overrides)
     return env
+
+
+@contextlib.contextmanager
+def silent_tcp_server():
+    """A loopback TCP server that accepts connections and never sends a byte (a TLS handshake that stalls).
+    Yields the listening socket."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()

@@ -29,6 +29,7 @@ from tests.api.calls import auth
 from tests.api.conftest import get_task_queue_of
 from tests.api.processes import TENANT_KEYS
 from tests.api.test_image_inputs import JOB, image_bytes, mask_uri, stored_params
+from tests.servers import silent_tcp_server
 
 PICTURE = image_bytes(96, 72, seed=3)  # a size no default has: the job's size must come from the image
 
@@ -281,22 +282,8 @@ def test_a_name_lookup_that_hangs_gets_a_422_naming_the_field_by_the_deadline(
 
 @pytest.fixture
 def silent_server():
-    """A loopback TCP server that accepts connections and never sends a byte (a TLS handshake that stalls)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield listener
-    listener.close()
-    for connection in held:
-        connection.close()
+    with silent_tcp_server() as listener:
+        yield listener
 
 
 def test_an_https_url_whose_tls_handshake_stalls_gets_a_422_by_the_deadline(fetching_client, silent_server):

@@ -12,6 +12,7 @@ import pytest
 
 from storage import url_policy
 from tests.api.webhook_receiver import WebhookReceiver
+from tests.servers import silent_tcp_server
 
 
 @pytest.fixture
@@ -99,22 +100,8 @@ def test_an_attempt_whose_name_does_not_resolve_may_be_retried_and_the_next_one_
 
 @pytest.fixture
 def silent_server():
-    """A loopback TCP server that accepts connections and never sends a byte (a TLS handshake that stalls)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield listener
-    listener.close()
-    for connection in held:
-        connection.close()
+    with silent_tcp_server() as listener:
+        yield listener
 
 
 def test_an_https_attempt_whose_tls_handshake_stalls_ends_by_its_deadline(silent_server, monkeypatch):
