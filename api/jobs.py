@@ -113,7 +113,7 @@ def submit_batch():
         settings.image_url_hosts,
         seconds=settings.image_url_timeout_seconds,
     )
-    # likewise their webhook URLs: each distinct host looked up once, all at once, by one deadline of its own
+    # likewise their webhook URLs: each distinct host looked up once, 8 at a time, by one deadline of its own
     checked_webhooks = check_webhooks([url for item in items if (url := webhook_url_of(item)) is not None], settings)
     results: list[dict | None] = [None] * len(items)
     valid = []  # (index, job, item idempotency key)

@@ -156,7 +156,7 @@ def webhook_url_of(item: Any) -> str | None:
 
 
 def check_webhooks(urls: list[str], settings: ApiSettings) -> dict[str, WebhookCheck]:
-    """The webhook URL policy's check of each URL: each distinct host looked up once, all at once, all by
+    """The webhook URL policy's check of each URL: each distinct host looked up once, 8 at a time, all by
     one deadline STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS from now."""
     deadline = time.monotonic() + settings.webhook_lookup_timeout_seconds
     return check_webhook_urls(urls, settings.webhook_allow, deadline=deadline)

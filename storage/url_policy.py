@@ -17,7 +17,8 @@ interrupted, so it runs on a pool of `NUM_LOOKUP_THREADS` threads. A lookup stil
 keeps its thread until the resolver gives up (its own timeouts, resolv.conf's); while all of
 them are held, further lookups wait in the pool's queue, by their own deadline still, and
 are dropped from it at that deadline. A batch's webhook URLs are checked together
-(`check_webhook_urls`): each distinct host looked up once, all at once, by one deadline.
+(`check_webhook_urls`): each distinct host looked up once, `LOOKUPS_PER_REQUEST` at a time, by
+one deadline, so a request naming many hosts that never answer holds at most that many threads.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import re
 import socket
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-NUM_LOOKUP_THREADS = 16  # name lookups with a deadline in flight at once, per process
+NUM_LOOKUP_THREADS = 64  # name lookups with a deadline in flight at once, per process
+LOOKUPS_PER_REQUEST = 8  # of them, one request's webhook checks at once (its image fetches: 8 at once too)
 DEFAULT_WEBHOOK_LOOKUP_SECONDS = 5.0  # STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS: all of a request's webhook hosts
 UNSENDABLE = re.compile(r"[^\x21-\x7e]")  # control characters, spaces and anything beyond ASCII
 
@@ -160,15 +162,30 @@ def check_webhook_urls(urls: Iterable[str], allow: AllowList, *, deadline: float
         except WebhookURLError as e:
             checks[url] = e
     # the port only goes into the answers' socket addresses, which are not read: one lookup per host
-    lookups = {host: _start_lookup(host, port) for host, port in dict(hosts.values()).items()}
+    waiting = list(dict(hosts.values()).items())
+    running: dict[Future[LookupAnswer], str] = {}
     host_checks: dict[str, WebhookCheck] = {}
-    for host, lookup in lookups.items():
-        try:
-            addresses = _answer(lookup, host, WebhookURLError, deadline)
-            _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
-            host_checks[host] = None
-        except (WebhookURLError, TimeoutError) as e:
-            host_checks[host] = e
+    while waiting or running:
+        # At most LOOKUPS_PER_REQUEST at once: hosts that never answer hold pool threads past the
+        # deadline, and one request must not take them all from the others.
+        while waiting and len(running) < LOOKUPS_PER_REQUEST:
+            host, port = waiting.pop(0)
+            running[_start_lookup(host, port)] = host
+        done, _ = wait(running, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+        if not done:  # the deadline passed: what is running or not started yet did not resolve in time
+            for lookup, host in running.items():
+                lookup.cancel()
+                host_checks[host] = TimeoutError()
+            host_checks.update((host, TimeoutError()) for host, _ in waiting)
+            break
+        for lookup in done:
+            host = running.pop(lookup)
+            try:
+                addresses = _answer(lookup, host, WebhookURLError, deadline)
+                _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
+                host_checks[host] = None
+            except (WebhookURLError, TimeoutError) as e:
+                host_checks[host] = e
     return checks | {url: host_checks[host] for url, (host, _) in hosts.items()}
 
 

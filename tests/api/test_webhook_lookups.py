@@ -1,5 +1,5 @@
 """Webhook URLs at submit: the name lookup has a deadline (STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS), and a
-batch looks each distinct webhook host up once, all of them at once, by one deadline.
+batch looks each distinct webhook host up once, a few at a time, by one deadline.
 
 Name resolution is faked in-process (`names`): `slow.test` hangs, any other name resolves to 127.0.0.1,
 so nothing leaves the machine. The app allows the range 127.0.0.0/8, not a name, so a name is still looked
@@ -55,7 +55,7 @@ def strict_client(redis_url, tmp_path):
 
 @pytest.fixture
 def names(monkeypatch):
-    """Faked name resolution: `slow.test` hangs (up to 60 s, released when the test ends), any other name
+    """Faked name resolution: `slow.test` and `slow-*` hang (up to 60 s, released when the test ends), any other name
     resolves to 127.0.0.1. Yields the names looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()
@@ -65,7 +65,7 @@ def names(monkeypatch):
         if host in ("127.0.0.1", "localhost"):  # the app's own Redis connections
             return real(host, port, *args, **kwargs)
         looked_up.append(host)
-        if host == "slow.test":
+        if host == "slow.test" or host.startswith("slow-"):
             release.wait(60)
         return [(url_policy.socket.AF_INET, url_policy.socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
 
@@ -113,6 +113,33 @@ def test_a_batch_with_a_hanging_webhook_host_answers_by_about_one_deadline_each_
     assert "did not resolve within 1s" in results[0]["error"]["message"]
     assert names.count("slow.test") == 1
     assert time.monotonic() - started < LOOKUP_SECONDS + 5, "20 items of one hanging host cost one deadline"
+
+
+def test_a_batch_of_many_hanging_webhook_hosts_holds_at_most_a_few_lookup_threads(hooking_client, names):
+    """Lookups the resolver never answers keep their pool threads past the deadline: one request starts
+    at most LOOKUPS_PER_REQUEST of them, so it cannot take every thread from other requests."""
+    jobs = [{**JOB, "seed": seed, "webhook_url": f"http://slow-{seed}.test/hooks"} for seed in range(12)]
+    started = time.monotonic()
+
+    response = hooking_client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=auth())
+
+    assert response.status_code == 200, response.json
+    results = response.json["results"]
+    assert [result["status"] for result in results] == [422] * 12, response.json
+    assert all("did not resolve within 1s" in result["error"]["message"] for result in results)
+    assert len(names) == url_policy.LOOKUPS_PER_REQUEST, names
+    assert time.monotonic() - started < LOOKUP_SECONDS + 5
+
+
+def test_a_batch_of_many_webhook_hosts_that_answer_looks_each_up_and_accepts_every_item(hooking_client, names):
+    """More distinct hosts than run at once: each starts when an earlier one is answered."""
+    jobs = [{**JOB, "seed": seed, "webhook_url": f"http://hooks-{seed}.test/hooks"} for seed in range(20)]
+
+    response = hooking_client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=auth())
+
+    assert response.status_code == 200, response.json
+    assert response.json["num_accepted"] == 20, response.json
+    assert sorted(names) == sorted(f"hooks-{seed}.test" for seed in range(20))
 
 
 def test_a_batch_refuses_webhook_names_that_resolve_to_loopback_unless_allowed(strict_client, names):
