@@ -26,9 +26,6 @@ even if the remote image changes or disappears before a worker takes it.
 from __future__ import annotations
 
 import http.client
-import socket
-import ssl
-import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +34,8 @@ from urllib.parse import urljoin, urlsplit
 
 from api.errors import ApiError, invalid
 from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
-from storage.url_policy import Address, AllowList, ImageURLError, check_image_url, connect_to
+from storage.outbound_http import DeadlineConnection
+from storage.url_policy import Address, AllowList, ImageURLError, check_image_url
 
 MAX_REDIRECTS = 3
 DEFAULT_FETCH_SECONDS = 10.0  # STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: all of one request's URLs, redirects included
@@ -121,60 +119,31 @@ def _get(url: str, addresses: list[Address], deadline: float) -> tuple[int, str 
     left, and from the TLS handshake on a timer shuts the socket down at the deadline (a socket timeout
     alone bounds each read, and a server that drips a byte at a time would outlast it)."""
     parts = urlsplit(url)
-    assert parts.hostname is not None  # the policy refuses URLs without a host
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    sock = connect_to(addresses, port, deadline)
-    connection: http.client.HTTPConnection
-    if parts.scheme == "https":
-        sock = ssl.create_default_context().wrap_socket(
-            sock, server_hostname=parts.hostname, do_handshake_on_connect=False
-        )
-        connection = http.client.HTTPSConnection(parts.hostname, port)
-    else:
-        connection = http.client.HTTPConnection(parts.hostname, port)
-    connection.sock = sock  # already connected: http.client does not look the name up again
-    has_fired = threading.Event()
-    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, (sock, has_fired))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        if isinstance(sock, ssl.SSLSocket):
-            sock.do_handshake()
-        connection.request("GET", path, headers={"User-Agent": "stepwise-image-fetch", "Accept": "image/*"})
-        response = connection.getresponse()
-        if response.status != 200:
-            return response.status, response.getheader("Location"), b""
-        length = response.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) > MAX_IMAGE_BYTES:
-            raise ValueError(f"the image is {length} bytes, more than the {MAX_IMAGE_BYTES} allowed")
-        chunks, size = [], 0
-        while chunk := response.read1(READ_CHUNK_BYTES):
-            size += len(chunk)
-            if size > MAX_IMAGE_BYTES:
-                raise ValueError(f"the image is more than the {MAX_IMAGE_BYTES} bytes allowed")
-            chunks.append(chunk)
-        if has_fired.is_set():  # the shutdown can look like the end of the body
-            raise TimeoutError("deadline passed")
-        return 200, None, b"".join(chunks)
-    except (OSError, http.client.HTTPException) as e:
-        if has_fired.is_set():
-            raise TimeoutError("deadline passed") from e
-        raise
-    finally:
-        watchdog.cancel()
-        connection.close()  # http.client drops connection.sock once a response says it closes the connection
-        sock.close()
-
-
-def _shut_down(sock: socket.socket, has_fired: threading.Event) -> None:
-    has_fired.set()
-    try:
-        # socket.socket's own shutdown, not SSLSocket's: that one also drops the TLS state a handshake
-        # in progress on another thread is using
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        pass
+    with DeadlineConnection(parts, addresses, deadline) as connection:
+        try:
+            connection.connection.request(
+                "GET", path, headers={"User-Agent": "stepwise-image-fetch", "Accept": "image/*"}
+            )
+            response = connection.connection.getresponse()
+            if response.status != 200:
+                return response.status, response.getheader("Location"), b""
+            length = response.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > MAX_IMAGE_BYTES:
+                raise ValueError(f"the image is {length} bytes, more than the {MAX_IMAGE_BYTES} allowed")
+            chunks, size = [], 0
+            while chunk := response.read1(READ_CHUNK_BYTES):
+                size += len(chunk)
+                if size > MAX_IMAGE_BYTES:
+                    raise ValueError(f"the image is more than the {MAX_IMAGE_BYTES} bytes allowed")
+                chunks.append(chunk)
+            if connection.fired.is_set():  # the shutdown can look like the end of the body
+                raise TimeoutError("deadline passed")
+            return 200, None, b"".join(chunks)
+        except (OSError, http.client.HTTPException) as e:
+            if connection.fired.is_set():
+                raise TimeoutError("deadline passed") from e
+            raise
 
 
 def _shown(url: str) -> str:

@@ -304,22 +304,6 @@ def _addresses_of(infos: LookupAnswer) -> list[Address]:
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]  # TCP: (host, port, ...)
 
 
-def connect_to(addresses: list[Address], port: int, deadline: float) -> socket.socket:
-    """A TCP connection to the first of `addresses` (checked ones) that answers, each try given the time left."""
-    error: OSError = OSError("no address to connect to")
-    for address in addresses:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("deadline passed")
-        try:
-            return socket.create_connection((str(address), port), timeout=remaining)
-        except TimeoutError:
-            raise
-        except OSError as e:
-            error = e
-    raise error
-
-
 def _check_addresses(addresses: list[Address], allow: AllowList, error: type[URLPolicyError], setting: str) -> None:
     for address in addresses:
         if not _is_public(address) and not allow.allows_address(address):
