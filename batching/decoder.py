@@ -12,10 +12,10 @@ kept because two threads of one process that both run torch ops on the CPU slow 
 other: see docs/benchmarks.md for what it measured).
 
 A decode batch that runs out of memory is split like a forward (`batching.oom`); a
-sample fails only if it cannot be decoded alone. A sample whose latents are not finite (an
-adapter whose weights overflow, say) fails, naming its adapter, before it is decoded; one whose
-decoded image holds NaN or infinite values (the pipeline adapter's decode gives None for it)
-fails too: either would otherwise pass as a black picture. Cancellation: `discard()` drops the
+sample fails only if it cannot be decoded alone. A sample whose decoded image holds NaN or
+infinite values (the pipeline adapter's decode gives None for it: non-finite latents from an
+overflowing LoRA adapter, say, or a VAE overflowing in half precision) fails, naming its adapter,
+instead of passing as a black picture. Cancellation: `discard()` drops the
 images of samples whose job ended meanwhile, so a
 canceled job is never counted as finished.
 """
@@ -36,11 +36,6 @@ from batching.params import GenerationParams
 from batching.pipelines.contract import PipelineAdapter
 
 logger = logging.getLogger(__name__)
-
-NON_FINITE_MESSAGE = (
-    "the image came out as NaN or infinite values (the model overflowed): try another seed, "
-    "a lower guidance_scale or a higher-precision dtype"
-)
 
 
 @dataclass(frozen=True)
@@ -116,17 +111,7 @@ class Decoder(BesideTheLoop[DecodeResult]):
     def _decode(self, batch: _Batch) -> DecodeResult:
         start = time.perf_counter()
         result = DecodeResult()
-        items = []
-        # One device-to-host copy for the whole batch (the host waits for the images here anyway).
-        finite = torch.stack([item.latents.isfinite().all() for item in batch.items]).tolist()
-        for item, is_finite in zip(batch.items, finite):
-            if is_finite:
-                items.append(item)
-            else:
-                result.failed[item.sample_id] = _not_finite_message(item.params)
-        if not items:
-            result.seconds = time.perf_counter() - start
-            return result
+        items = batch.items
         try:
             outcome = run_splitting([items], self._decode_chunk, rows_of=len, device=self.model.device)
         except Exception as e:
@@ -138,7 +123,7 @@ class Decoder(BesideTheLoop[DecodeResult]):
             for chunk, images in outcome.results:
                 for item, image in zip(chunk, images):
                     if image is None:
-                        result.failed[item.sample_id] = NON_FINITE_MESSAGE
+                        result.failed[item.sample_id] = _not_finite_message(item.params)
                     else:
                         result.images[item.sample_id] = image
             for item, error in outcome.failed:
@@ -151,8 +136,9 @@ class Decoder(BesideTheLoop[DecodeResult]):
 
 
 def _not_finite_message(params: GenerationParams) -> str:
-    """A sample whose latents hold NaN or infinity would decode to a black image: it fails instead."""
-    message = "the denoised latents are not finite (NaN or infinity), so there is no image"
+    """A sample whose image holds NaN or infinity (its latents, or a VAE overflowing in half precision)
+    would be cast to a black picture: it fails instead, naming its adapter when it has one."""
+    message = "the image came out not finite (NaN or infinite values: the model overflowed)"
     if params.lora is not None:
         return f"{message}; its LoRA adapter {params.lora!r} (scale {params.lora_scale}) likely overflows"
-    return message
+    return f"{message}: try another seed, a lower guidance_scale or a higher-precision dtype"
