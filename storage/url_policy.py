@@ -128,15 +128,15 @@ def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def check_webhook_url(url: str, allow: AllowList | None = None, *, resolve: bool = True) -> str:
-    """Return the URL if stepwise may call it, else raise WebhookURLError saying why. The name lookup
-    is the system resolver's, unbounded: the API bounds its checks with `check_webhook_urls`."""
+def check_webhook_url(
+    url: str, allow: AllowList | None = None, *, seconds: float = DEFAULT_WEBHOOK_LOOKUP_SECONDS
+) -> str:
+    """Return the URL if stepwise may call it, else raise WebhookURLError saying why (TimeoutError when its
+    host does not resolve within `seconds`): `check_webhook_urls` for one URL."""
     allow = allow if allow is not None else AllowList.from_env()
-    host, port = _split(url, WebhookURLError)
-    if host in allow.host_names:
-        return url
-    addresses = _addresses(host, port, WebhookURLError, resolve=resolve)
-    _check_addresses(addresses, allow, WebhookURLError, "STEPWISE_WEBHOOK_ALLOW_HOSTS")
+    outcome = check_webhook_urls([url], allow, deadline=time.monotonic() + seconds)[url]
+    if outcome is not None:
+        raise outcome
     return url
 
 

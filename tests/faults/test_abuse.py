@@ -90,7 +90,7 @@ def test_ipv6_addresses_embedding_a_private_ipv4_address_are_refused(monkeypatch
 
 
 def test_a_6to4_address_embedding_a_public_ipv4_address_is_accepted():
-    assert check_webhook_url("http://[2002:808:808::1]/h", NO_ALLOW_LIST, resolve=False)
+    assert check_webhook_url("http://[2002:808:808::1]/h", NO_ALLOW_LIST)  # a literal: no lookup
 
 
 def resolving_to(address: str, real=socket.getaddrinfo):
