@@ -19,6 +19,7 @@ from api.fleet import Fleet
 from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.image_store import open_image_store
+from storage.job_events import JobEventFeed, JobEventLog
 from storage.job_store import JobStore
 from storage.lora_store import open_lora_store
 from storage.upload_store import UploadStore
@@ -47,6 +48,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         lora_store=open_lora_store(settings.storage),
         task_queue=TaskQueue(settings.storage.redis_url),
         openapi_document=openapi.build_document(settings),
+        job_events=JobEventLog(job_store.redis, job_store.keys),
+        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
     )
 
     errors.register(app)
