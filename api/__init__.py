@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-from api import errors, health, jobs, loras, metrics, models, openapi, resources, uploads, web
+from api import errors, health, jobs, loras, metrics, models, openai_images, openapi, resources, uploads, web
 from api.auth import KeyRing
 from api.fleet import Fleet
 from api.queue import TaskQueue
@@ -54,6 +54,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, health.bp, openapi.bp, web.bp):
+    for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, health.bp, openapi.bp, web.bp, openai_images.bp):
         app.register_blueprint(blueprint)
     return app

@@ -34,6 +34,7 @@ from storage.errors import (
     StorageUnavailableError,
 )
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.job_events import EVENT_LOG_SECONDS
 from storage.job_record import (
     RECORD_FIELDS,
     TERMINAL_STATES,
@@ -452,6 +453,15 @@ class JobStore:
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
         attempt_json = json.dumps(attempt, separators=(",", ":"), sort_keys=True)
         self._add_webhook_attempt(keys=[self.job_key(job_id)], args=[self.namespace, attempt_json])
+
+    @_wraps_redis_errors
+    def set_latest_progress_webhook(self, job_id: str, webhook_id: str) -> None:
+        """The job's newest progress webhook; deliveries of older ones are dropped (worker.webhooks)."""
+        self._redis.set(self.keys.progress_webhook(job_id), webhook_id, ex=EVENT_LOG_SECONDS)
+
+    @_wraps_redis_errors
+    def latest_progress_webhook(self, job_id: str) -> str | None:
+        return cast(str | None, self._redis.get(self.keys.progress_webhook(job_id)))
 
     def close(self) -> None:
         self._redis.close()
