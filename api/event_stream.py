@@ -16,6 +16,7 @@ job as it is now (its state, and its progress if running); queue position update
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +39,20 @@ class EndOut:
 
     name: str
     event_id: str | None
+    retry_ms: int | None = None
 
 
 Out = bytes | EndOut
+
+
+def with_retry(outs: list[Out]) -> list[Out]:
+    """The first event also tells the client how long to wait before reconnecting (`retry:`)."""
+    if not outs:
+        return outs
+    first = outs[0]
+    if isinstance(first, EndOut):
+        return [dataclasses.replace(first, retry_ms=RETRY_MS), *outs[1:]]
+    return [b"retry: %d\n" % RETRY_MS + first, *outs[1:]]
 
 
 def encode(name: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
@@ -50,7 +62,8 @@ def encode(name: str, data: dict[str, Any], event_id: str | None = None) -> byte
 
 def encode_end(end: EndOut, view: bytes) -> bytes:
     """`view` is the job view's compact JSON (one line)."""
-    head = f"id: {end.event_id}\n" if end.event_id else ""
+    head = f"retry: {end.retry_ms}\n" if end.retry_ms else ""
+    head += f"id: {end.event_id}\n" if end.event_id else ""
     return f"{head}event: {end.name}\ndata: ".encode() + view.strip() + b"\n\n"
 
 
@@ -79,24 +92,23 @@ class EventStreamState:
     def opening(self) -> list[Out]:
         """A fresh connection: the job as it is now, the last event carrying the snapshot's entry id."""
         record = self.record
-        head = [f"retry: {RETRY_MS}\n\n".encode()]
         if record.state is JobState.QUEUED:
-            return [*head, self.queued(self.last_id)]
+            return with_retry([self.queued(self.last_id)])
         if record.state is JobState.RUNNING:
             if record.progress_step <= 0:
-                return [*head, encode("started", self.started_data(), self.last_id)]
+                return with_retry([encode("started", self.started_data(), self.last_id)])
             progress = {"job_id": self.job_id, "step": record.progress_step, "total": record.progress_total}
-            return [*head, encode("started", self.started_data()), encode("progress", progress, self.last_id)]
+            return with_retry([encode("started", self.started_data()), encode("progress", progress, self.last_id)])
         self.is_done = True
-        return [*head, EndOut(self.state, self.last_id)]
+        return with_retry([EndOut(self.state, self.last_id)])
 
     def resumed(self, events: list[JobEvent]) -> list[Out]:
         """A reconnection after `Last-Event-ID`: what the job's stream holds after it."""
-        outs: list[Out] = [f"retry: {RETRY_MS}\n\n".encode(), *self.on_events(events)]
+        outs = self.on_events(events)
         if not self.is_done and self.state in TERMINAL_STATE_NAMES:  # its stream expired since: the record says
             self.is_done = True
             outs.append(EndOut(self.state, None))
-        return outs
+        return with_retry(outs)
 
     def on_events(self, events: list[JobEvent]) -> list[Out]:
         outs: list[Out] = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ EVENT_LOG_SECONDS_AFTER_END = 3600  # the end entry, for clients resuming after 
 EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 RECONNECT_SECONDS = 1.0
 POSITION_SECONDS = 1.0  # how often the feed reads the queue positions its waiters follow
+IDLE_SECONDS = 30.0  # a feed nobody used for this long ends its threads
 
 
 @dataclass(frozen=True)
@@ -127,14 +129,21 @@ class JobEventFeed:
         self._watches: dict[str, set[Watch]] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._idle_since = time.monotonic()
         self._is_stopping = threading.Event()
 
     @contextmanager
     def watch(self, job_id: str) -> Iterator[Watch]:
-        self._ensure_started()
         watch = Watch(job_id)
         with self._lock:
             self._watches.setdefault(job_id, set()).add(watch)
+            if not self._threads:  # started on first use (after any fork), gone again when idle
+                self._threads = [
+                    threading.Thread(target=self._listen, name="stepwise-job-events", daemon=True),
+                    threading.Thread(target=self._read_positions, name="stepwise-queue-positions", daemon=True),
+                ]
+                for thread in self._threads:
+                    thread.start()
         try:
             yield watch
         finally:
@@ -144,16 +153,16 @@ class JobEventFeed:
                     watches.discard(watch)
                     if not watches:
                         del self._watches[job_id]
+                if not self._watches:
+                    self._idle_since = time.monotonic()
 
-    def _ensure_started(self) -> None:
+    def _is_idle(self) -> bool:
+        """True once nobody has waited for IDLE_SECONDS: the threads end (the next watch starts them again)."""
         with self._lock:
-            if not self._threads:
-                self._threads = [
-                    threading.Thread(target=self._listen, name="stepwise-job-events", daemon=True),
-                    threading.Thread(target=self._read_positions, name="stepwise-queue-positions", daemon=True),
-                ]
-                for thread in self._threads:
-                    thread.start()
+            if self._is_stopping.is_set() or (not self._watches and time.monotonic() - self._idle_since > IDLE_SECONDS):
+                self._threads = []
+                return True
+            return False
 
     def _wake(self, job_id: str | None) -> None:
         with self._lock:
@@ -163,25 +172,27 @@ class JobEventFeed:
 
     def _listen(self) -> None:
         client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_connect_timeout=2)
-        while not self._is_stopping.is_set():
+        is_idle = False
+        while not is_idle:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(self.channel)
                 self._wake(None)  # anything published while not subscribed: everyone re-reads
-                while not self._is_stopping.is_set():
+                while not (is_idle := self._is_idle()):
                     message: Any = pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._wake(message["data"])
             except redis.RedisError as e:
                 log.warning("job events: subscription lost (%s); reconnecting", e)
                 self._is_stopping.wait(RECONNECT_SECONDS)
+                is_idle = self._is_idle()
             finally:
                 pubsub.close()
         client.close()
 
     def _read_positions(self) -> None:
         client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
-        while not self._is_stopping.wait(POSITION_SECONDS):
+        while not self._is_stopping.wait(POSITION_SECONDS) and not self._is_idle():
             with self._lock:
                 following = [w for ws in self._watches.values() for w in ws if w.queue_key is not None]
             if not following:
