@@ -2,7 +2,7 @@
 
 At admission, the init images of the iteration's new samples are decoded and resized
 (`batching.image_inputs`, Pillow) and VAE-encoded in one call per size; each sample then
-starts at the step its strength implies (`NewSample.first_step`) from its image latents
+starts at the step its strength implies (`Sample.first_step`) from its image latents
 noised to that step (the adapter's `ImageLatentsMixin`). An inpainting sample keeps its
 image latents, its noise and its latent mask (`InpaintGuide`): after every step, the
 region outside the mask is replaced by the image latents re-noised to the next timestep
@@ -31,7 +31,7 @@ import torch
 
 from batching.image_inputs import job_images
 from batching.pipelines.contract import PipelineAdapter
-from batching.plan import NewSample
+from batching.sample import Sample
 
 if TYPE_CHECKING:
     from batching.sample_tensors import SampleTensors
@@ -60,7 +60,7 @@ class InpaintGuide:
 
 
 def encode_init_images(
-    adapter: PipelineAdapter, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
+    adapter: PipelineAdapter, new_samples: Sequence[Sample], *, one_at_a_time: bool = False
 ) -> dict[str, EncodedImage | Exception]:
     """The encoded init image (and masked image, for mask channels) of each new sample that needs one, or the
     error that refused it; one VAE call per size (per sample with `one_at_a_time`: deterministic mode, where no
@@ -108,7 +108,7 @@ def _to_pixels(image: Any) -> torch.Tensor:
 
 
 def start_from_image(
-    adapter: PipelineAdapter, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: Sample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """The sample's first latents (image latents noised to its first step), and its inpaint guide or its
     mask channels."""
@@ -131,7 +131,7 @@ def start_from_image(
 
 
 def _start_with_mask_channels(
-    adapter: PipelineAdapter, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: Sample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """Draws in diffusers' inpaint pipeline's order: the init image's latents only when the sample starts from
     it (strength < 1), then the noise, then the masked image's latents."""
