@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from batching.beside_loop import BesideTheLoop
+from batching.image_inputs import keep_unmasked_pixels
 from batching.oom import alone_message, run_splitting
 from batching.params import GenerationParams
 from batching.pipelines.contract import PipelineAdapter
@@ -118,8 +119,8 @@ class Decoder(BesideTheLoop[DecodeResult]):
                 for sample, image in zip(chunk, images):
                     if image is None:
                         result.failed[sample.sample_id] = _not_finite_message(sample.params)
-                    else:
-                        result.images[sample.sample_id] = image
+                    else:  # an inpainting job's kept region, composited here beside the loop, not on it
+                        result.images[sample.sample_id] = keep_unmasked_pixels(sample.sample.images, image)
             for sample, error in outcome.failed:
                 result.failed[sample.sample_id] = alone_message("decoding this image", 1, error)
         result.seconds = time.perf_counter() - start

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
-from batching.image_inputs import job_images, keep_unmasked_pixels
+from batching.image_inputs import input_images
 from batching.job import Job, JobFuture, ProgressCallback
 from batching.params import MAX_LORA_BYTES, PRIORITIES, GenerationParams
 from batching.plan import RunnerOutput
@@ -189,7 +189,8 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
-        job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
+        # Decoded once, here on the caller's thread: an image that cannot be used is refused now, naming the field.
+        images = input_images(params)
         if params.lora is not None and self.loras is None:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:
@@ -202,6 +203,7 @@ class DiffusionEngine:
             has_size=self._key_has_size,
             has_lora=self._key_has_lora,
             priority=priority,
+            images=images,
         )
         future = JobFuture(job_id, sum(sample.num_steps for sample in samples))
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
@@ -398,7 +400,7 @@ class DiffusionEngine:
         for sample_id in output.finished_sample_ids:
             job = job_of_sample.get(sample_id)
             if job is not None and job.job_id not in ended:
-                job.images[sample_id] = keep_unmasked_pixels(job.params, output.images[sample_id])
+                job.images[sample_id] = output.images[sample_id]
                 decoded[job.job_id] = job
         for job in decoded.values():
             # one decode batch per size per iteration, shared by its samples

@@ -1,7 +1,7 @@
 """Image-to-image and inpainting samples in the model runner: their start and their per-step blend.
 
-At admission, the init images of the iteration's new samples are decoded and resized
-(`batching.image_inputs`, Pillow) and VAE-encoded in one call per size; each sample then
+At admission, the init images of the iteration's new samples (decoded and resized once per
+job at submit, `batching.image_inputs.input_images`) are VAE-encoded in one call per size; each sample then
 starts at the step its strength implies (`Sample.first_step`) from its image latents
 noised to that step (the adapter's `ImageLatentsMixin`). An inpainting sample keeps its
 image latents, its noise and its latent mask (`InpaintGuide`): after every step, the
@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from batching.image_inputs import job_images
 from batching.pipelines.contract import PipelineAdapter
 from batching.sample import Sample
 
@@ -70,11 +69,7 @@ def encode_init_images(
     for new in new_samples:
         if new.params.init_image is None and not adapter.has_mask_channels:
             continue
-        try:
-            init, mask = job_images(new.params)
-        except Exception as e:
-            results[new.sample_id] = e
-            continue
+        init, mask = (new.images.init, new.images.mask) if new.images is not None else (None, None)
         size = (new.params.height, new.params.width)
         to_encode = [] if init is None else [_to_pixels(init)]  # [1, 3, H, W] in [-1, 1]
         mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batching.families import FamilySpec
+from batching.image_inputs import InputImages
 from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
 
 
@@ -25,6 +26,7 @@ class Sample:
     num_steps: int  # denoise steps it runs: all of them, or the last `strength` fraction with an init image
     cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost)
     priority_rank: int = 1  # its job's priority, an index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
+    images: InputImages | None = None  # its job's init image and mask, decoded once at submit; None: text-to-image
     # The scheduler's, on the engine loop thread:
     num_steps_done: int = 0
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
@@ -43,11 +45,14 @@ def make_samples(
     has_size: bool = True,
     has_lora: bool = False,
     priority: str = "normal",
+    images: InputImages | None = None,
 ) -> list[Sample]:
     """A job's samples, one per image in seed order. `has_size`/`has_lora`: what the compatibility key holds
-    (`CompatibilityKey.of`); `family` is the engine's loaded one (a folder model's params do not know it)."""
+    (`CompatibilityKey.of`); `family` is the engine's loaded one (a folder model's params do not know it);
+    `images`: the job's decoded input images (`batching.image_inputs.input_images`), needed with an init image."""
     num_steps = params.steps_to_run(family.name)
     assert num_steps >= 1, "validation refuses a strength that runs no step"
+    assert (images is None) == (params.init_image is None), "an init image is decoded once, for all its samples"
     samples = []
     for index in range(params.num_images):
         one = params.for_image(index)
@@ -59,6 +64,7 @@ def make_samples(
                 num_steps=num_steps,
                 cost=family.sample_cost(one.height, one.width, one.guidance_scale),
                 priority_rank=PRIORITIES.index(priority),
+                images=images,
             )
         )
     return samples
