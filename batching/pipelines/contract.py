@@ -57,6 +57,8 @@ class PipelineAdapter(Protocol):
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
     has_mask_channels: bool  # the denoiser takes a mask and masked-image latents (an inpainting UNet; see
     # batching.image_start): every sample then carries them as per-row conditioning
+    edits_init_image: bool  # an edit model: a sample's init_image conditions its rows (the adapter's
+    # row_conditioning reads it) and the sample starts from noise, not from the image
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 
