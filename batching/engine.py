@@ -349,7 +349,9 @@ class DiffusionEngine:
                 params = job.params.for_image(index)
                 key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
                 first_step = params.num_inference_steps - (job.steps_per_sample or params.num_inference_steps)
-                cost = FAMILIES[self.family].sample_cost(params.height, params.width, params.guidance_scale, params.negative_prompt)
+                cost = FAMILIES[self.family].sample_cost(
+                    params.height, params.width, params.guidance_scale, params.negative_prompt
+                )
                 self.scheduler.add(
                     NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step, cost=cost),
                     priority=job.priority,

@@ -268,7 +268,11 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
     if strength != 1.0 and p.init_image is None:
         raise InvalidParamsError("strength", p.strength, "needs an init_image")
-    if p.init_image is not None and spec.init_image_role == "start" and spec.steps_to_run(p.num_inference_steps, strength) < 1:
+    if (
+        p.init_image is not None
+        and spec.init_image_role == "start"
+        and spec.steps_to_run(p.num_inference_steps, strength) < 1
+    ):
         raise InvalidParamsError(
             "strength", p.strength, f"runs no step of {p.num_inference_steps}: raise strength or num_inference_steps"
         )
@@ -285,7 +289,9 @@ def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
     if p.init_image is None:
         raise InvalidParamsError("init_image", None, f"is required by {spec.name} models: the image to edit")
     if p.mask_image is not None:
-        raise InvalidParamsError("mask_image", "<image>", f"is not supported by {spec.name} models (they edit the whole image)")
+        raise InvalidParamsError(
+            "mask_image", "<image>", f"is not supported by {spec.name} models (they edit the whole image)"
+        )
     if p.resize_mode != "none":
         raise InvalidParamsError(
             "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"

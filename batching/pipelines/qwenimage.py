@@ -82,7 +82,9 @@ class QwenImageAdapter(AdapterBase):
     def new_sampler(self, params: GenerationParams) -> Any:
         height, width = self._latent_size(params)
         num_tokens = (height // 2) * (width // 2)
-        return flow_matching_sampler(self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device)
+        return flow_matching_sampler(
+            self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device
+        )
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         height, width = self._latent_size(params)
@@ -139,7 +141,9 @@ class QwenImageAdapter(AdapterBase):
             predictions = self.transformer(**inputs, img_shapes=shapes, return_dict=False)[0]
         else:
             layout = row_layout(self.transformer, shapes, num_tokens, text_lengths)
-            padded_shapes = [row_shapes + _padding_shape(max(num_tokens) - n) for row_shapes, n in zip(shapes, num_tokens)]
+            padded_shapes = [
+                row_shapes + _padding_shape(max(num_tokens) - n) for row_shapes, n in zip(shapes, num_tokens)
+            ]
             with self.attention.rows(layout):
                 predictions = self.transformer(**inputs, img_shapes=padded_shapes, return_dict=False)[0]
         outputs = [row[: own.shape[0]] for row, own in zip(predictions, latents)]  # each row's own image tokens

@@ -121,6 +121,8 @@ def row_layout(
         image_rows.append(torch.cat([image_freqs, padding]))
         text_rows.append(text_freqs)
     text_mask = torch.arange(max_text, device=device)[None, :] < torch.tensor(text_lengths, device=device)[:, None]
-    image_mask = torch.arange(max_image, device=device)[None, :] < torch.tensor(num_image_tokens, device=device)[:, None]
+    image_mask = (
+        torch.arange(max_image, device=device)[None, :] < torch.tensor(num_image_tokens, device=device)[:, None]
+    )
     key_mask = torch.cat([text_mask, image_mask], dim=1)[:, None, None, :]
     return RowLayout(torch.stack(image_rows)[:, :, None], torch.stack(text_rows)[:, :, None], key_mask)

@@ -79,14 +79,14 @@ def build_pipeline(name: str):
     )
     components = dict(
         scheduler=scheduler,
-        vae=vae.eval(),
+        vae=vae.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy classes
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        transformer=transformer.eval(),
+        transformer=transformer.eval(),  # type: ignore[attr-defined]
     )
     if name == "tiny-qwen-image-edit":
-        return QwenImageEditPipeline(processor=_processor(tokenizer), **components)  # type: ignore[arg-type]
-    return QwenImagePipeline(**components)  # type: ignore[arg-type]
+        return QwenImageEditPipeline(processor=_processor(tokenizer), **components)
+    return QwenImagePipeline(**components)
 
 
 def save_pipeline(pipeline, folder) -> None:
@@ -150,7 +150,7 @@ def _text_encoder(tokenizer):
 def _processor(tokenizer):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from batching.pipelines.qwenimage_processor import ImageProcessorOnly
+    from batching.pipelines.qwenimage_processor import image_processor_only
 
     image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=MAX_VISION_PIXELS)
-    return ImageProcessorOnly(image_processor=image_processor, tokenizer=tokenizer)
+    return image_processor_only()(image_processor=image_processor, tokenizer=tokenizer)
