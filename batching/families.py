@@ -137,6 +137,14 @@ FAMILIES: dict[str, FamilySpec] = {
             edit_area=1024 * 1024,
             extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
         ),
+        FamilySpec(  # StableDiffusion3Pipeline: CFG above 1, as the SD families
+            name="sd3",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,  # the VAE's 8 x the 2x2 patches
+            default_guidance=7.0,
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3_mixed_sizes)
+            strength_rounding="floor_start",
+        ),
     )
 }
 

@@ -38,6 +38,7 @@ BUILTIN_MODELS = {
     "tiny-qwen-image-edit": BuiltinModel(
         version="v1", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
     ),
+    "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.builtins.sd3"),
     "shapes": BuiltinModel(
         version="v1",
         family="sd",
