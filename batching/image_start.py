@@ -67,7 +67,7 @@ def encode_init_images(
     results: dict[str, EncodedImage | Exception] = {}
     by_size: dict[Any, list[tuple[str, list[torch.Tensor], torch.Tensor | None]]] = {}
     for new in new_samples:
-        if new.params.init_image is None and not adapter.has_mask_channels:
+        if (new.params.init_image is None and not adapter.has_mask_channels) or adapter.edits_init_image:
             continue
         init, mask = (new.images.init, new.images.mask) if new.images is not None else (None, None)
         size = (new.params.height, new.params.width)
