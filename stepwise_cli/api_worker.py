@@ -46,8 +46,6 @@ def write_json_error(sock, status_int: int, reason: str, mesg: str) -> None:
     util.write_nonblock(sock, head + body)
 
 
-
-
 class ApiWorker(GeventWorker):
     request_timeout: float = 30.0  # set by `stepwise api` through the `STEPWISE_API_REQUEST_TIMEOUT` env
 
