@@ -37,7 +37,8 @@ CASES = [
     (path, method, mode)
     for path, method in sorted(ROUTES)
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-    if (mode is GenerationMode.POSITIVE and path not in WAITING) or path.startswith("/v1/")
+    if (mode is GenerationMode.POSITIVE or path.startswith("/v1/"))
+    and not (mode is GenerationMode.POSITIVE and path in WAITING)
 ]
 
 
@@ -53,6 +54,8 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_answer(api, api_sche
         response = case.call(base_url=api.url, session=http, headers=auth(), timeout=15)
         if response.status_code == 400 and "Request Line is too large" in response.text:
             reject()  # gunicorn refuses request lines over 8190 bytes before the app sees them
+        if path in WAITING and response.status_code == 504:
+            reject()  # a mutation that left the request valid: its job waited for a worker there is none of
         case.validate_response(response, checks=CHECKS)
 
     check()
