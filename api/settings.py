@@ -65,6 +65,20 @@ def parse_tenant_priorities(text: str) -> dict[str, str]:
     return limits
 
 
+def parse_models(text: str) -> tuple[str, ...]:
+    """`builtin:tiny, /models/sd15` -> the models this API serves by configuration (STEPWISE_MODELS)."""
+    models = []
+    for item in text.split(","):
+        model = item.strip()
+        if not model:
+            continue
+        if not model.isprintable():
+            raise SettingsError(f"STEPWISE_MODELS: {model!r} holds control characters")
+        if model not in models:
+            models.append(model)
+    return tuple(models)
+
+
 def local_dev_key(path: Path) -> str:
     """The key of the single local tenant when STEPWISE_API_KEYS is unset.
 
@@ -118,6 +132,9 @@ class ApiSettings:
     tenant_max_priority: dict[str, str] = field(default_factory=dict)
     # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
     accept_unserved_models: bool = False
+    # STEPWISE_MODELS: models this API serves whatever the workers' state (their jobs queue until a worker
+    # runs); the default model is one of them whenever the variable is set
+    configured_models: tuple[str, ...] = ()
 
     def max_priority(self, tenant: str) -> str:
         return self.tenant_max_priority.get(tenant, PRIORITIES[0])
@@ -129,6 +146,10 @@ class ApiSettings:
             api_keys = parse_api_keys(keys_text)
         else:
             api_keys = ((DEFAULT_TENANT, local_dev_key(default_key_file())),)
+        configured_models = parse_models(os.environ.get("STEPWISE_MODELS", ""))
+        default_model = os.environ.get("STEPWISE_MODEL") or (configured_models or (service_model(),))[0]
+        if configured_models and default_model not in configured_models:
+            configured_models = (default_model, *configured_models)
         settings = cls(
             api_keys=api_keys,
             storage=StorageSettings.from_env(),
@@ -144,10 +165,11 @@ class ApiSettings:
             ),
             image_url_hosts=AllowList.from_env("STEPWISE_IMAGE_URL_HOSTS"),
             image_url_timeout_seconds=env_float("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS", DEFAULT_FETCH_SECONDS),
-            default_model=service_model(),
+            default_model=default_model,
             limits=LimitTable.from_env(),
             tenant_max_priority=parse_tenant_priorities(os.environ.get("STEPWISE_TENANT_MAX_PRIORITY", "")),
             accept_unserved_models=env_bool("STEPWISE_ACCEPT_UNSERVED_MODELS", False),
+            configured_models=configured_models,
         )
         for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
             if getattr(settings, name) < 1:
