@@ -66,7 +66,12 @@ def model_readiness(statuses: dict[str, ModelStatus]) -> tuple[list[dict[str, An
                 f"model {model}: no worker seen in the last {timeout:.0f}s: "
                 "its jobs are accepted and wait in the queue until one starts"
             )
-    if not models and not get_settings().accept_unserved_models:
+    if get_settings().accept_unserved_models:
+        if not any(status.available for status in statuses.values()):
+            warnings.append(
+                f"no worker has been seen in the last {timeout:.0f}s: submitted jobs wait in the queue until one starts"
+            )
+    elif not models:
         warnings.append(
             "no model is configured (STEPWISE_MODELS) and no worker has sent a heartbeat: "
             "every job is refused (422 naming model) until one does"

@@ -30,7 +30,13 @@ def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_w
     assert http.get(f"{api.url}/healthz", timeout=10).json() == {"status": "ok"}
     ready = http.get(f"{api.url}/readyz", timeout=10).json()
     assert ready["status"] == "ok" and ready["checks"] == {"redis": True, "storage": True}
-    assert ready["workers"] == {"seen_recently": False, "num_workers": 0, "available_models": [], "last_seen": None}
+    assert ready["workers"] == {
+        "seen_recently": False,
+        "num_workers": 0,
+        "num_draining": 0,
+        "available_models": [],
+        "last_seen": None,
+    }
     assert len(ready["warnings"]) == 1 and "no worker has been seen" in ready["warnings"][0]
 
 
