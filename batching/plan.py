@@ -32,7 +32,9 @@ class NewSample:
     def num_tokens(self) -> int:
         if self.cost is not None:
             return self.cost
-        return self.params.family_spec.sample_cost(self.params.height, self.params.width, self.params.guidance_scale)
+        return self.params.family_spec.sample_cost(
+            self.params.height, self.params.width, self.params.guidance_scale, self.params.negative_prompt
+        )
 
 
 @dataclass
