@@ -308,6 +308,16 @@ class BatchResponse(BaseModel):
     num_accepted: int
 
 
+class TenantTotals(BaseModel):
+    tenant: str
+    queued: int
+    running: int
+
+
+class TenantTotalsList(BaseModel):
+    tenants: list[TenantTotals] = Field(description="Every tenant with queued or running jobs now.")
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 

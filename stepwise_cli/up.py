@@ -114,6 +114,8 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
     env.setdefault("STEPWISE_STORAGE_URL", (var_dir / "images").as_uri())
     if not env.get("STEPWISE_API_KEYS"):
         env["STEPWISE_API_KEYS"] = f"{LOCAL_TENANT}:{api_key}"
+        # One person's machine: the generated key is also the operator's (/metrics, /v1/admin).
+        env.setdefault("STEPWISE_ADMIN_API_KEYS", f"{LOCAL_TENANT}:{api_key}")
     env.setdefault("STEPWISE_WEBHOOK_SECRET", new_webhook_secret())
     env.setdefault("STEPWISE_WORKER_METRICS_PORT", str(free_port()))
     for option, name in (
@@ -411,7 +413,7 @@ def banner(
         f"    model:    {env['STEPWISE_MODEL']} on {env['STEPWISE_DEVICE']}    (jobs that name no model get it)\n"
         f"    images:   {mask_password(env['STEPWISE_STORAGE_URL'])}\n"
         f"    redis:    {mask_password(redis_url)}{redis_note}\n"
-        f"    metrics:  {api_url}/metrics{worker_metrics}\n\n"
+        f"    metrics:  {api_url}/metrics (an admin key){worker_metrics}\n\n"
         f"  try:\n"
         f'    stepwise submit "{prompt}" --wait --out out/{var_option}\n'
         f'    curl -H "Authorization: Bearer {bearer}" -H "Content-Type: application/json" \\\n'

@@ -48,7 +48,7 @@ from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome,
 from storage.queues import DEFAULT_PRIORITY
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
-from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
+from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records, tenant_totals
 
 __all__ = [
     "Created",
@@ -256,6 +256,11 @@ class JobStore:
             return None
         self._redis.decr(key)
         return (window + 1) * 60 - now
+
+    @_wraps_redis_errors
+    def tenant_totals(self) -> dict[str, dict[str, int]]:
+        """tenant -> its queued and running jobs now (storage.tenant_listing.tenant_totals)."""
+        return tenant_totals(self._redis, self.keys)
 
     @_wraps_redis_errors
     def counts_by_state(self) -> dict[str, int]:

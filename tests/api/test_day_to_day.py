@@ -8,13 +8,18 @@ the tests before it see an API with no worker at all.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
+import requests
 from celery import Celery
 
 from tests.api.calls import auth, submit, wait_for
-from tests.api.processes import ApiProcess, WorkerProcess
+from tests.api.processes import TENANT_KEYS, ApiProcess, WorkerProcess
+from tests.servers import child_env
 from tests.worker.cluster import wait_for as poll
 
 WORKER_DELAY = 20.0  # seconds between the first submit and the worker's start
@@ -46,8 +51,6 @@ def early(ops_api, http_module):
 
 @pytest.fixture(scope="module")
 def http_module():
-    import requests
-
     with requests.Session() as session:
         yield session
 
@@ -87,6 +90,54 @@ def test_a_model_neither_configured_nor_seen_keeps_its_422_naming_the_served_one
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "model"
     assert "served models: builtin:tiny" in refused.json()["error"]["message"]
     assert "builtin:small" not in {model["model"] for model in readiness(http, ops_api)["models"]}
+
+
+def keys_cli(api: ApiProcess, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stepwise_cli.main", "keys", *args],
+        env=child_env(STEPWISE_REDIS_URL=api.env["STEPWISE_REDIS_URL"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def answer(http, api, path: str, key: str) -> requests.Response:
+    return http.get(f"{api.url}{path}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+
+def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_revoked(ops_api, http, early):
+    created = keys_cli(ops_api, "create", "--tenant", "dave")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    works = poll(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 200, 10, "the new key to work")
+    assert works and answer(http, ops_api, "/metrics", key).status_code == 403  # a tenant key, not an operator's
+
+    listed = [json.loads(line) for line in keys_cli(ops_api, "list", "--json").stdout.splitlines()]
+    (entry,) = [entry for entry in listed if entry["tenant"] == "dave"]
+    assert entry["scope"] == "tenant" and key not in json.dumps(listed) and key.startswith(entry["shown"])
+
+    revoked = keys_cli(ops_api, "revoke", entry["key_id"])
+    assert revoked.returncode == 0 and entry["key_id"] in revoked.stderr
+    poll(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 401, 10, "the revoked key to be refused")
+    assert answer(http, ops_api, "/v1/jobs", TENANT_KEYS["alice"]).status_code == 200  # environment keys still work
+    assert keys_cli(ops_api, "revoke", key).returncode == 1  # already gone
+
+
+def test_an_admin_key_reads_metrics_and_every_tenants_queue_totals_and_no_series_names_a_tenant(ops_api, http, early):
+    key = keys_cli(ops_api, "create", "--tenant", "operators", "--admin").stdout.strip()
+    metrics = poll(lambda: (r := answer(http, ops_api, "/metrics", key)).status_code == 200 and r, 10, "metrics")
+
+    assert "stepwise_jobs" in metrics.text and "alice" not in metrics.text and "tenant" not in metrics.text
+    totals = answer(http, ops_api, "/v1/admin/tenants", key).json()["tenants"]
+    assert {"tenant": "alice", "queued": 1, "running": 0} in totals
+    assert answer(http, ops_api, "/v1/admin/tenants", TENANT_KEYS["alice"]).status_code == 403
+
+
+def test_a_bearer_token_beyond_ascii_is_an_invalid_key_not_a_missing_one(ops_api, http):
+    response = http.get(f"{ops_api.url}/v1/jobs", headers={"Authorization": "Bearer sk_ключ".encode()}, timeout=10)
+
+    assert response.status_code == 401 and response.json()["error"]["message"] == "invalid API key"
 
 
 def test_the_early_job_succeeds_once_a_worker_starts_20s_later(ops_api, http, early, late_worker):
