@@ -51,6 +51,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         openapi_document=openapi.build_document(settings),
     )
 
+    app.url_map.converters["jobid"] = jobs.JobIdConverter
     errors.register(app)
     metrics.register(app)
     for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, admin.bp, health.bp, openapi.bp, web.bp):

@@ -140,6 +140,7 @@ class JobStore:
         self._request_cancel = register(lua.REQUEST_CANCEL)
         self._release = register(lua.RELEASE)
         self._add_webhook_attempt = register(lua.ADD_WEBHOOK_ATTEMPT)
+        self._delete = register(lua.DELETE)
 
     @property
     def redis(self) -> redis.Redis:
@@ -277,9 +278,9 @@ class JobStore:
 
     @_wraps_redis_errors
     def is_cancel_requested(self, job_id: str) -> bool:
-        """True once a cancel was requested while the job ran, or if it is canceled by now."""
+        """True once a cancel was requested while the job ran, if it is canceled by now, or deleted."""
         state, flag = self._redis.hmget(self.job_key(job_id), "state", "cancel_requested")
-        return flag == "1" or state == JobState.CANCELED.value
+        return flag == "1" or state in (JobState.CANCELED.value, None)
 
     @_wraps_redis_errors
     def lapsed_job_ids(self, now: float | None = None) -> list[str]:
@@ -442,36 +443,30 @@ class JobStore:
     def _release_script(
         self, job_id: str, *, worker_id: str | None, lapsed_at: float | None, reason: str, message: str
     ) -> int:
-        return self._release(
+        lapsed = "" if lapsed_at is None else repr(lapsed_at)
+        args: list[str | int] = [self.namespace, job_id, worker_id or "", repr(self.clock()), self.job_ttl_seconds]
+        return self._release(keys=[self.job_key(job_id)], args=[*args, lapsed, reason, message])
+
+    @_wraps_redis_errors
+    def delete(self, job_id: str, tombstone_seconds: int) -> JobState | None:
+        """Remove the job's record, indexes and idempotency key; a queued job is canceled first. Returns its
+        state before, or None if there is no such job. A worker still running it finds the record gone and
+        `was_deleted` true for `tombstone_seconds`, and removes the images it stored meanwhile."""
+        now = self.clock()
+        outcome, state = self._delete(
             keys=[self.job_key(job_id)],
-            args=[
-                self.namespace,
-                job_id,
-                worker_id or "",
-                repr(self.clock()),
-                self.job_ttl_seconds,
-                "" if lapsed_at is None else repr(lapsed_at),
-                reason,
-                message,
-            ],
+            args=[self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds],
         )
+        return JobState(state) if outcome == "deleted" else None
 
     @_wraps_redis_errors
-    def running_holders(self) -> dict[str, str]:
-        """Running job id -> the worker id holding it (one round trip for the ids, one for the holders)."""
-        job_ids = cast(list[str], self._redis.zrange(self.keys.leases, 0, -1))
-        if not job_ids:
-            return {}
-        with self._redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hget(self.job_key(job_id), "worker_id")
-            holders = pipe.execute()
-        return {job_id: holder for job_id, holder in zip(job_ids, holders) if holder}
+    def was_deleted(self, job_id: str) -> bool:
+        return bool(self._redis.exists(self.keys.deleted(job_id)))
 
-    @_wraps_redis_errors
-    def heartbeats(self) -> list[Heartbeat]:
-        """Every worker's latest heartbeat within the retention."""
-        return self._heartbeats.heartbeats(self.clock())
+    @property
+    def heartbeat_store(self) -> HeartbeatStore:
+        """The workers' heartbeats, on this store's Redis (worker.dead_workers reads them)."""
+        return self._heartbeats
 
     @_wraps_redis_errors
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:

@@ -48,6 +48,10 @@ local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 local function job_key_of(job_id)
   return {_lua_expression(_KEYS.job(""))} .. job_id
 end
+
+local function deleted_key_of(job_id)
+  return {_lua_expression(_KEYS.deleted(""))} .. job_id
+end
 """
 
 
@@ -302,5 +306,36 @@ else
 end
 redis.call('HSET', KEYS[1], 'webhook_attempts', attempts)
 return 1
+"""
+)
+
+# ARGV: ns, job_id, now, ttl, tombstone seconds. Removes the job's record from Redis: a queued job is
+# canceled first (counted so), a running one is left to stop (its worker sees the record gone and
+# cleans up its images, told by the tombstone). Returns {outcome, state before}: 'deleted' or 'missing'.
+DELETE = (
+    _PREAMBLE
+    + """
+local state, tenant = unpack(redis.call('HMGET', KEYS[1], 'state', 'tenant'))
+if not state then
+  return {'missing', ''}
+end
+if state == 'queued' then
+  finish_job(KEYS[1], ARGV[2], 'queued', 'canceled', ARGV[3], ARGV[4])
+end
+remove_queued(KEYS[1], ARGV[2])
+redis.call('ZREM', leases_key, ARGV[2])
+redis.call('ZREM', unsent_key, ARGV[2])
+for _, name in ipairs({'all', """
+    + ", ".join(f"'{state.value}'" for state in JobState)
+    + """}) do
+  redis.call('ZREM', tenant_index(name, tenant), ARGV[2])
+end
+local idem_key = redis.call('HGET', KEYS[1], 'idem_redis_key')
+if idem_key then
+  redis.call('DEL', idem_key)
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', deleted_key_of(ARGV[2]), state, 'EX', tonumber(ARGV[5]))
+return {'deleted', state}
 """
 )
