@@ -207,6 +207,12 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "parameters": [JOB_ID],
                 "responses": {"200": job, **b.errors(401, 404, 503)},
             },
+            "delete": {
+                "operationId": "deleteJob",
+                "summary": "Remove the job's record and images (a queued or running job is canceled first).",
+                "parameters": [JOB_ID],
+                "responses": {"204": {"description": "Deleted."}, **b.errors(401, 404, 503)},
+            },
         },
         "/v1/jobs/{job_id}/cancel": {
             "post": {

@@ -11,6 +11,7 @@ ROUTES = {
     ("/v1/jobs", "get"),
     ("/v1/jobs/batch", "post"),
     ("/v1/jobs/{job_id}", "get"),
+    ("/v1/jobs/{job_id}", "delete"),
     ("/v1/jobs/{job_id}/cancel", "post"),
     ("/v1/jobs/{job_id}/image", "get"),
     ("/healthz", "get"),
