@@ -188,7 +188,7 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
-        job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
+        job_images(params, self.family)  # an init image or mask that cannot be used is refused now, naming the field
         if params.lora is not None and self.loras is None:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:

@@ -11,12 +11,41 @@ are driven lives in its adapter, `batching/pipelines/<family>.py`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX  # torch-free
 
 UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
+
+
+@dataclass(frozen=True)
+class ReferenceRules:
+    """How a family whose init_image is a reference image reads it (FLUX.2's multi-reference editing).
+
+    No strength, mask_image or resize_mode: the image conditions the whole run, whatever its size. As the
+    family's pipeline does: an image above `max_pixels` is scaled down to that area (aspect kept, sides
+    rounded down), then center-cropped to the size multiple; a job that names no size gets that size."""
+
+    max_pixels: int = 1024 * 1024
+    min_side: int = 64  # the pipeline refuses smaller images
+    max_aspect_ratio: float = 8.0  # and longer ones
+
+    def scaled_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) once the area is capped at `max_pixels`, before the crop to the size multiple."""
+        if width * height <= self.max_pixels:
+            return width, height
+        scale = math.sqrt(self.max_pixels / (width * height))
+        return int(width * scale), int(height * scale)
+
+    def problem(self, width: int, height: int) -> str | None:
+        """Why the pipeline would refuse an image of this size, or None."""
+        if min(width, height) < self.min_side:
+            return f"must be at least {self.min_side} pixels on each side"
+        if max(width / height, height / width) > self.max_aspect_ratio:
+            return f"must have an aspect ratio of at most {self.max_aspect_ratio:g}:1"
+        return None
 
 
 @dataclass(frozen=True)
@@ -36,6 +65,9 @@ class FamilySpec:
     # "floor_steps" runs int(steps * strength) (the UNet families); "floor_start" starts at
     # int(steps - steps * strength) and runs the rest (the flow-matching families).
     strength_rounding: str = "floor_steps"
+    # None: a job's init_image starts the sample (image-to-image, inpainting). Otherwise it is a reference image
+    # whose latents join the denoiser's sequence (the sample starts from noise), read by these rules.
+    references: ReferenceRules | None = None
 
     @property
     def default_sampler(self) -> str:
@@ -84,6 +116,17 @@ FAMILIES: dict[str, FamilySpec] = {
             guidance_kind="embedded",
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
             strength_rounding="floor_start",
+        ),
+        FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
+            name="flux2",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            default_steps=28,
+            max_guidance=20.0,
+            guidance_kind="embedded",
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2_mixed_sizes)
+            references=ReferenceRules(),
         ),
         FamilySpec(  # its pipeline runs CFG for any guidance above 0
             name="zimage",

@@ -9,7 +9,9 @@ region outside the mask is replaced by the image latents re-noised to the next t
 (clean after the last one), the latent-blend method of diffusers' inpaint pipelines for
 4-channel UNets, applied to every family. Text-to-image samples never enter here, and
 all of this happens outside the forward, so these samples share forwards with
-text-to-image samples of the same key.
+text-to-image samples of the same key. A family whose init image is a reference image
+(`FamilySpec.references`: FLUX.2) never enters here either: its adapter makes the image
+part of the sample's row conditioning, and the sample starts from noise.
 
 A model whose denoiser has mask channels (an inpainting UNet, `has_mask_channels`) is
 different, as in diffusers' inpaint pipelines: no latent blend; instead every sample,
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from batching.families import FAMILIES
 from batching.image_inputs import job_images
 from batching.plan import NewSample
 
@@ -62,6 +65,8 @@ def encode_init_images(
     error that refused it; one VAE call per size (per sample with `one_at_a_time`: deterministic mode, where no
     batch size may vary)."""
     results: dict[str, EncodedImage | Exception] = {}
+    if FAMILIES[adapter.family].references is not None:  # init images are reference images: the adapter's conditioning
+        return results
     by_size: dict[Any, list[tuple[str, list[torch.Tensor], torch.Tensor | None]]] = {}
     for new in new_samples:
         if new.params.init_image is None and not adapter.has_mask_channels:

@@ -117,14 +117,17 @@ class GenerationParams:
         image_width = image_height = 0
         if (self.height is None or self.width is None) and is_data_uri(self.init_image):
             image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
-            for name, value in (("width", image_width), ("height", image_height)):
+            sizes = (("width", image_width), ("height", image_height))
+            if spec.references is not None:  # the reference's size as its pipeline reads it (see ReferenceRules)
+                sizes = tuple(zip(("width", "height"), spec.references.scaled_size(image_width, image_height)))
+            for name, value in sizes:
                 if getattr(self, name) is None:
-                    if self.resize_mode in RESIZE_MODES[1:]:  # as diffusers does: the largest multiple below
-                        value -= value % spec.size_multiple
+                    if self.resize_mode in RESIZE_MODES[1:] or spec.references is not None:
+                        value -= value % spec.size_multiple  # as diffusers does: the largest multiple below
                     object.__setattr__(self, name, value)
                     from_image.append(name)
         if self.strength is None:
-            only_init = self.init_image is not None and self.mask_image is None
+            only_init = self.init_image is not None and self.mask_image is None and spec.references is None
             object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
         defaults = {
             "height": spec.default_size,
@@ -255,6 +258,8 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     if p.mask_image is not None and p.init_image is None:
         raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
     strength = _check_number(p, "strength", 0.0, 1.0)
+    if p.init_image is not None and spec.references is not None:
+        _refuse_start_image_fields(p, spec.name)
     if strength == 0.0:
         raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
     if strength != 1.0 and p.init_image is None:
@@ -268,6 +273,22 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     if p.output_format not in OUTPUT_FORMATS:
         raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(OUTPUT_FORMATS)}")
     _check_int(p, "output_quality", 1, 100)
+
+
+def _refuse_start_image_fields(p: GenerationParams, family: str) -> None:
+    """A reference image (FamilySpec.references) conditions the whole run at its own size: nothing starts from it."""
+    for name, is_set in (
+        ("mask_image", p.mask_image is not None),
+        ("strength", p.strength != 1.0),
+        ("resize_mode", p.resize_mode != "none"),
+    ):
+        if is_set:
+            raise InvalidParamsError(
+                name,
+                "<image>" if name == "mask_image" else getattr(p, name),
+                f"is not supported by {family} models: their init_image is a reference image that conditions "
+                "the whole run at its own size (no mask, strength or resize)",
+            )
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:

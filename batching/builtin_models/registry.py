@@ -21,7 +21,7 @@ BUILTIN_PREFIX = "builtin:"
 @dataclass(frozen=True)
 class BuiltinModel:
     version: str  # bump when the configs or the seeds change: the cache folder is keyed on it
-    family: str  # the diffusers pipeline family: "sd", "sdxl", "flux" or "zimage"
+    family: str  # the diffusers pipeline family: a key of batching.families.FAMILIES
     builder: str  # module with `build_pipeline(name)`, imported only to build
     shipped_folder: Path | None = None  # a trained model that ships in the package: used as is, never built
 
@@ -33,6 +33,7 @@ BUILTIN_MODELS = {
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
+    "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.builtins.flux2"),
     "shapes": BuiltinModel(
         version="v1",
         family="sd",
@@ -51,7 +52,7 @@ def builtin_names() -> list[str]:
 
 
 def builtin_family(model: str) -> str:
-    """The family of a built-in model ("sd", "sdxl", "flux", "zimage")."""
+    """The family of a built-in model (a key of batching.families.FAMILIES)."""
     return BUILTIN_MODELS[_short_name(model)].family
 
 

@@ -12,6 +12,7 @@ import torch
 from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
+from batching.pipelines.flux2 import Flux2Adapter
 from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -19,8 +20,14 @@ from batching.pipelines.zimage import ZImageAdapter
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "load_model", "resolve_device", "resolve_dtype"]
 
-AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter]
-ADAPTERS: tuple[AdapterClass, ...] = (StableDiffusionAdapter, StableDiffusionXLAdapter, FluxAdapter, ZImageAdapter)
+AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter | Flux2Adapter]
+ADAPTERS: tuple[AdapterClass, ...] = (
+    StableDiffusionAdapter,
+    StableDiffusionXLAdapter,
+    FluxAdapter,
+    ZImageAdapter,
+    Flux2Adapter,
+)
 
 
 def adapter_class(family: str) -> AdapterClass:
