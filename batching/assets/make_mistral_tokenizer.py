@@ -32,8 +32,10 @@ from batching.assets.make_tokenizer import WORDS, bytes_to_unicode, write_tokeni
 
 OUT_DIR = Path(__file__).resolve().parent / "tiny-mistral-tokenizer"
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
-CONTROL_TOKENS = (UNK, BOS, EOS, "[INST]", "[/INST]", "[IMG]", PAD, "[IMG_BREAK]", "[IMG_END]")
-CONTROL_TOKENS += ("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
+CONTROL_TOKENS = (
+    *(UNK, BOS, EOS, "[INST]", "[/INST]", "[IMG]", PAD, "[IMG_BREAK]", "[IMG_END]"),
+    *("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+)
 MODEL_MAX_LENGTH = 512  # Flux2Pipeline's max_sequence_length
 # The words of diffusers' FLUX.2 system message (pipelines/flux2/system_messages.py), so it is a few tokens.
 SYSTEM_WORDS = """

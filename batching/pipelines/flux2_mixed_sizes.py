@@ -32,7 +32,8 @@ class Flux2RowAttention:
         from diffusers.models.transformers.transformer_flux2 import Flux2Attention, Flux2ParallelSelfAttention
 
         self.layout: RowLayout | None = None
-        joint, fused = _JointAttention(self), _FusedAttention(self)
+        joint: Any = _JointAttention(self)  # duck-typed processors: diffusers' annotation lists its own classes
+        fused: Any = _FusedAttention(self)
         for module in transformer.modules():
             if isinstance(module, Flux2Attention):
                 module.set_processor(joint)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from PIL import Image
 
 from api.errors import ApiError
 from api.fleet import Fleet
 from api.settings import ApiSettings
 from api.submission import validate_job
+from batching.image_inputs import to_data_uri
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
 
@@ -35,3 +39,23 @@ def test_a_flux_job_without_size_or_guidance_gets_the_family_defaults(validate):
     job = validate({"prompt": "a fox", "model": "builtin:tiny-flux"})
 
     assert (job.params.guidance_scale, job.params.sampler, job.params.width % 16) == (3.5, "euler", 0)
+
+
+def picture_uri(width: int, height: int) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 80, 40)).save(buffer, format="PNG")
+    return to_data_uri(buffer.getvalue(), "image/png")
+
+
+def test_a_flux2_job_with_a_reference_image_refuses_start_image_fields_and_unusable_references(validate):
+    reference = picture_uri(64, 64)
+    for field, value in (("mask_image", reference), ("strength", 0.5), ("resize_mode", "stretch")):
+        with pytest.raises(ApiError) as error:
+            validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": reference, field: value})
+        assert (error.value.status, error.value.field) == (422, field)
+    with pytest.raises(ApiError) as error:  # under the pipeline's 64 pixels a side
+        validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(48, 64)})
+    assert (error.value.status, error.value.field) == (422, "init_image")
+
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(72, 100)})
+    assert (job.params.width, job.params.height, job.params.strength) == (64, 96, 1.0)  # its size, cropped to 16s

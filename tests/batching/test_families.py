@@ -28,6 +28,7 @@ FAMILIES = [
     Family("sdxl", "builtin:tiny-sdxl", "StableDiffusionXLPipeline", (5.0, 1.0, 8.0, 3.0), "blurry"),
     Family("flux", "builtin:tiny-flux", "FluxPipeline", (3.5, 1.0, 6.0, 2.0), ""),
     Family("zimage", "builtin:tiny-zimage", "ZImagePipeline", (4.0, 0.0, 6.0, 2.0), "blurry"),
+    Family("flux2", "builtin:tiny-flux2", "Flux2Pipeline", (4.0, 1.0, 6.0, 2.0), ""),
 ]
 
 
@@ -126,6 +127,10 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
         ("builtin:tiny-zimage", "height", 72),
         ("builtin:tiny-zimage", "sampler", "euler_ancestral"),
         ("builtin:tiny-sdxl", "width", 60),
+        ("builtin:tiny-flux2", "sampler", "euler_ancestral"),
+        ("builtin:tiny-flux2", "height", 72),
+        ("builtin:tiny-flux2", "guidance_scale", 25.0),
+        ("builtin:tiny-flux2", "negative_prompt", "blurry"),
     ],
 )
 def test_params_a_family_does_not_support_are_refused_naming_the_field(model, field, value):
@@ -185,7 +190,12 @@ def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[Generati
 
 
 @pytest.mark.parametrize(
-    "model, guidances", [("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)), ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))]
+    "model, guidances",
+    [
+        ("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
+        ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)),
+        ("builtin:tiny-flux2", (4.0, 1.0, 2.0, 5.0)),
+    ],
 )
 def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):
     params_list = mixed_size_params(model, guidances)
