@@ -1,17 +1,18 @@
 """Image-to-image and inpainting samples in the model runner: their start and their per-step blend.
 
-At admission, the init images of the iteration's new samples are decoded and resized
-(`batching.image_inputs`, Pillow) and VAE-encoded in one call per size; each sample then
-starts at the step its strength implies (`NewSample.first_step`) from its image latents
+At admission, the init images of the iteration's new samples (decoded and resized once per
+job at submit, `batching.image_inputs.input_images`) are VAE-encoded in one call per size; each sample then
+starts at the step its strength implies (`Sample.first_step`) from its image latents
 noised to that step (the adapter's `ImageLatentsMixin`). An inpainting sample keeps its
 image latents, its noise and its latent mask (`InpaintGuide`): after every step, the
 region outside the mask is replaced by the image latents re-noised to the next timestep
 (clean after the last one), the latent-blend method of diffusers' inpaint pipelines for
 4-channel UNets, applied to every family. Text-to-image samples never enter here, and
 all of this happens outside the forward, so these samples share forwards with
-text-to-image samples of the same key. A family whose init image is a reference image
-(`FamilySpec.references`: FLUX.2) never enters here either: its adapter makes the image
-part of the sample's row conditioning, and the sample starts from noise.
+text-to-image samples of the same key. Nor do the samples of an adapter whose init
+image conditions its rows instead (`edits_init_image`: edit models, and FLUX.2's reference
+images): they start from noise, and the encoder adds the adapter's `image_conditioning`
+to their rows.
 
 A model whose denoiser has mask channels (an inpainting UNet, `has_mask_channels`) is
 different, as in diffusers' inpaint pipelines: no latent blend; instead every sample,
@@ -26,14 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from batching.families import FAMILIES
-from batching.image_inputs import job_images
-from batching.plan import NewSample
+from batching.pipelines.contract import PipelineAdapter
+from batching.sample import Sample
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 
 @dataclass(slots=True)
@@ -59,23 +62,17 @@ class InpaintGuide:
 
 
 def encode_init_images(
-    adapter: Any, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
+    adapter: PipelineAdapter, new_samples: Sequence[Sample], *, one_at_a_time: bool = False
 ) -> dict[str, EncodedImage | Exception]:
     """The encoded init image (and masked image, for mask channels) of each new sample that needs one, or the
     error that refused it; one VAE call per size (per sample with `one_at_a_time`: deterministic mode, where no
     batch size may vary)."""
     results: dict[str, EncodedImage | Exception] = {}
-    if FAMILIES[adapter.family].references is not None:  # init images are reference images: the adapter's conditioning
-        return results
     by_size: dict[Any, list[tuple[str, list[torch.Tensor], torch.Tensor | None]]] = {}
     for new in new_samples:
-        if new.params.init_image is None and not adapter.has_mask_channels:
+        if (new.params.init_image is None and not adapter.has_mask_channels) or adapter.edits_init_image:
             continue
-        try:
-            init, mask = job_images(new.params)
-        except Exception as e:
-            results[new.sample_id] = e
-            continue
+        init, mask = (new.images.init, new.images.mask) if new.images is not None else (None, None)
         size = (new.params.height, new.params.width)
         to_encode = [] if init is None else [_to_pixels(init)]  # [1, 3, H, W] in [-1, 1]
         mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
@@ -109,7 +106,7 @@ def _to_pixels(image: Any) -> torch.Tensor:
 
 
 def start_from_image(
-    adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: Sample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """The sample's first latents (image latents noised to its first step), and its inpaint guide or its
     mask channels."""
@@ -132,13 +129,15 @@ def start_from_image(
 
 
 def _start_with_mask_channels(
-    adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: Sample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """Draws in diffusers' inpaint pipeline's order: the init image's latents only when the sample starts from
     it (strength < 1), then the noise, then the masked image's latents."""
     assert encoded.masked is not None and encoded.mask is not None  # set for every sample of such a model
-    noise_first = new.params.strength == 1.0
-    image_latents = None if noise_first else adapter.image_latents(encoded.mean, encoded.std, generator)
+    image_latents = None
+    if new.params.strength < 1.0:  # strength below 1 needs an init image
+        assert encoded.mean is not None and encoded.std is not None
+        image_latents = adapter.image_latents(encoded.mean, encoded.std, generator)
     noise = adapter.draw_noise(new.params, generator)
     masked_image_latents = adapter.image_latents(*encoded.masked, generator)  # [1, c, h, w]
     if image_latents is None:
@@ -148,9 +147,9 @@ def _start_with_mask_channels(
     return ImageStart(latents, row_inputs=adapter.mask_conditioning(encoded.mask, masked_image_latents))
 
 
-def blend_unmasked(adapter: Any, sample: Any) -> None:
+def blend_unmasked(adapter: PipelineAdapter, sample: SampleTensors) -> None:
     """After a step: outside the mask, put back the image latents noised to the next timestep."""
-    guide: InpaintGuide | None = sample.guide
+    guide = sample.guide
     if guide is None:
         return
     if sample.is_finished:

@@ -117,17 +117,20 @@ class GenerationParams:
         image_width = image_height = 0
         if (self.height is None or self.width is None) and is_data_uri(self.init_image):
             image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
-            sizes = (("width", image_width), ("height", image_height))
-            if spec.references is not None:  # the reference's size as its pipeline reads it (see ReferenceRules)
-                sizes = tuple(zip(("width", "height"), spec.references.scaled_size(image_width, image_height)))
-            for name, value in sizes:
+            if spec.init_image_role == "edit":  # the edit pipeline's output size for the image
+                output_width, output_height = spec.edit_size(image_width, image_height)
+            elif spec.reference_rules is not None:  # the reference's size as its pipeline reads it
+                output_width, output_height = spec.reference_rules.scaled_size(image_width, image_height)
+            else:
+                output_width, output_height = image_width, image_height
+            for name, value in (("width", output_width), ("height", output_height)):
                 if getattr(self, name) is None:
-                    if self.resize_mode in RESIZE_MODES[1:] or spec.references is not None:
+                    if self.resize_mode in RESIZE_MODES[1:] or spec.init_image_role == "reference":
                         value -= value % spec.size_multiple  # as diffusers does: the largest multiple below
                     object.__setattr__(self, name, value)
                     from_image.append(name)
         if self.strength is None:
-            only_init = self.init_image is not None and self.mask_image is None and spec.references is None
+            only_init = self.init_image is not None and self.mask_image is None and spec.init_image_role == "start"
             object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
         defaults = {
             "height": spec.default_size,
@@ -170,14 +173,16 @@ class GenerationParams:
         """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
         assert self.seed is not None  # drawn in __post_init__ when none is given
+        if self.num_images == 1:
+            return self
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
 
     def steps_to_run(self, family: str | None = None) -> int:
         """Denoise steps each sample runs: all of them for text-to-image, the last `strength` fraction
         (as the family's diffusers img2img pipeline rounds it) with an init image."""
-        if self.init_image is None:
-            return self.num_inference_steps
         spec = FAMILIES[family] if family else self.family_spec
+        if self.init_image is None or spec.init_image_role in ("edit", "reference"):
+            return self.num_inference_steps
         return spec.steps_to_run(self.num_inference_steps, self.strength)
 
     def total_steps(self, family: str | None = None) -> int:
@@ -255,16 +260,22 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     for name in ("init_image", "mask_image"):
         if getattr(p, name) is not None:
             check_reference(name, getattr(p, name))
+    if spec.init_image_role in ("edit", "reference"):
+        _validate_edit_fields(p, spec)
+    if spec.init_image_role == "none" and p.init_image is not None:
+        raise InvalidParamsError("init_image", "<image>", f"is not supported by {spec.name} models yet")
     if p.mask_image is not None and p.init_image is None:
         raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
     strength = _check_number(p, "strength", 0.0, 1.0)
-    if p.init_image is not None and spec.references is not None:
-        _refuse_start_image_fields(p, spec.name)
     if strength == 0.0:
         raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
     if strength != 1.0 and p.init_image is None:
         raise InvalidParamsError("strength", p.strength, "needs an init_image")
-    if p.init_image is not None and spec.steps_to_run(p.num_inference_steps, strength) < 1:
+    if (
+        p.init_image is not None
+        and spec.init_image_role == "start"
+        and spec.steps_to_run(p.num_inference_steps, strength) < 1
+    ):
         raise InvalidParamsError(
             "strength", p.strength, f"runs no step of {p.num_inference_steps}: raise strength or num_inference_steps"
         )
@@ -275,20 +286,21 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     _check_int(p, "output_quality", 1, 100)
 
 
-def _refuse_start_image_fields(p: GenerationParams, family: str) -> None:
-    """A reference image (FamilySpec.references) conditions the whole run at its own size: nothing starts from it."""
-    for name, is_set in (
-        ("mask_image", p.mask_image is not None),
-        ("strength", p.strength != 1.0),
-        ("resize_mode", p.resize_mode != "none"),
-    ):
-        if is_set:
-            raise InvalidParamsError(
-                name,
-                "<image>" if name == "mask_image" else getattr(p, name),
-                f"is not supported by {family} models: their init_image is a reference image that conditions "
-                "the whole run at its own size (no mask, strength or resize)",
-            )
+def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
+    """An edit model's job edits its init_image, and a reference model's job is conditioned on it: whole, at the
+    pipeline's size for it, with every step (strength does not apply: a folder model's job gets img2img's
+    default before its family is known)."""
+    if p.init_image is None:
+        if spec.init_image_role == "reference":
+            return
+        raise InvalidParamsError("init_image", None, f"is required by {spec.name} models: the image to edit")
+    what = "edit the whole image" if spec.init_image_role == "edit" else "read init_image as a reference image"
+    if p.mask_image is not None:
+        raise InvalidParamsError("mask_image", "<image>", f"is not supported by {spec.name} models (they {what})")
+    if p.resize_mode != "none":
+        raise InvalidParamsError(
+            "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
+        )
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:

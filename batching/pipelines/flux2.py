@@ -11,12 +11,12 @@ and the step count. FLUX.2-dev is guidance-distilled: one row per sample, its gu
 per-row model input. Decode undoes the VAE's batch-norm normalisation, unpatchifies and
 runs the VAE.
 
-Reference images (multi-reference editing): a job's `init_image` is read as the pipeline
-reads its `image` (`batching.image_inputs.reference_image`), VAE-encoded to its mode,
-patchified, normalised, and its tokens follow the noise tokens in the sequence with ids
-(10, row, column, 0); the model's prediction for them is dropped. They are row
-conditioning ("reference", "image_ids"), so a job with references shares forwards with
-plain jobs: rows whose token counts or positions differ (sizes, references) are padded
+Reference images (multi-reference editing): a job's `init_image` is read at submit as
+the pipeline reads its `image` (`batching.image_inputs.reference_image`), VAE-encoded to
+its mode, patchified, normalised, and its tokens follow the noise tokens in the sequence
+with ids (10, row, column, 0); the model's prediction for them is dropped. They are row
+conditioning (`image_conditioning`: "reference", "image_ids"), so a job with references
+shares forwards with plain jobs: rows whose token counts or positions differ (sizes, references) are padded
 and run the attention of `flux2_mixed_sizes` (per-row positions, padding keys masked);
 a forward whose rows agree runs diffusers' attention as is.
 """
@@ -32,14 +32,14 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.image_inputs import job_images
+from batching.image_inputs import InputImages
 from batching.params import GenerationParams
 from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux2_mixed_sizes import Flux2RowAttention
 from batching.pipelines.flux_mixed_sizes import RowLayout, row_layout
-from batching.pipelines.vae import raw_latents_to_images
+from batching.pipelines.vae import pixels_to_images
 
 MAX_SEQUENCE_LENGTH = 512  # Flux2Pipeline's default
 REFERENCE_TIME_STEP = 10  # the time coordinate of the i-th reference image is 10 + 10 * i
@@ -50,6 +50,7 @@ class Flux2Adapter(AdapterBase):
     family = "flux2"
     pipeline_classes = ("Flux2Pipeline",)
     max_rows_per_sample = 1
+    edits_init_image = True  # a reference image: image_conditioning, and the sample starts from noise
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -88,13 +89,20 @@ class Flux2Adapter(AdapterBase):
 
     def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
         guidance = torch.tensor(float(params.guidance_scale), device=self.device, dtype=torch.float32)
-        image_ids = self._image_ids(params)  # [tokens, 4]
-        if params.init_image is None:
-            reference = torch.zeros(0, self.num_channels, device=self.device, dtype=self.dtype)
-        else:
-            reference, reference_ids = self._reference(params)
-            image_ids = torch.cat([image_ids, reference_ids])  # the noise tokens, then the reference's
-        return [{**encoded[params.prompt], "guidance": guidance, "reference": reference, "image_ids": image_ids}]
+        no_reference = torch.zeros(0, self.num_channels, device=self.device, dtype=self.dtype)
+        return [
+            {
+                **encoded[params.prompt],
+                "guidance": guidance,
+                "reference": no_reference,
+                "image_ids": self._image_ids(params),
+            }
+        ]
+
+    def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning:
+        """The reference image's tokens [r, c], and the row's image ids: the noise tokens', then the reference's."""
+        reference, reference_ids = self._reference(params, images.init)
+        return {"reference": reference, "image_ids": torch.cat([self._image_ids(params), reference_ids])}
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         joint_dim = self.transformer.config.joint_attention_dim
@@ -146,6 +154,7 @@ class Flux2Adapter(AdapterBase):
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
         return rows  # guidance went into the forward
 
+    @torch.inference_mode()
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
         height, width = self._token_grid(params_list[0])
         patches = latents.transpose(1, 2).reshape(latents.shape[0], self.num_channels, height, width)
@@ -153,14 +162,15 @@ class Flux2Adapter(AdapterBase):
         patches = patches * std + mean
         channels = self.num_channels // 4  # the VAE's: unpatchify the 2x2 patches
         raw = patches.reshape(latents.shape[0], channels, 2, 2, height, width).permute(0, 1, 4, 2, 5, 3)
-        return raw_latents_to_images(self.vae, raw.reshape(latents.shape[0], channels, 2 * height, 2 * width))
+        raw = raw.reshape(latents.shape[0], channels, 2 * height, 2 * width)
+        return pixels_to_images(self.vae.decode(raw, return_dict=False)[0])
 
-    def _reference(self, params: GenerationParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _reference(self, params: GenerationParams, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The init image's tokens [r, c] and their ids [r, 4], as the pipeline encodes a reference image."""
         assert params.init_image is not None
         encoded = self._references.get(params.init_image)
         if encoded is None:
-            encoded = self._encode_reference(params)
+            encoded = self._encode_reference(image)
             self._references[params.init_image] = encoded
             while len(self._references) > NUM_CACHED_REFERENCES:
                 self._references.popitem(last=False)
@@ -168,9 +178,8 @@ class Flux2Adapter(AdapterBase):
         return encoded
 
     @torch.inference_mode()
-    def _encode_reference(self, params: GenerationParams) -> tuple[torch.Tensor, torch.Tensor]:
-        image, _ = job_images(params, self.family)  # scaled and cropped as the pipeline prepares it
-        assert image is not None
+    def _encode_reference(self, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """`image`: RGB, scaled and cropped as the pipeline prepares a reference (batching.image_inputs)."""
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
         raw = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist.mode()  # [1, c/4, h, w]
         _, channels, height, width = raw.shape

@@ -19,19 +19,22 @@ def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
         shape = (1, -1, 1, 1)
         mean = torch.tensor(latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
         std = torch.tensor(latents_std, device=latents.device, dtype=latents.dtype).view(shape)
-        return raw_latents_to_images(vae, latents * std / config.scaling_factor + mean)
+        return _to_images(vae, latents * std / config.scaling_factor + mean)
     latents = latents / config.scaling_factor
     if getattr(config, "shift_factor", None):
         latents = latents + config.shift_factor
-    return raw_latents_to_images(vae, latents)
+    return _to_images(vae, latents)
 
 
-@torch.inference_mode()
-def raw_latents_to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
-    """Latents [n, c, h, w] as the VAE's decoder takes them (already scaled back) to n RGB images. None for an
-    image with a NaN or infinite pixel (non-finite latents, or a VAE overflowing in half precision): cast to
+def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
+    return pixels_to_images(vae.decode(latents, return_dict=False)[0])
+
+
+def pixels_to_images(pixels: torch.Tensor) -> list[Image.Image | None]:
+    """Decoded pixels [n, 3, H, W] in [-1, 1] to RGB images as diffusers' image processor makes them; None for
+    an image with a NaN or infinite pixel (non-finite latents, or a VAE overflowing in half precision): cast to
     bytes it would be a black or noisy picture that looks like a result."""
-    pixels = vae.decode(latents, return_dict=False)[0].float()  # [n, 3, H, W] in [-1, 1]
+    pixels = pixels.float()
     is_finite = torch.isfinite(pixels).flatten(1).all(1).cpu().tolist()  # [n]
     pixels = (pixels / 2 + 0.5).clamp(0, 1)
     array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()

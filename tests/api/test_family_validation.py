@@ -41,6 +41,40 @@ def test_a_flux_job_without_size_or_guidance_gets_the_family_defaults(validate):
     assert (job.params.guidance_scale, job.params.sampler, job.params.width % 16) == (3.5, "euler", 0)
 
 
+@pytest.mark.parametrize("field, value", [("sampler", "ddim"), ("height", 72), ("guidance_scale", 51.0)])
+def test_an_sd3_job_the_family_cannot_run_gets_422_naming_the_field(validate, field, value):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": "builtin:tiny-sd3", field: value})
+
+    assert (error.value.status, error.value.field) == (422, field)
+
+
+def test_an_sd3_job_takes_a_negative_prompt_and_the_family_defaults(validate):
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-sd3", "negative_prompt": "blurry"})
+
+    assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (7.0, "euler", "blurry")
+
+
+@pytest.mark.parametrize(
+    "model, field, value",
+    [
+        ("builtin:tiny-qwen-image", "sampler", "ddim"),
+        ("builtin:tiny-qwen-image", "width", 72),
+        ("builtin:tiny-qwen-image-edit", "init_image", None),  # an edit job without the image to edit
+        ("builtin:tiny-qwen-image-edit", "height", 72),
+    ],
+)
+def test_a_qwen_image_job_the_family_cannot_run_gets_422_naming_the_field(validate, model, field, value):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": model, **({field: value} if value is not None else {})})
+
+    assert (error.value.status, error.value.field) == (422, field)
+
+
+def test_a_qwen_image_job_without_guidance_gets_the_true_cfg_default_of_its_pipeline(validate):
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-qwen-image", "negative_prompt": "blurry"})
+
+    assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (4.0, "euler", "blurry")
 def picture_uri(width: int, height: int) -> str:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (200, 80, 40)).save(buffer, format="PNG")
@@ -49,7 +83,7 @@ def picture_uri(width: int, height: int) -> str:
 
 def test_a_flux2_job_with_a_reference_image_refuses_start_image_fields_and_unusable_references(validate):
     reference = picture_uri(64, 64)
-    for field, value in (("mask_image", reference), ("strength", 0.5), ("resize_mode", "stretch")):
+    for field, value in (("mask_image", reference), ("resize_mode", "stretch")):
         with pytest.raises(ApiError) as error:
             validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": reference, field: value})
         assert (error.value.status, error.value.field) == (422, field)

@@ -1,4 +1,4 @@
-"""The built-in SDXL, FLUX, Z-Image and FLUX.2 models: built offline, reproducible, and usable by diffusers itself."""
+"""The built-in SDXL, FLUX, Z-Image, Qwen-Image, SD3 and FLUX.2 models: built offline, reproducible, and usable by diffusers itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import Flux2Pipeline, FluxPipeline, StableDiffusionXLPipeline, ZImagePipeline
+from diffusers import (
+    Flux2Pipeline,
+    FluxPipeline,
+    QwenImagePipeline,
+    StableDiffusion3Pipeline,
+    StableDiffusionXLPipeline,
+    ZImagePipeline,
+)
 
 from batching.builtin_model import (
     build_builtin_pipeline,
@@ -35,6 +42,8 @@ CASES = [
     FamilyCase("builtin:tiny-sdxl", "sdxl", StableDiffusionXLPipeline, 64),
     FamilyCase("builtin:tiny-flux", "flux", FluxPipeline, 64),
     FamilyCase("builtin:tiny-zimage", "zimage", ZImagePipeline, 64),
+    FamilyCase("builtin:tiny-qwen-image", "qwenimage", QwenImagePipeline, 64),
+    FamilyCase("builtin:tiny-sd3", "sd3", StableDiffusion3Pipeline, 64),
     FamilyCase("builtin:tiny-flux2", "flux2", Flux2Pipeline, 64),
 ]
 
