@@ -155,6 +155,16 @@ FAMILIES: dict[str, FamilySpec] = {
             init_image_role="reference",
             reference_rules=ReferenceRules(),
         ),
+        FamilySpec(  # FLUX.2 [klein] (Flux2KleinPipeline): true CFG above 1 (none for step-distilled checkpoints)
+            name="flux2_klein",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            default_steps=28,
+            mixes_sizes=True,
+            init_image_role="reference",
+            reference_rules=ReferenceRules(),
+        ),
         FamilySpec(  # its pipeline runs CFG for any guidance above 0
             name="zimage",
             samplers=FLOW_SAMPLERS,

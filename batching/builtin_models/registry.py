@@ -40,6 +40,7 @@ BUILTIN_MODELS = {
     ),
     "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.builtins.sd3"),
     "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.builtins.flux2"),
+    "tiny-flux2-klein": BuiltinModel(version="v1", family="flux2_klein", builder="batching.pipelines.builtins.flux2"),
     "shapes": BuiltinModel(
         version="v1",
         family="sd",

@@ -13,6 +13,7 @@ from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
 from batching.pipelines.flux2 import Flux2Adapter
+from batching.pipelines.flux2_klein import Flux2KleinAdapter
 from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.sd3 import StableDiffusion3Adapter
@@ -33,6 +34,7 @@ ADAPTERS: tuple[AdapterClass, ...] = (
     QwenImageAdapter,
     StableDiffusion3Adapter,
     Flux2Adapter,
+    Flux2KleinAdapter,
 )
 
 

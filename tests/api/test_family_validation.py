@@ -75,6 +75,8 @@ def test_a_qwen_image_job_without_guidance_gets_the_true_cfg_default_of_its_pipe
     job = validate({"prompt": "a fox", "model": "builtin:tiny-qwen-image", "negative_prompt": "blurry"})
 
     assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (4.0, "euler", "blurry")
+
+
 def picture_uri(width: int, height: int) -> str:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (200, 80, 40)).save(buffer, format="PNG")

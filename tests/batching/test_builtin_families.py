@@ -1,4 +1,4 @@
-"""The built-in SDXL, FLUX, Z-Image, Qwen-Image, SD3 and FLUX.2 models: built offline, reproducible, and usable by diffusers itself."""
+"""The built-in models of every family but SD: built offline, reproducible, and usable by diffusers itself."""
 
 from __future__ import annotations
 

@@ -144,3 +144,32 @@ def test_a_large_reference_sets_the_size_the_pipeline_would_scale_it_to():
 
     # Area capped at 1024 * 1024 (scale 0.7066...: 1483 x 706), then floored to multiples of 16.
     assert (params.width, params.height, params.strength) == (1472, 704, 1.0)
+
+
+KLEIN = "builtin:tiny-flux2-klein"
+
+
+def test_klein_runs_true_cfg_rows_beside_single_rows_each_equal_to_itself_alone_and_to_diffusers():
+    reference = png_data_uri(reference_picture())
+    workload = [
+        flux2_params(model=KLEIN, prompt="a red fox", seed=1, num_inference_steps=5, guidance_scale=4.0),
+        flux2_params(model=KLEIN, prompt="a blue bird", seed=2, num_inference_steps=3, guidance_scale=1.0, height=96),
+        flux2_params(model=KLEIN, prompt="snow", seed=3, num_inference_steps=3, negative_prompt="blurry"),
+        flux2_params(model=KLEIN, prompt="a calm lake", seed=4, num_inference_steps=3, init_image=reference),
+    ]
+    engine = DiffusionEngine(EngineConfig(model=KLEIN, device="cpu", max_num_seqs=4, max_num_groups=1))
+    try:
+        alone = run_alone(engine, workload)
+        together = run_staggered(engine, workload)
+        stats = engine.stats()
+    finally:
+        engine.shutdown(abort=True)
+
+    for params, image_alone, image_together in zip(workload, alone, together):
+        assert max_pixel_diff(image_alone, image_together) <= 1, params.prompt
+    assert stats["family"] == "flux2_klein"
+    assert max(stats["rows_per_forward"]) >= 5, "CFG jobs' two rows beside a job's one"
+    pipeline = own_pipeline(KLEIN, "Flux2KleinPipeline")  # its unconditional prompt is always empty
+    for params, image in [(workload[0], alone[0]), (workload[3], alone[3])]:
+        expected = own_pipeline_image(pipeline, params, image=reference_picture() if params.init_image else None)
+        assert max_pixel_diff(image, expected) <= 2

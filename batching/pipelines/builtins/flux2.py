@@ -1,4 +1,4 @@
-"""builtin:tiny-flux2: a Flux2Pipeline with FLUX.2-dev's structure at toy size.
+"""builtin:tiny-flux2: a Flux2Pipeline with FLUX.2-dev's structure at toy size (and builtin:tiny-flux2-klein).
 
 Like FLUX.2-dev: a Mistral 3 text encoder (a language model with a Pixtral vision tower)
 whose hidden states after layers 10, 20 and 30 are stacked per token into the prompt
@@ -19,8 +19,10 @@ from typing import Any
 from batching.builtin_models.components import ASSETS_DIR, TINY_VAE_CHANNELS, seeded
 
 MISTRAL_TOKENIZER_DIR = ASSETS_DIR / "tiny-mistral-tokenizer"
+QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"  # Z-Image's: Qwen3's chat template, thinking on or off
 TEXT_HIDDEN_SIZE = 16  # the text encoder's width (FLUX.2-dev: 5120)
 TEXT_LAYERS = 30  # Flux2Pipeline reads the hidden states after layers 10, 20 and 30
+KLEIN_TEXT_LAYERS = 27  # Flux2KleinPipeline: after layers 9, 18 and 27
 NUM_TEXT_LAYERS_READ = 3
 LATENT_CHANNELS = 8  # the VAE's (FLUX.2: 32); the transformer takes 2x2 patches of them
 PATCH_TOKENS = 2 * 2
@@ -33,6 +35,8 @@ ATTENTION_GAIN = 3.0
 
 
 def build_pipeline(name: str):
+    if name == "tiny-flux2-klein":
+        return build_klein_pipeline()
     from diffusers import Flux2Pipeline
     from transformers import AutoTokenizer
 
@@ -49,6 +53,30 @@ def build_pipeline(name: str):
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
         transformer=transformer.eval(),
+    )
+
+
+def build_klein_pipeline():
+    """builtin:tiny-flux2-klein: FLUX.2 [klein] (base, not step-distilled) at toy size: the same transformer
+    without a guidance embedder (it runs true CFG), the same VAE, and a Qwen3 text encoder whose states after
+    layers 9, 18 and 27 are stacked per token, on the prompt in Qwen3's chat template (thinking off)."""
+    from diffusers import Flux2KleinPipeline
+    from transformers import Qwen2Tokenizer
+
+    tokenizer = Qwen2Tokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
+    with seeded(0):
+        transformer = flux2_transformer(TEXT_HIDDEN_SIZE * NUM_TEXT_LAYERS_READ, guidance_embeds=False)
+    with seeded(1):
+        vae = flux2_vae()
+    with seeded(2):
+        text_encoder = qwen3_text_encoder(tokenizer)
+    return Flux2KleinPipeline(
+        scheduler=flux2_scheduler(),
+        vae=vae.eval(),
+        text_encoder=text_encoder.eval(),
+        tokenizer=tokenizer,
+        transformer=transformer.eval(),
+        is_distilled=False,
     )
 
 
@@ -140,5 +168,24 @@ def mistral3_text_encoder(tokenizer):
             image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
             spatial_merge_size=1,
             vision_feature_layer=-1,
+        )
+    )
+
+
+def qwen3_text_encoder(tokenizer):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=TEXT_HIDDEN_SIZE,
+            intermediate_size=2 * TEXT_HIDDEN_SIZE,
+            num_hidden_layers=KLEIN_TEXT_LAYERS,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            head_dim=TEXT_HIDDEN_SIZE,
+            max_position_embeddings=tokenizer.model_max_length,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
         )
     )
