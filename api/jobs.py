@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 
 from flask import Blueprint, Response, g, redirect, request
 from pydantic import ValidationError
+from werkzeug.routing import BaseConverter
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
@@ -38,6 +40,7 @@ from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
     InvalidTransitionError,
+    StorageError,
 )
 from storage.image_store import content_type_of_key
 from storage.job_store import JobRecord, JobState
@@ -49,6 +52,13 @@ bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 bp.before_request(require_tenant)
 
 MAX_JOB_ID_CHARS = 128
+DELETED_TOMBSTONE_SECONDS = 24 * 3600  # how long a worker still running a deleted job can learn it was deleted
+
+
+class JobIdConverter(BaseConverter):
+    """A job id in a path: anything but `batch`, so GET /v1/jobs/batch is 405 (only POST), not "job not found"."""
+
+    regex = r"(?!batch$)[^/]+"
 
 
 def own_job(job_id: str) -> JobRecord:
@@ -168,9 +178,26 @@ def list_jobs():
     return {"jobs": views_with_positions(records), "next_cursor": next_cursor}
 
 
-@bp.get("/<job_id>")
+@bp.get("/<jobid:job_id>")
 def get_job(job_id: str):
     return view_with_position(own_job(job_id))
+
+
+@bp.delete("/<jobid:job_id>")
+def delete_job(job_id: str):
+    """Remove the caller's job record and its images; a queued job is canceled first, a running one stops at
+    its next step (its worker finds the record gone and removes what it stored meanwhile)."""
+    record = own_job(job_id)
+    state = get_job_store().delete(job_id, DELETED_TOMBSTONE_SECONDS)
+    if state is None:
+        raise not_found()
+    if state is JobState.QUEUED:
+        send_canceled_webhook(dataclasses.replace(record, state=JobState.CANCELED))
+    try:
+        get_image_store().delete_job_images(job_id)
+    except StorageError as e:  # the record is gone; the images go at their retention (STEPWISE_IMAGE_TTL)
+        log.warning("job %s deleted, but not its images: %s", job_id, e)
+    return Response(status=204)
 
 
 @bp.post("/<job_id>/cancel")

@@ -15,6 +15,10 @@ class RedisKeys:
     def job(self, job_id: str) -> str:
         return f"{self.namespace}:job:{job_id}"
 
+    def deleted(self, job_id: str) -> str:
+        """A deleted job's tombstone, so a worker still running it cleans up after itself."""
+        return f"{self.namespace}:deleted:{job_id}"
+
     def tenant_index(self, tenant: str, state: JobState | None = None) -> str:
         """The tenant's jobs in `state`, or all of them; the tenant comes last so no name can collide."""
         return f"{self.namespace}:tenant-jobs:{state.value if state else 'all'}:{tenant}"
@@ -47,6 +51,16 @@ class RedisKeys:
     def workers(self) -> str:
         """Hash: worker id -> its latest heartbeat (storage.heartbeats)."""
         return f"{self.namespace}:workers"
+
+    @property
+    def api_keys(self) -> str:
+        """Hash: SHA-256 digest of an API key -> its record (storage.api_keys)."""
+        return f"{self.namespace}:api-keys"
+
+    @property
+    def api_key_ids(self) -> str:
+        """Hash: API key id -> its digest."""
+        return f"{self.namespace}:api-key-ids"
 
     @property
     def finished_counts(self) -> str:
