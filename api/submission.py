@@ -53,6 +53,7 @@ class ValidJob:
     webhook_events: list[str]
     request_hash: str  # identifies the body for Idempotency-Key replays
     priority: str
+    preview_every: int | None
 
 
 def request_hash(data: Any) -> str:
@@ -148,6 +149,7 @@ def validate_job(
         webhook_events=events if job.webhook_url else [],
         request_hash=request_hash(data),
         priority=priority,
+        preview_every=job.preview_every,
     )
 
 
@@ -286,6 +288,7 @@ def create_jobs(
             idempotency_key=key,
             request_hash=job.request_hash,
             priority=job.priority,
+            preview_every=job.preview_every,
         )
         for job, key in jobs
     ]

@@ -65,13 +65,14 @@ class JobRecord:
     idempotency_key: str | None = None
     queue: str | None = None  # the Celery queue of the job's model (storage.queues.generate_queue); None: older record
     priority: str = "normal"  # high, normal or low (batching.params.PRIORITIES)
+    preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 _FLOAT_FIELDS = frozenset(
     {"created_at", "started_at", "finished_at", "deadline", "lease_expires_at", "queued_seconds", "requeued_at"}
 )
-_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts"})
+_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts", "preview_every"})
 _BOOL_FIELDS = frozenset({"cancel_requested"})
 _JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})
 

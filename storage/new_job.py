@@ -35,6 +35,7 @@ class NewJobSpec:
     idempotency_key: str | None = None
     request_hash: str | None = None  # identifies the request body for idempotent replays
     priority: str = DEFAULT_PRIORITY
+    preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
     def new_record(self, job_id: str, now: float) -> JobRecord:
         assert self.tenant, "tenant must not be empty"
@@ -50,6 +51,7 @@ class NewJobSpec:
             idempotency_key=self.idempotency_key,
             queue=generate_queue(self.params.get("model", DEFAULT_MODEL)),
             priority=self.priority,
+            preview_every=self.preview_every,
         )
 
 
