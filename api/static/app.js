@@ -7,7 +7,10 @@
 const KEY_STORAGE = "stepwise.apiKey";
 const PAGE_SIZE = 8;
 const ENGINE_MS = 2000;
-const LIST_MS = 10000; // the first page is reread this often, for jobs submitted elsewhere
+const LIST_MS = 5000; // the first page is reread this often: jobs submitted elsewhere, live jobs not followed
+// A browser keeps at most 6 HTTP/1.1 connections to a host: follow at most 4 jobs' streams at once, so the
+// page's other requests always find a connection (the rest of the live jobs show through the list's rereads)
+const MAX_STREAMS = 4;
 const RECONNECT_MS = 2000;
 const PREVIEW_EVERY = 2; // steps between live previews, when the box is ticked
 const LIVE_STATES = new Set(["queued", "running"]);
@@ -17,6 +20,7 @@ const images = new Map(); // image URL -> blob: URL (fetched once)
 const streams = new Map(); // job id -> AbortController of its event stream
 let models = []; // GET /v1/models
 let cursors = [null]; // the cursor of each page seen, newest first; the last one is shown
+let shownJobs = []; // the jobs of the page shown, as listed
 let timers = [];
 
 const $ = (id) => document.getElementById(id);
@@ -218,6 +222,15 @@ async function follow(jobId, onEvent, signal) {
   }
 }
 
+function followSome() {
+  const live = shownJobs.filter((job) => LIVE_STATES.has(job.state) && !streams.has(job.job_id));
+  live.sort((a, b) => Number(b.state === "running") - Number(a.state === "running")); // running ones first
+  for (const job of live.slice(0, Math.max(0, MAX_STREAMS - streams.size))) {
+    const card = document.querySelector(`li.job[data-job-id="${job.job_id}"]`);
+    if (card) watch(card, job);
+  }
+}
+
 function watch(card, job) {
   if (streams.has(job.job_id) || !LIVE_STATES.has(job.state)) return;
   const controller = new AbortController();
@@ -232,7 +245,10 @@ function watch(card, job) {
     streams.delete(job.job_id);
     live.replaceWith(jobCard(data)); // the end state carries the job's view
     return true;
-  }, controller.signal).finally(() => streams.delete(job.job_id));
+  }, controller.signal).finally(() => {
+    streams.delete(job.job_id);
+    followSome(); // its connection is free: follow another live job
+  });
 }
 
 function showProgress(card, step, total) {
@@ -327,8 +343,12 @@ function jobCard(job) {
     cancel.addEventListener("click", () => cancelJob(job, cancel));
     card.append(cancel);
   }
-  card.dataset.signature = `${job.state}:${(job.image_urls || []).length}`;
+  card.dataset.signature = signature(job);
   return card;
+}
+
+function signature(job) {
+  return `${job.state}:${(job.progress || {}).step}:${(job.image_urls || []).length}:${job.queue_position}`;
 }
 
 async function showJobs() {
@@ -342,11 +362,11 @@ async function showJobs() {
   list.replaceChildren(...jobs.map((job) => {
     const card = existing.get(job.job_id);
     // a followed job's card is updated by its stream; any other is kept while it shows the same
-    if (card && (streams.has(job.job_id) || card.dataset.signature === `${job.state}:${(job.image_urls || []).length}`)) return card;
-    const fresh = jobCard(job);
-    watch(fresh, job);
-    return fresh;
+    if (card && (streams.has(job.job_id) || card.dataset.signature === signature(job))) return card;
+    return jobCard(job);
   }));
+  shownJobs = jobs;
+  followSome();
   $("jobs-empty").hidden = jobs.length > 0;
   $("newer-jobs").disabled = cursors.length === 1;
   $("older-jobs").disabled = !next;
