@@ -36,7 +36,7 @@ def prefer_wait(values: list[str]) -> int | None:
             if raw is None:
                 return MAX_WAIT_SECONDS
             raw = raw.strip('"')
-            if not raw.isdigit() or int(raw) < 1:
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
                 raise invalid(
                     "Prefer",
                     f"Prefer: wait=N takes whole seconds from 1 to {MAX_WAIT_SECONDS} (got wait={raw!r})",
