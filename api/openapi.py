@@ -43,7 +43,7 @@ IDEMPOTENCY_KEY = parameter(
     "header",
     "Retries with the same key and body return the original job; the same key with another body gets 409.",
     MAX_IDEMPOTENCY_KEY_CHARS,
-    pattern=r"^[ -~]+$",  # printable ASCII (api.submission.check_idempotency_key)
+    pattern=r"^[ -~]*[!-~][ -~]*$",  # printable ASCII, not only spaces (api.submission.check_idempotency_key)
     required=False,
 )
 LORA_NAME = parameter(

@@ -38,7 +38,7 @@ LAST_EVENT_ID = {
     "in": "header",
     "required": False,
     "description": "Resume after this event (its `id`); what a reconnecting EventSource sends.",
-    "schema": {"type": "string", "maxLength": 41, "pattern": f"^(?:{EVENT_ID.pattern})?$"},
+    "schema": {"type": "string", "maxLength": 41, "pattern": rf"^\s*{EVENT_ID.pattern}\s*$"},
 }
 # One event of the stream, as schemathesis and other tools read text/event-stream: its fields.
 EVENT = {

@@ -17,7 +17,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 import batching.params as P
 from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
 from storage.job_record import JOB_STATE_NAMES, REQUEUE_REASONS
-from storage.tenant_listing import CURSOR_PATTERN
+from storage.tenant_listing import CURSOR_OR_NONE_PATTERN
 from storage.webhooks import DEFAULT_EVENTS as DEFAULT_WEBHOOK_EVENTS
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
@@ -224,20 +224,20 @@ class BatchRequest(StrictModel):
 
 
 class ListQuery(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is refused, as a body field is
 
     state: JobStateName | None = Field(None, description="Only jobs in this state.")
     limit: int = Field(20, ge=1, le=100, description="Page size.")
     cursor: str | None = Field(  # checked by storage.tenant_listing.decode_cursor
         None,
         max_length=80,
-        json_schema_extra={"pattern": CURSOR_PATTERN},
+        json_schema_extra={"pattern": CURSOR_OR_NONE_PATTERN},
         description="`next_cursor` of the previous page.",
     )
 
 
 class ImageQuery(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is refused, as a body field is
 
     index: int = Field(0, ge=0, lt=P.MAX_NUM_IMAGES, description="Which image of a num_images>1 job.")
 

@@ -61,9 +61,10 @@ def waited(job_id: str, seconds: float, render: Callable[[bool], Rendered]) -> L
 
 def last_event_id() -> str | None:
     raw = request.headers.get("Last-Event-ID")
-    if raw is None or raw == "":
+    if raw is None:
         return None
-    if not EVENT_ID.fullmatch(raw):
+    # An empty value is no id either: an EventSource sends none then, and granian empties a value beyond ASCII.
+    if not EVENT_ID.fullmatch(raw.strip()):
         raise invalid("Last-Event-ID", "Last-Event-ID must be the id of an event this stream sent (like 1700000-0)")
     return raw
 

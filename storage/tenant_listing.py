@@ -24,6 +24,7 @@ INDEX_CHUNK = 100  # index entries read per round trip
 # Every string of this form is a valid cursor (a position in the listing), so the OpenAPI document's
 # pattern says exactly which cursors the API takes.
 CURSOR_PATTERN = r"^[0-9]{1,17}(\.[0-9]{1,17})?-[0-9a-f]{32}$"
+CURSOR_OR_NONE_PATTERN = r"^(?:[0-9]{1,17}(\.[0-9]{1,17})?-[0-9a-f]{32})?$"  # as a query parameter: empty is none
 _CURSOR = re.compile(CURSOR_PATTERN)
 
 

@@ -4,7 +4,7 @@ a request the document forbids is refused, and one it allows is accepted.
 
 What no schema can say is left to the API: the bytes of an image or an adapter file, whether an upload,
 an adapter or a job exists, a webhook or image URL's host, a deadline already past, a job over its
-model's cost limits. A request the document allows may get a 4xx naming one of those fields
+model's cost limits, a strength that runs no step of the job's steps (a product of two fields). A request the document allows may get a 4xx naming one of those fields
 (`CONTENT_FIELDS`); any other refusal of an allowed request fails the test.
 
 The fuzzed API runs with a resolver that never leaves this machine (tests/api/offline_site): the
@@ -35,7 +35,7 @@ OFFLINE_SITE = Path(__file__).with_name("offline_site")
 MAX_EXAMPLES = 40
 # Fields whose acceptable values depend on content or state no schema holds (see the module docstring).
 CONTENT_FIELDS = re.compile(
-    r"^(jobs\[\d+\]\.)?(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|name)$"
+    r"^(jobs\[\d+\]\.)?(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|name|strength)$"
 )
 CONTENT_CODES = {"limit_exceeded", "not_found"}
 
