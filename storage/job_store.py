@@ -33,6 +33,7 @@ from storage.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from storage.fair_share import TenantWeights, queue_cost
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
 from storage.job_record import (
     RECORD_FIELDS,
@@ -107,11 +108,13 @@ class JobStore:
         clock: Callable[[], float] = time.time,
         worker_timeout: float = 15.0,
         model_retention: float = 3600.0,
+        tenant_weights: TenantWeights | None = None,
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
         self.keys = RedisKeys(namespace)
         self.clock = clock
+        self.tenant_weights = tenant_weights or TenantWeights()  # the fair order's weights (storage.fair_share)
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
         # quick 503, not as a request hanging for half a minute.
         self._redis = redis.Redis.from_url(
@@ -129,6 +132,7 @@ class JobStore:
         register = self._redis.register_script
         self._create = register(lua.CREATE)
         self._take = register(lua.TAKE)
+        self._take_next = register(lua.TAKE_NEXT)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
         self._finish = register(lua.FINISH)
@@ -148,6 +152,7 @@ class JobStore:
             job_ttl_seconds=settings.job_ttl_seconds,
             worker_timeout=settings.worker_timeout,
             model_retention=settings.model_retention,
+            tenant_weights=settings.tenant_weights,
         )
 
     def job_key(self, job_id: str) -> str:
@@ -279,8 +284,10 @@ class JobStore:
 
     @_wraps_redis_errors
     def unsent_job_ids(self, created_before: float) -> list[str]:
-        """Jobs created before then that no worker took and whose message nobody confirmed sending
-        (`mark_sent`): their creator may have died between storing the record and sending it."""
+        """Jobs queued before then whose generate message nobody confirmed sending (`mark_sent`): their
+        creator, or the worker re-queueing them, may have died before sending it. Each is a message owed
+        to the job's queue: any message of a queue takes that queue's next job, so the entry stays when
+        another message took the job (and it is then owed to another job of the queue)."""
         return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))
 
     # Transitions.
@@ -297,6 +304,7 @@ class JobStore:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         priority: str = DEFAULT_PRIORITY,
+        complete_by: float | None = None,
     ) -> tuple[JobRecord, bool]:
         """Create a queued job. Returns (record, created). Same tenant+idempotency_key with the
         same request_hash returns the original (created=False); a different hash raises
@@ -310,6 +318,7 @@ class JobStore:
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             priority=priority,
+            complete_by=complete_by,
         )
         outcome = self.create_many([spec])[0]
         if isinstance(outcome, Exception):
@@ -330,9 +339,17 @@ class JobStore:
         QueueFullError once `max_queued` jobs are queued; 0 means no limit). `message_for(record)`
         gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
         without it the jobs wait in the unsent set until `mark_sent`."""
-        pending = [(spec, spec.new_record(uuid.uuid4().hex, self.clock())) for spec in specs]
+        now = self.clock()
+        pending = [
+            (
+                spec,
+                spec.new_record(uuid.uuid4().hex, now),
+                self.tenant_weights.share(spec.tenant, queue_cost(spec.params) if spec.cost is None else spec.cost),
+            )
+            for spec in specs
+        ]
         replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, message_for)
-        return [create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
+        return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
     def mark_sent_many(self, job_ids: list[str]) -> None:
@@ -352,6 +369,15 @@ class JobStore:
         reply = self._take(
             keys=[self.job_key(job_id)], args=[self.namespace, job_id, worker_id, repr(now), repr(now + lease_seconds)]
         )
+        return record_from_flat(reply) if reply else None
+
+    @_wraps_redis_errors
+    def take_next(self, queue: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
+        """What a generate message does: atomically take the next job of `queue` (highest priority
+        first, then the fair order: storage.fair_share) queued -> running with a lease. None if no job
+        of that queue is queued."""
+        now = self.clock()
+        reply = self._take_next(args=[self.namespace, queue, worker_id, repr(now), repr(now + lease_seconds)])
         return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
@@ -413,9 +439,10 @@ class JobStore:
 
     @_wraps_redis_errors
     def release(self, job_id: str, worker_id: str) -> bool:
-        """Running -> queued again (warm shutdown or a lapsed lease); the caller re-enqueues it.
-        Attempts are kept and progress restarts. False if this worker does not hold the job, or
-        if a cancel was requested: then the job becomes canceled and must not be re-enqueued."""
+        """Running -> queued again (warm shutdown or a lapsed lease), at the head of its queue (it keeps
+        its fair-share tag); the caller sends a message and marks it sent. Attempts are kept and progress
+        restarts. False if this worker does not hold the job, or if a cancel was requested: then the job
+        becomes canceled and must not be re-enqueued."""
         return self._release_script(job_id, worker_id=worker_id, lapsed_at=None) == 1
 
     @_wraps_redis_errors

@@ -32,8 +32,12 @@ class RedisKeys:
         return f"{self.namespace}:queued"
 
     def queued_in(self, queue: str, priority: str) -> str:
-        """Queued jobs of one model's queue and one priority."""
+        """Queued jobs of one model's queue and one priority, by fair-share tag (storage.fair_share)."""
         return f"{self.namespace}:queued:{queue}:{priority}"
+
+    def fair_clock(self, queue: str, priority: str) -> str:
+        """Hash: the fair order's virtual clock ("clock") and each tenant's next tag ("tenant:NAME")."""
+        return f"{self.namespace}:fair:{queue}:{priority}"
 
     @property
     def unsent(self) -> str:
