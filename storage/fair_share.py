@@ -12,8 +12,9 @@ the job with the smallest tag (`storage.lua.TAKE_NEXT`). So:
 - over time each busy tenant is served in proportion to its weight, in denoise steps (`cost`
   is the job's planned steps, summed over its images; image size and guidance rows are not in it);
 - a job canceled while queued gives its share back (`F[t]` moves back, never below `V`);
-- a re-queued job (drain, warm shutdown, a dead worker's lapsed lease) keeps its tag, which is at
-  or before `V`: it goes back to the head of its queue, not behind the backlog.
+- a re-queued job (drain, warm shutdown, a dead worker's lapsed lease) goes back to the head of its
+  queue, not behind the backlog: its score is its tag (taken already, so at or before `V`) less its
+  share, before every job not taken yet (their tags are at or after `V`).
 
 Weights come from `STEPWISE_TENANT_WEIGHTS` (`tenant:weight,...`; tenants not named weigh 1),
 read by every process that creates or re-queues jobs. A job's tag is fixed when it is queued, so a

@@ -191,15 +191,17 @@ class JobStore:
 
     @_wraps_redis_errors
     def queue_position(self, record: JobRecord) -> int | None:
-        """0-based position among queued jobs of its model and priority (oldest first); None if not
-        queued. A record from before per-model queues counts among all queued jobs."""
+        """0-based position among queued jobs of its model and priority in the order workers take them
+        (storage.fair_share); None if not queued. A record from before per-model queues counts among all
+        queued jobs."""
         key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
         return cast(int | None, self._redis.zrank(key, record.job_id))  # without withscore: a rank or None
 
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
-        """queue_position of each record, in one round trip (non-queued records: None)."""
-        with self._redis.pipeline(transaction=False) as pipe:
+        """queue_position of each record, in one round trip and at one instant (MULTI), so positions read
+        together are consistent with each other (non-queued records: None)."""
+        with self._redis.pipeline(transaction=True) as pipe:
             for record in records:
                 key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
                 pipe.zrank(key, record.job_id)

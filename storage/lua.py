@@ -113,13 +113,15 @@ local function add_new_queued(job_key, job_id, queued_at, share)
   redis.call('ZADD', index, exact(tag), job_id)
 end
 
--- A job back in the queue keeps its tag, at or before the clock: the head of its queue.
+-- A job back in the queue goes ahead of every job not taken yet: those have tags at or after the clock,
+-- and its tag (taken already) is at or before it, so its tag less its share is before them all.
 local function add_requeued(job_key, job_id, queued_at)
   redis.call('ZADD', queued_key, queued_at, job_id)
   local index, fair = fair_keys(job_key)
   if index then
-    local tag = redis.call('HGET', job_key, 'queue_tag') or exact(hash_number(fair, 'clock'))
-    redis.call('ZADD', index, tag, job_id)
+    local tag, share = unpack(redis.call('HMGET', job_key, 'queue_tag', 'queue_share'))
+    tag = tonumber(tag or '') or hash_number(fair, 'clock')
+    redis.call('ZADD', index, exact(tag - (tonumber(share or '') or 1)), job_id)
   end
 end
 
