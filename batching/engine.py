@@ -109,13 +109,7 @@ class DiffusionEngine:
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
-        family = FAMILIES[self.family]
-        self.scheduler = Scheduler(
-            replace(
-                self.config.scheduler_config,
-                max_num_tokens=self.config.max_num_tokens or family.default_token_budget(self.config.max_num_seqs),
-            )
-        )
+        self.scheduler = self._new_scheduler()
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
         self._key_has_lora = self.config.lora_mode == "group"
@@ -150,6 +144,12 @@ class DiffusionEngine:
         self._cond = threading.Condition()  # guards everything above that other threads touch
         self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
         self._thread.start()
+
+    def _new_scheduler(self) -> Scheduler:
+        """The scheduler of this engine's config, with the family's token budget unless the config sets one
+        (at start, and again after an engine error dropped every sample)."""
+        budget = self.config.max_num_tokens or FAMILIES[self.family].default_token_budget(self.config.max_num_seqs)
+        return Scheduler(replace(self.config.scheduler_config, max_num_tokens=budget))
 
     def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
         if not self.config.lora_url or not FAMILIES[self.family].supports_lora:
@@ -435,7 +435,7 @@ class DiffusionEngine:
 
     def _recover(self, error: Exception) -> None:
         self._fail_all(JobFailedError(f"engine error: {type(error).__name__}: {error}"))
-        self.scheduler = Scheduler(self.config.scheduler_config)
+        self.scheduler = self._new_scheduler()
         self.model_runner.reset()
         self._publish()
 

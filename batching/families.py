@@ -94,6 +94,14 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
         ),
+        FamilySpec(  # StableDiffusion3Pipeline: CFG above 1, as the SD families
+            name="sd3",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,  # the VAE's 8 x the 2x2 patches
+            default_guidance=7.0,
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3_mixed_sizes)
+            strength_rounding="floor_start",
+        ),
     )
 }
 

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from batching.image_inputs import job_images
+from batching.pipelines.contract import PipelineAdapter
 from batching.plan import NewSample
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 
 @dataclass(slots=True)
@@ -56,7 +60,7 @@ class InpaintGuide:
 
 
 def encode_init_images(
-    adapter: Any, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
+    adapter: PipelineAdapter, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
 ) -> dict[str, EncodedImage | Exception]:
     """The encoded init image (and masked image, for mask channels) of each new sample that needs one, or the
     error that refused it; one VAE call per size (per sample with `one_at_a_time`: deterministic mode, where no
@@ -104,7 +108,7 @@ def _to_pixels(image: Any) -> torch.Tensor:
 
 
 def start_from_image(
-    adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """The sample's first latents (image latents noised to its first step), and its inpaint guide or its
     mask channels."""
@@ -127,13 +131,15 @@ def start_from_image(
 
 
 def _start_with_mask_channels(
-    adapter: Any, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """Draws in diffusers' inpaint pipeline's order: the init image's latents only when the sample starts from
     it (strength < 1), then the noise, then the masked image's latents."""
     assert encoded.masked is not None and encoded.mask is not None  # set for every sample of such a model
-    noise_first = new.params.strength == 1.0
-    image_latents = None if noise_first else adapter.image_latents(encoded.mean, encoded.std, generator)
+    image_latents = None
+    if new.params.strength < 1.0:  # strength below 1 needs an init image
+        assert encoded.mean is not None and encoded.std is not None
+        image_latents = adapter.image_latents(encoded.mean, encoded.std, generator)
     noise = adapter.draw_noise(new.params, generator)
     masked_image_latents = adapter.image_latents(*encoded.masked, generator)  # [1, c, h, w]
     if image_latents is None:
@@ -143,9 +149,9 @@ def _start_with_mask_channels(
     return ImageStart(latents, row_inputs=adapter.mask_conditioning(encoded.mask, masked_image_latents))
 
 
-def blend_unmasked(adapter: Any, sample: Any) -> None:
+def blend_unmasked(adapter: PipelineAdapter, sample: SampleTensors) -> None:
     """After a step: outside the mask, put back the image latents noised to the next timestep."""
-    guide: InpaintGuide | None = sample.guide
+    guide = sample.guide
     if guide is None:
         return
     if sample.is_finished:

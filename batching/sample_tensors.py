@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning
+
+if TYPE_CHECKING:
+    from batching.image_start import InpaintGuide
 
 
 @dataclass(slots=True)
@@ -21,7 +24,7 @@ class SampleTensors:
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
     num_steps_done: int = 0  # steps this sample ran (not counting the ones its strength skipped)
     first_step: int = 0  # index into sampler.timesteps of its first step: > 0 for image-to-image
-    guide: Any = None  # batching.image_start.InpaintGuide of an inpainting sample
+    guide: InpaintGuide | None = None  # an inpainting sample's (latent blend)
 
     @property
     def num_rows(self) -> int:

@@ -23,7 +23,9 @@ from batching.lora.text_encoder import inject, split_text_encoder
 
 logger = logging.getLogger(__name__)
 
-TEXT_ENCODER_PREFIXES = ("text_encoder.", "lora_te_")  # diffusers' and kohya's text-encoder key prefixes
+# Diffusers' and kohya's text-encoder key prefixes, for any of a pipeline's text encoders ("text_encoder_2.",
+# "lora_te1_", ...): weights for one the engine does not hook would change every job's prompts, not its own.
+TEXT_ENCODER_PREFIXES = ("text_encoder", "lora_te")
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,17 @@ DENOISER_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # attention projections
 TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]  # CLIP's attention
 
 
-def make_lora(model: str, path: Path, *, rank: int = 4, seed: int = 0, with_text_encoder: bool = False) -> Path:
-    """Write one random LoRA for `model` to `path` (a .safetensors file) and return the path."""
+def make_lora(
+    model: str,
+    path: Path,
+    *,
+    rank: int = 4,
+    seed: int = 0,
+    with_text_encoder: bool = False,
+    text_encoder_name: str = "text_encoder",
+) -> Path:
+    """Write one random LoRA for `model` to `path` (a .safetensors file) and return the path; with
+    `with_text_encoder`, it also adapts the pipeline's `text_encoder_name` (`text_encoder_2`: SDXL's, SD3's second)."""
     import torch
     from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
@@ -36,9 +45,9 @@ def make_lora(model: str, path: Path, *, rank: int = 4, seed: int = 0, with_text
     if with_text_encoder:  # PEFT directly: transformers 5's add_adapter asks for peft>=0.22
         text_encoder = inject_adapter_in_model(
             LoraConfig(r=rank, lora_alpha=rank, target_modules=TEXT_ENCODER_TARGETS, init_lora_weights=False),
-            pipeline.text_encoder,
+            getattr(pipeline, text_encoder_name),
         )
-        layers["text_encoder_lora_layers"] = _scaled(get_peft_model_state_dict(text_encoder))
+        layers[f"{text_encoder_name}_lora_layers"] = _scaled(get_peft_model_state_dict(text_encoder))
     path.parent.mkdir(parents=True, exist_ok=True)
     type(pipeline).save_lora_weights(str(path.parent), weight_name=path.name, **layers)
     return path

@@ -19,6 +19,13 @@ Lifecycle of a sample, as the runner drives it:
    `forward(batch)` once for the group; `guided_prediction(rows, params)` turns a
    sample's rows into the prediction its sampler steps with.
 4. `decode(latents, params_list)` for finished samples of one size.
+
+Image-to-image and inpainting samples (`batching.image_start`) also use the `ImageInputs`
+part: their init images are VAE-encoded, drawn from and noised to their first step, and
+an inpainting sample's region outside the mask is re-noised after every step. Every
+adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, so an adapter that
+subclasses `AdapterBase` overrides only what its family does differently (`draw_noise`
+always; `pack_latents`, `mask_conditioning` where the family needs them).
 """
 
 from __future__ import annotations
@@ -48,15 +55,46 @@ class ForwardBatch:
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
 
 
-class PipelineAdapter(Protocol):
+class ImageInputs(Protocol):
+    """What image-to-image and inpainting samples need of an adapter (`batching.image_start`)."""
+
+    has_mask_channels: bool  # the denoiser takes a mask and masked-image latents (an inpainting UNet; see
+    # batching.image_start): every sample then carries them as per-row conditioning
+
+    def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pixels [n, 3, H, W] in [-1, 1] (images of one size) to the VAE's (mean, std), raw layout."""
+        ...
+
+    def image_latents(self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[1, *latent_shape]: one sample's draw from its image's latent distribution, in denoiser space."""
+        ...
+
+    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
+        """[1, *latent_shape] standard normal noise, drawn as the family's pipeline draws it."""
+        ...
+
+    def noised_latents(
+        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+    ) -> torch.Tensor:
+        """The image latents noised to `timestep` of the sample's sampler."""
+        ...
+
+    def latent_mask(self, mask: torch.Tensor, raw_shape: torch.Size) -> torch.Tensor:
+        """A [1, 1, H, W] pixel mask (1 = repaint) in the latents' layout."""
+        ...
+
+    def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> Conditioning:
+        """The per-row conditioning that carries a sample's mask channels (only with `has_mask_channels`)."""
+        ...
+
+
+class PipelineAdapter(ImageInputs, Protocol):
     family: str  # a key of batching.families.FAMILIES
     model: str  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
     device: torch.device
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
-    has_mask_channels: bool  # the denoiser takes a mask and masked-image latents (an inpainting UNet; see
-    # batching.image_start): every sample then carries them as per-row conditioning
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 

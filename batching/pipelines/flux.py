@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -27,6 +27,9 @@ from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
 from batching.pipelines.vae import decode_latents
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
@@ -86,7 +89,7 @@ class FluxAdapter(AdapterBase):
             "image_ids": self._image_ids(params),
         }
 
-    def model_input(self, sample: Any) -> torch.Tensor:
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

@@ -16,7 +16,7 @@ images share a forward, and a CFG sample's two rows carry the same ones.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -27,6 +27,9 @@ from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 
 class StableDiffusionAdapter(AdapterBase):
@@ -106,7 +109,7 @@ class StableDiffusionAdapter(AdapterBase):
             "masked_image_latents": torch.zeros(self.vae.config.latent_channels, *latent_size, **zeros),
         }
 
-    def model_input(self, sample: Any) -> torch.Tensor:
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
         return sample.sampler.scale_model_input(sample.latents, sample.timestep)
 
     @torch.inference_mode()

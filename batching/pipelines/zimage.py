@@ -14,7 +14,7 @@ sizes share a forward: the family's key holds no size (except in deterministic m
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -24,6 +24,9 @@ from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.vae import decode_latents
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
 
@@ -79,7 +82,7 @@ class ZImageAdapter(AdapterBase):
         dim = self.transformer.config.cap_feat_dim
         return {"embeds": torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)}
 
-    def model_input(self, sample: Any) -> torch.Tensor:
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

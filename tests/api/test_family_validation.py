@@ -35,3 +35,17 @@ def test_a_flux_job_without_size_or_guidance_gets_the_family_defaults(validate):
     job = validate({"prompt": "a fox", "model": "builtin:tiny-flux"})
 
     assert (job.params.guidance_scale, job.params.sampler, job.params.width % 16) == (3.5, "euler", 0)
+
+
+@pytest.mark.parametrize("field, value", [("sampler", "ddim"), ("height", 72), ("guidance_scale", 51.0)])
+def test_an_sd3_job_the_family_cannot_run_gets_422_naming_the_field(validate, field, value):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": "builtin:tiny-sd3", field: value})
+
+    assert (error.value.status, error.value.field) == (422, field)
+
+
+def test_an_sd3_job_takes_a_negative_prompt_and_the_family_defaults(validate):
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-sd3", "negative_prompt": "blurry"})
+
+    assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (7.0, "euler", "blurry")

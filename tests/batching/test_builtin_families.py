@@ -1,4 +1,4 @@
-"""The built-in SDXL, FLUX and Z-Image models: built offline, reproducible, and usable by diffusers itself."""
+"""The built-in SDXL, FLUX, Z-Image and SD3 models: built offline, reproducible, and usable by diffusers itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import FluxPipeline, StableDiffusionXLPipeline, ZImagePipeline
+from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline, ZImagePipeline
 
 from batching.builtin_model import (
     build_builtin_pipeline,
@@ -35,6 +35,7 @@ CASES = [
     FamilyCase("builtin:tiny-sdxl", "sdxl", StableDiffusionXLPipeline, 64),
     FamilyCase("builtin:tiny-flux", "flux", FluxPipeline, 64),
     FamilyCase("builtin:tiny-zimage", "zimage", ZImagePipeline, 64),
+    FamilyCase("builtin:tiny-sd3", "sd3", StableDiffusion3Pipeline, 64),
 ]
 
 

@@ -15,6 +15,7 @@ from batching import (
     JobCanceledError,
     JobFailedError,
 )
+from batching.families import FAMILIES
 from tests.batching.conftest import make_params, max_pixel_diff, pixels, run_alone
 
 
@@ -260,3 +261,31 @@ def test_a_cancel_takes_effect_before_the_next_group_forward_of_the_same_iterati
     assert small.result(timeout=60).image is not None
     assert steps_at_cancel == [3]
     assert len(steps_of["large"]) == 3, "the canceled job's group ran no forward after the cancel"
+
+
+def test_after_a_failed_step_the_engine_still_admits_within_its_token_budget(fresh_engine, monkeypatch):
+    engine = fresh_engine(max_num_seqs=4)  # no max_num_tokens: the family's default budget (4 default samples)
+    budget = engine.stats()["max_num_tokens"]
+    assert budget == FAMILIES["sd"].default_token_budget(4)
+    real_execute = engine.model_runner.execute
+    calls = []
+
+    def execute_failing_once(plan, aborted_since=tuple):
+        calls.append(plan)
+        if len(calls) == 1:
+            raise RuntimeError("injected engine bug")
+        return real_execute(plan, aborted_since)
+
+    monkeypatch.setattr(engine.model_runner, "execute", execute_failing_once)
+    with pytest.raises(JobFailedError, match="engine error: RuntimeError: injected engine bug"):
+        engine.submit(make_params(seed=1)).result(timeout=60)
+
+    assert engine.stats()["max_num_tokens"] == budget
+    # Each of these costs the whole budget (2 rows x 32x32 latents): they run one after the other.
+    assert FAMILIES["sd"].sample_cost(256, 256, 7.5) == budget
+    engine.pause()
+    futures = [engine.submit(make_params(seed=i, height=256, width=256, num_inference_steps=2)) for i in range(2)]
+    engine.resume()
+    for future in futures:
+        future.result(timeout=120)
+    assert set(engine.stats()["jobs_per_forward"]) == {1}, "no forward held both: the budget admits one"

@@ -28,6 +28,7 @@ FAMILIES = [
     Family("sdxl", "builtin:tiny-sdxl", "StableDiffusionXLPipeline", (5.0, 1.0, 8.0, 3.0), "blurry"),
     Family("flux", "builtin:tiny-flux", "FluxPipeline", (3.5, 1.0, 6.0, 2.0), ""),
     Family("zimage", "builtin:tiny-zimage", "ZImagePipeline", (4.0, 0.0, 6.0, 2.0), "blurry"),
+    Family("sd3", "builtin:tiny-sd3", "StableDiffusion3Pipeline", (7.0, 1.0, 8.0, 3.0), "blurry"),
 ]
 
 
@@ -126,6 +127,9 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
         ("builtin:tiny-zimage", "height", 72),
         ("builtin:tiny-zimage", "sampler", "euler_ancestral"),
         ("builtin:tiny-sdxl", "width", 60),
+        ("builtin:tiny-sd3", "sampler", "dpmpp_2m"),
+        ("builtin:tiny-sd3", "width", 72),  # the VAE's 8 x the 2x2 patches
+        ("builtin:tiny-sd3", "guidance_scale", 60.0),
     ],
 )
 def test_params_a_family_does_not_support_are_refused_naming_the_field(model, field, value):
@@ -185,7 +189,12 @@ def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[Generati
 
 
 @pytest.mark.parametrize(
-    "model, guidances", [("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)), ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))]
+    "model, guidances",
+    [
+        ("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
+        ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)),
+        ("builtin:tiny-sd3", (7.0, 1.0, 2.0, 5.0)),
+    ],
 )
 def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):
     params_list = mixed_size_params(model, guidances)
@@ -226,3 +235,39 @@ def test_flux_in_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone
         assert set(engine.stats()["sizes_per_forward"]) == {1}, "the size stays in the key"
     finally:
         engine.shutdown(abort=True)
+
+
+@pytest.mark.parametrize("model, guidances", [("builtin:tiny-sd3", (7.0, 1.0, 4.0, 2.5))])
+def test_staggered_samples_of_different_sizes_steps_and_guidance_share_forwards_each_equal_to_itself_alone(
+    model, guidances
+):
+    """Joining a running group one step apart, with their own sizes, step counts, seeds, guidance (none
+    included) and negative prompts (one given, the others empty)."""
+    params_list = [
+        GenerationParams(
+            prompt=prompt,
+            model=model,
+            seed=20 + index,
+            num_inference_steps=num_steps,
+            guidance_scale=guidance,
+            negative_prompt="blurry" if index == 2 else "",
+            height=height,
+            width=width,
+        )
+        for index, (prompt, num_steps, guidance, (height, width)) in enumerate(
+            zip(("a red fox", "a blue bird", "snow", "a castle"), (6, 3, 5, 4), guidances, MIXED_SIZES)
+        )
+    ]
+    solo = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=1))
+    batched = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, max_num_groups=1))
+    try:
+        alone = run_alone(solo, params_list)
+        images = run_staggered(batched, params_list)
+
+        for params, image_alone, image in zip(params_list, alone, images):
+            assert image.size == (params.width, params.height)
+            assert max_pixel_diff(image_alone, image) <= 1, f"{params.width}x{params.height} sample differs"
+        assert max(batched.stats()["sizes_per_forward"]) >= 3, batched.stats()["sizes_per_forward"]
+    finally:
+        solo.shutdown(abort=True)
+        batched.shutdown(abort=True)

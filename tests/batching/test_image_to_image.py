@@ -39,6 +39,7 @@ CASES = [
     Case("builtin:tiny-sdxl", "StableDiffusionXLImg2ImgPipeline", 5.0),
     Case("builtin:tiny-flux", "FluxImg2ImgPipeline", 3.5),
     Case("builtin:tiny-zimage", "ZImageImg2ImgPipeline", 4.0),
+    Case("builtin:tiny-sd3", "StableDiffusion3Img2ImgPipeline", 7.0),
 ]
 
 
@@ -88,7 +89,17 @@ def own_euler_pipeline(model: str, pipeline_class: str):
     pipeline = own_pipeline(model, pipeline_class)
     if isinstance(pipeline.scheduler, diffusers.DDIMScheduler):
         pipeline.scheduler = diffusers.EulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+    if pipeline_class == "StableDiffusion3InpaintPipeline":
+        add_back_the_vae_shift_at_decode(pipeline)
     return pipeline
+
+
+def add_back_the_vae_shift_at_decode(pipeline) -> None:
+    """diffusers 0.42.1's SD3 inpaint pipeline decodes `latents / scaling_factor` without adding the VAE's
+    `shift_factor` back, unlike its own encode and every other SD3 pipeline (huggingface/diffusers#13611, issue 1).
+    The engine decodes as the others do; the reference gets the shift back before its one decode call."""
+    decode, shift = pipeline.vae.decode, pipeline.vae.config.shift_factor
+    pipeline.vae.decode = lambda latents, *args, **kwargs: decode(latents + shift, *args, **kwargs)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: case.model)

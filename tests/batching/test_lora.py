@@ -3,6 +3,7 @@ each job equal to itself alone and to diffusers' own pipeline with the adapter s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -133,7 +134,7 @@ def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_f
         assert max_pixel_diff(image, image_expected) <= 1
 
 
-@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage"])
+@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage", "builtin:tiny-sd3"])
 def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alone(model, tmp_path):
     for seed, name in enumerate(ADAPTERS):
         make_lora(model, tmp_path / f"{name}.safetensors", seed=seed)
@@ -158,6 +159,23 @@ def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alo
     for image_together, image_alone in zip(together, alone):
         assert max_pixel_diff(image_together, image_alone) <= 1
     assert max_pixel_diff(together[0], together[1]) > 3, "the adapter changes the image"
+
+
+def test_an_adapter_for_another_text_encoder_fails_its_job_and_leaves_later_prompts_alone(tmp_path):
+    """SD3 (like SDXL) has more than one text encoder; weights for its second one are refused, naming the adapter.
+    Loaded, they would have adapted the encoder for every job's prompts, not only the adapter's own."""
+    model = "builtin:tiny-sd3"
+    make_lora(
+        model, tmp_path / "second-text.safetensors", seed=3, with_text_encoder=True, text_encoder_name="text_encoder_2"
+    )
+    plain = make_params(model=model, prompt="a fox", seed=1, num_inference_steps=2, guidance_scale=None)
+    with DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=2, lora_url=tmp_path.as_uri())) as engine:
+        before = engine.submit(plain).result(timeout=120).image
+        with pytest.raises(JobFailedError, match="'second-text' has text-encoder weights"):
+            engine.submit(dataclasses.replace(plain, lora="second-text")).result(timeout=120)
+        after = engine.submit(plain).result(timeout=120).image
+
+    assert max_pixel_diff(before, after) == 0
 
 
 def test_the_cache_evicts_least_recently_used_adapters_but_never_one_in_use(lora_folder):
