@@ -7,11 +7,10 @@ Every queued job is matched by a message, so any message may run any job of its 
 
 1. take the queue's next job (atomic queued -> running with a lease); with none queued (its job was
    canceled, or taken by another message) the message does nothing, so a redelivered one is harmless;
-2. (the job's record is the one the take returns);
-3. a job whose deadline passed before it started ends `expired`;
-4. submit it to this process's engine and wait, writing progress and watching for a cancel
+2. a job whose deadline passed before it started ends `expired`;
+3. submit it to this process's engine and wait, writing progress and watching for a cancel
    request (`worker.job_watch`);
-5. encode and upload the images here, on the task thread, then mark the job `succeeded`.
+4. encode and upload the images here, on the task thread, then mark the job `succeeded`.
 
 Engine errors end the job `failed` with the engine's message. A job that drain or warm
 shutdown stops before it finishes goes back to the queue for any worker.
