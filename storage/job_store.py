@@ -392,8 +392,12 @@ class JobStore:
         )
 
     @_wraps_redis_errors
-    def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, int(step), int(total)])
+    def set_progress(
+        self, job_id: str, step: int, total: int, *, is_paused: bool = False, is_late: bool = False
+    ) -> None:
+        """A running job's progress, and whether its engine has it paused or estimates it late."""
+        flags = ["1" if is_paused else "0", "1" if is_late else "0"]
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, int(step), int(total), *flags])
 
     @_wraps_redis_errors
     def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:

@@ -296,14 +296,16 @@ return 1
 """
 )
 
-# ARGV: ns, step, total. Only a running job's progress moves (never recreates an expired hash).
+# ARGV: ns, step, total, is_paused ('1'/'0'), is_late ('1'/'0'). Only a running job's progress moves
+# (never recreates an expired hash).
 SET_PROGRESS = (
     _PREAMBLE
     + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3])
+redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3], 'is_paused', ARGV[4],
+           'is_late', ARGV[5])
 return 1
 """
 )

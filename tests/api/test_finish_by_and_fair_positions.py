@@ -3,6 +3,7 @@ real Flask app (its test client) on a real Redis, with no worker: jobs stay queu
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -95,3 +96,23 @@ def test_queue_positions_follow_the_fair_order_across_tenants_and_weights(client
     bulk_now = client.get(f"/v1/jobs/{backlog[5]['job_id']}", headers=headers("bulk")).json
     assert bulk_now["queue_position"] == 5 + 4, "all of alice's jobs come before bulk's sixth"
     assert bulk_now["queue"]["jobs_ahead"] == 9
+
+
+def test_a_running_job_shows_paused_and_late_as_its_worker_reports_and_late_stays_once_it_finished_after(
+    client, redis_url
+):
+    from storage.job_store import JobState, JobStore
+
+    job = submit(client, "alice", slo_seconds=0.3).json
+    view = lambda: client.get(f"/v1/jobs/{job['job_id']}", headers=headers("alice")).json  # noqa: E731
+    with JobStore(redis_url) as store:
+        store.take(job["job_id"], "w1", 30)
+        store.set_progress(job["job_id"], 1, 2, is_paused=True, is_late=True)
+        assert (view()["state"], view()["paused"], view()["late"]) == ("running", True, True)
+        store.set_progress(job["job_id"], 2, 2)
+        assert view()["paused"] is False
+        while time.time() <= when(job["complete_by"]):
+            time.sleep(0.05)
+        store.finish(job["job_id"], JobState.SUCCEEDED, worker_id="w1")
+    finished = view()
+    assert finished["state"] == "succeeded" and finished["late"] is True and finished["paused"] is False
