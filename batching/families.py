@@ -11,6 +11,7 @@ are driven lives in its adapter, `batching/pipelines/<family>.py`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX  # torch-free
@@ -30,20 +31,30 @@ class FamilySpec:
     max_guidance: float = 50.0
     guidance_kind: str = "cfg"  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
+    cfg_needs_negative_prompt: bool = False  # ... and only with a negative prompt (Qwen-Image's true CFG)
     mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
     supports_lora: bool = True  # the engine serves LoRA adapters for it (batching.lora)
     # How img2img turns a strength into steps run, as the family's own diffusers img2img pipeline rounds:
     # "floor_steps" runs int(steps * strength) (the UNet families); "floor_start" starts at
     # int(steps - steps * strength) and runs the rest (the flow-matching families).
     strength_rounding: str = "floor_steps"
+    # What `init_image` is to its models: "start", where image-to-image and inpainting start from (every
+    # family but edit models); "edit", the image an edit model changes (required: it conditions every
+    # forward, and the output has its own size, by `edit_size`); "none": not served yet.
+    init_image_role: str = "start"
+    edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
+    extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
 
     @property
     def default_sampler(self) -> str:
         return self.samplers[0] if "euler" not in self.samplers else "euler"
 
-    def has_cfg(self, guidance_scale: float) -> bool:
-        """Whether a job with this guidance runs an unconditional row beside its conditional one."""
-        return self.guidance_kind == "cfg" and guidance_scale > self.cfg_above
+    def has_cfg(self, guidance_scale: float, negative_prompt: str = "") -> bool:
+        """Whether a job with this guidance (and negative prompt) runs an unconditional row beside its
+        conditional one."""
+        if self.guidance_kind != "cfg" or guidance_scale <= self.cfg_above:
+            return False
+        return bool(negative_prompt) or not self.cfg_needs_negative_prompt
 
     def steps_to_run(self, num_steps: int, strength: float) -> int:
         """Denoise steps an image-to-image sample runs: the last `strength` fraction of its schedule."""
@@ -51,23 +62,35 @@ class FamilySpec:
             return num_steps - int(max(num_steps - num_steps * strength, 0))
         return min(int(num_steps * strength), num_steps)
 
-    def num_rows(self, guidance_scale: float) -> int:
+    def num_rows(self, guidance_scale: float, negative_prompt: str = "") -> int:
         """Rows a job contributes to each denoiser forward."""
-        return 2 if self.has_cfg(guidance_scale) else 1
+        return 2 if self.has_cfg(guidance_scale, negative_prompt) else 1
 
     def tokens_per_row(self, height: int, width: int) -> int:
-        """Latent positions of one row (UNet: latent pixels; transformer: image tokens), which a forward's
-        cost follows."""
-        return (height // self.size_multiple) * (width // self.size_multiple)
+        """Latent positions of one row (UNet: latent pixels; transformer: image tokens, and an edit image's),
+        which a forward's cost follows."""
+        return (height // self.size_multiple) * (width // self.size_multiple) + self.extra_tokens_per_row
 
-    def sample_cost(self, height: int, width: int, guidance_scale: float) -> int:
+    def sample_cost(self, height: int, width: int, guidance_scale: float, negative_prompt: str = "") -> int:
         """What one sample adds to each forward it runs in: rows x latent tokens per row (the scheduler's
         token budget counts these)."""
-        return self.num_rows(guidance_scale) * self.tokens_per_row(height, width)
+        return self.num_rows(guidance_scale, negative_prompt) * self.tokens_per_row(height, width)
 
     def default_token_budget(self, max_num_seqs: int) -> int:
-        """The engine's default token budget: `max_num_seqs` samples at the family's default size and guidance."""
-        return max_num_seqs * self.sample_cost(self.default_size, self.default_size, self.default_guidance)
+        """The engine's default token budget: `max_num_seqs` samples at the family's default size and guidance
+        (with a negative prompt where guidance needs one)."""
+        negative_prompt = "-" if self.cfg_needs_negative_prompt else ""
+        return max_num_seqs * self.sample_cost(
+            self.default_size, self.default_size, self.default_guidance, negative_prompt
+        )
+
+    def edit_size(self, image_width: int, image_height: int) -> tuple[int, int]:
+        """(width, height) the edit pipeline sizes an edit image to, and an edit's output when the job names no
+        size: the image's aspect ratio at `edit_area` pixels, each side rounded to a multiple of 32
+        (QwenImageEditPipeline's `calculate_dimensions`)."""
+        ratio = image_width / image_height
+        width = math.sqrt(self.edit_area * ratio)
+        return round(width / 32) * 32, round(width / ratio / 32) * 32
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -93,6 +116,26 @@ FAMILIES: dict[str, FamilySpec] = {
             cfg_above=0.0,
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
+        ),
+        FamilySpec(  # guidance_scale is QwenImagePipeline's true_cfg_scale: CFG above 1 with a negative prompt
+            name="qwenimage",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            cfg_needs_negative_prompt=True,
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
+            init_image_role="none",  # QwenImageImg2ImgPipeline and QwenImageInpaintPipeline: not served yet
+        ),
+        FamilySpec(  # QwenImageEditPipeline: the edit image's latents join every row's image tokens
+            name="qwenimage_edit",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            cfg_needs_negative_prompt=True,
+            mixes_sizes=True,
+            init_image_role="edit",
+            edit_area=1024 * 1024,
+            extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
         ),
         FamilySpec(  # StableDiffusion3Pipeline: CFG above 1, as the SD families
             name="sd3",

@@ -118,14 +118,19 @@ class GenerationParams:
         image_width = image_height = 0
         if (self.height is None or self.width is None) and is_data_uri(self.init_image):
             image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
-            for name, value in (("width", image_width), ("height", image_height)):
+            output_width, output_height = (
+                spec.edit_size(image_width, image_height)  # the edit pipeline's output size for the image
+                if spec.init_image_role == "edit"
+                else (image_width, image_height)
+            )
+            for name, value in (("width", output_width), ("height", output_height)):
                 if getattr(self, name) is None:
                     if self.resize_mode in RESIZE_MODES[1:]:  # as diffusers does: the largest multiple below
                         value -= value % spec.size_multiple
                     object.__setattr__(self, name, value)
                     from_image.append(name)
         if self.strength is None:
-            only_init = self.init_image is not None and self.mask_image is None
+            only_init = self.init_image is not None and self.mask_image is None and spec.init_image_role == "start"
             object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
         defaults = {
             "height": spec.default_size,
@@ -168,14 +173,16 @@ class GenerationParams:
         """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
         assert self.seed is not None  # drawn in __post_init__ when none is given
+        if self.num_images == 1:
+            return self
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
 
     def steps_to_run(self, family: str | None = None) -> int:
         """Denoise steps each sample runs: all of them for text-to-image, the last `strength` fraction
         (as the family's diffusers img2img pipeline rounds it) with an init image."""
-        if self.init_image is None:
-            return self.num_inference_steps
         spec = FAMILIES[family] if family else self.family_spec
+        if self.init_image is None or spec.init_image_role == "edit":
+            return self.num_inference_steps
         return spec.steps_to_run(self.num_inference_steps, self.strength)
 
     def total_steps(self, family: str | None = None) -> int:
@@ -253,6 +260,10 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     for name in ("init_image", "mask_image"):
         if getattr(p, name) is not None:
             check_reference(name, getattr(p, name))
+    if spec.init_image_role == "edit":
+        _validate_edit_fields(p, spec)
+    if spec.init_image_role == "none" and p.init_image is not None:
+        raise InvalidParamsError("init_image", "<image>", f"is not supported by {spec.name} models yet")
     if p.mask_image is not None and p.init_image is None:
         raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
     strength = _check_number(p, "strength", 0.0, 1.0)
@@ -260,7 +271,11 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
     if strength != 1.0 and p.init_image is None:
         raise InvalidParamsError("strength", p.strength, "needs an init_image")
-    if p.init_image is not None and spec.steps_to_run(p.num_inference_steps, strength) < 1:
+    if (
+        p.init_image is not None
+        and spec.init_image_role == "start"
+        and spec.steps_to_run(p.num_inference_steps, strength) < 1
+    ):
         raise InvalidParamsError(
             "strength", p.strength, f"runs no step of {p.num_inference_steps}: raise strength or num_inference_steps"
         )
@@ -269,6 +284,21 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     if p.output_format not in OUTPUT_FORMATS:
         raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(OUTPUT_FORMATS)}")
     _check_int(p, "output_quality", 1, 100)
+
+
+def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
+    """An edit model's job edits its init_image: whole, at the pipeline's size for it, with every step (strength
+    does not apply: a folder model's job gets img2img's default before its family is known)."""
+    if p.init_image is None:
+        raise InvalidParamsError("init_image", None, f"is required by {spec.name} models: the image to edit")
+    if p.mask_image is not None:
+        raise InvalidParamsError(
+            "mask_image", "<image>", f"is not supported by {spec.name} models (they edit the whole image)"
+        )
+    if p.resize_mode != "none":
+        raise InvalidParamsError(
+            "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
+        )
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:

@@ -16,6 +16,7 @@ regenerate `batching/assets/tiny-qwen-tokenizer/`:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
@@ -75,9 +76,11 @@ def whole_word_merges(words: list[str]) -> list[tuple[str, str]]:
     return list(ranks)
 
 
-def build_tokenizer() -> Tokenizer:
+def build_tokenizer(extra_pieces: Sequence[str] = (), extra_special_tokens: Sequence[str] = ()) -> Tokenizer:
+    """`extra_pieces`: byte-level pre-tokens (after WORDS, so they change no earlier word) each made one token;
+    `extra_special_tokens`: added after the chat ones."""
     words = WORDS + CHAT_WORDS
-    merges = whole_word_merges(words + [SPACE_MARKER + word for word in words])
+    merges = whole_word_merges(words + [SPACE_MARKER + word for word in words] + list(extra_pieces))
     alphabet = list(bytes_to_unicode().values())
     tokens = alphabet + [left + right for left, right in merges]
     assert len(tokens) == len(set(tokens))
@@ -91,7 +94,8 @@ def build_tokenizer() -> Tokenizer:
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in (END_OF_TEXT, IM_START, IM_END)])
+    special_tokens = (END_OF_TEXT, IM_START, IM_END, *extra_special_tokens)
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in special_tokens])
     tokenizer.add_tokens([AddedToken(token, special=False) for token in THINK_TOKENS])
     return tokenizer
 

@@ -21,8 +21,9 @@ BUILTIN_PREFIX = "builtin:"
 @dataclass(frozen=True)
 class BuiltinModel:
     version: str  # bump when the configs or the seeds change: the cache folder is keyed on it
-    family: str  # the diffusers pipeline family: "sd", "sdxl", "flux" or "zimage"
-    builder: str  # module with `build_pipeline(name)`, imported only to build
+    family: str  # the diffusers pipeline family: a key of batching.families.FAMILIES
+    builder: str  # module with `build_pipeline(name)` (and `save_pipeline(pipeline, folder)` where saving differs
+    # from `save_pretrained`), imported only to build
     shipped_folder: Path | None = None  # a trained model that ships in the package: used as is, never built
 
 
@@ -33,6 +34,10 @@ BUILTIN_MODELS = {
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
+    "tiny-qwen-image": BuiltinModel(version="v1", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),
+    "tiny-qwen-image-edit": BuiltinModel(
+        version="v1", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
+    ),
     "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.builtins.sd3"),
     "shapes": BuiltinModel(
         version="v1",
@@ -83,7 +88,10 @@ def save_builtin_model(model: str, folder: Path) -> Path:
         if shipped is not None:
             shutil.copytree(shipped, staging)
         else:
-            build_builtin_pipeline(model).save_pretrained(staging)
+            builder = importlib.import_module(BUILTIN_MODELS[_short_name(model)].builder)
+            pipeline = builder.build_pipeline(_short_name(model))
+            save = getattr(builder, "save_pipeline", None)
+            save(pipeline, staging) if save else pipeline.save_pretrained(staging)
         try:
             os.rename(staging, folder)
         except OSError:

@@ -13,6 +13,7 @@ from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
 from batching.pipelines.loading import model_source, pipeline_class_name
+from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.sd3 import StableDiffusion3Adapter
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -20,12 +21,13 @@ from batching.pipelines.zimage import ZImageAdapter
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "load_model", "resolve_device", "resolve_dtype"]
 
-AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter]
+AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter]
 ADAPTERS: tuple[AdapterClass, ...] = (
     StableDiffusionAdapter,
     StableDiffusionXLAdapter,
     FluxAdapter,
     ZImageAdapter,
+    QwenImageAdapter,
     StableDiffusion3Adapter,
 )
 

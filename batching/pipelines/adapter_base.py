@@ -26,11 +26,11 @@ class AdapterBase(ImageLatentsMixin):
         self.spec = FAMILIES[self.family]
         self.pipeline = pipeline
         self.vae = pipeline.vae
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        self.vae_scale_factor = pipeline.vae_scale_factor  # the VAE's downsampling, as the pipeline computes it
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
         """The prompt, and the negative prompt when the sample runs classifier-free guidance."""
-        if self.spec.has_cfg(params.guidance_scale):
+        if self.spec.has_cfg(params.guidance_scale, params.negative_prompt):
             return [params.prompt, params.negative_prompt]
         return [params.prompt]
 

@@ -60,6 +60,8 @@ class ImageInputs(Protocol):
 
     has_mask_channels: bool  # the denoiser takes a mask and masked-image latents (an inpainting UNet; see
     # batching.image_start): every sample then carries them as per-row conditioning
+    edits_init_image: bool  # an edit model: a sample's init_image conditions its rows (the adapter's
+    # row_conditioning reads it) and the sample starts from noise, not from the image
 
     def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixels [n, 3, H, W] in [-1, 1] (images of one size) to the VAE's (mean, std), raw layout."""

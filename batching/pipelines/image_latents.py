@@ -28,6 +28,8 @@ class ImageLatentsMixin:
     # The denoiser takes the mask and the masked image's latents as input channels (an inpainting UNet):
     # every sample then gets them, and inpainting runs without the latent blend.
     has_mask_channels: bool = False
+    # An edit model: init_image conditions the denoiser (the adapter encodes it), the sample starts from noise.
+    edits_init_image: bool = False
 
     @property
     def latent_dtype(self) -> torch.dtype:

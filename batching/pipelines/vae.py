@@ -27,9 +27,14 @@ def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
 
 
 def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
-    """None for an image with a NaN or infinite pixel (non-finite latents, or a VAE overflowing in half
-    precision): cast to bytes it would be a black or noisy picture that looks like a result."""
-    pixels = vae.decode(latents, return_dict=False)[0].float()  # [n, 3, H, W] in [-1, 1]
+    return pixels_to_images(vae.decode(latents, return_dict=False)[0])
+
+
+def pixels_to_images(pixels: torch.Tensor) -> list[Image.Image | None]:
+    """Decoded pixels [n, 3, H, W] in [-1, 1] to RGB images as diffusers' image processor makes them; None for
+    an image with a NaN or infinite pixel (non-finite latents, or a VAE overflowing in half precision): cast to
+    bytes it would be a black or noisy picture that looks like a result."""
+    pixels = pixels.float()
     is_finite = torch.isfinite(pixels).flatten(1).all(1).cpu().tolist()  # [n]
     pixels = (pixels / 2 + 0.5).clamp(0, 1)
     array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()

@@ -49,3 +49,25 @@ def test_an_sd3_job_takes_a_negative_prompt_and_the_family_defaults(validate):
     job = validate({"prompt": "a fox", "model": "builtin:tiny-sd3", "negative_prompt": "blurry"})
 
     assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (7.0, "euler", "blurry")
+
+
+@pytest.mark.parametrize(
+    "model, field, value",
+    [
+        ("builtin:tiny-qwen-image", "sampler", "ddim"),
+        ("builtin:tiny-qwen-image", "width", 72),
+        ("builtin:tiny-qwen-image-edit", "init_image", None),  # an edit job without the image to edit
+        ("builtin:tiny-qwen-image-edit", "height", 72),
+    ],
+)
+def test_a_qwen_image_job_the_family_cannot_run_gets_422_naming_the_field(validate, model, field, value):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": model, **({field: value} if value is not None else {})})
+
+    assert (error.value.status, error.value.field) == (422, field)
+
+
+def test_a_qwen_image_job_without_guidance_gets_the_true_cfg_default_of_its_pipeline(validate):
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-qwen-image", "negative_prompt": "blurry"})
+
+    assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (4.0, "euler", "blurry")

@@ -6,6 +6,7 @@ engine's state for good (shutdown, a broken model) builds its own.
 
 from __future__ import annotations
 
+import io
 import time
 
 import numpy as np
@@ -48,6 +49,15 @@ def mixed_params() -> list[GenerationParams]:
     ]
 
 
+def png_data_uri(image) -> str:
+    """`image` as a PNG data URI, as a job's init_image names it."""
+    from batching.image_inputs import to_data_uri
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return to_data_uri(buffer.getvalue(), "image/png")
+
+
 def pixels(image) -> np.ndarray:
     return np.asarray(image).astype(np.int16)
 
@@ -67,18 +77,18 @@ def own_pipeline(model: str, pipeline_class: str):
     return pipeline
 
 
-def own_pipeline_image(pipeline, params: GenerationParams, **inputs):
+def own_pipeline_image(pipeline, params: GenerationParams, guidance_name: str = "guidance_scale", **inputs):
     """What diffusers' `pipeline` draws for `params`: its prompt (and negative prompt, when it has one), size,
-    steps, guidance and seed, plus `inputs`."""
+    steps, guidance (the pipeline's argument `guidance_name`) and seed, plus `inputs`."""
     if params.negative_prompt:
         inputs["negative_prompt"] = params.negative_prompt
     return pipeline(
-        params.prompt,
+        prompt=params.prompt,
         height=params.height,
         width=params.width,
         num_inference_steps=params.num_inference_steps,
-        guidance_scale=params.guidance_scale,
         generator=torch.Generator("cpu").manual_seed(params.seed),
+        **{guidance_name: params.guidance_scale},
         **inputs,
     ).images[0]
 

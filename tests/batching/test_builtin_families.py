@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline, ZImagePipeline
+from diffusers import (
+    FluxPipeline,
+    QwenImagePipeline,
+    StableDiffusion3Pipeline,
+    StableDiffusionXLPipeline,
+    ZImagePipeline,
+)
 
 from batching.builtin_model import (
     build_builtin_pipeline,
@@ -35,6 +41,7 @@ CASES = [
     FamilyCase("builtin:tiny-sdxl", "sdxl", StableDiffusionXLPipeline, 64),
     FamilyCase("builtin:tiny-flux", "flux", FluxPipeline, 64),
     FamilyCase("builtin:tiny-zimage", "zimage", ZImagePipeline, 64),
+    FamilyCase("builtin:tiny-qwen-image", "qwenimage", QwenImagePipeline, 64),
     FamilyCase("builtin:tiny-sd3", "sd3", StableDiffusion3Pipeline, 64),
 ]
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen2Tokenizer, T5TokenizerFast
 
-from batching.assets import make_qwen_tokenizer, make_t5_tokenizer, make_tokenizer
+from batching.assets import make_qwen_tokenizer, make_qwen_vl_tokenizer, make_t5_tokenizer, make_tokenizer
 
 
 @pytest.mark.parametrize(
-    "generator", [make_t5_tokenizer, make_qwen_tokenizer], ids=lambda module: module.__name__.rsplit(".", 1)[-1]
+    "generator",
+    [make_t5_tokenizer, make_qwen_tokenizer, make_qwen_vl_tokenizer],
+    ids=lambda module: module.__name__.rsplit(".", 1)[-1],
 )
 def test_each_shipped_tokenizer_is_what_its_script_generates(generator, tmp_path):
     generator.write_tokenizer(tmp_path)
@@ -58,3 +60,21 @@ def test_every_word_of_the_prompt_vocabulary_is_one_token(out_dir, tokenizer_cla
     split = [word for word in make_tokenizer.WORDS if len(tokenizer.tokenize(" " + word)) != 1]
 
     assert split == []
+
+
+@pytest.mark.parametrize("pipeline_class", ["QwenImagePipeline", "QwenImageEditPipeline"])
+def test_the_tokens_a_qwen_image_pipeline_drops_are_its_template_s_system_part(pipeline_class):
+    import diffusers
+
+    components = dict(scheduler=None, vae=None, text_encoder=None, tokenizer=None, transformer=None)
+    if pipeline_class == "QwenImageEditPipeline":
+        components["processor"] = None
+    pipeline = getattr(diffusers, pipeline_class)(**components)  # just its template and drop count
+    tokenizer = Qwen2Tokenizer.from_pretrained(make_qwen_vl_tokenizer.OUT_DIR, local_files_only=True)
+
+    ids = tokenizer(pipeline.prompt_template_encode.format("a red fox")).input_ids
+    kept = tokenizer.decode(ids[pipeline.prompt_template_encode_start_idx :])
+
+    assert kept.removeprefix("<|vision_start|><|image_pad|><|vision_end|>") == (
+        "a red fox<|im_end|>\n<|im_start|>assistant\n"
+    )

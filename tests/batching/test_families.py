@@ -10,9 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError, ModelLoadError
-from tests.batching.conftest import max_pixel_diff, own_pipeline, own_pipeline_image, pixels, run_alone, run_staggered
+from tests.batching.conftest import (
+    max_pixel_diff,
+    own_pipeline,
+    own_pipeline_image,
+    pixels,
+    png_data_uri,
+    run_alone,
+    run_staggered,
+)
+
+TINY_PNG = png_data_uri(Image.new("RGB", (64, 64), (200, 30, 30)))
 
 
 @dataclass(frozen=True)
@@ -22,12 +33,17 @@ class Family:
     pipeline_class: str  # diffusers' own pipeline for the family
     guidances: tuple[float, ...]  # one per staggered sample; includes "none" where the family has CFG
     negative_prompt: str  # "" where the family refuses negative prompts
+    guidance_name: str = "guidance_scale"  # the argument of diffusers' pipeline that guidance_scale is
 
 
 FAMILIES = [
     Family("sdxl", "builtin:tiny-sdxl", "StableDiffusionXLPipeline", (5.0, 1.0, 8.0, 3.0), "blurry"),
     Family("flux", "builtin:tiny-flux", "FluxPipeline", (3.5, 1.0, 6.0, 2.0), ""),
     Family("zimage", "builtin:tiny-zimage", "ZImagePipeline", (4.0, 0.0, 6.0, 2.0), "blurry"),
+    # true CFG: the guided samples with a negative prompt run two rows, the others one (whatever their scale)
+    Family(
+        "qwenimage", "builtin:tiny-qwen-image", "QwenImagePipeline", (4.0, 1.0, 6.0, 2.0), "blurry", "true_cfg_scale"
+    ),
     Family("sd3", "builtin:tiny-sd3", "StableDiffusion3Pipeline", (7.0, 1.0, 8.0, 3.0), "blurry"),
 ]
 
@@ -110,7 +126,7 @@ def test_deterministic_mode_is_bit_identical_alone_and_co_batched(family, engine
 
 def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engines):
     params = family_params(family, negative_prompt=family.negative_prompt)
-    expected = own_pipeline_image(own_pipeline(family.model, family.pipeline_class), params)
+    expected = own_pipeline_image(own_pipeline(family.model, family.pipeline_class), params, family.guidance_name)
 
     image = engines["batched"].submit(params).result(timeout=120).image
 
@@ -127,6 +143,11 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
         ("builtin:tiny-zimage", "height", 72),
         ("builtin:tiny-zimage", "sampler", "euler_ancestral"),
         ("builtin:tiny-sdxl", "width", 60),
+        ("builtin:tiny-qwen-image", "sampler", "ddim"),
+        ("builtin:tiny-qwen-image", "height", 72),
+        ("builtin:tiny-qwen-image", "guidance_scale", 51.0),
+        ("builtin:tiny-qwen-image", "init_image", TINY_PNG),  # its img2img pipeline is not served yet
+        ("builtin:tiny-qwen-image-edit", "init_image", None),  # an edit job needs the image to edit
         ("builtin:tiny-sd3", "sampler", "dpmpp_2m"),
         ("builtin:tiny-sd3", "width", 72),  # the VAE's 8 x the 2x2 patches
         ("builtin:tiny-sd3", "guidance_scale", 60.0),
@@ -164,9 +185,9 @@ def test_a_folder_model_is_validated_against_its_family_at_submit():
 
 
 def test_a_checkpoint_of_an_unsupported_family_is_refused_naming_it_and_the_supported_ones(tmp_path):
-    (tmp_path / "model_index.json").write_text('{"_class_name": "QwenImagePipeline", "_diffusers_version": "0.42.1"}')
+    (tmp_path / "model_index.json").write_text('{"_class_name": "WanPipeline", "_diffusers_version": "0.42.1"}')
 
-    with pytest.raises(ModelLoadError, match="QwenImagePipeline.*FluxPipeline"):
+    with pytest.raises(ModelLoadError, match="WanPipeline.*FluxPipeline.*QwenImagePipeline"):
         DiffusionEngine(EngineConfig(model=str(tmp_path), device="cpu"))
 
 

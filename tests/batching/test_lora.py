@@ -134,7 +134,10 @@ def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_f
         assert max_pixel_diff(image, image_expected) <= 1
 
 
-@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage", "builtin:tiny-sd3"])
+@pytest.mark.parametrize(
+    "model",
+    ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage", "builtin:tiny-sd3", "builtin:tiny-qwen-image"],
+)
 def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alone(model, tmp_path):
     for seed, name in enumerate(ADAPTERS):
         make_lora(model, tmp_path / f"{name}.safetensors", seed=seed)

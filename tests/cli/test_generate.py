@@ -75,7 +75,10 @@ def test_generate_with_a_missing_model_folder_exits_with_a_message(tmp_path, cap
     assert "does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("model", ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage", "builtin:tiny-sd3"])
+@pytest.mark.parametrize(
+    "model",
+    ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage", "builtin:tiny-sd3", "builtin:tiny-qwen-image"],
+)
 def test_generate_works_for_every_family_built_in(tmp_path, model):
     out = tmp_path / "fox.png"
 
