@@ -117,7 +117,9 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
             )
         params = dataclasses.replace(params, lora=lora_key)
     try:
-        active = runtime.submit(job_id, params, priority=record.priority)
+        active = runtime.submit(
+            job_id, params, priority=record.priority, tenant=record.tenant, complete_by=record.complete_by
+        )
     except InvalidParamsError as e:  # for example a model this worker does not serve
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
     if active is None:
