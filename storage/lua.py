@@ -20,6 +20,8 @@ Keys, with ns the namespace:
                                       when they were queued: each entry is a message owed to its queue
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
+    {ns}:job-events:{job_id}          stream, the job's events (storage.job_events); each entry is also
+                                      announced on the pub/sub channel {ns}:job-events (message: job_id)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from types import SimpleNamespace
 from typing import cast
 
 from batching.params import PRIORITIES
+from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
 from storage.job_record import JobState
 from storage.redis_keys import RedisKeys
 
@@ -53,6 +56,32 @@ local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 
 local function job_key_of(job_id)
   return {_lua_expression(_KEYS.job(""))} .. job_id
+end
+
+local events_channel = {_lua_expression(_KEYS.job_events_channel)}
+
+local function events_key_of(job_id)
+  return {_lua_expression(_KEYS.job_events(""))} .. job_id
+end
+
+-- One entry (field, value, ...) on the job's event stream, announced to the API's listeners.
+local function emit(job_id, ...)
+  local key = events_key_of(job_id)
+  redis.call('XADD', key, 'MAXLEN', '~', {EVENT_LOG_MAX_ENTRIES}, '*', ...)
+  redis.call('EXPIRE', key, {EVENT_LOG_SECONDS})
+  redis.call('PUBLISH', events_channel, job_id)
+end
+
+-- The end state: the last entry, and the only one kept (a resumed stream needs nothing before it).
+local function emit_end(job_id, state)
+  emit(job_id, 'event', state)
+  local key = events_key_of(job_id)
+  redis.call('XTRIM', key, 'MAXLEN', 1)
+  redis.call('EXPIRE', key, {EVENT_LOG_SECONDS_AFTER_END})
+end
+
+local function deleted_key_of(job_id)
+  return {_lua_expression(_KEYS.deleted(""))} .. job_id
 end
 """
 
@@ -179,16 +208,24 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   if idem_key then
     redis.call('EXPIRE', idem_key, ttl)
   end
+  emit_end(job_id, to_state)
 end
 
+-- Queued -> running with a lease. started_at is the first start (a re-queued job keeps it); queued_seconds
+-- adds the time since the job was (re)queued, so the run time of an earlier attempt never counts as waiting.
 local function take_job(job_key, job_id, worker_id, now, lease_expires_at)
+  local created_at, requeued_at, queued_seconds = unpack(redis.call(
+    'HMGET', job_key, 'created_at', 'requeued_at', 'queued_seconds'))
+  local waited = (tonumber(queued_seconds) or 0) + math.max(0, tonumber(now) - tonumber(requeued_at or created_at))
   set_state(job_key, job_id, 'queued', 'running')
-  redis.call('HSET', job_key, 'worker_id', worker_id, 'started_at', now, 'lease_expires_at', lease_expires_at,
-             'progress_step', '0')
+  redis.call('HSETNX', job_key, 'started_at', now)
+  redis.call('HSET', job_key, 'worker_id', worker_id, 'lease_expires_at', lease_expires_at, 'progress_step', '0',
+             'queued_seconds', exact(waited))
   redis.call('HINCRBY', job_key, 'attempts', 1)
   advance_clock(job_key)
   remove_queued(job_key, job_id)
   redis.call('ZADD', leases_key, lease_expires_at, job_id)
+  emit(job_id, 'event', 'started')
 end
 """
 )
@@ -240,6 +277,8 @@ return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', q
 )
 
 # ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
+# started_at is the first start (a re-queued job keeps it); queued_seconds adds the time since the
+# job was (re)queued, so the run time of an earlier attempt never counts as waiting.
 # Taking one job by its id, without a message (tests, tools): its owed message, if any, is forgiven.
 TAKE = (
     _PREAMBLE
@@ -296,7 +335,7 @@ return 1
 """
 )
 
-# ARGV: ns, step, total, is_paused ('1'/'0'), is_late ('1'/'0'). Only a running job's progress moves
+# ARGV: ns, job_id, step, total, is_paused ('1'/'0'), is_late ('1'/'0'). Only a running job's progress moves
 # (never recreates an expired hash).
 SET_PROGRESS = (
     _PREAMBLE
@@ -304,8 +343,21 @@ SET_PROGRESS = (
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3], 'is_paused', ARGV[4],
-           'is_late', ARGV[5])
+redis.call('HSET', KEYS[1], 'progress_step', ARGV[3], 'progress_total', ARGV[4], 'is_paused', ARGV[5],
+           'is_late', ARGV[6])
+emit(ARGV[2], 'event', 'progress', 'step', ARGV[3], 'total', ARGV[4])
+return 1
+"""
+)
+
+# ARGV: ns, job_id, step, total, image (a data URI). A running job's preview: only on its event stream.
+ADD_PREVIEW = (
+    _PREAMBLE
+    + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
+  return 0
+end
+emit(ARGV[2], 'event', 'preview', 'step', ARGV[3], 'total', ARGV[4], 'image', ARGV[5])
 return 1
 """
 )
@@ -355,7 +407,7 @@ return {'refused', state}
 """
 )
 
-# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or ''.
+# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or '', reason code, reason message.
 # Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused. A job queued
 # again owes its queue a message (the unsent set) until the caller marks it sent.
 RELEASE = (
@@ -378,10 +430,12 @@ if cancel == '1' then
 end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
 redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at', 'is_paused')
-redis.call('HSET', KEYS[1], 'progress_step', '0')
+redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'requeue_reason', ARGV[7],
+           'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])
 add_requeued(KEYS[1], ARGV[2], ARGV[4])
 redis.call('ZADD', unsent_key, ARGV[4], ARGV[2])
+emit(ARGV[2], 'event', 'queued')
 return 1
 """
 )
@@ -401,5 +455,36 @@ else
 end
 redis.call('HSET', KEYS[1], 'webhook_attempts', attempts)
 return 1
+"""
+)
+
+# ARGV: ns, job_id, now, ttl, tombstone seconds. Removes the job's record from Redis: a queued job is
+# canceled first (counted so), a running one is left to stop (its worker sees the record gone and
+# cleans up its images, told by the tombstone). Returns {outcome, state before}: 'deleted' or 'missing'.
+DELETE = (
+    _PREAMBLE
+    + """
+local state, tenant = unpack(redis.call('HMGET', KEYS[1], 'state', 'tenant'))
+if not state then
+  return {'missing', ''}
+end
+if state == 'queued' then
+  finish_job(KEYS[1], ARGV[2], 'queued', 'canceled', ARGV[3], ARGV[4])
+end
+remove_queued(KEYS[1], ARGV[2])
+redis.call('ZREM', leases_key, ARGV[2])
+redis.call('ZREM', unsent_key, ARGV[2])
+for _, name in ipairs({'all', """
+    + ", ".join(f"'{state.value}'" for state in JobState)
+    + """}) do
+  redis.call('ZREM', tenant_index(name, tenant), ARGV[2])
+end
+local idem_key = redis.call('HGET', KEYS[1], 'idem_redis_key')
+if idem_key then
+  redis.call('DEL', idem_key)
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', deleted_key_of(ARGV[2]), state, 'EX', tonumber(ARGV[5]))
+return {'deleted', state}
 """
 )

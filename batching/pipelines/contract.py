@@ -39,6 +39,7 @@ import torch
 from batching.params import GenerationParams
 
 if TYPE_CHECKING:
+    from batching.image_inputs import InputImages
     from batching.sample_tensors import SampleTensors
 
 Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
@@ -87,6 +88,11 @@ class ImageInputs(Protocol):
 
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> Conditioning:
         """The per-row conditioning that carries a sample's mask channels (only with `has_mask_channels`)."""
+        ...
+
+    def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning:
+        """With `edits_init_image`: what a sample's init image (decoded once at submit, as its family reads it)
+        adds to each of its rows' conditioning, over `row_conditioning`'s names (FLUX.2: its reference tokens)."""
         ...
 
 
