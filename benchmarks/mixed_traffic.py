@@ -64,6 +64,13 @@ class Deployment:
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self) -> Deployment:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> Deployment:
         import redis
 
         from benchmarks.local_services import wait_until
@@ -101,7 +108,7 @@ class Deployment:
             )
         )
         client = redis.Redis.from_url(self.url)
-        wait_until(lambda: client.hlen("stepwise:workers") > 0, 300, "the worker's first heartbeat", interval=0.2)
+        wait_until(lambda: client.hlen("stepwise:workers") > 0, 900, "the worker's first heartbeat", interval=0.2)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
