@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
-from batching.image_inputs import job_images, keep_unmasked_pixels
+from batching.image_inputs import edit_image, job_images, keep_unmasked_pixels
 from batching.job import Job, ProgressCallback, sample_ids_for
 from batching.params import MAX_LORA_BYTES, PRIORITIES, CompatibilityKey, GenerationParams
 from batching.plan import NewSample, RunnerOutput
@@ -188,7 +188,10 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
-        job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
+        if FAMILIES[self.family].init_image_role == "edit":
+            edit_image(params)  # an image that cannot be used is refused now, naming the field
+        else:
+            job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
         if params.lora is not None and self.loras is None:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:

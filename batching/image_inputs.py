@@ -167,6 +167,11 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
     return init, mask
 
 
+def edit_image(params: object) -> Image.Image:
+    """An edit job's init image (RGB) as given: an edit model's pipeline sizes it itself."""
+    return _upright_pixels("init_image", params.init_image, "RGB")  # type: ignore[attr-defined]
+
+
 def keep_unmasked_pixels(params: object, image: Image.Image) -> Image.Image:
     """An inpainting result with the init image's own pixels outside the mask (diffusers' `apply_overlay`,
     what AUTOMATIC1111 does by default): the VAE round trip would otherwise blur the region the user kept."""

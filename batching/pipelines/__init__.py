@@ -14,6 +14,7 @@ from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
 from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.qwenimage import QwenImageAdapter
+from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
 from batching.pipelines.sd3 import StableDiffusion3Adapter
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -28,6 +29,7 @@ ADAPTERS: tuple[AdapterClass, ...] = (
     FluxAdapter,
     ZImageAdapter,
     QwenImageAdapter,
+    QwenImageEditAdapter,
     StableDiffusion3Adapter,
 )
 
