@@ -13,11 +13,12 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-from api import errors, health, jobs, loras, metrics, models, openapi, resources, uploads, web
+from api import admin, errors, health, jobs, loras, metrics, models, openapi, resources, uploads, web
 from api.auth import KeyRing
 from api.fleet import Fleet
 from api.queue import TaskQueue
 from api.settings import ApiSettings
+from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.image_store import open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import open_lora_store
@@ -36,10 +37,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.compact = True
 
     job_store = JobStore.from_settings(settings.storage)
+    api_key_store = ApiKeyStore(job_store.redis, job_store.keys)  # `stepwise keys` manages them
     resources.install(
         app,
         settings=settings,
-        keyring=KeyRing(settings.api_keys),
+        keyring=KeyRing(settings.api_keys, settings.admin_api_keys, ApiKeyTable(api_key_store)),
         job_store=job_store,
         fleet=Fleet(job_store, settings),
         upload_store=UploadStore.beside(job_store),
@@ -51,6 +53,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, health.bp, openapi.bp, web.bp):
+    for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, admin.bp, health.bp, openapi.bp, web.bp):
         app.register_blueprint(blueprint)
     return app

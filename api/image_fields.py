@@ -8,7 +8,7 @@ a 422 naming the field; a batch fetches all its items' URLs together first, with
 `remote_image_urls` and `fetch_images`, and hands each item the results); then the images
 are decoded and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and
 pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
-image is stored as an upload of the tenant first, as a canonical data URI (its own MIME
+image is stored as an upload of the tenant once the job passed every check, as a canonical data URI (its own MIME
 type, plain base64: whatever form of base64 or media type the caller sent, the worker reads
 one form).
 """
@@ -79,19 +79,24 @@ def check_images(params: GenerationParams, prefix: str = "") -> None:
         raise from_params_error(e, prefix) from e
 
 
+def sent_upload_ids(sent: dict[str, Any]) -> dict[str, str]:
+    """Image field -> upload id, for the image fields of a job (as sent) that name an upload."""
+    return {name: value for name in IMAGE_FIELDS if isinstance(value := sent.get(name), str) and is_upload_id(value)}
+
+
 def record_params(
-    params: GenerationParams, sent: dict[str, Any], tenant: str, uploads: UploadStore | None
+    params: GenerationParams, upload_ids: Mapping[str, str], tenant: str, uploads: UploadStore | None
 ) -> dict[str, Any]:
-    """What the job record keeps: the params with upload ids in place of images (inline ones stored now)."""
+    """What the job record keeps: the params with upload ids in place of images. An image sent inline or by
+    URL is stored now as an upload of the tenant; call this once the job passed every check."""
     stored = params.to_dict()
     if uploads is None:
         return stored
     for name in IMAGE_FIELDS:
         if stored.get(name) is None:
             continue
-        sent_value = sent.get(name)
-        if isinstance(sent_value, str) and is_upload_id(sent_value):
-            stored[name] = sent_value
+        if name in upload_ids:
+            stored[name] = upload_ids[name]
         else:
             try:
                 stored[name] = uploads.put(tenant, canonical_data_uri(name, stored[name]))

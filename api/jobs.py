@@ -83,7 +83,7 @@ def submit():
     job = validate_job(read_json(), settings, get_fleet(), g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, queue, settings, g.tenant, [(job, idempotency_key)])[0]
+    outcome = create_jobs(store, queue, settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
     if isinstance(outcome, ApiError):
         raise outcome
     record = outcome.record
@@ -138,7 +138,8 @@ def submit_batch():
             results[index] = {"index": index, "status": e.status, "error": e.body()["error"]}
             continue
         valid.append((index, job, batch_item_key(idempotency_key, index)))
-    outcomes = create_jobs(store, queue, settings, g.tenant, [(job, key) for _, job, key in valid]) if valid else []
+    jobs = [(job, key) for _, job, key in valid]
+    outcomes = create_jobs(store, queue, settings, g.tenant, jobs, get_upload_store()) if valid else []
     replayed = [outcome.record for outcome in outcomes if not isinstance(outcome, ApiError) and not outcome.created]
     replayed_views = dict(zip((record.job_id for record in replayed), views_with_positions(replayed)))
     for (index, _, _), outcome in zip(valid, outcomes):

@@ -69,6 +69,7 @@ class DocumentBuilder:
         meanings = {
             400: "Malformed JSON.",
             401: "Missing or invalid API key.",
+            403: "The API key is not an admin key.",
             404: "No such job (or upload, or adapter) for this key; for /v1/loras also: no LoRA store.",
             409: "Conflict with the job's state or an earlier request.",
             413: "Request body too large.",
@@ -247,6 +248,16 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "responses": {"200": b.response("Served models, by name.", schemas.ModelList), **b.errors(401, 503)},
             },
         },
+        "/v1/admin/tenants": {
+            "get": {
+                "operationId": "tenantTotals",
+                "summary": "Every tenant's queued and running jobs (an admin API key).",
+                "responses": {
+                    "200": b.response("Per tenant.", schemas.TenantTotalsList),
+                    **b.errors(401, 403, 503),
+                },
+            },
+        },
         "/healthz": {
             "get": {
                 "operationId": "healthz",
@@ -269,13 +280,13 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
         "/metrics": {
             "get": {
                 "operationId": "metrics",
-                "summary": "Prometheus metrics.",
-                "security": [],
+                "summary": "Prometheus metrics (an admin API key).",
                 "responses": {
                     "200": {
                         "description": "Prometheus text format.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+                    },
+                    **b.errors(401, 403),
                 },
             }
         },

@@ -2,8 +2,10 @@
 
 Validation runs in three layers: the pydantic model (types and the documented limits,
 naming the field), `GenerationParams` (the engine's own rules), and the fleet (a worker
-serves the model, and its family supports the fields). Everything here is shared by
-`POST /v1/jobs` and `POST /v1/jobs/batch`.
+serves the model, and its family supports the fields). It only reads: an inline or fetched
+input image is stored as an upload in `create_jobs`, once every check (the adapter, the
+queue's room) has passed, so a refused job leaves nothing behind. Everything here is
+shared by `POST /v1/jobs` and `POST /v1/jobs/batch`.
 
 Creating jobs is one Redis round trip whatever their number: a pipeline of atomic scripts,
 each storing one record and pushing its Celery message together (`api.messages`,
@@ -24,7 +26,7 @@ from pydantic import ValidationError
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.fleet import Fleet
-from api.image_fields import check_images, record_params, resolve_images
+from api.image_fields import check_images, record_params, resolve_images, sent_upload_ids
 from api.queue import TaskQueue
 from api.remote_images import ImageURL
 from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
@@ -44,8 +46,8 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 @dataclass(frozen=True)
 class ValidJob:
-    params: GenerationParams
-    record_params: dict[str, Any]  # params.to_dict() with upload ids in place of images
+    params: GenerationParams  # input images resolved to data URIs
+    upload_ids: dict[str, str]  # image field -> the upload id it was sent as (the record keeps it as is)
     deadline: float | None
     webhook_url: str | None
     webhook_events: list[str]
@@ -83,9 +85,9 @@ def validate_job(
     fetched_images: Mapping[ImageURL, str | ApiError] | None = None,
     checked_webhooks: Mapping[str, WebhookCheck] | None = None,
 ) -> ValidJob:
-    """Raise a 422 ApiError naming the first bad field, or return the job ready to store. Without an upload
-    store (validation only), upload ids name nothing and inline images stay inline; without a fleet, the
-    served models are not checked. Image URLs are fetched and the webhook URL checked here unless
+    """Raise a 422 ApiError naming the first bad field, or return the job ready to store; writes nothing.
+    Without an upload store, upload ids name nothing; without a fleet, the served models are not checked.
+    Image URLs are fetched and the webhook URL checked here unless
     `fetched_images` and `checked_webhooks` hold them (a batch does its items' together first)."""
     prefix_loc = tuple(_loc(field_prefix))
     try:
@@ -140,7 +142,7 @@ def validate_job(
         check_webhook(job.webhook_url, settings, f"{field_prefix}webhook_url", checked_webhooks)
     return ValidJob(
         params=params,
-        record_params=record_params(params, sent, tenant, uploads),
+        upload_ids=sent_upload_ids(sent),
         deadline=deadline,
         webhook_url=job.webhook_url,
         webhook_events=events if job.webhook_url else [],
@@ -264,14 +266,20 @@ def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
 
 
 def create_jobs(
-    store: JobStore, queue: TaskQueue, settings: ApiSettings, tenant: str, jobs: list[tuple[ValidJob, str | None]]
+    store: JobStore,
+    queue: TaskQueue,
+    settings: ApiSettings,
+    tenant: str,
+    jobs: list[tuple[ValidJob, str | None]],
+    uploads: UploadStore | None,
 ) -> list[Created | ApiError]:
-    """Store the jobs with their messages. One outcome per (job, idempotency key): Created (an
-    idempotent replay is not sent again) or the item's ApiError (409, 429)."""
+    """Store the jobs with their messages, their inline input images first (as uploads: records hold upload
+    ids). One outcome per (job, idempotency key): Created (an idempotent replay is not sent again) or the
+    item's ApiError (409, 429)."""
     specs = [
         NewJobSpec(
             tenant=tenant,
-            params=job.record_params,
+            params=record_params(job.params, job.upload_ids, tenant, uploads),
             deadline=job.deadline,
             webhook_url=job.webhook_url,
             webhook_events=job.webhook_events,

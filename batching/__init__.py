@@ -4,11 +4,13 @@ Vocabulary (one meaning per word across the package):
 - job: one `DiffusionEngine.submit()` call (an API job), with its `job_id`; it may ask
   for several images (`num_images`). `batching.job.Job` tracks it; its Future resolves
   to a `GenerationResult` whose `job_id` is that id.
-- sample: one image of a job as the scheduler schedules it; `sample_id` is the job id
-  for a one-image job and `job_id#i` for image i of several. The engine keeps an
-  explicit sample -> job mapping (it never parses ids). The scheduler, the plan
-  (`NewSample`, `aborted_sample_ids`) and the runner speak only of samples.
-- SampleTensors: the runner's tensors of one running sample (`batching.sample_tensors`).
+- sample: one image of a job, `batching.sample.Sample`, made once at submit with its
+  step count, cost and key; `sample_id` is the job id for a one-image job and `job_id#i`
+  for image i of several. The engine keeps an explicit sample -> job mapping (it never
+  parses ids). The scheduler, the plan (`new_samples`, `aborted_sample_ids`) and the
+  runner speak only of samples.
+- SampleTensors: the runner's tensors of one running sample, beside its `Sample`
+  (`batching.sample_tensors`).
 - row: one row of a denoiser forward; a sample contributes one or more (two with
   classifier-free guidance), as its family's adapter decides.
 - group: the running samples of one compatibility key; one forward per group per step.

@@ -33,15 +33,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from batching.scheduler import ScheduledSample
+    from batching.sample import Sample
 
-Samples = Sequence["ScheduledSample"]  # in arrival order
+Samples = Sequence["Sample"]  # in arrival order
 
 
 class AdmissionPolicy(Protocol):
     max_num_groups: int  # distinct compatibility keys the running set may hold
 
-    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
+    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
         """The waiting samples to admit now, in admission order: at most `num_free`, costing at most
         `tokens_free` together (but see `_fits`)."""
         ...
@@ -52,7 +52,7 @@ class GroupedAdmission:
         self.max_num_groups = max_num_groups
         self.max_wait_iterations = max_wait_iterations
 
-    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
+    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
         eligible = sorted(waiting, key=self._walk_order(waiting))  # arrival order, bound and priority first
         while True:  # narrow to the first overdue sample left out, until none behind one is admitted
             admitted = self._fill(eligible, running, num_free, tokens_free)
@@ -72,22 +72,22 @@ class GroupedAdmission:
         _count_overtaken(waiting, admitted_ids)
         return admitted
 
-    def _walk_order(self, waiting: Sequence[ScheduledSample]):
+    def _walk_order(self, waiting: Sequence[Sample]):
         """Samples at the starvation bound first, in arrival order; then the others by priority
         (high, normal, low) and arrival within a priority."""
         arrival = {sample.sample_id: index for index, sample in enumerate(waiting)}
 
-        def order(sample: ScheduledSample) -> tuple[int, int, int]:
+        def order(sample: Sample) -> tuple[int, int, int]:
             if sample.num_iterations_overtaken >= self.max_wait_iterations:
                 return (0, 0, arrival[sample.sample_id])
             return (1, sample.priority_rank, arrival[sample.sample_id])
 
         return order
 
-    def _fill(self, eligible: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
+    def _fill(self, eligible: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
         """Running keys' groups first (the head's key when nothing runs), then new groups, each in walk order."""
         keys = {sample.key for sample in running}
-        admitted: list[ScheduledSample] = []
+        admitted: list[Sample] = []
         admitted_ids: set[str] = set()
         for is_filling_pass in (True, False):
             for sample in eligible:
@@ -109,9 +109,9 @@ class GroupedAdmission:
 class FifoAdmission:
     max_num_groups = 1
 
-    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[ScheduledSample]:
+    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
         wave_key = _reference_key(running[0]) if running else None
-        admitted: list[ScheduledSample] = []
+        admitted: list[Sample] = []
         for sample in waiting:
             if len(admitted) == num_free:
                 break
@@ -124,12 +124,12 @@ class FifoAdmission:
         return admitted
 
 
-def _fits(sample: ScheduledSample, tokens_free: float, *, is_empty: bool) -> bool:
+def _fits(sample: Sample, tokens_free: float, *, is_empty: bool) -> bool:
     """Whether the sample's cost fits the budget left; one over the whole budget fits an empty running set."""
     return sample.cost <= tokens_free or is_empty
 
 
-def _count_overtaken(waiting: Sequence[ScheduledSample], admitted_ids: set[str]) -> None:
+def _count_overtaken(waiting: Sequence[Sample], admitted_ids: set[str]) -> None:
     """Each sample left waiting that a later arrival was admitted before counts one more overtaking."""
     is_later_admitted = False
     for sample in reversed(waiting):
@@ -139,6 +139,6 @@ def _count_overtaken(waiting: Sequence[ScheduledSample], admitted_ids: set[str])
             sample.num_iterations_overtaken += 1
 
 
-def _reference_key(sample: ScheduledSample) -> tuple:
+def _reference_key(sample: Sample) -> tuple:
     """The reference design's key, which also holds the guidance setting."""
-    return sample.key, sample.new_sample.params.guidance_scale
+    return sample.key, sample.params.guidance_scale

@@ -31,18 +31,13 @@ from typing import Any
 import torch
 
 from batching.beside_loop import BesideTheLoop
+from batching.image_inputs import keep_unmasked_pixels
 from batching.oom import alone_message, run_splitting
 from batching.params import GenerationParams
 from batching.pipelines.contract import PipelineAdapter
+from batching.sample_tensors import SampleTensors
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DecodeItem:
-    sample_id: str
-    params: GenerationParams
-    latents: torch.Tensor  # [1, *latent_shape]
 
 
 @dataclass
@@ -55,7 +50,7 @@ class DecodeResult:
 
 @dataclass
 class _Batch:
-    items: list[DecodeItem]
+    samples: list[SampleTensors]  # their last latents
     ready: Any = None  # torch.cuda.Event recorded on the loop's stream after the latents were final
 
 
@@ -65,17 +60,17 @@ class Decoder(BesideTheLoop[DecodeResult]):
         self.pending_sample_ids: set[str] = set()  # their samples; loop thread only
         super().__init__(model, is_async=is_async, thread_name="stepwise-decode", on_result=on_result)
 
-    def submit(self, batches: Sequence[list[DecodeItem]]) -> None:
-        """Decode each batch (samples of one size); inline, or queued to the worker."""
-        for items in batches:
+    def submit(self, batches: Sequence[list[SampleTensors]]) -> None:
+        """Decode each batch (samples of one size, after their last step); inline, or queued to the worker."""
+        for samples in batches:
             self.num_pending += 1
-            self.pending_sample_ids.update(item.sample_id for item in items)
-            batch = _Batch(items)
+            self.pending_sample_ids.update(sample.sample_id for sample in samples)
+            batch = _Batch(samples)
             if self._stream is not None:
                 batch.ready = torch.cuda.Event()
                 batch.ready.record(torch.cuda.current_stream(self.model.device))  # after the last sampler step
-                for item in items:
-                    item.latents.record_stream(self._stream)
+                for sample in samples:
+                    sample.latents.record_stream(self._stream)
             if self.is_async:
                 self._queue.put(batch)
             else:
@@ -111,28 +106,30 @@ class Decoder(BesideTheLoop[DecodeResult]):
     def _decode(self, batch: _Batch) -> DecodeResult:
         start = time.perf_counter()
         result = DecodeResult()
-        items = batch.items
+        samples = batch.samples
         try:
-            outcome = run_splitting([items], self._decode_chunk, rows_of=len, device=self.model.device)
+            outcome = run_splitting([samples], self._decode_chunk, rows_of=len, device=self.model.device)
         except Exception as e:
             logger.exception("decode failed")
             message = f"decoding the image failed: {type(e).__name__}: {e}"
-            result.failed.update((item.sample_id, message) for item in items)
+            result.failed.update((sample.sample_id, message) for sample in samples)
         else:
             result.num_oom_splits = outcome.num_splits
             for chunk, images in outcome.results:
-                for item, image in zip(chunk, images):
+                for sample, image in zip(chunk, images):
                     if image is None:
-                        result.failed[item.sample_id] = _not_finite_message(item.params)
-                    else:
-                        result.images[item.sample_id] = image
-            for item, error in outcome.failed:
-                result.failed[item.sample_id] = alone_message("decoding this image", 1, error)
+                        result.failed[sample.sample_id] = _not_finite_message(sample.params)
+                    else:  # an inpainting job's kept region, composited here beside the loop, not on it
+                        result.images[sample.sample_id] = keep_unmasked_pixels(sample.sample.images, image)
+            for sample, error in outcome.failed:
+                result.failed[sample.sample_id] = alone_message("decoding this image", 1, error)
         result.seconds = time.perf_counter() - start
         return result
 
-    def _decode_chunk(self, items: list[DecodeItem]) -> list[Any]:
-        return self.model.decode(torch.cat([item.latents for item in items]), [item.params for item in items])
+    def _decode_chunk(self, samples: list[SampleTensors]) -> list[Any]:
+        return self.model.decode(
+            torch.cat([sample.latents for sample in samples]), [sample.params for sample in samples]
+        )
 
 
 def _not_finite_message(params: GenerationParams) -> str:

@@ -34,20 +34,16 @@ import torch
 
 from batching.beside_loop import BesideTheLoop
 from batching.image_start import ImageStart, encode_init_images, start_from_image
+from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, PipelineAdapter
-from batching.plan import NewSample
+from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
 
 logger = logging.getLogger(__name__)
 
 TextEncoderAdapter = tuple[str, float] | None  # (internal PEFT name, scale) of a LoRA with text-encoder weights
 EncodingWith = Callable[[TextEncoderAdapter], contextlib.AbstractContextManager]
-
-
-@dataclass(frozen=True)
-class StartItem:
-    new_sample: NewSample
-    text_encoder_adapter: TextEncoderAdapter  # its prompts go through the text encoder with this adapter
+AdapterOf = Callable[[GenerationParams], TextEncoderAdapter]  # the text-encoder adapter a sample's prompts use
 
 
 @dataclass
@@ -60,7 +56,8 @@ class StartResult:
 
 @dataclass
 class _Batch:
-    items: list[StartItem]
+    samples: list[Sample]
+    adapters: dict[str, TextEncoderAdapter]  # sample_id -> the text-encoder adapter its prompts go through
     ready: Any = None  # torch.cuda.Event recorded on the loop's stream at hand-over
 
 
@@ -71,31 +68,37 @@ class Encoder(BesideTheLoop[StartResult]):
         *,
         is_async: bool,
         chunk_size: int | None = None,
+        adapter_of: AdapterOf | None = None,
         encoding_with: EncodingWith | None = None,
         on_result: Callable[[], None] = lambda: None,
     ) -> None:
         """`chunk_size`: deterministic mode, every text-encoder call gets exactly this many texts (padded) and
-        init images are encoded one at a time. `encoding_with(adapter)`: the block in which a text-encoder call
-        uses a LoRA adapter (EngineLoras.encoding_with)."""
+        init images are encoded one at a time. `adapter_of(params)`: the text-encoder adapter of a sample,
+        resolved on the loop thread at hand-over (EngineLoras.text_encoder_adapter); `encoding_with(adapter)`:
+        the block in which a text-encoder call uses it (EngineLoras.encoding_with)."""
         self.chunk_size = chunk_size
+        self._adapter_of = adapter_of
         self._encoding_with = encoding_with
         self.model_lock = threading.Lock()  # held while the text encoder runs or the loop changes the model
-        self.pending: dict[str, NewSample] = {}  # sample_id -> handed over, not yet collected; loop thread only
+        self.pending: dict[str, Sample] = {}  # sample_id -> handed over, not yet collected; loop thread only
         super().__init__(model, is_async=is_async, thread_name="stepwise-encode", on_result=on_result)
 
-    def submit(self, items: Sequence[StartItem]) -> None:
+    def submit(self, samples: Sequence[Sample]) -> None:
         """Start these samples: inline, or queued to the worker (which batches what arrived meanwhile)."""
-        if not items:
+        if not samples:
             return
-        self.pending.update((item.new_sample.sample_id, item.new_sample) for item in items)
-        batch = _Batch(list(items))
+        self.pending.update((sample.sample_id, sample) for sample in samples)
+        adapter_of = self._adapter_of
+        batch = _Batch(
+            list(samples), {sample.sample_id: adapter_of(sample.params) if adapter_of else None for sample in samples}
+        )
         if self._stream is not None:
             batch.ready = torch.cuda.Event()
             batch.ready.record(torch.cuda.current_stream(self.model.device))
         if self.is_async:
             self._queue.put(batch)
         else:
-            self._finish(self._start(batch.items))
+            self._finish(self._start([batch]))
 
     def collect(self) -> list[StartResult]:
         """The batches started since the last call, without the discarded samples; never waits."""
@@ -129,54 +132,54 @@ class Encoder(BesideTheLoop[StartResult]):
                     is_closing = True
                     break
                 batches.append(more)
-            items = [item for each in batches for item in each.items]
             with torch.inference_mode():
                 if self._stream is None:
-                    result = self._start(items)
+                    result = self._start(batches)
                 else:
                     with torch.cuda.stream(self._stream):
                         for each in batches:
                             self._stream.wait_event(each.ready)
-                        result = self._start(items)
+                        result = self._start(batches)
                         result.ready = torch.cuda.Event()
                         result.ready.record(self._stream)
             self._finish(result)
             if is_closing:
                 break
 
-    def _start(self, items: list[StartItem]) -> StartResult:
+    def _start(self, batches: list[_Batch]) -> StartResult:
         start = time.perf_counter()
         result = StartResult()
+        samples = [sample for batch in batches for sample in batch.samples]
+        adapters = {sample_id: adapter for batch in batches for sample_id, adapter in batch.adapters.items()}
         texts_of_adapter: dict[TextEncoderAdapter, set[str]] = {}
-        for item in items:
-            texts_of_adapter.setdefault(item.text_encoder_adapter, set()).update(
-                self.model.texts_to_encode(item.new_sample.params)
+        for sample in samples:
+            texts_of_adapter.setdefault(adapters[sample.sample_id], set()).update(
+                self.model.texts_to_encode(sample.params)
             )
         encoded: dict[TextEncoderAdapter, dict[str, Conditioning | Exception]] = {}
         with self.model_lock:
             for adapter, texts in texts_of_adapter.items():
                 encoded[adapter] = self._encode_texts(adapter, sorted(texts))
-        ready: list[tuple[StartItem, dict[str, Conditioning]]] = []
-        for item in items:
+        ready: list[tuple[Sample, dict[str, Conditioning]]] = []
+        for sample in samples:
             conditioning: dict[str, Conditioning] = {}
-            for text in self.model.texts_to_encode(item.new_sample.params):
-                outcome = encoded[item.text_encoder_adapter][text]
+            for text in self.model.texts_to_encode(sample.params):
+                outcome = encoded[adapters[sample.sample_id]][text]
                 if isinstance(outcome, Exception):
-                    result.failed[item.new_sample.sample_id] = f"prompt encoding failed: {_describe(outcome)}"
+                    result.failed[sample.sample_id] = f"prompt encoding failed: {_describe(outcome)}"
                     break
                 conditioning[text] = outcome
             else:
-                ready.append((item, conditioning))
+                ready.append((sample, conditioning))
         init_images = encode_init_images(
-            self.model, [item.new_sample for item, _ in ready], one_at_a_time=self.chunk_size is not None
+            self.model, [sample for sample, _ in ready], one_at_a_time=self.chunk_size is not None
         )
-        for item, conditioning in ready:
-            new = item.new_sample
+        for sample, conditioning in ready:
             try:
-                result.samples.append(self._sample_tensors(new, conditioning, init_images.get(new.sample_id)))
+                result.samples.append(self._sample_tensors(sample, conditioning, init_images.get(sample.sample_id)))
             except Exception as e:
-                logger.exception("could not start sample %s", new.sample_id)
-                result.failed[new.sample_id] = f"could not start the job: {_describe(e)}"
+                logger.exception("could not start sample %s", sample.sample_id)
+                result.failed[sample.sample_id] = f"could not start the job: {_describe(e)}"
         result.seconds = time.perf_counter() - start
         return result
 
@@ -206,9 +209,10 @@ class Encoder(BesideTheLoop[StartResult]):
             encoded += self.model.encode_prompts(chunk + [""] * (self.chunk_size - len(chunk)))[: len(chunk)]
         return encoded
 
-    def _sample_tensors(self, new: NewSample, encoded: dict[str, Conditioning], init_image: Any) -> SampleTensors:
-        params = new.params
+    def _sample_tensors(self, sample: Sample, encoded: dict[str, Conditioning], init_image: Any) -> SampleTensors:
+        params = sample.params
         sampler = self.model.new_sampler(params)
+        assert len(sampler.timesteps) == sample.first_step + sample.num_steps, "one timestep per step it runs"
         assert params.seed is not None  # GenerationParams draws one when none is given
         generator = torch.Generator("cpu").manual_seed(params.seed)
         if init_image is None:  # text-to-image: noise
@@ -216,18 +220,20 @@ class Encoder(BesideTheLoop[StartResult]):
         elif isinstance(init_image, Exception):
             raise init_image
         else:  # the noised init image, and an inpaint guide or mask channels (every sample of such a model)
-            image_start = start_from_image(self.model, new, sampler, generator, init_image)
-        row_conditioning = self.model.row_conditioning(params, encoded)
+            image_start = start_from_image(self.model, sample, sampler, generator, init_image)
+        if self.model.edits_init_image:  # its prompts are encoded with its image
+            assert sample.images is not None  # an edit job's image is required and decoded at submit
+            row_conditioning = self.model.edit_rows(params, sample.images.init)
+        else:
+            row_conditioning = self.model.row_conditioning(params, encoded)
         if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
             row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
         return SampleTensors(
-            sample_id=new.sample_id,
-            params=params,
+            sample=sample,
             sampler=sampler,
             generator=generator,
             latents=image_start.latents,
             row_conditioning=row_conditioning,
-            first_step=new.first_step,
             guide=image_start.guide,
         )
 

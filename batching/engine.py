@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
-from batching.image_inputs import edit_image, job_images, keep_unmasked_pixels
-from batching.job import Job, ProgressCallback, sample_ids_for
-from batching.params import MAX_LORA_BYTES, PRIORITIES, CompatibilityKey, GenerationParams
-from batching.plan import NewSample, RunnerOutput
+from batching.image_inputs import input_images
+from batching.job import Job, JobFuture, ProgressCallback
+from batching.params import MAX_LORA_BYTES, PRIORITIES, GenerationParams
+from batching.plan import RunnerOutput
+from batching.sample import make_samples
 from batching.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ class DiffusionEngine:
         job_id: str | None = None,
         on_progress: ProgressCallback | None = None,
         priority: str = "normal",
-    ) -> Future:
+    ) -> JobFuture:
         """Queue a job; the Future resolves to a GenerationResult or raises a BatchingError.
 
         `priority` (high, normal, low): the scheduler admits waiting samples of a higher priority first."""
@@ -188,16 +189,23 @@ class DiffusionEngine:
         params.validate(self.family)
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
-        if FAMILIES[self.family].init_image_role == "edit":
-            edit_image(params)  # an image that cannot be used is refused now, naming the field
-        else:
-            job_images(params)  # an init image or mask that cannot be used is refused now, naming the field
+        # Decoded once, here on the caller's thread: an image that cannot be used is refused now, naming the field.
+        images = input_images(params, is_edit=FAMILIES[self.family].init_image_role == "edit")
         if params.lora is not None and self.loras is None:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:
             raise InvalidParamsError("priority", priority, f"must be one of {', '.join(PRIORITIES)}")
         job_id = job_id or uuid.uuid4().hex
-        future: Future = Future()
+        samples = make_samples(
+            job_id,
+            params,
+            FAMILIES[self.family],
+            has_size=self._key_has_size,
+            has_lora=self._key_has_lora,
+            priority=priority,
+            images=images,
+        )
+        future = JobFuture(job_id, sum(sample.num_steps for sample in samples))
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
         if params.lora is not None:
             try:
@@ -209,12 +217,10 @@ class DiffusionEngine:
         job = Job(
             job_id=job_id,
             params=params,
+            samples=samples,
             future=future,
-            sample_ids=sample_ids_for(job_id, params.num_images),
             on_progress=on_progress,
             submitted_at=time.perf_counter(),
-            priority=priority,
-            steps_per_sample=params.steps_to_run(self.family),
         )
         with self._cond:
             if not self._is_accepting:
@@ -348,17 +354,8 @@ class DiffusionEngine:
             new_jobs, self._inbox = self._inbox, []
             is_pause_wanted = self._is_pause_wanted
         for job in new_jobs:
-            for index, sample_id in enumerate(job.sample_ids):
-                params = job.params.for_image(index)
-                key = CompatibilityKey.of(params, has_size=self._key_has_size, has_lora=self._key_has_lora)
-                first_step = params.num_inference_steps - (job.steps_per_sample or params.num_inference_steps)
-                cost = FAMILIES[self.family].sample_cost(
-                    params.height, params.width, params.guidance_scale, params.negative_prompt
-                )
-                self.scheduler.add(
-                    NewSample(sample_id=sample_id, params=params, key=key, first_step=first_step, cost=cost),
-                    priority=job.priority,
-                )
+            for sample in job.samples:
+                self.scheduler.add(sample)
         self._take_cancels()
         if is_pause_wanted != self.scheduler.is_admission_paused:
             self.scheduler.pause_admission() if is_pause_wanted else self.scheduler.resume_admission()
@@ -403,7 +400,7 @@ class DiffusionEngine:
         for sample_id in output.finished_sample_ids:
             job = job_of_sample.get(sample_id)
             if job is not None and job.job_id not in ended:
-                job.images[sample_id] = keep_unmasked_pixels(job.params, output.images[sample_id])
+                job.images[sample_id] = output.images[sample_id]
                 decoded[job.job_id] = job
         for job in decoded.values():
             # one decode batch per size per iteration, shared by its samples
@@ -457,6 +454,9 @@ class DiffusionEngine:
                 future.set_result(outcome)
 
     def _find_job(self, future_or_id: Future | str) -> Job | None:
+        if isinstance(future_or_id, JobFuture):
+            job = self._jobs.get(future_or_id.job_id)
+            return job if job is not None and job.future is future_or_id else None
         if isinstance(future_or_id, Future):
-            return next((job for job in self._jobs.values() if job.future is future_or_id), None)
+            return None  # not one of this engine's
         return self._jobs.get(future_or_id) or self._job_of_sample.get(future_or_id)

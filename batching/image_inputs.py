@@ -32,6 +32,7 @@ import io
 import re
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -167,19 +168,29 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
     return init, mask
 
 
-def edit_image(params: object) -> Image.Image:
-    """An edit job's init image (RGB) as given: an edit model's pipeline sizes it itself."""
-    return _upright_pixels("init_image", params.init_image, "RGB")  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class InputImages:
+    """A job's input images, decoded once at the job's size (`input_images`) and shared by its samples."""
+
+    init: Image.Image  # RGB
+    mask: Image.Image | None  # L, 0 or 255 (white is repainted); None: image-to-image without a mask
 
 
-def keep_unmasked_pixels(params: object, image: Image.Image) -> Image.Image:
+def input_images(params: object, *, is_edit: bool = False) -> InputImages | None:
+    """The job's decoded input images (`job_images`); None for text-to-image. `is_edit`: an edit model's job,
+    whose init image is kept as given (its pipeline sizes it itself)."""
+    if is_edit:
+        return InputImages(_upright_pixels("init_image", params.init_image, "RGB"), None)  # type: ignore[attr-defined]
+    init, mask = job_images(params)
+    return None if init is None else InputImages(init, mask)
+
+
+def keep_unmasked_pixels(images: InputImages | None, image: Image.Image) -> Image.Image:
     """An inpainting result with the init image's own pixels outside the mask (diffusers' `apply_overlay`,
     what AUTOMATIC1111 does by default): the VAE round trip would otherwise blur the region the user kept."""
-    if getattr(params, "mask_image", None) is None:
+    if images is None or images.mask is None:
         return image
-    init, mask = job_images(params)
-    assert init is not None and mask is not None  # a mask_image is refused without an init_image
-    return Image.composite(image.convert("RGB"), init, mask)  # mask white: the generated pixels
+    return Image.composite(image.convert("RGB"), images.init, images.mask)  # mask white: the generated pixels
 
 
 def _open_header(field: str, data: bytes) -> Image.Image:

@@ -1,8 +1,8 @@
 """Image-to-image and inpainting samples in the model runner: their start and their per-step blend.
 
-At admission, the init images of the iteration's new samples are decoded and resized
-(`batching.image_inputs`, Pillow) and VAE-encoded in one call per size; each sample then
-starts at the step its strength implies (`NewSample.first_step`) from its image latents
+At admission, the init images of the iteration's new samples (decoded and resized once per
+job at submit, `batching.image_inputs.input_images`) are VAE-encoded in one call per size; each sample then
+starts at the step its strength implies (`Sample.first_step`) from its image latents
 noised to that step (the adapter's `ImageLatentsMixin`). An inpainting sample keeps its
 image latents, its noise and its latent mask (`InpaintGuide`): after every step, the
 region outside the mask is replaced by the image latents re-noised to the next timestep
@@ -29,9 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from batching.image_inputs import job_images
 from batching.pipelines.contract import PipelineAdapter
-from batching.plan import NewSample
+from batching.sample import Sample
 
 if TYPE_CHECKING:
     from batching.sample_tensors import SampleTensors
@@ -60,7 +59,7 @@ class InpaintGuide:
 
 
 def encode_init_images(
-    adapter: PipelineAdapter, new_samples: Sequence[NewSample], *, one_at_a_time: bool = False
+    adapter: PipelineAdapter, new_samples: Sequence[Sample], *, one_at_a_time: bool = False
 ) -> dict[str, EncodedImage | Exception]:
     """The encoded init image (and masked image, for mask channels) of each new sample that needs one, or the
     error that refused it; one VAE call per size (per sample with `one_at_a_time`: deterministic mode, where no
@@ -70,11 +69,7 @@ def encode_init_images(
     for new in new_samples:
         if (new.params.init_image is None and not adapter.has_mask_channels) or adapter.edits_init_image:
             continue
-        try:
-            init, mask = job_images(new.params)
-        except Exception as e:
-            results[new.sample_id] = e
-            continue
+        init, mask = (new.images.init, new.images.mask) if new.images is not None else (None, None)
         size = (new.params.height, new.params.width)
         to_encode = [] if init is None else [_to_pixels(init)]  # [1, 3, H, W] in [-1, 1]
         mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
@@ -108,7 +103,7 @@ def _to_pixels(image: Any) -> torch.Tensor:
 
 
 def start_from_image(
-    adapter: PipelineAdapter, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: Sample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """The sample's first latents (image latents noised to its first step), and its inpaint guide or its
     mask channels."""
@@ -131,7 +126,7 @@ def start_from_image(
 
 
 def _start_with_mask_channels(
-    adapter: PipelineAdapter, new: NewSample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
+    adapter: PipelineAdapter, new: Sample, sampler: Any, generator: torch.Generator, encoded: EncodedImage
 ) -> ImageStart:
     """Draws in diffusers' inpaint pipeline's order: the init image's latents only when the sample starts from
     it (strength < 1), then the noise, then the masked image's latents."""

@@ -1,8 +1,8 @@
-"""A job as the engine tracks it, and the result its Future resolves to.
+"""A job as the engine tracks it, the Future its submit returns, and the result that Future resolves to.
 
-A job is one `submit()`. A job for N images becomes N samples (seeds seed..seed+N-1)
-that batch like any others; the job resolves when all of them have finished, and fails
-(aborting the rest) as soon as one of them fails.
+A job is one `submit()`. A job for N images becomes N samples (`batching.sample`, seeds
+seed..seed+N-1) that batch like any others; the job resolves when all of them have
+finished, and fails (aborting the rest) as soon as one of them fails.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batching.params import GenerationParams
+from batching.sample import Sample
 
 ProgressCallback = Callable[[int, int], None]  # (steps done, total steps), called on the engine loop thread
 
@@ -30,39 +31,49 @@ class GenerationResult:
         return self.images[0]
 
 
+class JobFuture(Future):
+    """What `DiffusionEngine.submit` returns: a `concurrent.futures.Future` of a `GenerationResult` that also
+    says which job it is and how many denoise steps the job runs (what its progress counts to)."""
+
+    def __init__(self, job_id: str, num_steps_total: int) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.num_steps_total = num_steps_total
+
+
 @dataclass(slots=True)
 class Job:
     job_id: str
     params: GenerationParams
-    future: Future
-    sample_ids: list[str]  # one sample per image, in seed order
+    samples: list[Sample]  # one per image, in seed order
+    future: JobFuture
     on_progress: ProgressCallback | None
     submitted_at: float
-    priority: str = "normal"  # one of batching.params.PRIORITIES; the scheduler admits higher first
     admitted_at: float | None = None  # when its first sample took its first step
     denoised_at: float | None = None  # when its last sample took its last step
     decode_seconds: float = 0.0
     num_steps_done: int = 0  # over all its samples
     images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image
-    steps_per_sample: int | None = None  # steps each sample runs (fewer with an init image); None: all
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return [sample.sample_id for sample in self.samples]
 
     @property
     def num_steps_total(self) -> int:
-        if self.steps_per_sample is None:
-            return self.params.total_steps()
-        return len(self.sample_ids) * self.steps_per_sample
+        return sum(sample.num_steps for sample in self.samples)
 
     @property
     def is_complete(self) -> bool:
-        return len(self.images) == len(self.sample_ids)
+        return len(self.images) == len(self.samples)
 
     def result(self) -> GenerationResult:
         assert self.is_complete and self.admitted_at is not None and self.denoised_at is not None
         assert self.params.seed is not None  # GenerationParams draws one when none is given
         return GenerationResult(
             job_id=self.job_id,
-            images=[self.images[sample_id] for sample_id in self.sample_ids],
-            seeds=[self.params.seed + index for index in range(len(self.sample_ids))],
+            images=[self.images[sample.sample_id] for sample in self.samples],
+            seeds=[self.params.seed + index for index in range(len(self.samples))],
             params=self.params,
             timings={
                 "queue_wait": self.admitted_at - self.submitted_at,
@@ -70,10 +81,3 @@ class Job:
                 "decode": self.decode_seconds,
             },
         )
-
-
-def sample_ids_for(job_id: str, num_images: int) -> list[str]:
-    """Sample ids of a job: its own id for one image, `job_id#i` for several."""
-    if num_images == 1:
-        return [job_id]
-    return [f"{job_id}#{index}" for index in range(num_images)]

@@ -25,16 +25,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batching.decoder import DecodeItem, Decoder
+from batching.decoder import Decoder
 from batching.device_timing import DeviceTimer
-from batching.encoder import Encoder, StartItem
+from batching.encoder import Encoder
 from batching.errors import LoraError
 from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
 from batching.pipelines.contract import PipelineAdapter
-from batching.plan import NewSample, RunnerOutput, SchedulerPlan
+from batching.plan import RunnerOutput, SchedulerPlan
+from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class ModelRunner:
             model,
             is_async=encode_overlap,
             chunk_size=self.num_padded_rows,
+            adapter_of=(lambda params: loras.text_encoder_adapter(params.lora, params.lora_scale)) if loras else None,
             encoding_with=loras.encoding_with if loras else None,
             on_result=on_encoded,
         )
@@ -124,27 +126,24 @@ class ModelRunner:
             self.samples.pop(sample_id, None)
         self.encoder.discard(sample_ids)
 
-    def _admit(self, new_samples: Sequence[NewSample], output: RunnerOutput) -> None:
+    def _admit(self, new_samples: Sequence[Sample], output: RunnerOutput) -> None:
         """Load the new samples' adapters (here: they change the model) and hand them to the encoder."""
-        items: list[StartItem] = []
+        starting: list[Sample] = []
         for new in new_samples:
             try:
                 if new.params.lora is not None:  # the ones admitted with it are in use too
-                    self._prepare_lora(new.params.lora, also_in_use=[item.new_sample.params.lora for item in items])
+                    self._prepare_lora(new.params.lora, also_in_use=[sample.params.lora for sample in starting])
             except LoraError as e:
                 output.failed[new.sample_id] = str(e)
                 continue
-            items.append(StartItem(new, self._text_encoder_adapter(new.params)))
-        self.encoder.submit(items)
+            starting.append(new)
+        self.encoder.submit(starting)
 
     def _collect_started(self, output: RunnerOutput) -> None:
         for result in self.encoder.collect():
             output.encode_seconds += result.seconds
             output.failed.update(result.failed)
             self.samples.update((sample.sample_id, sample) for sample in result.samples)
-
-    def _text_encoder_adapter(self, params) -> tuple[str, float] | None:
-        return self.loras.text_encoder_adapter(params.lora, params.lora_scale) if self.loras else None
 
     def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"
@@ -241,10 +240,7 @@ class ModelRunner:
 
     def _hand_to_decoder(self, samples: list[SampleTensors], output: RunnerOutput) -> None:
         """The samples leave the runner now; their images arrive through `_collect_decoded`."""
-        batches = [
-            [DecodeItem(sample.sample_id, sample.params, sample.latents) for sample in batch]
-            for batch in self._decode_batches(samples)
-        ]
+        batches = self._decode_batches(samples)
         for sample in samples:
             del self.samples[sample.sample_id]
             output.denoised_sample_ids.append(sample.sample_id)

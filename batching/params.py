@@ -173,6 +173,8 @@ class GenerationParams:
         """The params of sample `index` of this job: one image, seed + index."""
         assert 0 <= index < self.num_images
         assert self.seed is not None  # drawn in __post_init__ when none is given
+        if self.num_images == 1:
+            return self
         return dataclasses.replace(self, seed=self.seed + index, num_images=1)
 
     def steps_to_run(self, family: str | None = None) -> int:

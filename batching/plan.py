@@ -1,7 +1,8 @@
 """The written contract between the scheduler and the model runner.
 
-`SchedulerPlan` goes scheduler -> runner once per engine iteration; a new sample's full
-params are sent once (in `new_samples`), afterwards only ids. `RunnerOutput` goes runner
+`SchedulerPlan` goes scheduler -> runner once per engine iteration; a new sample
+(`batching.sample.Sample`: its params, key and step count) is handed over once, in
+`new_samples`, afterwards only its id. `RunnerOutput` goes runner
 -> engine/scheduler and carries plain Python values: ids, counts, messages, and the
 decoded PIL images of finished samples (the scheduler never looks at those). No tensors
 cross back. Torch-free.
@@ -12,34 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from batching.params import CompatibilityKey, GenerationParams
-
-
-@dataclass(frozen=True)
-class NewSample:
-    sample_id: str
-    params: GenerationParams  # single image: num_images == 1, seed fixed
-    key: CompatibilityKey
-    first_step: int = 0  # image-to-image: the steps its strength skips; it runs the rest
-    cost: int | None = None  # tokens it adds to each forward (FamilySpec.sample_cost); None: from its params'
-    # family (the engine passes its loaded model's family, which a folder model's params do not know)
-
-    @property
-    def num_steps(self) -> int:
-        return self.params.num_inference_steps - self.first_step
-
-    @property
-    def num_tokens(self) -> int:
-        if self.cost is not None:
-            return self.cost
-        return self.params.family_spec.sample_cost(
-            self.params.height, self.params.width, self.params.guidance_scale, self.params.negative_prompt
-        )
+from batching.params import CompatibilityKey
+from batching.sample import Sample
 
 
 @dataclass
 class SchedulerPlan:
-    new_samples: list[NewSample] = field(default_factory=list)  # admitted this iteration; params sent once
+    new_samples: list[Sample] = field(default_factory=list)  # admitted this iteration; handed over once
     # key -> running sample_ids (new ones included); one forward each
     groups: dict[CompatibilityKey, list[str]] = field(default_factory=dict)
     # aborted while running since the last plan: the runner drops their state

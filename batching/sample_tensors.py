@@ -1,4 +1,9 @@
-"""A running sample's tensor state, owned by the model runner from admission until it leaves."""
+"""A running sample's tensor state, owned by the model runner from admission until it leaves.
+
+The runner's side of a `batching.sample.Sample`: the sample itself (its id, params and step
+count, as the scheduler sees it) with the tensors its steps need. Handed to the decoder
+after its last step.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import torch
 
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning
+from batching.sample import Sample
 
 if TYPE_CHECKING:
     from batching.image_start import InpaintGuide
@@ -16,15 +22,21 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class SampleTensors:
-    sample_id: str
-    params: GenerationParams
+    sample: Sample
     sampler: Any  # this sample's own diffusers scheduler: samplers keep state between steps
     generator: torch.Generator  # seeded by params.seed; draws the initial noise and any sampler noise
     latents: torch.Tensor  # [1, *latent_shape], in the family's layout (FLUX: packed tokens)
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
-    num_steps_done: int = 0  # steps this sample ran (not counting the ones its strength skipped)
-    first_step: int = 0  # index into sampler.timesteps of its first step: > 0 for image-to-image
     guide: InpaintGuide | None = None  # an inpainting sample's (latent blend)
+    num_steps_done: int = 0  # steps its tensors took (the scheduler's count catches up in update_from_output)
+
+    @property
+    def sample_id(self) -> str:
+        return self.sample.sample_id
+
+    @property
+    def params(self) -> GenerationParams:
+        return self.sample.params
 
     @property
     def num_rows(self) -> int:
@@ -32,8 +44,8 @@ class SampleTensors:
 
     @property
     def timestep(self) -> torch.Tensor:
-        return self.sampler.timesteps[self.first_step + self.num_steps_done]
+        return self.sampler.timesteps[self.sample.first_step + self.num_steps_done]
 
     @property
     def is_finished(self) -> bool:
-        return self.first_step + self.num_steps_done == len(self.sampler.timesteps)
+        return self.num_steps_done == self.sample.num_steps

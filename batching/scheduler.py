@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.admission import AdmissionPolicy, FifoAdmission, GroupedAdmission
-from batching.params import PRIORITIES, CompatibilityKey
-from batching.plan import NewSample, RunnerOutput, SchedulerPlan
+from batching.params import CompatibilityKey
+from batching.plan import RunnerOutput, SchedulerPlan
+from batching.sample import Sample
 
 POLICIES = ("default", "fifo")
 
@@ -67,32 +68,12 @@ class SchedulerConfig:
         return GroupedAdmission(self.max_num_groups, self.max_wait_iterations)
 
 
-@dataclass(slots=True)
-class ScheduledSample:
-    """One sample's scheduling state, from arrival until it leaves the running set."""
-
-    new_sample: NewSample  # sent to the runner once, in the plan that admits the sample
-    num_steps: int
-    cost: int  # tokens it adds to each forward while running (NewSample.num_tokens)
-    num_steps_done: int = 0
-    num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
-    priority_rank: int = 1  # index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
-
-    @property
-    def sample_id(self) -> str:
-        return self.new_sample.sample_id
-
-    @property
-    def key(self) -> CompatibilityKey:
-        return self.new_sample.key
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self._policy = config.admission_policy()
-        self._waiting: dict[str, ScheduledSample] = {}  # sample_id -> sample, in arrival order
-        self._running: dict[str, ScheduledSample] = {}  # sample_id -> sample, in admission order
+        self._waiting: dict[str, Sample] = {}  # sample_id -> sample, in arrival order
+        self._running: dict[str, Sample] = {}  # sample_id -> sample, in admission order
         self._aborted_sample_ids: list[str] = []  # aborted while running, since the last plan
         self._admission_caps: dict[CompatibilityKey, int] = {}  # key -> most running samples (out-of-memory splits)
         self._is_admission_paused = False
@@ -113,17 +94,13 @@ class Scheduler:
     def is_admission_paused(self) -> bool:
         return self._is_admission_paused
 
-    def add(self, sample: NewSample, priority: str = "normal") -> None:
-        """Queue a sample behind every sample already waiting; `priority` is its job's (PRIORITIES)."""
+    def add(self, sample: Sample) -> None:
+        """Queue a sample behind every sample already waiting."""
         if sample.sample_id in self._waiting or sample.sample_id in self._running:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
-        self._waiting[sample.sample_id] = ScheduledSample(
-            new_sample=sample,
-            num_steps=sample.num_steps,
-            cost=sample.num_tokens,
-            priority_rank=PRIORITIES.index(priority),
-        )
+        assert sample.num_steps_done == 0 and sample.num_iterations_overtaken == 0, "a sample is scheduled once"
+        self._waiting[sample.sample_id] = sample
 
     def abort(self, sample_id: str) -> bool:
         """Remove a waiting or running sample; False when it is unknown or already gone."""
@@ -162,9 +139,7 @@ class Scheduler:
     def schedule(self) -> SchedulerPlan:
         """Admit what the policy allows and plan one step for every running sample."""
         admitted = [] if self._is_admission_paused else self._admit()
-        plan = SchedulerPlan(
-            new_samples=[sample.new_sample for sample in admitted], aborted_sample_ids=self._aborted_sample_ids
-        )
+        plan = SchedulerPlan(new_samples=admitted, aborted_sample_ids=self._aborted_sample_ids)
         self._aborted_sample_ids = []
         for sample in self._running.values():
             plan.groups.setdefault(sample.key, []).append(sample.sample_id)
@@ -195,7 +170,7 @@ class Scheduler:
         for key, cap in output.admission_caps.items():
             self._admission_caps[key] = min(cap, self._admission_caps.get(key, cap))
 
-    def _admit(self) -> list[ScheduledSample]:
+    def _admit(self) -> list[Sample]:
         num_free = self.config.max_num_seqs - len(self._running)
         budget = self.config.max_num_tokens
         tokens_free = math.inf if budget is None else budget - self.num_running_tokens

@@ -3,7 +3,7 @@
 - serial: the stepwise engine with `max_num_seqs=1` (the step-wise path, no batching);
 - static: what a user does without stepwise: diffusers' own pipeline for the model's
   family (`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `FluxPipeline`,
-  `ZImagePipeline`) called with prompt lists and one generator per request, a group at a
+  `ZImagePipeline`, `StableDiffusion3Pipeline`) called with prompt lists and one generator per request, a group at a
   time, each group running to completion before the next starts;
 - fifo: the engine with the `fifo` policy (the reference: one key at a time, head-of-line blocking);
 - default: the engine with the default policy.

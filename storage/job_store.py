@@ -36,6 +36,7 @@ from storage.errors import (
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
 from storage.job_record import (
     RECORD_FIELDS,
+    REQUEUE_REASONS,
     TERMINAL_STATES,
     JobRecord,
     JobState,
@@ -47,7 +48,7 @@ from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome,
 from storage.queues import DEFAULT_PRIORITY
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
-from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
+from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records, tenant_totals
 
 __all__ = [
     "Created",
@@ -75,6 +76,10 @@ FINISH_FIELDS = RECORD_FIELDS - {
     "worker_id",
     "lease_expires_at",
     "idempotency_key",
+    "queued_seconds",
+    "requeued_at",
+    "requeue_reason",
+    "requeue_message",
 }
 _UNAVAILABLE = (
     redis.exceptions.ConnectionError,
@@ -105,7 +110,7 @@ class JobStore:
         job_ttl_seconds: int = 7 * 24 * 3600,
         namespace: str = "stepwise",
         clock: Callable[[], float] = time.time,
-        worker_timeout: float = 15.0,
+        worker_timeout: float = 10.0,
         model_retention: float = 3600.0,
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
@@ -251,6 +256,11 @@ class JobStore:
             return None
         self._redis.decr(key)
         return (window + 1) * 60 - now
+
+    @_wraps_redis_errors
+    def tenant_totals(self) -> dict[str, dict[str, int]]:
+        """tenant -> its queued and running jobs now (storage.tenant_listing.tenant_totals)."""
+        return tenant_totals(self._redis, self.keys)
 
     @_wraps_redis_errors
     def counts_by_state(self) -> dict[str, int]:
@@ -412,20 +422,26 @@ class JobStore:
         return JobState(state)
 
     @_wraps_redis_errors
-    def release(self, job_id: str, worker_id: str) -> bool:
-        """Running -> queued again (warm shutdown or a lapsed lease); the caller re-enqueues it.
-        Attempts are kept and progress restarts. False if this worker does not hold the job, or
-        if a cancel was requested: then the job becomes canceled and must not be re-enqueued."""
-        return self._release_script(job_id, worker_id=worker_id, lapsed_at=None) == 1
+    def release(self, job_id: str, worker_id: str, reason: str = "worker_shutdown", message: str = "") -> bool:
+        """Running -> queued again (warm shutdown, drain, or a dead holder); the caller re-enqueues it.
+        Attempts and the first started_at are kept, progress restarts, and the record says why
+        (`reason`, one of REQUEUE_REASONS, and `message`). False if `worker_id` does not hold the job
+        (so two callers cannot both re-queue it), or if a cancel was requested: then the job becomes
+        canceled and must not be re-enqueued."""
+        assert reason in REQUEUE_REASONS, reason
+        return self._release_script(job_id, worker_id=worker_id, lapsed_at=None, reason=reason, message=message) == 1
 
     @_wraps_redis_errors
     def release_if_lapsed(self, job_id: str, now: float | None = None) -> bool:
         """Release a running job only if its lease is still lapsed at `now` (whoever held it), so a
         reaper cannot take a job away from a worker that renewed its lease in the meantime."""
         now = self.clock() if now is None else now
-        return self._release_script(job_id, worker_id=None, lapsed_at=now) == 1
+        message = "its worker stopped renewing the job's lease"
+        return self._release_script(job_id, worker_id=None, lapsed_at=now, reason="lease_expired", message=message) == 1
 
-    def _release_script(self, job_id: str, *, worker_id: str | None, lapsed_at: float | None) -> int:
+    def _release_script(
+        self, job_id: str, *, worker_id: str | None, lapsed_at: float | None, reason: str, message: str
+    ) -> int:
         return self._release(
             keys=[self.job_key(job_id)],
             args=[
@@ -435,8 +451,27 @@ class JobStore:
                 repr(self.clock()),
                 self.job_ttl_seconds,
                 "" if lapsed_at is None else repr(lapsed_at),
+                reason,
+                message,
             ],
         )
+
+    @_wraps_redis_errors
+    def running_holders(self) -> dict[str, str]:
+        """Running job id -> the worker id holding it (one round trip for the ids, one for the holders)."""
+        job_ids = cast(list[str], self._redis.zrange(self.keys.leases, 0, -1))
+        if not job_ids:
+            return {}
+        with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(self.job_key(job_id), "worker_id")
+            holders = pipe.execute()
+        return {job_id: holder for job_id, holder in zip(job_ids, holders) if holder}
+
+    @_wraps_redis_errors
+    def heartbeats(self) -> list[Heartbeat]:
+        """Every worker's latest heartbeat within the retention."""
+        return self._heartbeats.heartbeats(self.clock())
 
     @_wraps_redis_errors
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:

@@ -163,15 +163,21 @@ return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', q
 )
 
 # ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
+# started_at is the first start (a re-queued job keeps it); queued_seconds adds the time since the
+# job was (re)queued, so the run time of an earlier attempt never counts as waiting.
 TAKE = (
     _PREAMBLE
     + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
+local state, created_at, requeued_at, queued_seconds = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'created_at', 'requeued_at', 'queued_seconds'))
+if state ~= 'queued' then
   return false
 end
+local waited = (tonumber(queued_seconds) or 0) + math.max(0, tonumber(ARGV[4]) - tonumber(requeued_at or created_at))
 set_state(KEYS[1], ARGV[2], 'queued', 'running')
-redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_expires_at', ARGV[5],
-           'progress_step', '0')
+redis.call('HSETNX', KEYS[1], 'started_at', ARGV[4])
+redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'lease_expires_at', ARGV[5], 'progress_step', '0',
+           'queued_seconds', string.format('%.17g', waited))
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 remove_queued(KEYS[1], ARGV[2])
 redis.call('ZREM', unsent_key, ARGV[2])
@@ -251,7 +257,7 @@ return {'refused', state}
 """
 )
 
-# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or ''.
+# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or '', reason code, reason message.
 # Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused.
 RELEASE = (
     _PREAMBLE
@@ -273,7 +279,8 @@ if cancel == '1' then
 end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
 redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at')
-redis.call('HSET', KEYS[1], 'progress_step', '0')
+redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'requeue_reason', ARGV[7],
+           'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])
 add_queued(KEYS[1], ARGV[2], ARGV[4])
 return 1

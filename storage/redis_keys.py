@@ -49,5 +49,15 @@ class RedisKeys:
         return f"{self.namespace}:workers"
 
     @property
+    def api_keys(self) -> str:
+        """Hash: SHA-256 digest of an API key -> its record (storage.api_keys)."""
+        return f"{self.namespace}:api-keys"
+
+    @property
+    def api_key_ids(self) -> str:
+        """Hash: API key id -> its digest."""
+        return f"{self.namespace}:api-key-ids"
+
+    @property
     def finished_counts(self) -> str:
         return f"{self.namespace}:finished-counts"

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import enum
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batching.job import JobFuture
 
 
 class StopReason(str, enum.Enum):
@@ -21,12 +24,16 @@ class StopReason(str, enum.Enum):
 @dataclass(slots=True)
 class ActiveJob:
     job_id: str
-    future: Future | None = None
+    future: JobFuture | None = None  # the engine's, once submitted
     submitted_at: float = field(default_factory=time.monotonic)
     step: int = 0  # written by the engine loop thread
-    total: int = 0  # steps in all (num_inference_steps x num_images); the engine loop thread keeps it current
     step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None
+
+    @property
+    def total(self) -> int:
+        """Denoise steps the job runs, over all its images, as the engine counts them (0 until submitted)."""
+        return self.future.num_steps_total if self.future is not None else 0
 
     @property
     def has_started_denoising(self) -> bool:
@@ -34,7 +41,6 @@ class ActiveJob:
 
     def on_progress(self, step: int, total: int) -> None:
         self.step = step
-        self.total = total
         self.step_times.append(time.monotonic())
 
     def take_step_intervals(self) -> list[float]:

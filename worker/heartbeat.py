@@ -65,6 +65,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         capacity=settings.max_num_seqs,
         seen_at=time.time(),
         is_admitting=runtime.is_admitting and not runtime.is_shutting_down,
+        is_draining=not runtime.is_admitting and not runtime.is_shutting_down,
         defaults=family_defaults(family),
         limits=family_limits(family),
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
@@ -89,6 +90,8 @@ class HeartbeatThread:
             self.runtime.job_store.beat(current_heartbeat(self.runtime))
         except StorageError as e:
             log.warning("heartbeat not written (%s); trying again in %.0fs", e, self.interval)
+        except Exception:  # a silent worker counts as dead and loses its jobs: the thread must go on
+            log.exception("heartbeat not written; trying again in %.0fs", self.interval)
 
     def wake(self) -> None:
         """Beat now (admission changed)."""

@@ -3,9 +3,9 @@
 - `worker_init` (once, in the worker's main process, before it consumes anything): check the
   pool; make `-Q stepwise.generate` (the name before per-model queues, still what operators
   type) mean this worker's model queue; load the model into this process's engine, start the
-  metrics exporter, the heartbeat
-  and the lapsed lease sweeper. A worker that consumes only the webhook queue loads no model
-  and sends no heartbeat.
+  metrics exporter, the heartbeat and the lapsed lease sweeper (which also re-queues dead
+  workers' jobs, `worker.dead_workers`). A worker that consumes only the webhook queue loads no
+  model and sends no heartbeat, but sweeps too.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
   ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
   Celery meanwhile stops consuming and waits for the task threads.
@@ -25,6 +25,7 @@ from celery.exceptions import ImproperlyConfigured
 from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 from worker import metrics
 from worker.app import generate_queue, settings
+from worker.dead_workers import DeadWorkerWatch
 from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.leases import LapsedLeaseSweeper
 from worker.queueing import send_generate
@@ -79,8 +80,15 @@ def start(sender) -> None:
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
+    dead_workers = DeadWorkerWatch(
+        runtime.job_store, send_generate, timeout=settings.storage.worker_timeout, own_worker_id=runtime.worker_id
+    )
     _sweeper = LapsedLeaseSweeper(
-        runtime.job_store, send_generate, settings.lease_sweep_interval, unsent_grace=runtime.lease_seconds
+        runtime.job_store,
+        send_generate,
+        settings.lease_sweep_interval,
+        unsent_grace=runtime.lease_seconds,
+        dead_workers=dead_workers,
     ).start()
 
 

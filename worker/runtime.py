@@ -119,7 +119,7 @@ class WorkerRuntime:
         with self._lock:
             if not self.is_admitting:
                 return None
-            active = ActiveJob(job_id, total=params.total_steps(engine.family))
+            active = ActiveJob(job_id)
             try:
                 active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress, priority=priority)
             except EngineShutdownError:

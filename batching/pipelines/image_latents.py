@@ -67,6 +67,10 @@ class ImageLatentsMixin:
         """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""
         raise NotImplementedError
 
+    def edit_rows(self, params: GenerationParams, image: Any) -> list[dict[str, torch.Tensor]]:
+        """An edit model's rows from its prompts and its edit image (adapters with `edits_init_image`)."""
+        raise NotImplementedError
+
     def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[1, c, h, w] in the VAE's layout to the denoiser's (the identity, except for packing families)."""
         return latents

@@ -14,8 +14,9 @@ no strength. The output's size is the job's (the pipeline's default for the imag
 the job names none: batching.params).
 
 An edit job's conditioning depends on its image, so its prompts are encoded per sample
-when it starts (`row_conditioning`, on the encoder's thread) rather than in the shared
-text-encoder call, each text alone as the pipeline encodes it. Rows of edit jobs share
+when it starts (`edit_rows`, on the encoder's thread, with the image decoded once at
+submit) rather than in the shared text-encoder call, each text alone as the pipeline
+encodes it. Rows of edit jobs share
 forwards whatever their output sizes, edit images and prompt lengths (mixed shapes run
 `qwenimage_mixed_sizes`); a model serves either editing or text-to-image jobs, so edit
 rows never meet plain Qwen-Image rows (their checkpoints differ anyway).
@@ -26,13 +27,11 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from batching.errors import ModelLoadError
-from batching.image_inputs import edit_image
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.loading import load_pipeline
@@ -67,11 +66,10 @@ class QwenImageEditAdapter(QwenImageAdapter):
         return load_pipeline(diffusers.QwenImageEditPipeline, model, source, device, dtype, processor=processor)
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        return []  # encoded with the job's image, in row_conditioning
+        return []  # encoded with the job's image, in edit_rows
 
     @torch.inference_mode()
-    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
-        image = edit_image(params)
+    def edit_rows(self, params: GenerationParams, image: Any) -> list[Conditioning]:
         width, height = self.spec.edit_size(image.width, image.height)
         resized = self.pipeline.image_processor.resize(image, height, width)  # what the VL encoder sees
         image_latents, image_shape = self._edit_latents(params.init_image, resized, height, width)

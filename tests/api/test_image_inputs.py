@@ -84,6 +84,31 @@ def test_a_data_uri_image_and_mask_are_stored_as_uploads_not_in_the_record(app, 
     assert params["strength"] == 1.0, "an inpainting job repaints fully by default"
 
 
+def stored_upload_keys(app) -> list[str]:
+    from api.resources import get_job_store
+
+    with app.app_context():
+        return list(get_job_store().redis.scan_iter("*:upload:*"))
+
+
+def test_a_job_refused_after_its_images_were_checked_stores_no_image(app, client):
+    refused_by_lora = submit(client, {**JOB, "init_image": data_uri(image_bytes()), "lora": "my-style"})
+    batch = client.post(
+        "/v1/jobs/batch",
+        json={
+            "jobs": [
+                {**JOB, "init_image": data_uri(image_bytes(seed=1))},
+                {**JOB, "lora": "my-style", "init_image": mask_uri()},
+            ]
+        },
+        headers=auth(),
+    )
+
+    assert refused_by_lora.status_code == 422 and refused_by_lora.json["error"]["field"] == "lora"
+    assert [item["status"] for item in batch.json["results"]] == [202, 422], batch.json
+    assert len(stored_upload_keys(app)) == 1, "only the accepted batch item's image is stored"
+
+
 def test_another_tenant_cannot_use_an_upload_and_gets_the_missing_upload_answer(client):
     upload_id = upload(client, image_bytes(), tenant="alice").json["id"]
 

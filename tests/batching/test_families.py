@@ -240,10 +240,13 @@ def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_al
         batched.shutdown(abort=True)
 
 
-def test_flux_in_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_batched():
-    params_list = mixed_size_params("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))
+@pytest.mark.parametrize(
+    "model, guidances", [("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)), ("builtin:tiny-sd3", (7.0, 1.0, 2.0, 5.0))]
+)
+def test_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_batched(model, guidances):
+    params_list = mixed_size_params(model, guidances)
     engine = DiffusionEngine(
-        EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=4, max_num_groups=4, deterministic=True)
+        EngineConfig(model=model, device="cpu", max_num_seqs=4, max_num_groups=4, deterministic=True)
     )
     try:
         alone = run_alone(engine, params_list)

@@ -9,12 +9,14 @@ the masked one.
 from __future__ import annotations
 
 import io
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+import batching.image_inputs as image_inputs
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.image_inputs import to_data_uri
 from tests.batching.conftest import (
@@ -147,6 +149,34 @@ def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and
     assert (result[~repaint] == init[~repaint]).all(), "outside the mask the init image's own pixels are kept"
     assert np.abs(result[repaint] - pixels(expected)[repaint]).max() <= 2, "the masked region is diffusers' inpaint"
     assert np.abs(result[repaint] - init[repaint]).mean() >= 20, "the masked region was repainted"
+
+
+def test_a_jobs_input_images_are_decoded_once_at_submit_and_its_kept_region_composited_beside_the_loop(
+    batched_engine, monkeypatch
+):
+    decoded, composited = [], []
+    real_open, real_composite = image_inputs.open_image, Image.composite
+
+    def open_image(field, data):
+        decoded.append((field, threading.current_thread().name))
+        return real_open(field, data)
+
+    def composite(*images):
+        composited.append(threading.current_thread().name)
+        return real_composite(*images)
+
+    monkeypatch.setattr(image_inputs, "open_image", open_image)
+    monkeypatch.setattr(Image, "composite", composite)
+    mask = right_half_mask()
+    params = params_for(CASES[0], mask_image=png_uri(mask), strength=1.0, num_images=2, num_inference_steps=2)
+
+    result = batched_engine.submit(params).result(timeout=120)
+
+    caller = threading.current_thread().name
+    assert decoded == [("init_image", caller), ("mask_image", caller)], "once per job, on the submitting thread"
+    assert composited == ["stepwise-decode"] * 2, "one composite per image, on the decode worker"
+    keep, init = np.asarray(mask) == 0, pixels(init_picture())
+    assert all((pixels(image)[keep] == init[keep]).all() for image in result.images)
 
 
 def test_deterministic_mode_keeps_img2img_and_inpainting_bit_identical_alone_and_co_batched(deterministic_engine):

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batching.families import FAMILIES
 from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
-from batching.plan import NewSample, RunnerOutput, SchedulerPlan
+from batching.plan import RunnerOutput, SchedulerPlan
+from batching.sample import Sample, make_samples
 from batching.scheduler import Scheduler, SchedulerConfig
 
 _job_numbers = itertools.count(1)
@@ -23,19 +25,20 @@ def make_sample(
     steps: int = 4,
     guidance: float = 7.5,
     prompt: str = "a red fox",
-) -> NewSample:
+    priority: str = "normal",
+) -> Sample:
     """A sample; samples with the same `key` letter share a compatibility key."""
     params = GenerationParams(
         prompt=prompt, model=f"test:{key}", num_inference_steps=steps, guidance_scale=guidance, seed=0
     )
-    return NewSample(sample_id=job_id or f"job-{next(_job_numbers)}", params=params, key=CompatibilityKey.of(params))
+    return make_samples(job_id or f"job-{next(_job_numbers)}", params, FAMILIES["sd"], priority=priority)[0]
 
 
 def key_of(letter: str) -> CompatibilityKey:
     return make_sample(key=letter).key
 
 
-def make_scheduler(*jobs: NewSample, **config) -> Scheduler:
+def make_scheduler(*jobs: Sample, **config) -> Scheduler:
     scheduler = Scheduler(SchedulerConfig(**config))
     for job in jobs:
         scheduler.add(job)
@@ -56,7 +59,7 @@ class FakeRunner:
             self._drop(job_id)
         for job in plan.new_samples:
             assert job.sample_id not in self.num_steps_by_job, "a sample's params are sent once"
-            self.num_steps_by_job[job.sample_id] = job.params.num_inference_steps
+            self.num_steps_by_job[job.sample_id] = job.num_steps
             self.steps_done_by_job[job.sample_id] = 0
         output = RunnerOutput()
         for job_ids in plan.groups.values():
@@ -246,8 +249,8 @@ def test_a_high_priority_sample_is_admitted_before_normal_ones_that_arrived_earl
     run_iteration(scheduler, runner)
     for name in ("normal-1", "normal-2"):
         scheduler.add(make_sample(name, steps=1))
-    scheduler.add(make_sample("high", steps=1), priority="high")
-    scheduler.add(make_sample("low", steps=1), priority="low")
+    scheduler.add(make_sample("high", steps=1, priority="high"))
+    scheduler.add(make_sample("low", steps=1, priority="low"))
 
     order = []
     while scheduler.has_unfinished():
@@ -258,10 +261,10 @@ def test_a_high_priority_sample_is_admitted_before_normal_ones_that_arrived_earl
 
 def test_a_low_priority_sample_passed_over_by_a_stream_of_high_ones_is_admitted_at_the_bound():
     scheduler, runner = make_scheduler(max_num_seqs=1, max_wait_iterations=3), FakeRunner()
-    scheduler.add(make_sample("low", steps=1), priority="low")
+    scheduler.add(make_sample("low", steps=1, priority="low"))
     admitted_at = {}
     for iteration in range(20):
-        scheduler.add(make_sample(f"high-{iteration}", steps=1), priority="high")
+        scheduler.add(make_sample(f"high-{iteration}", steps=1, priority="high"))
         for sample_id in admitted_ids(run_iteration(scheduler, runner)[0]):
             admitted_at[sample_id] = iteration
 
@@ -272,9 +275,9 @@ def test_a_low_priority_sample_passed_over_by_a_stream_of_high_ones_is_admitted_
 def test_fifo_ignores_priority_and_admits_in_arrival_order():
     scheduler, runner = make_scheduler(make_sample("running", steps=2), max_num_seqs=1, policy="fifo"), FakeRunner()
     run_iteration(scheduler, runner)
-    scheduler.add(make_sample("low", steps=1), priority="low")
+    scheduler.add(make_sample("low", steps=1, priority="low"))
     scheduler.add(make_sample("normal", steps=1))
-    scheduler.add(make_sample("high", steps=1), priority="high")
+    scheduler.add(make_sample("high", steps=1, priority="high"))
 
     order = []
     while scheduler.has_unfinished():
@@ -439,8 +442,9 @@ def test_random_arrivals_aborts_and_failures_keep_every_guarantee(
         if iteration < 60 and rng.random() < 0.6:
             arrival = len(num_overtaken_by_arrival)
             scheduler.add(
-                make_sample(f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4)),
-                priority=rng.choice(PRIORITIES),
+                make_sample(
+                    f"job-{arrival}", key=rng.choice("ABC"), steps=rng.randint(1, 4), priority=rng.choice(PRIORITIES)
+                )
             )
             waiting_arrivals.append(arrival)
             num_overtaken_by_arrival[arrival] = 0

@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batching.families import FAMILIES
-from batching.params import CompatibilityKey, GenerationParams
-from batching.plan import NewSample
+from batching.params import GenerationParams
+from batching.sample import Sample, make_samples
 from tests.batching.test_scheduler import FakeRunner, admitted_ids, assert_no_state_left, make_scheduler, run_iteration
 
 SD = FAMILIES["sd"]
 SMALL = SD.sample_cost(128, 128, 7.5)  # 2 rows x 16x16 latent
 
 
-def sized_sample(sample_id: str, size: int, *, steps: int = 2) -> NewSample:
+def sized_sample(sample_id: str, size: int, *, steps: int = 2) -> Sample:
     params = GenerationParams(
         prompt="a red fox",
         model="test:A",
@@ -27,7 +27,7 @@ def sized_sample(sample_id: str, size: int, *, steps: int = 2) -> NewSample:
         guidance_scale=7.5,
         seed=0,
     )
-    return NewSample(sample_id=sample_id, params=params, key=CompatibilityKey.of(params))
+    return make_samples(sample_id, params, SD)[0]
 
 
 def test_a_sample_costs_its_rows_times_its_latent_tokens():
@@ -35,7 +35,7 @@ def test_a_sample_costs_its_rows_times_its_latent_tokens():
     assert SD.sample_cost(512, 512, 1.0) * 2 == SD.sample_cost(512, 512, 7.5), "no CFG: one row instead of two"
     assert FAMILIES["flux"].sample_cost(128, 192, 3.5) == 8 * 12, "one row of 16-pixel patches"
     assert SD.default_token_budget(8) == 8 * SMALL
-    assert sized_sample("x", 256).num_tokens == 4 * SMALL, "without an engine, the cost comes from the params"
+    assert sized_sample("x", 256).cost == 4 * SMALL, "a sample's cost is its family's, computed when it is made"
 
 
 def test_a_large_sample_takes_the_budget_of_several_small_ones_and_small_ones_fill_what_is_left():

@@ -1,0 +1,70 @@
+"""One image of a job as the scheduler sees it, from its job's submit until it leaves. Torch-free.
+
+A `Sample` is made once, when its job is submitted (`make_samples`): that is where how
+many denoise steps it runs, what it costs a forward and its compatibility key are
+computed, and everything downstream reads them from here. The scheduler keeps it in its
+waiting and running sets and counts its steps; the plan that admits it hands the same
+object to the model runner once, which keeps the sample's tensors beside it
+(`batching.sample_tensors.SampleTensors`). The split is nano-vllm's `Sequence` seen from
+two sides: this view needs no torch, so the scheduler is tested without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batching.families import FamilySpec
+from batching.image_inputs import InputImages
+from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
+
+
+@dataclass(slots=True, eq=False)
+class Sample:
+    sample_id: str  # the job id for a one-image job, `job_id#i` for image i of several
+    params: GenerationParams  # one image: num_images == 1, seed = the job's seed + i
+    key: CompatibilityKey  # samples of one key share a forward
+    num_steps: int  # denoise steps it runs: all of them, or the last `strength` fraction with an init image
+    cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost)
+    priority_rank: int = 1  # its job's priority, an index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
+    images: InputImages | None = None  # its job's init image and mask, decoded once at submit; None: text-to-image
+    # The scheduler's, on the engine loop thread:
+    num_steps_done: int = 0
+    num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
+
+    @property
+    def first_step(self) -> int:
+        """Index into its sampler's timesteps of its first step: the steps its strength skips (image-to-image)."""
+        return self.params.num_inference_steps - self.num_steps
+
+
+def make_samples(
+    job_id: str,
+    params: GenerationParams,
+    family: FamilySpec,
+    *,
+    has_size: bool = True,
+    has_lora: bool = False,
+    priority: str = "normal",
+    images: InputImages | None = None,
+) -> list[Sample]:
+    """A job's samples, one per image in seed order. `has_size`/`has_lora`: what the compatibility key holds
+    (`CompatibilityKey.of`); `family` is the engine's loaded one (a folder model's params do not know it);
+    `images`: the job's decoded input images (`batching.image_inputs.input_images`), needed with an init image."""
+    num_steps = params.steps_to_run(family.name)
+    assert num_steps >= 1, "validation refuses a strength that runs no step"
+    assert (images is None) == (params.init_image is None), "an init image is decoded once, for all its samples"
+    samples = []
+    for index in range(params.num_images):
+        one = params.for_image(index)
+        samples.append(
+            Sample(
+                sample_id=job_id if params.num_images == 1 else f"{job_id}#{index}",
+                params=one,
+                key=CompatibilityKey.of(one, has_size=has_size, has_lora=has_lora),
+                num_steps=num_steps,
+                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt),
+                priority_rank=PRIORITIES.index(priority),
+                images=images,
+            )
+        )
+    return samples
