@@ -42,6 +42,7 @@ TOKENIZER_MAX_LENGTH = 1024  # the pipeline's tokenizer_max_length (plus the tem
 class QwenImageAdapter(AdapterBase):
     family = "qwenimage"
     pipeline_classes = ("QwenImagePipeline",)
+    guidance_argument = "true_cfg_scale"
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
