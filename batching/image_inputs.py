@@ -176,10 +176,12 @@ class InputImages:
     mask: Image.Image | None  # L, 0 or 255 (white is repainted); None: image-to-image without a mask
 
 
-def input_images(params: object, *, is_edit: bool = False) -> InputImages | None:
+def input_images(params: object, *, is_edit: bool | None = None) -> InputImages | None:
     """The job's decoded input images (`job_images`); None for text-to-image. `is_edit`: an edit model's job,
-    whose init image is kept as given (its pipeline sizes it itself)."""
-    if is_edit:
+    whose init image is kept as given (its pipeline sizes it itself); None: as the params' family says."""
+    if is_edit is None:
+        is_edit = params.family_spec.init_image_role == "edit"  # type: ignore[attr-defined]
+    if is_edit and params.init_image is not None:  # type: ignore[attr-defined]
         return InputImages(_upright_pixels("init_image", params.init_image, "RGB"), None)  # type: ignore[attr-defined]
     init, mask = job_images(params)
     return None if init is None else InputImages(init, mask)

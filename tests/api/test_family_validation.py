@@ -71,3 +71,26 @@ def test_a_qwen_image_job_without_guidance_gets_the_true_cfg_default_of_its_pipe
     job = validate({"prompt": "a fox", "model": "builtin:tiny-qwen-image", "negative_prompt": "blurry"})
 
     assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (4.0, "euler", "blurry")
+
+
+def test_an_edit_job_takes_an_image_of_any_size_and_without_a_size_gets_its_pipeline_s_size_for_it(validate):
+    import io
+
+    from PIL import Image
+
+    from batching.params import to_data_uri
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="PNG")
+    job = {
+        "prompt": "make it red",
+        "model": "builtin:tiny-qwen-image-edit",
+        "init_image": to_data_uri(buffer.getvalue(), "image/png"),
+    }
+    sized = validate({**job, "width": 64, "height": 64})
+    with pytest.raises(ApiError) as unsized:
+        validate(job)
+
+    assert (sized.params.width, sized.params.height, sized.params.strength) == (64, 64, 1.0)
+    assert unsized.value.field == "height"
+    assert "1060864" in unsized.value.message, "1184x896 (4:3 at about 1024x1024): over a CPU worker's max_pixels"
