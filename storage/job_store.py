@@ -34,6 +34,7 @@ from storage.errors import (
     StorageUnavailableError,
 )
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.job_events import EVENT_LOG_SECONDS
 from storage.job_record import (
     RECORD_FIELDS,
     REQUEUE_REASONS,
@@ -81,6 +82,7 @@ FINISH_FIELDS = RECORD_FIELDS - {
     "requeue_reason",
     "requeue_message",
 }
+MAX_CONNECTIONS = 100  # per process, as redis-py's default pool
 _UNAVAILABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -118,14 +120,19 @@ class JobStore:
         self.keys = RedisKeys(namespace)
         self.clock = clock
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
-        # quick 503, not as a request hanging for half a minute.
-        self._redis = redis.Redis.from_url(
+        # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
+        # concurrent callers than connections (greenlets under gevent) waits for one, where
+        # redis-py's default pool would fail the call ("Too many connections").
+        pool = redis.BlockingConnectionPool.from_url(
             redis_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=5,
             decode_responses=True,
             socket_connect_timeout=2,
             socket_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
+        self._redis = redis.Redis(connection_pool=pool)
         kwargs = self._redis.get_connection_kwargs()
         self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         self._heartbeats = HeartbeatStore(
@@ -136,10 +143,12 @@ class JobStore:
         self._take = register(lua.TAKE)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
+        self._add_preview = register(lua.ADD_PREVIEW)
         self._finish = register(lua.FINISH)
         self._request_cancel = register(lua.REQUEST_CANCEL)
         self._release = register(lua.RELEASE)
         self._add_webhook_attempt = register(lua.ADD_WEBHOOK_ATTEMPT)
+        self._delete = register(lua.DELETE)
 
     @property
     def redis(self) -> redis.Redis:
@@ -193,16 +202,14 @@ class JobStore:
     def queue_position(self, record: JobRecord) -> int | None:
         """0-based position among queued jobs of its model and priority (oldest first); None if not
         queued. A record from before per-model queues counts among all queued jobs."""
-        key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
-        return cast(int | None, self._redis.zrank(key, record.job_id))  # without withscore: a rank or None
+        return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
 
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
         """queue_position of each record, in one round trip (non-queued records: None)."""
         with self._redis.pipeline(transaction=False) as pipe:
             for record in records:
-                key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
-                pipe.zrank(key, record.job_id)
+                pipe.zrank(self.keys.queue_of(record), record.job_id)
             ranks = pipe.execute()
         return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
 
@@ -277,9 +284,9 @@ class JobStore:
 
     @_wraps_redis_errors
     def is_cancel_requested(self, job_id: str) -> bool:
-        """True once a cancel was requested while the job ran, or if it is canceled by now."""
+        """True once a cancel was requested while the job ran, if it is canceled by now, or deleted."""
         state, flag = self._redis.hmget(self.job_key(job_id), "state", "cancel_requested")
-        return flag == "1" or state == JobState.CANCELED.value
+        return flag == "1" or state in (JobState.CANCELED.value, None)
 
     @_wraps_redis_errors
     def lapsed_job_ids(self, now: float | None = None) -> list[str]:
@@ -375,7 +382,12 @@ class JobStore:
 
     @_wraps_redis_errors
     def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, int(step), int(total)])
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total)])
+
+    @_wraps_redis_errors
+    def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:
+        """Put a running job's preview (a data URI) on its event stream (storage.job_events)."""
+        self._add_preview(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), image])
 
     @_wraps_redis_errors
     def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:
@@ -442,41 +454,44 @@ class JobStore:
     def _release_script(
         self, job_id: str, *, worker_id: str | None, lapsed_at: float | None, reason: str, message: str
     ) -> int:
-        return self._release(
+        lapsed = "" if lapsed_at is None else repr(lapsed_at)
+        args: list[str | int] = [self.namespace, job_id, worker_id or "", repr(self.clock()), self.job_ttl_seconds]
+        return self._release(keys=[self.job_key(job_id)], args=[*args, lapsed, reason, message])
+
+    @_wraps_redis_errors
+    def delete(self, job_id: str, tombstone_seconds: int) -> JobState | None:
+        """Remove the job's record, indexes and idempotency key; a queued job is canceled first. Returns its
+        state before, or None if there is no such job. A worker still running it finds the record gone and
+        `was_deleted` true for `tombstone_seconds`, and removes the images it stored meanwhile."""
+        now = self.clock()
+        outcome, state = self._delete(
             keys=[self.job_key(job_id)],
-            args=[
-                self.namespace,
-                job_id,
-                worker_id or "",
-                repr(self.clock()),
-                self.job_ttl_seconds,
-                "" if lapsed_at is None else repr(lapsed_at),
-                reason,
-                message,
-            ],
+            args=[self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds],
         )
+        return JobState(state) if outcome == "deleted" else None
 
     @_wraps_redis_errors
-    def running_holders(self) -> dict[str, str]:
-        """Running job id -> the worker id holding it (one round trip for the ids, one for the holders)."""
-        job_ids = cast(list[str], self._redis.zrange(self.keys.leases, 0, -1))
-        if not job_ids:
-            return {}
-        with self._redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hget(self.job_key(job_id), "worker_id")
-            holders = pipe.execute()
-        return {job_id: holder for job_id, holder in zip(job_ids, holders) if holder}
+    def was_deleted(self, job_id: str) -> bool:
+        return bool(self._redis.exists(self.keys.deleted(job_id)))
 
-    @_wraps_redis_errors
-    def heartbeats(self) -> list[Heartbeat]:
-        """Every worker's latest heartbeat within the retention."""
-        return self._heartbeats.heartbeats(self.clock())
+    @property
+    def heartbeat_store(self) -> HeartbeatStore:
+        """The workers' heartbeats, on this store's Redis (worker.dead_workers reads them)."""
+        return self._heartbeats
 
     @_wraps_redis_errors
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
         attempt_json = json.dumps(attempt, separators=(",", ":"), sort_keys=True)
         self._add_webhook_attempt(keys=[self.job_key(job_id)], args=[self.namespace, attempt_json])
+
+    @_wraps_redis_errors
+    def set_latest_progress_webhook(self, job_id: str, webhook_id: str) -> None:
+        """The job's newest progress webhook; deliveries of older ones are dropped (worker.webhooks)."""
+        self._redis.set(self.keys.progress_webhook(job_id), webhook_id, ex=EVENT_LOG_SECONDS)
+
+    @_wraps_redis_errors
+    def latest_progress_webhook(self, job_id: str) -> str | None:
+        return cast(str | None, self._redis.get(self.keys.progress_webhook(job_id)))
 
     def close(self) -> None:
         self._redis.close()

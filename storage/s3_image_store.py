@@ -143,6 +143,14 @@ class S3ImageStore(ImageStore):
             metadata=response.get("Metadata", {}),
         )
 
+    def delete_job_images(self, job_id: str) -> int:
+        prefix = self.job_prefix(job_id)
+        listed = self._call("list", prefix, self._client.list_objects_v2, Bucket=self.bucket, Prefix=prefix)
+        keys = [{"Key": item["Key"]} for item in listed.get("Contents", [])]
+        if keys:  # a job has at most MAX_NUM_IMAGES images: one page, one request
+            self._call("delete", prefix, self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": keys})
+        return len(keys)
+
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         expiry = self.presign_expiry_seconds if expiry is None else expiry
         try:

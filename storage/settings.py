@@ -82,6 +82,9 @@ class StorageSettings:
     s3_public_endpoint_url: str | None = None  # STEPWISE_S3_PUBLIC_URL: the endpoint clients reach, for presigning
     presign_expiry_seconds: int = 3600  # STEPWISE_PRESIGN_EXPIRY
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
+    # STEPWISE_IMAGE_TTL: how long generated images are kept (default: STEPWISE_JOB_TTL; 0: for ever). A
+    # worker's sweeper enforces it for a local folder; for S3 the bucket's lifecycle rule does (docs/worker.md)
+    image_ttl_seconds: int = 7 * 24 * 3600
     job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
     storage_max_attempts: int = 5  # STEPWISE_STORAGE_MAX_ATTEMPTS: tries of one image store call on transient errors
     heartbeat_interval: float = 3.0  # STEPWISE_HEARTBEAT_INTERVAL: seconds between a worker's heartbeats
@@ -98,6 +101,12 @@ class StorageSettings:
         from storage.webhooks import secret_from_env
 
         secret_from_env()  # STEPWISE_WEBHOOK_SECRET: whsec_ + valid base64, or a plain string
+        job_ttl_seconds = env_positive_int("STEPWISE_JOB_TTL", 7 * 24 * 3600)
+        image_ttl_seconds = env_int("STEPWISE_IMAGE_TTL", job_ttl_seconds)
+        if image_ttl_seconds < 0:
+            raise ValueError(
+                f"STEPWISE_IMAGE_TTL must be 0 (keep images) or a number of seconds (got {image_ttl_seconds})"
+            )
         heartbeat_interval = env_float("STEPWISE_HEARTBEAT_INTERVAL", 3.0)
         worker_timeout = env_float("STEPWISE_WORKER_TIMEOUT", 10.0)
         if not 0 < heartbeat_interval < worker_timeout:
@@ -111,7 +120,8 @@ class StorageSettings:
             s3_endpoint_url=env_url("STEPWISE_S3_ENDPOINT_URL", ("http", "https")),
             s3_public_endpoint_url=env_url("STEPWISE_S3_PUBLIC_URL", ("http", "https")),
             presign_expiry_seconds=env_positive_int("STEPWISE_PRESIGN_EXPIRY", 3600),
-            job_ttl_seconds=env_positive_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
+            job_ttl_seconds=job_ttl_seconds,
+            image_ttl_seconds=image_ttl_seconds,
             job_lease_seconds=env_positive_int("STEPWISE_JOB_LEASE_SECONDS", 60),
             storage_max_attempts=env_positive_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
             heartbeat_interval=heartbeat_interval,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from storage.job_record import JobRecord
 from storage.job_store import JobStore
@@ -50,7 +51,7 @@ class DeadWorkerWatch:
     def dead_worker_ids(self) -> set[str]:
         """Workers whose heartbeat this watch has seen unchanged for at least the timeout."""
         now = self.clock()
-        beats = {beat.worker_id: beat.seen_at for beat in self.job_store.heartbeats()}
+        beats = {beat.worker_id: beat.seen_at for beat in self.job_store.heartbeat_store.heartbeats(time.time())}
         for worker_id in set(self._unchanged) - set(beats):
             del self._unchanged[worker_id]
         dead = set()
@@ -67,7 +68,7 @@ class DeadWorkerWatch:
         forgetting what it saw) when Redis cannot be read."""
         try:
             dead = self.dead_worker_ids() - {self.own_worker_id}
-            holders = self.job_store.running_holders() if dead else {}
+            holders = running_holders(self.job_store) if dead else {}
         except Exception:
             self.forget()
             raise
@@ -83,3 +84,16 @@ class DeadWorkerWatch:
                     requeued.append(job_id)
                     log.warning("job %s: re-queued: %s", job_id, message)
         return requeued
+
+
+def running_holders(store: JobStore) -> dict[str, str]:
+    """Running job id -> the worker id holding it (one round trip for the ids, one for the holders)."""
+    client = store.redis
+    job_ids = cast(list[str], client.zrange(store.keys.leases, 0, -1))
+    if not job_ids:
+        return {}
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hget(store.job_key(job_id), "worker_id")
+        holders = pipe.execute()
+    return {job_id: holder for job_id, holder in zip(job_ids, holders) if holder}

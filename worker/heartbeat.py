@@ -51,6 +51,8 @@ def family_limits(family: str) -> dict:
         "samplers": list(spec.samplers),
         "num_frames": [1],
         "supports_lora": spec.supports_lora,
+        "negative_prompt": spec.guidance_kind == "cfg",  # families with embedded guidance refuse one
+        "init_image": "start" if spec.references is None else "reference",  # img2img/inpainting, or a reference
     }
 
 

@@ -4,8 +4,9 @@
   pool; make `-Q stepwise.generate` (the name before per-model queues, still what operators
   type) mean this worker's model queue; load the model into this process's engine, start the
   metrics exporter, the heartbeat and the lapsed lease sweeper (which also re-queues dead
-  workers' jobs, `worker.dead_workers`). A worker that consumes only the webhook queue loads no
-  model and sends no heartbeat, but sweeps too.
+  workers' jobs, `worker.dead_workers`), and for a local image folder the image retention sweeper
+  (`worker.image_retention`). A worker that consumes only the webhook queue loads no model and
+  sends no heartbeat, but sweeps too.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
   ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
   Celery meanwhile stops consuming and waits for the task threads.
@@ -27,6 +28,7 @@ from worker import metrics
 from worker.app import generate_queue, settings
 from worker.dead_workers import DeadWorkerWatch
 from worker.heartbeat import start_heartbeat, stop_heartbeat
+from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
 from worker.queueing import send_generate
 from worker.runtime import current_runtime, start_runtime
@@ -34,6 +36,7 @@ from worker.runtime import current_runtime, start_runtime
 log = logging.getLogger(__name__)
 
 _sweeper: LapsedLeaseSweeper | None = None
+_image_sweeper: ImageRetentionSweeper | None = None
 
 
 def _pool_name(pool_cls: object) -> str:
@@ -59,7 +62,7 @@ def on_worker_init(sender, **_) -> None:
 
 
 def start(sender) -> None:
-    global _sweeper
+    global _sweeper, _image_sweeper
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:
         raise ImproperlyConfigured(
@@ -90,6 +93,7 @@ def start(sender) -> None:
         unsent_grace=runtime.lease_seconds,
         dead_workers=dead_workers,
     ).start()
+    _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)
 
 
 @signals.worker_ready.connect
@@ -121,6 +125,8 @@ def on_worker_shutting_down(how: str = "Warm", **_) -> None:
 def on_worker_shutdown(**_) -> None:
     if _sweeper is not None:
         _sweeper.stop()
+    if _image_sweeper is not None:
+        _image_sweeper.stop()
     stop_heartbeat()
     runtime = current_runtime()
     if runtime is not None:

@@ -125,7 +125,7 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
 
 def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) -> str:
     job_id = record.job_id
-    watch = JobWatch(runtime, active)
+    watch = JobWatch(runtime, active, record)
     try:
         result = watch.wait()
     except JobCanceledError:
@@ -216,6 +216,10 @@ def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields
     """Record the job's end state (only if this worker still holds it) and announce it."""
     runtime.leases.release(record.job_id)  # the end state replaces the lease
     if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
+        if patiently(runtime, runtime.job_store.was_deleted, record.job_id):
+            runtime.image_store.delete_job_images(record.job_id)  # what it stored before it learned it
+            log.info("job %s: deleted by its tenant while it ran; its images removed", record.job_id)
+            return "deleted"
         log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
         metrics.JOBS.labels("lease_lost").inc()
         return "lease lost"

@@ -12,6 +12,8 @@ import torch
 from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
+from batching.pipelines.flux2 import Flux2Adapter
+from batching.pipelines.flux2_klein import Flux2KleinAdapter
 from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
@@ -22,7 +24,9 @@ from batching.pipelines.zimage import ZImageAdapter
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "load_model", "resolve_device", "resolve_dtype"]
 
-AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter]
+AdapterClass = type[
+    StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter | Flux2Adapter
+]
 ADAPTERS: tuple[AdapterClass, ...] = (
     StableDiffusionAdapter,
     StableDiffusionXLAdapter,
@@ -31,6 +35,8 @@ ADAPTERS: tuple[AdapterClass, ...] = (
     QwenImageAdapter,
     QwenImageEditAdapter,
     StableDiffusion3Adapter,
+    Flux2Adapter,
+    Flux2KleinAdapter,
 )
 
 

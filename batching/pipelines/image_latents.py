@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from batching.image_inputs import InputImages
 from batching.params import GenerationParams
 from batching.pipelines.vae import encode_pixels, to_latent_space
 
@@ -67,9 +68,11 @@ class ImageLatentsMixin:
         """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""
         raise NotImplementedError
 
-    def edit_rows(self, params: GenerationParams, image: Any) -> list[dict[str, torch.Tensor]]:
-        """An edit model's rows from its prompts and its edit image (adapters with `edits_init_image`)."""
-        raise NotImplementedError
+    def image_conditioning(
+        self, params: GenerationParams, images: InputImages
+    ) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
+        """What an `edits_init_image` sample's init image adds to its rows (none, unless the family says)."""
+        return {}
 
     def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[1, c, h, w] in the VAE's layout to the denoiser's (the identity, except for packing families)."""

@@ -14,8 +14,8 @@ no strength. The output's size is the job's (the pipeline's default for the imag
 the job names none: batching.params).
 
 An edit job's conditioning depends on its image, so its prompts are encoded per sample
-when it starts (`edit_rows`, on the encoder's thread, with the image decoded once at
-submit) rather than in the shared text-encoder call, each text alone as the pipeline
+when it starts (`image_conditioning`, on the encoder's thread, with the image decoded
+once at submit) rather than in the shared text-encoder call, each text alone as the pipeline
 encodes it. Rows of edit jobs share
 forwards whatever their output sizes, edit images and prompt lengths (mixed shapes run
 `qwenimage_mixed_sizes`); a model serves either editing or text-to-image jobs, so edit
@@ -27,11 +27,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from batching.errors import ModelLoadError
+from batching.image_inputs import InputImages
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.loading import load_pipeline
@@ -66,10 +68,15 @@ class QwenImageEditAdapter(QwenImageAdapter):
         return load_pipeline(diffusers.QwenImageEditPipeline, model, source, device, dtype, processor=processor)
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        return []  # encoded with the job's image, in edit_rows
+        return []  # encoded with the job's image, in image_conditioning
+
+    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+        return [{} for _ in range(self.spec.num_rows(params.guidance_scale, params.negative_prompt))]
 
     @torch.inference_mode()
-    def edit_rows(self, params: GenerationParams, image: Any) -> list[Conditioning]:
+    def image_conditioning(self, params: GenerationParams, images: InputImages) -> list[Conditioning]:
+        """Each row's prompt (cond, then uncond) encoded with the edit image, and the image's latents."""
+        image = images.init
         width, height = self.spec.edit_size(image.width, image.height)
         resized = self.pipeline.image_processor.resize(image, height, width)  # what the VL encoder sees
         image_latents, image_shape = self._edit_latents(params.init_image, resized, height, width)

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -147,6 +148,27 @@ def test_the_early_job_succeeds_once_a_worker_starts_20s_later(ops_api, http, ea
     ready = readiness(http, ops_api)
     assert ready["models"][0]["available"] and ready["models"][0]["workers"] == 1
     assert not any("builtin:tiny" in warning for warning in ready["warnings"])
+
+
+def test_deleting_a_succeeded_job_removes_its_images_and_a_running_one_is_stopped_first(
+    ops_api, http, early, late_worker, storage_url
+):
+    images = Path(storage_url.removeprefix("file://")) / early["job_id"]
+    assert any(images.iterdir())
+    running = submit(http, ops_api, {"prompt": "deleted while running", **TINY, "num_inference_steps": 60}).json()
+
+    assert http.delete(f"{ops_api.url}/v1/jobs/{early['job_id']}", headers=auth(), timeout=10).status_code == 204
+    assert not images.exists()
+    poll(
+        lambda: http.get(running["status_url"], headers=auth(), timeout=10).json()["progress"]["step"] >= 1,
+        120,
+        "the second job to run",
+    )
+    assert http.delete(running["status_url"], headers=auth(), timeout=10).status_code == 204
+
+    poll(lambda: "deleted by its tenant" in late_worker.log_tail(), 60, "the worker to stop the deleted job")
+    assert http.get(running["status_url"], headers=auth(), timeout=10).status_code == 404
+    assert not (images.parent / running["job_id"]).exists()
 
 
 def test_a_drained_worker_is_shown_in_readyz_until_it_resumes(ops_api, http, module_redis, late_worker):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from PIL import Image
 
 from api.errors import ApiError
 from api.fleet import Fleet
 from api.settings import ApiSettings
 from api.submission import validate_job
+from batching.image_inputs import to_data_uri
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
 
@@ -73,20 +77,28 @@ def test_a_qwen_image_job_without_guidance_gets_the_true_cfg_default_of_its_pipe
     assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (4.0, "euler", "blurry")
 
 
-def test_an_edit_job_takes_an_image_of_any_size_and_without_a_size_gets_its_pipeline_s_size_for_it(validate):
-    import io
-
-    from PIL import Image
-
-    from batching.params import to_data_uri
-
+def picture_uri(width: int, height: int) -> str:
     buffer = io.BytesIO()
-    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="PNG")
-    job = {
-        "prompt": "make it red",
-        "model": "builtin:tiny-qwen-image-edit",
-        "init_image": to_data_uri(buffer.getvalue(), "image/png"),
-    }
+    Image.new("RGB", (width, height), (200, 80, 40)).save(buffer, format="PNG")
+    return to_data_uri(buffer.getvalue(), "image/png")
+
+
+def test_a_flux2_job_with_a_reference_image_refuses_start_image_fields_and_unusable_references(validate):
+    reference = picture_uri(64, 64)
+    for field, value in (("mask_image", reference), ("resize_mode", "stretch")):
+        with pytest.raises(ApiError) as error:
+            validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": reference, field: value})
+        assert (error.value.status, error.value.field) == (422, field)
+    with pytest.raises(ApiError) as error:  # under the pipeline's 64 pixels a side
+        validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(48, 64)})
+    assert (error.value.status, error.value.field) == (422, "init_image")
+
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(72, 100)})
+    assert (job.params.width, job.params.height, job.params.strength) == (64, 96, 1.0)  # its size, cropped to 16s
+
+
+def test_an_edit_job_takes_an_image_of_any_size_and_without_a_size_gets_its_pipeline_s_size_for_it(validate):
+    job = {"prompt": "make it red", "model": "builtin:tiny-qwen-image-edit", "init_image": picture_uri(64, 48)}
     sized = validate({**job, "width": 64, "height": 64})
     with pytest.raises(ApiError) as unsized:
         validate(job)

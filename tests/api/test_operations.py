@@ -11,6 +11,7 @@ ROUTES = {
     ("/v1/jobs", "get"),
     ("/v1/jobs/batch", "post"),
     ("/v1/jobs/{job_id}", "get"),
+    ("/v1/jobs/{job_id}", "delete"),
     ("/v1/jobs/{job_id}/cancel", "post"),
     ("/v1/jobs/{job_id}/image", "get"),
     ("/healthz", "get"),
@@ -24,6 +25,9 @@ ROUTES = {
     ("/v1/loras/{name}", "put"),
     ("/v1/loras/{name}", "get"),
     ("/v1/loras/{name}", "delete"),
+    ("/v1/jobs/{job_id}/events", "get"),
+    ("/v1/images/generations", "post"),
+    ("/v1/images/edits", "post"),
 }
 
 

@@ -45,6 +45,7 @@ FAMILIES = [
         "qwenimage", "builtin:tiny-qwen-image", "QwenImagePipeline", (4.0, 1.0, 6.0, 2.0), "blurry", "true_cfg_scale"
     ),
     Family("sd3", "builtin:tiny-sd3", "StableDiffusion3Pipeline", (7.0, 1.0, 8.0, 3.0), "blurry"),
+    Family("flux2", "builtin:tiny-flux2", "Flux2Pipeline", (4.0, 1.0, 6.0, 2.0), ""),
 ]
 
 
@@ -152,6 +153,10 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
         ("builtin:tiny-sd3", "sampler", "dpmpp_2m"),
         ("builtin:tiny-sd3", "width", 72),  # the VAE's 8 x the 2x2 patches
         ("builtin:tiny-sd3", "guidance_scale", 60.0),
+        ("builtin:tiny-flux2", "sampler", "euler_ancestral"),
+        ("builtin:tiny-flux2", "height", 72),
+        ("builtin:tiny-flux2", "guidance_scale", 25.0),
+        ("builtin:tiny-flux2", "negative_prompt", "blurry"),
     ],
 )
 def test_params_a_family_does_not_support_are_refused_naming_the_field(model, field, value):
@@ -216,6 +221,7 @@ def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[Generati
         ("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
         ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)),
         ("builtin:tiny-sd3", (7.0, 1.0, 2.0, 5.0)),
+        ("builtin:tiny-flux2", (4.0, 1.0, 2.0, 5.0)),
     ],
 )
 def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):

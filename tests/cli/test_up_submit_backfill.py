@@ -312,6 +312,7 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
             assert len(entry["images"]) == 1 and Path(entry["images"][0]).is_file()
     assert len({entry["job_id"] for entry in results.values() if entry["job_id"]}) == num_valid
     assert "45 succeeded, 5 failed" in second.stderr
+    assert re.search(r"^backfill: \d+/50 rows, .* rows/s", second.stderr, re.M)  # progress in a log, not a bar
 
 
 def readme_block(containing: str) -> str:

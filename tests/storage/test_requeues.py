@@ -47,11 +47,3 @@ def test_a_lapsed_lease_is_recorded_as_the_reason(store, clock):
 
     assert store.release_if_lapsed(record.job_id)
     assert store.get(record.job_id).requeue_reason == "lease_expired"
-
-
-def test_running_holders_names_the_worker_of_each_running_job(store):
-    running, queued = make_job(store), make_job(store)
-    store.take(running.job_id, "w1", 30)
-
-    assert store.running_holders() == {running.job_id: "w1"}
-    assert queued.job_id not in store.running_holders()

@@ -10,7 +10,7 @@ import pytest
 from storage.heartbeats import Heartbeat
 from storage.job_store import JobState, JobStore
 from tests.storage.factories import FakeClock, make_job
-from worker.dead_workers import DeadWorkerWatch
+from worker.dead_workers import DeadWorkerWatch, running_holders
 
 TIMEOUT = 10.0
 
@@ -61,7 +61,7 @@ def test_after_a_failed_read_every_worker_gets_a_whole_timeout_again(store, monk
     watch.sweep()
     clock.advance(TIMEOUT - 1)
     with monkeypatch.context() as patched:  # Redis away for a moment, as in a restart
-        patched.setattr(store, "heartbeats", lambda: (_ for _ in ()).throw(ConnectionError("down")))
+        patched.setattr(store.heartbeat_store, "heartbeats", lambda now: (_ for _ in ()).throw(ConnectionError("down")))
         with pytest.raises(ConnectionError):
             watch.sweep()
     clock.advance(2)
@@ -81,3 +81,11 @@ def test_the_watch_never_judges_its_own_worker(store):
     clock.advance(TIMEOUT * 3)
 
     assert watch.sweep() == [] and store.get(job.job_id).state is JobState.RUNNING
+
+
+def test_running_holders_names_the_worker_of_each_running_job(store):
+    running, queued = make_job(store), make_job(store)
+    store.take(running.job_id, "w1", 30)
+
+    assert running_holders(store) == {running.job_id: "w1"}
+    assert queued.job_id not in running_holders(store)
