@@ -303,7 +303,7 @@ def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError(
             "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
         )
-    if is_data_uri(p.init_image):
+    if spec.init_image_role == "edit" and is_data_uri(p.init_image):
         image_width, image_height = image_size("init_image", p.init_image)
         if min(spec.edit_size(image_width, image_height)) < MIN_EDIT_IMAGE_SIDE:
             raise InvalidParamsError(
