@@ -36,6 +36,7 @@ from api.submission import (
     webhook_url_of,
 )
 from api.views import job_url, job_view
+from api.waiting import event_stream, json_rendered, prefer_wait, waited
 from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
@@ -90,6 +91,7 @@ def queued_view(record: JobRecord, position: int | None) -> dict:
 def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
+    wait_seconds = prefer_wait(request.headers.getlist("Prefer"))
     job = validate_job(read_json(), settings, get_fleet(), g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
@@ -100,8 +102,21 @@ def submit():
     headers = {"Location": job_url(record.job_id)}
     if not outcome.created:
         headers["Idempotent-Replayed"] = "true"
+    if wait_seconds is not None:
+        return waited(record.job_id, wait_seconds, lambda has_ended: waited_answer(record, headers, wait_seconds))
+    if not outcome.created:
         return view_with_position(record), 202, headers
     return queued_view(record, outcome.queue_position), 202, headers
+
+
+def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int):
+    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location)."""
+    current = get_job_store().get(record.job_id) or record
+    applied = {**headers, "Preference-Applied": f"wait={wait_seconds}"}
+    if current.state.is_terminal:
+        applied.pop("Location")
+        return json_rendered(200, view_with_position(current), list(applied.items()))
+    return json_rendered(202, view_with_position(current), list(applied.items()))
 
 
 @bp.post("/batch")
@@ -181,6 +196,11 @@ def list_jobs():
 @bp.get("/<jobid:job_id>")
 def get_job(job_id: str):
     return view_with_position(own_job(job_id))
+
+
+@bp.get("/<jobid:job_id>/events")
+def job_events(job_id: str):
+    return event_stream(own_job(job_id), view_with_position)
 
 
 @bp.delete("/<jobid:job_id>")

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from api import schemas
+from api.openapi_live import add_live_paths
 from api.resources import get_openapi_document
 from api.settings import ApiSettings
 
@@ -43,6 +44,9 @@ RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"ty
 
 
 class DocumentBuilder:
+    models = schemas
+    job_id = JOB_ID
+
     def __init__(self) -> None:
         self.components: dict[str, Any] = {}
 
@@ -310,6 +314,7 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
             }
         },
     }
+    add_live_paths(b, paths)
     b.components["BatchRequest"]["properties"]["jobs"]["maxItems"] = settings.max_batch_jobs
     b.components["JobRequest"]["properties"]["model"]["default"] = settings.default_model  # STEPWISE_MODEL
     return {

@@ -17,6 +17,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 import batching.params as P
 from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
 from storage.job_record import JOB_STATE_NAMES, REQUEUE_REASONS
+from storage.webhooks import DEFAULT_EVENTS as DEFAULT_WEBHOOK_EVENTS
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 WebhookEvent = Literal[WEBHOOK_EVENTS]  # type: ignore[valid-type]
@@ -139,7 +140,8 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=len(WEBHOOK_EVENTS),
-        description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.",
+        description=f"Events to deliver, of {', '.join(WEBHOOK_EVENTS)}; default {', '.join(DEFAULT_WEBHOOK_EVENTS)} "
+        "(progress only when asked: at most one per second per job, the latest wins). Needs webhook_url.",
     )
     deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
         None,

@@ -133,6 +133,10 @@ class ApiSettings:
     tenant_max_priority: dict[str, str] = field(default_factory=dict)
     # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
     accept_unserved_models: bool = False
+    # STEPWISE_EVENTS_KEEPALIVE_SECONDS: an idle event stream sends a comment line this often
+    events_keepalive_seconds: float = 15.0
+    # STEPWISE_IMAGES_WAIT_SECONDS: how long /v1/images/* wait for their job before answering 504
+    images_wait_seconds: float = 300.0
     # STEPWISE_MODELS: models this API serves whatever the workers' state (their jobs queue until a worker
     # runs); the default model is one of them whenever the variable is set
     configured_models: tuple[str, ...] = ()
@@ -176,6 +180,8 @@ class ApiSettings:
             limits=LimitTable.from_env(),
             tenant_max_priority=parse_tenant_priorities(os.environ.get("STEPWISE_TENANT_MAX_PRIORITY", "")),
             accept_unserved_models=env_bool("STEPWISE_ACCEPT_UNSERVED_MODELS", False),
+            events_keepalive_seconds=env_float("STEPWISE_EVENTS_KEEPALIVE_SECONDS", 15.0),
+            images_wait_seconds=env_float("STEPWISE_IMAGES_WAIT_SECONDS", 300.0),
             configured_models=configured_models,
             metrics_tenant_labels=env_bool("STEPWISE_METRICS_TENANT_LABELS", False),
         )
@@ -185,7 +191,12 @@ class ApiSettings:
         for name in ("tenant_max_queued", "tenant_jobs_per_minute"):
             if getattr(settings, name) < 0:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be 0 (no cap) or more")
-        for name in ("image_url_timeout_seconds", "webhook_lookup_timeout_seconds"):
+        for name in (
+            "image_url_timeout_seconds",
+            "webhook_lookup_timeout_seconds",
+            "events_keepalive_seconds",
+            "images_wait_seconds",
+        ):
             if not getattr(settings, name) > 0:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be above 0")
         return settings

@@ -34,6 +34,7 @@ from storage.errors import (
     StorageUnavailableError,
 )
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.job_events import EVENT_LOG_SECONDS
 from storage.job_record import (
     RECORD_FIELDS,
     REQUEUE_REASONS,
@@ -81,6 +82,7 @@ FINISH_FIELDS = RECORD_FIELDS - {
     "requeue_reason",
     "requeue_message",
 }
+MAX_CONNECTIONS = 100  # per process, as redis-py's default pool
 _UNAVAILABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -118,14 +120,19 @@ class JobStore:
         self.keys = RedisKeys(namespace)
         self.clock = clock
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
-        # quick 503, not as a request hanging for half a minute.
-        self._redis = redis.Redis.from_url(
+        # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
+        # concurrent callers than connections (greenlets under gevent) waits for one, where
+        # redis-py's default pool would fail the call ("Too many connections").
+        pool = redis.BlockingConnectionPool.from_url(
             redis_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=5,
             decode_responses=True,
             socket_connect_timeout=2,
             socket_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
+        self._redis = redis.Redis(connection_pool=pool)
         kwargs = self._redis.get_connection_kwargs()
         self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         self._heartbeats = HeartbeatStore(
@@ -136,6 +143,7 @@ class JobStore:
         self._take = register(lua.TAKE)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
+        self._add_preview = register(lua.ADD_PREVIEW)
         self._finish = register(lua.FINISH)
         self._request_cancel = register(lua.REQUEST_CANCEL)
         self._release = register(lua.RELEASE)
@@ -194,16 +202,14 @@ class JobStore:
     def queue_position(self, record: JobRecord) -> int | None:
         """0-based position among queued jobs of its model and priority (oldest first); None if not
         queued. A record from before per-model queues counts among all queued jobs."""
-        key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
-        return cast(int | None, self._redis.zrank(key, record.job_id))  # without withscore: a rank or None
+        return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
 
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
         """queue_position of each record, in one round trip (non-queued records: None)."""
         with self._redis.pipeline(transaction=False) as pipe:
             for record in records:
-                key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
-                pipe.zrank(key, record.job_id)
+                pipe.zrank(self.keys.queue_of(record), record.job_id)
             ranks = pipe.execute()
         return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
 
@@ -376,7 +382,12 @@ class JobStore:
 
     @_wraps_redis_errors
     def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, int(step), int(total)])
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total)])
+
+    @_wraps_redis_errors
+    def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:
+        """Put a running job's preview (a data URI) on its event stream (storage.job_events)."""
+        self._add_preview(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), image])
 
     @_wraps_redis_errors
     def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:
@@ -472,6 +483,15 @@ class JobStore:
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
         attempt_json = json.dumps(attempt, separators=(",", ":"), sort_keys=True)
         self._add_webhook_attempt(keys=[self.job_key(job_id)], args=[self.namespace, attempt_json])
+
+    @_wraps_redis_errors
+    def set_latest_progress_webhook(self, job_id: str, webhook_id: str) -> None:
+        """The job's newest progress webhook; deliveries of older ones are dropped (worker.webhooks)."""
+        self._redis.set(self.keys.progress_webhook(job_id), webhook_id, ex=EVENT_LOG_SECONDS)
+
+    @_wraps_redis_errors
+    def latest_progress_webhook(self, job_id: str) -> str | None:
+        return cast(str | None, self._redis.get(self.keys.progress_webhook(job_id)))
 
     def close(self) -> None:
         self._redis.close()

@@ -15,6 +15,8 @@ Keys, with ns the namespace:
     {ns}:leases                       sorted set, running job ids by lease expiry
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
+    {ns}:job-events:{job_id}          stream, the job's events (storage.job_events); each entry is also
+                                      announced on the pub/sub channel {ns}:job-events (message: job_id)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 from types import SimpleNamespace
 from typing import cast
 
+from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
 from storage.job_record import JobState
 from storage.redis_keys import RedisKeys
 
@@ -47,6 +50,28 @@ local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 
 local function job_key_of(job_id)
   return {_lua_expression(_KEYS.job(""))} .. job_id
+end
+
+local events_channel = {_lua_expression(_KEYS.job_events_channel)}
+
+local function events_key_of(job_id)
+  return {_lua_expression(_KEYS.job_events(""))} .. job_id
+end
+
+-- One entry (field, value, ...) on the job's event stream, announced to the API's listeners.
+local function emit(job_id, ...)
+  local key = events_key_of(job_id)
+  redis.call('XADD', key, 'MAXLEN', '~', {EVENT_LOG_MAX_ENTRIES}, '*', ...)
+  redis.call('EXPIRE', key, {EVENT_LOG_SECONDS})
+  redis.call('PUBLISH', events_channel, job_id)
+end
+
+-- The end state: the last entry, and the only one kept (a resumed stream needs nothing before it).
+local function emit_end(job_id, state)
+  emit(job_id, 'event', state)
+  local key = events_key_of(job_id)
+  redis.call('XTRIM', key, 'MAXLEN', 1)
+  redis.call('EXPIRE', key, {EVENT_LOG_SECONDS_AFTER_END})
 end
 
 local function deleted_key_of(job_id)
@@ -116,6 +141,7 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   if idem_key then
     redis.call('EXPIRE', idem_key, ttl)
   end
+  emit_end(job_id, to_state)
 end
 """
 )
@@ -186,6 +212,7 @@ redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 remove_queued(KEYS[1], ARGV[2])
 redis.call('ZREM', unsent_key, ARGV[2])
 redis.call('ZADD', leases_key, ARGV[5], ARGV[2])
+emit(ARGV[2], 'event', 'started')
 return redis.call('HGETALL', KEYS[1])
 """
 )
@@ -204,14 +231,27 @@ return 1
 """
 )
 
-# ARGV: ns, step, total. Only a running job's progress moves (never recreates an expired hash).
+# ARGV: ns, job_id, step, total. Only a running job's progress moves (never recreates an expired hash).
 SET_PROGRESS = (
     _PREAMBLE
     + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3])
+redis.call('HSET', KEYS[1], 'progress_step', ARGV[3], 'progress_total', ARGV[4])
+emit(ARGV[2], 'event', 'progress', 'step', ARGV[3], 'total', ARGV[4])
+return 1
+"""
+)
+
+# ARGV: ns, job_id, step, total, image (a data URI). A running job's preview: only on its event stream.
+ADD_PREVIEW = (
+    _PREAMBLE
+    + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
+  return 0
+end
+emit(ARGV[2], 'event', 'preview', 'step', ARGV[3], 'total', ARGV[4], 'image', ARGV[5])
 return 1
 """
 )
@@ -287,6 +327,7 @@ redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'reque
            'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])
 add_queued(KEYS[1], ARGV[2], ARGV[4])
+emit(ARGV[2], 'event', 'queued')
 return 1
 """
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from storage.job_record import JobState
+from storage.job_record import JobRecord, JobState
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class RedisKeys:
         """Queued jobs of one model's queue and one priority."""
         return f"{self.namespace}:queued:{queue}:{priority}"
 
+    def queue_of(self, record: JobRecord) -> str:
+        """The sorted set a queued record waits in (its position is its rank there)."""
+        return self.queued if record.queue is None else self.queued_in(record.queue, record.priority)
+
     @property
     def unsent(self) -> str:
         return f"{self.namespace}:unsent"
@@ -65,3 +69,16 @@ class RedisKeys:
     @property
     def finished_counts(self) -> str:
         return f"{self.namespace}:finished-counts"
+
+    def job_events(self, job_id: str) -> str:
+        """Stream: the job's events (storage.job_events), written by the transitions' scripts."""
+        return f"{self.namespace}:job-events:{job_id}"
+
+    @property
+    def job_events_channel(self) -> str:
+        """Pub/sub channel: the id of each job whose event stream just grew."""
+        return f"{self.namespace}:job-events"
+
+    def progress_webhook(self, job_id: str) -> str:
+        """The webhook id of the job's latest progress delivery (older ones still queued are dropped)."""
+        return f"{self.namespace}:progress-webhook:{job_id}"

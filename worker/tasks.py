@@ -125,7 +125,7 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
 
 def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) -> str:
     job_id = record.job_id
-    watch = JobWatch(runtime, active)
+    watch = JobWatch(runtime, active, record)
     try:
         result = watch.wait()
     except JobCanceledError:

@@ -27,7 +27,10 @@ def storage_url(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def api(module_redis, storage_url, tmp_path_factory):
     """`stepwise api` with three tenants (alice, bob, carol) and no worker: jobs stay queued."""
-    server = ApiProcess(tmp_path_factory.mktemp("api"), module_redis.url, storage_url).start()
+    # no worker: an OpenAI images call that passes validation would wait for nothing; it answers 504 soon
+    server = ApiProcess(
+        tmp_path_factory.mktemp("api"), module_redis.url, storage_url, STEPWISE_IMAGES_WAIT_SECONDS="0.2"
+    ).start()
     yield server
     server.stop()
 

@@ -118,6 +118,14 @@ class ApiProcess(ChildProcess):
 
     def start(self, timeout: float = 30.0) -> ApiProcess:
         super().start()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> ApiProcess:
+        """Start the process without waiting (start several, then `wait_ready` each)."""
+        super().start()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> ApiProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.assert_running()

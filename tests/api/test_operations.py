@@ -25,6 +25,9 @@ ROUTES = {
     ("/v1/loras/{name}", "put"),
     ("/v1/loras/{name}", "get"),
     ("/v1/loras/{name}", "delete"),
+    ("/v1/jobs/{job_id}/events", "get"),
+    ("/v1/images/generations", "post"),
+    ("/v1/images/edits", "post"),
 }
 
 
