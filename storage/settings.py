@@ -79,7 +79,7 @@ def env_url(name: str, schemes: tuple[str, ...], *, default: str | None = None) 
 class StorageSettings:
     redis_url: str = DEFAULT_REDIS_URL  # STEPWISE_REDIS_URL
     storage_url: str = ""  # STEPWISE_STORAGE_URL: file:///path or s3://bucket/prefix
-    s3_endpoint_url: str | None = None  # STEPWISE_S3_ENDPOINT_URL: MinIO or any S3-compatible server
+    s3_endpoint_url: str | None = None  # STEPWISE_S3_ENDPOINT_URL: SeaweedFS or any S3-compatible server
     s3_public_endpoint_url: str | None = None  # STEPWISE_S3_PUBLIC_URL: the endpoint clients reach, for presigning
     presign_expiry_seconds: int = 3600  # STEPWISE_PRESIGN_EXPIRY
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
