@@ -24,7 +24,7 @@ class Sample:
     params: GenerationParams  # one image: num_images == 1, seed = the job's seed + i
     key: CompatibilityKey  # samples of one key share a forward
     num_steps: int  # denoise steps it runs: all of them, or the last `strength` fraction with an init image
-    cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost)
+    cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost, and a reference image's)
     priority_rank: int = 1  # its job's priority, an index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
     images: InputImages | None = None  # its job's init image and mask, decoded once at submit; None: text-to-image
     # The scheduler's, on the engine loop thread:
@@ -62,9 +62,19 @@ def make_samples(
                 params=one,
                 key=CompatibilityKey.of(one, has_size=has_size, has_lora=has_lora),
                 num_steps=num_steps,
-                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt),
+                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt)
+                + _reference_cost(family, one, images),
                 priority_rank=PRIORITIES.index(priority),
                 images=images,
             )
         )
     return samples
+
+
+def _reference_cost(family: FamilySpec, params: GenerationParams, images: InputImages | None) -> int:
+    """A reference image's tokens (FamilySpec.init_image_role "reference"), which join each of the sample's rows."""
+    if images is None or family.init_image_role != "reference":
+        return 0
+    width, height = images.init.size  # as the pipeline prepared it: multiples of the size multiple
+    tokens = (width // family.size_multiple) * (height // family.size_multiple)
+    return family.num_rows(params.guidance_scale, params.negative_prompt) * tokens
