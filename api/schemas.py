@@ -89,7 +89,7 @@ JOB_DEPENDENCIES = {
 class JobRequest(StrictModel):
     """One image-generation job. Unknown fields are refused."""
 
-    model_config = ConfigDict(json_schema_extra={"dependentSchemas": JOB_DEPENDENCIES})
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": JOB_DEPENDENCIES})  # type: ignore[dict-item]
 
     # Patterns for what batching.params checks: no NUL (nor control characters in a model name), not blank.
     prompt: str = Field(

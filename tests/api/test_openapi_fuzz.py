@@ -4,8 +4,9 @@ a request the document forbids is refused, and one it allows is accepted.
 
 What no schema can say is left to the API: the bytes of an image or an adapter file, whether an upload,
 an adapter or a job exists, a webhook or image URL's host, a deadline already past, a job over its
-model's cost limits, a strength that runs no step of the job's steps (a product of two fields). A request the document allows may get a 4xx naming one of those fields
-(`CONTENT_FIELDS`); any other refusal of an allowed request fails the test.
+model's cost limits, a strength that runs no step of the job's steps (a product of two fields). A
+request the document allows may get a 4xx naming one of those fields (`CONTENT_FIELDS`); any other
+refusal of an allowed request fails the test.
 
 The fuzzed API runs with a resolver that never leaves this machine (tests/api/offline_site): the
 webhook and image URLs the fuzzer writes name any host. Strategies come from `operation.as_strategy()`
