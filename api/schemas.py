@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation, model_validator
 
 import batching.params as P
 from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
@@ -54,16 +54,6 @@ def rfc3339_only(value: Any) -> Any:
     return value
 
 
-def whole_float_as_int(value: Any) -> Any:
-    """JSON Schema counts 49.0 as an integer, and so does this API (strict otherwise: "49" is refused)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-WholeNumber = Annotated[int, BeforeValidator(whole_float_as_int)]
-
-
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -91,6 +81,19 @@ class JobRequest(StrictModel):
 
     model_config = ConfigDict(json_schema_extra={"dependentSchemas": JOB_DEPENDENCIES})  # type: ignore[dict-item]
 
+    @model_validator(mode="before")
+    @classmethod
+    def whole_floats_as_ints(cls, data: Any) -> Any:
+        """JSON Schema counts 49.0 as an integer, and so does this API (strict otherwise: "49" is refused)."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            name: int(value)
+            if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) < 2**63
+            else value
+            for name, value in data.items()
+        }
+
     # Patterns for what batching.params checks: no NUL (nor control characters in a model name), not blank.
     prompt: str = Field(
         min_length=1,
@@ -104,7 +107,7 @@ class JobRequest(StrictModel):
         json_schema_extra={"pattern": r"^[^\x00]*$"},
         description="What to steer away from.",
     )
-    height: WholeNumber = Field(
+    height: int = Field(
         _SD.default_size,
         ge=P.MIN_SIZE,
         le=P.MAX_SIZE,
@@ -112,14 +115,14 @@ class JobRequest(StrictModel):
         description=f"Pixels; height*width at most {P.MAX_PIXELS}; a multiple of 16 for FLUX "
         "and Z-Image. Default: the model family's.",
     )
-    width: WholeNumber = Field(
+    width: int = Field(
         _SD.default_size,
         ge=P.MIN_SIZE,
         le=P.MAX_SIZE,
         multiple_of=P.SIZE_MULTIPLE,
         description="Pixels. Default: the model family's.",
     )
-    num_inference_steps: WholeNumber = Field(
+    num_inference_steps: int = Field(
         _SD.default_steps, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="Denoising steps. Default: the model family's."
     )
     guidance_scale: float = Field(
@@ -129,13 +132,11 @@ class JobRequest(StrictModel):
         description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).",
     )
-    seed: WholeNumber | None = Field(
-        None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job)."
-    )
+    seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
     sampler: Sampler = Field(
         "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler."
     )
-    num_images: WholeNumber = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
+    num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
     model: str = Field(
         None,
         min_length=1,
@@ -143,7 +144,7 @@ class JobRequest(StrictModel):
         json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]*[^\x00-\x1f\x7f-\x9f\s][^\x00-\x1f\x7f-\x9f]*$"},
         description="Model to run; default: the model the service serves (STEPWISE_MODEL).",
     )
-    num_frames: WholeNumber = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
+    num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
     lora: str | None = Field(
         None,
         min_length=1,
@@ -188,9 +189,7 @@ class JobRequest(StrictModel):
         "(cover, then center-crop).",
     )
     output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
-    output_quality: WholeNumber = Field(
-        P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100)."
-    )
+    output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
     webhook_url: str | None = Field(
         None, min_length=1, max_length=2048, description="http(s) URL called on the events in webhook_events."
     )
@@ -227,6 +226,11 @@ class JobRequest(StrictModel):
 
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
+
+
+INTEGER_FIELDS = frozenset(
+    name for name, field in JobRequest.model_fields.items() if field.annotation in (int, int | None)
+)
 
 
 class BatchRequest(StrictModel):
