@@ -153,6 +153,19 @@ class JobRequest(StrictModel):
         description="high, normal (the default) or low: taken from the queue and admitted by the engine "
         "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).",
     )
+    complete_by: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
+        None,
+        description="When the job should be finished: RFC 3339 with an offset, in the future, at most 30 days "
+        "ahead. Among jobs of one priority the worker runs first the one with the least slack (time left minus "
+        "its estimated remaining work); a job that cannot make it is reported `late`, never failed for it. "
+        "Not with slo_seconds.",
+    )
+    slo_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=P.MAX_FINISH_BY_SECONDS,
+        description="complete_by as seconds after the job is submitted. Not with complete_by.",
+    )
 
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
@@ -283,6 +296,14 @@ class JobView(BaseModel):
     started_at: datetime | None = Field(description="The first start; a re-queued job keeps it.")
     finished_at: datetime | None
     deadline: datetime | None
+    complete_by: datetime | None = Field(description="When the job should be finished (complete_by, or slo_seconds).")
+    late: bool = Field(
+        description="It has a complete_by and finished after it, or (queued or running) it is past it or its "
+        "worker estimates it cannot make it."
+    )
+    paused: bool = Field(
+        description="Running, but set aside at a step boundary for a job that outranks it; it resumes where it was."
+    )
     params: dict[str, Any] = Field(description="The generation parameters, with the seed that was used.")
     timings: dict[str, float] = Field(description="Seconds: queue_wait, denoise, decode, upload, total.")
     image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")

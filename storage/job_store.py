@@ -33,6 +33,7 @@ from storage.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from storage.fair_share import TenantWeights, queue_cost
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
 from storage.job_events import EVENT_LOG_SECONDS
 from storage.job_record import (
@@ -114,11 +115,13 @@ class JobStore:
         clock: Callable[[], float] = time.time,
         worker_timeout: float = 10.0,
         model_retention: float = 3600.0,
+        tenant_weights: TenantWeights | None = None,
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
         self.keys = RedisKeys(namespace)
         self.clock = clock
+        self.tenant_weights = tenant_weights or TenantWeights()  # the fair order's weights (storage.fair_share)
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
         # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
         # concurrent callers than connections (greenlets under gevent) waits for one, where
@@ -141,6 +144,7 @@ class JobStore:
         register = self._redis.register_script
         self._create = register(lua.CREATE)
         self._take = register(lua.TAKE)
+        self._take_next = register(lua.TAKE_NEXT)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
         self._add_preview = register(lua.ADD_PREVIEW)
@@ -162,6 +166,7 @@ class JobStore:
             job_ttl_seconds=settings.job_ttl_seconds,
             worker_timeout=settings.worker_timeout,
             model_retention=settings.model_retention,
+            tenant_weights=settings.tenant_weights,
         )
 
     def job_key(self, job_id: str) -> str:
@@ -200,14 +205,16 @@ class JobStore:
 
     @_wraps_redis_errors
     def queue_position(self, record: JobRecord) -> int | None:
-        """0-based position among queued jobs of its model and priority (oldest first); None if not
-        queued. A record from before per-model queues counts among all queued jobs."""
+        """0-based position among queued jobs of its model and priority in the order workers take them
+        (storage.fair_share); None if not queued. A record from before per-model queues counts among all
+        queued jobs."""
         return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
 
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
-        """queue_position of each record, in one round trip (non-queued records: None)."""
-        with self._redis.pipeline(transaction=False) as pipe:
+        """queue_position of each record, in one round trip and at one instant (MULTI), so positions read
+        together are consistent with each other (non-queued records: None)."""
+        with self._redis.pipeline(transaction=True) as pipe:
             for record in records:
                 pipe.zrank(self.keys.queue_of(record), record.job_id)
             ranks = pipe.execute()
@@ -296,8 +303,10 @@ class JobStore:
 
     @_wraps_redis_errors
     def unsent_job_ids(self, created_before: float) -> list[str]:
-        """Jobs created before then that no worker took and whose message nobody confirmed sending
-        (`mark_sent`): their creator may have died between storing the record and sending it."""
+        """Jobs queued before then whose generate message nobody confirmed sending (`mark_sent`): their
+        creator, or the worker re-queueing them, may have died before sending it. Each is a message owed
+        to the job's queue: any message of a queue takes that queue's next job, so the entry stays when
+        another message took the job (and it is then owed to another job of the queue)."""
         return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))
 
     # Transitions.
@@ -314,6 +323,7 @@ class JobStore:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         priority: str = DEFAULT_PRIORITY,
+        complete_by: float | None = None,
     ) -> tuple[JobRecord, bool]:
         """Create a queued job. Returns (record, created). Same tenant+idempotency_key with the
         same request_hash returns the original (created=False); a different hash raises
@@ -327,6 +337,7 @@ class JobStore:
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             priority=priority,
+            complete_by=complete_by,
         )
         outcome = self.create_many([spec])[0]
         if isinstance(outcome, Exception):
@@ -347,9 +358,17 @@ class JobStore:
         QueueFullError once `max_queued` jobs are queued; 0 means no limit). `message_for(record)`
         gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
         without it the jobs wait in the unsent set until `mark_sent`."""
-        pending = [(spec, spec.new_record(uuid.uuid4().hex, self.clock())) for spec in specs]
+        now = self.clock()
+        pending = [
+            (
+                spec,
+                spec.new_record(uuid.uuid4().hex, now),
+                self.tenant_weights.share(spec.tenant, queue_cost(spec.params) if spec.cost is None else spec.cost),
+            )
+            for spec in specs
+        ]
         replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, message_for)
-        return [create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
+        return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
     def mark_sent_many(self, job_ids: list[str]) -> None:
@@ -372,6 +391,15 @@ class JobStore:
         return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
+    def take_next(self, queue: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
+        """What a generate message does: atomically take the next job of `queue` (highest priority
+        first, then the fair order: storage.fair_share) queued -> running with a lease. None if no job
+        of that queue is queued."""
+        now = self.clock()
+        reply = self._take_next(args=[self.namespace, queue, worker_id, repr(now), repr(now + lease_seconds)])
+        return record_from_flat(reply) if reply else None
+
+    @_wraps_redis_errors
     def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool:
         """Extend the lease of a job this worker holds; False if it no longer holds it."""
         expires_at = self.clock() + lease_seconds
@@ -381,8 +409,12 @@ class JobStore:
         )
 
     @_wraps_redis_errors
-    def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total)])
+    def set_progress(
+        self, job_id: str, step: int, total: int, *, is_paused: bool = False, is_late: bool = False
+    ) -> None:
+        """A running job's progress, and whether its engine has it paused or estimates it late."""
+        flags = ["1" if is_paused else "0", "1" if is_late else "0"]
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), *flags])
 
     @_wraps_redis_errors
     def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:
@@ -435,7 +467,8 @@ class JobStore:
 
     @_wraps_redis_errors
     def release(self, job_id: str, worker_id: str, reason: str = "worker_shutdown", message: str = "") -> bool:
-        """Running -> queued again (warm shutdown, drain, or a dead holder); the caller re-enqueues it.
+        """Running -> queued again (warm shutdown, drain, or a dead holder), at the head of its queue;
+        the caller sends a message and marks it sent.
         Attempts and the first started_at are kept, progress restarts, and the record says why
         (`reason`, one of REQUEUE_REASONS, and `message`). False if `worker_id` does not hold the job
         (so two callers cannot both re-queue it), or if a cancel was requested: then the job becomes

@@ -12,10 +12,11 @@ SIGKILLed worker's jobs therefore run again within about a lease, not after the 
 visibility timeout; when the original message does come back, the job is no longer queued
 under it and that delivery does nothing.
 
-The same sweep sends a message for each job that has stayed queued longer than a lease without
-its creator confirming the message was sent (`JobStore.unsent_job_ids`): an API process that died
-between storing the record and sending the message would otherwise leave the job queued forever.
-A message sent twice is harmless: only one delivery can take the job.
+The same sweep sends each message owed for longer than a lease (`JobStore.unsent_job_ids`): a job
+created without its message by a creator that died before sending it, or re-queued by a worker that
+died between the release and the send, would otherwise leave its queue one message short. Any
+message takes its queue's next job (`worker.tasks`), so the owed message is sent whatever became of
+the job it was owed for; a message too many finds nothing queued and does nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from storage.errors import StorageError
-from storage.job_record import JobRecord, JobState
+from storage.job_record import JobRecord
 from storage.job_store import JobStore
 from worker.dead_workers import DeadWorkerWatch
 
@@ -88,16 +89,17 @@ class LapsedLeaseSweeper:
                 if record is None:
                     continue
                 self.enqueue(record)  # to the job's own queue, at its priority
+                self.job_store.mark_sent(job_id)
                 requeued.append(job_id)
                 log.warning("job %s: its worker stopped renewing the lease; re-queued", job_id)
         return requeued
 
     def send_unsent(self) -> list[str]:
-        """Send a message for every job still queued whose creator never confirmed sending one."""
+        """Send every message owed to a queue whose sender never confirmed sending it."""
         sent = []
         for job_id in self.job_store.unsent_job_ids(self.job_store.clock() - self.unsent_grace):
             record = self.job_store.get(job_id)
-            if record is not None and record.state is JobState.QUEUED:
+            if record is not None:
                 self.enqueue(record)
                 sent.append(job_id)
                 log.warning("job %s: queued for %.0fs with no message sent; sent one", job_id, self.unsent_grace)
