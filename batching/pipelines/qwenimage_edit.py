@@ -40,7 +40,8 @@ from batching.pipelines.loading import load_pipeline
 from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.qwenimage_processor import image_processor_only
 
-PADDING_TEXT_LENGTH = 1024  # a deterministic-mode padding row's prompt states: longer than real edit prompts' usually
+PADDING_TEXT_LENGTH = 512  # a deterministic-mode padding row's prompt states (real edit prompts are longer with a real
+# model's ~1300 image tokens; there a group pads to its longest)
 NUM_CACHED_IMAGES = 8  # edit images whose VAE latents are kept (a job's images, or edits of one picture, share them)
 # (model, device, dtype, image and size) -> its latents and img_shapes entry; one per process, as engines of one
 # model in one process (a worker has one) load the same VAE, whose encoding no adapter or job changes
