@@ -15,11 +15,11 @@ the job names none: batching.params).
 
 An edit job's conditioning depends on its image, so its prompts are encoded per sample
 when it starts (`image_conditioning`, on the encoder's thread, with the image decoded
-once at submit) rather than in the shared text-encoder call, each text alone as the pipeline
-encodes it. Rows of edit jobs share
-forwards whatever their output sizes, edit images and prompt lengths (mixed shapes run
-`qwenimage_mixed_sizes`); a model serves either editing or text-to-image jobs, so edit
-rows never meet plain Qwen-Image rows (their checkpoints differ anyway).
+once at submit) rather than in the shared text-encoder call, each text alone as the
+pipeline encodes it. Rows of edit jobs share forwards whatever their output sizes, edit
+images and prompt lengths (mixed shapes run `qwenimage_mixed_sizes`); a model serves
+either editing or text-to-image jobs, so edit rows never meet plain Qwen-Image rows
+(their checkpoints differ anyway).
 """
 
 from __future__ import annotations
