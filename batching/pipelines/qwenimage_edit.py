@@ -117,7 +117,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
                 _EDIT_LATENTS.move_to_end(key)
                 return cached
         pixels = self.pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
-        raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
+        with self.vae_lock:
+            raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
         std = torch.tensor(self.vae.config.latents_std).view(self.latents_mean.shape).to(raw.device, raw.dtype)
         latents = ((raw - self.latents_mean.to(raw.dtype)) / std).to(self.dtype)  # as the pipeline normalises
         latent_height, latent_width = latents.shape[-2:]
