@@ -7,14 +7,10 @@ per-model queues has no queue: its model's queue is derived).
 
 from __future__ import annotations
 
-from batching.params import DEFAULT_MODEL
 from storage.job_record import JobRecord
-from storage.queues import BROKER_PRIORITY, GENERATE_TASK, generate_queue
+from storage.queues import BROKER_PRIORITY, GENERATE_TASK
 from worker.app import app
-
-
-def job_queue(record: JobRecord) -> str:
-    return record.queue or generate_queue(record.params.get("model", DEFAULT_MODEL))
+from worker.leases import queue_name as job_queue
 
 
 def send_generate(record: JobRecord) -> None:

@@ -42,7 +42,9 @@ def edit_params(**overrides) -> GenerationParams:
 @pytest.fixture(scope="module")
 def engines():
     built = {
-        "batched": DiffusionEngine(EngineConfig(model=MODEL, device="cpu", max_num_seqs=4, max_num_groups=1)),
+        "batched": DiffusionEngine(  # images decoded on the decoder's thread while the loop encodes edit images
+            EngineConfig(model=MODEL, device="cpu", max_num_seqs=4, max_num_groups=1, decode_overlap=True)
+        ),
         "deterministic": DiffusionEngine(EngineConfig(model=MODEL, device="cpu", max_num_seqs=2, deterministic=True)),
     }
     yield built
