@@ -279,7 +279,8 @@ def plot(results: dict, path: Path) -> None:
             continue
         finite = sorted(value for value in run["latencies"] if value is not None)
         total = len(run["latencies"])
-        axes.step(finite, [(index + 1) / total for index in range(len(finite))], where="post", label=run["variant"])
+        label = run["variant"] if finite else f"{run['variant']} (none finished)"
+        axes.step(finite, [(index + 1) / total for index in range(len(finite))], where="post", label=label)
     axes.axvline(3 * results["alone_latency"], color="grey", linestyle=":", label="complete_by (3x alone)")
     axes.set_xscale("log")
     axes.set_xlabel("interactive latency (s, log)")
