@@ -57,6 +57,7 @@ class FamilySpec:
     default_guidance: float
     default_size: int = 128  # height and width when the job names none
     default_steps: int = 20
+    min_steps: int = 1  # 2 where the sampler's schedule needs two (Qwen-Image's terminal shift divides by the last)
     max_guidance: float = 50.0
     guidance_kind: str = "cfg"  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
@@ -180,6 +181,7 @@ FAMILIES: dict[str, FamilySpec] = {
             size_multiple=16,
             default_guidance=4.0,
             cfg_needs_negative_prompt=True,
+            min_steps=2,
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
             init_image_role="none",  # QwenImageImg2ImgPipeline and QwenImageInpaintPipeline: not served yet
         ),
@@ -189,6 +191,7 @@ FAMILIES: dict[str, FamilySpec] = {
             size_multiple=16,
             default_guidance=4.0,
             cfg_needs_negative_prompt=True,
+            min_steps=2,
             mixes_sizes=True,
             init_image_role="edit",
             edit_area=1024 * 1024,

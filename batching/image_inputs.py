@@ -161,6 +161,8 @@ def job_images(params: object, family: str | None = None) -> tuple[Image.Image |
     spec = FAMILIES[family] if family else params.family_spec  # type: ignore[attr-defined]
     if spec.reference_rules is not None:
         return reference_image(init, spec.reference_rules, spec.size_multiple), None
+    if spec.init_image_role == "edit":  # the image to edit, as given: the edit pipeline sizes it itself
+        return init, None
     mask = _upright_pixels("mask_image", mask_value, "L") if mask_value is not None else None
     if mask is not None and mask.size != init.size:
         raise InvalidParamsError(

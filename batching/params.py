@@ -9,6 +9,7 @@ without torch: the API process uses it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import secrets
@@ -27,6 +28,7 @@ from batching.image_inputs import (  # the image-input rules the API also applie
     canonical_data_uri,
     check_reference,
     image_size,
+    input_images,
     is_data_uri,
     is_upload_id,
     job_images,
@@ -60,6 +62,7 @@ MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loose
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+MIN_EDIT_IMAGE_SIDE = 32  # an edit image's sides once its pipeline sizes it (a thinner one would round to none)
 OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
 DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
 DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
@@ -229,7 +232,7 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
             raise InvalidParamsError(name, value, f"must be a multiple of {spec.size_multiple} for {spec.name} models")
     if p.height * p.width > MAX_PIXELS:
         raise InvalidParamsError("height", p.height, f"height*width must be at most {MAX_PIXELS}")
-    _check_int(p, "num_inference_steps", MIN_STEPS, MAX_STEPS)
+    _check_int(p, "num_inference_steps", max(MIN_STEPS, spec.min_steps), MAX_STEPS)
     _check_number(p, "guidance_scale", MIN_GUIDANCE, spec.max_guidance)
     num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
     if p.seed is not None:  # image i uses seed + i: the last one must fit too
@@ -301,6 +304,15 @@ def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError(
             "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
         )
+    if spec.init_image_role == "edit" and is_data_uri(p.init_image):
+        image_width, image_height = image_size("init_image", p.init_image)
+        if min(spec.edit_size(image_width, image_height)) < MIN_EDIT_IMAGE_SIDE:
+            raise InvalidParamsError(
+                "init_image",
+                f"{image_width}x{image_height}",
+                f"is too narrow for {spec.name} models: sized to about {spec.edit_area} pixels, a side "
+                f"would be under {MIN_EDIT_IMAGE_SIDE}",
+            )
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:
@@ -390,8 +402,40 @@ __all__ = [
     "RESIZE_MODES",
     "is_upload_id",
     "canonical_data_uri",
+    "input_images",
     "job_images",
     "open_image",
     "to_data_uri",
     "upright_size",
 ]
+
+
+# Finish-by deadlines. A job names `complete_by` (unix seconds in Python, RFC 3339 over HTTP) or
+# `slo_seconds` (after its submission), not both. Unlike the start-by `deadline` (a job not started
+# by then ends `expired`), a finish-by deadline never fails a job: among jobs of one priority the
+# engine runs first the one with the least slack (time left minus its estimated remaining work), and
+# a job that can no longer make it is reported `late`.
+MAX_FINISH_BY_SECONDS = 30 * 24 * 3600  # at most 30 days ahead, like the start-by deadline
+
+
+def complete_by_from(complete_by: float | None, slo_seconds: float | None, now: float) -> float | None:
+    """The job's finish-by time in unix seconds, or None; raises InvalidParamsError naming the field."""
+    if complete_by is not None and slo_seconds is not None:
+        raise InvalidParamsError("slo_seconds", slo_seconds, "cannot be given with complete_by: give one of them")
+    if slo_seconds is not None:
+        if isinstance(slo_seconds, bool) or not isinstance(slo_seconds, (int, float)):
+            raise InvalidParamsError("slo_seconds", slo_seconds, "must be a number of seconds")
+        if not (0 < slo_seconds <= MAX_FINISH_BY_SECONDS):
+            raise InvalidParamsError(
+                "slo_seconds", slo_seconds, f"must be above 0 and at most {MAX_FINISH_BY_SECONDS} (30 days)"
+            )
+        return now + float(slo_seconds)
+    if complete_by is None:
+        return None
+    if isinstance(complete_by, bool) or not isinstance(complete_by, (int, float)) or not math.isfinite(complete_by):
+        raise InvalidParamsError("complete_by", complete_by, "must be a time (unix seconds)")
+    if complete_by <= now:
+        raise InvalidParamsError("complete_by", complete_by, "must be in the future")
+    if complete_by > now + MAX_FINISH_BY_SECONDS:
+        raise InvalidParamsError("complete_by", complete_by, "must be at most 30 days from now")
+    return float(complete_by)

@@ -18,6 +18,7 @@ the oldest has waited `timeout` seconds. It never runs two groups at once.
 
 from __future__ import annotations
 
+import inspect
 import os
 import queue
 import threading
@@ -202,6 +203,7 @@ class StaticBatchVariant:
         self.timeout_seconds = timeout_seconds  # the oldest request waits at most this long for a full group
         self.pipeline = None
         self.family: str | None = None
+        self.guidance_argument = "guidance_scale"  # the argument of the family's pipeline that guidance_scale is
         self.row_counter: UNetRowCounter | None = None
 
     def open(self, sizes: list[tuple[int, int]]) -> None:
@@ -213,6 +215,7 @@ class StaticBatchVariant:
         source = model_source(self.model)
         adapter = adapter_serving(self.model, source)
         self.family = adapter.family
+        self.guidance_argument = adapter.guidance_argument
         self.pipeline = adapter.load_pipeline(self.model, source, device, resolve_dtype("auto", device))
         self.pipeline.set_progress_bar_config(disable=True)
         self.row_counter = UNetRowCounter(getattr(self.pipeline, "unet", None) or self.pipeline.transformer)
@@ -303,16 +306,20 @@ class StaticBatchVariant:
         if FAMILIES[self.family].samplers != ("euler",):  # UNet families: the requested sampler
             sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
             self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
+        # Flux2KleinPipeline takes no negative prompt (its unconditional one is always empty): same rows, same cost.
+        takes_negative = "negative_prompt" in inspect.signature(self.pipeline.__call__).parameters
         negative = (
-            {"negative_prompt": [p.negative_prompt for p in group]} if any(p.negative_prompt for p in group) else {}
+            {"negative_prompt": [p.negative_prompt for p in group]}
+            if takes_negative and any(p.negative_prompt for p in group)
+            else {}
         )
         self.pipeline(
             prompt=[p.prompt for p in group],
             height=first.height,
             width=first.width,
             num_inference_steps=first.num_inference_steps,
-            guidance_scale=first.guidance_scale,
             generator=[torch.Generator("cpu").manual_seed(p.seed) for p in group],
+            **{self.guidance_argument: first.guidance_scale},
             output_type="pil",
             **negative,
         )

@@ -33,6 +33,9 @@ GUIDANCE_MIX = {
     "flux": (1.0, 2.5, 3.5, 5.0),
     "zimage": (0.0, 2.0, 4.0, 6.0),
     "sd3": (1.0, 4.0, 7.0, 10.0),
+    "qwenimage": (1.0, 2.5, 4.0, 6.0),  # true CFG: 1 runs one row even with the negative prompt
+    "flux2": (1.0, 2.5, 4.0, 6.0),  # embedded, as FLUX.1's
+    "flux2_klein": (1.0, 2.5, 4.0, 6.0),  # true CFG above 1
 }
 
 

@@ -12,10 +12,11 @@ SIGKILLed worker's jobs therefore run again within about a lease, not after the 
 visibility timeout; when the original message does come back, the job is no longer queued
 under it and that delivery does nothing.
 
-The same sweep sends a message for each job that has stayed queued longer than a lease without
-its creator confirming the message was sent (`JobStore.unsent_job_ids`): an API process that died
-between storing the record and sending the message would otherwise leave the job queued forever.
-A message sent twice is harmless: only one delivery can take the job.
+The same sweep sends each message owed for longer than a lease (`JobStore.unsent_job_ids`): a job
+created without its message by a creator that died before sending it, or re-queued by a worker that
+died between the release and the send, would otherwise leave its queue one message short. Any
+message takes its queue's next job (`worker.tasks`), so the owed message is sent whatever became of
+the job it was owed for; a message too many finds nothing queued and does nothing.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from batching.params import DEFAULT_MODEL
 from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
+from storage.queues import broker_queue_keys, generate_queue
 from worker.dead_workers import DeadWorkerWatch
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ class LapsedLeaseSweeper:
             if self.dead_workers is not None:
                 self._guarded("dead worker check", self.dead_workers.sweep)
             if time.monotonic() >= next_sweep:
-                self._guarded("lease sweep", self.sweep, self.send_unsent)
+                self._guarded("lease sweep", self.sweep, self.send_unsent, self.send_to_starved_queues)
                 next_sweep = time.monotonic() + self.interval
             self._stopped.wait(min(self.interval, DEAD_WORKER_CHECK_SECONDS))
 
@@ -88,21 +91,50 @@ class LapsedLeaseSweeper:
                 if record is None:
                     continue
                 self.enqueue(record)  # to the job's own queue, at its priority
+                self.job_store.mark_sent(job_id)
                 requeued.append(job_id)
                 log.warning("job %s: its worker stopped renewing the lease; re-queued", job_id)
         return requeued
 
+    def send_to_starved_queues(self) -> list[str]:
+        """One more message for each queue that has a job queued longer than a lease while no message waits
+        for it: its messages went with a worker that reserved them and died before taking a job (the broker
+        hands those back only after its visibility timeout). A message too many takes nothing. Returns
+        the queues sent to."""
+        client, keys = self.job_store.redis, self.job_store.keys
+        old_ids = client.zrangebyscore(keys.queued, "-inf", repr(self.job_store.clock() - self.unsent_grace), 0, 100)
+        starved: dict[str, JobRecord] = {}
+        for job_id in old_ids:
+            record = self.job_store.get(job_id)
+            if record is not None and record.state is JobState.QUEUED and queue_name(record) not in starved:
+                if not any(client.llen(key) for key in broker_queue_keys(queue_name(record))):
+                    starved[queue_name(record)] = record
+        for queue, record in starved.items():
+            self.enqueue(record)
+            log.warning(
+                "queue %s: job %s queued for over %.0fs and no message waits; sent one",
+                queue,
+                record.job_id,
+                self.unsent_grace,
+            )
+        return list(starved)
+
     def send_unsent(self) -> list[str]:
-        """Send a message for every job still queued whose creator never confirmed sending one."""
+        """Send every message owed to a queue whose sender never confirmed sending it."""
         sent = []
         for job_id in self.job_store.unsent_job_ids(self.job_store.clock() - self.unsent_grace):
             record = self.job_store.get(job_id)
-            if record is not None and record.state is JobState.QUEUED:
+            if record is not None:
                 self.enqueue(record)
                 sent.append(job_id)
                 log.warning("job %s: queued for %.0fs with no message sent; sent one", job_id, self.unsent_grace)
             self.job_store.mark_sent(job_id)
         return sent
+
+
+def queue_name(record: JobRecord) -> str:
+    """The Celery queue of a record's model (a record from before per-model queues names none)."""
+    return record.queue or generate_queue(record.params.get("model", DEFAULT_MODEL))
 
 
 class LeaseKeeper:

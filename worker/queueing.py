@@ -1,25 +1,24 @@
-"""Sending a job's generate message from the worker: re-queues, passes and the lease sweeper.
+"""Sending generate messages from the worker: re-queues, passes and the lease sweeper.
 
-The message goes to the job's own queue at the job's own priority, both read from its record
-(a record written before per-model queues has no queue: its model's queue is derived).
+A message takes its queue's next job, whichever it is (`worker.tasks`). A re-queued job's message goes
+to the job's own queue at the job's own priority, both read from its record (a record written before
+per-model queues has no queue: its model's queue is derived).
 """
 
 from __future__ import annotations
 
-from batching.params import DEFAULT_MODEL
 from storage.job_record import JobRecord
-from storage.queues import BROKER_PRIORITY, GENERATE_TASK, generate_queue
+from storage.queues import BROKER_PRIORITY, GENERATE_TASK
 from worker.app import app
-
-
-def job_queue(record: JobRecord) -> str:
-    return record.queue or generate_queue(record.params.get("model", DEFAULT_MODEL))
+from worker.leases import queue_name as job_queue
 
 
 def send_generate(record: JobRecord) -> None:
+    send_ticket(job_queue(record), record.job_id, record.priority)
+
+
+def send_ticket(queue: str, job_id: str, priority: str = "normal") -> None:
+    """A generate message for `queue`, naming `job_id` (the job it was sent for)."""
     app.send_task(
-        GENERATE_TASK,
-        args=[record.job_id],
-        queue=job_queue(record),
-        priority=BROKER_PRIORITY.get(record.priority, BROKER_PRIORITY["normal"]),
+        GENERATE_TASK, args=[job_id], queue=queue, priority=BROKER_PRIORITY.get(priority, BROKER_PRIORITY["normal"])
     )

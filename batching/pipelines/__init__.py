@@ -16,6 +16,7 @@ from batching.pipelines.flux2 import Flux2Adapter
 from batching.pipelines.flux2_klein import Flux2KleinAdapter
 from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.qwenimage import QwenImageAdapter
+from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
 from batching.pipelines.sd3 import StableDiffusion3Adapter
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -32,6 +33,7 @@ ADAPTERS: tuple[AdapterClass, ...] = (
     FluxAdapter,
     ZImageAdapter,
     QwenImageAdapter,
+    QwenImageEditAdapter,
     StableDiffusion3Adapter,
     Flux2Adapter,
     Flux2KleinAdapter,

@@ -68,7 +68,9 @@ class ImageLatentsMixin:
         """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""
         raise NotImplementedError
 
-    def image_conditioning(self, params: GenerationParams, images: InputImages) -> dict[str, torch.Tensor]:
+    def image_conditioning(
+        self, params: GenerationParams, images: InputImages
+    ) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
         """What an `edits_init_image` sample's init image adds to its rows (none, unless the family says)."""
         return {}
 

@@ -22,6 +22,7 @@ their own.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ TOKENIZER_MAX_LENGTH = 1024  # the pipeline's tokenizer_max_length (plus the tem
 class QwenImageAdapter(AdapterBase):
     family = "qwenimage"
     pipeline_classes = ("QwenImagePipeline",)
+    guidance_argument = "true_cfg_scale"
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -49,6 +51,10 @@ class QwenImageAdapter(AdapterBase):
         self.transformer = pipeline.transformer
         self.latent_channels = self.transformer.config.in_channels // 4
         self.attention = MixedShapeQwenAttnProcessor()
+        # The Qwen-Image VAE keeps its causal-convolution caches on the module (clear_cache resets the encoder's
+        # and the decoder's alike), so it runs one call at a time: the decoder's thread decodes while the
+        # encoder's thread encodes edit images.
+        self.vae_lock = threading.Lock()
         self.transformer.set_attn_processor(self.attention)
         config = self.vae.config
         shape = (1, config.z_dim, 1, 1, 1)
@@ -126,7 +132,7 @@ class QwenImageAdapter(AdapterBase):
             [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
         ]
         latents = list(batch.latents)  # per row [tokens, 64]
-        rows = self.image_tokens(latents, batch.conditioning)  # per row [all image tokens, 64]
+        rows = self.image_tokens(latents, batch)  # per row [all image tokens, 64]
         num_tokens = [row.shape[0] for row in rows]
         hidden = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [rows, most image tokens, 64]
         inputs: dict[str, Any] = dict(
@@ -149,7 +155,7 @@ class QwenImageAdapter(AdapterBase):
         outputs = [row[: own.shape[0]] for row, own in zip(predictions, latents)]  # each row's own image tokens
         return outputs if isinstance(batch.latents, list) else torch.stack(outputs)
 
-    def image_tokens(self, latents: list[torch.Tensor], conditioning: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
         """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
         return latents
 
@@ -168,7 +174,9 @@ class QwenImageAdapter(AdapterBase):
         unpacked = latents.view(num, height // 2, width // 2, self.latent_channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
         unpacked = unpacked.reshape(num, self.latent_channels, 1, height, width).to(self.vae.dtype)
         raw = unpacked / self.latents_std_inverse + self.latents_mean  # as the pipeline undoes the normalisation
-        return pixels_to_images(self.vae.decode(raw, return_dict=False)[0][:, :, 0])
+        with self.vae_lock:
+            pixels = self.vae.decode(raw, return_dict=False)[0][:, :, 0]  # [n, 3, H, W]
+        return pixels_to_images(pixels)
 
     def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
         """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""

@@ -95,3 +95,14 @@ def test_a_flux2_job_with_a_reference_image_refuses_start_image_fields_and_unusa
 
     job = validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(72, 100)})
     assert (job.params.width, job.params.height, job.params.strength) == (64, 96, 1.0)  # its size, cropped to 16s
+
+
+def test_an_edit_job_takes_an_image_of_any_size_and_without_a_size_gets_its_pipeline_s_size_for_it(validate):
+    job = {"prompt": "make it red", "model": "builtin:tiny-qwen-image-edit", "init_image": picture_uri(64, 48)}
+    sized = validate({**job, "width": 64, "height": 64})
+    with pytest.raises(ApiError) as unsized:
+        validate(job)
+
+    assert (sized.params.width, sized.params.height, sized.params.strength) == (64, 64, 1.0)
+    assert unsized.value.field == "height"
+    assert "1060864" in unsized.value.message, "1184x896 (4:3 at about 1024x1024): over a CPU worker's max_pixels"

@@ -1,5 +1,5 @@
 """Deleting a job: its record, indexes and images go; a queued one is canceled first; a running one's
-worker learns it from the missing record and the tombstone. Real Redis, real folders and S3 over HTTP."""
+worker learns it from the missing record and the tombstone. Real Redis, real folders and S3 (SeaweedFS) over HTTP."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def test_the_local_store_deletes_a_jobs_images_in_every_format_and_sweeps_old_on
     assert sorted(path.name for path in (tmp_path / "images").iterdir()) == ["new"]
 
 
-def test_the_s3_store_deletes_every_image_of_a_job_and_only_those(s3_server, s3_bucket):
-    store = S3ImageStore(bucket=s3_bucket, prefix="images", endpoint_url=s3_server.endpoint_url)
+def test_the_s3_store_deletes_every_image_of_a_job_and_only_those(seaweed_server, seaweed_bucket):
+    store = S3ImageStore(bucket=seaweed_bucket, prefix="images", endpoint_url=seaweed_server.endpoint_url)
     for job_id in ("doomed", "kept"):
         for index in range(3):
             store.put_image(store.key_for(job_id, index), b"png", {})

@@ -89,3 +89,23 @@ def test_running_holders_names_the_worker_of_each_running_job(store):
 
     assert running_holders(store) == {running.job_id: "w1"}
     assert queued.job_id not in running_holders(store)
+
+
+def test_a_queue_whose_messages_died_with_a_worker_gets_one_more_while_none_waits(redis_url):
+    from storage.queues import broker_queue_keys
+    from worker.leases import LapsedLeaseSweeper, queue_name
+
+    clock = FakeClock(time.time())
+    with JobStore(redis_url, clock=clock) as store:
+        record = make_job(store)
+        store.mark_sent(record.job_id)  # its message was delivered: to a worker that died holding it
+        sent = []
+        sweeper = LapsedLeaseSweeper(store, sent.append, interval=15, unsent_grace=60)
+
+        assert sweeper.send_to_starved_queues() == []  # queued for less than a lease
+        clock.advance(61)
+        assert sweeper.send_to_starved_queues() == [queue_name(record)]
+        assert [job.job_id for job in sent] == [record.job_id]
+
+        store.redis.lpush(broker_queue_keys(queue_name(record))[0], "a message waiting")
+        assert sweeper.send_to_starved_queues() == []  # a message waits: it will take the job
