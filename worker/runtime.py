@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +123,7 @@ class WorkerRuntime:
             active = ActiveJob(job_id)
             try:
                 active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress, priority=priority)
+                active.in_engine_at = time.time()
             except EngineShutdownError:
                 return None
             self._active[job_id] = active
