@@ -52,6 +52,36 @@ def test_running_jobs_keep_stepping_while_another_job_decodes_and_images_are_unc
     assert max_pixel_diff(long_image, long_alone) <= 1
 
 
+def test_a_job_whose_image_is_decoded_beside_the_loop_resolves_during_the_loops_next_forward(fresh_engine):
+    engine = fresh_engine(decode_overlap=True, max_num_seqs=2)
+    adapter = engine.model_runner.model
+    real_forward = adapter.forward
+    is_short_done, release = threading.Event(), threading.Event()
+
+    def forward(batch):
+        if is_short_done.is_set():  # the long job's forwards after the short one's last step wait here
+            release.wait(DEADLINE_SECONDS)
+        return real_forward(batch)
+
+    adapter.forward = forward
+    engine.pause()
+    long = engine.submit(make_params(prompt="long", seed=1, num_inference_steps=8))
+    short = engine.submit(
+        make_params(prompt="short", seed=2, num_inference_steps=2),
+        on_progress=lambda done, total: done == total and is_short_done.set(),
+    )
+    engine.resume()
+    try:
+        image = short.result(timeout=DEADLINE_SECONDS).image  # with the long job's forward still held
+        was_held = not release.is_set()
+    finally:
+        release.set()
+
+    assert image.size == (64, 64) and was_held
+    assert long.result(timeout=120).image.size == (64, 64)
+    assert engine.stats()["jobs_finished"] == 2
+
+
 def test_a_job_canceled_while_its_image_decodes_is_canceled_and_not_counted_finished(fresh_engine):
     engine = fresh_engine(decode_overlap=True)
     adapter = engine.model_runner.model
