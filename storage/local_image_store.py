@@ -1,7 +1,9 @@
 """Images in a local folder: `{root}/{job_id}/{index}.{format}`, metadata in a `.meta.json` beside it.
 
 Every write goes to a temporary file in the same folder and is renamed into place, so a reader
-sees the old image or the new one, never half of one.
+sees the old image or the new one, never half of one. The image is flushed to disk before the
+rename (the job's record says succeeded only after that); its metadata sidecar is not (it only
+describes the image: one disk flush per image, not two, on the job's path to its end state).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class LocalImageStore(ImageStore):
         metadata_json = json.dumps({name: str(value) for name, value in metadata.items()}, sort_keys=True)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self._metadata_path(key), metadata_json.encode())
+            _write_atomically(self._metadata_path(key), metadata_json.encode(), is_durable=False)
             _write_atomically(path, data)
         except OSError as e:
             raise StorageError(f"could not write image {key!r} under {self.root}: {e}") from e
@@ -58,7 +60,7 @@ class LocalImageStore(ImageStore):
             return None
         try:
             metadata = json.loads(self._metadata_path(key).read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError):  # missing, or cut short by a crash (it is not flushed)
             metadata = {}
         return ImageInfo(size=size, content_type=content_type_of_key(key), metadata=metadata)
 
@@ -69,12 +71,13 @@ class LocalImageStore(ImageStore):
         return self.root.is_dir() and os.access(self.root, os.W_OK)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def _write_atomically(path: Path, data: bytes, *, is_durable: bool = True) -> None:
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as tmp:
         try:
             tmp.write(data)
             tmp.flush()
-            os.fsync(tmp.fileno())
+            if is_durable:
+                os.fsync(tmp.fileno())
         except BaseException:
             os.unlink(tmp.name)
             raise
