@@ -3,7 +3,7 @@
     python -m benchmarks.service_overhead [--baseline REF] [--rounds 2] [--jobs 16] [--steps 10]
 
 Each round runs both trees in turn (baseline first, then this checkout), each in its own
-`stepwise up` (API, Redis, Celery worker with builtin:tiny at max_num_seqs 4, one torch
+`stepwise up` (API, Redis, Celery worker with builtin:tiny at `--max-num-seqs` 8, one torch
 thread): a warm-up job, a burst of `--jobs` jobs submitted at once, then `--jobs` Poisson
 arrivals at one serial job's rate (the baseline's first warm-up sets it, for both). Per
 job, overhead = latency - engine time (its own stamps), and its parts from the record
@@ -14,6 +14,7 @@ tree and workload, pooled over rounds, with the load average beside them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,10 +31,12 @@ from benchmarks.e2e import PARTS, UpStack, _run_workload
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_tree(tree: Path | None, shape: workloads.JobShape, num_jobs: int, rate: float | None) -> tuple[dict, float]:
+def run_tree(
+    tree: Path | None, shape: workloads.JobShape, num_jobs: int, max_num_seqs: int, rate: float | None
+) -> tuple[dict, float]:
     """(workload name -> jobs, serial rate from the warm-up) for one `stepwise up` of `tree`."""
     with tempfile.TemporaryDirectory(prefix="stepwise-overhead-") as folder:
-        with UpStack(Path(folder), max_num_seqs=4, num_threads=1, device="cpu", tree=tree) as stack:
+        with UpStack(Path(folder), max_num_seqs=max_num_seqs, num_threads=1, device="cpu", tree=tree) as stack:
             session = requests.Session()
             session.headers["Authorization"] = f"Bearer {stack.key}"
             _run_workload(session, stack.url, workloads.burst(shape, 1))  # model warm-up, not recorded
@@ -73,20 +76,24 @@ def report(name: str, jobs: list[dict]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="main", help="git ref of the baseline tree (default: main)")
+    parser.add_argument("--against", default=None, help="git ref to measure instead of this checkout's files")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None, help="write the jobs and the summary here (JSON)")
     args = parser.parse_args()
     shape = workloads.JobShape(model="builtin:tiny", num_steps=args.steps, size=128, second_size=192)
     pooled: dict[str, dict[str, list[dict]]] = {}
     loads = []
     rate = None
-    with source_tree(args.baseline) as baseline:
-        trees = {f"baseline {args.baseline}": baseline, "this tree": None}
+    with contextlib.ExitStack() as stack:
+        baseline = stack.enter_context(source_tree(args.baseline))
+        against = stack.enter_context(source_tree(args.against)) if args.against else None
+        trees = {f"baseline {args.baseline}": baseline, args.against or "this tree": against}
         for round_index in range(args.rounds):
             for name, tree in trees.items():
-                runs, rate = run_tree(tree, shape, args.jobs, rate)
+                runs, rate = run_tree(tree, shape, args.jobs, args.max_num_seqs, rate)
                 loads.append(os.getloadavg()[0])
                 for workload, jobs in runs.items():
                     pooled.setdefault(name, {}).setdefault(workload, []).extend(jobs)
