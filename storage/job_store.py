@@ -277,12 +277,6 @@ class JobStore:
         now = self.clock() if now is None else now
         return cast(list[str], self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now)))  # decode_responses
 
-    @_wraps_redis_errors
-    def unsent_job_ids(self, created_before: float) -> list[str]:
-        """Jobs created before then that no worker took and whose message nobody confirmed sending
-        (`mark_sent`): their creator may have died between storing the record and sending it."""
-        return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))
-
     # Transitions.
 
     @_wraps_redis_errors
@@ -328,21 +322,11 @@ class JobStore:
 
         One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
         QueueFullError once `max_queued` jobs are queued; 0 means no limit). `message_for(record)`
-        gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
-        without it the jobs wait in the unsent set until `mark_sent`."""
+        gives (Redis list, payload) of the job's broker message, pushed atomically with the record
+        (without it no message is sent: for callers that run the job's task themselves)."""
         pending = [(spec, spec.new_record(uuid.uuid4().hex, self.clock())) for spec in specs]
         replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, message_for)
         return [create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
-
-    @_wraps_redis_errors
-    def mark_sent_many(self, job_ids: list[str]) -> None:
-        if job_ids:
-            self._redis.zrem(self.keys.unsent, *job_ids)
-
-    @_wraps_redis_errors
-    def mark_sent(self, job_id: str) -> None:
-        """The job's generate message is in the broker; `unsent_job_ids` forgets it."""
-        self._redis.zrem(self.keys.unsent, job_id)
 
     @_wraps_redis_errors
     def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:

@@ -42,7 +42,6 @@ def _lua_expression(key: str) -> str:
 _KEY_NAMES = f"""
 local queued_key = {_lua_expression(_KEYS.queued)}
 local leases_key = {_lua_expression(_KEYS.leases)}
-local unsent_key = {_lua_expression(_KEYS.unsent)}
 local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 
 local function job_key_of(job_id)
@@ -105,7 +104,6 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   redis.call('HDEL', job_key, 'lease_expires_at')
   remove_queued(job_key, job_id)
   redis.call('ZREM', leases_key, job_id)
-  redis.call('ZREM', unsent_key, job_id)
   redis.call('HINCRBY', finished_counts_key, to_state, 1)
   redis.call('EXPIRE', job_key, ttl)
   local idem_key = redis.call('HGET', job_key, 'idem_redis_key')
@@ -121,8 +119,8 @@ end
 # instead of forty: the client packs far less).
 # Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
 # the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
-# With a message, the job is created and its message pushed onto message_list together (the job is
-# then never unsent); without one, the job waits in the unsent set until its creator marks it sent.
+# With a message, the job is created and its message pushed onto message_list together, so no job exists
+# without its message (the API always sends one; a test or benchmark that runs tasks itself sends none).
 CREATE = (
     _PREAMBLE
     + """
@@ -154,8 +152,6 @@ redis.call('ZADD', tenant_index('queued', tenant), created_at, job_id)
 add_queued(KEYS[1], job_id, created_at)
 if ARGV[5] ~= '' then
   redis.call('LPUSH', ARGV[5], ARGV[6])
-else
-  redis.call('ZADD', unsent_key, created_at, job_id)
 end
 local index = queue_index(KEYS[1])
 return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', queued_key, job_id)}
@@ -174,7 +170,6 @@ redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_
            'progress_step', '0')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 remove_queued(KEYS[1], ARGV[2])
-redis.call('ZREM', unsent_key, ARGV[2])
 redis.call('ZADD', leases_key, ARGV[5], ARGV[2])
 return redis.call('HGETALL', KEYS[1])
 """

@@ -36,10 +36,6 @@ class RedisKeys:
         return f"{self.namespace}:queued:{queue}:{priority}"
 
     @property
-    def unsent(self) -> str:
-        return f"{self.namespace}:unsent"
-
-    @property
     def leases(self) -> str:
         return f"{self.namespace}:leases"
 

@@ -79,9 +79,7 @@ def start(sender) -> None:
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
-    _sweeper = LapsedLeaseSweeper(
-        runtime.job_store, send_generate, settings.lease_sweep_interval, unsent_grace=runtime.lease_seconds
-    ).start()
+    _sweeper = LapsedLeaseSweeper(runtime.job_store, send_generate, settings.lease_sweep_interval).start()
 
 
 @signals.worker_ready.connect

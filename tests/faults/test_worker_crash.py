@@ -88,16 +88,3 @@ def test_the_same_message_delivered_to_two_workers_at_once_runs_once_with_one_im
     assert sum(received_tasks(text) for text in logs) == 2 * len(job_ids)
     skipped = sum(len(re.findall(r"not queued any more|already succeeded; nothing to do", text)) for text in logs)
     assert skipped == len(job_ids)
-
-
-def test_a_job_whose_api_died_before_sending_its_message_is_sent_by_a_worker(folder_cluster):
-    worker = folder_cluster.start_worker(**FAST_RECOVERY)
-    orphan_id = folder_cluster.create_job(small_params(prompt="never sent")).job_id  # the record, no message
-    sent_id = folder_cluster.submit(small_params(prompt="sent"))
-
-    orphan = folder_cluster.wait_for_end(orphan_id, timeout=120)
-    wait_for(folder_cluster.broker_is_idle, 30, "every message to be consumed and acknowledged")
-
-    assert (orphan.state, orphan.attempts) == (JobState.SUCCEEDED, 1)
-    assert folder_cluster.store.get(sent_id).attempts == 1
-    assert worker.log_tail(100_000).count("with no message sent; sent one") == 1
