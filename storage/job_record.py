@@ -39,6 +39,7 @@ class JobRecord:
     state: JobState
     params: dict[str, Any]  # GenerationParams.to_dict(), seed already drawn
     created_at: float  # unix seconds
+    queue: str  # the Celery queue of the job's model (storage.queues.generate_queue)
     started_at: float | None = None
     finished_at: float | None = None
     deadline: float | None = None  # unix seconds; not started by then -> expired
@@ -56,7 +57,6 @@ class JobRecord:
     webhook_events: list[str] = field(default_factory=list)
     webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
     idempotency_key: str | None = None
-    queue: str | None = None  # the Celery queue of the job's model (storage.queues.generate_queue); None: older record
     priority: str = "normal"  # high, normal or low (batching.params.PRIORITIES)
 
 

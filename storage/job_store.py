@@ -186,9 +186,8 @@ class JobStore:
 
     @_wraps_redis_errors
     def queue_position(self, record: JobRecord) -> int | None:
-        """0-based position among queued jobs of its model and priority (oldest first); None if not
-        queued. A record from before per-model queues counts among all queued jobs."""
-        key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
+        """0-based position among queued jobs of its model and priority (oldest first); None if not queued."""
+        key = self.keys.queued_in(record.queue, record.priority)
         return cast(int | None, self._redis.zrank(key, record.job_id))  # without withscore: a rank or None
 
     @_wraps_redis_errors
@@ -196,8 +195,7 @@ class JobStore:
         """queue_position of each record, in one round trip (non-queued records: None)."""
         with self._redis.pipeline(transaction=False) as pipe:
             for record in records:
-                key = self.keys.queued if record.queue is None else self.keys.queued_in(record.queue, record.priority)
-                pipe.zrank(key, record.job_id)
+                pipe.zrank(self.keys.queued_in(record.queue, record.priority), record.job_id)
             ranks = pipe.execute()
         return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
 

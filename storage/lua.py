@@ -10,8 +10,7 @@ Keys, with ns the namespace:
     {ns}:tenant-jobs:{state}:{tenant} sorted set, job ids by created_at; state "all" holds every job
     {ns}:queued                       sorted set, queued job ids by the time they were (re)queued
     {ns}:queued:{queue}:{priority}    sorted set, the same for one model's queue and one priority
-                                      (queue positions and per-model depths; records without a queue
-                                      field, written before per-model queues, are only in {ns}:queued)
+                                      (queue positions and per-model depths)
     {ns}:leases                       sorted set, running job ids by lease expiry
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
@@ -65,10 +64,6 @@ end
 
 local function queue_index(job_key)
   local queue, priority = unpack(redis.call('HMGET', job_key, 'queue', 'priority'))
-  if not queue then
-    return nil
-  end
-  priority = priority or 'normal'
   return """
     + _lua_expression(_KEYS.queued_in("\x04", "\x05"))
     + """
@@ -76,18 +71,12 @@ end
 
 local function add_queued(job_key, job_id, score)
   redis.call('ZADD', queued_key, score, job_id)
-  local index = queue_index(job_key)
-  if index then
-    redis.call('ZADD', index, score, job_id)
-  end
+  redis.call('ZADD', queue_index(job_key), score, job_id)
 end
 
 local function remove_queued(job_key, job_id)
   redis.call('ZREM', queued_key, job_id)
-  local index = queue_index(job_key)
-  if index then
-    redis.call('ZREM', index, job_id)
-  end
+  redis.call('ZREM', queue_index(job_key), job_id)
 end
 
 local function set_state(job_key, job_id, from_state, to_state)
@@ -153,8 +142,7 @@ add_queued(KEYS[1], job_id, created_at)
 if ARGV[5] ~= '' then
   redis.call('LPUSH', ARGV[5], ARGV[6])
 end
-local index = queue_index(KEYS[1])
-return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', queued_key, job_id)}
+return {1, redis.call('ZRANK', queue_index(KEYS[1]), job_id)}
 """
 )
 
