@@ -54,9 +54,6 @@ class ImageStore(abc.ABC):
         """Store (or replace) an image with string metadata such as job id, seed and model; its content
         type is its key's (`content_type_of_key`)."""
 
-    def put_png(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
-        self.put_image(key, data, metadata)
-
     @abc.abstractmethod
     def get_bytes(self, key: str) -> bytes:
         """The stored bytes; ImageNotFoundError if there are none."""

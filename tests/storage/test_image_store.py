@@ -66,7 +66,7 @@ def test_a_stored_png_reads_back_with_its_metadata(image_store):
     data = png_bytes()
     assert not image_store.exists(key)
 
-    image_store.put_png(key, data, METADATA)
+    image_store.put_image(key, data, METADATA)
 
     assert image_store.exists(key)
     assert image_store.get_bytes(key) == data
@@ -92,10 +92,10 @@ def test_an_image_stored_in_another_format_has_its_content_type_on_the_stored_ob
 
 def test_storing_under_the_same_key_replaces_the_image(image_store):
     key = image_store.key_for("job1", 0)
-    image_store.put_png(key, png_bytes(), METADATA)
+    image_store.put_image(key, png_bytes(), METADATA)
     second = png_bytes()
 
-    image_store.put_png(key, second, {**METADATA, "seed": "8"})
+    image_store.put_image(key, second, {**METADATA, "seed": "8"})
 
     assert image_store.get_bytes(key) == second
     assert image_store.head(key).metadata["seed"] == "8"
@@ -112,7 +112,7 @@ def test_a_missing_image_is_not_found(image_store):
 def test_a_retried_upload_leaves_one_object(s3_store, s3_server, s3_bucket):
     key = s3_store.key_for("job1", 0)
     for _ in range(3):
-        s3_store.put_png(key, png_bytes(), METADATA)
+        s3_store.put_image(key, png_bytes(), METADATA)
 
     client = boto3.client("s3", endpoint_url=s3_server.endpoint_url)
     listed = client.list_objects_v2(Bucket=s3_bucket, Prefix="images/job1/")
@@ -123,8 +123,8 @@ def test_a_retried_upload_leaves_one_object(s3_store, s3_server, s3_bucket):
 def test_the_local_folder_holds_only_finished_files(tmp_path):
     store = open_image_store(StorageSettings(storage_url=(tmp_path / "images").as_uri()))
     key = store.key_for("job1", 0)
-    store.put_png(key, png_bytes(), METADATA)
-    store.put_png(key, png_bytes(), METADATA)
+    store.put_image(key, png_bytes(), METADATA)
+    store.put_image(key, png_bytes(), METADATA)
 
     assert sorted(path.name for path in (tmp_path / "images" / "job1").iterdir()) == ["0.png", "0.png.meta.json"]
     assert store.presigned_url(key) is None
@@ -135,13 +135,13 @@ def test_a_local_key_cannot_leave_the_image_folder(tmp_path):
 
     for key in ("../outside.png", "/etc/passwd", "job1/../../x.png"):
         with pytest.raises(ValueError, match="inside the image folder"):
-            store.put_png(key, png_bytes(), {})
+            store.put_image(key, png_bytes(), {})
 
 
 def test_a_presigned_url_downloads_the_image_over_http(s3_store):
     key = s3_store.key_for("job1", 0)
     data = png_bytes()
-    s3_store.put_png(key, data, METADATA)
+    s3_store.put_image(key, data, METADATA)
 
     url = s3_store.presigned_url(key)
 
@@ -183,7 +183,7 @@ def test_an_upload_is_retried_until_the_server_starts_listening(s3_server, s3_bu
     started = time.monotonic()
 
     with caplog.at_level(logging.WARNING, logger="storage.s3_image_store"):
-        store.put_png(key, data, METADATA)
+        store.put_image(key, data, METADATA)
 
     assert proxy.listening_at is not None and started < proxy.listening_at <= time.monotonic()
     assert any("Retrying" in message for message in caplog.messages)
@@ -198,7 +198,7 @@ def test_a_server_that_keeps_throttling_gives_storage_unavailable_after_the_retr
     store = open_image_store(s3_settings(throttling.endpoint_url, "stepwise-images"), retry=QUICK_RETRY)
 
     with pytest.raises(StorageUnavailableError, match="after 3 attempts"):
-        store.put_png(store.key_for("job1", 0), png_bytes(), METADATA)
+        store.put_image(store.key_for("job1", 0), png_bytes(), METADATA)
 
     assert throttling.num_requests == 3
     throttling.stop()
