@@ -55,6 +55,12 @@ class ImageStore(abc.ABC):
         type is its key's (`content_type_of_key`)."""
 
     @abc.abstractmethod
+    def flush(self, keys: list[str]) -> None:
+        """Make images stored with `put_image` durable. A store whose put is durable when it returns (S3) has
+        nothing to do; the local folder flushes them to disk, which the worker calls for after the job's end
+        state is written, off the job's latency (`storage.local_image_store`)."""
+
+    @abc.abstractmethod
     def get_bytes(self, key: str) -> bytes:
         """The stored bytes; ImageNotFoundError if there are none."""
 

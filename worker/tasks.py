@@ -1,11 +1,11 @@
 """The generate task: one job from its queued record to an end state.
 
-1. load the record; an ended job is left alone, so a redelivered message is harmless;
-2. take the job (atomic queued -> running with a lease); refused if another worker holds it;
-3. a job whose deadline passed before it started ends `expired`;
-4. submit it to this process's engine and wait, writing progress and watching for a cancel
+1. take the job (atomic queued -> running with a lease, returning its record); refused if it is not
+   queued (another worker holds it, or it ended: a redelivered message is harmless);
+2. a job whose deadline passed before it started ends `expired`;
+3. submit it to this process's engine and wait, writing progress and watching for a cancel
    request (`worker.job_watch`);
-5. encode and upload the images here, on the task thread, then mark the job `succeeded`.
+4. encode and upload the images here, on the task thread, then mark the job `succeeded`.
 
 Engine errors end the job `failed` with the engine's message. A job that drain or warm
 shutdown stops before it finishes goes back to the queue for any worker.
@@ -58,18 +58,19 @@ def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
 
 def run_job(runtime: WorkerRuntime, job_id: str) -> str:
     store = runtime.job_store
-    record = patiently(runtime, store.get, job_id)
-    if record is None:
-        log.warning("job %s: no record (never created, or expired); dropping the message", job_id)
-        return "missing"
-    if record.state.is_terminal:
-        log.info("job %s: already %s; nothing to do", job_id, record.state.value)
-        return f"already {record.state.value}"
     if not runtime.is_admitting:  # drained or shutting down: leave the job to another worker, untouched
+        record = patiently(runtime, store.get, job_id)
+        if record is None or record.state.is_terminal:
+            return _not_runnable(job_id, record)
         send_generate(record)
         return "passed on"
+    # Taken first (the script reads the record and refuses one that is not queued): one round trip on the
+    # way of every job; the record is read on its own only when the take was refused, to say why.
     taken = patiently(runtime, store.take, job_id, runtime.worker_id, runtime.lease_seconds)
     if taken is None:
+        record = patiently(runtime, store.get, job_id)
+        if record is None or record.state.is_terminal:
+            return _not_runnable(job_id, record)
         log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
         metrics.JOBS.labels("skipped").inc()
         return "skipped"
@@ -85,6 +86,15 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         )
     finally:
         runtime.leases.release(job_id)
+
+
+def _not_runnable(job_id: str, record: JobRecord | None) -> str:
+    """The outcome for a message whose job has no record any more, or has ended."""
+    if record is None:
+        log.warning("job %s: no record (never created, or expired); dropping the message", job_id)
+        return "missing"
+    log.info("job %s: already %s; nothing to do", job_id, record.state.value)
+    return f"already {record.state.value}"
 
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
@@ -195,7 +205,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         "upload": upload_seconds,
     }
     timings["total"] = time.time() - record.created_at
-    return end_job(
+    outcome = end_job(
         runtime,
         record,
         JobState.SUCCEEDED,
@@ -204,6 +214,11 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         progress_step=active.total,
         progress_total=active.total,
     )
+    try:
+        runtime.image_store.flush(image_keys)  # after the end state: off the job's latency (storage.image_store)
+    except StorageError as e:
+        log.warning("job %s: %s", job_id, e)
+    return outcome
 
 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:

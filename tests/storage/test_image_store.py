@@ -211,3 +211,18 @@ def test_an_unreachable_server_gives_storage_unavailable_after_the_retries(s3_bu
     with pytest.raises(StorageUnavailableError, match="download of s3://stepwise-images/images/job1/0.png"):
         store.get_bytes(store.key_for("job1", 0))
     proxy.stop()
+
+
+def test_the_local_folder_flushes_images_to_disk_on_flush_not_on_put(tmp_path, monkeypatch):
+    store = LocalImageStore(tmp_path / "images")
+    flushed: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: flushed.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    keys = [store.key_for("job1", index) for index in range(2)]
+
+    for key in keys:
+        store.put_image(key, png_bytes(), METADATA)
+    assert flushed == [], "a put leaves the disk flush to flush(), after the job's end state"
+    store.flush(keys)
+
+    assert flushed == [str(store.path_for(key)) for key in keys] + [str(store.path_for(keys[0]).parent)]
