@@ -14,8 +14,8 @@ the service itself:
     broker wait = started_at - created_at: delivery, plus waiting for a free task thread
                   when more jobs are in flight than the worker has threads (a burst)
     worker overhead = overhead - broker wait: the task thread's own work around the engine,
-                  in parts (`PARTS`): start (taken -> in the engine: lease, input images,
-                  params, the hand-off), collect (the engine's wall time beyond its own
+                  in parts (`PARTS`): start (taken -> handed to the engine: lease, input
+                  images, params), collect (the engine's wall time beyond its own
                   stamps: the decoded image waiting for the loop to resolve the job's
                   future), encode, put, finish (the end-state record write), and the rest
 

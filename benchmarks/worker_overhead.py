@@ -180,7 +180,7 @@ def main() -> int:
     print(summarize("engine (denoise + decode)", engine))
     print(summarize("engine wall (submit -> result in hand)", [t["engine"] for t in timings]))
     print(summarize(f"record I/O ({statistics.median(num_calls):.0f} JobStore calls)", record_io))
-    print(summarize("start (taken -> in the engine)", [t["start"] for t in timings]))
+    print(summarize("start (taken -> handed to the engine)", [t["start"] for t in timings]))
     print(summarize("PNG encode", [t["encode"] for t in timings]))
     print(summarize("put", [t["upload"] - t["encode"] for t in timings]))
     print(summarize("worker overhead (taken -> ended, less engine wall)", overhead))

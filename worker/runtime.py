@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +122,6 @@ class WorkerRuntime:
             active = ActiveJob(job_id)
             try:
                 active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress, priority=priority)
-                active.in_engine_at = time.time()
             except EngineShutdownError:
                 return None
             self._active[job_id] = active

@@ -196,7 +196,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
         "queue_wait": _queue_wait(record, engine_timings),
-        "start": active.in_engine_at - record.started_at,
+        "start": active.handed_over_at - record.started_at,
         "engine": engine_seconds,
         "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
         "denoise": float(engine_timings.get("denoise", 0.0)),

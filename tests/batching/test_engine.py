@@ -33,13 +33,15 @@ def test_a_job_at_default_size_returns_an_image_with_its_timings(batched_engine)
     assert all(seconds > 0 for seconds in result.timings.values())
 
 
-def test_a_jobs_timings_say_where_its_time_went(fresh_engine):
-    engine = fresh_engine(max_num_seqs=1)
+def test_a_jobs_timings_say_where_its_time_went(solo_engine):
+    engine = solo_engine  # one job at a time
     engine.pause()
-    started = time.perf_counter()
-    first = engine.submit(make_params(prompt="first", seed=1, num_inference_steps=6))
-    second = engine.submit(make_params(prompt="second", seed=2, num_inference_steps=2))
-    engine.resume()
+    try:
+        started = time.perf_counter()
+        first = engine.submit(make_params(prompt="first", seed=1, num_inference_steps=6))
+        second = engine.submit(make_params(prompt="second", seed=2, num_inference_steps=2))
+    finally:
+        engine.resume()
 
     first_timings = first.result(timeout=120).timings
     second_timings = second.result(timeout=120).timings
