@@ -13,12 +13,14 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-from api import errors, health, jobs, loras, metrics, models, openapi, resources, uploads, web
+from api import admin, errors, health, jobs, loras, metrics, models, openai_images, openapi, resources, uploads, web
 from api.auth import KeyRing
 from api.fleet import Fleet
 from api.queue import TaskQueue
 from api.settings import ApiSettings
+from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.image_store import open_image_store
+from storage.job_events import JobEventFeed, JobEventLog
 from storage.job_store import JobStore
 from storage.lora_store import open_lora_store
 from storage.upload_store import UploadStore
@@ -36,10 +38,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.compact = True
 
     job_store = JobStore.from_settings(settings.storage)
+    api_key_store = ApiKeyStore(job_store.redis, job_store.keys)  # `stepwise keys` manages them
     resources.install(
         app,
         settings=settings,
-        keyring=KeyRing(settings.api_keys),
+        keyring=KeyRing(settings.api_keys, settings.admin_api_keys, ApiKeyTable(api_key_store)),
         job_store=job_store,
         fleet=Fleet(job_store, settings),
         upload_store=UploadStore.beside(job_store),
@@ -47,10 +50,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         lora_store=open_lora_store(settings.storage),
         task_queue=TaskQueue(settings.storage.redis_url),
         openapi_document=openapi.build_document(settings),
+        job_events=JobEventLog(job_store.redis, job_store.keys),
+        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
     )
 
+    app.url_map.converters["jobid"] = jobs.JobIdConverter
     errors.register(app)
     metrics.register(app)
-    for blueprint in (jobs.bp, loras.bp, uploads.bp, models.bp, health.bp, openapi.bp, web.bp):
+    blueprints = (jobs.bp, loras.bp, uploads.bp, models.bp, admin.bp, health.bp, openapi.bp, web.bp, openai_images.bp)
+    for blueprint in blueprints:
         app.register_blueprint(blueprint)
     return app

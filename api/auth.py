@@ -1,50 +1,96 @@
-"""API keys: `Authorization: Bearer <key>` -> the key's tenant.
+"""API keys: `Authorization: Bearer <key>` -> the caller's tenant, and whether it is an operator.
 
-Every configured key is compared in constant time, and all of them are always compared,
-so neither the timing nor the order of STEPWISE_API_KEYS tells a caller anything.
-Keys are never logged.
+Keys come from two places: STEPWISE_API_KEYS (and STEPWISE_ADMIN_API_KEYS for operators) in the
+environment, and the keys kept hashed in Redis (`storage.api_keys`, managed with `stepwise keys`),
+read again at most once a second, so a key created or revoked works or stops within a second
+without a restart. Every environment key is compared in constant time, and all of them are always
+compared, so neither the timing nor the order of the variable tells a caller anything; a Redis key is
+found by its SHA-256 digest. Keys are never logged.
+
+A header that is there but cannot be read (a value beyond ASCII, which granian hands over empty) is
+an invalid key, not a missing one.
 """
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 
 from flask import g, request
 
 from api.errors import ApiError
 from api.resources import get_keyring
+from storage.api_keys import ApiKeyTable
 
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Bearer realm="stepwise"'}
 
 
-class KeyRing:
-    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
-        self._pairs = tuple((tenant, key.encode()) for tenant, key in pairs)
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    is_admin: bool  # may read /metrics and every tenant's queue totals
 
-    def tenant_for(self, key: str) -> str | None:
+
+class KeyRing:
+    def __init__(
+        self,
+        pairs: tuple[tuple[str, str], ...],
+        admin_pairs: tuple[tuple[str, str], ...] = (),
+        table: ApiKeyTable | None = None,
+    ) -> None:
+        self._pairs = tuple(
+            (Caller(tenant, is_admin), key.encode())
+            for is_admin, group in ((False, pairs), (True, admin_pairs))
+            for tenant, key in group
+        )
+        self.table = table
+
+    def caller_for(self, key: str) -> Caller | None:
         presented = key.encode("utf-8", "surrogateescape")
         found = None
-        for tenant, expected in self._pairs:
-            if hmac.compare_digest(presented, expected) and found is None:
-                found = tenant
+        for caller, expected in self._pairs:
+            if hmac.compare_digest(presented, expected) and (found is None or caller.is_admin):
+                found = caller  # a key in both variables is an operator's
+        if found is None and self.table is not None:
+            stored = self.table.lookup(key)
+            if stored is not None:
+                found = Caller(stored.tenant, stored.is_admin)
         return found
+
+    def tenant_for(self, key: str) -> str | None:
+        caller = self.caller_for(key)
+        return caller.tenant if caller else None
 
 
 def bearer_token() -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    """The presented token; "" for a header that is there but holds no readable token; None without one."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if not header.strip():
+        return ""  # sent, but its value did not survive (not ASCII)
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
 
 
 def require_tenant() -> None:
-    """before_request hook of the /v1 blueprint: sets g.tenant or answers 401."""
+    """before_request hook of the /v1 blueprints: sets g.tenant and g.is_admin, or answers 401."""
     token = bearer_token()
     if token is None:
         raise ApiError(
             401, "unauthorized", "missing API key: send Authorization: Bearer <key>", headers=UNAUTHORIZED_HEADERS
         )
-    tenant = get_keyring().tenant_for(token)
-    if tenant is None:
+    caller = get_keyring().caller_for(token) if token else None
+    if caller is None:
         raise ApiError(401, "unauthorized", "invalid API key", headers=UNAUTHORIZED_HEADERS)
-    g.tenant = tenant
+    g.tenant = caller.tenant
+    g.is_admin = caller.is_admin
+
+
+def require_admin() -> None:
+    """For operator routes (/metrics, /v1/admin): an admin key, else 401 (no key) or 403."""
+    require_tenant()
+    if not g.is_admin:
+        raise ApiError(403, "forbidden", "this route needs an admin API key (stepwise keys create --admin)")

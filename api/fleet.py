@@ -1,8 +1,11 @@
-"""What the API knows of the workers: the served models (from their heartbeats), cached briefly.
+"""What the API knows of the models it serves: its configuration, and the workers' heartbeats.
 
-Submits check each job against it: a model no worker served within STEPWISE_MODEL_RETENTION is
-refused (unless STEPWISE_ACCEPT_UNSERVED_MODELS), and so is a field the model's family does not
-support. A queued job's view gets its ETA inputs from it. The list is read from Redis at most once
+A model is *accepted* when it is configured (STEPWISE_MODELS) or a worker served it within
+STEPWISE_MODEL_RETENTION (or any model, with STEPWISE_ACCEPT_UNSERVED_MODELS): a configured model's
+jobs are taken whatever the workers' state, and wait in its queue until one runs. Heartbeats
+decide only availability, ETAs and GET /v1/models. Submits and /readyz both ask `accepts`, so they
+say the same. A job for a model not accepted is refused, and so is a field the model's family does
+not support. A queued job's view gets its ETA inputs from it. The list is read from Redis at most once
 per `ttl` per process (and once more when a job names a model the cached list lacks, so a worker
 that just started is seen at once), which keeps the submit path at one Redis round trip.
 """
@@ -47,18 +50,26 @@ class Fleet:
             status = self.models(max_age=MIN_REFRESH_SECONDS).get(model)
         return status
 
+    def served_models(self, statuses: dict[str, ModelStatus] | None = None) -> list[str]:
+        """The configured models and those a worker served within the retention, sorted."""
+        seen = self.models() if statuses is None else statuses
+        return sorted(set(self.settings.configured_models) | set(seen))
+
+    def accepts(self, model: str, status: ModelStatus | None) -> bool:
+        return status is not None or model in self.settings.configured_models or self.settings.accept_unserved_models
+
     def check_job(self, params: GenerationParams, field_prefix: str = "") -> None:
-        """Raise a 422 naming the field when no worker serves the job's model or its family lacks a feature."""
+        """Raise a 422 naming the field when this API does not serve the job's model or its family lacks a feature."""
         status = self.status(params.model)
-        if status is None:
-            if self.settings.accept_unserved_models:
-                return
-            served = ", ".join(sorted(self.models())) or "none"
+        if not self.accepts(params.model, status):
+            served = ", ".join(self.served_models()) or "none"
             raise invalid(
                 f"{field_prefix}model",
-                f"{field_prefix}model {params.model!r} is not served by any worker seen in the last "
-                f"{self.store_retention():.0f}s; served models: {served}",
+                f"{field_prefix}model {params.model!r} is not configured (STEPWISE_MODELS) and no worker served it "
+                f"in the last {self.store_retention():.0f}s; served models: {served}",
             )
+        if status is None:
+            return
         if status.family in FAMILIES and status.family != params.family_spec.name:
             # A folder or repo model's family is known only from its worker: check the job against it now.
             try:

@@ -1,8 +1,9 @@
 """Liveness and readiness: /healthz answers while the process runs; /readyz checks Redis and storage.
 
-/readyz also says whether any worker is running (`workers`, and a warning when none was seen within
-STEPWISE_WORKER_TIMEOUT), but does not fail for it: this API can still take jobs, which wait in
-their queues until a worker starts, and an orchestrator must not restart the API for a missing worker.
+/readyz also says which models this API serves (`models`: configured or seen, as submits decide) and
+whether workers run them (`workers`, and a warning for each model without a live worker, or with a
+draining one), but does not fail for it: jobs for those models wait in their queues until a worker
+starts, and an orchestrator must not restart the API for a missing worker.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import Any
 
 from flask import Blueprint
 
-from api.resources import get_image_store, get_job_store, get_settings
+from api.resources import get_fleet, get_image_store, get_job_store, get_settings
 from api.views import iso_time
 from storage.errors import StorageError
+from storage.heartbeats import ModelStatus
 
 log = logging.getLogger(__name__)
 
@@ -34,33 +36,72 @@ def storage_reachable() -> bool:
         return False
 
 
-def worker_readiness() -> tuple[dict[str, Any] | None, list[str]]:
+def model_readiness(statuses: dict[str, ModelStatus]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each model this API serves (what submits accept) and what its workers do, with a warning for each
+    one whose jobs will wait; the same `Fleet.accepts` decides both."""
+    fleet, timeout = get_fleet(), get_settings().storage.worker_timeout
+    models, warnings = [], []
+    for model in fleet.served_models(statuses):
+        status = statuses.get(model)
+        num_workers, num_draining = (status.workers, status.draining) if status else (0, 0)
+        models.append(
+            {
+                "model": model,
+                "configured": model in get_settings().configured_models,
+                "accepted": fleet.accepts(model, status),
+                "available": num_workers > 0,
+                "workers": num_workers,
+                "draining": num_draining,
+            }
+        )
+        if num_draining and not num_workers:
+            warnings.append(
+                f"model {model}: its {'worker is' if num_draining == 1 else f'{num_draining} workers are'} draining "
+                "(`celery -A worker control resume` undoes it): its jobs are accepted and wait in the queue"
+            )
+        elif num_draining:
+            warnings.append(f"model {model}: {num_draining} of {num_workers + num_draining} workers are draining")
+        elif not num_workers:
+            warnings.append(
+                f"model {model}: no worker seen in the last {timeout:.0f}s: "
+                "its jobs are accepted and wait in the queue until one starts"
+            )
+    if get_settings().accept_unserved_models:
+        if not any(status.available for status in statuses.values()):
+            warnings.append(
+                f"no worker has been seen in the last {timeout:.0f}s: submitted jobs wait in the queue until one starts"
+            )
+    elif not models:
+        warnings.append(
+            "no model is configured (STEPWISE_MODELS) and no worker has sent a heartbeat: "
+            "every job is refused (422 naming model) until one does"
+        )
+    return models, warnings
+
+
+def worker_readiness() -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
     try:
-        statuses = get_job_store().models()
+        statuses = get_fleet().models(max_age=0)  # fresh: this is what operators and orchestrators watch
     except StorageError:
-        return None, []
-    available = [status for status in statuses if status.available]
+        return None, [], []
+    available = [status for status in statuses.values() if status.available]
     workers = {
         "seen_recently": bool(available),
         "num_workers": sum(status.workers for status in available),
+        "num_draining": sum(status.draining for status in statuses.values()),
         "available_models": [status.model for status in available],
-        "last_seen": iso_time(max((status.last_seen for status in statuses), default=None)),
+        "last_seen": iso_time(max((status.last_seen for status in statuses.values()), default=None)),
     }
-    warnings = []
-    if not available:
-        timeout = get_settings().storage.worker_timeout
-        warnings.append(
-            f"no worker has been seen in the last {timeout:.0f}s: submitted jobs wait in the queue until one starts"
-        )
-    return workers, warnings
+    models, warnings = model_readiness(statuses)
+    return workers, models, warnings
 
 
 @bp.get("/readyz")
 def readyz():
     checks = {"redis": get_job_store().ping(), "storage": storage_reachable()}
     if all(checks.values()):
-        workers, warnings = worker_readiness()
-        return {"status": "ok", "checks": checks, "workers": workers, "warnings": warnings}
+        workers, models, warnings = worker_readiness()
+        return {"status": "ok", "checks": checks, "workers": workers, "models": models, "warnings": warnings}
     failing = ", ".join(name for name, ok in checks.items() if not ok)
     body = {
         "status": "unavailable",

@@ -6,7 +6,7 @@ expired or other tenant's upload is one and the same 422 naming the field) and a
 the image fetched from it, if the operator allows its host (`api.remote_images`; otherwise
 a 422 naming the field; a batch fetches all its items' URLs together first, with
 `remote_image_urls` and `fetch_images`, and hands each item the results); then the images
-are decoded and checked with Pillow (`batching.image_inputs.job_images`: formats, byte and
+are decoded and checked with Pillow (`batching.image_inputs.input_images`: formats, byte and
 pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
 image is stored as an upload of the tenant once the job passed every check, as a canonical data URI (its own MIME
 type, plain base64: whatever form of base64 or media type the caller sent, the worker reads
@@ -25,8 +25,8 @@ from batching.params import (
     GenerationParams,
     InvalidParamsError,
     canonical_data_uri,
+    input_images,
     is_upload_id,
-    job_images,
 )
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
@@ -74,7 +74,7 @@ def resolve_images(
 
 def check_images(params: GenerationParams, prefix: str = "") -> None:
     try:
-        job_images(params)
+        input_images(params)
     except InvalidParamsError as e:
         raise from_params_error(e, prefix) from e
 

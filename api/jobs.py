@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 
 from flask import Blueprint, Response, g, redirect, request
 from pydantic import ValidationError
+from werkzeug.routing import BaseConverter
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
@@ -34,10 +36,12 @@ from api.submission import (
     webhook_url_of,
 )
 from api.views import job_url, job_view
+from api.waiting import event_stream, json_rendered, prefer_wait, waited
 from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
     InvalidTransitionError,
+    StorageError,
 )
 from storage.image_store import content_type_of_key
 from storage.job_store import JobRecord, JobState
@@ -49,6 +53,13 @@ bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 bp.before_request(require_tenant)
 
 MAX_JOB_ID_CHARS = 128
+DELETED_TOMBSTONE_SECONDS = 24 * 3600  # how long a worker still running a deleted job can learn it was deleted
+
+
+class JobIdConverter(BaseConverter):
+    """A job id in a path: anything but `batch`, so GET /v1/jobs/batch is 405 (only POST), not "job not found"."""
+
+    regex = r"(?!batch$)[^/]+"
 
 
 def own_job(job_id: str) -> JobRecord:
@@ -80,6 +91,7 @@ def queued_view(record: JobRecord, position: int | None) -> dict:
 def submit():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
+    wait_seconds = prefer_wait(request.headers.getlist("Prefer"))
     job = validate_job(read_json(), settings, get_fleet(), g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
@@ -90,8 +102,21 @@ def submit():
     headers = {"Location": job_url(record.job_id)}
     if not outcome.created:
         headers["Idempotent-Replayed"] = "true"
+    if wait_seconds is not None:
+        return waited(record.job_id, wait_seconds, lambda has_ended: waited_answer(record, headers, wait_seconds))
+    if not outcome.created:
         return view_with_position(record), 202, headers
     return queued_view(record, outcome.queue_position), 202, headers
+
+
+def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int):
+    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location)."""
+    current = get_job_store().get(record.job_id) or record
+    applied = {**headers, "Preference-Applied": f"wait={wait_seconds}"}
+    if current.state.is_terminal:
+        applied.pop("Location")
+        return json_rendered(200, view_with_position(current), list(applied.items()))
+    return json_rendered(202, view_with_position(current), list(applied.items()))
 
 
 @bp.post("/batch")
@@ -168,9 +193,31 @@ def list_jobs():
     return {"jobs": views_with_positions(records), "next_cursor": next_cursor}
 
 
-@bp.get("/<job_id>")
+@bp.get("/<jobid:job_id>")
 def get_job(job_id: str):
     return view_with_position(own_job(job_id))
+
+
+@bp.get("/<jobid:job_id>/events")
+def job_events(job_id: str):
+    return event_stream(own_job(job_id), view_with_position)
+
+
+@bp.delete("/<jobid:job_id>")
+def delete_job(job_id: str):
+    """Remove the caller's job record and its images; a queued job is canceled first, a running one stops at
+    its next step (its worker finds the record gone and removes what it stored meanwhile)."""
+    record = own_job(job_id)
+    state = get_job_store().delete(job_id, DELETED_TOMBSTONE_SECONDS)
+    if state is None:
+        raise not_found()
+    if state is JobState.QUEUED:
+        send_canceled_webhook(dataclasses.replace(record, state=JobState.CANCELED))
+    try:
+        get_image_store().delete_job_images(job_id)
+    except StorageError as e:  # the record is gone; the images go at their retention (STEPWISE_IMAGE_TTL)
+        log.warning("job %s deleted, but not its images: %s", job_id, e)
+    return Response(status=204)
 
 
 @bp.post("/<job_id>/cancel")

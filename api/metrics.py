@@ -1,5 +1,9 @@
 """Prometheus metrics: request latency and counts per route, jobs by state and queue depth.
 
+Only an admin API key reads them (STEPWISE_ADMIN_API_KEYS, or `stepwise keys create --admin`): they
+count every tenant's jobs. No series carries a tenant's name unless the operator asks for one
+(STEPWISE_METRICS_TENANT_LABELS: `stepwise_tenant_jobs{tenant, state}`).
+
 Job counts are read from Redis at scrape time, so every API process reports the same
 numbers. Request metrics live in each process; under `stepwise api` (several gunicorn
 workers) PROMETHEUS_MULTIPROC_DIR is set and a scrape aggregates all workers.
@@ -16,7 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from api.resources import get_job_store
+from api.auth import require_admin
+from api.resources import get_job_store, get_settings
 from storage.errors import StorageError
 from storage.job_store import JobStore
 
@@ -38,8 +43,9 @@ REQUESTS = Counter("stepwise_api_requests", "API requests answered.", ["method",
 class JobStoreCollector:
     """Jobs by state and queue depth, read from Redis on each scrape."""
 
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: JobStore, *, with_tenant_labels: bool = False) -> None:
         self.store = store
+        self.with_tenant_labels = with_tenant_labels  # STEPWISE_METRICS_TENANT_LABELS: the operator asked
 
     def collect(self):
         up = GaugeMetricFamily("stepwise_redis_up", "Whether the API could read job counts from Redis.")
@@ -61,6 +67,14 @@ class JobStoreCollector:
             jobs.add_metric([state], count)
         yield jobs
         yield GaugeMetricFamily("stepwise_queue_depth", "Jobs waiting for a worker.", value=counts["queued"])
+        if self.with_tenant_labels:
+            tenants = GaugeMetricFamily(
+                "stepwise_tenant_jobs", "Each tenant's queued and running jobs.", labels=["tenant", "state"]
+            )
+            for tenant, by_state in self.store.tenant_totals().items():
+                for state, count in by_state.items():
+                    tenants.add_metric([tenant, state], count)
+            yield tenants
 
 
 def route_label() -> str:
@@ -82,13 +96,14 @@ def observe(response: Response) -> Response:
 
 @bp.get("/metrics")
 def metrics():
+    require_admin()
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         MultiProcessCollector(registry)
     else:
         registry.register(REQUEST_LATENCY)
         registry.register(REQUESTS)
-    registry.register(JobStoreCollector(get_job_store()))
+    registry.register(JobStoreCollector(get_job_store(), with_tenant_labels=get_settings().metrics_tenant_labels))
     return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
 

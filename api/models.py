@@ -25,6 +25,7 @@ def model_view(status: ModelStatus) -> dict[str, Any]:
         "family": status.family,
         "available": status.available,
         "workers": status.workers,
+        "draining": status.draining,
         "capacity": status.capacity,
         "queue_depth": status.queue_depth,
         "queued_by_priority": status.queued_by_priority,

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from api import schemas
+from api.openapi_live import add_live_paths
 from api.resources import get_openapi_document
 from api.settings import ApiSettings
 
@@ -43,6 +44,9 @@ RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"ty
 
 
 class DocumentBuilder:
+    models = schemas
+    job_id = JOB_ID
+
     def __init__(self) -> None:
         self.components: dict[str, Any] = {}
 
@@ -69,6 +73,7 @@ class DocumentBuilder:
         meanings = {
             400: "Malformed JSON.",
             401: "Missing or invalid API key.",
+            403: "The API key is not an admin key.",
             404: "No such job (or upload, or adapter) for this key; for /v1/loras also: no LoRA store.",
             409: "Conflict with the job's state or an earlier request.",
             413: "Request body too large.",
@@ -206,6 +211,12 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "parameters": [JOB_ID],
                 "responses": {"200": job, **b.errors(401, 404, 503)},
             },
+            "delete": {
+                "operationId": "deleteJob",
+                "summary": "Remove the job's record and images (a queued or running job is canceled first).",
+                "parameters": [JOB_ID],
+                "responses": {"204": {"description": "Deleted."}, **b.errors(401, 404, 503)},
+            },
         },
         "/v1/jobs/{job_id}/cancel": {
             "post": {
@@ -247,6 +258,16 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "responses": {"200": b.response("Served models, by name.", schemas.ModelList), **b.errors(401, 503)},
             },
         },
+        "/v1/admin/tenants": {
+            "get": {
+                "operationId": "tenantTotals",
+                "summary": "Every tenant's queued and running jobs (an admin API key).",
+                "responses": {
+                    "200": b.response("Per tenant.", schemas.TenantTotalsList),
+                    **b.errors(401, 403, 503),
+                },
+            },
+        },
         "/healthz": {
             "get": {
                 "operationId": "healthz",
@@ -269,13 +290,13 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
         "/metrics": {
             "get": {
                 "operationId": "metrics",
-                "summary": "Prometheus metrics.",
-                "security": [],
+                "summary": "Prometheus metrics (an admin API key).",
                 "responses": {
                     "200": {
                         "description": "Prometheus text format.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+                    },
+                    **b.errors(401, 403),
                 },
             }
         },
@@ -293,6 +314,7 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
             }
         },
     }
+    add_live_paths(b, paths)
     b.components["BatchRequest"]["properties"]["jobs"]["maxItems"] = settings.max_batch_jobs
     b.components["JobRequest"]["properties"]["model"]["default"] = settings.default_model  # STEPWISE_MODEL
     return {

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
     from api.queue import TaskQueue
     from api.settings import ApiSettings
     from storage.image_store import ImageStore
+    from storage.job_events import JobEventFeed, JobEventLog
     from storage.job_store import JobStore
     from storage.lora_store import LoraStore
     from storage.upload_store import UploadStore
@@ -30,6 +31,8 @@ _KEYS = (
     "lora_store",
     "task_queue",
     "openapi_document",
+    "job_events",
+    "job_event_feed",
 )
 
 
@@ -69,6 +72,15 @@ def get_task_queue() -> TaskQueue:
 
 def get_openapi_document() -> dict[str, Any]:
     return current_app.extensions["stepwise.openapi_document"]
+
+
+def get_job_events() -> JobEventLog:
+    return current_app.extensions["stepwise.job_events"]
+
+
+def get_job_event_feed() -> JobEventFeed:
+    """Wakes this process's waiting requests (its thread starts on first use, after any fork)."""
+    return current_app.extensions["stepwise.job_event_feed"]
 
 
 def get_lora_store() -> LoraStore | None:

@@ -16,13 +16,15 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 
 import batching.params as P
 from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
-from storage.job_record import JOB_STATE_NAMES
+from storage.job_record import JOB_STATE_NAMES, REQUEUE_REASONS
+from storage.webhooks import DEFAULT_EVENTS as DEFAULT_WEBHOOK_EVENTS
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 WebhookEvent = Literal[WEBHOOK_EVENTS]  # type: ignore[valid-type]
 JobStateName = Literal[JOB_STATE_NAMES]  # type: ignore[valid-type]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
 Priority = Literal[P.PRIORITIES]  # type: ignore[valid-type]
+RequeueReason = Literal[REQUEUE_REASONS]  # type: ignore[valid-type]
 ResizeMode = Literal[RESIZE_MODES]  # type: ignore[valid-type]
 OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 # Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
@@ -138,7 +140,8 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=len(WEBHOOK_EVENTS),
-        description=f"Events to deliver; default all of {', '.join(WEBHOOK_EVENTS)}. Needs webhook_url.",
+        description=f"Events to deliver, of {', '.join(WEBHOOK_EVENTS)}; default {', '.join(DEFAULT_WEBHOOK_EVENTS)} "
+        "(progress only when asked: at most one per second per job, the latest wins). Needs webhook_url.",
     )
     deadline: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
         None,
@@ -241,6 +244,7 @@ class ModelView(BaseModel):
     family: str
     available: bool = Field(description="A worker serving it sent a heartbeat within STEPWISE_WORKER_TIMEOUT.")
     workers: int
+    draining: int = Field(description="Workers an operator drained: heard from, but taking no job.")
     capacity: int = Field(description="Jobs its live workers run at once (summed max_num_seqs).")
     queue_depth: int = Field(description="Jobs queued for it.")
     queued_by_priority: dict[str, int]
@@ -254,6 +258,15 @@ class ModelList(BaseModel):
     models: list[ModelView]
 
 
+class Requeued(BaseModel):
+    reason: RequeueReason = Field(
+        description="worker_lost: its worker stopped sending heartbeats; lease_expired: it stopped renewing the "
+        "job's lease; worker_shutdown, worker_drained: the worker stopped or an operator drained it."
+    )
+    message: str
+    at: datetime
+
+
 class JobView(BaseModel):
     job_id: str
     state: JobStateName
@@ -264,8 +277,10 @@ class JobView(BaseModel):
     queue: QueueInfo | None = Field(description="ETA inputs while queued; null otherwise.")
     progress: Progress
     cancel_requested: bool
+    attempts: int = Field(description="Times a worker took the job: above 1 after a re-queue.")
+    requeued: Requeued | None = Field(description="Why the job last went back to the queue; null if it never did.")
     created_at: datetime
-    started_at: datetime | None
+    started_at: datetime | None = Field(description="The first start; a re-queued job keeps it.")
     finished_at: datetime | None
     deadline: datetime | None
     params: dict[str, Any] = Field(description="The generation parameters, with the seed that was used.")
@@ -295,6 +310,16 @@ class BatchResponse(BaseModel):
     num_accepted: int
 
 
+class TenantTotals(BaseModel):
+    tenant: str
+    queued: int
+    running: int
+
+
+class TenantTotalsList(BaseModel):
+    tenants: list[TenantTotals] = Field(description="Every tenant with queued or running jobs now.")
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 
@@ -302,10 +327,20 @@ class Health(BaseModel):
 class WorkerReadiness(BaseModel):
     seen_recently: bool = Field(description="A worker sent a heartbeat within STEPWISE_WORKER_TIMEOUT and admits jobs.")
     num_workers: int
+    num_draining: int = Field(description="Workers an operator drained (`celery -A worker control drain`).")
     available_models: list[str]
     last_seen: datetime | None = Field(
         description="The newest heartbeat of any worker; null if none within the retention."
     )
+
+
+class ModelReadiness(BaseModel):
+    model: str
+    configured: bool = Field(description="Named in STEPWISE_MODELS: accepted whatever the workers' state.")
+    accepted: bool = Field(description="POST /v1/jobs takes its jobs (they queue while no worker runs).")
+    available: bool = Field(description="A live worker serves it.")
+    workers: int = Field(description="Live workers.")
+    draining: int = Field(description="Drained workers.")
 
 
 class Readiness(BaseModel):
@@ -317,4 +352,9 @@ class Readiness(BaseModel):
     workers: WorkerReadiness | None = Field(
         None, description="Whether any worker is running (null when Redis is down)."
     )
-    warnings: list[str] = Field(default_factory=list, description="For example: no worker seen recently.")
+    models: list[ModelReadiness] = Field(
+        default_factory=list, description="The models this API serves: configured (STEPWISE_MODELS) or seen."
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="For example: a model without a live worker, or a draining worker."
+    )

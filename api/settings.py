@@ -30,7 +30,7 @@ class SettingsError(ValueError):
     """A `STEPWISE_*` variable the API reads is malformed."""
 
 
-def parse_api_keys(text: str) -> tuple[tuple[str, str], ...]:
+def parse_api_keys(text: str, variable: str = "STEPWISE_API_KEYS") -> tuple[tuple[str, str], ...]:
     """`name:key,name:key` -> ((tenant, key), ...). A tenant may hold several keys (rotation)."""
     pairs = []
     for item in text.split(","):
@@ -40,12 +40,12 @@ def parse_api_keys(text: str) -> tuple[tuple[str, str], ...]:
         tenant, sep, key = item.partition(":")
         tenant, key = tenant.strip(), key.strip()
         if not sep or not tenant or not key:
-            raise SettingsError("STEPWISE_API_KEYS must be comma-separated name:key pairs")
+            raise SettingsError(f"{variable} must be comma-separated name:key pairs")
         if not key.isascii() or not key.isprintable():
-            raise SettingsError(f"STEPWISE_API_KEYS: the key of tenant {tenant!r} must be printable ASCII")
+            raise SettingsError(f"{variable}: the key of tenant {tenant!r} must be printable ASCII")
         pairs.append((tenant, key))
     if not pairs:
-        raise SettingsError("STEPWISE_API_KEYS names no keys")
+        raise SettingsError(f"{variable} names no keys")
     return tuple(pairs)
 
 
@@ -63,6 +63,20 @@ def parse_tenant_priorities(text: str) -> dict[str, str]:
             )
         limits[tenant] = priority
     return limits
+
+
+def parse_models(text: str) -> tuple[str, ...]:
+    """`builtin:tiny, /models/sd15` -> the models this API serves by configuration (STEPWISE_MODELS)."""
+    models = []
+    for item in text.split(","):
+        model = item.strip()
+        if not model:
+            continue
+        if not model.isprintable():
+            raise SettingsError(f"STEPWISE_MODELS: {model!r} holds control characters")
+        if model not in models:
+            models.append(model)
+    return tuple(models)
 
 
 def local_dev_key(path: Path) -> str:
@@ -97,6 +111,7 @@ def default_key_file() -> Path:
 @dataclass(frozen=True)
 class ApiSettings:
     api_keys: tuple[tuple[str, str], ...]  # STEPWISE_API_KEYS: (tenant, key) pairs
+    admin_api_keys: tuple[tuple[str, str], ...] = ()  # STEPWISE_ADMIN_API_KEYS: operators' (tenant, key) pairs
     storage: StorageSettings = field(default_factory=StorageSettings)
     max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH  # STEPWISE_MAX_QUEUE_DEPTH: 429 at or above this many queued jobs
     tenant_max_queued: int = 0  # STEPWISE_TENANT_MAX_QUEUED: one tenant's queued jobs at most; 0: no per-tenant cap
@@ -118,6 +133,14 @@ class ApiSettings:
     tenant_max_priority: dict[str, str] = field(default_factory=dict)
     # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
     accept_unserved_models: bool = False
+    # STEPWISE_EVENTS_KEEPALIVE_SECONDS: an idle event stream sends a comment line this often
+    events_keepalive_seconds: float = 15.0
+    # STEPWISE_IMAGES_WAIT_SECONDS: how long /v1/images/* wait for their job before answering 504
+    images_wait_seconds: float = 300.0
+    # STEPWISE_MODELS: models this API serves whatever the workers' state (their jobs queue until a worker
+    # runs); the default model is one of them whenever the variable is set
+    configured_models: tuple[str, ...] = ()
+    metrics_tenant_labels: bool = False  # STEPWISE_METRICS_TENANT_LABELS: a series per tenant in /metrics
 
     def max_priority(self, tenant: str) -> str:
         return self.tenant_max_priority.get(tenant, PRIORITIES[0])
@@ -125,12 +148,21 @@ class ApiSettings:
     @classmethod
     def from_env(cls) -> ApiSettings:
         keys_text = os.environ.get("STEPWISE_API_KEYS", "").strip()
+        admin_text = os.environ.get("STEPWISE_ADMIN_API_KEYS", "").strip()
+        admin_api_keys = parse_api_keys(admin_text, "STEPWISE_ADMIN_API_KEYS") if admin_text else ()
         if keys_text:
             api_keys = parse_api_keys(keys_text)
+        elif admin_api_keys:
+            api_keys = ()
         else:
             api_keys = ((DEFAULT_TENANT, local_dev_key(default_key_file())),)
+        configured_models = parse_models(os.environ.get("STEPWISE_MODELS", ""))
+        default_model = os.environ.get("STEPWISE_MODEL") or (configured_models or (service_model(),))[0]
+        if configured_models and default_model not in configured_models:
+            configured_models = (default_model, *configured_models)
         settings = cls(
             api_keys=api_keys,
+            admin_api_keys=admin_api_keys,
             storage=StorageSettings.from_env(),
             max_queue_depth=env_int("STEPWISE_MAX_QUEUE_DEPTH", DEFAULT_MAX_QUEUE_DEPTH),
             tenant_max_queued=env_int("STEPWISE_TENANT_MAX_QUEUED", 0),
@@ -144,10 +176,14 @@ class ApiSettings:
             ),
             image_url_hosts=AllowList.from_env("STEPWISE_IMAGE_URL_HOSTS"),
             image_url_timeout_seconds=env_float("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS", DEFAULT_FETCH_SECONDS),
-            default_model=service_model(),
+            default_model=default_model,
             limits=LimitTable.from_env(),
             tenant_max_priority=parse_tenant_priorities(os.environ.get("STEPWISE_TENANT_MAX_PRIORITY", "")),
             accept_unserved_models=env_bool("STEPWISE_ACCEPT_UNSERVED_MODELS", False),
+            events_keepalive_seconds=env_float("STEPWISE_EVENTS_KEEPALIVE_SECONDS", 15.0),
+            images_wait_seconds=env_float("STEPWISE_IMAGES_WAIT_SECONDS", 300.0),
+            configured_models=configured_models,
+            metrics_tenant_labels=env_bool("STEPWISE_METRICS_TENANT_LABELS", False),
         )
         for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
             if getattr(settings, name) < 1:
@@ -155,7 +191,12 @@ class ApiSettings:
         for name in ("tenant_max_queued", "tenant_jobs_per_minute"):
             if getattr(settings, name) < 0:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be 0 (no cap) or more")
-        for name in ("image_url_timeout_seconds", "webhook_lookup_timeout_seconds"):
+        for name in (
+            "image_url_timeout_seconds",
+            "webhook_lookup_timeout_seconds",
+            "events_keepalive_seconds",
+            "images_wait_seconds",
+        ):
             if not getattr(settings, name) > 0:
                 raise SettingsError(f"STEPWISE_{name.upper()} must be above 0")
         return settings

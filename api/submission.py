@@ -29,7 +29,7 @@ from api.fleet import Fleet
 from api.image_fields import check_images, record_params, resolve_images, sent_upload_ids
 from api.queue import TaskQueue
 from api.remote_images import ImageURL
-from api.schemas import MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
+from api.schemas import DEFAULT_WEBHOOK_EVENTS, MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
 from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError
 from storage.errors import IdempotencyConflictError, StorageError
@@ -133,7 +133,7 @@ def validate_job(
                 f"{field_prefix}deadline must be at most {MAX_DEADLINE_SECONDS // 86400} days from now",
             )
 
-    events = list(WEBHOOK_EVENTS)
+    events = list(DEFAULT_WEBHOOK_EVENTS)
     if job.webhook_events is not None:
         if job.webhook_url is None:
             raise invalid(f"{field_prefix}webhook_events", f"{field_prefix}webhook_events needs webhook_url")

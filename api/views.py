@@ -58,6 +58,14 @@ def error_view(record: JobRecord) -> dict[str, str] | None:
     return None
 
 
+def requeued_view(record: JobRecord) -> dict[str, Any] | None:
+    """Why the job last went back to the queue (a worker died, drained or shut down), or None."""
+    if record.requeued_at is None:
+        return None
+    message = record.requeue_message or ""
+    return {"reason": record.requeue_reason, "message": message, "at": iso_time(record.requeued_at)}
+
+
 def planned_steps(record: JobRecord) -> int:
     """Steps the job will take (summed over its images), known before a worker reports any."""
     try:
@@ -85,6 +93,8 @@ def job_view(
         "queue": queue_info if record.state is JobState.QUEUED else None,
         "progress": {"step": record.progress_step, "total": record.progress_total or planned_steps(record)},
         "cancel_requested": record.cancel_requested,
+        "attempts": record.attempts,
+        "requeued": requeued_view(record),
         "created_at": iso_time(record.created_at),
         "started_at": iso_time(record.started_at),
         "finished_at": iso_time(record.finished_at),

@@ -222,6 +222,10 @@ class Encoder(BesideTheLoop[StartResult]):
         else:  # the noised init image, and an inpaint guide or mask channels (every sample of such a model)
             image_start = start_from_image(self.model, sample, sampler, generator, init_image)
         row_conditioning = self.model.row_conditioning(params, encoded)
+        if self.model.edits_init_image and sample.images is not None:  # its init image conditions every row
+            image_rows = self.model.image_conditioning(params, sample.images)
+            per_row = image_rows if isinstance(image_rows, list) else [image_rows] * len(row_conditioning)
+            row_conditioning = [{**row, **extra} for row, extra in zip(row_conditioning, per_row, strict=True)]
         if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
             row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
         return SampleTensors(

@@ -139,7 +139,7 @@ class DiffusionEngine:
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
         # Decoded once, here on the caller's thread: an image that cannot be used is refused now, naming the field.
-        images = input_images(params)
+        images = input_images(params, self.family)
         if params.lora is not None and self.loras is None:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:

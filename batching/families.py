@@ -21,6 +21,35 @@ FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' 
 
 
 @dataclass(frozen=True)
+class ReferenceRules:
+    """How a family whose init_image is a reference image reads it (FLUX.2's multi-reference editing).
+
+    No mask_image or resize_mode, and strength does not apply: the image conditions the whole run, whatever
+    its size. As the family's pipeline does: an image above `max_pixels` is scaled down to that area (aspect
+    kept, sides rounded down), then center-cropped to the size multiple; a job that names no size gets that
+    size."""
+
+    max_pixels: int = 1024 * 1024
+    min_side: int = 64  # the pipeline refuses smaller images
+    max_aspect_ratio: float = 8.0  # and longer ones
+
+    def scaled_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) once the area is capped at `max_pixels`, before the crop to the size multiple."""
+        if width * height <= self.max_pixels:
+            return width, height
+        scale = math.sqrt(self.max_pixels / (width * height))
+        return int(width * scale), int(height * scale)
+
+    def problem(self, width: int, height: int) -> str | None:
+        """Why the pipeline would refuse an image of this size, or None."""
+        if min(width, height) < self.min_side:
+            return f"must be at least {self.min_side} pixels on each side"
+        if max(width / height, height / width) > self.max_aspect_ratio:
+            return f"must have an aspect ratio of at most {self.max_aspect_ratio:g}:1"
+        return None
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     name: str
     samplers: tuple[str, ...]  # the first is the default
@@ -28,6 +57,7 @@ class FamilySpec:
     default_guidance: float
     default_size: int = 128  # height and width when the job names none
     default_steps: int = 20
+    min_steps: int = 1  # 2 where the sampler's schedule needs two (Qwen-Image's terminal shift divides by the last)
     max_guidance: float = 50.0
     guidance_kind: str = "cfg"  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
@@ -39,11 +69,17 @@ class FamilySpec:
     # int(steps - steps * strength) and runs the rest (the flow-matching families).
     strength_rounding: str = "floor_steps"
     # What `init_image` is to its models: "start", where image-to-image and inpainting start from (every
-    # family but edit models); "edit", the image an edit model changes (required: it conditions every
-    # forward, and the output has its own size, by `edit_size`); "none": not served yet.
+    # family but edit and reference models); "edit", the image an edit model changes (required: it conditions
+    # every forward, and the output has its own size, by `edit_size`); "reference", an optional reference image
+    # that conditions every forward (its latents join the sequence, the sample starts from noise) read by
+    # `reference_rules`; "none": not served yet.
     init_image_role: str = "start"
     edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
     extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
+    reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
+
+    def __post_init__(self) -> None:
+        assert (self.init_image_role == "reference") == (self.reference_rules is not None), self.name
 
     @property
     def default_sampler(self) -> str:
@@ -108,6 +144,28 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
             strength_rounding="floor_start",
         ),
+        FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
+            name="flux2",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            default_steps=28,
+            max_guidance=20.0,
+            guidance_kind="embedded",
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2_mixed_sizes)
+            init_image_role="reference",
+            reference_rules=ReferenceRules(),
+        ),
+        FamilySpec(  # FLUX.2 [klein] (Flux2KleinPipeline): true CFG above 1 (none for step-distilled checkpoints)
+            name="flux2_klein",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            default_steps=28,
+            mixes_sizes=True,
+            init_image_role="reference",
+            reference_rules=ReferenceRules(),
+        ),
         FamilySpec(  # its pipeline runs CFG for any guidance above 0
             name="zimage",
             samplers=FLOW_SAMPLERS,
@@ -123,6 +181,7 @@ FAMILIES: dict[str, FamilySpec] = {
             size_multiple=16,
             default_guidance=4.0,
             cfg_needs_negative_prompt=True,
+            min_steps=2,
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
             init_image_role="none",  # QwenImageImg2ImgPipeline and QwenImageInpaintPipeline: not served yet
         ),
@@ -132,6 +191,7 @@ FAMILIES: dict[str, FamilySpec] = {
             size_multiple=16,
             default_guidance=4.0,
             cfg_needs_negative_prompt=True,
+            min_steps=2,
             mixes_sizes=True,
             init_image_role="edit",
             edit_area=1024 * 1024,

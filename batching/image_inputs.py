@@ -38,6 +38,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from batching.errors import InvalidParamsError
+from batching.families import FAMILIES, ReferenceRules
 
 IMAGE_FIELDS = ("init_image", "mask_image")
 RESIZE_MODES = ("none", "stretch", "crop")
@@ -140,15 +141,22 @@ def image_size(field: str, value: str) -> tuple[int, int]:
     return upright_size(field, _open_header(field, data_uri_bytes(field, value)))
 
 
-def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
+def job_images(params: object, family: str | None = None) -> tuple[Image.Image | None, Image.Image | None]:
     """The job's init image (RGB) and mask (L, 0 or 255) at the job's size, resized as `resize_mode` says;
-    each None when not given. Refuses what the fields' rules forbid, naming the field."""
+    each None when not given. Refuses what the fields' rules forbid, naming the field. `family`: the family
+    the engine loaded (else the model name's). Where its init_image is a reference image, that image as the
+    family's pipeline reads it, at its own size (`reference_image`)."""
     init_value, mask_value = getattr(params, "init_image", None), getattr(params, "mask_image", None)
     if init_value is None:
         if mask_value is not None:
             raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
         return None, None
     init = _upright_pixels("init_image", init_value, "RGB")
+    spec = FAMILIES[family] if family else params.family_spec  # type: ignore[attr-defined]
+    if spec.reference_rules is not None:
+        return reference_image(init, spec.reference_rules, spec.size_multiple), None
+    if spec.init_image_role == "edit":  # the image to edit, as given: the edit pipeline sizes it itself
+        return init, None
     mask = _upright_pixels("mask_image", mask_value, "L") if mask_value is not None else None
     if mask is not None and mask.size != init.size:
         raise InvalidParamsError(
@@ -162,17 +170,31 @@ def job_images(params: object) -> tuple[Image.Image | None, Image.Image | None]:
     return init, mask
 
 
+def reference_image(image: Image.Image, rules: ReferenceRules, size_multiple: int) -> Image.Image:
+    """A reference image as its family's pipeline prepares it: refused where that pipeline refuses it, scaled
+    down to `rules.max_pixels` if above (Lanczos), then center-cropped to multiples of `size_multiple`."""
+    problem = rules.problem(image.width, image.height)
+    if problem is not None:
+        raise InvalidParamsError("init_image", f"{image.width}x{image.height}", problem)
+    size = rules.scaled_size(image.width, image.height)
+    if size != image.size:
+        image = image.resize(size, Image.Resampling.LANCZOS)
+    width, height = size[0] - size[0] % size_multiple, size[1] - size[1] % size_multiple
+    left, top = (image.width - width) // 2, (image.height - height) // 2
+    return image.crop((left, top, left + width, top + height))
+
+
 @dataclass(frozen=True)
 class InputImages:
     """A job's input images, decoded once at the job's size (`input_images`) and shared by its samples."""
 
-    init: Image.Image  # RGB
+    init: Image.Image  # RGB (a reference family's: the reference image as its pipeline prepares it)
     mask: Image.Image | None  # L, 0 or 255 (white is repainted); None: image-to-image without a mask
 
 
-def input_images(params: object) -> InputImages | None:
+def input_images(params: object, family: str | None = None) -> InputImages | None:
     """The job's decoded input images (`job_images`); None for text-to-image."""
-    init, mask = job_images(params)
+    init, mask = job_images(params, family)
     return None if init is None else InputImages(init, mask)
 
 

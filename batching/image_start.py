@@ -9,7 +9,10 @@ region outside the mask is replaced by the image latents re-noised to the next t
 (clean after the last one), the latent-blend method of diffusers' inpaint pipelines for
 4-channel UNets, applied to every family. Text-to-image samples never enter here, and
 all of this happens outside the forward, so these samples share forwards with
-text-to-image samples of the same key.
+text-to-image samples of the same key. Nor do the samples of an adapter whose init
+image conditions its rows instead (`edits_init_image`: edit models, and FLUX.2's reference
+images): they start from noise, and the encoder adds the adapter's `image_conditioning`
+to their rows.
 
 A model whose denoiser has mask channels (an inpainting UNet, `has_mask_channels`) is
 different, as in diffusers' inpaint pipelines: no latent blend; instead every sample,

@@ -27,6 +27,7 @@ from batching.image_inputs import (  # the image-input rules the API also applie
     canonical_data_uri,
     check_reference,
     image_size,
+    input_images,
     is_data_uri,
     is_upload_id,
     job_images,
@@ -60,6 +61,7 @@ MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loose
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
 MAX_LORA_SCALE = 4.0
+MIN_EDIT_IMAGE_SIDE = 32  # an edit image's sides once its pipeline sizes it (a thinner one would round to none)
 OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
 DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
 DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
@@ -117,15 +119,16 @@ class GenerationParams:
         image_width = image_height = 0
         if (self.height is None or self.width is None) and is_data_uri(self.init_image):
             image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
-            output_width, output_height = (
-                spec.edit_size(image_width, image_height)  # the edit pipeline's output size for the image
-                if spec.init_image_role == "edit"
-                else (image_width, image_height)
-            )
+            if spec.init_image_role == "edit":  # the edit pipeline's output size for the image
+                output_width, output_height = spec.edit_size(image_width, image_height)
+            elif spec.reference_rules is not None:  # the reference's size as its pipeline reads it
+                output_width, output_height = spec.reference_rules.scaled_size(image_width, image_height)
+            else:
+                output_width, output_height = image_width, image_height
             for name, value in (("width", output_width), ("height", output_height)):
                 if getattr(self, name) is None:
-                    if self.resize_mode in RESIZE_MODES[1:]:  # as diffusers does: the largest multiple below
-                        value -= value % spec.size_multiple
+                    if self.resize_mode in RESIZE_MODES[1:] or spec.init_image_role == "reference":
+                        value -= value % spec.size_multiple  # as diffusers does: the largest multiple below
                     object.__setattr__(self, name, value)
                     from_image.append(name)
         if self.strength is None:
@@ -180,7 +183,7 @@ class GenerationParams:
         """Denoise steps each sample runs: all of them for text-to-image, the last `strength` fraction
         (as the family's diffusers img2img pipeline rounds it) with an init image."""
         spec = FAMILIES[family] if family else self.family_spec
-        if self.init_image is None or spec.init_image_role == "edit":
+        if self.init_image is None or spec.init_image_role in ("edit", "reference"):
             return self.num_inference_steps
         return spec.steps_to_run(self.num_inference_steps, self.strength)
 
@@ -228,7 +231,7 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
             raise InvalidParamsError(name, value, f"must be a multiple of {spec.size_multiple} for {spec.name} models")
     if p.height * p.width > MAX_PIXELS:
         raise InvalidParamsError("height", p.height, f"height*width must be at most {MAX_PIXELS}")
-    _check_int(p, "num_inference_steps", MIN_STEPS, MAX_STEPS)
+    _check_int(p, "num_inference_steps", max(MIN_STEPS, spec.min_steps), MAX_STEPS)
     _check_number(p, "guidance_scale", MIN_GUIDANCE, spec.max_guidance)
     num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
     if p.seed is not None:  # image i uses seed + i: the last one must fit too
@@ -259,7 +262,7 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     for name in ("init_image", "mask_image"):
         if getattr(p, name) is not None:
             check_reference(name, getattr(p, name))
-    if spec.init_image_role == "edit":
+    if spec.init_image_role in ("edit", "reference"):
         _validate_edit_fields(p, spec)
     if spec.init_image_role == "none" and p.init_image is not None:
         raise InvalidParamsError("init_image", "<image>", f"is not supported by {spec.name} models yet")
@@ -286,18 +289,29 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
 
 
 def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
-    """An edit model's job edits its init_image: whole, at the pipeline's size for it, with every step (strength
-    does not apply: a folder model's job gets img2img's default before its family is known)."""
+    """An edit model's job edits its init_image, and a reference model's job is conditioned on it: whole, at the
+    pipeline's size for it, with every step (strength does not apply: a folder model's job gets img2img's
+    default before its family is known)."""
     if p.init_image is None:
+        if spec.init_image_role == "reference":
+            return
         raise InvalidParamsError("init_image", None, f"is required by {spec.name} models: the image to edit")
+    what = "edit the whole image" if spec.init_image_role == "edit" else "read init_image as a reference image"
     if p.mask_image is not None:
-        raise InvalidParamsError(
-            "mask_image", "<image>", f"is not supported by {spec.name} models (they edit the whole image)"
-        )
+        raise InvalidParamsError("mask_image", "<image>", f"is not supported by {spec.name} models (they {what})")
     if p.resize_mode != "none":
         raise InvalidParamsError(
             "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
         )
+    if spec.init_image_role == "edit" and is_data_uri(p.init_image):
+        image_width, image_height = image_size("init_image", p.init_image)
+        if min(spec.edit_size(image_width, image_height)) < MIN_EDIT_IMAGE_SIDE:
+            raise InvalidParamsError(
+                "init_image",
+                f"{image_width}x{image_height}",
+                f"is too narrow for {spec.name} models: sized to about {spec.edit_area} pixels, a side "
+                f"would be under {MIN_EDIT_IMAGE_SIDE}",
+            )
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:
@@ -387,6 +401,7 @@ __all__ = [
     "RESIZE_MODES",
     "is_upload_id",
     "canonical_data_uri",
+    "input_images",
     "job_images",
     "open_image",
     "to_data_uri",

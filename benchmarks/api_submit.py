@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -53,6 +54,28 @@ def local_api(
 ):
     """redis-server + `stepwise api --server SERVER [--worker-class CLASS]` of the source tree `tree` on free
     ports; yields (url, key). None leaves an option to that tree's default."""
+    with local_api_processes(num_workers, num_threads, tree, server, worker_class) as started:
+        yield started.url, started.key
+
+
+@dataclass(frozen=True)
+class LocalApi:
+    url: str
+    key: str
+    redis_url: str
+    api_pid: int
+
+
+@contextlib.contextmanager
+def local_api_processes(
+    num_workers: int | None,
+    num_threads: int,
+    tree: Path = ROOT,
+    server: str | None = None,
+    worker_class: str | None = None,
+    **env_overrides: str,
+):
+    """`local_api`, yielding a LocalApi; `env_overrides` are STEPWISE_* settings of the API."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (or pass --url and --key of a running API)")
@@ -67,6 +90,7 @@ def local_api(
         STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
         STEPWISE_ACCEPT_UNSERVED_MODELS="true",
         PYTHONPATH=str(tree),
+        **env_overrides,
     )
     children = []
     try:
@@ -113,7 +137,7 @@ def local_api(
         )
         url = f"http://127.0.0.1:{api_port}"
         wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
-        yield url, key
+        yield LocalApi(url, key, f"redis://127.0.0.1:{redis_port}/0", children[-1].pid)
     finally:
         for child in reversed(children):
             child.terminate()

@@ -3,7 +3,7 @@
 - serial: the stepwise engine with `max_num_seqs=1` (the step-wise path, no batching);
 - static: what a user does without stepwise: diffusers' own pipeline for the model's
   family (`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `FluxPipeline`,
-  `ZImagePipeline`) called with prompt lists and one generator per request, a group at a
+  `ZImagePipeline`, `StableDiffusion3Pipeline`) called with prompt lists and one generator per request, a group at a
   time, each group running to completion before the next starts;
 - fifo: the engine with the `fifo` policy (the reference: one key at a time, head-of-line blocking);
 - default: the engine with the default policy.
@@ -202,6 +202,7 @@ class StaticBatchVariant:
         self.timeout_seconds = timeout_seconds  # the oldest request waits at most this long for a full group
         self.pipeline = None
         self.family: str | None = None
+        self.guidance_argument = "guidance_scale"  # the argument of the family's pipeline that guidance_scale is
         self.row_counter: UNetRowCounter | None = None
 
     def open(self, sizes: list[tuple[int, int]]) -> None:
@@ -213,6 +214,7 @@ class StaticBatchVariant:
         source = model_source(self.model)
         adapter = adapter_serving(self.model, source)
         self.family = adapter.family
+        self.guidance_argument = adapter.guidance_argument
         self.pipeline = adapter.load_pipeline(self.model, source, device, resolve_dtype("auto", device))
         self.pipeline.set_progress_bar_config(disable=True)
         self.row_counter = UNetRowCounter(getattr(self.pipeline, "unet", None) or self.pipeline.transformer)
@@ -311,8 +313,8 @@ class StaticBatchVariant:
             height=first.height,
             width=first.width,
             num_inference_steps=first.num_inference_steps,
-            guidance_scale=first.guidance_scale,
             generator=[torch.Generator("cpu").manual_seed(p.seed) for p in group],
+            **{self.guidance_argument: first.guidance_scale},
             output_type="pil",
             **negative,
         )

@@ -32,6 +32,8 @@ GUIDANCE_MIX = {
     "sdxl": (1.0, 4.0, 7.5, 12.0),
     "flux": (1.0, 2.5, 3.5, 5.0),
     "zimage": (0.0, 2.0, 4.0, 6.0),
+    "sd3": (1.0, 4.0, 7.0, 10.0),
+    "qwenimage": (1.0, 2.5, 4.0, 6.0),  # true CFG: 1 runs one row even with the negative prompt
 }
 
 

@@ -22,8 +22,11 @@ threads wait on Redis, never on a client. The bounds (docs/api.md):
 - at most `STEPWISE_API_MAX_CONNECTIONS` requests in progress per worker process (granian's
   backpressure); more wait until one finishes.
 
-Responses are buffered too (the app's answers are JSON and small images). The app threads per
-process come from `STEPWISE_API_THREADS`, which `stepwise api --threads` sets.
+Responses are buffered too (the app's answers are JSON and small images), except those that wait
+on a job (`Prefer: wait`, the OpenAI images routes, event streams: `api.live`): the app returns a
+LiveBody, whose wait runs here on the event loop, woken by one Redis subscription per process, so
+hundreds of waiting clients cost coroutines, not threads; only the final render borrows a thread.
+The app threads per process come from `STEPWISE_API_THREADS`, which `stepwise api --threads` sets.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ from typing import Any
 from granian.rsgi import HTTPProtocol, Scope
 from werkzeug.exceptions import ClientDisconnected, RequestTimeout
 
+from api.live import LiveBody, async_feed
 from api.request_body import is_json_type
 from api.wsgi import app as wsgi_app
+from storage.job_events_async import AsyncJobEventFeed
 from storage.settings import env_float
 
 Headers = list[tuple[str, str]]
@@ -120,12 +125,20 @@ class BufferedWsgi:
     """RSGI app: reads the body on the event loop (up to `max_body`), then runs `wsgi` on a thread pool."""
 
     def __init__(
-        self, wsgi: Callable[..., Iterable[bytes]], *, threads: int, request_timeout: float, max_body: int | None
+        self,
+        wsgi: Callable[..., Iterable[bytes]],
+        *,
+        threads: int,
+        request_timeout: float,
+        max_body: int | None,
+        feed_factory: Callable[[], AsyncJobEventFeed],
     ) -> None:
         self.wsgi = wsgi
         self.threads = threads
         self.request_timeout = request_timeout
         self.max_body = max_body
+        self.feed_factory = feed_factory
+        self.feed: AsyncJobEventFeed | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.streaming_pool: ThreadPoolExecutor | None = None
 
@@ -136,9 +149,15 @@ class BufferedWsgi:
         self.streaming_pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stepwise-api-upload")
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.feed is not None:
+            loop.run_until_complete(self.feed.close())
         for pool in (self.pool, self.streaming_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    async def offload(self, call: Callable[..., Any], *args: Any) -> Any:
+        """Run `call(*args)` on an app thread (a LiveBody's final render)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, call, *args)
 
     async def __rsgi__(self, scope: Scope, protocol: HTTPProtocol) -> None:
         if scope.proto != "http":  # websockets: the API has none
@@ -185,7 +204,13 @@ class BufferedWsgi:
             else:
                 environ.pop("CONTENT_LENGTH", None)  # read to its end (wsgi.input_terminated)
         pool = self.pool if rest is None else self.streaming_pool
-        status, headers, content = await loop.run_in_executor(pool, self.call, environ)
+        answer = await loop.run_in_executor(pool, self.call, environ)
+        if isinstance(answer, LiveBody):  # it waits on a job: here, on the loop, not on the thread
+            if self.feed is None:
+                self.feed = self.feed_factory()
+            await answer.serve_rsgi(protocol, self.feed, self.offload)
+            return
+        status, headers, content = answer
         protocol.response_bytes(status, headers, content)
 
     async def read_prefix(self, protocol: HTTPProtocol) -> tuple[bytes, AsyncIterator[bytes] | None]:
@@ -236,7 +261,7 @@ class BufferedWsgi:
             environ["CONTENT_LENGTH"] = str(len(body))
         return environ
 
-    def call(self, environ: dict[str, Any]) -> tuple[int, Headers, bytes]:
+    def call(self, environ: dict[str, Any]) -> tuple[int, Headers, bytes] | LiveBody:
         started: list[Any] = []
 
         def start_response(status: str, headers: Headers, exc_info: Any = None) -> Callable[[bytes], None]:
@@ -247,6 +272,8 @@ class BufferedWsgi:
 
         written: list[bytes] = []
         result = self.wsgi(environ, start_response)
+        if isinstance(result, LiveBody):
+            return result
         try:
             written.extend(result)
         finally:
@@ -262,4 +289,5 @@ app = BufferedWsgi(
     threads=int(os.environ.get("STEPWISE_API_THREADS", "4")),
     request_timeout=env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0),
     max_body=wsgi_app.config.get("MAX_CONTENT_LENGTH"),
+    feed_factory=lambda: async_feed(wsgi_app),
 )

@@ -9,7 +9,9 @@ connection costs a greenlet, not a thread, and these bounds hold:
   measured over the whole head, not per read (gunicorn's gevent worker bounds `next(parser)`
   with `keepalive`, which this worker sets from that setting), or the connection is closed;
 - a request (its body included) must be read and answered within `STEPWISE_API_REQUEST_TIMEOUT`
-  seconds, or the connection is closed;
+  seconds, or the connection is closed; a response that waits on a job (`api.live`: `Prefer: wait`,
+  the OpenAI images routes, event streams) lifts that bound once its request is read, and waits in
+  its greenlet;
 - at most `STEPWISE_API_MAX_CONNECTIONS` connections per worker process; more wait in the
   listen backlog.
 
@@ -21,10 +23,13 @@ sees them; in this worker those answers use the API's JSON error shape instead o
 from __future__ import annotations
 
 import json
+import weakref
 
 import gevent
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
+
+from api.live import LIFT_REQUEST_TIMEOUT
 
 STATUS_CODES = {400: "bad_request", 403: "forbidden", 431: "headers_too_large", 500: "internal", 501: "not_implemented"}
 
@@ -46,10 +51,30 @@ class ApiWorker(GeventWorker):
 
     def init_process(self) -> None:
         util.write_error = write_json_error  # this process serves only the API
+        self.request_timeouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # greenlet -> its Timeout
         super().init_process()
 
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        app = self.wsgi
+
+        def wsgi(environ, start_response):
+            environ[LIFT_REQUEST_TIMEOUT] = self.lift_request_timeout
+            return app(environ, start_response)
+
+        self.wsgi = wsgi
+
+    def lift_request_timeout(self) -> None:
+        timeout = self.request_timeouts.pop(gevent.getcurrent(), None)
+        if timeout is not None:
+            timeout.cancel()
+
     def handle_request(self, listener_name, req, sock, addr):
-        with gevent.Timeout(self.request_timeout, False):
-            return super().handle_request(listener_name, req, sock, addr)
+        with gevent.Timeout(self.request_timeout, False) as timeout:
+            self.request_timeouts[gevent.getcurrent()] = timeout
+            try:
+                return super().handle_request(listener_name, req, sock, addr)
+            finally:
+                self.request_timeouts.pop(gevent.getcurrent(), None)
         self.log.info("a request was not read and answered within %.0fs; connection closed", self.request_timeout)
         raise StopIteration  # gunicorn's way to end a connection: the caller closes it

@@ -41,6 +41,7 @@ from stepwise_cli.client import (
     resolve_target,
 )
 from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
+from stepwise_cli.log_progress import LogProgress
 from stepwise_cli.submit import image_urls, job_error_message, num_images
 
 POLL_INTERVAL_SECONDS = 0.5
@@ -190,7 +191,7 @@ class Backfill:
         out_dir: Path | None,
         concurrency: int,
         manifest: Manifest,
-        bar: tqdm,
+        bar: tqdm | LogProgress,
     ) -> None:
         self.client = ApiClient(
             target, retry_seconds=retry_seconds, max_connections=2 * concurrency, on_retry=self._count_retry
@@ -350,9 +351,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     manifest = Manifest(args.manifest)
     started = time.monotonic()
-    bar = tqdm(
-        total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True, disable=None
-    )  # None: no bar when stderr is not a terminal (logs, CI)
+    bar: tqdm | LogProgress
+    if sys.stderr.isatty():
+        bar = tqdm(total=len(rows), unit="row", desc="backfill", file=sys.stderr, dynamic_ncols=True)
+    else:  # a log or a pipe (cron, CI): a plain line every few seconds instead of a redrawn bar
+        bar = LogProgress(total=len(rows), desc="backfill", file=sys.stderr)
     backfill = Backfill(
         target,
         retry_seconds=args.retry_for,

@@ -79,7 +79,7 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def save_local_target(var_dir: Path, target: ApiTarget, **extra: str) -> Path:
+def save_local_target(var_dir: Path, target: ApiTarget, **extra: object) -> Path:
     """Write `{api_url, api_key, **extra}` readable by the owner only (it holds a secret)."""
     var_dir.mkdir(parents=True, exist_ok=True)
     path = var_dir / STATE_FILE_NAME

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from batching.builtin_model import builtin_names
 from batching.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL, showcase_model
+from stepwise_cli.image_args import image_file_uri
 
 FLAG_OF_FIELD = {
     "prompt": "--prompt",
@@ -21,6 +22,8 @@ FLAG_OF_FIELD = {
     "model": "--model",
     "lora": "--lora",
     "lora_scale": "--lora-scale",
+    "init_image": "--init-image",
+    "strength": "--strength",
 }
 
 
@@ -58,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default: 1.0)")
     parser.add_argument(
+        "--init-image",
+        type=Path,
+        default=None,
+        help="a PNG/JPEG/WebP file: image-to-image starts from it (its size unless --width/--height); "
+        "FLUX.2 takes it as a reference image",
+    )
+    parser.add_argument("--strength", type=float, default=None, help="with --init-image: fraction of the steps run")
+    parser.add_argument(
         "--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)"
     )
 
@@ -66,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
     from batching.errors import BatchingError, InvalidParamsError
     from batching.params import GenerationParams
 
+    try:
+        init_image = image_file_uri(args.init_image) if args.init_image else None
+    except OSError as e:
+        print(f"stepwise generate: error: --init-image: {e}", file=sys.stderr)
+        return 2
     try:
         params = GenerationParams(
             prompt=args.prompt,
@@ -79,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             lora=args.lora,
             lora_scale=args.lora_scale,
+            init_image=init_image,
+            strength=args.strength,
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)

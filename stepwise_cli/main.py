@@ -21,6 +21,7 @@ COMMANDS = {
     "cancel": ("stepwise_cli.cancel", "cancel a queued or running job"),
     "jobs": ("stepwise_cli.jobs", "list your jobs, newest first"),
     "backfill": ("stepwise_cli.backfill", "push a JSONL/CSV file of prompts through the API"),
+    "keys": ("stepwise_cli.keys", "create, list and revoke API keys kept in Redis"),
     "bench": ("stepwise_cli.bench", "run the benchmark suite"),
 }
 

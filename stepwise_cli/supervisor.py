@@ -1,8 +1,14 @@
-"""The supervisor of `stepwise up`: starts children, relays their output, says why one died.
+"""The supervisor of `stepwise up`: starts children, relays their output, restarts one that dies.
 
 Each child runs in its own process group (so a stop reaches gunicorn's workers) and is told
 to die with `up` if `up` is killed outright. Their output comes out prefixed with the child's
 name, with every URL's password masked.
+
+A child that exits on its own (killed, out of memory, crashed, even with status 0) is restarted
+after a backoff that doubles with each quick failure (1 s, 2 s, 4 s ... at most 30 s), as a process
+manager would. A child that fails MAX_FAST_FAILURES times in a row within FAST_FAILURE_SECONDS of
+starting will not get better by trying again (a bad setting, a missing file): then the supervisor
+gives up with the reason, and `up` stops everything.
 """
 
 from __future__ import annotations
@@ -36,13 +42,24 @@ EXPLAINED_LINES = {
 }
 
 
+FAST_FAILURE_SECONDS = 10.0  # a child that exits sooner than this after starting failed fast
+MAX_FAST_FAILURES = 3  # fast failures in a row after which restarting is pointless
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 30.0
+
+
 @dataclass
 class Child:
     name: str
+    argv: list[str]
+    env: dict[str, str]
     process: subprocess.Popen
     stop_timeout: float  # seconds between SIGTERM and SIGKILL
+    started_at: float  # time.monotonic() of the latest start
     last_lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=5))  # of its output
     reader: threading.Thread | None = None  # relays its output
+    num_fast_failures: int = 0  # exits in a row, each within FAST_FAILURE_SECONDS of its start
+    restart_at: float | None = None  # time.monotonic() of the restart planned after it exited
 
 
 def describe_exit(child: Child) -> str:
@@ -61,7 +78,7 @@ def describe_exit(child: Child) -> str:
 
 
 class Supervisor:
-    """Starts children, prefixes their output, notices deaths, stops them in reverse order."""
+    """Starts children, prefixes their output, restarts dead ones, stops them in reverse order."""
 
     def __init__(self) -> None:
         self.children: list[Child] = []
@@ -75,7 +92,14 @@ class Supervisor:
         self.stop_requested.set()
 
     def start(self, name: str, argv: list[str], env: dict[str, str], stop_timeout: float = 15.0) -> Child:
-        process = subprocess.Popen(
+        child = Child(name, argv, env, self._spawn(argv, env), stop_timeout, time.monotonic())
+        self._relay_output(child)
+        self.children.append(child)
+        self.say(f"started {name} (pid {child.process.pid})")
+        return child
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(
             argv,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -84,27 +108,58 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        child = Child(name, process, stop_timeout)
-        child.reader = threading.Thread(target=self._relay, args=(child,), name=f"log-{name}", daemon=True)
+
+    def _relay_output(self, child: Child) -> None:
+        child.reader = threading.Thread(target=self._relay, args=(child,), name=f"log-{child.name}", daemon=True)
         child.reader.start()
-        self.children.append(child)
-        self.say(f"started {name} (pid {process.pid})")
-        return child
 
     def say(self, message: str) -> None:
         self._write(f"[up] {message}\n")
 
-    def exited_child(self) -> Child | None:
-        return next((child for child in self.children if child.process.poll() is not None), None)
-
     def sleep(self, seconds: float) -> None:
-        """Sleep, unless a stop was requested or a child died meanwhile."""
-        if self.stop_requested.wait(seconds):
-            raise StopRequested
-        child = self.exited_child()
-        if child is not None:
-            child.reader.join(timeout=1)  # its last words
-            raise ServiceError(describe_exit(child))
+        """Sleep, restarting children that died meanwhile; raises StopRequested on Ctrl-C or SIGTERM, and
+        ServiceError when a child failed fast too often to try again."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.look_after_children()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.stop_requested.wait(min(left, 0.1)):
+                raise StopRequested
+
+    def look_after_children(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._restart(child)
+            elif child.process.poll() is not None:
+                self._plan_restart(child, now)
+
+    def _plan_restart(self, child: Child, now: float) -> None:
+        assert child.reader is not None
+        child.reader.join(timeout=1)  # its last words
+        what = describe_exit(child)
+        is_fast = now - child.started_at < FAST_FAILURE_SECONDS
+        child.num_fast_failures = child.num_fast_failures + 1 if is_fast else 1
+        if child.num_fast_failures >= MAX_FAST_FAILURES:
+            raise ServiceError(
+                f"{what}; it failed {child.num_fast_failures} times in a row within {FAST_FAILURE_SECONDS:.0f}s "
+                "of starting, so restarting it again would not help"
+            )
+        backoff = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** (child.num_fast_failures - 1))
+        child.restart_at = now + backoff
+        self.say(f"{what}; restarting it in {backoff:.0f}s")
+
+    def _restart(self, child: Child) -> None:
+        child.restart_at = None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.process.pid, signal.SIGKILL)  # what is left of its process group
+        child.process = self._spawn(child.argv, child.env)
+        child.started_at = time.monotonic()
+        self._relay_output(child)
+        self.say(f"restarted {child.name} (pid {child.process.pid})")
 
     def stop_all(self) -> None:
         for child in reversed(self.children):
@@ -112,6 +167,7 @@ class Supervisor:
         self.children.clear()
 
     def _stop(self, child: Child) -> None:
+        child.restart_at = None
         if child.process.poll() is None:
             self.say(f"stopping {child.name}")
             with contextlib.suppress(ProcessLookupError):
@@ -124,7 +180,8 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.process.pid, signal.SIGKILL)  # whatever is left of its process group
         child.process.wait()
-        child.reader.join(timeout=2)
+        if child.reader is not None:
+            child.reader.join(timeout=2)
 
     def _relay(self, child: Child) -> None:
         stream = child.process.stdout

@@ -6,8 +6,13 @@ configuration travels in `STEPWISE_*` variables.
 
 Ctrl-C or SIGTERM stops the children in reverse order (api, worker with a warm shutdown,
 redis), each with SIGTERM and then SIGKILL after a timeout; a second Ctrl-C kills at once.
-A child that exits on its own, even with status 0, stops everything with exit status 1, and
-`up` says what happened (status or signal, and the child's last line).
+A child that exits on its own, even with status 0, is restarted with a backoff (its jobs come back
+through the dead worker's heartbeat, `worker.dead_workers`); one that fails again and again right
+after starting stops everything with exit status 1, and `up` says what happened (status or signal,
+the child's last line, and that it gave up).
+
+The embedded Redis keeps its port from one `up` to the next (saved in `<var>/stepwise.json` with
+the API's URL and key), so a shell that exported STEPWISE_REDIS_URL keeps working after a restart.
 
 Secrets: `up` prints an API key only when it generated that key itself, and shows every URL
 with its password masked (the saved state file, readable by the owner only, keeps them whole).
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -33,7 +39,8 @@ import redis
 import requests
 
 from batching.params import SHOWCASE_MODEL, showcase_model
-from stepwise_cli.client import ApiTarget, default_var_dir, load_local_target, save_local_target
+from batching.shapes.vocabulary import ShapePrompt
+from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
 from storage.queues import WEBHOOK_QUEUE
 
@@ -107,6 +114,8 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
     env.setdefault("STEPWISE_STORAGE_URL", (var_dir / "images").as_uri())
     if not env.get("STEPWISE_API_KEYS"):
         env["STEPWISE_API_KEYS"] = f"{LOCAL_TENANT}:{api_key}"
+        # One person's machine: the generated key is also the operator's (/metrics, /v1/admin).
+        env.setdefault("STEPWISE_ADMIN_API_KEYS", f"{LOCAL_TENANT}:{api_key}")
     env.setdefault("STEPWISE_WEBHOOK_SECRET", new_webhook_secret())
     env.setdefault("STEPWISE_WORKER_METRICS_PORT", str(free_port()))
     for option, name in (
@@ -118,6 +127,8 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
             env[name] = str(getattr(args, option))
     env.setdefault("STEPWISE_DEVICE", "cpu")
     env["STEPWISE_MODEL"] = args.model or showcase_model()  # the worker's model is the API's default
+    # The API serves it by configuration: jobs are accepted while the worker still loads the model.
+    env["STEPWISE_MODELS"] = env.get("STEPWISE_MODELS") or env["STEPWISE_MODEL"]
     return env
 
 
@@ -136,6 +147,35 @@ def choose_api_key(var_dir: Path) -> ApiKeyChoice:
     if saved and saved.key:
         return ApiKeyChoice(saved.key, is_generated=True)
     return ApiKeyChoice(f"sk_{secrets.token_urlsafe(24)}", is_generated=True)
+
+
+def embedded_redis_port(requested: int | None, var_dir: Path) -> tuple[int, str | None]:
+    """The port of the embedded redis-server: --redis-port, else the one an earlier `up` saved (if it is free
+    now), else a free one. Returns it with a note to print when the saved port could not be kept."""
+    if requested:
+        return requested, None
+    saved = saved_redis_port(var_dir)
+    if saved is None:
+        return free_port(), None
+    if port_is_free("127.0.0.1", saved):
+        return saved, None
+    port = free_port()
+    return port, f"the embedded Redis's port {saved} (saved in {var_dir / STATE_FILE_NAME}) is in use: using {port}"
+
+
+def saved_redis_port(var_dir: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        port = int(json.loads((var_dir / STATE_FILE_NAME).read_text())["redis_port"])
+        return port if 0 < port < 65536 else None
+    return None
+
+
+def suggested_prompt(model: str) -> str:
+    """A prompt the served model draws: the shapes models' grammar, else any prompt (random-weight
+    built-ins draw noise-like patterns whatever they are asked)."""
+    if model.startswith(f"{SHOWCASE_MODEL}"):
+        return ShapePrompt("red", "circle", "blue").text
+    return "a red fox in the snow"
 
 
 def settings_error(env: dict[str, str]) -> str | None:
@@ -242,16 +282,21 @@ def run(args: argparse.Namespace) -> int:
     supervisor = Supervisor()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, supervisor.on_signal)
+    redis_port = None
     try:
         if not redis_url:
-            redis_url = start_redis(supervisor, redis_binary, args.redis_port or free_port(), var_dir / "redis", env)
+            redis_port, note = embedded_redis_port(args.redis_port, var_dir)
+            if note:
+                supervisor.say(note)
+            redis_url = start_redis(supervisor, redis_binary, redis_port, var_dir / "redis", env)
         env["STEPWISE_REDIS_URL"] = redis_url
         wait_for_redis(supervisor, redis_url, timeout=30)
         worker_name = start_worker_and_api(supervisor, args, env)
         wait_for_api(supervisor, api_url, args.startup_timeout)
         wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
-        state_file = save_local_target(var_dir, ApiTarget(api_url, api_key.key), redis_url=redis_url)
+        kept = {"redis_port": redis_port} if redis_port else {}
+        state_file = save_local_target(var_dir, ApiTarget(api_url, api_key.key), redis_url=redis_url, **kept)
         supervisor.say(
             banner(
                 api_url,
@@ -261,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
                 redis_url,
                 time.monotonic() - started,
                 custom_var_dir=args.var_dir is not None,
+                keeps_redis_port=redis_port is not None,
             )
         )
         while True:
@@ -341,8 +387,10 @@ def banner(
     elapsed: float,
     *,
     custom_var_dir: bool,
+    keeps_redis_port: bool = False,
 ) -> str:
-    """What `up` prints once everything answers: where things are and commands to try, no configured secret."""
+    """What `up` prints once everything answers: where things are and commands to try, no configured secret.
+    Every command in it works pasted into a shell (the key's variable in double quotes, so it expands)."""
     var_option = f" --var-dir {state_file.parent}" if custom_var_dir else ""
     metrics_port = env.get("STEPWISE_WORKER_METRICS_PORT", "0")
     worker_metrics = f", worker http://127.0.0.1:{metrics_port}/metrics" if metrics_port != "0" else ""
@@ -354,18 +402,22 @@ def banner(
         inspect = "celery -A worker inspect engine_stats    (with your STEPWISE_REDIS_URL)"
     else:
         inspect = f"STEPWISE_REDIS_URL={redis_url} celery -A worker inspect engine_stats"
+    redis_note = f"    (embedded; its port is kept in {state_file})" if keeps_redis_port else ""
+    prompt = suggested_prompt(env["STEPWISE_MODEL"])
+    body = json.dumps({"prompt": prompt})
     return (
         f"stepwise is up after {elapsed:.1f}s\n\n"
+        f"    page:     {api_url}/    (paste the API key there once)\n"
         f"    API:      {api_url}    (spec: {api_url}/openapi.json)\n"
         f"    API key:  {key_line}\n"
         f"    model:    {env['STEPWISE_MODEL']} on {env['STEPWISE_DEVICE']}    (jobs that name no model get it)\n"
         f"    images:   {mask_password(env['STEPWISE_STORAGE_URL'])}\n"
-        f"    redis:    {mask_password(redis_url)}\n"
-        f"    metrics:  {api_url}/metrics{worker_metrics}\n\n"
+        f"    redis:    {mask_password(redis_url)}{redis_note}\n"
+        f"    metrics:  {api_url}/metrics (an admin key){worker_metrics}\n\n"
         f"  try:\n"
-        f'    stepwise submit "a red fox" --wait --out out/{var_option}\n'
-        f"    curl -H 'Authorization: Bearer {bearer}' -H 'Content-Type: application/json' \\\n"
-        f'         -d \'{{"prompt": "a red fox"}}\' {api_url}/v1/jobs\n'
+        f'    stepwise submit "{prompt}" --wait --out out/{var_option}\n'
+        f'    curl -H "Authorization: Bearer {bearer}" -H "Content-Type: application/json" \\\n'
+        f"         -d '{body}' {api_url}/v1/jobs\n"
         f"    {inspect}\n\n"
         f"  Ctrl-C stops everything."
     )

@@ -6,7 +6,8 @@ defaults and limits, and a snapshot of its engine's statistics. Readers group th
 by model:
 
 - a worker is *live* while its last heartbeat is younger than `worker_timeout` and it admits jobs
-  (not draining, not shutting down); a model is *available* while it has a live worker;
+  (not draining, not shutting down); a model is *available* while it has a live worker; a worker
+  silent for longer is dead, and its running jobs are re-queued (`worker.leases`);
 - a model stays listed (unavailable) for `retention` seconds after its last heartbeat, so jobs
   for a model whose worker is restarting are still accepted; then its heartbeats are dropped.
 
@@ -45,6 +46,7 @@ class Heartbeat:
     capacity: int  # the engine's max_num_seqs
     seen_at: float  # unix seconds
     is_admitting: bool = True  # False while drained or shutting down: it takes no new job
+    is_draining: bool = False  # drained by an operator (`celery control drain`), not shutting down
     defaults: dict[str, Any] = field(default_factory=dict)  # the family's defaults for omitted fields
     limits: dict[str, Any] = field(default_factory=dict)  # what the family accepts (sizes, samplers, lora...)
     engine: dict[str, Any] = field(default_factory=dict)  # ENGINE_FIELDS of engine.stats()
@@ -74,6 +76,7 @@ class ModelStatus:
     family: str
     available: bool
     workers: int  # live workers
+    draining: int  # workers heard from within the timeout that an operator drained (not live)
     capacity: int  # summed over live workers
     last_seen: float  # newest heartbeat of any of its workers
     defaults: dict[str, Any]
@@ -143,6 +146,7 @@ class HeartbeatStore:
                     family=newest.family,
                     available=bool(live),
                     workers=len(live),
+                    draining=sum(1 for beat in beats if beat.is_draining and now - beat.seen_at <= self.worker_timeout),
                     capacity=sum(beat.capacity for beat in live),
                     last_seen=newest.seen_at,
                     defaults=newest.defaults,

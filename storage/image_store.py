@@ -71,6 +71,14 @@ class ImageStore(abc.ABC):
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
 
+    def job_prefix(self, job_id: str) -> str:
+        """The key prefix every image of the job is stored under (key_for)."""
+        return f"{self.prefix}/{job_id}/" if self.prefix else f"{job_id}/"
+
+    @abc.abstractmethod
+    def delete_job_images(self, job_id: str) -> int:
+        """Delete every stored image of the job (whatever its format); returns how many there were."""
+
     @abc.abstractmethod
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         """A URL clients can GET for `expiry` seconds, or None when the API must serve the bytes."""

@@ -27,6 +27,9 @@ class JobState(str, enum.Enum):
         return self not in (JobState.QUEUED, JobState.RUNNING)
 
 
+# Why a running job went back to the queue (JobRecord.requeue_reason).
+REQUEUE_REASONS = ("worker_lost", "lease_expired", "worker_shutdown", "worker_drained")
+
 TERMINAL_STATES = tuple(state for state in JobState if state.is_terminal)
 JOB_STATE_NAMES = tuple(state.value for state in JobState)  # what clients see in a job's `state`
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
@@ -40,7 +43,7 @@ class JobRecord:
     params: dict[str, Any]  # GenerationParams.to_dict(), seed already drawn
     created_at: float  # unix seconds
     queue: str  # the Celery queue of the job's model (storage.queues.generate_queue)
-    started_at: float | None = None
+    started_at: float | None = None  # the first start: a re-queued job keeps it
     finished_at: float | None = None
     deadline: float | None = None  # unix seconds; not started by then -> expired
     progress_step: int = 0
@@ -49,6 +52,10 @@ class JobRecord:
     error_code: str | None = None
     error_message: str | None = None
     attempts: int = 0  # times a worker took the job
+    queued_seconds: float | None = None  # time spent queued before the latest start, over all attempts
+    requeued_at: float | None = None  # the latest time the job went back to the queue (None: never)
+    requeue_reason: str | None = None  # why, as a code: worker_lost, lease_expired, worker_shutdown, worker_drained
+    requeue_message: str | None = None  # why, in words
     worker_id: str | None = None  # holder while running
     lease_expires_at: float | None = None  # running job's lease (renewed by its worker)
     cancel_requested: bool = False
@@ -61,7 +68,9 @@ class JobRecord:
 
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
-_FLOAT_FIELDS = frozenset({"created_at", "started_at", "finished_at", "deadline", "lease_expires_at"})
+_FLOAT_FIELDS = frozenset(
+    {"created_at", "started_at", "finished_at", "deadline", "lease_expires_at", "queued_seconds", "requeued_at"}
+)
 _INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts"})
 _BOOL_FIELDS = frozenset({"cancel_requested"})
 _JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})

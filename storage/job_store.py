@@ -34,8 +34,10 @@ from storage.errors import (
     StorageUnavailableError,
 )
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.job_events import EVENT_LOG_SECONDS
 from storage.job_record import (
     RECORD_FIELDS,
+    REQUEUE_REASONS,
     TERMINAL_STATES,
     JobRecord,
     JobState,
@@ -47,7 +49,7 @@ from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome,
 from storage.queues import DEFAULT_PRIORITY
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
-from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records
+from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records, tenant_totals
 
 __all__ = [
     "Created",
@@ -75,7 +77,12 @@ FINISH_FIELDS = RECORD_FIELDS - {
     "worker_id",
     "lease_expires_at",
     "idempotency_key",
+    "queued_seconds",
+    "requeued_at",
+    "requeue_reason",
+    "requeue_message",
 }
+MAX_CONNECTIONS = 100  # per process, as redis-py's default pool
 _UNAVAILABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -105,7 +112,7 @@ class JobStore:
         job_ttl_seconds: int = 7 * 24 * 3600,
         namespace: str = "stepwise",
         clock: Callable[[], float] = time.time,
-        worker_timeout: float = 15.0,
+        worker_timeout: float = 10.0,
         model_retention: float = 3600.0,
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
@@ -113,14 +120,19 @@ class JobStore:
         self.keys = RedisKeys(namespace)
         self.clock = clock
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
-        # quick 503, not as a request hanging for half a minute.
-        self._redis = redis.Redis.from_url(
+        # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
+        # concurrent callers than connections (greenlets under gevent) waits for one, where
+        # redis-py's default pool would fail the call ("Too many connections").
+        pool = redis.BlockingConnectionPool.from_url(
             redis_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=5,
             decode_responses=True,
             socket_connect_timeout=2,
             socket_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
+        self._redis = redis.Redis(connection_pool=pool)
         kwargs = self._redis.get_connection_kwargs()
         self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         self._heartbeats = HeartbeatStore(
@@ -131,10 +143,12 @@ class JobStore:
         self._take = register(lua.TAKE)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
+        self._add_preview = register(lua.ADD_PREVIEW)
         self._finish = register(lua.FINISH)
         self._request_cancel = register(lua.REQUEST_CANCEL)
         self._release = register(lua.RELEASE)
         self._add_webhook_attempt = register(lua.ADD_WEBHOOK_ATTEMPT)
+        self._delete = register(lua.DELETE)
 
     @property
     def redis(self) -> redis.Redis:
@@ -187,15 +201,14 @@ class JobStore:
     @_wraps_redis_errors
     def queue_position(self, record: JobRecord) -> int | None:
         """0-based position among queued jobs of its model and priority (oldest first); None if not queued."""
-        key = self.keys.queued_in(record.queue, record.priority)
-        return cast(int | None, self._redis.zrank(key, record.job_id))  # without withscore: a rank or None
+        return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
 
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
         """queue_position of each record, in one round trip (non-queued records: None)."""
         with self._redis.pipeline(transaction=False) as pipe:
             for record in records:
-                pipe.zrank(self.keys.queued_in(record.queue, record.priority), record.job_id)
+                pipe.zrank(self.keys.queue_of(record), record.job_id)
             ranks = pipe.execute()
         return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
 
@@ -251,6 +264,11 @@ class JobStore:
         return (window + 1) * 60 - now
 
     @_wraps_redis_errors
+    def tenant_totals(self) -> dict[str, dict[str, int]]:
+        """tenant -> its queued and running jobs now (storage.tenant_listing.tenant_totals)."""
+        return tenant_totals(self._redis, self.keys)
+
+    @_wraps_redis_errors
     def counts_by_state(self) -> dict[str, int]:
         """Queued and running: jobs in that state now. Terminal states: jobs that ever reached them."""
         with self._redis.pipeline(transaction=True) as pipe:
@@ -265,9 +283,9 @@ class JobStore:
 
     @_wraps_redis_errors
     def is_cancel_requested(self, job_id: str) -> bool:
-        """True once a cancel was requested while the job ran, or if it is canceled by now."""
+        """True once a cancel was requested while the job ran, if it is canceled by now, or deleted."""
         state, flag = self._redis.hmget(self.job_key(job_id), "state", "cancel_requested")
-        return flag == "1" or state == JobState.CANCELED.value
+        return flag == "1" or state in (JobState.CANCELED.value, None)
 
     @_wraps_redis_errors
     def lapsed_job_ids(self, now: float | None = None) -> list[str]:
@@ -347,7 +365,12 @@ class JobStore:
 
     @_wraps_redis_errors
     def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, int(step), int(total)])
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total)])
+
+    @_wraps_redis_errors
+    def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:
+        """Put a running job's preview (a data URI) on its event stream (storage.job_events)."""
+        self._add_preview(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), image])
 
     @_wraps_redis_errors
     def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:
@@ -394,36 +417,64 @@ class JobStore:
         return JobState(state)
 
     @_wraps_redis_errors
-    def release(self, job_id: str, worker_id: str) -> bool:
-        """Running -> queued again (warm shutdown or a lapsed lease); the caller re-enqueues it.
-        Attempts are kept and progress restarts. False if this worker does not hold the job, or
-        if a cancel was requested: then the job becomes canceled and must not be re-enqueued."""
-        return self._release_script(job_id, worker_id=worker_id, lapsed_at=None) == 1
+    def release(self, job_id: str, worker_id: str, reason: str = "worker_shutdown", message: str = "") -> bool:
+        """Running -> queued again (warm shutdown, drain, or a dead holder); the caller re-enqueues it.
+        Attempts and the first started_at are kept, progress restarts, and the record says why
+        (`reason`, one of REQUEUE_REASONS, and `message`). False if `worker_id` does not hold the job
+        (so two callers cannot both re-queue it), or if a cancel was requested: then the job becomes
+        canceled and must not be re-enqueued."""
+        assert reason in REQUEUE_REASONS, reason
+        return self._release_script(job_id, worker_id=worker_id, lapsed_at=None, reason=reason, message=message) == 1
 
     @_wraps_redis_errors
     def release_if_lapsed(self, job_id: str, now: float | None = None) -> bool:
         """Release a running job only if its lease is still lapsed at `now` (whoever held it), so a
         reaper cannot take a job away from a worker that renewed its lease in the meantime."""
         now = self.clock() if now is None else now
-        return self._release_script(job_id, worker_id=None, lapsed_at=now) == 1
+        message = "its worker stopped renewing the job's lease"
+        return self._release_script(job_id, worker_id=None, lapsed_at=now, reason="lease_expired", message=message) == 1
 
-    def _release_script(self, job_id: str, *, worker_id: str | None, lapsed_at: float | None) -> int:
-        return self._release(
+    def _release_script(
+        self, job_id: str, *, worker_id: str | None, lapsed_at: float | None, reason: str, message: str
+    ) -> int:
+        lapsed = "" if lapsed_at is None else repr(lapsed_at)
+        args: list[str | int] = [self.namespace, job_id, worker_id or "", repr(self.clock()), self.job_ttl_seconds]
+        return self._release(keys=[self.job_key(job_id)], args=[*args, lapsed, reason, message])
+
+    @_wraps_redis_errors
+    def delete(self, job_id: str, tombstone_seconds: int) -> JobState | None:
+        """Remove the job's record, indexes and idempotency key; a queued job is canceled first. Returns its
+        state before, or None if there is no such job. A worker still running it finds the record gone and
+        `was_deleted` true for `tombstone_seconds`, and removes the images it stored meanwhile."""
+        now = self.clock()
+        outcome, state = self._delete(
             keys=[self.job_key(job_id)],
-            args=[
-                self.namespace,
-                job_id,
-                worker_id or "",
-                repr(self.clock()),
-                self.job_ttl_seconds,
-                "" if lapsed_at is None else repr(lapsed_at),
-            ],
+            args=[self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds],
         )
+        return JobState(state) if outcome == "deleted" else None
+
+    @_wraps_redis_errors
+    def was_deleted(self, job_id: str) -> bool:
+        return bool(self._redis.exists(self.keys.deleted(job_id)))
+
+    @property
+    def heartbeat_store(self) -> HeartbeatStore:
+        """The workers' heartbeats, on this store's Redis (worker.dead_workers reads them)."""
+        return self._heartbeats
 
     @_wraps_redis_errors
     def add_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
         attempt_json = json.dumps(attempt, separators=(",", ":"), sort_keys=True)
         self._add_webhook_attempt(keys=[self.job_key(job_id)], args=[self.namespace, attempt_json])
+
+    @_wraps_redis_errors
+    def set_latest_progress_webhook(self, job_id: str, webhook_id: str) -> None:
+        """The job's newest progress webhook; deliveries of older ones are dropped (worker.webhooks)."""
+        self._redis.set(self.keys.progress_webhook(job_id), webhook_id, ex=EVENT_LOG_SECONDS)
+
+    @_wraps_redis_errors
+    def latest_progress_webhook(self, job_id: str) -> str | None:
+        return cast(str | None, self._redis.get(self.keys.progress_webhook(job_id)))
 
     def close(self) -> None:
         self._redis.close()

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 
 from storage.errors import ImageNotFoundError, StorageError
@@ -84,6 +86,34 @@ class LocalImageStore(ImageStore):
         except (FileNotFoundError, ValueError):  # missing, or cut short by a crash (it is not flushed)
             metadata = {}
         return ImageInfo(size=size, content_type=content_type_of_key(key), metadata=metadata)
+
+    def delete_job_images(self, job_id: str) -> int:
+        folder = self.path_for(self.job_prefix(job_id).rstrip("/"))
+        try:
+            images = [path for path in folder.iterdir() if not path.name.endswith(".meta.json")]
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            raise StorageError(f"could not delete the images of job {job_id} under {self.root}: {e}") from e
+        return len(images)
+
+    def sweep_older_than(self, max_age_seconds: float, now: float | None = None) -> int:
+        """Delete each job's images whose newest file is older than `max_age_seconds` (STEPWISE_IMAGE_TTL);
+        returns how many jobs' images went. A folder being written is never that old."""
+        now = time.time() if now is None else now
+        num_deleted = 0
+        for folder in list(self.root.iterdir()):
+            if not folder.is_dir():
+                continue
+            try:
+                newest = max((path.stat().st_mtime for path in folder.iterdir()), default=folder.stat().st_mtime)
+                if now - newest > max_age_seconds:
+                    shutil.rmtree(folder)
+                    num_deleted += 1
+            except FileNotFoundError:  # deleted meanwhile (DELETE /v1/jobs/{id}, another sweeper)
+                continue
+        return num_deleted
 
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         return None

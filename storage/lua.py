@@ -14,6 +14,8 @@ Keys, with ns the namespace:
     {ns}:leases                       sorted set, running job ids by lease expiry
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
+    {ns}:job-events:{job_id}          stream, the job's events (storage.job_events); each entry is also
+                                      announced on the pub/sub channel {ns}:job-events (message: job_id)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 from types import SimpleNamespace
 from typing import cast
 
+from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
 from storage.job_record import JobState
 from storage.redis_keys import RedisKeys
 
@@ -45,6 +48,32 @@ local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 
 local function job_key_of(job_id)
   return {_lua_expression(_KEYS.job(""))} .. job_id
+end
+
+local events_channel = {_lua_expression(_KEYS.job_events_channel)}
+
+local function events_key_of(job_id)
+  return {_lua_expression(_KEYS.job_events(""))} .. job_id
+end
+
+-- One entry (field, value, ...) on the job's event stream, announced to the API's listeners.
+local function emit(job_id, ...)
+  local key = events_key_of(job_id)
+  redis.call('XADD', key, 'MAXLEN', '~', {EVENT_LOG_MAX_ENTRIES}, '*', ...)
+  redis.call('EXPIRE', key, {EVENT_LOG_SECONDS})
+  redis.call('PUBLISH', events_channel, job_id)
+end
+
+-- The end state: the last entry, and the only one kept (a resumed stream needs nothing before it).
+local function emit_end(job_id, state)
+  emit(job_id, 'event', state)
+  local key = events_key_of(job_id)
+  redis.call('XTRIM', key, 'MAXLEN', 1)
+  redis.call('EXPIRE', key, {EVENT_LOG_SECONDS_AFTER_END})
+end
+
+local function deleted_key_of(job_id)
+  return {_lua_expression(_KEYS.deleted(""))} .. job_id
 end
 """
 
@@ -99,6 +128,7 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   if idem_key then
     redis.call('EXPIRE', idem_key, ttl)
   end
+  emit_end(job_id, to_state)
 end
 """
 )
@@ -147,18 +177,25 @@ return {1, redis.call('ZRANK', queue_index(KEYS[1]), job_id)}
 )
 
 # ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
+# started_at is the first start (a re-queued job keeps it); queued_seconds adds the time since the
+# job was (re)queued, so the run time of an earlier attempt never counts as waiting.
 TAKE = (
     _PREAMBLE
     + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
+local state, created_at, requeued_at, queued_seconds = unpack(redis.call(
+  'HMGET', KEYS[1], 'state', 'created_at', 'requeued_at', 'queued_seconds'))
+if state ~= 'queued' then
   return false
 end
+local waited = (tonumber(queued_seconds) or 0) + math.max(0, tonumber(ARGV[4]) - tonumber(requeued_at or created_at))
 set_state(KEYS[1], ARGV[2], 'queued', 'running')
-redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'started_at', ARGV[4], 'lease_expires_at', ARGV[5],
-           'progress_step', '0')
+redis.call('HSETNX', KEYS[1], 'started_at', ARGV[4])
+redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'lease_expires_at', ARGV[5], 'progress_step', '0',
+           'queued_seconds', string.format('%.17g', waited))
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 remove_queued(KEYS[1], ARGV[2])
 redis.call('ZADD', leases_key, ARGV[5], ARGV[2])
+emit(ARGV[2], 'event', 'started')
 return redis.call('HGETALL', KEYS[1])
 """
 )
@@ -177,14 +214,27 @@ return 1
 """
 )
 
-# ARGV: ns, step, total. Only a running job's progress moves (never recreates an expired hash).
+# ARGV: ns, job_id, step, total. Only a running job's progress moves (never recreates an expired hash).
 SET_PROGRESS = (
     _PREAMBLE
     + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'progress_step', ARGV[2], 'progress_total', ARGV[3])
+redis.call('HSET', KEYS[1], 'progress_step', ARGV[3], 'progress_total', ARGV[4])
+emit(ARGV[2], 'event', 'progress', 'step', ARGV[3], 'total', ARGV[4])
+return 1
+"""
+)
+
+# ARGV: ns, job_id, step, total, image (a data URI). A running job's preview: only on its event stream.
+ADD_PREVIEW = (
+    _PREAMBLE
+    + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
+  return 0
+end
+emit(ARGV[2], 'event', 'preview', 'step', ARGV[3], 'total', ARGV[4], 'image', ARGV[5])
 return 1
 """
 )
@@ -234,7 +284,7 @@ return {'refused', state}
 """
 )
 
-# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or ''.
+# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or '', reason code, reason message.
 # Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused.
 RELEASE = (
     _PREAMBLE
@@ -256,9 +306,11 @@ if cancel == '1' then
 end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
 redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at')
-redis.call('HSET', KEYS[1], 'progress_step', '0')
+redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'requeue_reason', ARGV[7],
+           'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])
 add_queued(KEYS[1], ARGV[2], ARGV[4])
+emit(ARGV[2], 'event', 'queued')
 return 1
 """
 )
@@ -278,5 +330,35 @@ else
 end
 redis.call('HSET', KEYS[1], 'webhook_attempts', attempts)
 return 1
+"""
+)
+
+# ARGV: ns, job_id, now, ttl, tombstone seconds. Removes the job's record from Redis: a queued job is
+# canceled first (counted so), a running one is left to stop (its worker sees the record gone and
+# cleans up its images, told by the tombstone). Returns {outcome, state before}: 'deleted' or 'missing'.
+DELETE = (
+    _PREAMBLE
+    + """
+local state, tenant = unpack(redis.call('HMGET', KEYS[1], 'state', 'tenant'))
+if not state then
+  return {'missing', ''}
+end
+if state == 'queued' then
+  finish_job(KEYS[1], ARGV[2], 'queued', 'canceled', ARGV[3], ARGV[4])
+end
+remove_queued(KEYS[1], ARGV[2])
+redis.call('ZREM', leases_key, ARGV[2])
+for _, name in ipairs({'all', """
+    + ", ".join(f"'{state.value}'" for state in JobState)
+    + """}) do
+  redis.call('ZREM', tenant_index(name, tenant), ARGV[2])
+end
+local idem_key = redis.call('HGET', KEYS[1], 'idem_redis_key')
+if idem_key then
+  redis.call('DEL', idem_key)
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', deleted_key_of(ARGV[2]), state, 'EX', tonumber(ARGV[5]))
+return {'deleted', state}
 """
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from storage.job_record import JobState
+from storage.job_record import JobRecord, JobState
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,10 @@ class RedisKeys:
 
     def job(self, job_id: str) -> str:
         return f"{self.namespace}:job:{job_id}"
+
+    def deleted(self, job_id: str) -> str:
+        """A deleted job's tombstone, so a worker still running it cleans up after itself."""
+        return f"{self.namespace}:deleted:{job_id}"
 
     def tenant_index(self, tenant: str, state: JobState | None = None) -> str:
         """The tenant's jobs in `state`, or all of them; the tenant comes last so no name can collide."""
@@ -35,6 +39,10 @@ class RedisKeys:
         """Queued jobs of one model's queue and one priority."""
         return f"{self.namespace}:queued:{queue}:{priority}"
 
+    def queue_of(self, record: JobRecord) -> str:
+        """The sorted set a queued record waits in (its position is its rank there)."""
+        return self.queued_in(record.queue, record.priority)
+
     @property
     def leases(self) -> str:
         return f"{self.namespace}:leases"
@@ -45,5 +53,28 @@ class RedisKeys:
         return f"{self.namespace}:workers"
 
     @property
+    def api_keys(self) -> str:
+        """Hash: SHA-256 digest of an API key -> its record (storage.api_keys)."""
+        return f"{self.namespace}:api-keys"
+
+    @property
+    def api_key_ids(self) -> str:
+        """Hash: API key id -> its digest."""
+        return f"{self.namespace}:api-key-ids"
+
+    @property
     def finished_counts(self) -> str:
         return f"{self.namespace}:finished-counts"
+
+    def job_events(self, job_id: str) -> str:
+        """Stream: the job's events (storage.job_events), written by the transitions' scripts."""
+        return f"{self.namespace}:job-events:{job_id}"
+
+    @property
+    def job_events_channel(self) -> str:
+        """Pub/sub channel: the id of each job whose event stream just grew."""
+        return f"{self.namespace}:job-events"
+
+    def progress_webhook(self, job_id: str) -> str:
+        """The webhook id of the job's latest progress delivery (older ones still queued are dropped)."""
+        return f"{self.namespace}:progress-webhook:{job_id}"

@@ -1,4 +1,4 @@
-"""Images in an S3 bucket (AWS, MinIO or any S3-compatible server), through boto3.
+"""Images in an S3 bucket (AWS, SeaweedFS or any S3-compatible server), through boto3.
 
 Credentials and region come from the standard `AWS_*` variables. Path-style addressing, so a
 local endpoint such as `http://127.0.0.1:9000` works without DNS for bucket subdomains.
@@ -85,7 +85,7 @@ class S3ImageStore(ImageStore):
         # An own session: boto3's default session is not safe to share between threads.
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         # Presigned URLs are for clients, who may reach the server by another name than this process
-        # (compose: `http://minio:9000` inside, `http://localhost:9000` outside). Presigning makes no request.
+        # (compose: `http://s3:9000` inside, `http://localhost:9000` outside). Presigning makes no request.
         self._presigner = self._client
         if public_endpoint_url and public_endpoint_url != endpoint_url:
             self._presigner = boto3.session.Session().client("s3", endpoint_url=public_endpoint_url, config=config)
@@ -145,6 +145,14 @@ class S3ImageStore(ImageStore):
             content_type=response.get("ContentType", ""),
             metadata=response.get("Metadata", {}),
         )
+
+    def delete_job_images(self, job_id: str) -> int:
+        prefix = self.job_prefix(job_id)
+        listed = self._call("list", prefix, self._client.list_objects_v2, Bucket=self.bucket, Prefix=prefix)
+        keys = [{"Key": item["Key"]} for item in listed.get("Contents", [])]
+        if keys:  # a job has at most MAX_NUM_IMAGES images: one page, one request
+            self._call("delete", prefix, self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": keys})
+        return len(keys)
 
     def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
         expiry = self.presign_expiry_seconds if expiry is None else expiry

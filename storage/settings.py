@@ -78,14 +78,18 @@ def env_url(name: str, schemes: tuple[str, ...], *, default: str | None = None) 
 class StorageSettings:
     redis_url: str = DEFAULT_REDIS_URL  # STEPWISE_REDIS_URL
     storage_url: str = ""  # STEPWISE_STORAGE_URL: file:///path or s3://bucket/prefix
-    s3_endpoint_url: str | None = None  # STEPWISE_S3_ENDPOINT_URL: MinIO or any S3-compatible server
+    s3_endpoint_url: str | None = None  # STEPWISE_S3_ENDPOINT_URL: SeaweedFS or any S3-compatible server
     s3_public_endpoint_url: str | None = None  # STEPWISE_S3_PUBLIC_URL: the endpoint clients reach, for presigning
     presign_expiry_seconds: int = 3600  # STEPWISE_PRESIGN_EXPIRY
     job_ttl_seconds: int = 7 * 24 * 3600  # STEPWISE_JOB_TTL: how long terminal records are kept
+    # STEPWISE_IMAGE_TTL: how long generated images are kept (default: STEPWISE_JOB_TTL; 0: for ever). A
+    # worker's sweeper enforces it for a local folder; for S3 the bucket's lifecycle rule does (docs/worker.md)
+    image_ttl_seconds: int = 7 * 24 * 3600
     job_lease_seconds: int = 60  # STEPWISE_JOB_LEASE_SECONDS: a running job's lease, renewed by its worker
     storage_max_attempts: int = 5  # STEPWISE_STORAGE_MAX_ATTEMPTS: tries of one image store call on transient errors
     heartbeat_interval: float = 3.0  # STEPWISE_HEARTBEAT_INTERVAL: seconds between a worker's heartbeats
-    worker_timeout: float = 15.0  # STEPWISE_WORKER_TIMEOUT: a worker silent this long is gone (its model unavailable)
+    # STEPWISE_WORKER_TIMEOUT: a worker silent this long is dead: its model unavailable, its running jobs re-queued
+    worker_timeout: float = 10.0
     # STEPWISE_MODEL_RETENTION: a model stays listed (and accepts jobs) this long after its last heartbeat
     model_retention: float = 3600.0
     lora_url: str = ""  # STEPWISE_LORA_URL: the LoRA adapter store, file:///path or s3://bucket/prefix; "": none
@@ -97,17 +101,31 @@ class StorageSettings:
         from storage.webhooks import secret_from_env
 
         secret_from_env()  # STEPWISE_WEBHOOK_SECRET: whsec_ + valid base64, or a plain string
+        job_ttl_seconds = env_positive_int("STEPWISE_JOB_TTL", 7 * 24 * 3600)
+        image_ttl_seconds = env_int("STEPWISE_IMAGE_TTL", job_ttl_seconds)
+        if image_ttl_seconds < 0:
+            raise ValueError(
+                f"STEPWISE_IMAGE_TTL must be 0 (keep images) or a number of seconds (got {image_ttl_seconds})"
+            )
+        heartbeat_interval = env_float("STEPWISE_HEARTBEAT_INTERVAL", 3.0)
+        worker_timeout = env_float("STEPWISE_WORKER_TIMEOUT", 10.0)
+        if not 0 < heartbeat_interval < worker_timeout:
+            raise ValueError(
+                "STEPWISE_WORKER_TIMEOUT must be longer than STEPWISE_HEARTBEAT_INTERVAL, which must be above 0 "
+                f"(got {worker_timeout:g} and {heartbeat_interval:g}): a live worker would count as dead"
+            )
         return cls(
             redis_url=env_url("STEPWISE_REDIS_URL", ("redis", "rediss", "unix"), default=DEFAULT_REDIS_URL),
             storage_url=env_url("STEPWISE_STORAGE_URL", ("file", "s3"), default=default_storage_url()),
             s3_endpoint_url=env_url("STEPWISE_S3_ENDPOINT_URL", ("http", "https")),
             s3_public_endpoint_url=env_url("STEPWISE_S3_PUBLIC_URL", ("http", "https")),
             presign_expiry_seconds=env_positive_int("STEPWISE_PRESIGN_EXPIRY", 3600),
-            job_ttl_seconds=env_positive_int("STEPWISE_JOB_TTL", 7 * 24 * 3600),
+            job_ttl_seconds=job_ttl_seconds,
+            image_ttl_seconds=image_ttl_seconds,
             job_lease_seconds=env_positive_int("STEPWISE_JOB_LEASE_SECONDS", 60),
             storage_max_attempts=env_positive_int("STEPWISE_STORAGE_MAX_ATTEMPTS", 5),
-            heartbeat_interval=env_float("STEPWISE_HEARTBEAT_INTERVAL", 3.0),
-            worker_timeout=env_float("STEPWISE_WORKER_TIMEOUT", 15.0),
+            heartbeat_interval=heartbeat_interval,
+            worker_timeout=worker_timeout,
             model_retention=env_float("STEPWISE_MODEL_RETENTION", 3600.0),
             lora_url=env_url("STEPWISE_LORA_URL", ("file", "s3")) or "",
             lora_max_bytes=env_positive_int("STEPWISE_LORA_MAX_BYTES", MAX_LORA_BYTES),

@@ -86,3 +86,25 @@ def _forget(client: redis.Redis, keys: RedisKeys, tenant: str, job_ids: list[str
         for state in (None, *JobState):
             pipe.zrem(keys.tenant_index(tenant, state), *job_ids)
         pipe.execute()
+
+
+def tenant_totals(client: redis.Redis, keys: RedisKeys) -> dict[str, dict[str, int]]:
+    """tenant -> {"queued": n, "running": m} for every tenant with a job in either state now (an operator's
+    view: it scans the per-state index keys, so it is for /v1/admin and scrapes, not for the submit path)."""
+    totals: dict[str, dict[str, int]] = {}
+    for state in (JobState.QUEUED, JobState.RUNNING):
+        prefix = keys.tenant_index("", state)
+        names = [cast(str, name) for name in client.scan_iter(match=_glob_escape(prefix) + "*", count=500)]
+        with client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.zcard(name)
+            counts = pipe.execute()
+        for name, count in zip(names, counts):
+            if count:
+                tenant = (name.decode() if isinstance(name, bytes) else name)[len(prefix) :]
+                totals.setdefault(tenant, {"queued": 0, "running": 0})[state.value] = count
+    return dict(sorted(totals.items()))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)

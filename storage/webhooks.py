@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.job_record import JobRecord
 
-EVENTS = ("started", "completed", "failed", "canceled")
+EVENTS = ("started", "progress", "completed", "failed", "canceled")
 EVENT_FOR_STATE = {"running": "started", "succeeded": "completed", "failed": "failed", "canceled": "canceled"}
-assert set(EVENT_FOR_STATE.values()) == set(EVENTS)
+DEFAULT_EVENTS = tuple(event for event in EVENTS if event in EVENT_FOR_STATE.values())  # progress: when asked
+assert set(EVENTS) == {*DEFAULT_EVENTS, "progress"}
+PROGRESS_SECONDS = 1.0  # at most one progress event per job per this many seconds
 SECRET_PREFIX = "whsec_"
 DEFAULT_TOLERANCE_SECONDS = 5 * 60
 
@@ -113,6 +115,8 @@ def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls:
     gives them (`storage.public_urls`), never storage keys."""
     assert event in EVENTS, event
     data: dict[str, Any] = {"job_id": record.job_id, "state": record.state.value, "status_url": status_url}
+    if event == "progress":
+        data["progress"] = {"step": record.progress_step, "total": record.progress_total}
     if image_urls:
         data["image_urls"] = list(image_urls)
     if record.error_code or record.error_message:

@@ -7,7 +7,7 @@ import pytest
 import redis
 import requests
 
-from tests.servers import S3_TEST_ENV, MotoS3Server, RedisServer
+from tests.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +50,26 @@ def s3_bucket(s3_server, monkeypatch):
     name = f"stepwise-{os.urandom(4).hex()}"
     client = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1")
     client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def seaweed_server(tmp_path_factory):
+    """SeaweedFS's S3 server for the session: real signature, presigned-URL and credential checks."""
+    server = SeaweedS3Server(tmp_path_factory.mktemp("seaweed")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def seaweed_bucket(seaweed_server, monkeypatch):
+    """A fresh bucket on SeaweedFS; AWS_* variables set for boto3 in this process."""
+    for name, value in S3_TEST_ENV.items():
+        monkeypatch.setenv(name, value)
+    name = f"stepwise-{os.urandom(4).hex()}"
+    client = boto3.client("s3", endpoint_url=seaweed_server.endpoint_url, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    client.close()
     return name
 
 

@@ -1,4 +1,5 @@
-"""Real servers for tests: a redis-server and moto's S3 server, each on a free loopback port."""
+"""Real servers for tests, each on free loopback ports: a redis-server, moto's S3 server (where a test
+injects faults), and SeaweedFS (where real S3 behaviour matters: signatures, presigned URLs)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import redis
+
+from benchmarks.local_services import SeaweedS3Server  # noqa: F401 (the tests' real S3 server, shared)
 
 
 def free_port() -> int:

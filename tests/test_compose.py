@@ -1,8 +1,11 @@
-"""docker-compose.yml cannot run here (no Docker engine); check what can be checked statically."""
+"""docker-compose.yml cannot run here (no Docker engine); check what can be checked statically, the
+file itself against the compose specification."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,35 @@ def compose():
 
 
 def test_compose_defines_every_service_of_the_deployment(compose):
-    assert {"redis", "minio", "minio-init", "api", "worker", "flower"} <= set(compose["services"])
+    assert {"redis", "s3", "api", "worker", "flower"} <= set(compose["services"])
+
+
+def test_the_file_is_valid_against_the_compose_specification():
+    checker = Path(sys.executable).with_name("check-jsonschema")
+    result = subprocess.run(
+        [str(checker), "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_image_is_pinned_to_a_version(compose):
+    for name, service in compose["services"].items():
+        if "image" in service:
+            _, _, tag = service["image"].rpartition(":")
+            assert re.fullmatch(r"\d+(\.\d+)+", tag), f"{name}: {service['image']} is not pinned"
+
+
+def test_the_s3_server_is_seaweedfs_with_its_bucket_and_no_telemetry(compose):
+    s3 = compose["services"]["s3"]
+    assert s3["image"].startswith("chrislusf/seaweedfs:") and s3["command"][0] == "mini"
+    assert "-bucket=${STEPWISE_S3_BUCKET:-stepwise}" in s3["command"]
+    assert "-master.telemetry=false" in s3["command"] and "9000:9000" in s3["ports"]
+    assert (
+        s3["environment"]["AWS_SECRET_ACCESS_KEY"] == compose["services"]["api"]["environment"]["AWS_SECRET_ACCESS_KEY"]
+    )
 
 
 def test_redis_keeps_its_data_with_the_append_only_file(compose):
@@ -38,15 +69,19 @@ def test_api_and_worker_share_redis_and_s3_settings(compose):
         env = compose["services"][name]["environment"]
         assert env["STEPWISE_REDIS_URL"] == "redis://redis:6379/0"
         assert env["STEPWISE_STORAGE_URL"].startswith("s3://")
-        assert env["STEPWISE_S3_ENDPOINT_URL"] == "http://minio:9000"
+        assert env["STEPWISE_S3_ENDPOINT_URL"] == "http://s3:9000"
     assert "8000:8000" in compose["services"]["api"]["ports"]
 
 
-def test_the_bucket_is_created_before_api_and_worker_start(compose):
-    assert "mc mb" in compose["services"]["minio-init"]["command"][0]
+def test_the_bucket_exists_before_api_and_worker_start(compose):
+    assert compose["services"]["s3"]["healthcheck"]["test"]  # healthy: serving S3, bucket created
     for name in ("api", "worker"):
-        condition = compose["services"][name]["depends_on"]["minio-init"]["condition"]
-        assert condition == "service_completed_successfully"
+        assert compose["services"][name]["depends_on"]["s3"]["condition"] == "service_healthy"
+
+
+def test_the_api_serves_both_workers_models_by_configuration(compose):
+    models = compose["services"]["api"]["environment"]["STEPWISE_MODELS"]
+    assert "${STEPWISE_MODEL:-builtin:tiny}" in models and "${STEPWISE_MODEL_2:-builtin:small}" in models
 
 
 @pytest.mark.parametrize("service", ["api", "worker"])
@@ -92,9 +127,9 @@ def test_the_api_healthcheck_asks_readiness_and_the_worker_answers_a_celery_ping
     assert "inspect ping" in " ".join(compose["services"]["worker"]["healthcheck"]["test"])
 
 
-def test_flower_and_the_minio_console_are_reachable_from_this_host_only(compose):
+def test_flower_is_reachable_from_this_host_only(compose):
     published = {name: service.get("ports", []) for name, service in compose["services"].items()}
-    for port in ("5555", "9001"):
+    for port in ("5555",):
         bindings = [p for ports in published.values() for p in ports if p.split(":")[-1] == port]
         assert bindings and all(binding.startswith("127.0.0.1:") for binding in bindings), bindings
     assert "FLOWER_BASIC_AUTH" in compose["services"]["flower"]["environment"]
@@ -107,7 +142,7 @@ def test_presigned_urls_name_the_public_s3_endpoint_not_the_compose_host_name(co
     env = compose["services"]["api"]["environment"]
     assert env["STEPWISE_S3_PUBLIC_URL"].startswith("${STEPWISE_S3_PUBLIC_URL:-http://localhost:9000")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stepwise")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "change-me-minio")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "change-me-s3")
     settings = StorageSettings(
         storage_url="s3://stepwise/images",
         s3_endpoint_url=env["STEPWISE_S3_ENDPOINT_URL"],

@@ -7,6 +7,10 @@
 `drain` stops consuming its model's generate queue, pauses the engine's admission and sends jobs
 that have not started denoising back to the queue (another worker, or this one after
 `resume`, runs them); jobs already denoising finish. Webhook deliveries continue.
+
+A worker that runs no engine (webhook delivery only) answers each of them with a plain "ok" saying
+so, not an error: a fleet-wide `celery inspect engine_stats` or `control drain` reaches it too, and
+nothing is wrong with it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from worker.runtime import current_runtime
 
 log = logging.getLogger(__name__)
 
-NO_ENGINE = "this worker runs no engine (it does not consume its model's generate queue)"
+NO_ENGINE = {"ok": "no engine here: this worker only delivers webhooks"}
 
 
 @inspect_command()
@@ -29,7 +33,7 @@ def engine_stats(state) -> dict:
     """Running jobs per compatibility key, waiting jobs, rows per forward, steps per second, model."""
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
-        return {"error": NO_ENGINE}
+        return dict(NO_ENGINE)
     return runtime.stats()
 
 
@@ -38,7 +42,7 @@ def drain(state) -> dict:
     """Stop admitting new jobs; jobs already denoising finish."""
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
-        return {"error": NO_ENGINE}
+        return dict(NO_ENGINE)
     state.consumer.call_soon(state.consumer.cancel_task_queue, generate_queue)
     requeued = runtime.stop_admission()
     beat_now()
@@ -55,7 +59,7 @@ def resume(state) -> dict:
     """Admit new jobs again after `drain`."""
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
-        return {"error": NO_ENGINE}
+        return dict(NO_ENGINE)
     if runtime.is_shutting_down:
         return {"error": "this worker is shutting down"}
     runtime.resume_admission()

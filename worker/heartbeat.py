@@ -51,6 +51,8 @@ def family_limits(family: str) -> dict:
         "samplers": list(spec.samplers),
         "num_frames": [1],
         "supports_lora": spec.supports_lora,
+        "negative_prompt": spec.guidance_kind == "cfg",  # families with embedded guidance refuse one
+        "init_image": "start" if spec.references is None else "reference",  # img2img/inpainting, or a reference
     }
 
 
@@ -65,6 +67,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         capacity=settings.max_num_seqs,
         seen_at=time.time(),
         is_admitting=runtime.is_admitting and not runtime.is_shutting_down,
+        is_draining=not runtime.is_admitting and not runtime.is_shutting_down,
         defaults=family_defaults(family),
         limits=family_limits(family),
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
@@ -89,6 +92,8 @@ class HeartbeatThread:
             self.runtime.job_store.beat(current_heartbeat(self.runtime))
         except StorageError as e:
             log.warning("heartbeat not written (%s); trying again in %.0fs", e, self.interval)
+        except Exception:  # a silent worker counts as dead and loses its jobs: the thread must go on
+            log.exception("heartbeat not written; trying again in %.0fs", self.interval)
 
     def wake(self) -> None:
         """Beat now (admission changed)."""

@@ -2,32 +2,41 @@
 
 While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
 the job's Redis I/O there, never on the engine loop thread: it writes progress (at most once
-per `STEPWISE_PROGRESS_INTERVAL`) and notices a cancel request recorded by the API and passes it
-to the engine, which stops the job at its next step boundary. The job's lease is renewed by the
+per `STEPWISE_PROGRESS_INTERVAL`; the record's progress also goes on the job's event stream),
+queues a `progress` webhook when the job asked for one (at most once per second), and notices a
+cancel request recorded by the API and passes it to the engine, which stops the job at its next
+step boundary. The job's lease is renewed by the
 worker's `LeaseKeeper` (`worker.leases`), not here, so a long step cannot let it lapse.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from storage.errors import StorageError
+from storage.job_record import JobRecord
+from storage.webhooks import PROGRESS_SECONDS
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.runtime import WorkerRuntime
+from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
 
 
 class JobWatch:
-    def __init__(self, runtime: WorkerRuntime, active: ActiveJob) -> None:
+    def __init__(self, runtime: WorkerRuntime, active: ActiveJob, record: JobRecord) -> None:
         self.runtime = runtime
         self.active = active
+        self.record = record
+        self.wants_progress_webhooks = "progress" in record.webhook_events
         self.written_step = 0
         self.last_progress_write = 0.0
+        self.last_progress_webhook = 0.0
         self.is_store_failing = False  # log an outage once, not at every poll
 
     def wait(self) -> Any:
@@ -68,3 +77,6 @@ class JobWatch:
         self.runtime.job_store.set_progress(self.active.job_id, step, total)
         self.written_step = step
         self.last_progress_write = now
+        if self.wants_progress_webhooks and now - self.last_progress_webhook >= PROGRESS_SECONDS:
+            self.last_progress_webhook = now
+            emit_event(dataclasses.replace(self.record, progress_step=step, progress_total=total), "progress")

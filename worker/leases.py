@@ -17,20 +17,31 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from storage.errors import StorageError
 from storage.job_record import JobRecord
 from storage.job_store import JobStore
+from worker.dead_workers import DeadWorkerWatch
 
 log = logging.getLogger(__name__)
 
+DEAD_WORKER_CHECK_SECONDS = 1.0
+
 
 class LapsedLeaseSweeper:
-    def __init__(self, job_store: JobStore, enqueue: Callable[[JobRecord], None], interval: float) -> None:
+    def __init__(
+        self,
+        job_store: JobStore,
+        enqueue: Callable[[JobRecord], None],
+        interval: float,
+        dead_workers: DeadWorkerWatch | None = None,
+    ) -> None:
         self.job_store = job_store
         self.enqueue = enqueue
         self.interval = interval
+        self.dead_workers = dead_workers  # checked every DEAD_WORKER_CHECK_SECONDS
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepwise-lease-sweeper", daemon=True)
 
@@ -43,14 +54,23 @@ class LapsedLeaseSweeper:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        next_sweep = 0.0
         while not self._stopped.is_set():
-            try:
-                self.sweep()
-            except StorageError as e:
-                log.warning("lease sweep failed (%s); trying again in %.0fs", e, self.interval)
-            except Exception:  # the sweeper must outlive any one bad record
-                log.exception("lease sweep failed")
-            self._stopped.wait(self.interval)
+            if self.dead_workers is not None:
+                self._guarded("dead worker check", self.dead_workers.sweep)
+            if time.monotonic() >= next_sweep:
+                self._guarded("lease sweep", self.sweep)
+                next_sweep = time.monotonic() + self.interval
+            self._stopped.wait(min(self.interval, DEAD_WORKER_CHECK_SECONDS))
+
+    def _guarded(self, what: str, *calls: Callable[[], object]) -> None:
+        try:
+            for call in calls:
+                call()
+        except StorageError as e:
+            log.warning("%s failed (%s); trying again", what, e)
+        except Exception:  # the sweeper must outlive any one bad record
+            log.exception("%s failed", what)
 
     def sweep(self) -> list[str]:
         """Re-queue every job whose lease lapsed; returns their ids."""

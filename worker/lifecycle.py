@@ -3,9 +3,10 @@
 - `worker_init` (once, in the worker's main process, before it consumes anything): check the
   pool; make `-Q stepwise.generate` (the name before per-model queues, still what operators
   type) mean this worker's model queue; load the model into this process's engine, start the
-  metrics exporter, the heartbeat
-  and the lapsed lease sweeper. A worker that consumes only the webhook queue loads no model
-  and sends no heartbeat.
+  metrics exporter, the heartbeat and the lapsed lease sweeper (which also re-queues dead
+  workers' jobs, `worker.dead_workers`), and for a local image folder the image retention sweeper
+  (`worker.image_retention`). A worker that consumes only the webhook queue loads no model and
+  sends no heartbeat, but sweeps too.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
   ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
   Celery meanwhile stops consuming and waits for the task threads.
@@ -25,7 +26,9 @@ from celery.exceptions import ImproperlyConfigured
 from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 from worker import metrics
 from worker.app import generate_queue, settings
+from worker.dead_workers import DeadWorkerWatch
 from worker.heartbeat import start_heartbeat, stop_heartbeat
+from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
 from worker.queueing import send_generate
 from worker.runtime import current_runtime, start_runtime
@@ -33,6 +36,7 @@ from worker.runtime import current_runtime, start_runtime
 log = logging.getLogger(__name__)
 
 _sweeper: LapsedLeaseSweeper | None = None
+_image_sweeper: ImageRetentionSweeper | None = None
 
 
 def _pool_name(pool_cls: object) -> str:
@@ -58,7 +62,7 @@ def on_worker_init(sender, **_) -> None:
 
 
 def start(sender) -> None:
-    global _sweeper
+    global _sweeper, _image_sweeper
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:
         raise ImproperlyConfigured(
@@ -79,7 +83,16 @@ def start(sender) -> None:
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
-    _sweeper = LapsedLeaseSweeper(runtime.job_store, send_generate, settings.lease_sweep_interval).start()
+    dead_workers = DeadWorkerWatch(
+        runtime.job_store, send_generate, timeout=settings.storage.worker_timeout, own_worker_id=runtime.worker_id
+    )
+    _sweeper = LapsedLeaseSweeper(
+        runtime.job_store,
+        send_generate,
+        settings.lease_sweep_interval,
+        dead_workers=dead_workers,
+    ).start()
+    _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)
 
 
 @signals.worker_ready.connect
@@ -111,6 +124,8 @@ def on_worker_shutting_down(how: str = "Warm", **_) -> None:
 def on_worker_shutdown(**_) -> None:
     if _sweeper is not None:
         _sweeper.stop()
+    if _image_sweeper is not None:
+        _image_sweeper.stop()
     stop_heartbeat()
     runtime = current_runtime()
     if runtime is not None:

@@ -135,7 +135,7 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
 
 def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) -> str:
     job_id = record.job_id
-    watch = JobWatch(runtime, active)
+    watch = JobWatch(runtime, active, record)
     try:
         result = watch.wait()
     except JobCanceledError:
@@ -222,14 +222,20 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
 
 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
-    """From the job's creation until the engine admitted it: the broker's queue plus the engine's."""
-    return (record.started_at - record.created_at) + float(engine_timings.get("queue_wait", 0.0))
+    """Time spent waiting for a worker (over all attempts: never an earlier attempt's run time), plus the
+    engine's own wait on this attempt."""
+    queued = record.queued_seconds if record.queued_seconds is not None else record.started_at - record.created_at
+    return queued + float(engine_timings.get("queue_wait", 0.0))
 
 
 def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
     """Record the job's end state (only if this worker still holds it) and announce it."""
     runtime.leases.release(record.job_id)  # the end state replaces the lease
     if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
+        if patiently(runtime, runtime.job_store.was_deleted, record.job_id):
+            runtime.image_store.delete_job_images(record.job_id)  # what it stored before it learned it
+            log.info("job %s: deleted by its tenant while it ran; its images removed", record.job_id)
+            return "deleted"
         log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
         metrics.JOBS.labels("lease_lost").inc()
         return "lease lost"
@@ -249,7 +255,9 @@ def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
     runtime.leases.release(record.job_id)
     store = runtime.job_store
     job_id = record.job_id
-    if not patiently(runtime, store.release, job_id, runtime.worker_id):
+    reason = "worker_shutdown" if runtime.is_shutting_down else "worker_drained"
+    message = f"{runtime.worker_id}: {why}"
+    if not patiently(runtime, store.release, job_id, runtime.worker_id, reason, message):
         record = patiently(runtime, store.get, job_id)
         if record is not None and record.state is JobState.CANCELED:  # a cancel request won over the re-queue
             metrics.JOBS.labels("canceled").inc()

@@ -10,6 +10,10 @@ re-checks the URL against the webhook URL policy and connects to the addresses i
 name that re-resolves elsewhere since submit is caught; DNS rebinding), does not follow
 redirects, and is recorded on the job.
 Retries back off exponentially: `STEPWISE_WEBHOOK_BACKOFF` * 2**(attempt-1) seconds.
+
+`progress` events are queued at most once per second per job (worker.job_watch), and the latest
+wins: an attempt of a progress event is dropped once a newer one was queued for its job, or once
+the job has ended, so a lagging receiver never gets stale progress after fresher news.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ def emit_event(record: JobRecord, event: str) -> str | None:
         return None
     webhook_id = f"msg_{uuid.uuid4().hex}"
     try:
+        if event == "progress":
+            get_runtime().job_store.set_latest_progress_webhook(record.job_id, webhook_id)
         base_url = settings.public_url or ""  # without STEPWISE_PUBLIC_URL: paths on the API
         images = (
             public_urls.image_urls(base_url, record.job_id, record.image_keys, get_runtime().image_store)
@@ -102,6 +108,9 @@ def deliver_webhook(self, job_id: str, event: str, webhook_id: str, payload: dic
     if record is None or not record.webhook_url:
         log.info("webhook %s: job %s has no record or no webhook URL any more; dropped", webhook_id, job_id)
         return "dropped"
+    if event == "progress" and (record.state.is_terminal or store.latest_progress_webhook(job_id) != webhook_id):
+        log.info("webhook %s: a newer progress event of job %s, or its end, supersedes it; dropped", webhook_id, job_id)
+        return "superseded"
     outcome = post_once(record.webhook_url, webhook_id, payload, timeout=settings.webhook_timeout)
     store.add_webhook_attempt(
         job_id,

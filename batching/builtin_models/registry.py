@@ -34,11 +34,13 @@ BUILTIN_MODELS = {
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
-    "tiny-qwen-image": BuiltinModel(version="v1", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),
+    "tiny-qwen-image": BuiltinModel(version="v2", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),
     "tiny-qwen-image-edit": BuiltinModel(
-        version="v1", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
+        version="v2", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
     ),
     "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.builtins.sd3"),
+    "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.builtins.flux2"),
+    "tiny-flux2-klein": BuiltinModel(version="v1", family="flux2_klein", builder="batching.pipelines.builtins.flux2"),
     "shapes": BuiltinModel(
         version="v1",
         family="sd",
@@ -57,7 +59,7 @@ def builtin_names() -> list[str]:
 
 
 def builtin_family(model: str) -> str:
-    """The family of a built-in model ("sd", "sdxl", "flux", "zimage")."""
+    """The family of a built-in model (a key of batching.families.FAMILIES)."""
     return BUILTIN_MODELS[_short_name(model)].family
 
 

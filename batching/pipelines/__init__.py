@@ -12,8 +12,11 @@ import torch
 from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
+from batching.pipelines.flux2 import Flux2Adapter
+from batching.pipelines.flux2_klein import Flux2KleinAdapter
 from batching.pipelines.loading import model_source, pipeline_class_name
 from batching.pipelines.qwenimage import QwenImageAdapter
+from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
 from batching.pipelines.sd3 import StableDiffusion3Adapter
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -21,14 +24,19 @@ from batching.pipelines.zimage import ZImageAdapter
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "load_model", "resolve_device", "resolve_dtype"]
 
-AdapterClass = type[StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter]
+AdapterClass = type[
+    StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter | Flux2Adapter
+]
 ADAPTERS: tuple[AdapterClass, ...] = (
     StableDiffusionAdapter,
     StableDiffusionXLAdapter,
     FluxAdapter,
     ZImageAdapter,
     QwenImageAdapter,
+    QwenImageEditAdapter,
     StableDiffusion3Adapter,
+    Flux2Adapter,
+    Flux2KleinAdapter,
 )
 
 

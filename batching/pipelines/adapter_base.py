@@ -18,6 +18,8 @@ class AdapterBase(ImageLatentsMixin):
     # The diffusers pipeline classes (model_index.json `_class_name`) this adapter serves; it loads with the first.
     pipeline_classes: ClassVar[tuple[str, ...]]
     load_options: ClassVar[dict[str, Any]] = {}  # extra `from_pretrained` arguments of the family's pipeline
+    guidance_argument: ClassVar[str] = "guidance_scale"  # the argument of the family's pipeline that a job's
+    # guidance_scale is (the static-batching baseline calls the pipeline with it)
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model  # the name jobs ask for: "builtin:tiny", a folder, or a repo id

@@ -39,6 +39,7 @@ import torch
 from batching.params import GenerationParams
 
 if TYPE_CHECKING:
+    from batching.image_inputs import InputImages
     from batching.sample_tensors import SampleTensors
 
 Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
@@ -60,8 +61,8 @@ class ImageInputs(Protocol):
 
     has_mask_channels: bool  # the denoiser takes a mask and masked-image latents (an inpainting UNet; see
     # batching.image_start): every sample then carries them as per-row conditioning
-    edits_init_image: bool  # an edit model: a sample's init_image conditions its rows (the adapter's
-    # row_conditioning reads it) and the sample starts from noise, not from the image
+    edits_init_image: bool  # an edit model: a sample's init_image conditions its rows (`image_conditioning`)
+    # and the sample starts from noise, not from the image
 
     def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixels [n, 3, H, W] in [-1, 1] (images of one size) to the VAE's (mean, std), raw layout."""
@@ -87,6 +88,12 @@ class ImageInputs(Protocol):
 
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> Conditioning:
         """The per-row conditioning that carries a sample's mask channels (only with `has_mask_channels`)."""
+        ...
+
+    def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning | list[Conditioning]:
+        """With `edits_init_image`: what a sample's init image (decoded once at submit, as its family reads it)
+        adds to each of its rows' conditioning, over `row_conditioning`'s names: one dict for every row (FLUX.2:
+        its reference tokens), or one per row (Qwen-Image-Edit: each prompt encoded with the image)."""
         ...
 
 

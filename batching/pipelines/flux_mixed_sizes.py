@@ -66,7 +66,7 @@ class MixedSizeFluxAttnProcessor:
             query = torch.cat([attn.norm_added_q(text_query), query], dim=1)
             key = torch.cat([attn.norm_added_k(text_key), key], dim=1)
             value = torch.cat([text_value, value], dim=1)
-        query, key = _rotate(query, layout), _rotate(key, layout)
+        query, key = rotate(query, layout), rotate(key, layout)
         out = self._attention(query, key, value, attn_mask=layout.key_mask, backend=self.uniform._attention_backend)
         out = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
@@ -77,7 +77,7 @@ class MixedSizeFluxAttnProcessor:
         return out, attn.to_add_out(text_out.contiguous())
 
 
-def _rotate(x: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+def rotate(x: torch.Tensor, layout: RowLayout) -> torch.Tensor:
     """Rotary embedding with interleaved real/imaginary pairs (FLUX's layout), a table per row."""
     real, imaginary = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
     rotated = torch.stack([-imaginary, real], dim=-1).flatten(3)

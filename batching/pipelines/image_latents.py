@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from batching.image_inputs import InputImages
 from batching.params import GenerationParams
 from batching.pipelines.vae import encode_pixels, to_latent_space
 
@@ -66,6 +67,12 @@ class ImageLatentsMixin:
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> dict[str, torch.Tensor]:
         """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""
         raise NotImplementedError
+
+    def image_conditioning(
+        self, params: GenerationParams, images: InputImages
+    ) -> dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]:
+        """What an `edits_init_image` sample's init image adds to its rows (none, unless the family says)."""
+        return {}
 
     def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[1, c, h, w] in the VAE's layout to the denoiser's (the identity, except for packing families)."""

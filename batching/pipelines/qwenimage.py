@@ -42,6 +42,7 @@ TOKENIZER_MAX_LENGTH = 1024  # the pipeline's tokenizer_max_length (plus the tem
 class QwenImageAdapter(AdapterBase):
     family = "qwenimage"
     pipeline_classes = ("QwenImagePipeline",)
+    guidance_argument = "true_cfg_scale"
     max_rows_per_sample = 2
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -126,7 +127,7 @@ class QwenImageAdapter(AdapterBase):
             [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
         ]
         latents = list(batch.latents)  # per row [tokens, 64]
-        rows = self.image_tokens(latents, batch.conditioning)  # per row [all image tokens, 64]
+        rows = self.image_tokens(latents, batch)  # per row [all image tokens, 64]
         num_tokens = [row.shape[0] for row in rows]
         hidden = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [rows, most image tokens, 64]
         inputs: dict[str, Any] = dict(
@@ -149,7 +150,7 @@ class QwenImageAdapter(AdapterBase):
         outputs = [row[: own.shape[0]] for row, own in zip(predictions, latents)]  # each row's own image tokens
         return outputs if isinstance(batch.latents, list) else torch.stack(outputs)
 
-    def image_tokens(self, latents: list[torch.Tensor], conditioning: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
         """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
         return latents
 

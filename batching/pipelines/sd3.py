@@ -109,7 +109,7 @@ class StableDiffusion3Adapter(AdapterBase):
         return self.draw_noise(params, generator)
 
     def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
-        if self.spec.has_cfg(params.guidance_scale):
+        if self.spec.has_cfg(params.guidance_scale, params.negative_prompt):
             return [encoded[params.negative_prompt], encoded[params.prompt]]
         return [encoded[params.prompt]]
 

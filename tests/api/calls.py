@@ -7,13 +7,13 @@ import time
 import requests
 
 from storage.job_record import TERMINAL_STATE_NAMES
-from tests.api.processes import TENANT_KEYS, ApiProcess
+from tests.api.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess
 
 TERMINAL_STATES = TERMINAL_STATE_NAMES
 
 
 def auth(tenant: str = "alice") -> dict[str, str]:
-    return {"Authorization": f"Bearer {TENANT_KEYS[tenant]}"}
+    return {"Authorization": f"Bearer {TENANT_KEYS.get(tenant) or ADMIN_KEYS[tenant]}"}
 
 
 def submit(

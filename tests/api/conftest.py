@@ -7,7 +7,7 @@ from api.resources import get_task_queue
 from api.settings import ApiSettings
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
-from tests.api.processes import TENANT_KEYS, ApiProcess, WorkerProcess
+from tests.api.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess, WorkerProcess
 from tests.servers import RedisServer
 
 
@@ -27,7 +27,10 @@ def storage_url(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def api(module_redis, storage_url, tmp_path_factory):
     """`stepwise api` with three tenants (alice, bob, carol) and no worker: jobs stay queued."""
-    server = ApiProcess(tmp_path_factory.mktemp("api"), module_redis.url, storage_url).start()
+    # no worker: an OpenAI images call that passes validation would wait for nothing; it answers 504 soon
+    server = ApiProcess(
+        tmp_path_factory.mktemp("api"), module_redis.url, storage_url, STEPWISE_IMAGES_WAIT_SECONDS="0.2"
+    ).start()
     yield server
     server.stop()
 
@@ -46,6 +49,7 @@ def app(redis_url, tmp_path):
     for validation, auth and views, where no server process is needed."""
     settings = ApiSettings(
         api_keys=tuple(TENANT_KEYS.items()),
+        admin_api_keys=tuple(ADMIN_KEYS.items()),
         storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
         webhook_allow=AllowList.parse("127.0.0.1"),
         accept_unserved_models=True,  # no worker here: jobs for builtin:tiny queue, as for an autoscaled fleet

@@ -17,6 +17,7 @@ from tests.servers import child_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_KEYS = {"alice": "sk_test_alice", "bob": "sk_test_bob", "carol": "sk_test_carol"}
+ADMIN_KEYS = {"ops": "sk_test_ops_admin"}  # STEPWISE_ADMIN_API_KEYS: /metrics, /v1/admin
 WEBHOOK_SECRET = "whsec_" + "c3Rlc3dpc2UtdGVzdC13ZWJob29rLXNlY3JldA=="  # base64 of a test secret
 
 
@@ -83,6 +84,7 @@ class ApiProcess(ChildProcess):
             "STEPWISE_REDIS_URL": redis_url,
             "STEPWISE_STORAGE_URL": storage_url,
             "STEPWISE_API_KEYS": api_keys_setting(),
+            "STEPWISE_ADMIN_API_KEYS": ",".join(f"{tenant}:{key}" for tenant, key in ADMIN_KEYS.items()),
             "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
             "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET,
             "STEPWISE_VAR_DIR": str(tmp_dir / "var"),
@@ -116,6 +118,14 @@ class ApiProcess(ChildProcess):
 
     def start(self, timeout: float = 30.0) -> ApiProcess:
         super().start()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> ApiProcess:
+        """Start the process without waiting (start several, then `wait_ready` each)."""
+        super().start()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> ApiProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.assert_running()

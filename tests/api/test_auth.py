@@ -57,6 +57,13 @@ def test_another_tenants_jobs_are_not_listed(client):
     assert job["job_id"] not in {j["job_id"] for j in page["jobs"]}
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/openapi.json"])
 def test_operational_routes_need_no_key(api, http, path):
     assert http.get(f"{api.url}{path}", timeout=10).status_code == 200
+
+
+def test_metrics_need_an_admin_key(api, http):
+    assert http.get(f"{api.url}/metrics", timeout=10).status_code == 401
+    forbidden = http.get(f"{api.url}/metrics", headers=auth("alice"), timeout=10)
+    assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "forbidden"
+    assert http.get(f"{api.url}/metrics", headers=auth("ops"), timeout=10).status_code == 200

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from PIL import Image
 
 from api.errors import ApiError
 from api.fleet import Fleet
 from api.settings import ApiSettings
 from api.submission import validate_job
+from batching.image_inputs import to_data_uri
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
 
@@ -71,3 +75,34 @@ def test_a_qwen_image_job_without_guidance_gets_the_true_cfg_default_of_its_pipe
     job = validate({"prompt": "a fox", "model": "builtin:tiny-qwen-image", "negative_prompt": "blurry"})
 
     assert (job.params.guidance_scale, job.params.sampler, job.params.negative_prompt) == (4.0, "euler", "blurry")
+
+
+def picture_uri(width: int, height: int) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 80, 40)).save(buffer, format="PNG")
+    return to_data_uri(buffer.getvalue(), "image/png")
+
+
+def test_a_flux2_job_with_a_reference_image_refuses_start_image_fields_and_unusable_references(validate):
+    reference = picture_uri(64, 64)
+    for field, value in (("mask_image", reference), ("resize_mode", "stretch")):
+        with pytest.raises(ApiError) as error:
+            validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": reference, field: value})
+        assert (error.value.status, error.value.field) == (422, field)
+    with pytest.raises(ApiError) as error:  # under the pipeline's 64 pixels a side
+        validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(48, 64)})
+    assert (error.value.status, error.value.field) == (422, "init_image")
+
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-flux2", "init_image": picture_uri(72, 100)})
+    assert (job.params.width, job.params.height, job.params.strength) == (64, 96, 1.0)  # its size, cropped to 16s
+
+
+def test_an_edit_job_takes_an_image_of_any_size_and_without_a_size_gets_its_pipeline_s_size_for_it(validate):
+    job = {"prompt": "make it red", "model": "builtin:tiny-qwen-image-edit", "init_image": picture_uri(64, 48)}
+    sized = validate({**job, "width": 64, "height": 64})
+    with pytest.raises(ApiError) as unsized:
+        validate(job)
+
+    assert (sized.params.width, sized.params.height, sized.params.strength) == (64, 64, 1.0)
+    assert unsized.value.field == "height"
+    assert "1060864" in unsized.value.message, "1184x896 (4:3 at about 1024x1024): over a CPU worker's max_pixels"

@@ -187,3 +187,23 @@ def test_a_replayed_batch_returns_the_same_jobs(api, http):
     again = http.post(f"{api.url}/v1/jobs/batch", json=body, headers=headers, timeout=10).json()
 
     assert [r["job"]["job_id"] for r in again["results"]] == [r["job"]["job_id"] for r in first["results"]]
+
+
+def test_deleting_a_queued_job_cancels_and_removes_it_and_another_tenant_gets_404(api, http):
+    job = submit(http, api, BODY).json()
+
+    assert http.delete(job["status_url"], headers=auth("bob"), timeout=10).status_code == 404
+    assert http.delete(job["status_url"], headers=auth(), timeout=10).status_code == 204
+
+    assert get_job(http, api, job["job_id"]).status_code == 404
+    assert http.delete(job["status_url"], headers=auth(), timeout=10).status_code == 404
+    listed = http.get(f"{api.url}/v1/jobs", params={"limit": 100}, headers=auth(), timeout=10).json()["jobs"]
+    assert job["job_id"] not in {entry["job_id"] for entry in listed}
+
+
+def test_get_on_the_batch_route_is_405_with_the_methods_it_allows(client):
+    for method in ("GET", "DELETE", "OPTIONS"):
+        response = client.open("/v1/jobs/batch", method=method, headers=auth())
+
+        assert set(response.headers["Allow"].replace(" ", "").split(",")) == {"POST", "OPTIONS"}, method
+        assert response.status_code == (200 if method == "OPTIONS" else 405), method

@@ -70,7 +70,7 @@ def test_while_redis_is_down_the_api_answers_503_and_not_ready(own_redis, storag
         ]
         ready = http.get(f"{api.url}/readyz", timeout=10)
         alive = http.get(f"{api.url}/healthz", timeout=10)
-        metrics = http.get(f"{api.url}/metrics", timeout=10)
+        metrics = http.get(f"{api.url}/metrics", headers=auth("ops"), timeout=10)  # an environment key: no Redis
 
         assert [r.status_code for r in responses] == [503] * len(responses)
         assert all(r.json()["error"]["code"] == "unavailable" for r in responses)

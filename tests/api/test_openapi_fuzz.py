@@ -30,12 +30,15 @@ def api_schema(api):
     return schemathesis.openapi.from_url(f"{api.url}/openapi.json", timeout=10)
 
 
-# Routes without parameters or a body have no invalid input to generate.
+# Routes without parameters or a body have no invalid input to generate. A valid request to the OpenAI
+# images routes waits for its job, which this API's queue (no worker) never runs: only invalid ones.
+WAITING = {"/v1/images/generations", "/v1/images/edits"}
 CASES = [
     (path, method, mode)
     for path, method in sorted(ROUTES)
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-    if mode is GenerationMode.POSITIVE or path.startswith("/v1/")
+    if (mode is GenerationMode.POSITIVE or path.startswith("/v1/"))
+    and not (mode is GenerationMode.POSITIVE and path in WAITING)
 ]
 
 
@@ -46,9 +49,13 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_answer(api, api_sche
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
     def check(case):
+        if case.headers:
+            case.headers.pop("Prefer", None)  # a valid wait holds the answer for a worker this API has none of
         response = case.call(base_url=api.url, session=http, headers=auth(), timeout=15)
         if response.status_code == 400 and "Request Line is too large" in response.text:
             reject()  # gunicorn refuses request lines over 8190 bytes before the app sees them
+        if path in WAITING and response.status_code == 504:
+            reject()  # a mutation that left the request valid: its job waited for a worker there is none of
         case.validate_response(response, checks=CHECKS)
 
     check()

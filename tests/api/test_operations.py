@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 
-from tests.api.calls import submit
+from tests.api.calls import auth, submit
 
 ROUTES = {
     ("/v1/jobs", "post"),
     ("/v1/jobs", "get"),
     ("/v1/jobs/batch", "post"),
     ("/v1/jobs/{job_id}", "get"),
+    ("/v1/jobs/{job_id}", "delete"),
     ("/v1/jobs/{job_id}/cancel", "post"),
     ("/v1/jobs/{job_id}/image", "get"),
     ("/healthz", "get"),
@@ -18,11 +19,15 @@ ROUTES = {
     ("/metrics", "get"),
     ("/openapi.json", "get"),
     ("/v1/models", "get"),
+    ("/v1/admin/tenants", "get"),
     ("/v1/uploads", "post"),
     ("/v1/loras", "get"),
     ("/v1/loras/{name}", "put"),
     ("/v1/loras/{name}", "get"),
     ("/v1/loras/{name}", "delete"),
+    ("/v1/jobs/{job_id}/events", "get"),
+    ("/v1/images/generations", "post"),
+    ("/v1/images/edits", "post"),
 }
 
 
@@ -30,7 +35,13 @@ def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_w
     assert http.get(f"{api.url}/healthz", timeout=10).json() == {"status": "ok"}
     ready = http.get(f"{api.url}/readyz", timeout=10).json()
     assert ready["status"] == "ok" and ready["checks"] == {"redis": True, "storage": True}
-    assert ready["workers"] == {"seen_recently": False, "num_workers": 0, "available_models": [], "last_seen": None}
+    assert ready["workers"] == {
+        "seen_recently": False,
+        "num_workers": 0,
+        "num_draining": 0,
+        "available_models": [],
+        "last_seen": None,
+    }
     assert len(ready["warnings"]) == 1 and "no worker has been seen" in ready["warnings"][0]
 
 
@@ -39,7 +50,8 @@ def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):
     for _ in range(4):  # reach both API worker processes
         http.get(f"{api.url}/healthz", timeout=10)
 
-    text = http.get(f"{api.url}/metrics", timeout=10).text
+    text = http.get(f"{api.url}/metrics", headers=auth("ops"), timeout=10).text
+    assert "tenant" not in text  # no series names a tenant
 
     assert re.search(r'^stepwise_jobs\{state="queued"\} [1-9]', text, re.M)
     assert re.search(r"^stepwise_queue_depth [1-9]", text, re.M)

@@ -20,6 +20,7 @@ class Delivery:
     headers: dict[str, str]  # lowercased names
     body: bytes
     status: int  # what the receiver answered
+    received_at: float = 0.0  # time.monotonic() on arrival
 
     @property
     def payload(self) -> dict:
@@ -40,7 +41,9 @@ class WebhookReceiver:
                 status = receiver._status_for(self.path)
                 with receiver._lock:
                     receiver.deliveries.append(
-                        Delivery(self.path, {k.lower(): v for k, v in self.headers.items()}, body, status)
+                        Delivery(
+                            self.path, {k.lower(): v for k, v in self.headers.items()}, body, status, time.monotonic()
+                        )
                     )
                 self.send_response(status)
                 if status == 302:

@@ -83,7 +83,7 @@ def own_pipeline_image(pipeline, params: GenerationParams, guidance_name: str = 
     if params.negative_prompt:
         inputs["negative_prompt"] = params.negative_prompt
     return pipeline(
-        prompt=params.prompt,
+        prompt=params.prompt,  # by name: Flux2Pipeline's first argument is its reference image
         height=params.height,
         width=params.width,
         num_inference_steps=params.num_inference_steps,

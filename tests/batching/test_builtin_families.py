@@ -1,4 +1,4 @@
-"""The built-in SDXL, FLUX, Z-Image and SD3 models: built offline, reproducible, and usable by diffusers itself."""
+"""The built-in models of every family but SD: built offline, reproducible, and usable by diffusers itself."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import (
+    Flux2Pipeline,
     FluxPipeline,
     QwenImagePipeline,
     StableDiffusion3Pipeline,
@@ -43,6 +44,7 @@ CASES = [
     FamilyCase("builtin:tiny-zimage", "zimage", ZImagePipeline, 64),
     FamilyCase("builtin:tiny-qwen-image", "qwenimage", QwenImagePipeline, 64),
     FamilyCase("builtin:tiny-sd3", "sd3", StableDiffusion3Pipeline, 64),
+    FamilyCase("builtin:tiny-flux2", "flux2", Flux2Pipeline, 64),
 ]
 
 
@@ -57,7 +59,7 @@ def _weights(pipeline) -> dict[str, torch.Tensor]:
 
 def _generate(pipeline, case: FamilyCase, prompt: str) -> np.ndarray:
     image = pipeline(
-        prompt,
+        prompt=prompt,  # by name: Flux2Pipeline's first argument is its reference image
         num_inference_steps=4,
         height=case.size,
         width=case.size,

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from transformers import Qwen2Tokenizer, T5TokenizerFast
+from transformers import AutoTokenizer, Qwen2Tokenizer, T5TokenizerFast
 
-from batching.assets import make_qwen_tokenizer, make_qwen_vl_tokenizer, make_t5_tokenizer, make_tokenizer
+from batching.assets import (
+    make_mistral_tokenizer,
+    make_qwen_tokenizer,
+    make_qwen_vl_tokenizer,
+    make_t5_tokenizer,
+    make_tokenizer,
+)
 
 
 @pytest.mark.parametrize(
     "generator",
-    [make_t5_tokenizer, make_qwen_tokenizer, make_qwen_vl_tokenizer],
+    [make_t5_tokenizer, make_qwen_tokenizer, make_qwen_vl_tokenizer, make_mistral_tokenizer],
     ids=lambda module: module.__name__.rsplit(".", 1)[-1],
 )
 def test_each_shipped_tokenizer_is_what_its_script_generates(generator, tmp_path):
@@ -49,10 +55,36 @@ def test_the_qwen_tokenizer_renders_the_chat_prompt_zimage_encodes_and_pads_on_t
     assert encoded.attention_mask == [1] * 11 + [0] * 5
 
 
+def test_the_mistral_tokenizer_renders_flux2s_system_message_and_prompt_as_mistral_small_does():
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+
+    tokenizer = AutoTokenizer.from_pretrained(make_mistral_tokenizer.OUT_DIR, local_files_only=True)
+    conversation = format_input(["a red fox"])  # what Flux2Pipeline sends: its system message, then the prompt
+
+    text = tokenizer.apply_chat_template(conversation[0], tokenize=False)
+    encoded = tokenizer.apply_chat_template(
+        conversation, tokenize=True, return_dict=True, padding="max_length", truncation=True, max_length=40
+    )
+
+    assert text.startswith("<s>[SYSTEM_PROMPT]You are an AI") and text.endswith(
+        "[/SYSTEM_PROMPT][INST]a red fox[/INST]"
+    )
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    num_system_tokens = tokens.index("[/SYSTEM_PROMPT]") + 1
+    assert num_system_tokens < 32, "the system message's words are whole tokens"
+    assert tokens[num_system_tokens : num_system_tokens + 5] == ["[INST]", "a", "Ġred", "Ġfox", "[/INST]"]
+    assert tokens[num_system_tokens + 5 :] == ["<pad>"] * (40 - num_system_tokens - 5)
+    assert sum(encoded["attention_mask"][0]) == num_system_tokens + 5
+
+
 @pytest.mark.parametrize(
     "out_dir, tokenizer_class",
-    [(make_t5_tokenizer.OUT_DIR, T5TokenizerFast), (make_qwen_tokenizer.OUT_DIR, Qwen2Tokenizer)],
-    ids=["t5", "qwen"],
+    [
+        (make_t5_tokenizer.OUT_DIR, T5TokenizerFast),
+        (make_qwen_tokenizer.OUT_DIR, Qwen2Tokenizer),
+        (make_mistral_tokenizer.OUT_DIR, AutoTokenizer),
+    ],
+    ids=["t5", "qwen", "mistral"],
 )
 def test_every_word_of_the_prompt_vocabulary_is_one_token(out_dir, tokenizer_class):
     tokenizer = tokenizer_class.from_pretrained(out_dir, local_files_only=True)

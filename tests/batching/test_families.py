@@ -46,6 +46,7 @@ FAMILIES = [
         "qwenimage", "builtin:tiny-qwen-image", "QwenImagePipeline", (4.0, 1.0, 6.0, 2.0), "blurry", "true_cfg_scale"
     ),
     Family("sd3", "builtin:tiny-sd3", "StableDiffusion3Pipeline", (7.0, 1.0, 8.0, 3.0), "blurry"),
+    Family("flux2", "builtin:tiny-flux2", "Flux2Pipeline", (4.0, 1.0, 6.0, 2.0), ""),
 ]
 
 
@@ -149,11 +150,16 @@ def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engin
         ("builtin:tiny-qwen-image", "sampler", "ddim"),
         ("builtin:tiny-qwen-image", "height", 72),
         ("builtin:tiny-qwen-image", "guidance_scale", 51.0),
+        ("builtin:tiny-qwen-image", "num_inference_steps", 1),  # its terminal shift needs two steps
         ("builtin:tiny-qwen-image", "init_image", TINY_PNG),  # its img2img pipeline is not served yet
         ("builtin:tiny-qwen-image-edit", "init_image", None),  # an edit job needs the image to edit
         ("builtin:tiny-sd3", "sampler", "dpmpp_2m"),
         ("builtin:tiny-sd3", "width", 72),  # the VAE's 8 x the 2x2 patches
         ("builtin:tiny-sd3", "guidance_scale", 60.0),
+        ("builtin:tiny-flux2", "sampler", "euler_ancestral"),
+        ("builtin:tiny-flux2", "height", 72),
+        ("builtin:tiny-flux2", "guidance_scale", 25.0),
+        ("builtin:tiny-flux2", "negative_prompt", "blurry"),
     ],
 )
 def test_params_a_family_does_not_support_are_refused_naming_the_field(model, field, value):
@@ -218,6 +224,7 @@ def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[Generati
         ("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
         ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)),
         ("builtin:tiny-sd3", (7.0, 1.0, 2.0, 5.0)),
+        ("builtin:tiny-flux2", (4.0, 1.0, 2.0, 5.0)),
     ],
 )
 def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):
@@ -242,10 +249,13 @@ def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_al
         batched.shutdown(abort=True)
 
 
-def test_flux_in_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_batched():
-    params_list = mixed_size_params("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0))
+@pytest.mark.parametrize(
+    "model, guidances", [("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)), ("builtin:tiny-sd3", (7.0, 1.0, 2.0, 5.0))]
+)
+def test_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_batched(model, guidances):
+    params_list = mixed_size_params(model, guidances)
     engine = DiffusionEngine(
-        EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=4, max_num_groups=4, deterministic=True)
+        EngineConfig(model=model, device="cpu", max_num_seqs=4, max_num_groups=4, deterministic=True)
     )
     try:
         alone = run_alone(engine, params_list)

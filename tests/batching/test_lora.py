@@ -139,7 +139,14 @@ def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_f
 
 @pytest.mark.parametrize(
     "model",
-    ["builtin:tiny-sdxl", "builtin:tiny-flux", "builtin:tiny-zimage", "builtin:tiny-sd3", "builtin:tiny-qwen-image"],
+    [
+        "builtin:tiny-sdxl",
+        "builtin:tiny-flux",
+        "builtin:tiny-zimage",
+        "builtin:tiny-sd3",
+        "builtin:tiny-qwen-image",
+        "builtin:tiny-flux2",
+    ],
 )
 def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alone(model, tmp_path):
     for seed, name in enumerate(ADAPTERS):

@@ -89,6 +89,19 @@ def test_generate_works_for_every_family_built_in(tmp_path, model):
         assert image.size == (96, 64)
 
 
+def test_generate_draws_flux2_and_takes_an_init_image_as_its_reference_at_the_images_size(tmp_path):
+    first, edited = tmp_path / "fox.png", tmp_path / "edited.png"
+    Image.new("RGB", (96, 64), (200, 90, 30)).save(first)
+    options = ["--model", "builtin:tiny-flux2", "--prompt", "the fox in snow", "--seed", "3", "--steps", "2"]
+    options += ["--device", "cpu", "--init-image", str(first), "--out", str(edited)]
+
+    code = main(["generate", *options])
+
+    assert code == 0
+    with Image.open(edited) as image:
+        assert image.size == (96, 64), "the reference image's size"
+
+
 def test_generate_refuses_a_size_the_family_does_not_allow_naming_the_flag(tmp_path, capsys):
     code = main(
         [

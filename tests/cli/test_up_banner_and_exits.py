@@ -4,7 +4,11 @@ settings refused before any child starts, and what it says when a child exits on
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from api.settings import ApiSettings
+from batching.shapes.vocabulary import parse_prompt
 from stepwise_cli import up
-from stepwise_cli.supervisor import ServiceError, Supervisor, mask_password, mask_urls
+from stepwise_cli.client import ApiTarget, save_local_target
+from stepwise_cli.supervisor import MAX_FAST_FAILURES, ServiceError, Supervisor, mask_password, mask_urls
+from tests.servers import free_port
 
 CONFIGURED_KEY = "sk_configured_by_the_operator_0123456789"
 REDIS_PASSWORD = "s3cret-redis-pw"
@@ -102,13 +109,13 @@ def test_a_bad_setting_stops_up_before_any_child_starts_with_one_line_naming_it(
     assert os.environ["STEPWISE_WEBHOOK_SECRET"] == "whsec_change-me"  # up's own environment is restored
 
 
-def test_a_child_that_exits_with_status_0_is_reported_with_what_it_said_last():
+def test_a_child_that_keeps_failing_right_after_starting_is_given_up_on_saying_why_and_what_it_said_last():
     supervisor = Supervisor()
     supervisor.start(
         "worker", [sys.executable, "-c", "print('loading'); print('worker: nothing to do, bye')"], dict(os.environ)
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         with pytest.raises(ServiceError) as raised:
             while time.monotonic() < deadline:
                 supervisor.sleep(0.05)
@@ -118,3 +125,65 @@ def test_a_child_that_exits_with_status_0_is_reported_with_what_it_said_last():
     message = str(raised.value)
     assert "worker exited with status 0 although nothing asked it to stop" in message
     assert "worker: nothing to do, bye" in message
+    assert f"failed {MAX_FAST_FAILURES} times in a row" in message
+
+
+def test_a_killed_child_is_restarted_after_a_backoff_and_runs_again(capsys):
+    supervisor = Supervisor()
+    child = supervisor.start(
+        "api", [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(120)"], dict(os.environ)
+    )
+    first_pid = child.process.pid
+    try:
+        os.kill(first_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while child.process.pid == first_pid or child.process.poll() is not None:
+            assert time.monotonic() < deadline, capsys.readouterr().out
+            supervisor.sleep(0.05)
+    finally:
+        supervisor.stop_all()
+
+    said = capsys.readouterr().out
+    assert "api was killed by SIGKILL" in said and "restarting it in 1s" in said
+    assert f"restarted api (pid {child.process.pid})" in said
+
+
+def test_the_embedded_redis_keeps_the_port_an_earlier_up_saved_unless_it_is_taken(tmp_path):
+    port = free_port()
+    save_local_target(tmp_path, ApiTarget("http://127.0.0.1:8000", "sk_k"), redis_url="redis://x", redis_port=port)
+
+    assert up.embedded_redis_port(None, tmp_path) == (port, None)
+    assert up.embedded_redis_port(6390, tmp_path) == (6390, None)  # --redis-port wins
+    with socket.create_server(("127.0.0.1", port)):
+        other, note = up.embedded_redis_port(None, tmp_path)
+    assert other != port and f"port {port}" in note and "stepwise.json" in note
+
+
+def test_the_banner_names_the_page_and_a_prompt_the_served_model_draws(tmp_path):
+    text = make_banner(up.ApiKeyChoice("sk_generated", is_generated=True), "redis://127.0.0.1:6380/0", tmp_path)
+    assert "page:     http://127.0.0.1:8000/" in text
+    assert up.suggested_prompt("builtin:shapes") == "a red circle on a blue background"
+    assert parse_prompt(up.suggested_prompt("builtin:shapes")) is not None  # one the shapes model draws
+
+
+def test_the_banners_curl_hint_sends_the_key_when_pasted_into_a_shell(tmp_path):
+    text = make_banner(up.ApiKeyChoice("sk_configured", is_generated=False), "redis://127.0.0.1:6380/0", tmp_path)
+    hint = text[text.index("curl ") : text.index("/v1/jobs") + len("/v1/jobs")]
+    # A stand-in curl that prints the arguments the shell gave it.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "curl").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    (fake_bin / "curl").chmod(0o755)
+
+    result = subprocess.run(
+        ["bash", "-c", hint],
+        env={"PATH": f"{fake_bin}:/usr/bin:/bin", "STEPWISE_API_KEY": "sk_from_the_shell"},
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+
+    arguments = result.stdout.splitlines()
+    assert "Authorization: Bearer sk_from_the_shell" in arguments, result
+    body = json.loads(arguments[arguments.index("-d") + 1])
+    assert body == {"prompt": up.suggested_prompt("builtin:tiny")}

@@ -12,14 +12,17 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
 import pytest
+import requests
 from PIL import Image
 
 from storage.job_store import JobStore
 from tests.servers import child_env, free_port, wait_until_gone
+from tests.worker.cluster import wait_for
 
 STARTUP_TIMEOUT = 240
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
@@ -309,6 +312,7 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
             assert len(entry["images"]) == 1 and Path(entry["images"][0]).is_file()
     assert len({entry["job_id"] for entry in results.values() if entry["job_id"]}) == num_valid
     assert "45 succeeded, 5 failed" in second.stderr
+    assert re.search(r"^backfill: \d+/50 rows, .* rows/s", second.stderr, re.M)  # progress in a log, not a bar
 
 
 def readme_block(containing: str) -> str:
@@ -334,6 +338,66 @@ def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):
     saved_as = re.findall(r"-o (\S+\.png)", script)[-1]  # the file the tour tells the user to open
     with Image.open(up.workdir / saved_as) as image:
         assert image.format == "PNG"
+
+
+def test_the_banners_curl_hint_pasted_into_a_shell_queues_a_job(up, tmp_path):
+    log = up.log_path.read_text()
+    hint = log[log.index("curl -H") : log.index("/v1/jobs", log.index("curl -H")) + len("/v1/jobs")]
+    hint = re.sub(r"\n\[up\] ", "\n", hint)  # as the terminal shows it, without the [up] prefix up adds
+
+    result = subprocess.run(["bash", "-c", hint], env=child_env(), capture_output=True, text=True, timeout=30)
+
+    assert result.returncode == 0, result
+    job = json.loads(result.stdout)
+    assert job["state"] == "queued", result.stdout
+    api_call(up, "POST", f"/v1/jobs/{job['job_id']}/cancel")  # a default-size job: leave the worker to the others
+
+
+def api_call(up: UpProcess, method: str, path: str, **kwargs) -> dict:
+    saved = json.loads((up.var_dir / "stepwise.json").read_text())
+    response = requests.request(
+        method, saved["api_url"] + path, headers={"Authorization": f"Bearer {saved['api_key']}"}, timeout=10, **kwargs
+    )
+    assert response.status_code < 300, response.text
+    return response.json()
+
+
+def test_a_sigkilled_worker_is_restarted_and_its_job_requeued_from_its_heartbeat_within_15s(up):
+    body = {"prompt": "survives a SIGKILL", "height": 64, "width": 64, "num_inference_steps": 30, "guidance_scale": 1}
+    job_id = api_call(up, "POST", "/v1/jobs", json=body)["job_id"]
+    first = wait_for(
+        lambda: (view := api_call(up, "GET", f"/v1/jobs/{job_id}"))["progress"]["step"] >= 1 and view,
+        120,
+        lambda: f"job {job_id} to be running:\n{up.log()}",
+        interval=0.05,
+    )
+    worker = next(  # the generating worker, not the webhook one
+        p
+        for p in psutil.Process(up.process.pid).children()
+        if "worker" in p.cmdline() and "--queues" not in p.cmdline()
+    )
+
+    worker.kill()
+    killed_at = time.time()
+    requeued = wait_for(
+        lambda: (view := api_call(up, "GET", f"/v1/jobs/{job_id}"))["requeued"] and view,
+        60,
+        lambda: f"job {job_id} to be re-queued:\n{up.log()}",
+    )
+    done = wait_for(
+        lambda: (view := api_call(up, "GET", f"/v1/jobs/{job_id}"))["state"] == "succeeded" and view,
+        240,
+        lambda: f"job {job_id} to succeed:\n{up.log()}",
+        interval=0.5,
+    )
+
+    requeued_at = datetime.fromisoformat(requeued["requeued"]["at"]).timestamp()
+    assert requeued_at - killed_at < 15, requeued_at - killed_at
+    assert requeued["requeued"]["reason"] == "worker_lost" and requeued["attempts"] == 1
+    assert done["attempts"] == 2 and done["started_at"] == first["started_at"]
+    first_run = requeued_at - datetime.fromisoformat(first["started_at"]).timestamp()
+    assert done["timings"]["queue_wait"] < done["timings"]["total"] - first_run
+    assert "worker was killed by SIGKILL" in up.log() and "restarted worker" in up.log()
 
 
 def test_sigterm_stops_every_child_and_leaves_no_process(up):

@@ -1,4 +1,4 @@
-"""`stepwise up` as a supervisor: an external Redis, a missing redis-server, a child that dies."""
+"""`stepwise up` as a supervisor: an external Redis, a missing redis-server, a child that dies and is restarted."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import sys
 import time
 
 import psutil
+import requests
 
 from tests.servers import child_env, free_port, wait_until_gone
+from tests.worker.cluster import wait_for
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 
@@ -30,12 +32,13 @@ def test_a_missing_redis_server_is_explained_with_how_to_install_it(tmp_path):
     assert "apt-get install redis-server" in result.stderr
 
 
-def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everything(redis_url, tmp_path):
+def test_with_an_external_redis_up_starts_none_and_restarts_a_child_that_was_killed(redis_url, tmp_path):
     var_dir = tmp_path / "var"
     log_path = tmp_path / "up.log"
+    port = free_port()
     with log_path.open("wb") as log:
         up = subprocess.Popen(
-            [*STEPWISE, "up", "--port", str(free_port()), "--var-dir", str(var_dir), "--api-workers", "1"],
+            [*STEPWISE, "up", "--port", str(port), "--var-dir", str(var_dir), "--api-workers", "1"],
             cwd=tmp_path,
             env=child_env(STEPWISE_REDIS_URL=redis_url, STEPWISE_SHUTDOWN_GRACE="5", STEPWISE_MODEL="builtin:tiny"),
             stdout=log,
@@ -54,10 +57,18 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
 
         api = next(child for child in psutil.Process(up.pid).children() if " api " in " ".join(child.cmdline()) + " ")
         api.send_signal(signal.SIGKILL)
-        assert up.wait(90) == 1
+        wait_for(
+            lambda: "restarted api" in log_path.read_text() and answers(f"http://127.0.0.1:{port}/healthz"),
+            90,
+            lambda: f"the API to be restarted and answer again:\n{log_path.read_text()[-3000:]}",
+        )
+        assert "api was killed by SIGKILL" in log_path.read_text() and up.poll() is None
+
+        children = psutil.Process(up.pid).children(recursive=True)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(90) == 0
         alive = wait_until_gone(children, timeout=10)
         assert not alive, [child.cmdline() for child in alive]
-        assert "api was killed by SIGKILL" in log_path.read_text()
     finally:
         if up.poll() is None:
             up.kill()
@@ -65,3 +76,10 @@ def test_with_an_external_redis_up_starts_none_and_a_dying_child_stops_everythin
         for child in children:
             if child.is_running():
                 child.kill()
+
+
+def answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False

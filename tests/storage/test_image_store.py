@@ -1,18 +1,20 @@
-"""The same assertions against the local folder and S3 (moto's server over real HTTP), then S3's
-own concerns: content type, presigned URLs and retries of transient failures."""
+"""The same assertions against the local folder and S3 (SeaweedFS over real HTTP), then S3's own
+concerns: content type, presigned URLs (expiry and tampering, which SeaweedFS checks as S3 does),
+credentials, and retries of transient failures (moto's server, where the tests inject the faults)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+import urllib.error
 import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import pytest
 
-from storage.errors import ImageNotFoundError, StorageUnavailableError
+from storage.errors import ImageNotFoundError, StorageError, StorageUnavailableError
 from storage.image_store import RetryPolicy, open_image_store
 from storage.local_image_store import LocalImageStore
 from storage.s3_image_store import S3ImageStore
@@ -36,8 +38,8 @@ def image_store(request, tmp_path):
     if request.param == "local":
         settings = StorageSettings(storage_url=(tmp_path / "images").as_uri())
     else:
-        bucket = request.getfixturevalue("s3_bucket")
-        settings = s3_settings(request.getfixturevalue("s3_server").endpoint_url, bucket)
+        bucket = request.getfixturevalue("seaweed_bucket")
+        settings = s3_settings(request.getfixturevalue("seaweed_server").endpoint_url, bucket)
     store = open_image_store(settings)
     yield store
     store.close()
@@ -138,28 +140,67 @@ def test_a_local_key_cannot_leave_the_image_folder(tmp_path):
             store.put_image(key, png_bytes(), {})
 
 
-def test_a_presigned_url_downloads_the_image_over_http(s3_store):
-    key = s3_store.key_for("job1", 0)
-    data = png_bytes()
-    s3_store.put_image(key, data, METADATA)
+@pytest.fixture
+def real_s3_store(seaweed_server, seaweed_bucket):
+    store = open_image_store(s3_settings(seaweed_server.endpoint_url, seaweed_bucket))
+    yield store
+    store.close()
 
-    url = s3_store.presigned_url(key)
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_presigned_url_downloads_the_image_over_http(real_s3_store):
+    key = real_s3_store.key_for("job1", 0)
+    data = png_bytes()
+    real_s3_store.put_image(key, data, METADATA)
+
+    url = real_s3_store.presigned_url(key)
 
     with urllib.request.urlopen(url, timeout=10) as response:
         assert response.read() == data
         assert response.headers["Content-Type"] == "image/png"
 
 
-def test_a_presigned_url_expires_after_the_configured_time(s3_server, s3_bucket):
-    # moto does not enforce expiry, so this checks what the URL asks S3 to enforce.
-    store = open_image_store(s3_settings(s3_server.endpoint_url, s3_bucket, presign_expiry_seconds=900))
+def test_a_presigned_url_is_refused_once_it_expired(seaweed_server, seaweed_bucket):
+    store = open_image_store(s3_settings(seaweed_server.endpoint_url, seaweed_bucket, presign_expiry_seconds=900))
     key = store.key_for("job1", 0)
+    store.put_image(key, png_bytes(), METADATA)
+    assert parse_qs(urlsplit(store.presigned_url(key)).query)["X-Amz-Expires"] == ["900"]
 
-    def expires(url: str) -> str:
-        return parse_qs(urlsplit(url).query)["X-Amz-Expires"][0]
+    short = store.presigned_url(key, expiry=1)
+    assert http_status(short) == 200
+    deadline = time.monotonic() + 15
+    while http_status(short) != 403:  # S3 counts whole seconds: refused from the second after expiry
+        assert time.monotonic() < deadline, "an expired presigned URL still served the image"
+        time.sleep(0.2)
+    assert http_status(store.presigned_url(key)) == 200
+    store.close()
 
-    assert expires(store.presigned_url(key)) == "900"
-    assert expires(store.presigned_url(key, expiry=60)) == "60"
+
+def test_a_tampered_presigned_url_is_refused(real_s3_store):
+    for index in range(2):
+        real_s3_store.put_image(real_s3_store.key_for("job1", index), png_bytes(), METADATA)
+    url = real_s3_store.presigned_url(real_s3_store.key_for("job1", 0))
+
+    assert http_status(url.replace("job1/0.png", "job1/1.png")) == 403  # another object with this signature
+    assert http_status(url.replace("X-Amz-Expires=3600", "X-Amz-Expires=7200")) == 403  # a longer life
+
+
+def test_a_wrong_secret_is_refused_without_retrying_and_ping_says_so(seaweed_server, seaweed_bucket, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    store = open_image_store(s3_settings(seaweed_server.endpoint_url, seaweed_bucket), retry=QUICK_RETRY)
+
+    with pytest.raises(StorageError, match="SignatureDoesNotMatch|AccessDenied|403") as raised:
+        store.put_image(store.key_for("job1", 0), png_bytes(), METADATA)
+    assert not isinstance(raised.value, StorageUnavailableError)  # a setting to fix, not an outage to wait out
+    assert store.ping() is False
+    store.close()
 
 
 def test_ping_is_false_for_a_bucket_that_does_not_exist(s3_server, s3_bucket):

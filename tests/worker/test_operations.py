@@ -105,3 +105,17 @@ def listening_addresses(port: int) -> set[str]:
 def test_worker_metrics_listen_on_loopback_unless_exposed_on_purpose(main_worker):
     """The exporter has no authentication: STEPWISE_WORKER_METRICS_HOST=0.0.0.0 exposes it, nothing else."""
     assert listening_addresses(main_worker.metrics_port) == {"127.0.0.1"}
+
+
+def test_a_worker_without_an_engine_answers_inspect_and_control_with_a_plain_ok_not_an_error(s3_cluster):
+    webhooks = s3_cluster.start_worker(
+        "webhooks-only", via_stepwise=True, stepwise_args=("--queues", "stepwise.webhooks")
+    )
+    try:
+        for command in (("inspect", "engine_stats"), ("control", "drain"), ("control", "resume")):
+            result = s3_cluster.celery_cli(*command, "-d", webhooks.name, "-t", "10")
+
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "ERROR" not in result.stdout and "no engine here" in result.stdout, result.stdout
+    finally:
+        webhooks.stop()

@@ -46,11 +46,13 @@ def test_a_killed_workers_job_is_requeued_when_its_lease_lapses_and_runs_to_the_
     job_id = folder_cluster.submit(long_params(prompt="survives a SIGKILL"))
     folder_cluster.wait_for_progress(job_id, min_step=1)
 
+    first = folder_cluster.store.get(job_id)
     doomed.stop(signal.SIGKILL)
     folder_cluster.start_worker("rescuer", **FAST_LEASES)
 
     record = folder_cluster.wait_for_end(job_id)
     assert record.state is JobState.SUCCEEDED and record.attempts == 2
+    assert record.requeue_reason == "lease_expired" and record.started_at == first.started_at
 
     # The killed worker's message is still unacknowledged in Redis (back after the visibility
     # timeout); the same message delivered now stands in for that redelivery and must do nothing.

@@ -1,0 +1,149 @@
+"""The OpenAI images API: `POST /v1/images/generations` (JSON) and `POST /v1/images/edits` (multipart).
+
+What chat front-ends and the official `openai` SDKs speak, over the same API keys, validation,
+limits, queue and priorities as `POST /v1/jobs`: a request becomes one job (`n` images are its
+`num_images`) through the same code (api.submission), then the call waits for the job like
+`Prefer: wait` (up to STEPWISE_IMAGES_WAIT_SECONDS, without holding a request thread: api.live)
+and answers `{"created", "data": [{"b64_json"} or {"url"}], "output_format", "size"}`, or an error
+in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` (docs/api.md#openai-images-api).
+
+Fields (api.openai_fields): OpenAI's are translated (`size` WxH, `n`, `response_format`,
+`output_format`, `output_compression`), accepted and ignored (`quality`, `style`, `user`, ...) or
+refused when stepwise cannot honour them (`stream`, a transparent `background`); a few stepwise
+fields ride along (`seed`, `negative_prompt`, `num_inference_steps`, ...: the SDKs' `extra_body`);
+any other name is refused as OpenAI refuses it ("Unrecognized request argument supplied").
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from flask import Blueprint, current_app, g, request
+
+from api.auth import require_tenant
+from api.errors import ApiError, to_api_error
+from api.openai_fields import JobTranslation, edit_images, translate
+from api.request_body import read_json
+from api.resources import (
+    get_fleet,
+    get_image_store,
+    get_job_store,
+    get_lora_store,
+    get_settings,
+    get_task_queue,
+    get_upload_store,
+)
+from api.submission import QueueRoom, check_lora, create_jobs, validate_job
+from api.views import image_urls, job_url
+from api.waiting import Rendered, json_rendered, waited
+from batching.params import MAX_IMAGE_BYTES
+from storage.job_record import JobRecord, JobState
+
+bp = Blueprint("openai_images", __name__, url_prefix="/v1/images")
+bp.before_request(require_tenant)
+
+# A stepwise field named in an error is the OpenAI parameter the client sent.
+PARAM_OF_FIELD = {
+    "num_images": "n",
+    "height": "size",
+    "width": "size",
+    "resize_mode": "size",
+    "output_quality": "output_compression",
+    "init_image": "image",
+    "mask_image": "mask",
+}
+NO_RETRY = [("x-should-retry", "false")]  # the job exists: an SDK's automatic retry would make another
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
+
+def openai_error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
+        kind = "rate_limit_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@bp.errorhandler(Exception)
+def openai_error(error: Exception):
+    api_error = to_api_error(error)
+    if api_error.status == 500 and current_app.testing:
+        raise error
+    status, code = api_error.status, api_error.code
+    param = PARAM_OF_FIELD.get(api_error.field or "", api_error.field)
+    if status == 422:  # OpenAI answers 400 for any invalid request, 404 for a model it does not serve
+        status, code = (404, "model_not_found") if param == "model" else (400, "invalid_value")
+    if status == 401:
+        code = "invalid_api_key"
+    body = openai_error_body(status, api_error.message, param=param, code=code)
+    return body, status, api_error.headers
+
+
+@bp.post("/generations")
+def generations():
+    return submit_and_wait(translate(read_json(), images={}))
+
+
+@bp.post("/edits")
+def edits():
+    limit = 2 * MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # an image and a mask; not STEPWISE_MAX_BODY_BYTES
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "payload_too_large", f"image: at most {MAX_IMAGE_BYTES} bytes each", field="image")
+    request.max_content_length = limit
+    if request.mimetype != "multipart/form-data":
+        raise ApiError(415, "unsupported_media_type", "send the edit as multipart/form-data (image, prompt, ...)")
+    fields: dict[str, Any] = {name: value for name, value in request.form.items() if name != "image[]"}
+    return submit_and_wait(translate(fields, images=edit_images(request.files)))
+
+
+def submit_and_wait(translation: JobTranslation):
+    settings, store = get_settings(), get_job_store()
+    job = validate_job(translation.job, settings, get_fleet(), g.tenant, uploads=get_upload_store())
+    check_lora(job.params, g.tenant, get_lora_store())
+    QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
+    outcome = create_jobs(store, get_task_queue(), settings, g.tenant, [(job, None)], get_upload_store())[0]
+    if isinstance(outcome, ApiError):
+        raise outcome
+    job_id = outcome.record.job_id
+    return waited(job_id, settings.images_wait_seconds, lambda has_ended: answer(job_id, translation, has_ended))
+
+
+def answer(job_id: str, translation: JobTranslation, has_ended: bool) -> Rendered:
+    record = get_job_store().get(job_id)
+    if record is None:
+        return error_rendered(500, f"job {job_id} is gone (its record expired)", code="job_lost")
+    if record.state is JobState.SUCCEEDED:
+        return json_rendered(200, images_response(record, translation.response_format), [])
+    where = [("Location", job_url(job_id))]
+    if not record.state.is_terminal:
+        seconds = get_settings().images_wait_seconds
+        message = (
+            f"the image was not ready within {seconds:g}s (STEPWISE_IMAGES_WAIT_SECONDS); job {job_id} goes on: "
+            f"GET /v1/jobs/{job_id} (or its /events) shows when it is done"
+        )
+        return error_rendered(504, message, code="timeout", headers=where)
+    message = f"job {job_id} {record.state.value}: {record.error_message or record.error_code or ''}".rstrip(": ")
+    if record.state is JobState.FAILED and record.error_code == "invalid_params":
+        return error_rendered(400, message, code="invalid_params", headers=where)
+    status = 500 if record.state is JobState.FAILED else 400
+    return error_rendered(status, message, code=record.error_code or record.state.value, headers=where)
+
+
+def error_rendered(status: int, message: str, *, code: str, headers: list[tuple[str, str]] = []) -> Rendered:  # noqa: B006
+    return json_rendered(status, openai_error_body(status, message, code=code), [*NO_RETRY, *headers])
+
+
+def images_response(record: JobRecord, response_format: str) -> dict[str, Any]:
+    params = record.params
+    if response_format == "url":
+        data = [{"url": url} for url in image_urls(record)]
+    else:
+        store = get_image_store()
+        data = [{"b64_json": base64.b64encode(store.get_bytes(key)).decode("ascii")} for key in record.image_keys]
+    return {
+        "created": int(record.finished_at or time.time()),
+        "data": data,
+        "output_format": params.get("output_format", "png"),
+        "size": f"{params.get('width')}x{params.get('height')}",
+    }

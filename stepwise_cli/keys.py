@@ -1,0 +1,89 @@
+"""`stepwise keys`: API keys kept hashed in Redis, effective within a second in every API process.
+
+    stepwise keys create --tenant team-a [--admin]   # prints the new key (only now) on stdout
+    stepwise keys list [--json]                      # id, tenant, scope, created, the key's first characters
+    stepwise keys revoke KEY_OR_ID                   # by the key itself or its id
+
+It talks to Redis, not to the API (an operator's tool, like `celery inspect`): `--redis-url`, else
+STEPWISE_REDIS_URL, else the Redis that `stepwise up` saved in its var folder. Keys in
+STEPWISE_API_KEYS and STEPWISE_ADMIN_API_KEYS keep working beside these; they are not listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import redis
+
+from stepwise_cli.client import STATE_FILE_NAME, default_var_dir
+from storage.api_keys import ApiKeyStore
+from storage.job_store import JobStore
+from storage.settings import DEFAULT_REDIS_URL
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", help="Redis of the service (default: $STEPWISE_REDIS_URL, else `up`'s)")
+    parser.add_argument("--var-dir", type=Path, help="where `stepwise up` saved its Redis URL (default ./var)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="create a key for a tenant and print it")
+    create.add_argument("--tenant", required=True, help="the tenant the key acts for")
+    create.add_argument("--admin", action="store_true", help="an operator's key: also /metrics and /v1/admin")
+    listing = actions.add_parser("list", help="list the keys kept in Redis")
+    listing.add_argument("--json", action="store_true", help="one JSON object per key")
+    revoke = actions.add_parser("revoke", help="revoke a key, given by itself or by its id")
+    revoke.add_argument("key_or_id", metavar="KEY_OR_ID")
+
+
+def redis_url(args: argparse.Namespace) -> str:
+    if args.redis_url or os.environ.get("STEPWISE_REDIS_URL"):
+        return args.redis_url or os.environ["STEPWISE_REDIS_URL"]
+    try:
+        saved = json.loads(((args.var_dir or default_var_dir()) / STATE_FILE_NAME).read_text())
+        return str(saved["redis_url"])
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_REDIS_URL
+
+
+def created(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run(args: argparse.Namespace) -> int:
+    job_store = JobStore(redis_url(args))
+    store = ApiKeyStore(job_store.redis, job_store.keys)
+    try:
+        if args.action == "create":
+            key, record = store.create(args.tenant, "admin" if args.admin else "tenant")
+            print(key)
+            sys.stderr.write(
+                f"created {record.key_id} for tenant {record.tenant} ({record.scope}); the key is shown only now\n"
+            )
+        elif args.action == "list":
+            for record in sorted(store.all().values(), key=lambda r: r.created_at):
+                if args.json:
+                    print(json.dumps({**record.__dict__, "created_at": created(record.created_at)}))
+                else:
+                    print(
+                        f"{record.key_id}  {record.tenant:<20}  {record.scope:<6}  {created(record.created_at)}  "
+                        f"{record.shown}..."
+                    )
+        else:
+            revoked = store.revoke(args.key_or_id)
+            if revoked is None:
+                sys.stderr.write("stepwise keys: no such key (give the key itself or its id from `keys list`)\n")
+                return 1
+            sys.stderr.write(f"revoked {revoked.key_id} of tenant {revoked.tenant}\n")
+    except ValueError as e:
+        sys.stderr.write(f"stepwise keys: {e}\n")
+        return 2
+    except redis.RedisError as e:
+        sys.stderr.write(f"stepwise keys: cannot reach Redis: {e}\n")
+        return 1
+    finally:
+        job_store.close()
+    return 0

@@ -1,0 +1,133 @@
+"""API keys kept in Redis, stored hashed: created, listed and revoked while the API runs.
+
+A key is `sk_` and 32 random URL-safe characters. Redis holds only its SHA-256 digest (enough for
+a random secret of that length: nothing to brute-force) in one hash (`RedisKeys.api_keys`), field =
+digest, value = the key's record as JSON: its id (`key_` and 12 hex digits, what `stepwise keys
+list` shows and `revoke` accepts), tenant, scope (`tenant`, or `admin` for operators), when it was
+created and the key's first characters (to recognise it). `RedisKeys.api_key_ids` maps each id to
+its digest. A key is shown once, when it is created.
+
+The API reads the whole hash again at most once a second (`ApiKeyTable`), so a key created or
+revoked is honoured by every API process within a second, without a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import cast
+
+import redis
+
+from storage.errors import StorageUnavailableError
+from storage.redis_keys import RedisKeys
+
+SCOPES = ("tenant", "admin")  # admin: also /metrics and every tenant's queue totals
+KEY_PREFIX = "sk_"
+ID_PREFIX = "key_"
+SHOWN_CHARS = 8  # of a key, kept to recognise it in a listing
+REFRESH_SECONDS = 1.0
+
+
+def digest_of(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    tenant: str
+    scope: str  # one of SCOPES
+    created_at: float  # unix seconds
+    shown: str  # the key's first SHOWN_CHARS characters
+
+    @property
+    def is_admin(self) -> bool:
+        return self.scope == "admin"
+
+
+class ApiKeyStore:
+    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+        self._redis = client
+        self.keys_key = keys.api_keys
+        self.ids_key = keys.api_key_ids
+
+    def create(self, tenant: str, scope: str = "tenant") -> tuple[str, ApiKey]:
+        """A new key for `tenant`: (the key itself, shown only now; its record)."""
+        if not tenant or not tenant.isprintable() or len(tenant) > 100:
+            raise ValueError(f"a tenant is 1 to 100 printable characters (got {tenant!r})")
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)} (got {scope!r})")
+        key = KEY_PREFIX + secrets.token_urlsafe(24)
+        record = ApiKey(ID_PREFIX + secrets.token_hex(6), tenant, scope, time.time(), key[:SHOWN_CHARS])
+        digest = digest_of(key)
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys_key, digest, json.dumps(asdict(record)))
+            pipe.hset(self.ids_key, record.key_id, digest)
+            pipe.execute()
+        return key, record
+
+    def all(self) -> dict[str, ApiKey]:
+        """digest -> key record, every key; a malformed entry is skipped."""
+        stored = cast(dict[bytes | str, bytes | str], self._redis.hgetall(self.keys_key))
+        keys = {}
+        for digest, text in stored.items():
+            try:
+                keys[_text(digest)] = ApiKey(**json.loads(text))
+            except (ValueError, TypeError):
+                continue
+        return keys
+
+    def revoke(self, key_or_id: str) -> ApiKey | None:
+        """Revoke a key given by itself or by its id; returns what was revoked, or None if no such key."""
+        digest = self._redis.hget(self.ids_key, key_or_id) if key_or_id.startswith(ID_PREFIX) else None
+        digest = _text(digest) if digest is not None else digest_of(key_or_id)
+        text = self._redis.hget(self.keys_key, digest)
+        if text is None:
+            return None
+        record = ApiKey(**json.loads(text))
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys_key, digest)
+            pipe.hdel(self.ids_key, record.key_id)
+            pipe.execute()
+        return record
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class ApiKeyTable:
+    """Every key of an ApiKeyStore by digest, read again at most once per `refresh_seconds`. If a refresh
+    fails the keys read before stay in force; with none read yet, `lookup` raises StorageUnavailableError."""
+
+    def __init__(
+        self, store: ApiKeyStore, refresh_seconds: float = REFRESH_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self.refresh_seconds = refresh_seconds
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._keys: dict[str, ApiKey] | None = None
+        self._read_at = float("-inf")
+
+    def lookup(self, key: str) -> ApiKey | None:
+        return self._current().get(digest_of(key))
+
+    def _current(self) -> dict[str, ApiKey]:
+        with self._lock:
+            if self.clock() - self._read_at >= self.refresh_seconds:
+                try:
+                    self._keys = self.store.all()
+                    self._read_at = self.clock()
+                except redis.exceptions.RedisError as e:
+                    if self._keys is None:
+                        raise StorageUnavailableError(f"cannot read the API keys from Redis: {e}") from e
+                    self._read_at = self.clock()  # keep the keys read before; try again in a second
+            assert self._keys is not None
+            return self._keys

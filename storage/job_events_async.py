@@ -1,0 +1,137 @@
+"""`storage.job_events` for an asyncio event loop (redis.asyncio): what `stepwise api`'s granian
+bridge uses, so a waiting request or an open event stream costs a coroutine, not a thread.
+
+One `AsyncJobEventFeed` per event loop: one pub/sub subscription that wakes the waiters of a job,
+and a small pool of connections for the reads they do then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, cast
+
+import redis
+import redis.asyncio as aioredis
+
+from storage.job_events import POSITION_SECONDS, RECONNECT_SECONDS, JobEvent, events_from_entries
+from storage.redis_keys import RedisKeys
+
+log = logging.getLogger(__name__)
+
+READ_CONNECTIONS = 16  # reads are one short round trip each; more waiters queue for a connection
+
+
+class AsyncWatch:
+    """`storage.job_events.Watch` on an event loop."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.news = asyncio.Event()
+        self.queue_key: str | None = None
+        self.position: int | None = None
+
+    def set_position(self, position: int | None) -> None:
+        if position != self.position:
+            self.position = position
+            self.news.set()
+
+    async def wait(self, timeout: float) -> bool:
+        """True once news came (then re-read the stream), False after `timeout` seconds without."""
+        try:
+            await asyncio.wait_for(self.news.wait(), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self.news.clear()
+        return True
+
+
+class AsyncJobEventFeed:
+    def __init__(self, redis_url: str, keys: RedisKeys) -> None:
+        self.keys = keys
+        self.client = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                redis_url, decode_responses=True, max_connections=READ_CONNECTIONS, timeout=10, socket_connect_timeout=2
+            )
+        )
+        self._watches: dict[str, set[AsyncWatch]] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    @contextlib.contextmanager
+    def watch(self, job_id: str) -> Iterator[AsyncWatch]:
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._listen()), loop.create_task(self._read_positions())]
+        watch = AsyncWatch(job_id)
+        self._watches.setdefault(job_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._watches.get(job_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[job_id]
+
+    def _wake(self, job_id: str | None) -> None:
+        if job_id is None:
+            for watches in self._watches.values():
+                for watch in watches:
+                    watch.news.set()
+        else:
+            for watch in self._watches.get(job_id, ()):
+                watch.news.set()
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.keys.job_events_channel)
+                self._wake(None)  # anything published while not subscribed: everyone re-reads
+                while True:
+                    message: Any = await pubsub.get_message(timeout=None)
+                    if message is not None and message.get("type") == "message":
+                        self._wake(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except (redis.RedisError, OSError) as e:
+                log.warning("job events: subscription lost (%s); reconnecting", e)
+                await asyncio.sleep(RECONNECT_SECONDS)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _read_positions(self) -> None:
+        while True:
+            await asyncio.sleep(POSITION_SECONDS)
+            following = [w for ws in self._watches.values() for w in ws if w.queue_key is not None]
+            if not following:
+                continue
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for watch in following:
+                        pipe.zrank(cast(str, watch.queue_key), watch.job_id)
+                    positions = await pipe.execute()
+            except (redis.RedisError, OSError) as e:
+                log.warning("job events: cannot read queue positions (%s)", e)
+                continue
+            for watch, position in zip(following, positions):
+                watch.set_position(position)
+
+    async def read_after(self, job_id: str, after: str | None) -> list[JobEvent]:
+        start = f"({after}" if after else "-"
+        entries = await self.client.xrange(self.keys.job_events(job_id), min=start, max="+")
+        return events_from_entries(cast(list, entries))
+
+    async def state_of(self, job_id: str) -> str | None:
+        return cast(str | None, await self.client.hget(self.keys.job(job_id), "state"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.client.aclose()

@@ -1,0 +1,74 @@
+"""Waiting clients cost the API no request thread: with 500 `Prefer: wait` submits and 500 open event
+streams held, `/healthz` still answers every probe quickly, on both servers `stepwise api` runs
+(granian through the RSGI bridge, gunicorn with gevent workers), each with 2 processes x 4 threads.
+
+The load is benchmarks/waiting_clients.py's (its numbers, p99 included, are in docs/api.md); here
+the bound is what a health checker notices: every probe answered, none slower than a second (a
+waiting request holding a thread would leave the 8 threads taken, and probes unanswered).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import redis
+
+from benchmarks.waiting_clients import hold_waiting_clients, probe_healthz
+from storage.job_store import JobStore
+from tests.api.processes import TENANT_KEYS, ApiProcess
+
+NUM_WAITS = 500
+NUM_STREAMS = 500
+PROBE_TIMEOUT_SECONDS = 1.0  # what a health checker such as Kubernetes' waits by default
+SERVERS = ("granian", "gunicorn")
+
+
+@pytest.fixture(scope="module")
+def servers(module_redis, storage_url, tmp_path_factory):
+    """Both servers on one Redis, started side by side."""
+    apis = {
+        name: ApiProcess(
+            tmp_path_factory.mktemp(name),
+            module_redis.url,
+            storage_url,
+            server=name,
+            STEPWISE_API_MAX_CONNECTIONS="4000",  # 1,000 held clients may all land on one of the 2 processes
+        )
+        for name in SERVERS
+    }
+    for api in apis.values():
+        api.launch()
+    for api in apis.values():
+        api.wait_ready()
+    yield apis
+    for api in apis.values():
+        if api.process is not None and api.process.poll() is None:
+            os.kill(api.process.pid, signal.SIGINT)  # the server's quick shutdown (the group's TERM is slower)
+    for api in apis.values():
+        api.stop()
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_500_waiting_submits_and_500_event_streams_leave_healthz_answering(servers, name, module_redis):
+    server, client = servers[name], redis.Redis.from_url(module_redis.url)
+    with hold_waiting_clients(
+        server.url,
+        TENANT_KEYS["alice"],
+        num_waits=NUM_WAITS,
+        num_streams=NUM_STREAMS,
+        num_queued=lambda: client.zcard("stepwise:queued"),
+    ) as held:
+        latencies = probe_healthz(server.url, 100, timeout=PROBE_TIMEOUT_SECONDS)
+        answered_early = held.num_answered_early
+    cancel_all_queued(module_redis.url)  # ends the waits and streams the server still holds
+
+    assert None not in latencies, f"{latencies.count(None)} of 100 probes got no answer within 1s"
+    assert answered_early == 0  # every waiting submit was still waiting while the probes ran
+
+
+def cancel_all_queued(redis_url: str) -> None:
+    with JobStore(redis_url) as store:
+        for job_id in store.redis.zrange("stepwise:queued", 0, -1):
+            store.request_cancel(job_id)

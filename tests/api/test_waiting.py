@@ -1,0 +1,189 @@
+"""`Prefer: wait` and the job event stream, in this process (the Flask app on real Redis, the job moved
+by the job store's own transitions from another thread, as a worker would). The SSE client is
+httpx-sse over httpx's WSGI transport; the real servers are tests/api/test_live_end_to_end.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from api import create_app
+from api.resources import get_settings
+from api.waiting import MAX_WAIT_SECONDS, prefer_wait
+from storage.job_record import JobState
+from storage.job_store import JobStore
+from tests.api.calls import auth
+
+JOB = {"prompt": "a lighthouse", "model": "builtin:tiny", "num_inference_steps": 20}
+
+
+@pytest.fixture
+def live_app(app):
+    """The conftest app with a short keep-alive, so an idle stream shows one within the test."""
+    with app.app_context():
+        settings = dataclasses.replace(get_settings(), events_keepalive_seconds=0.3)
+    return create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+
+
+@pytest.fixture
+def http_client(live_app):
+    with httpx.Client(transport=httpx.WSGITransport(app=live_app), base_url="http://api.test", timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def store(redis_url):
+    with JobStore(redis_url) as job_store:
+        yield job_store
+
+
+def submit(client: httpx.Client, **headers: str) -> httpx.Response:
+    return client.post("/v1/jobs", json=JOB, headers={**auth(), **headers})
+
+
+def later(seconds: float, *steps) -> threading.Thread:
+    """Run `steps` (callables) one after another from `seconds` from now, on a thread (as a worker would)."""
+
+    def run() -> None:
+        time.sleep(seconds)
+        for step in steps:
+            step()
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_to_success(store: JobStore, job_id: str) -> list:
+    return [
+        lambda: store.take(job_id, "worker-1", 60),
+        lambda: store.set_progress(job_id, 5, 20),
+        lambda: store.add_preview(job_id, 8, 20, "data:image/webp;base64,UklGRg=="),
+        lambda: store.set_progress(job_id, 10, 20),
+        lambda: store.finish(job_id, JobState.SUCCEEDED, worker_id="worker-1", image_keys=[f"{job_id}/0.png"]),
+    ]
+
+
+def test_prefer_wait_answers_202_with_location_once_the_wait_runs_out(http_client):
+    started = time.monotonic()
+    response = submit(http_client, Prefer="wait=1")
+
+    assert response.status_code == 202
+    assert time.monotonic() - started >= 1.0
+    assert response.headers["Preference-Applied"] == "wait=1"
+    assert response.headers["Location"].endswith(f"/v1/jobs/{response.json()['job_id']}")
+    assert response.json()["state"] == "queued"
+
+
+def test_prefer_wait_answers_200_with_the_job_as_soon_as_it_ends(http_client, store):
+    def finish_when_created() -> None:  # the job's id is known once it is queued, while the submit waits
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            queued = store.redis.zrange("stepwise:queued", 0, -1)
+            if queued:
+                for step in run_to_success(store, queued[0]):
+                    step()
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=finish_when_created, daemon=True).start()
+    started = time.monotonic()
+    response = submit(http_client, Prefer="respond-async, wait=30")
+
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started < 15
+    assert response.json()["state"] == "succeeded"
+    assert response.json()["image_url"].endswith("/image")
+    assert response.headers["Preference-Applied"] == "wait=30"
+    assert "Location" not in response.headers
+
+
+@pytest.mark.parametrize("value", ["wait=abc", "wait=0", "wait=-3", "wait=1.5"])
+def test_a_malformed_wait_preference_is_refused_naming_the_header(http_client, value):
+    response = submit(http_client, Prefer=value)
+
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == "Prefer"
+
+
+def test_wait_preferences_are_read_as_rfc_7240_writes_them():
+    assert prefer_wait([]) is None
+    assert prefer_wait(["respond-async"]) is None
+    assert prefer_wait(["wait"]) == MAX_WAIT_SECONDS
+    assert prefer_wait(["respond-async, wait=5"]) == 5
+    assert prefer_wait(["return=minimal", "wait = 7"]) == 7
+    assert prefer_wait(["wait=600"]) == MAX_WAIT_SECONDS  # longer asks get the longest there is
+
+
+def test_the_event_stream_sends_the_job_as_it_is_then_each_event_until_its_end(http_client, store):
+    job_id = submit(http_client).json()["job_id"]
+    later(0.5, *run_to_success(store, job_id))
+
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        events = list(source.iter_sse())
+
+    assert [event.event for event in events] == ["queued", "started", "progress", "preview", "progress", "succeeded"]
+    assert events[0].json() == {"job_id": job_id, "state": "queued", "queue_position": 0}
+    assert [event.json()["step"] for event in events if event.event == "progress"] == [5, 10]
+    assert events[3].json()["image"].startswith("data:image/webp;base64,")
+    ids = [event.id for event in events[1:]]
+    assert all(ids) and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    end = events[-1].json()
+    assert end["job_id"] == job_id and end["state"] == "succeeded" and end["image_urls"]
+
+
+def test_a_stream_resumed_with_last_event_id_gets_only_what_came_after(http_client, store):
+    job_id = submit(http_client).json()["job_id"]
+    for step in run_to_success(store, job_id)[:3]:  # started, progress 5, preview
+        step()
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
+        first = next(event for event in source.iter_sse() if event.event == "progress")
+    later(0.3, *run_to_success(store, job_id)[3:])
+
+    resume = {**auth(), "Last-Event-ID": first.id}
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=resume) as source:
+        resumed = list(source.iter_sse())
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=resume) as source:
+        after_the_end = list(source.iter_sse())
+
+    assert first.json()["step"] == 5  # a fresh stream of a running job: started, then its progress
+    assert [event.event for event in resumed] == ["progress", "succeeded"]
+    assert resumed[0].json()["step"] == 10
+    assert [event.event for event in after_the_end] == ["succeeded"]  # only the end is kept after it
+
+
+def test_a_queued_jobs_stream_follows_its_position_and_an_idle_one_sends_keep_alives(http_client, store):
+    ahead = submit(http_client).json()["job_id"]
+    job_id = submit(http_client).json()["job_id"]
+    # the feed reads positions once a second: the second cancel comes after it has seen the first
+    later(1.0, lambda: store.request_cancel(ahead), lambda: time.sleep(2.5), lambda: store.request_cancel(job_id))
+
+    with http_client.stream("GET", f"/v1/jobs/{job_id}/events", headers=auth()) as response:
+        raw = b"".join(response.iter_bytes())
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
+        ended = list(source.iter_sse())
+
+    assert b": keep-alive\n\n" in raw  # comment lines, which SSE clients skip
+    positions = [line for line in raw.split(b"\n") if line.startswith(b"data:") and b'"queued"' in line]
+    assert b'"queue_position":1' in positions[0] and b'"queue_position":0' in positions[-1]
+    assert [event.event for event in ended] == ["canceled"]
+    assert ended[0].json()["error"]["code"] == "canceled"
+
+
+def test_another_tenants_job_stream_is_missing_and_a_bad_last_event_id_is_refused(http_client):
+    job_id = submit(http_client).json()["job_id"]
+
+    other = http_client.get(f"/v1/jobs/{job_id}/events", headers=auth("bob"))
+    bad_id = http_client.get(f"/v1/jobs/{job_id}/events", headers={**auth(), "Last-Event-ID": "yesterday"})
+    nobody = http_client.get(f"/v1/jobs/{job_id}/events")
+
+    assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
+    assert bad_id.status_code == 422 and bad_id.json()["error"]["field"] == "Last-Event-ID"
+    assert nobody.status_code == 401
