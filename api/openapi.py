@@ -10,9 +10,12 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from api import schemas
+from api.jobs import MAX_JOB_ID_CHARS
 from api.openapi_live import add_live_paths
 from api.resources import get_openapi_document
 from api.settings import ApiSettings
+from api.submission import MAX_IDEMPOTENCY_KEY_CHARS
+from batching.params import LORA_NAME_PATTERN
 
 bp = Blueprint("openapi", __name__)
 
@@ -20,26 +23,36 @@ REF = "#/components/schemas/{model}"
 ERROR = schemas.ErrorResponse
 
 
-def parameter(name: str, where: str, description: str, max_length: int, *, required: bool = True) -> dict[str, Any]:
-    """A string parameter of a path or header."""
+def parameter(
+    name: str, where: str, description: str, max_length: int, *, pattern: str, required: bool = True
+) -> dict[str, Any]:
+    """A string parameter of a path or header, with the pattern the API holds it to."""
     return {
         "name": name,
         "in": where,
         "required": required,
         "description": description,
-        "schema": {"type": "string", "minLength": 1, "maxLength": max_length},
+        "schema": {"type": "string", "minLength": 1, "maxLength": max_length, "pattern": pattern},
     }
 
 
-JOB_ID = parameter("job_id", "path", "The job's id.", 128)
+# `batch` is no job id: GET /v1/jobs/batch is the batch route's 405 (api.jobs.JobIdConverter).
+JOB_ID = parameter("job_id", "path", "The job's id.", MAX_JOB_ID_CHARS, pattern=r"^(?!batch$)[^/]+$")
 IDEMPOTENCY_KEY = parameter(
     "Idempotency-Key",
     "header",
     "Retries with the same key and body return the original job; the same key with another body gets 409.",
-    255,
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    pattern=r"^[ -~]*[!-~][ -~]*$",  # printable ASCII, not only spaces (api.submission.check_idempotency_key)
     required=False,
 )
-LORA_NAME = parameter("name", "path", "The adapter's name (letters, digits, '_', '.', '-').", 100)
+LORA_NAME = parameter(
+    "name",
+    "path",
+    "The adapter's name (letters, digits, '_', '.', '-').",
+    100,
+    pattern=f"^{LORA_NAME_PATTERN.pattern}$",
+)
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
 
 
@@ -315,7 +328,14 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
         },
     }
     add_live_paths(b, paths)
-    b.components["BatchRequest"]["properties"]["jobs"]["maxItems"] = settings.max_batch_jobs
+    batch_jobs = b.components["BatchRequest"]["properties"]["jobs"]
+    batch_jobs["maxItems"] = settings.max_batch_jobs
+    # Each item is validated on its own and answered in its result (a bad one does not refuse the batch), so
+    # any JSON value is a valid item here; what makes it a job is JobRequest.
+    batch_jobs["items"] = {
+        "description": "A job: the body of POST /v1/jobs (JobRequest). An item that is not a valid job gets its "
+        "own 422 in `results`; the others are still taken."
+    }
     b.components["JobRequest"]["properties"]["model"]["default"] = settings.default_model  # STEPWISE_MODEL
     return {
         "openapi": "3.1.0",

@@ -14,21 +14,44 @@ from pydantic import BaseModel, ConfigDict, Field
 import batching.params as P
 from api.openai_fields import OUTPUT_FORMATS, RESPONSE_FORMATS
 from api.waiting import MAX_WAIT_SECONDS
+from storage.job_events import EVENT_ID
+from storage.job_record import TERMINAL_STATE_NAMES
 
+# What api.waiting.prefer_wait takes: preferences separated by commas, each a token and its ;parameters; the
+# first `wait` token must be bare or `wait=N` with N a positive integer (quotes allowed), and every other
+# preference is ignored (RFC 7240).
+_S = r"\s*"
+_NOT_WAIT = rf"(?!{_S}wait{_S}(?:={_S}[^\s,;]*{_S})?(?:;|,|$))[^,]*"
+_WAIT = rf'{_S}wait{_S}(?:={_S}"*0*[1-9][0-9]*"*)?{_S}(?:;[^,]*)?'
+PREFER_PATTERN = rf"^(?:{_NOT_WAIT},)*(?:{_NOT_WAIT}|{_WAIT}(?:,.*)?)$"
 PREFER = {
     "name": "Prefer",
     "in": "header",
     "required": False,
     "description": "`wait` or `wait=N` (RFC 7240): hold the answer until the job ends, at most N "
-    f"(1-{MAX_WAIT_SECONDS}) seconds; 200 with the ended job, or 202 with it as it is then.",
-    "schema": {"type": "string", "maxLength": 200},
+    f"(1-{MAX_WAIT_SECONDS}; more is {MAX_WAIT_SECONDS}) seconds; 200 with the ended job, or 202 with it as it "
+    "is then. Other preferences are ignored; a malformed wait value gets 422.",
+    "schema": {"type": "string", "pattern": PREFER_PATTERN},
 }
 LAST_EVENT_ID = {
     "name": "Last-Event-ID",
     "in": "header",
     "required": False,
     "description": "Resume after this event (its `id`); what a reconnecting EventSource sends.",
-    "schema": {"type": "string", "maxLength": 41},
+    "schema": {"type": "string", "maxLength": 41, "pattern": rf"^\s*{EVENT_ID.pattern}\s*$"},
+}
+# One event of the stream, as schemathesis and other tools read text/event-stream: its fields.
+EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {
+            "type": "string",
+            "enum": ["queued", "started", "progress", "preview", *sorted(TERMINAL_STATE_NAMES)],
+        },
+        "data": {"type": "string", "description": "JSON: the job's view, or the event's details."},
+        "id": {"type": "string", "pattern": f"^{EVENT_ID.pattern}$"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
 }
 PREFERENCE_APPLIED = {"Preference-Applied": {"description": "wait=N: the wait applied.", "schema": {"type": "string"}}}
 LOCATION = {"Location": {"description": "The job's URL.", "schema": {"type": "string"}}}
@@ -118,7 +141,7 @@ def add_live_paths(b: Any, paths: dict[str, Any]) -> None:
             "responses": {
                 "200": {
                     "description": "text/event-stream (docs/api.md#event-stream).",
-                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    "content": {"text/event-stream": {"schema": EVENT}},
                 },
                 **b.errors(401, 404, 422, 503),
             },

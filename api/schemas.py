@@ -12,11 +12,12 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation, model_validator
 
 import batching.params as P
 from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
 from storage.job_record import JOB_STATE_NAMES, REQUEUE_REASONS
+from storage.tenant_listing import CURSOR_OR_NONE_PATTERN
 from storage.webhooks import DEFAULT_EVENTS as DEFAULT_WEBHOOK_EVENTS
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
@@ -25,6 +26,14 @@ JobStateName = Literal[JOB_STATE_NAMES]  # type: ignore[valid-type]
 Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
 Priority = Literal[P.PRIORITIES]  # type: ignore[valid-type]
 RequeueReason = Literal[REQUEUE_REASONS]  # type: ignore[valid-type]
+# An image field's three forms: an upload id, a base64 data URI (its media type and line wrapping as encoders
+# send them: batching.image_inputs), an http(s) URL (fetched from hosts the operator allows). Which bytes,
+# uploads and hosts are acceptable no pattern can say: those get a 422 naming the field.
+IMAGE_REFERENCE_PATTERN = (
+    r"^(?:upl_[0-9a-f]{32}"
+    r"|[dD][aA][tT][aA]:(?:[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+=[^;,]*)*;[bB][aA][sS][eE]64,[\s\S]*"
+    r"|[hH][tT][tT][pP][sS]?://[\s\S]+)$"
+)
 ResizeMode = Literal[RESIZE_MODES]  # type: ignore[valid-type]
 OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 # Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
@@ -49,11 +58,55 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+def needs(field: str, other: str, *, unless: list[Any] | None = None) -> dict[str, Any]:
+    """JSON Schema: `field`, unless null (or one of `unless`), needs `other` as a string."""
+    return {
+        "anyOf": [
+            {"properties": {field: {"enum": [None, *(unless or [])]}}},
+            {"required": [other], "properties": {other: {"type": "string"}}},
+        ]
+    }
+
+
+# Fields that need another (batching.params, api.submission), for the OpenAPI document.
+JOB_DEPENDENCIES = {
+    "mask_image": needs("mask_image", "init_image"),
+    "strength": needs("strength", "init_image", unless=[1]),
+    "webhook_events": needs("webhook_events", "webhook_url"),
+}
+
+
 class JobRequest(StrictModel):
     """One image-generation job. Unknown fields are refused."""
 
-    prompt: str = Field(min_length=1, max_length=P.MAX_PROMPT_CHARS, description="What to draw.")
-    negative_prompt: str = Field("", max_length=P.MAX_PROMPT_CHARS, description="What to steer away from.")
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": JOB_DEPENDENCIES})  # type: ignore[dict-item]
+
+    @model_validator(mode="before")
+    @classmethod
+    def whole_floats_as_ints(cls, data: Any) -> Any:
+        """JSON Schema counts 49.0 as an integer, and so does this API (strict otherwise: "49" is refused)."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            name: int(value)
+            if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) < 2**63
+            else value
+            for name, value in data.items()
+        }
+
+    # Patterns for what batching.params checks: no NUL (nor control characters in a model name), not blank.
+    prompt: str = Field(
+        min_length=1,
+        max_length=P.MAX_PROMPT_CHARS,
+        json_schema_extra={"pattern": r"^[^\x00]*[^\x00\s][^\x00]*$"},
+        description="What to draw.",
+    )
+    negative_prompt: str = Field(
+        "",
+        max_length=P.MAX_PROMPT_CHARS,
+        json_schema_extra={"pattern": r"^[^\x00]*$"},
+        description="What to steer away from.",
+    )
     height: int = Field(
         _SD.default_size,
         ge=P.MIN_SIZE,
@@ -88,6 +141,7 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=500,  # type: ignore[assignment]
+        json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]*[^\x00-\x1f\x7f-\x9f\s][^\x00-\x1f\x7f-\x9f]*$"},
         description="Model to run; default: the model the service serves (STEPWISE_MODEL).",
     )
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
@@ -95,6 +149,7 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=100,
+        json_schema_extra={"pattern": f"^{P.LORA_NAME_PATTERN.pattern}$"},  # checked by api.submission.check_lora
         description=(
             "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
             "Jobs with different adapters share forwards."
@@ -107,6 +162,7 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
+        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by batching.image_inputs
         description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI, an upload id (POST /v1/uploads), "
         "or an http(s) URL on a host the operator allows (STEPWISE_IMAGE_URL_HOSTS; fetched at submit). "
         f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. "
@@ -116,6 +172,7 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
+        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by batching.image_inputs
         description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image. "
         "The same forms as init_image.",
     )
@@ -153,9 +210,27 @@ class JobRequest(StrictModel):
         description="high, normal (the default) or low: taken from the queue and admitted by the engine "
         "before lower ones; a tenant may be limited to a maximum (STEPWISE_TENANT_MAX_PRIORITY).",
     )
+    complete_by: Annotated[AwareDatetime, BeforeValidator(rfc3339_only), Field(strict=False)] | None = Field(
+        None,
+        description="When the job should be finished: RFC 3339 with an offset, in the future, at most 30 days "
+        "ahead. Among jobs of one priority the worker runs first the one with the least slack (time left minus "
+        "its estimated remaining work); a job that cannot make it is reported `late`, never failed for it. "
+        "Not with slo_seconds.",
+    )
+    slo_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=P.MAX_FINISH_BY_SECONDS,
+        description="complete_by as seconds after the job is submitted. Not with complete_by.",
+    )
 
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
+
+
+INTEGER_FIELDS = frozenset(
+    name for name, field in JobRequest.model_fields.items() if field.annotation in (int, int | None)
+)
 
 
 class BatchRequest(StrictModel):
@@ -166,15 +241,20 @@ class BatchRequest(StrictModel):
 
 
 class ListQuery(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is refused, as a body field is
 
     state: JobStateName | None = Field(None, description="Only jobs in this state.")
     limit: int = Field(20, ge=1, le=100, description="Page size.")
-    cursor: str | None = Field(None, max_length=200, description="`next_cursor` of the previous page.")
+    cursor: str | None = Field(  # checked by storage.tenant_listing.decode_cursor
+        None,
+        max_length=80,
+        json_schema_extra={"pattern": CURSOR_OR_NONE_PATTERN},
+        description="`next_cursor` of the previous page.",
+    )
 
 
 class ImageQuery(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is refused, as a body field is
 
     index: int = Field(0, ge=0, lt=P.MAX_NUM_IMAGES, description="Which image of a num_images>1 job.")
 
@@ -283,6 +363,14 @@ class JobView(BaseModel):
     started_at: datetime | None = Field(description="The first start; a re-queued job keeps it.")
     finished_at: datetime | None
     deadline: datetime | None
+    complete_by: datetime | None = Field(description="When the job should be finished (complete_by, or slo_seconds).")
+    late: bool = Field(
+        description="It has a complete_by and finished after it, or (queued or running) it is past it or its "
+        "worker estimates it cannot make it."
+    )
+    paused: bool = Field(
+        description="Running, but set aside at a step boundary for a job that outranks it; it resumes where it was."
+    )
     params: dict[str, Any] = Field(description="The generation parameters, with the seed that was used.")
     timings: dict[str, float] = Field(description="Seconds: queue_wait, denoise, decode, upload, total.")
     image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")

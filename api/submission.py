@@ -31,7 +31,7 @@ from api.queue import TaskQueue
 from api.remote_images import ImageURL
 from api.schemas import DEFAULT_WEBHOOK_EVENTS, MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
-from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError
+from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError, complete_by_from
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
 from storage.lora_store import LoraStore
@@ -53,6 +53,7 @@ class ValidJob:
     webhook_events: list[str]
     request_hash: str  # identifies the body for Idempotency-Key replays
     priority: str
+    complete_by: float | None = None  # unix seconds it should finish by
 
 
 def request_hash(data: Any) -> str:
@@ -133,6 +134,13 @@ def validate_job(
                 f"{field_prefix}deadline must be at most {MAX_DEADLINE_SECONDS // 86400} days from now",
             )
 
+    try:
+        complete_by = complete_by_from(
+            job.complete_by.timestamp() if job.complete_by is not None else None, job.slo_seconds, time.time()
+        )
+    except InvalidParamsError as e:
+        raise from_params_error(e, field_prefix) from e
+
     events = list(DEFAULT_WEBHOOK_EVENTS)
     if job.webhook_events is not None:
         if job.webhook_url is None:
@@ -148,6 +156,7 @@ def validate_job(
         webhook_events=events if job.webhook_url else [],
         request_hash=request_hash(data),
         priority=priority,
+        complete_by=complete_by,
     )
 
 
@@ -286,6 +295,8 @@ def create_jobs(
             idempotency_key=key,
             request_hash=job.request_hash,
             priority=job.priority,
+            complete_by=job.complete_by,
+            cost=job.params.total_steps(),
         )
         for job, key in jobs
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
@@ -74,6 +75,15 @@ def planned_steps(record: JobRecord) -> int:
         return int(record.params.get("num_inference_steps", 0)) * int(record.params.get("num_images", 1))
 
 
+def is_late(record: JobRecord, now: float | None = None) -> bool:
+    """Finished after its complete_by; or, not finished yet, past it or (running) estimated unable to make it."""
+    if record.complete_by is None:
+        return False
+    if record.finished_at is not None:
+        return record.finished_at > record.complete_by
+    return record.is_late or (time.time() if now is None else now) > record.complete_by
+
+
 def job_view(
     record: JobRecord, queue_position: int | None = None, queue_info: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -99,6 +109,9 @@ def job_view(
         "started_at": iso_time(record.started_at),
         "finished_at": iso_time(record.finished_at),
         "deadline": iso_time(record.deadline),
+        "complete_by": iso_time(record.complete_by),
+        "late": is_late(record),
+        "paused": record.is_paused and record.state is JobState.RUNNING,
         "params": dict(sorted(record.params.items(), key=lambda item: PARAM_ORDER.get(item[0], 99))),
         "timings": record.timings,
         "image_url": urls[0] if urls else None,

@@ -36,7 +36,7 @@ def prefer_wait(values: list[str]) -> int | None:
             if raw is None:
                 return MAX_WAIT_SECONDS
             raw = raw.strip('"')
-            if not raw.isdigit() or int(raw) < 1:
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
                 raise invalid(
                     "Prefer",
                     f"Prefer: wait=N takes whole seconds from 1 to {MAX_WAIT_SECONDS} (got wait={raw!r})",
@@ -61,9 +61,10 @@ def waited(job_id: str, seconds: float, render: Callable[[bool], Rendered]) -> L
 
 def last_event_id() -> str | None:
     raw = request.headers.get("Last-Event-ID")
-    if raw is None or raw == "":
+    if raw is None:
         return None
-    if not EVENT_ID.fullmatch(raw):
+    # An empty value is no id either: an EventSource sends none then, and granian empties a value beyond ASCII.
+    if not EVENT_ID.fullmatch(raw.strip()):
         raise invalid("Last-Event-ID", "Last-Event-ID must be the id of an event this stream sent (like 1700000-0)")
     return raw
 

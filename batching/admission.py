@@ -8,7 +8,9 @@ set (it runs alone rather than never).
 - `GroupedAdmission` (policy "default"): the running set holds up to `max_num_groups`
   compatibility keys, one forward each per iteration. Groups are filled before new ones
   open: the queue is walked (samples at the starvation bound first, in arrival order; then
-  the others by priority, high, normal, low, and arrival within a priority) first for
+  the others by rank, `batching.preemption.rank_key`: priority, high, normal, low; within a
+  priority least slack to a `complete_by`, then the tenant with fewer running samples; then
+  arrival) first for
   samples of a key already running (or, with nothing running, the first one's key), then
   again for the rest, each admitted if
   it fits (slots, tokens, and its key runs or another group is allowed). So a two-size
@@ -29,21 +31,24 @@ set (it runs alone rather than never).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from batching.sample import Sample
 
+Rank = Callable[["Sample"], tuple]  # a sample -> its rank, smaller first
 Samples = Sequence["Sample"]  # in arrival order
 
 
 class AdmissionPolicy(Protocol):
     max_num_groups: int  # distinct compatibility keys the running set may hold
 
-    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
+    def admit(
+        self, waiting: Samples, running: Samples, num_free: int, tokens_free: float, rank: Rank | None = None
+    ) -> list[Sample]:
         """The waiting samples to admit now, in admission order: at most `num_free`, costing at most
-        `tokens_free` together (but see `_fits`)."""
+        `tokens_free` together (but see `_fits`). `rank(sample)`: its rank, best first (default: priority)."""
         ...
 
 
@@ -52,8 +57,10 @@ class GroupedAdmission:
         self.max_num_groups = max_num_groups
         self.max_wait_iterations = max_wait_iterations
 
-    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
-        eligible = sorted(waiting, key=self._walk_order(waiting))  # arrival order, bound and priority first
+    def admit(
+        self, waiting: Samples, running: Samples, num_free: int, tokens_free: float, rank: Rank | None = None
+    ) -> list[Sample]:
+        eligible = sorted(waiting, key=self._walk_order(waiting, rank))  # arrival order, bound and rank first
         while True:  # narrow to the first overdue sample left out, until none behind one is admitted
             admitted = self._fill(eligible, running, num_free, tokens_free)
             admitted_ids = {sample.sample_id for sample in admitted}
@@ -72,15 +79,16 @@ class GroupedAdmission:
         _count_overtaken(waiting, admitted_ids)
         return admitted
 
-    def _walk_order(self, waiting: Sequence[Sample]):
-        """Samples at the starvation bound first, in arrival order; then the others by priority
-        (high, normal, low) and arrival within a priority."""
+    def _walk_order(self, waiting: Sequence[Sample], rank: Rank | None):
+        """Samples at the starvation bound first, in arrival order; then the others by rank
+        (priority by default) and arrival within a rank."""
         arrival = {sample.sample_id: index for index, sample in enumerate(waiting)}
+        rank = rank or _priority
 
-        def order(sample: Sample) -> tuple[int, int, int]:
+        def order(sample: Sample) -> tuple:
             if sample.num_iterations_overtaken >= self.max_wait_iterations:
-                return (0, 0, arrival[sample.sample_id])
-            return (1, sample.priority_rank, arrival[sample.sample_id])
+                return (0, (), arrival[sample.sample_id])
+            return (1, rank(sample), arrival[sample.sample_id])
 
         return order
 
@@ -109,7 +117,9 @@ class GroupedAdmission:
 class FifoAdmission:
     max_num_groups = 1
 
-    def admit(self, waiting: Samples, running: Samples, num_free: int, tokens_free: float) -> list[Sample]:
+    def admit(
+        self, waiting: Samples, running: Samples, num_free: int, tokens_free: float, rank: Rank | None = None
+    ) -> list[Sample]:  # rank is ignored: the reference admits in arrival order
         wave_key = _reference_key(running[0]) if running else None
         admitted: list[Sample] = []
         for sample in waiting:
@@ -122,6 +132,10 @@ class FifoAdmission:
             admitted.append(sample)
             tokens_free -= sample.cost
         return admitted
+
+
+def _priority(sample: Sample) -> tuple:
+    return (sample.priority_rank,)
 
 
 def _fits(sample: Sample, tokens_free: float, *, is_empty: bool) -> bool:

@@ -15,6 +15,7 @@ work to another thread). An exception raised by `on_progress` is logged and igno
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -123,10 +124,15 @@ class DiffusionEngine:
         job_id: str | None = None,
         on_progress: ProgressCallback | None = None,
         priority: str = "normal",
+        tenant: str = "",
+        complete_by: float | None = None,
     ) -> JobFuture:
         """Queue a job; the Future resolves to a GenerationResult or raises a BatchingError.
 
-        `priority` (high, normal, low): the scheduler admits waiting samples of a higher priority first."""
+        `priority` (high, normal, low): the scheduler admits waiting samples of a higher priority first, and
+        pauses running ones of a lower priority at a step boundary when there is no room. `complete_by` (unix
+        seconds; may have passed already): among one priority, least slack first; the Future's `is_late` says
+        when the job can no longer make it. `tenant`: among equals, tenants with fewer running samples first."""
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         if params.model != self.config.model:
@@ -144,6 +150,10 @@ class DiffusionEngine:
             raise InvalidParamsError("lora", params.lora, "needs a LoRA store (STEPWISE_LORA_URL), and none is set")
         if priority not in PRIORITIES:
             raise InvalidParamsError("priority", priority, f"must be one of {', '.join(PRIORITIES)}")
+        if complete_by is not None and (
+            isinstance(complete_by, bool) or not isinstance(complete_by, (int, float)) or not math.isfinite(complete_by)
+        ):
+            raise InvalidParamsError("complete_by", complete_by, "must be a time in unix seconds")
         job_id = job_id or uuid.uuid4().hex
         samples = make_samples(
             job_id,
@@ -153,6 +163,8 @@ class DiffusionEngine:
             has_lora=self._key_has_lora,
             priority=priority,
             images=images,
+            tenant=tenant,
+            complete_by=None if complete_by is None else float(complete_by),
         )
         future = JobFuture(job_id, sum(sample.num_steps for sample in samples))
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
@@ -252,6 +264,8 @@ class DiffusionEngine:
             start = time.perf_counter()
             output = self.model_runner.execute(plan, self._take_cancels)
             self.scheduler.update_from_output(plan, output)
+            if output.stepped_sample_ids:  # what the scheduler's slack estimates read
+                self.scheduler.step_times.observe(time.perf_counter() - start)
             self._refresh_snapshot()  # before any job resolves: its caller sees its samples gone
             # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
             is_waiting = output.num_samples_starting > 0 and not (
@@ -426,6 +440,12 @@ class DiffusionEngine:
     def _publish(self) -> None:
         """Refresh what stats() shows, then resolve ended futures: a woken caller sees current stats."""
         self._refresh_snapshot()
+        paused, late = self.scheduler.paused_sample_ids(), self.scheduler.late_sample_ids()
+        with self._cond:
+            jobs = list(self._jobs.values())
+        for job in jobs:  # plain attributes the job's caller reads (the worker writes them to the record)
+            job.future.is_paused = any(sample_id in paused for sample_id in job.sample_ids)
+            job.future.is_late = any(sample_id in late for sample_id in job.sample_ids)
         ended, self._ended = self._ended, []
         for future, outcome in ended:
             if isinstance(outcome, Exception):

@@ -29,6 +29,7 @@ class EngineConfig:
     policy: str = "default"  # admission policy: "default" or "fifo" (see batching.scheduler)
     max_num_groups: int = 2  # default policy: compatibility groups running at once
     max_wait_iterations: int = 50  # default policy: bound on how long a waiting sample is passed over
+    preemption: bool = True  # default policy: pause running samples at a step boundary for ones that outrank them
     max_num_tokens: int | None = None  # token budget of a step (rows x latent tokens, FamilySpec.sample_cost);
     # None: max_num_seqs samples at the model family's default size and guidance
     deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
@@ -61,4 +62,5 @@ class EngineConfig:
             max_num_groups=self.max_num_groups,
             max_wait_iterations=self.max_wait_iterations,
             max_num_tokens=self.max_num_tokens,
+            preemption=self.preemption,
         )

@@ -39,6 +39,8 @@ class JobFuture(Future):
         super().__init__()
         self.job_id = job_id
         self.num_steps_total = num_steps_total
+        self.is_paused = False  # set aside at a step boundary for a job that outranks it (the loop thread sets it)
+        self.is_late = False  # it has a complete_by it can no longer make, by the measured step times
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ without torch: the API process uses it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import secrets
@@ -407,3 +408,34 @@ __all__ = [
     "to_data_uri",
     "upright_size",
 ]
+
+
+# Finish-by deadlines. A job names `complete_by` (unix seconds in Python, RFC 3339 over HTTP) or
+# `slo_seconds` (after its submission), not both. Unlike the start-by `deadline` (a job not started
+# by then ends `expired`), a finish-by deadline never fails a job: among jobs of one priority the
+# engine runs first the one with the least slack (time left minus its estimated remaining work), and
+# a job that can no longer make it is reported `late`.
+MAX_FINISH_BY_SECONDS = 30 * 24 * 3600  # at most 30 days ahead, like the start-by deadline
+
+
+def complete_by_from(complete_by: float | None, slo_seconds: float | None, now: float) -> float | None:
+    """The job's finish-by time in unix seconds, or None; raises InvalidParamsError naming the field."""
+    if complete_by is not None and slo_seconds is not None:
+        raise InvalidParamsError("slo_seconds", slo_seconds, "cannot be given with complete_by: give one of them")
+    if slo_seconds is not None:
+        if isinstance(slo_seconds, bool) or not isinstance(slo_seconds, (int, float)):
+            raise InvalidParamsError("slo_seconds", slo_seconds, "must be a number of seconds")
+        if not (0 < slo_seconds <= MAX_FINISH_BY_SECONDS):
+            raise InvalidParamsError(
+                "slo_seconds", slo_seconds, f"must be above 0 and at most {MAX_FINISH_BY_SECONDS} (30 days)"
+            )
+        return now + float(slo_seconds)
+    if complete_by is None:
+        return None
+    if isinstance(complete_by, bool) or not isinstance(complete_by, (int, float)) or not math.isfinite(complete_by):
+        raise InvalidParamsError("complete_by", complete_by, "must be a time (unix seconds)")
+    if complete_by <= now:
+        raise InvalidParamsError("complete_by", complete_by, "must be in the future")
+    if complete_by > now + MAX_FINISH_BY_SECONDS:
+        raise InvalidParamsError("complete_by", complete_by, "must be at most 30 days from now")
+    return float(complete_by)

@@ -24,12 +24,17 @@ class Sample:
     params: GenerationParams  # one image: num_images == 1, seed = the job's seed + i
     key: CompatibilityKey  # samples of one key share a forward
     num_steps: int  # denoise steps it runs: all of them, or the last `strength` fraction with an init image
-    cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost)
+    cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost, and a reference image's)
     priority_rank: int = 1  # its job's priority, an index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
     images: InputImages | None = None  # its job's init image and mask, decoded once at submit; None: text-to-image
+    tenant: str = ""  # its job's tenant: admission prefers tenants with fewer running samples (batching.preemption)
+    complete_by: float | None = None  # unix seconds its job should finish by: least slack first (batching.preemption)
     # The scheduler's, on the engine loop thread:
     num_steps_done: int = 0
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
+    arrival: int = 0  # its place in arrival order among the scheduler's samples
+    is_paused: bool = False  # waiting again after it ran: set aside at a step boundary, its tensors kept in the runner
+    num_times_paused: int = 0
 
     @property
     def first_step(self) -> int:
@@ -46,6 +51,8 @@ def make_samples(
     has_lora: bool = False,
     priority: str = "normal",
     images: InputImages | None = None,
+    tenant: str = "",
+    complete_by: float | None = None,
 ) -> list[Sample]:
     """A job's samples, one per image in seed order. `has_size`/`has_lora`: what the compatibility key holds
     (`CompatibilityKey.of`); `family` is the engine's loaded one (a folder model's params do not know it);
@@ -62,9 +69,21 @@ def make_samples(
                 params=one,
                 key=CompatibilityKey.of(one, has_size=has_size, has_lora=has_lora),
                 num_steps=num_steps,
-                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt),
+                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt)
+                + _reference_cost(family, one, images),
                 priority_rank=PRIORITIES.index(priority),
                 images=images,
+                tenant=tenant,
+                complete_by=complete_by,
             )
         )
     return samples
+
+
+def _reference_cost(family: FamilySpec, params: GenerationParams, images: InputImages | None) -> int:
+    """A reference image's tokens (FamilySpec.init_image_role "reference"), which join each of the sample's rows."""
+    if images is None or family.init_image_role != "reference":
+        return 0
+    width, height = images.init.size  # as the pipeline prepared it: multiples of the size multiple
+    tokens = (width // family.size_multiple) * (height // family.size_multiple)
+    return family.num_rows(params.guidance_scale, params.negative_prompt) * tokens

@@ -24,20 +24,33 @@ Guarantees under every policy:
   one forward (`admission_caps`); no sample of that key is admitted while that many run.
   The cap is dropped once no sample of the key runs (the group drained: memory freed).
 
-Each sample carries its job's priority (high, normal, low); the default policy admits higher
-priorities first within its starvation bound, and fifo ignores it (`batching.admission`).
+Each sample carries its job's priority (high, normal, low), tenant and `complete_by`; the default
+policy admits by rank (priority, then least slack, then the tenant with fewer running samples:
+`batching.preemption`) within its starvation bound, and fifo ignores them (`batching.admission`).
+
+Preemption (default policy, `preemption=True`): when a waiting sample outranks running ones and
+there is no room for it, the lowest-ranked running samples are paused at this step boundary
+(`batching.preemption.samples_to_pause`). A paused sample leaves the running set but not the
+runner: its tensors stay there, it is in no plan's groups (so it does not step), it waits again in
+its arrival place and resumes where it stopped when admitted again (it is not in `new_samples`
+then). Paused samples resume while admission is paused too (a drain finishes what it started). A
+sample overtaken `max_wait_iterations` times is never paused.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from batching.admission import AdmissionPolicy, FifoAdmission, GroupedAdmission
 from batching.params import CompatibilityKey
 from batching.plan import RunnerOutput, SchedulerPlan
+from batching.preemption import StepTimes, rank_key, samples_to_pause
 from batching.sample import Sample
 
 POLICIES = ("default", "fifo")
@@ -50,6 +63,7 @@ class SchedulerConfig:
     max_num_groups: int = 2  # default policy: distinct keys running at once (one forward each per iteration)
     max_wait_iterations: int = 50  # default policy: times a waiting sample may be overtaken before blocking
     max_num_tokens: int | None = None  # token budget of the running set (rows x latent tokens); None: no budget
+    preemption: bool = True  # default policy: pause running samples at a step boundary for ones that outrank them
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -69,8 +83,12 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
+        self.clock = clock  # unix seconds, as complete_by
+        self.step_times = StepTimes()  # the engine reports each iteration's seconds (slack estimates)
+        self.num_preemptions = 0
+        self._arrivals = itertools.count()
         self._policy = config.admission_policy()
         self._waiting: dict[str, Sample] = {}  # sample_id -> sample, in arrival order
         self._running: dict[str, Sample] = {}  # sample_id -> sample, in admission order
@@ -100,11 +118,15 @@ class Scheduler:
             raise ValueError(f"sample {sample.sample_id!r} is already scheduled")
         assert sample.params.num_images == 1, "split multi-image jobs into one sample per image"
         assert sample.num_steps_done == 0 and sample.num_iterations_overtaken == 0, "a sample is scheduled once"
+        sample.arrival = next(self._arrivals)
         self._waiting[sample.sample_id] = sample
 
     def abort(self, sample_id: str) -> bool:
         """Remove a waiting or running sample; False when it is unknown or already gone."""
-        if self._waiting.pop(sample_id, None) is not None:
+        waiting = self._waiting.pop(sample_id, None)
+        if waiting is not None:
+            if waiting.is_paused:  # the runner holds its tensors
+                self._aborted_sample_ids.append(sample_id)
             return True
         if self._running.pop(sample_id, None) is not None:
             self._aborted_sample_ids.append(sample_id)
@@ -122,13 +144,28 @@ class Scheduler:
         """True while a sample waits or runs, or aborted ids still have to reach the runner."""
         return bool(self._waiting or self._running or self._aborted_sample_ids)
 
+    def late_sample_ids(self) -> set[str]:
+        """Samples that can no longer finish by their complete_by, by the measured step times."""
+        now = self.clock()
+        samples = [*self._waiting.values(), *self._running.values()]
+        return {sample.sample_id for sample in samples if self.step_times.slack(sample, now) < 0}
+
+    def paused_sample_ids(self) -> set[str]:
+        return {sample.sample_id for sample in self._waiting.values() if sample.is_paused}
+
     def snapshot(self) -> dict[str, Any]:
-        """Counts for stats(): samples waiting and running, in total and per key."""
+        """Counts for stats(): samples waiting, running and paused, in total, per key and per tenant."""
+        paused = [sample for sample in self._waiting.values() if sample.is_paused]
         return {
             "policy": self.config.policy,
             "is_admission_paused": self._is_admission_paused,
             "num_waiting": len(self._waiting),
             "num_running": len(self._running),
+            "num_paused": len(paused),  # waiting samples that ran and were set aside (counted in num_waiting)
+            "num_preemptions": self.num_preemptions,
+            "running_by_tenant": dict(Counter(sample.tenant for sample in self._running.values())),
+            "waiting_by_tenant": dict(Counter(sample.tenant for sample in self._waiting.values())),
+            "paused_by_tenant": dict(Counter(sample.tenant for sample in paused)),
             "num_running_tokens": self.num_running_tokens,
             "max_num_tokens": self.config.max_num_tokens,
             "waiting_by_key": dict(Counter(str(sample.key) for sample in self._waiting.values())),
@@ -137,9 +174,15 @@ class Scheduler:
         }
 
     def schedule(self) -> SchedulerPlan:
-        """Admit what the policy allows and plan one step for every running sample."""
-        admitted = [] if self._is_admission_paused else self._admit()
-        plan = SchedulerPlan(new_samples=admitted, aborted_sample_ids=self._aborted_sample_ids)
+        """Pause what preemption asks, admit what the policy allows and plan one step for every running sample."""
+        now = self.clock()
+        if self.config.preemption and self.config.policy == "default":
+            self._preempt(now)
+        admitted = self._admit(now, paused_only=self._is_admission_paused)
+        new_samples = [sample for sample in admitted if not sample.is_paused]
+        for sample in admitted:
+            sample.is_paused = False  # a resumed one runs on from where it stopped
+        plan = SchedulerPlan(new_samples=new_samples, aborted_sample_ids=self._aborted_sample_ids)
         self._aborted_sample_ids = []
         for sample in self._running.values():
             plan.groups.setdefault(sample.key, []).append(sample.sample_id)
@@ -170,25 +213,65 @@ class Scheduler:
         for key, cap in output.admission_caps.items():
             self._admission_caps[key] = min(cap, self._admission_caps.get(key, cap))
 
-    def _admit(self) -> list[Sample]:
+    def _rank(self, now: float) -> Callable[[Sample], tuple]:
+        running_by_tenant = Counter(sample.tenant for sample in self._running.values())
+        return lambda sample: rank_key(sample, now, self.step_times, running_by_tenant)
+
+    def _preempt(self, now: float) -> None:
+        """Pause the running samples that the waiting ones outranking them need the room of."""
+        if not self._waiting:
+            return
+        bound = self.config.max_wait_iterations
+        rank = self._rank(now)
+        keys = {sample.key for sample in self._running.values()}
+        joinable = [
+            sample
+            for sample in self._waiting.values()
+            if (sample.key in keys or len(keys) < self._policy.max_num_groups)
+            and (not self._is_admission_paused or sample.is_paused)
+        ]
+        joinable.sort(key=lambda sample: (sample.num_iterations_overtaken < bound, rank(sample), sample.arrival))
+        budget = self.config.max_num_tokens
+        victims = samples_to_pause(
+            joinable,
+            [sample for sample in self._running.values() if sample.num_steps_done >= 1],  # not while starting
+            num_free=self.config.max_num_seqs - len(self._running),
+            tokens_free=math.inf if budget is None else budget - self.num_running_tokens,
+            now=now,
+            step_times=self.step_times,
+            max_wait_iterations=bound,
+        )
+        for victim in victims:
+            sample = self._running.pop(victim.sample_id)
+            sample.is_paused = True
+            sample.num_times_paused += 1
+            self._waiting[sample.sample_id] = sample
+        if victims:
+            self.num_preemptions += len(victims)
+            self._waiting = dict(sorted(self._waiting.items(), key=lambda item: item[1].arrival))
+
+    def _admit(self, now: float, *, paused_only: bool = False) -> list[Sample]:
         num_free = self.config.max_num_seqs - len(self._running)
         budget = self.config.max_num_tokens
         tokens_free = math.inf if budget is None else budget - self.num_running_tokens
         running_by_key = Counter(sample.key for sample in self._running.values())
         self._admission_caps = {key: cap for key, cap in self._admission_caps.items() if running_by_key[key]}
-        waiting = list(self._waiting.values())
+        waiting = [sample for sample in self._waiting.values() if sample.is_paused or not paused_only]
+        if not waiting:
+            return []
+        rank = self._rank(now)
         if self._admission_caps:
             room = {key: cap - running_by_key[key] for key, cap in self._admission_caps.items()}
             waiting = [sample for sample in waiting if room.get(sample.key, 1) > 0]
             admitted = []
-            for sample in self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free):
+            for sample in self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free, rank):
                 if sample.key in room:
                     if room[sample.key] <= 0:
                         continue  # stays waiting
                     room[sample.key] -= 1
                 admitted.append(sample)
         else:
-            admitted = self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free)
+            admitted = self._policy.admit(waiting, list(self._running.values()), num_free, tokens_free, rank)
         for sample in admitted:
             del self._waiting[sample.sample_id]
             self._running[sample.sample_id] = sample

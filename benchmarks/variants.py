@@ -18,6 +18,7 @@ the oldest has waited `timeout` seconds. It never runs two groups at once.
 
 from __future__ import annotations
 
+import inspect
 import os
 import queue
 import threading
@@ -305,8 +306,12 @@ class StaticBatchVariant:
         if FAMILIES[self.family].samplers != ("euler",):  # UNet families: the requested sampler
             sampler_class, overrides = SAMPLER_CLASSES[first.sampler]
             self.pipeline.scheduler = sampler_class.from_config(self.pipeline.scheduler.config, **overrides)
+        # Flux2KleinPipeline takes no negative prompt (its unconditional one is always empty): same rows, same cost.
+        takes_negative = "negative_prompt" in inspect.signature(self.pipeline.__call__).parameters
         negative = (
-            {"negative_prompt": [p.negative_prompt for p in group]} if any(p.negative_prompt for p in group) else {}
+            {"negative_prompt": [p.negative_prompt for p in group]}
+            if takes_negative and any(p.negative_prompt for p in group)
+            else {}
         )
         self.pipeline(
             prompt=[p.prompt for p in group],

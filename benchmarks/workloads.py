@@ -34,6 +34,8 @@ GUIDANCE_MIX = {
     "zimage": (0.0, 2.0, 4.0, 6.0),
     "sd3": (1.0, 4.0, 7.0, 10.0),
     "qwenimage": (1.0, 2.5, 4.0, 6.0),  # true CFG: 1 runs one row even with the negative prompt
+    "flux2": (1.0, 2.5, 4.0, 6.0),  # embedded, as FLUX.1's
+    "flux2_klein": (1.0, 2.5, 4.0, 6.0),  # true CFG above 1
 }
 
 

@@ -13,6 +13,10 @@ lines gives two jobs. `--run-name` starts a fresh set of jobs for an unchanged f
 A row that cannot be parsed, or that the API refuses with 422, is reported with its line
 number in the manifest and the summary; the run goes on. The exit status is 1 when any row
 did not end with an image.
+
+Rows go in at `--priority` (default `low`) unless they name their own: a backfill is a polite
+tenant, taken from the queue only when no normal job of its model waits, and fair share across
+tenants (`storage.fair_share`) keeps it from delaying other tenants' low jobs by more than about a job.
 """
 
 from __future__ import annotations
@@ -90,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--manifest", type=Path, help="write one JSON line per row here (line, job_id, state, image, error)"
     )
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
+    parser.add_argument(
+        "--priority",
+        choices=("high", "normal", "low"),
+        default="low",
+        help="queue priority of rows that name none (default low: interactive jobs go first)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=None, help="give up on unfinished rows after this many seconds"
     )
@@ -343,7 +353,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         rows = read_rows(args.file, args.format)
-        shared = image_fields(args)  # inline: the same body on a rerun, so idempotency keys still match
+        # inline: the same body on a rerun, so idempotency keys still match (a rerun passes the same flags)
+        shared = {"priority": args.priority, **image_fields(args)}
         rows = [Row(row.line, {**shared, **row.body}, row.parse_error) if row.body is not None else row for row in rows]
         target = resolve_target(args)
     except (OSError, ClientError) as e:

@@ -46,6 +46,7 @@ class JobRecord:
     started_at: float | None = None  # the first start: a re-queued job keeps it
     finished_at: float | None = None
     deadline: float | None = None  # unix seconds; not started by then -> expired
+    complete_by: float | None = None  # unix seconds it should finish by (scheduling, and `late` in its view)
     progress_step: int = 0
     progress_total: int = 0
     image_keys: list[str] = field(default_factory=list)  # storage keys, one per image
@@ -59,6 +60,8 @@ class JobRecord:
     worker_id: str | None = None  # holder while running
     lease_expires_at: float | None = None  # running job's lease (renewed by its worker)
     cancel_requested: bool = False
+    is_paused: bool = False  # running, set aside at a step boundary for a job that outranks it (its worker says)
+    is_late: bool = False  # running, and its worker estimates it cannot finish by complete_by
     timings: dict[str, float] = field(default_factory=dict)  # queue_wait, denoise, decode, upload, total (seconds)
     webhook_url: str | None = None
     webhook_events: list[str] = field(default_factory=list)
@@ -69,10 +72,19 @@ class JobRecord:
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 _FLOAT_FIELDS = frozenset(
-    {"created_at", "started_at", "finished_at", "deadline", "lease_expires_at", "queued_seconds", "requeued_at"}
+    {
+        "created_at",
+        "started_at",
+        "finished_at",
+        "deadline",
+        "complete_by",
+        "lease_expires_at",
+        "queued_seconds",
+        "requeued_at",
+    }
 )
 _INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts"})
-_BOOL_FIELDS = frozenset({"cancel_requested"})
+_BOOL_FIELDS = frozenset({"cancel_requested", "is_paused", "is_late"})
 _JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})
 
 

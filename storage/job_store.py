@@ -12,7 +12,6 @@ records expire.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 import uuid
@@ -23,7 +22,6 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from batching.params import PRIORITIES
 from storage import lua
 from storage.errors import (
     IdempotencyConflictError,
@@ -33,23 +31,23 @@ from storage.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.fair_share import TenantWeights, queue_cost
+from storage.heartbeats import HeartbeatStore
 from storage.job_events import EVENT_LOG_SECONDS
+from storage.job_reads import JobReads
 from storage.job_record import (
     RECORD_FIELDS,
     REQUEUE_REASONS,
-    TERMINAL_STATES,
     JobRecord,
     JobState,
     encode_field,
     record_from_flat,
-    record_from_hash,
 )
 from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
 from storage.queues import DEFAULT_PRIORITY
+from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
-from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records, tenant_totals
 
 __all__ = [
     "Created",
@@ -83,28 +81,9 @@ FINISH_FIELDS = RECORD_FIELDS - {
     "requeue_message",
 }
 MAX_CONNECTIONS = 100  # per process, as redis-py's default pool
-_UNAVAILABLE = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-)
 
 
-def _wraps_redis_errors(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def wrapper(self: JobStore, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except _UNAVAILABLE as e:
-            raise StorageUnavailableError(f"Redis at {self.redis_location} is unavailable: {e}") from e
-        except redis.exceptions.RedisError as e:
-            raise StorageError(f"Redis error in JobStore.{method.__name__}: {e}") from e
-
-    return wrapper
-
-
-class JobStore:
+class JobStore(JobReads):
     def __init__(
         self,
         redis_url: str,
@@ -114,11 +93,13 @@ class JobStore:
         clock: Callable[[], float] = time.time,
         worker_timeout: float = 10.0,
         model_retention: float = 3600.0,
+        tenant_weights: TenantWeights | None = None,
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
         self.keys = RedisKeys(namespace)
         self.clock = clock
+        self.tenant_weights = tenant_weights or TenantWeights()  # the fair order's weights (storage.fair_share)
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
         # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
         # concurrent callers than connections (greenlets under gevent) waits for one, where
@@ -141,6 +122,7 @@ class JobStore:
         register = self._redis.register_script
         self._create = register(lua.CREATE)
         self._take = register(lua.TAKE)
+        self._take_next = register(lua.TAKE_NEXT)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
         self._add_preview = register(lua.ADD_PREVIEW)
@@ -162,136 +144,8 @@ class JobStore:
             job_ttl_seconds=settings.job_ttl_seconds,
             worker_timeout=settings.worker_timeout,
             model_retention=settings.model_retention,
+            tenant_weights=settings.tenant_weights,
         )
-
-    def job_key(self, job_id: str) -> str:
-        return self.keys.job(job_id)
-
-    # Reads.
-
-    def ping(self) -> bool:
-        try:
-            return bool(self._redis.ping())
-        except redis.exceptions.RedisError:
-            return False
-
-    @_wraps_redis_errors
-    def get(self, job_id: str) -> JobRecord | None:
-        mapping = cast(dict[str, str], self._redis.hgetall(self.job_key(job_id)))  # decode_responses=True
-        return record_from_hash(mapping) if mapping else None
-
-    @_wraps_redis_errors
-    def list_for_tenant(
-        self, tenant: str, *, state: JobState | None = None, limit: int = 20, cursor: str | None = None
-    ) -> tuple[list[JobRecord], str | None]:
-        """Newest first; returns (records, next_cursor or None)."""
-        assert limit > 0
-        state = JobState(state) if state is not None else None
-        after = decode_cursor(cursor) if cursor else None
-        records: list[tuple[float, JobRecord]] = []
-        for score, record in iter_tenant_records(self._redis, self.keys, tenant, state, after):
-            records.append((score, record))
-            if len(records) > limit:
-                break
-        if len(records) <= limit:
-            return [record for _, record in records], None
-        last_score, last_record = records[limit - 1]
-        return [record for _, record in records[:limit]], encode_cursor(last_score, last_record.job_id)
-
-    @_wraps_redis_errors
-    def queue_position(self, record: JobRecord) -> int | None:
-        """0-based position among queued jobs of its model and priority (oldest first); None if not queued."""
-        return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
-
-    @_wraps_redis_errors
-    def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
-        """queue_position of each record, in one round trip (non-queued records: None)."""
-        with self._redis.pipeline(transaction=False) as pipe:
-            for record in records:
-                pipe.zrank(self.keys.queue_of(record), record.job_id)
-            ranks = pipe.execute()
-        return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
-
-    @_wraps_redis_errors
-    def queued_by_priority(self, queue: str) -> dict[str, int]:
-        """Jobs queued in one model's queue, per priority."""
-        with self._redis.pipeline(transaction=False) as pipe:
-            for priority in PRIORITIES:
-                pipe.zcard(self.keys.queued_in(queue, priority))
-            return dict(zip(PRIORITIES, pipe.execute()))
-
-    @_wraps_redis_errors
-    def queue_depth(self) -> int:
-        return self._redis.zcard(self.keys.queued)
-
-    @_wraps_redis_errors
-    def beat(self, heartbeat: Heartbeat) -> None:
-        """Record a worker's heartbeat (storage.heartbeats)."""
-        self._heartbeats.beat(heartbeat)
-
-    @_wraps_redis_errors
-    def models(self) -> list[ModelStatus]:
-        """The models workers served within the retention, with their queue depths."""
-        statuses = self._heartbeats.models(self.clock())
-        with self._redis.pipeline(transaction=False) as pipe:
-            for status in statuses:
-                for priority in PRIORITIES:
-                    pipe.zcard(self.keys.queued_in(status.queue, priority))
-            depths = pipe.execute()
-        for index, status in enumerate(statuses):
-            status.queued_by_priority = dict(zip(PRIORITIES, depths[index * len(PRIORITIES) :]))
-        return statuses
-
-    @_wraps_redis_errors
-    def tenant_queue_depth(self, tenant: str) -> int:
-        """The tenant's queued jobs (its per-state index moves with every transition)."""
-        return self._redis.zcard(self.keys.tenant_index(tenant, JobState.QUEUED))
-
-    @_wraps_redis_errors
-    def reserve_submit_slot(self, tenant: str, per_minute: int) -> float | None:
-        """Count one submission against the tenant's fixed one-minute window. Returns None when it
-        fits, else the seconds until the window ends (the slot is given back)."""
-        now = self.clock()
-        window = int(now // 60)
-        key = self.keys.submit_rate(tenant, window)
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, 120)
-            count, _ = pipe.execute()
-        if count <= per_minute:
-            return None
-        self._redis.decr(key)
-        return (window + 1) * 60 - now
-
-    @_wraps_redis_errors
-    def tenant_totals(self) -> dict[str, dict[str, int]]:
-        """tenant -> its queued and running jobs now (storage.tenant_listing.tenant_totals)."""
-        return tenant_totals(self._redis, self.keys)
-
-    @_wraps_redis_errors
-    def counts_by_state(self) -> dict[str, int]:
-        """Queued and running: jobs in that state now. Terminal states: jobs that ever reached them."""
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.zcard(self.keys.queued)
-            pipe.zcard(self.keys.leases)
-            pipe.hgetall(self.keys.finished_counts)
-            num_queued, num_running, finished = pipe.execute()
-        counts = {JobState.QUEUED.value: num_queued, JobState.RUNNING.value: num_running}
-        for state in TERMINAL_STATES:
-            counts[state.value] = int(finished.get(state.value, 0))
-        return counts
-
-    @_wraps_redis_errors
-    def is_cancel_requested(self, job_id: str) -> bool:
-        """True once a cancel was requested while the job ran, if it is canceled by now, or deleted."""
-        state, flag = self._redis.hmget(self.job_key(job_id), "state", "cancel_requested")
-        return flag == "1" or state in (JobState.CANCELED.value, None)
-
-    @_wraps_redis_errors
-    def lapsed_job_ids(self, now: float | None = None) -> list[str]:
-        """Running jobs whose lease expired."""
-        now = self.clock() if now is None else now
-        return cast(list[str], self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now)))  # decode_responses
 
     # Transitions.
 
@@ -307,6 +161,7 @@ class JobStore:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         priority: str = DEFAULT_PRIORITY,
+        complete_by: float | None = None,
     ) -> tuple[JobRecord, bool]:
         """Create a queued job. Returns (record, created). Same tenant+idempotency_key with the
         same request_hash returns the original (created=False); a different hash raises
@@ -320,6 +175,7 @@ class JobStore:
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             priority=priority,
+            complete_by=complete_by,
         )
         outcome = self.create_many([spec])[0]
         if isinstance(outcome, Exception):
@@ -338,11 +194,29 @@ class JobStore:
 
         One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
         QueueFullError once `max_queued` jobs are queued; 0 means no limit). `message_for(record)`
-        gives (Redis list, payload) of the job's broker message, pushed atomically with the record
-        (without it no message is sent: for callers that run the job's task themselves)."""
-        pending = [(spec, spec.new_record(uuid.uuid4().hex, self.clock())) for spec in specs]
+        gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
+        without it the jobs wait in the unsent set until `mark_sent`."""
+        now = self.clock()
+        pending = [
+            (
+                spec,
+                spec.new_record(uuid.uuid4().hex, now),
+                self.tenant_weights.share(spec.tenant, queue_cost(spec.params) if spec.cost is None else spec.cost),
+            )
+            for spec in specs
+        ]
         replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, message_for)
-        return [create_outcome(spec, record, reply) for (spec, record), reply in zip(pending, replies)]
+        return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
+
+    @_wraps_redis_errors
+    def mark_sent_many(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self._redis.zrem(self.keys.unsent, *job_ids)
+
+    @_wraps_redis_errors
+    def mark_sent(self, job_id: str) -> None:
+        """The job's generate message is in the broker; `unsent_job_ids` forgets it."""
+        self._redis.zrem(self.keys.unsent, job_id)
 
     @_wraps_redis_errors
     def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
@@ -355,6 +229,15 @@ class JobStore:
         return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
+    def take_next(self, queue: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
+        """What a generate message does: atomically take the next job of `queue` (highest priority
+        first, then the fair order: storage.fair_share) queued -> running with a lease. None if no job
+        of that queue is queued."""
+        now = self.clock()
+        reply = self._take_next(args=[self.namespace, queue, worker_id, repr(now), repr(now + lease_seconds)])
+        return record_from_flat(reply) if reply else None
+
+    @_wraps_redis_errors
     def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool:
         """Extend the lease of a job this worker holds; False if it no longer holds it."""
         expires_at = self.clock() + lease_seconds
@@ -364,8 +247,12 @@ class JobStore:
         )
 
     @_wraps_redis_errors
-    def set_progress(self, job_id: str, step: int, total: int) -> None:
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total)])
+    def set_progress(
+        self, job_id: str, step: int, total: int, *, is_paused: bool = False, is_late: bool = False
+    ) -> None:
+        """A running job's progress, and whether its engine has it paused or estimates it late."""
+        flags = ["1" if is_paused else "0", "1" if is_late else "0"]
+        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), *flags])
 
     @_wraps_redis_errors
     def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:
@@ -418,7 +305,8 @@ class JobStore:
 
     @_wraps_redis_errors
     def release(self, job_id: str, worker_id: str, reason: str = "worker_shutdown", message: str = "") -> bool:
-        """Running -> queued again (warm shutdown, drain, or a dead holder); the caller re-enqueues it.
+        """Running -> queued again (warm shutdown, drain, or a dead holder), at the head of its queue;
+        the caller sends a message and marks it sent.
         Attempts and the first started_at are kept, progress restarts, and the record says why
         (`reason`, one of REQUEUE_REASONS, and `message`). False if `worker_id` does not hold the job
         (so two callers cannot both re-queue it), or if a cancel was requested: then the job becomes

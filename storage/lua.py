@@ -9,9 +9,14 @@ Keys, with ns the namespace:
     {ns}:job:{job_id}                 hash, the record (see job_record.py)
     {ns}:tenant-jobs:{state}:{tenant} sorted set, job ids by created_at; state "all" holds every job
     {ns}:queued                       sorted set, queued job ids by the time they were (re)queued
-    {ns}:queued:{queue}:{priority}    sorted set, the same for one model's queue and one priority
-                                      (queue positions and per-model depths)
+    {ns}:queued:{queue}:{priority}    sorted set, the same for one model's queue and one priority, by
+                                      fair-share tag: the order workers take them in (storage.fair_share),
+                                      so a job's rank is its queue position
+    {ns}:fair:{queue}:{priority}      hash, that order's virtual clock ("clock", the tag taken last) and
+                                      each tenant's next tag ("tenant:NAME")
     {ns}:leases                       sorted set, running job ids by lease expiry
+    {ns}:unsent                       sorted set, jobs whose generate message may not have been sent, by
+                                      when they were queued: each entry is a message owed to its queue
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
     {ns}:job-events:{job_id}          stream, the job's events (storage.job_events); each entry is also
@@ -24,6 +29,7 @@ import re
 from types import SimpleNamespace
 from typing import cast
 
+from batching.params import PRIORITIES
 from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
 from storage.job_record import JobState
 from storage.redis_keys import RedisKeys
@@ -44,6 +50,7 @@ def _lua_expression(key: str) -> str:
 _KEY_NAMES = f"""
 local queued_key = {_lua_expression(_KEYS.queued)}
 local leases_key = {_lua_expression(_KEYS.leases)}
+local unsent_key = {_lua_expression(_KEYS.unsent)}
 local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 
 local function job_key_of(job_id)
@@ -91,21 +98,75 @@ local function tenant_index(state, tenant)
     + """
 end
 
-local function queue_index(job_key)
-  local queue, priority = unpack(redis.call('HMGET', job_key, 'queue', 'priority'))
+local function queued_index_of(queue, priority)
   return """
     + _lua_expression(_KEYS.queued_in("\x04", "\x05"))
     + """
 end
 
-local function add_queued(job_key, job_id, score)
-  redis.call('ZADD', queued_key, score, job_id)
-  redis.call('ZADD', queue_index(job_key), score, job_id)
+local function fair_clock_of(queue, priority)
+  return """
+    + _lua_expression(_KEYS.fair_clock("\x04", "\x05"))
+    + """
+end
+
+local function exact(x)
+  return string.format('%.17g', x)
+end
+
+-- The job's queue index, the fair clock of that queue and priority, and its tenant.
+local function fair_keys(job_key)
+  local queue, priority, tenant = unpack(redis.call('HMGET', job_key, 'queue', 'priority', 'tenant'))
+  return queued_index_of(queue, priority), fair_clock_of(queue, priority), tenant
+end
+
+local function hash_number(key, field)
+  return tonumber(redis.call('HGET', key, field) or '0') or 0
+end
+
+-- A new job gets the tag max(clock, its tenant's next tag), which then moves on by the job's share.
+local function add_new_queued(job_key, job_id, queued_at, share)
+  redis.call('ZADD', queued_key, queued_at, job_id)
+  local index, fair, tenant = fair_keys(job_key)
+  local tag = math.max(hash_number(fair, 'clock'), hash_number(fair, 'tenant:' .. tenant))
+  redis.call('HSET', fair, 'tenant:' .. tenant, exact(tag + share))
+  redis.call('HSET', job_key, 'queue_tag', exact(tag), 'queue_share', exact(share))
+  redis.call('ZADD', index, exact(tag), job_id)
+end
+
+-- A job back in the queue goes ahead of every job not taken yet: those have tags at or after the clock,
+-- and its tag (taken already) is at or before it, so its tag less its share is before them all.
+local function add_requeued(job_key, job_id, queued_at)
+  redis.call('ZADD', queued_key, queued_at, job_id)
+  local index, fair = fair_keys(job_key)
+  local tag, share = unpack(redis.call('HMGET', job_key, 'queue_tag', 'queue_share'))
+  tag = tonumber(tag or '') or hash_number(fair, 'clock')
+  redis.call('ZADD', index, exact(tag - (tonumber(share or '') or 1)), job_id)
+end
+
+-- The clock follows the tags of the jobs taken.
+local function advance_clock(job_key)
+  local _, fair = fair_keys(job_key)
+  local tag = tonumber(redis.call('HGET', job_key, 'queue_tag') or '')
+  if tag and tag > hash_number(fair, 'clock') then
+    redis.call('HSET', fair, 'clock', exact(tag))
+  end
+end
+
+-- A job that leaves the queue without ever running gives its tenant its share back.
+local function refund_share(job_key)
+  local _, fair, tenant = fair_keys(job_key)
+  local share, attempts = unpack(redis.call('HMGET', job_key, 'queue_share', 'attempts'))
+  if not share or (tonumber(attempts or '0') or 0) > 0 then
+    return
+  end
+  local next_tag = hash_number(fair, 'tenant:' .. tenant) - tonumber(share)
+  redis.call('HSET', fair, 'tenant:' .. tenant, exact(math.max(hash_number(fair, 'clock'), next_tag)))
 end
 
 local function remove_queued(job_key, job_id)
   redis.call('ZREM', queued_key, job_id)
-  redis.call('ZREM', queue_index(job_key), job_id)
+  redis.call('ZREM', (fair_keys(job_key)), job_id)
 end
 
 local function set_state(job_key, job_id, from_state, to_state)
@@ -116,7 +177,13 @@ local function set_state(job_key, job_id, from_state, to_state)
 end
 
 -- Out of the queue and the lease set, counted, and kept only for ttl seconds from now on.
+-- A queued job's owed message is forgiven (one job fewer needs one); a running job's is not: it may be
+-- owed to another job of its queue, taken by its message meanwhile.
 local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
+  if from_state == 'queued' then
+    refund_share(job_key)
+    redis.call('ZREM', unsent_key, job_id)
+  end
   set_state(job_key, job_id, from_state, to_state)
   redis.call('HSET', job_key, 'finished_at', now)
   redis.call('HDEL', job_key, 'lease_expires_at')
@@ -130,16 +197,33 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   end
   emit_end(job_id, to_state)
 end
+
+-- Queued -> running with a lease. started_at is the first start (a re-queued job keeps it); queued_seconds
+-- adds the time since the job was (re)queued, so the run time of an earlier attempt never counts as waiting.
+local function take_job(job_key, job_id, worker_id, now, lease_expires_at)
+  local created_at, requeued_at, queued_seconds = unpack(redis.call(
+    'HMGET', job_key, 'created_at', 'requeued_at', 'queued_seconds'))
+  local waited = (tonumber(queued_seconds) or 0) + math.max(0, tonumber(now) - tonumber(requeued_at or created_at))
+  set_state(job_key, job_id, 'queued', 'running')
+  redis.call('HSETNX', job_key, 'started_at', now)
+  redis.call('HSET', job_key, 'worker_id', worker_id, 'lease_expires_at', lease_expires_at, 'progress_step', '0',
+             'queued_seconds', exact(waited))
+  redis.call('HINCRBY', job_key, 'attempts', 1)
+  advance_clock(job_key)
+  remove_queued(job_key, job_id)
+  redis.call('ZADD', leases_key, lease_expires_at, job_id)
+  emit(job_id, 'event', 'started')
+end
 """
 )
 
 # KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), message_list,
 # message ('' and '': none), the record's hash as a JSON list [field, value, ...] (one argument
-# instead of forty: the client packs far less).
+# instead of forty: the client packs far less), the job's share in the fair order (cost / weight).
 # Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
 # the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
-# With a message, the job is created and its message pushed onto message_list together, so no job exists
-# without its message (the API always sends one; a test or benchmark that runs tasks itself sends none).
+# With a message, the job is created and its message pushed onto message_list together (the job is
+# then never unsent); without one, the job waits in the unsent set until its creator marks it sent.
 CREATE = (
     _PREAMBLE
     + """
@@ -168,35 +252,58 @@ end
 local tenant, created_at = unpack(redis.call('HMGET', KEYS[1], 'tenant', 'created_at'))
 redis.call('ZADD', tenant_index('all', tenant), created_at, job_id)
 redis.call('ZADD', tenant_index('queued', tenant), created_at, job_id)
-add_queued(KEYS[1], job_id, created_at)
+add_new_queued(KEYS[1], job_id, created_at, tonumber(ARGV[8]))
 if ARGV[5] ~= '' then
   redis.call('LPUSH', ARGV[5], ARGV[6])
+else
+  redis.call('ZADD', unsent_key, created_at, job_id)
 end
-return {1, redis.call('ZRANK', queue_index(KEYS[1]), job_id)}
+return {1, redis.call('ZRANK', (fair_keys(KEYS[1])), job_id)}
 """
 )
 
 # ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
 # started_at is the first start (a re-queued job keeps it); queued_seconds adds the time since the
 # job was (re)queued, so the run time of an earlier attempt never counts as waiting.
+# Taking one job by its id, without a message (tests, tools): its owed message, if any, is forgiven.
 TAKE = (
     _PREAMBLE
     + """
-local state, created_at, requeued_at, queued_seconds = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'created_at', 'requeued_at', 'queued_seconds'))
-if state ~= 'queued' then
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
   return false
 end
-local waited = (tonumber(queued_seconds) or 0) + math.max(0, tonumber(ARGV[4]) - tonumber(requeued_at or created_at))
-set_state(KEYS[1], ARGV[2], 'queued', 'running')
-redis.call('HSETNX', KEYS[1], 'started_at', ARGV[4])
-redis.call('HSET', KEYS[1], 'worker_id', ARGV[3], 'lease_expires_at', ARGV[5], 'progress_step', '0',
-           'queued_seconds', string.format('%.17g', waited))
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-remove_queued(KEYS[1], ARGV[2])
-redis.call('ZADD', leases_key, ARGV[5], ARGV[2])
-emit(ARGV[2], 'event', 'started')
+take_job(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+redis.call('ZREM', unsent_key, ARGV[2])
 return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# ARGV: ns, queue, worker_id, now, lease_expires_at. What a generate message does: take the queue's next
+# job, highest priority first and within one priority the smallest fair-share tag. Returns HGETALL, or
+# false when nothing of that queue is queued. An index entry whose record is not queued (none should
+# exist) is dropped on the way.
+TAKE_NEXT = (
+    _PREAMBLE
+    + """
+local queue = ARGV[2]
+for _, priority in ipairs({"""
+    + ", ".join(f"'{name}'" for name in PRIORITIES)
+    + """}) do
+  local index = queued_index_of(queue, priority)
+  while true do
+    local head = redis.call('ZRANGE', index, 0, 0)[1]
+    if not head then
+      break
+    end
+    local job_key = job_key_of(head)
+    if redis.call('HGET', job_key, 'state') == 'queued' then
+      take_job(job_key, head, ARGV[3], ARGV[4], ARGV[5])
+      return redis.call('HGETALL', job_key)
+    end
+    redis.call('ZREM', index, head)
+  end
+end
+return false
 """
 )
 
@@ -214,14 +321,16 @@ return 1
 """
 )
 
-# ARGV: ns, job_id, step, total. Only a running job's progress moves (never recreates an expired hash).
+# ARGV: ns, job_id, step, total, is_paused ('1'/'0'), is_late ('1'/'0'). Only a running job's progress moves
+# (never recreates an expired hash).
 SET_PROGRESS = (
     _PREAMBLE
     + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'progress_step', ARGV[3], 'progress_total', ARGV[4])
+redis.call('HSET', KEYS[1], 'progress_step', ARGV[3], 'progress_total', ARGV[4], 'is_paused', ARGV[5],
+           'is_late', ARGV[6])
 emit(ARGV[2], 'event', 'progress', 'step', ARGV[3], 'total', ARGV[4])
 return 1
 """
@@ -285,7 +394,8 @@ return {'refused', state}
 )
 
 # ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or '', reason code, reason message.
-# Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused.
+# Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused. A job queued
+# again owes its queue a message (the unsent set) until the caller marks it sent.
 RELEASE = (
     _PREAMBLE
     + """
@@ -305,11 +415,12 @@ if cancel == '1' then
   return 2
 end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
-redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at')
+redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at', 'is_paused')
 redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'requeue_reason', ARGV[7],
            'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])
-add_queued(KEYS[1], ARGV[2], ARGV[4])
+add_requeued(KEYS[1], ARGV[2], ARGV[4])
+redis.call('ZADD', unsent_key, ARGV[4], ARGV[2])
 emit(ARGV[2], 'event', 'queued')
 return 1
 """
@@ -348,6 +459,7 @@ if state == 'queued' then
 end
 remove_queued(KEYS[1], ARGV[2])
 redis.call('ZREM', leases_key, ARGV[2])
+redis.call('ZREM', unsent_key, ARGV[2])
 for _, name in ipairs({'all', """
     + ", ".join(f"'{state.value}'" for state in JobState)
     + """}) do

@@ -35,6 +35,8 @@ class NewJobSpec:
     idempotency_key: str | None = None
     request_hash: str | None = None  # identifies the request body for idempotent replays
     priority: str = DEFAULT_PRIORITY
+    complete_by: float | None = None  # unix seconds the job should finish by (the engine schedules by it)
+    cost: float | None = None  # its cost in the fair order (storage.fair_share); None: queue_cost(params)
 
     def new_record(self, job_id: str, now: float) -> JobRecord:
         assert self.tenant, "tenant must not be empty"
@@ -45,6 +47,7 @@ class NewJobSpec:
             params=self.params,
             created_at=now,
             deadline=self.deadline,
+            complete_by=self.complete_by,
             webhook_url=self.webhook_url,
             webhook_events=list(self.webhook_events),
             idempotency_key=self.idempotency_key,
@@ -67,11 +70,11 @@ def run_creates(
     client: redis.Redis,
     create_sha: str,
     keys: RedisKeys,
-    pending: list[tuple[NewJobSpec, JobRecord]],
+    pending: list[tuple[NewJobSpec, JobRecord, float]],
     max_queued: int,
     message_for: MessageFor | None,
 ) -> list[Any]:
-    """One pipeline of CREATE scripts (storage.lua), one per pending job; their raw replies.
+    """One pipeline of CREATE scripts (storage.lua), one per pending (spec, record, fair share); their raw replies.
 
     EVALSHA goes straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
     round trip to every pipeline. After a Redis restart (scripts gone) the script is loaded and
@@ -81,7 +84,7 @@ def run_creates(
     for _ in range(2):
         with client.pipeline(transaction=False) as pipe:
             for index in todo:
-                spec, record = pending[index]
+                spec, record, share = pending[index]
                 script_keys = [keys.job(record.job_id)]
                 if spec.idempotency_key is not None:
                     script_keys.append(keys.idempotency(spec.tenant, spec.idempotency_key))
@@ -98,6 +101,7 @@ def run_creates(
                     message_list,
                     message,
                     flat,
+                    repr(share),
                 )
             for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
                 replies[index] = reply

@@ -36,12 +36,20 @@ class RedisKeys:
         return f"{self.namespace}:queued"
 
     def queued_in(self, queue: str, priority: str) -> str:
-        """Queued jobs of one model's queue and one priority."""
+        """Queued jobs of one model's queue and one priority, by fair-share tag (storage.fair_share)."""
         return f"{self.namespace}:queued:{queue}:{priority}"
+
+    def fair_clock(self, queue: str, priority: str) -> str:
+        """Hash: the fair order's virtual clock ("clock") and each tenant's next tag ("tenant:NAME")."""
+        return f"{self.namespace}:fair:{queue}:{priority}"
 
     def queue_of(self, record: JobRecord) -> str:
         """The sorted set a queued record waits in (its position is its rank there)."""
         return self.queued_in(record.queue, record.priority)
+
+    @property
+    def unsent(self) -> str:
+        return f"{self.namespace}:unsent"
 
     @property
     def leases(self) -> str:

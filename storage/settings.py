@@ -6,12 +6,13 @@ Read from `STEPWISE_*` environment variables; each default is the embedded one-m
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 from urllib.parse import urlsplit
 
 from batching.params import MAX_LORA_BYTES
+from storage.fair_share import WEIGHTS_VARIABLE, TenantWeights
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -94,6 +95,8 @@ class StorageSettings:
     model_retention: float = 3600.0
     lora_url: str = ""  # STEPWISE_LORA_URL: the LoRA adapter store, file:///path or s3://bucket/prefix; "": none
     lora_max_bytes: int = MAX_LORA_BYTES  # STEPWISE_LORA_MAX_BYTES: one adapter file (uploads and worker reads)
+    # STEPWISE_TENANT_WEIGHTS: tenant:weight pairs of the fair order (storage.fair_share); others weigh 1
+    tenant_weights: TenantWeights = field(default_factory=TenantWeights)
 
     @classmethod
     def from_env(cls) -> StorageSettings:
@@ -129,4 +132,5 @@ class StorageSettings:
             model_retention=env_float("STEPWISE_MODEL_RETENTION", 3600.0),
             lora_url=env_url("STEPWISE_LORA_URL", ("file", "s3")) or "",
             lora_max_bytes=env_positive_int("STEPWISE_LORA_MAX_BYTES", MAX_LORA_BYTES),
+            tenant_weights=TenantWeights.parse(os.environ.get(WEIGHTS_VARIABLE, "")),
         )

@@ -7,9 +7,7 @@ record has expired (terminal records have a TTL) are skipped and removed on the 
 
 from __future__ import annotations
 
-import base64
-import binascii
-import math
+import re
 from collections.abc import Iterator
 from typing import cast
 
@@ -22,20 +20,25 @@ from storage.redis_keys import RedisKeys
 INDEX_CHUNK = 100  # index entries read per round trip
 
 
+# A cursor is the (created_at, job_id) of the last job on a page, in plain text: `1796160328.3190002-<id>`.
+# Every string of this form is a valid cursor (a position in the listing), so the OpenAPI document's
+# pattern says exactly which cursors the API takes.
+CURSOR_PATTERN = r"^[0-9]{1,17}(\.[0-9]{1,17})?-[0-9a-f]{32}$"
+CURSOR_OR_NONE_PATTERN = r"^(?:[0-9]{1,17}(\.[0-9]{1,17})?-[0-9a-f]{32})?$"  # as a query parameter: empty is none
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
 def encode_cursor(score: float, job_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{score!r}:{job_id}".encode()).decode().rstrip("=")
+    cursor = f"{score!r}-{job_id}"
+    assert _CURSOR.match(cursor), cursor  # created_at scores and uuid4 hex job ids always fit
+    return cursor
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        raw_score, job_id = text.split(":", 1)
-        score = float(raw_score)
-    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
-        raise InvalidCursorError(f"cursor {cursor!r} is not one this service returned") from e
-    if not math.isfinite(score) or not job_id:  # NaN would reach Redis as "min or max is not a float"
+    if not _CURSOR.match(cursor):
         raise InvalidCursorError(f"cursor {cursor!r} is not one this service returned")
-    return score, job_id
+    raw_score, _, job_id = cursor.partition("-")
+    return float(raw_score), job_id
 
 
 def iter_tenant_records(

@@ -81,6 +81,7 @@ class DeadWorkerWatch:
                 record = self.job_store.get(job_id)
                 if record is not None:
                     self.enqueue(record)  # to the job's own queue, at its priority
+                    self.job_store.mark_sent(job_id)  # the message the release left owed (storage.lua.RELEASE)
                     requeued.append(job_id)
                     log.warning("job %s: re-queued: %s", job_id, message)
         return requeued

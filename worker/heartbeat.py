@@ -52,7 +52,7 @@ def family_limits(family: str) -> dict:
         "num_frames": [1],
         "supports_lora": spec.supports_lora,
         "negative_prompt": spec.guidance_kind == "cfg",  # families with embedded guidance refuse one
-        "init_image": "start" if spec.references is None else "reference",  # img2img/inpainting, or a reference
+        "init_image": spec.init_image_role,  # start (img2img/inpainting), edit, reference or none
     }
 
 

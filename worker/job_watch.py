@@ -35,6 +35,7 @@ class JobWatch:
         self.record = record
         self.wants_progress_webhooks = "progress" in record.webhook_events
         self.written_step = 0
+        self.written_flags = (False, False)  # (is_paused, is_late) as last written
         self.last_progress_write = 0.0
         self.last_progress_webhook = 0.0
         self.is_store_failing = False  # log an outage once, not at every poll
@@ -69,13 +70,19 @@ class JobWatch:
             self.runtime.stop_job(active, StopReason.CANCELED)
 
     def write_progress(self, now: float, *, force: bool = False) -> None:
+        """Progress, and whether the engine has the job paused or estimates it late (a change of those is
+        written at once: a paused job reports no steps)."""
         step, total = self.active.step, self.active.total
-        if step == self.written_step:
+        future = self.active.future
+        flags = (future.is_paused, future.is_late) if future is not None else (False, False)
+        if step == self.written_step and flags == self.written_flags:
             return
-        if not force and now - self.last_progress_write < self.runtime.settings.progress_interval:
+        is_due = force or now - self.last_progress_write >= self.runtime.settings.progress_interval
+        if not is_due and flags == self.written_flags:
             return
-        self.runtime.job_store.set_progress(self.active.job_id, step, total)
+        self.runtime.job_store.set_progress(self.active.job_id, step, total, is_paused=flags[0], is_late=flags[1])
         self.written_step = step
+        self.written_flags = flags
         self.last_progress_write = now
         if self.wants_progress_webhooks and now - self.last_progress_webhook >= PROGRESS_SECONDS:
             self.last_progress_webhook = now

@@ -90,6 +90,7 @@ def start(sender) -> None:
         runtime.job_store,
         send_generate,
         settings.lease_sweep_interval,
+        unsent_grace=runtime.lease_seconds,
         dead_workers=dead_workers,
     ).start()
     _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)

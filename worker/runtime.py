@@ -87,6 +87,7 @@ class WorkerRuntime:
             max_num_seqs=s.max_num_seqs,
             max_num_tokens=s.max_num_tokens or None,
             policy=s.policy,
+            preemption=s.preemption,
             deterministic=s.deterministic,
             decode_overlap=OVERLAP_CHOICES[s.decode_overlap],
             encode_overlap=OVERLAP_CHOICES[s.encode_overlap],
@@ -113,7 +114,15 @@ class WorkerRuntime:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def submit(self, job_id: str, params: GenerationParams, priority: str = "normal") -> ActiveJob | None:
+    def submit(
+        self,
+        job_id: str,
+        params: GenerationParams,
+        priority: str = "normal",
+        *,
+        tenant: str = "",
+        complete_by: float | None = None,
+    ) -> ActiveJob | None:
         """Hand the job to the engine, or return None while admission is stopped."""
         engine = self.engine
         with self._lock:
@@ -121,7 +130,14 @@ class WorkerRuntime:
                 return None
             active = ActiveJob(job_id)
             try:
-                active.future = engine.submit(params, job_id=job_id, on_progress=active.on_progress, priority=priority)
+                active.future = engine.submit(
+                    params,
+                    job_id=job_id,
+                    on_progress=active.on_progress,
+                    priority=priority,
+                    tenant=tenant,
+                    complete_by=complete_by,
+                )
             except EngineShutdownError:
                 return None
             self._active[job_id] = active

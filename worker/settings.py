@@ -35,6 +35,8 @@ class WorkerSettings:
     # a step's budget in rows x latent tokens; 0: max_num_seqs jobs at the model's default size
     max_num_tokens: int = setting(0, "STEPWISE_MAX_NUM_TOKENS")
     policy: str = setting("default", "STEPWISE_POLICY")  # default or fifo
+    # pause running jobs at a step boundary for jobs that outrank them (default policy)
+    preemption: bool = setting(True, "STEPWISE_PREEMPTION")
     deterministic: bool = setting(False, "STEPWISE_DETERMINISTIC")  # pad forwards for bit-identical results
     # auto (the device's default), on or off: decode / start new jobs on a thread beside the denoise loop
     decode_overlap: str = setting("auto", "STEPWISE_DECODE_OVERLAP")

@@ -1,7 +1,12 @@
 """The generate task: one job from its queued record to an end state.
 
-1. take the job (atomic queued -> running with a lease, returning its record); refused if it is not
-   queued (another worker holds it, or it ended: a redelivered message is harmless);
+A generate message is a ticket for its model's queue, not for one job: the job it names is the one
+whose arrival sent it (for logs and Flower), and the job it runs is the queue's next one in the
+project's own order (highest priority, then fair share across tenants: `storage.fair_share`).
+Every queued job is matched by a message, so any message may run any job of its queue.
+
+1. take the queue's next job (atomic queued -> running with a lease); with none queued (its job was
+   canceled, or taken by another message) the message does nothing, so a redelivered one is harmless;
 2. a job whose deadline passed before it started ends `expired`;
 3. submit it to this process's engine and wait, writing progress and watching for a cancel
    request (`worker.job_watch`);
@@ -29,7 +34,7 @@ from worker.app import app
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
-from worker.queueing import send_generate
+from worker.queueing import send_generate, send_ticket
 from worker.runtime import WorkerRuntime, get_runtime
 from worker.uploads import encode_image, upload_images
 from worker.webhooks import emit_event
@@ -41,7 +46,7 @@ STORAGE_RETRY_SECONDS = 5
 
 @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
 def generate(self, job_id: str) -> str:
-    """Returns the job's outcome for this delivery (for logs and Flower)."""
+    """`job_id`: the job whose arrival sent this message. Returns what this delivery did (for logs and Flower)."""
     try:
         return run_job(get_runtime(), job_id)
     except StorageUnavailableError as e:
@@ -56,24 +61,20 @@ def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
     return retry_through_outage(runtime.settings.redis_retry_seconds, call, *args, **kwargs)
 
 
-def run_job(runtime: WorkerRuntime, job_id: str) -> str:
+def run_job(runtime: WorkerRuntime, message_job_id: str) -> str:
     store = runtime.job_store
-    if not runtime.is_admitting:  # drained or shutting down: leave the job to another worker, untouched
-        record = patiently(runtime, store.get, job_id)
-        if record is None or record.state.is_terminal:
-            return _not_runnable(job_id, record)
-        send_generate(record)
+    queue = runtime.settings.queue
+    if not runtime.is_admitting:  # drained or shutting down: leave the queue's next job to another worker
+        send_ticket(queue, message_job_id)
         return "passed on"
-    # Taken first (the script reads the record and refuses one that is not queued): one round trip on the
-    # way of every job; the record is read on its own only when the take was refused, to say why.
-    taken = patiently(runtime, store.take, job_id, runtime.worker_id, runtime.lease_seconds)
+    taken = patiently(runtime, store.take_next, queue, runtime.worker_id, runtime.lease_seconds)
     if taken is None:
-        record = patiently(runtime, store.get, job_id)
-        if record is None or record.state.is_terminal:
-            return _not_runnable(job_id, record)
-        log.info("job %s: not queued any more (another worker holds it, or it ended); skipping", job_id)
+        log.info("message of job %s: no job of its queue is queued; nothing to do", message_job_id)
         metrics.JOBS.labels("skipped").inc()
-        return "skipped"
+        return "nothing queued"
+    job_id = taken.job_id
+    if job_id != message_job_id:
+        log.info("message of job %s: took job %s, next in its queue", message_job_id, job_id)
     runtime.leases.hold(job_id)
     try:
         return run_taken_job(runtime, taken)
@@ -86,15 +87,6 @@ def run_job(runtime: WorkerRuntime, job_id: str) -> str:
         )
     finally:
         runtime.leases.release(job_id)
-
-
-def _not_runnable(job_id: str, record: JobRecord | None) -> str:
-    """The outcome for a message whose job has no record any more, or has ended."""
-    if record is None:
-        log.warning("job %s: no record (never created, or expired); dropping the message", job_id)
-        return "missing"
-    log.info("job %s: already %s; nothing to do", job_id, record.state.value)
-    return f"already {record.state.value}"
 
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
@@ -125,7 +117,9 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
             )
         params = dataclasses.replace(params, lora=lora_key)
     try:
-        active = runtime.submit(job_id, params, priority=record.priority)
+        active = runtime.submit(
+            job_id, params, priority=record.priority, tenant=record.tenant, complete_by=record.complete_by
+        )
     except InvalidParamsError as e:  # for example a model this worker does not serve
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
     if active is None:
@@ -266,6 +260,7 @@ def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
         log.info("job %s: not re-queued (%s): another worker holds it", job_id, why)
         return "not requeued"
     send_generate(record)
+    patiently(runtime, store.mark_sent, job_id)
     log.info("job %s: re-queued (%s)", job_id, why)
     metrics.JOBS.labels("requeued").inc()
     return "requeued"

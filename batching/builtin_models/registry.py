@@ -34,9 +34,9 @@ BUILTIN_MODELS = {
     "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
-    "tiny-qwen-image": BuiltinModel(version="v2", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),
+    "tiny-qwen-image": BuiltinModel(version="v3", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),
     "tiny-qwen-image-edit": BuiltinModel(
-        version="v2", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
+        version="v3", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
     ),
     "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.builtins.sd3"),
     "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.builtins.flux2"),

@@ -22,6 +22,7 @@ their own.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,10 @@ class QwenImageAdapter(AdapterBase):
         self.transformer = pipeline.transformer
         self.latent_channels = self.transformer.config.in_channels // 4
         self.attention = MixedShapeQwenAttnProcessor()
+        # The Qwen-Image VAE keeps its causal-convolution caches on the module (clear_cache resets the encoder's
+        # and the decoder's alike), so it runs one call at a time: the decoder's thread decodes while the
+        # encoder's thread encodes edit images.
+        self.vae_lock = threading.Lock()
         self.transformer.set_attn_processor(self.attention)
         config = self.vae.config
         shape = (1, config.z_dim, 1, 1, 1)
@@ -169,7 +174,9 @@ class QwenImageAdapter(AdapterBase):
         unpacked = latents.view(num, height // 2, width // 2, self.latent_channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
         unpacked = unpacked.reshape(num, self.latent_channels, 1, height, width).to(self.vae.dtype)
         raw = unpacked / self.latents_std_inverse + self.latents_mean  # as the pipeline undoes the normalisation
-        return pixels_to_images(self.vae.decode(raw, return_dict=False)[0][:, :, 0])
+        with self.vae_lock:
+            pixels = self.vae.decode(raw, return_dict=False)[0][:, :, 0]  # [n, 3, H, W]
+        return pixels_to_images(pixels)
 
     def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
         """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""

@@ -15,11 +15,11 @@ the job names none: batching.params).
 
 An edit job's conditioning depends on its image, so its prompts are encoded per sample
 when it starts (`image_conditioning`, on the encoder's thread, with the image decoded
-once at submit) rather than in the shared text-encoder call, each text alone as the pipeline
-encodes it. Rows of edit jobs share
-forwards whatever their output sizes, edit images and prompt lengths (mixed shapes run
-`qwenimage_mixed_sizes`); a model serves either editing or text-to-image jobs, so edit
-rows never meet plain Qwen-Image rows (their checkpoints differ anyway).
+once at submit) rather than in the shared text-encoder call, each text alone as the
+pipeline encodes it. Rows of edit jobs share forwards whatever their output sizes, edit
+images and prompt lengths (mixed shapes run `qwenimage_mixed_sizes`); a model serves
+either editing or text-to-image jobs, so edit rows never meet plain Qwen-Image rows
+(their checkpoints differ anyway).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from batching.pipelines.loading import load_pipeline
 from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.qwenimage_processor import image_processor_only
 
-PADDING_TEXT_LENGTH = 1024  # a deterministic-mode padding row's prompt states: longer than real edit prompts' usually
+PADDING_TEXT_LENGTH = 512  # a deterministic-mode padding row's prompt states (real edit prompts are longer with a real
+# model's ~1300 image tokens; there a group pads to its longest)
 NUM_CACHED_IMAGES = 8  # edit images whose VAE latents are kept (a job's images, or edits of one picture, share them)
 # (model, device, dtype, image and size) -> its latents and img_shapes entry; one per process, as engines of one
 # model in one process (a worker has one) load the same VAE, whose encoding no adapter or job changes
@@ -116,7 +117,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
                 _EDIT_LATENTS.move_to_end(key)
                 return cached
         pixels = self.pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
-        raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
+        with self.vae_lock:
+            raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
         std = torch.tensor(self.vae.config.latents_std).view(self.latents_mean.shape).to(raw.device, raw.dtype)
         latents = ((raw - self.latents_mean.to(raw.dtype)) / std).to(self.dtype)  # as the pipeline normalises
         latent_height, latent_width = latents.shape[-2:]

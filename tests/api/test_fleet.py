@@ -96,6 +96,7 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
         assert served[name]["workers"] == 1 and served[name]["capacity"] == 1 and served[name]["family"] == "sd"
         assert served[name]["limits"]["supports_lora"] is True and "num_running" in served[name]["engine"]
         assert served[name]["limits"]["samplers"] == list(FAMILIES["sd"].samplers)
+        assert (served[name]["limits"]["init_image"], served[name]["limits"]["negative_prompt"]) == ("start", True)
     refused = submit(http, fleet_api, cheap("builtin:does-not-exist")).json()["error"]
     assert refused["field"] == "model"
     assert "builtin:small" in refused["message"] and "builtin:tiny" in refused["message"]

@@ -4,7 +4,6 @@ quotas, idempotency key spaces, and views that one odd stored record cannot brea
 
 from __future__ import annotations
 
-import base64
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -141,10 +140,10 @@ def test_one_stored_record_with_an_unrepresentable_deadline_breaks_no_view(clien
 # -- cursors (item 4) -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["nan:x", "inf:x", "-inf:x", "1e999:x", "5.0:"])
-def test_a_cursor_that_decodes_to_no_finite_score_gets_422_naming_cursor(client, text):
-    cursor = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
+@pytest.mark.parametrize(
+    "cursor", ["nan-" + "a" * 32, "inf-" + "a" * 32, "1e999-" + "a" * 32, "5.0-", "-5.0-" + "a" * 32, "bmFuOng"]
+)
+def test_a_cursor_that_is_no_finite_position_gets_422_naming_cursor(client, cursor):
     response = client.get("/v1/jobs", query_string={"cursor": cursor}, headers=auth())
 
     assert response.status_code == 422, response.text

@@ -85,6 +85,16 @@ INVALID_FIELDS = [
     ("deadline", "tomorrow"),
     ("deadline", "2030-01-01T00:00:00"),
     ("deadline", (datetime.now(UTC) - timedelta(minutes=1)).isoformat()),
+    ("complete_by", "soon"),
+    ("complete_by", "2030-01-01T00:00:00"),
+    ("complete_by", 1900000000),
+    ("complete_by", (datetime.now(UTC) - timedelta(minutes=1)).isoformat()),
+    ("complete_by", (datetime.now(UTC) + timedelta(days=31)).isoformat()),
+    ("slo_seconds", 0),
+    ("slo_seconds", -5),
+    ("slo_seconds", "30"),
+    ("slo_seconds", 31 * 24 * 3600),
+    ("slo_seconds", True),
 ]
 
 

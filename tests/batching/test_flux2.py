@@ -173,3 +173,15 @@ def test_klein_runs_true_cfg_rows_beside_single_rows_each_equal_to_itself_alone_
     for params, image in [(workload[0], alone[0]), (workload[3], alone[3])]:
         expected = own_pipeline_image(pipeline, params, image=reference_picture() if params.init_image else None)
         assert max_pixel_diff(image, expected) <= 2
+
+
+def test_a_reference_image_counts_in_what_its_job_costs_each_forward():
+    from batching.families import FAMILIES
+    from batching.image_inputs import input_images
+    from batching.sample import make_samples
+
+    params = flux2_params(init_image=png_data_uri(reference_picture()))  # a 64x64 job, an 80x64 reference
+    (plain,) = make_samples("plain", flux2_params(), FAMILIES["flux2"])
+    (with_reference,) = make_samples("edit", params, FAMILIES["flux2"], images=input_images(params, "flux2"))
+
+    assert (plain.cost, with_reference.cost) == (4 * 4, 4 * 4 + 5 * 4)  # tokens: 16-pixel patches

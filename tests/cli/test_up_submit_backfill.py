@@ -313,6 +313,10 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
     assert len({entry["job_id"] for entry in results.values() if entry["job_id"]}) == num_valid
     assert "45 succeeded, 5 failed" in second.stderr
     assert re.search(r"^backfill: \d+/50 rows, .* rows/s", second.stderr, re.M)  # progress in a log, not a bar
+    store = JobStore(up.redis_url)
+    priorities = {store.get(entry["job_id"]).priority for entry in results.values() if entry["job_id"]}
+    store.close()
+    assert priorities == {"low"}, "a backfill's rows go in at --priority, low by default"
 
 
 def readme_block(containing: str) -> str:

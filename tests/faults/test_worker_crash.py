@@ -46,6 +46,7 @@ def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_
 
     assert [r.state for r in records] == [JobState.SUCCEEDED] * NUM_IN_FLIGHT, [r.error_message for r in records]
     assert [r.attempts for r in records] == [2] * NUM_IN_FLIGHT
+    assert {r.requeue_reason for r in records} <= {"lease_expired", "worker_lost"}  # the view says why
     assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT  # each reached it once
     assert folder_cluster.store.counts_by_state()["running"] == 0
     assert stored_images(folder_cluster) == sorted(r.image_keys[0] for r in records)
@@ -86,5 +87,18 @@ def test_the_same_message_delivered_to_two_workers_at_once_runs_once_with_one_im
     logs = [worker.log_path.read_text(errors="replace") for worker in workers]
     assert all(received_tasks(text) > 0 for text in logs), "both workers should have taken messages"
     assert sum(received_tasks(text) for text in logs) == 2 * len(job_ids)
-    skipped = sum(len(re.findall(r"not queued any more|already succeeded; nothing to do", text)) for text in logs)
+    skipped = sum(len(re.findall(r"no job of its queue is queued; nothing to do", text)) for text in logs)
     assert skipped == len(job_ids)
+
+
+def test_a_job_whose_api_died_before_sending_its_message_is_sent_by_a_worker(folder_cluster):
+    worker = folder_cluster.start_worker(**FAST_RECOVERY)
+    orphan_id = folder_cluster.create_job(small_params(prompt="never sent")).job_id  # the record, no message
+    sent_id = folder_cluster.submit(small_params(prompt="sent"))
+
+    orphan = folder_cluster.wait_for_end(orphan_id, timeout=120)
+    wait_for(folder_cluster.broker_is_idle, 30, "every message to be consumed and acknowledged")
+
+    assert (orphan.state, orphan.attempts) == (JobState.SUCCEEDED, 1)
+    assert folder_cluster.store.get(sent_id).attempts == 1
+    assert worker.log_tail(100_000).count("with no message sent; sent one") == 1

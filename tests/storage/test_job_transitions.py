@@ -283,6 +283,24 @@ def test_webhook_attempts_are_appended_in_order(store):
     assert store.get("no-such-job") is None
 
 
+def test_a_job_stays_unsent_until_its_message_is_marked_sent_taken_or_ended(store, clock):
+    sent, taken, canceled, orphan = (make_job(store) for _ in range(4))
+    clock.advance(10)
+    assert set(store.unsent_job_ids(created_before=clock.now)) == {
+        sent.job_id,
+        taken.job_id,
+        canceled.job_id,
+        orphan.job_id,
+    }
+
+    store.mark_sent(sent.job_id)
+    store.take(taken.job_id, "worker-1", lease_seconds=30)
+    store.request_cancel(canceled.job_id)
+
+    assert store.unsent_job_ids(created_before=clock.now) == [orphan.job_id]
+    assert store.unsent_job_ids(created_before=clock.now - 60) == []  # younger than that
+
+
 def test_a_job_is_created_with_its_message_and_a_refused_one_with_neither(store, client):
     queue = "test-generate"
     specs = [NewJobSpec(tenant="acme", params={"prompt": f"fox {i}", "seed": i}) for i in range(3)]

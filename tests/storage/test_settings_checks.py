@@ -32,6 +32,13 @@ BAD_SETTINGS = [
     ("STEPWISE_WORKER_METRICS_PORT", "70000"),
     ("STEPWISE_MAX_NUM_TOKENS", "-5"),
     ("STEPWISE_MAX_NUM_TOKENS", "many"),
+    ("STEPWISE_TENANT_WEIGHTS", "gold=4"),
+    ("STEPWISE_TENANT_WEIGHTS", "gold:0"),
+    ("STEPWISE_TENANT_WEIGHTS", "gold:-1"),
+    ("STEPWISE_TENANT_WEIGHTS", "gold:nan"),
+    ("STEPWISE_TENANT_WEIGHTS", "gold:inf"),
+    ("STEPWISE_TENANT_WEIGHTS", ":2"),
+    ("STEPWISE_TENANT_WEIGHTS", "gold:2,gold:3"),
 ]
 
 

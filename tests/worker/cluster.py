@@ -196,6 +196,7 @@ class Cluster:
         self.celery.send_task(
             GENERATE_TASK, args=[job_id], queue=record.queue, task_id=task_id, priority=BROKER_PRIORITY[record.priority]
         )
+        self.store.mark_sent(job_id)
 
     def submit(self, params: dict[str, Any] | None = None, **fields: Any) -> str:
         record = self.create_job(params, **fields)

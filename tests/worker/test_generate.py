@@ -142,16 +142,19 @@ def test_a_job_for_another_model_stays_in_its_own_queue_untouched_by_this_worker
     assert s3_cluster.queue_length(generate_queue("builtin:not-this-one")) == 1
 
 
-def test_a_job_the_engine_cannot_serve_fails_with_a_readable_message_and_the_worker_keeps_working(
+def test_a_job_the_worker_cannot_serve_fails_readably_and_a_misrouted_message_moves_no_job_between_queues(
     s3_cluster, main_worker
 ):
-    bad = s3_cluster.create_job(small_params(model="builtin:not-this-one"))
-    s3_cluster.celery.send_task("stepwise.generate", args=[bad.job_id], queue=generate_queue("builtin:tiny"))
-    bad_id = bad.job_id  # misrouted onto this worker's queue by hand: the engine refuses it
+    other = s3_cluster.create_job(small_params(model="builtin:not-this-one"))
+    # Misrouted onto this worker's queue by hand: a message takes its own queue's next job, never this one.
+    s3_cluster.celery.send_task("stepwise.generate", args=[other.job_id], queue=generate_queue("builtin:tiny"))
+    bad_id = s3_cluster.submit(small_params(lora="no-such-adapter"))  # this deployment has no LoRA store
     good_id = s3_cluster.submit(small_params())
 
     bad = s3_cluster.wait_for_end(bad_id)
 
-    assert bad.state is JobState.FAILED
-    assert "builtin:not-this-one" in bad.error_message
+    assert bad.state is JobState.FAILED and bad.error_code == "invalid_params"
+    assert "no-such-adapter" in bad.error_message
     assert s3_cluster.wait_for_end(good_id).state is JobState.SUCCEEDED
+    wait_for(lambda: s3_cluster.queue_length() == 0, 30, "the misrouted message to be consumed")
+    assert s3_cluster.store.get(other.job_id).state is JobState.QUEUED

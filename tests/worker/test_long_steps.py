@@ -13,6 +13,7 @@ from concurrent.futures import Future
 import pytest
 
 from batching.errors import JobCanceledError
+from batching.job import JobFuture
 from storage.job_record import JobState
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
@@ -37,8 +38,8 @@ class LongStepEngine:
         self.is_cancel_wanted = threading.Event()
         self.at_boundary = threading.Event()
 
-    def submit(self, params, *, job_id, on_progress, priority="normal") -> Future:
-        future: Future = Future()
+    def submit(self, params, *, job_id, on_progress, priority="normal", tenant="", complete_by=None) -> JobFuture:
+        future = JobFuture(job_id, self.num_steps)  # what DiffusionEngine.submit returns
         threading.Thread(target=self._run, args=(future, job_id, on_progress), daemon=True).start()
         return future
 

@@ -1,4 +1,6 @@
-"""Workers stopping, gracefully or not: no job is lost and none runs twice to completion."""
+"""Workers stopping gracefully: no job is lost and none runs twice to completion. A killed worker's jobs:
+tests/faults/test_worker_crash.py (lapsed leases, 20 jobs, a redelivered message that changes nothing)
+and tests/cli/test_up_submit_backfill.py (default settings: re-queued from the silent heartbeat)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,7 @@ import signal
 import pytest
 
 from storage.job_record import JobState
-from tests.worker.cluster import long_params, small_params, wait_for
-
-FAST_LEASES = {"STEPWISE_JOB_LEASE_SECONDS": "3", "STEPWISE_LEASE_SWEEP_INTERVAL": "0.5"}
+from tests.worker.cluster import long_params, small_params
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -39,29 +39,3 @@ def test_warm_shutdown_requeues_what_outlives_the_grace_period_and_another_worke
     finished = folder_cluster.wait_for_end(long_id)
     assert finished.state is JobState.SUCCEEDED and finished.attempts == 2
     assert [folder_cluster.wait_for_end(job_id).state for job_id in short_ids] == [JobState.SUCCEEDED] * 2
-
-
-def test_a_killed_workers_job_is_requeued_when_its_lease_lapses_and_runs_to_the_end_elsewhere(folder_cluster):
-    doomed = folder_cluster.start_worker("doomed", **FAST_LEASES)
-    job_id = folder_cluster.submit(long_params(prompt="survives a SIGKILL"))
-    folder_cluster.wait_for_progress(job_id, min_step=1)
-
-    first = folder_cluster.store.get(job_id)
-    doomed.stop(signal.SIGKILL)
-    folder_cluster.start_worker("rescuer", **FAST_LEASES)
-
-    record = folder_cluster.wait_for_end(job_id)
-    assert record.state is JobState.SUCCEEDED and record.attempts == 2
-    assert record.requeue_reason == "lease_expired" and record.started_at == first.started_at
-
-    # The killed worker's message is still unacknowledged in Redis (back after the visibility
-    # timeout); the same message delivered now stands in for that redelivery and must do nothing.
-    assert folder_cluster.num_unacked() == 1
-    folder_cluster.enqueue(job_id)
-    wait_for(
-        lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == 1,
-        60,
-        "the redelivered message to be consumed and acknowledged",
-    )
-    after = folder_cluster.store.get(job_id)
-    assert after.state is JobState.SUCCEEDED and after.attempts == 2 and after.image_keys == record.image_keys

@@ -61,7 +61,7 @@ def build_pipeline(name: str):
             base_dim=VAE_BASE_DIM,
             z_dim=LATENT_CHANNELS,
             dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
+            num_res_blocks=0,  # the decoder still has one per level; the encoder sees ~1M-pixel edit images
             temperal_downsample=[False, True, True],
         )
         _spread_conv_weights(vae)

@@ -1,0 +1,161 @@
+"""The job store's reads: one record, a tenant's listing, queue positions and depths, the served models,
+counts. `JobStore` (storage.job_store) inherits them; they read the Redis keys it writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import redis
+
+from batching.params import PRIORITIES
+from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
+from storage.job_record import TERMINAL_STATES, JobRecord, JobState, record_from_hash
+from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
+from storage.redis_keys import RedisKeys
+from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records, tenant_totals
+
+
+class JobReads:
+    _redis: redis.Redis
+    keys: RedisKeys
+    clock: Callable[[], float]
+    _heartbeats: HeartbeatStore
+    redis_location: str
+
+    def job_key(self, job_id: str) -> str:
+        return self.keys.job(job_id)
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except redis.exceptions.RedisError:
+            return False
+
+    @_wraps_redis_errors
+    def get(self, job_id: str) -> JobRecord | None:
+        mapping = cast(dict[str, str], self._redis.hgetall(self.job_key(job_id)))  # decode_responses=True
+        return record_from_hash(mapping) if mapping else None
+
+    @_wraps_redis_errors
+    def list_for_tenant(
+        self, tenant: str, *, state: JobState | None = None, limit: int = 20, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        """Newest first; returns (records, next_cursor or None)."""
+        assert limit > 0
+        state = JobState(state) if state is not None else None
+        after = decode_cursor(cursor) if cursor else None
+        records: list[tuple[float, JobRecord]] = []
+        for score, record in iter_tenant_records(self._redis, self.keys, tenant, state, after):
+            records.append((score, record))
+            if len(records) > limit:
+                break
+        if len(records) <= limit:
+            return [record for _, record in records], None
+        last_score, last_record = records[limit - 1]
+        return [record for _, record in records[:limit]], encode_cursor(last_score, last_record.job_id)
+
+    @_wraps_redis_errors
+    def queue_position(self, record: JobRecord) -> int | None:
+        """0-based position among queued jobs of its model and priority in the order workers take them
+        (storage.fair_share); None if not queued."""
+        return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
+
+    @_wraps_redis_errors
+    def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
+        """queue_position of each record, in one round trip and at one instant (MULTI), so positions read
+        together are consistent with each other (non-queued records: None)."""
+        with self._redis.pipeline(transaction=True) as pipe:
+            for record in records:
+                pipe.zrank(self.keys.queue_of(record), record.job_id)
+            ranks = pipe.execute()
+        return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
+
+    @_wraps_redis_errors
+    def queued_by_priority(self, queue: str) -> dict[str, int]:
+        """Jobs queued in one model's queue, per priority."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            for priority in PRIORITIES:
+                pipe.zcard(self.keys.queued_in(queue, priority))
+            return dict(zip(PRIORITIES, pipe.execute()))
+
+    @_wraps_redis_errors
+    def queue_depth(self) -> int:
+        return self._redis.zcard(self.keys.queued)
+
+    @_wraps_redis_errors
+    def beat(self, heartbeat: Heartbeat) -> None:
+        """Record a worker's heartbeat (storage.heartbeats)."""
+        self._heartbeats.beat(heartbeat)
+
+    @_wraps_redis_errors
+    def models(self) -> list[ModelStatus]:
+        """The models workers served within the retention, with their queue depths."""
+        statuses = self._heartbeats.models(self.clock())
+        with self._redis.pipeline(transaction=False) as pipe:
+            for status in statuses:
+                for priority in PRIORITIES:
+                    pipe.zcard(self.keys.queued_in(status.queue, priority))
+            depths = pipe.execute()
+        for index, status in enumerate(statuses):
+            status.queued_by_priority = dict(zip(PRIORITIES, depths[index * len(PRIORITIES) :]))
+        return statuses
+
+    @_wraps_redis_errors
+    def tenant_queue_depth(self, tenant: str) -> int:
+        """The tenant's queued jobs (its per-state index moves with every transition)."""
+        return self._redis.zcard(self.keys.tenant_index(tenant, JobState.QUEUED))
+
+    @_wraps_redis_errors
+    def reserve_submit_slot(self, tenant: str, per_minute: int) -> float | None:
+        """Count one submission against the tenant's fixed one-minute window. Returns None when it
+        fits, else the seconds until the window ends (the slot is given back)."""
+        now = self.clock()
+        window = int(now // 60)
+        key = self.keys.submit_rate(tenant, window)
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 120)
+            count, _ = pipe.execute()
+        if count <= per_minute:
+            return None
+        self._redis.decr(key)
+        return (window + 1) * 60 - now
+
+    @_wraps_redis_errors
+    def tenant_totals(self) -> dict[str, dict[str, int]]:
+        """tenant -> its queued and running jobs now (storage.tenant_listing.tenant_totals)."""
+        return tenant_totals(self._redis, self.keys)
+
+    @_wraps_redis_errors
+    def counts_by_state(self) -> dict[str, int]:
+        """Queued and running: jobs in that state now. Terminal states: jobs that ever reached them."""
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zcard(self.keys.queued)
+            pipe.zcard(self.keys.leases)
+            pipe.hgetall(self.keys.finished_counts)
+            num_queued, num_running, finished = pipe.execute()
+        counts = {JobState.QUEUED.value: num_queued, JobState.RUNNING.value: num_running}
+        for state in TERMINAL_STATES:
+            counts[state.value] = int(finished.get(state.value, 0))
+        return counts
+
+    @_wraps_redis_errors
+    def is_cancel_requested(self, job_id: str) -> bool:
+        """True once a cancel was requested while the job ran, if it is canceled by now, or deleted."""
+        state, flag = self._redis.hmget(self.job_key(job_id), "state", "cancel_requested")
+        return flag == "1" or state in (JobState.CANCELED.value, None)
+
+    @_wraps_redis_errors
+    def lapsed_job_ids(self, now: float | None = None) -> list[str]:
+        """Running jobs whose lease expired."""
+        now = self.clock() if now is None else now
+        return cast(list[str], self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now)))  # decode_responses
+
+    @_wraps_redis_errors
+    def unsent_job_ids(self, created_before: float) -> list[str]:
+        """Jobs queued before then whose generate message nobody confirmed sending (`mark_sent`): their
+        creator, or the worker re-queueing them, may have died before sending it. Each is a message owed
+        to the job's queue: any message of a queue takes that queue's next job, so the entry stays when
+        another message took the job (and it is then owed to another job of the queue)."""
+        return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))
