@@ -17,12 +17,12 @@ JSON object `{"<model>": {"max_pixels": N, "max_pixel_steps": N}}`).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import batching.params as P
 from api.errors import ApiError
+from settings import SettingsError, default
 
 LIMIT_NAMES = ("max_pixels", "max_pixel_steps")
 BUILTIN_PREFIX = "builtin:"
@@ -38,7 +38,7 @@ CPU_LIMITS = ModelLimits(max_pixels=512 * 512, max_pixel_steps=8 * 256 * 256 * 5
 GPU_LIMITS = ModelLimits(max_pixels=P.MAX_PIXELS, max_pixel_steps=8 * 1024 * 1024 * 50)
 
 
-class LimitsError(ValueError):
+class LimitsError(SettingsError):
     """A limit setting is malformed; the message names the variable."""
 
 
@@ -78,16 +78,15 @@ class LimitTable:
             )
 
     @classmethod
-    def from_env(cls) -> LimitTable:
-        max_pixels = _positive_int("STEPWISE_MAX_PIXELS", os.environ.get("STEPWISE_MAX_PIXELS"))
-        max_pixel_steps = _positive_int("STEPWISE_MAX_PIXEL_STEPS", os.environ.get("STEPWISE_MAX_PIXEL_STEPS"))
-        table = cls(
-            device=os.environ.get("STEPWISE_DEVICE") or "auto",
-            per_model=_per_model(os.environ.get("STEPWISE_MODEL_LIMITS") or ""),
-        )
+    def configured(
+        cls, *, device: str, max_pixels: int | None, max_pixel_steps: int | None, model_limits: str
+    ) -> LimitTable:
+        """The table from its settings (api.settings reads them): STEPWISE_DEVICE, STEPWISE_MAX_PIXELS,
+        STEPWISE_MAX_PIXEL_STEPS (None: the device's defaults) and STEPWISE_MODEL_LIMITS (JSON text)."""
+        table = cls(device=device, per_model=_per_model(model_limits))
         if max_pixels is None and max_pixel_steps is None:
             return table
-        base = table.for_model(P.DEFAULT_SERVICE_MODEL)
+        base = table.for_model(default("STEPWISE_MODEL"))
         overrides = ModelLimits(
             max_pixels=max_pixels or base.max_pixels, max_pixel_steps=max_pixel_steps or base.max_pixel_steps
         )

@@ -34,11 +34,13 @@ from urllib.parse import urljoin, urlsplit
 
 from api.errors import ApiError, invalid
 from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
+from settings import default
 from storage.outbound_http import DeadlineConnection
 from storage.url_policy import Address, AllowList, ImageURLError, check_image_url
 
 MAX_REDIRECTS = 3
-DEFAULT_FETCH_SECONDS = 10.0  # STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: all of one request's URLs, redirects included
+# STEPWISE_IMAGE_URL_TIMEOUT_SECONDS: all of one request's URLs, redirects included
+DEFAULT_FETCH_SECONDS: float = default("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS")
 MAX_CONCURRENT_FETCHES = 8  # URLs one request fetches at once (threads it holds while fetching)
 READ_CHUNK_BYTES = 64 * 1024
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)

@@ -1,7 +1,8 @@
-"""The API's own settings, read from `STEPWISE_*` environment variables.
+"""`ApiSettings`: what the HTTP layer decides, read from the `STEPWISE_*` variables settings/table.py declares.
 
-Storage settings (Redis, image storage) are shared with the worker and live in
-`storage.settings`; this module holds only what the HTTP layer decides.
+Storage settings (Redis, image storage) are shared with the worker and live in `storage.settings`;
+this module reads the API's own, parses the structured ones (key pairs, priorities, model lists,
+limits) and checks what spans several.
 """
 
 from __future__ import annotations
@@ -13,21 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.limits import LimitTable
-from api.remote_images import DEFAULT_FETCH_SECONDS
-from batching.params import DEFAULT_SERVICE_MODEL, PRIORITIES, service_model
-from storage.settings import StorageSettings, env_bool, env_float, env_int, env_url
-from storage.url_policy import DEFAULT_WEBHOOK_LOOKUP_SECONDS, AllowList
+from batching.params import PRIORITIES
+from settings import SettingsError, default, read
+from storage.settings import StorageSettings
+from storage.url_policy import AllowList
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
-DEFAULT_MAX_QUEUE_DEPTH = 10_000
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-DEFAULT_MAX_BATCH_JOBS = 100
-
-
-class SettingsError(ValueError):
-    """A `STEPWISE_*` variable the API reads is malformed."""
 
 
 def parse_api_keys(text: str, variable: str = "STEPWISE_API_KEYS") -> tuple[tuple[str, str], ...]:
@@ -105,7 +99,18 @@ def local_dev_key(path: Path) -> str:
 
 
 def default_key_file() -> Path:
-    return Path(os.environ.get("STEPWISE_VAR_DIR") or "var") / "api-key"
+    return Path(read("STEPWISE_VAR_DIR")) / "api-key"
+
+
+def read_limits() -> LimitTable:
+    """The per-model cost limits from STEPWISE_DEVICE, STEPWISE_MAX_PIXELS, STEPWISE_MAX_PIXEL_STEPS and
+    STEPWISE_MODEL_LIMITS."""
+    return LimitTable.configured(
+        device=read("STEPWISE_DEVICE"),
+        max_pixels=read("STEPWISE_MAX_PIXELS"),
+        max_pixel_steps=read("STEPWISE_MAX_PIXEL_STEPS"),
+        model_limits=read("STEPWISE_MODEL_LIMITS"),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,90 +118,74 @@ class ApiSettings:
     api_keys: tuple[tuple[str, str], ...]  # STEPWISE_API_KEYS: (tenant, key) pairs
     admin_api_keys: tuple[tuple[str, str], ...] = ()  # STEPWISE_ADMIN_API_KEYS: operators' (tenant, key) pairs
     storage: StorageSettings = field(default_factory=StorageSettings)
-    max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH  # STEPWISE_MAX_QUEUE_DEPTH: 429 at or above this many queued jobs
-    tenant_max_queued: int = 0  # STEPWISE_TENANT_MAX_QUEUED: one tenant's queued jobs at most; 0: no per-tenant cap
-    tenant_jobs_per_minute: int = 0  # STEPWISE_TENANT_JOBS_PER_MINUTE: jobs one tenant may submit per minute; 0: no cap
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # STEPWISE_MAX_BODY_BYTES: larger request bodies get 413
-    max_batch_jobs: int = DEFAULT_MAX_BATCH_JOBS  # STEPWISE_MAX_BATCH_JOBS: jobs per POST /v1/jobs/batch
+    max_queue_depth: int = default("STEPWISE_MAX_QUEUE_DEPTH")  # 429 at or above this many queued jobs
+    tenant_max_queued: int = default("STEPWISE_TENANT_MAX_QUEUED")  # one tenant's queued jobs at most; 0: no cap
+    tenant_jobs_per_minute: int = default("STEPWISE_TENANT_JOBS_PER_MINUTE")  # one tenant's submits; 0: no cap
+    max_body_bytes: int = default("STEPWISE_MAX_BODY_BYTES")  # larger request bodies get 413
+    max_batch_jobs: int = default("STEPWISE_MAX_BATCH_JOBS")  # jobs per POST /v1/jobs/batch
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
-    # STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS: one deadline for the name lookups of a request's webhook hosts
-    webhook_lookup_timeout_seconds: float = DEFAULT_WEBHOOK_LOOKUP_SECONDS
+    # one deadline for the name lookups of a request's webhook hosts
+    webhook_lookup_timeout_seconds: float = default("STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS")
     # STEPWISE_IMAGE_URL_HOSTS: hosts (names or CIDR ranges) init_image / mask_image URLs may name; empty: no
     # URL is fetched. STEPWISE_IMAGE_URL_TIMEOUT_SECONDS bounds all of one request's fetches, redirects included.
     image_url_hosts: AllowList = field(default_factory=AllowList)
-    image_url_timeout_seconds: float = DEFAULT_FETCH_SECONDS
+    image_url_timeout_seconds: float = default("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS")
     retry_after_seconds: int = 5  # Retry-After sent with 429
-    default_model: str = DEFAULT_SERVICE_MODEL  # STEPWISE_MODEL: the model of a job that names none
+    default_model: str = default("STEPWISE_MODEL")  # the model of a job that names none
     limits: LimitTable = field(default_factory=LimitTable)  # per-model cost limits checked at submit
     # STEPWISE_TENANT_MAX_PRIORITY: tenant -> highest priority it may use
     tenant_max_priority: dict[str, str] = field(default_factory=dict)
-    # STEPWISE_ACCEPT_UNSERVED_MODELS: queue jobs for models no worker served recently
-    accept_unserved_models: bool = False
-    # STEPWISE_EVENTS_KEEPALIVE_SECONDS: an idle event stream sends a comment line this often
-    events_keepalive_seconds: float = 15.0
-    # STEPWISE_IMAGES_WAIT_SECONDS: how long /v1/images/* wait for their job before answering 504
-    images_wait_seconds: float = 300.0
+    # queue jobs for models no worker served recently
+    accept_unserved_models: bool = default("STEPWISE_ACCEPT_UNSERVED_MODELS")
+    # an idle event stream sends a comment line this often
+    events_keepalive_seconds: float = default("STEPWISE_EVENTS_KEEPALIVE_SECONDS")
+    # how long /v1/images/* wait for their job before answering 504
+    images_wait_seconds: float = default("STEPWISE_IMAGES_WAIT_SECONDS")
     # STEPWISE_MODELS: models this API serves whatever the workers' state (their jobs queue until a worker
     # runs); the default model is one of them whenever the variable is set
     configured_models: tuple[str, ...] = ()
-    metrics_tenant_labels: bool = False  # STEPWISE_METRICS_TENANT_LABELS: a series per tenant in /metrics
+    metrics_tenant_labels: bool = default("STEPWISE_METRICS_TENANT_LABELS")  # a series per tenant in /metrics
 
     def max_priority(self, tenant: str) -> str:
         return self.tenant_max_priority.get(tenant, PRIORITIES[0])
 
     @classmethod
     def from_env(cls) -> ApiSettings:
-        keys_text = os.environ.get("STEPWISE_API_KEYS", "").strip()
-        admin_text = os.environ.get("STEPWISE_ADMIN_API_KEYS", "").strip()
-        admin_api_keys = parse_api_keys(admin_text, "STEPWISE_ADMIN_API_KEYS") if admin_text else ()
-        if keys_text:
+        keys_text = read("STEPWISE_API_KEYS") or ""
+        admin_text = read("STEPWISE_ADMIN_API_KEYS") or ""
+        admin_api_keys = parse_api_keys(admin_text, "STEPWISE_ADMIN_API_KEYS") if admin_text.strip() else ()
+        if keys_text.strip():
             api_keys = parse_api_keys(keys_text)
         elif admin_api_keys:
             api_keys = ()
         else:
             api_keys = ((DEFAULT_TENANT, local_dev_key(default_key_file())),)
-        configured_models = parse_models(os.environ.get("STEPWISE_MODELS", ""))
-        default_model = os.environ.get("STEPWISE_MODEL") or (configured_models or (service_model(),))[0]
+        configured_models = parse_models(read("STEPWISE_MODELS"))
+        # unset: the first configured model, else the declared default
+        default_model = read("STEPWISE_MODEL", configured_models[0] if configured_models else None)
         if configured_models and default_model not in configured_models:
             configured_models = (default_model, *configured_models)
-        settings = cls(
+        return cls(
             api_keys=api_keys,
             admin_api_keys=admin_api_keys,
             storage=StorageSettings.from_env(),
-            max_queue_depth=env_int("STEPWISE_MAX_QUEUE_DEPTH", DEFAULT_MAX_QUEUE_DEPTH),
-            tenant_max_queued=env_int("STEPWISE_TENANT_MAX_QUEUED", 0),
-            tenant_jobs_per_minute=env_int("STEPWISE_TENANT_JOBS_PER_MINUTE", 0),
-            max_body_bytes=env_int("STEPWISE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
-            max_batch_jobs=env_int("STEPWISE_MAX_BATCH_JOBS", DEFAULT_MAX_BATCH_JOBS),
-            public_url=(env_url("STEPWISE_PUBLIC_URL", ("http", "https")) or "").rstrip("/") or None,
-            webhook_allow=AllowList.from_env(),
-            webhook_lookup_timeout_seconds=env_float(
-                "STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS", DEFAULT_WEBHOOK_LOOKUP_SECONDS
-            ),
-            image_url_hosts=AllowList.from_env("STEPWISE_IMAGE_URL_HOSTS"),
-            image_url_timeout_seconds=env_float("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS", DEFAULT_FETCH_SECONDS),
+            max_queue_depth=read("STEPWISE_MAX_QUEUE_DEPTH"),
+            tenant_max_queued=read("STEPWISE_TENANT_MAX_QUEUED"),
+            tenant_jobs_per_minute=read("STEPWISE_TENANT_JOBS_PER_MINUTE"),
+            max_body_bytes=read("STEPWISE_MAX_BODY_BYTES"),
+            max_batch_jobs=read("STEPWISE_MAX_BATCH_JOBS"),
+            public_url=(read("STEPWISE_PUBLIC_URL") or "").rstrip("/") or None,
+            webhook_allow=AllowList.parse(read("STEPWISE_WEBHOOK_ALLOW_HOSTS")),
+            webhook_lookup_timeout_seconds=read("STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS"),
+            image_url_hosts=AllowList.parse(read("STEPWISE_IMAGE_URL_HOSTS")),
+            image_url_timeout_seconds=read("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS"),
             default_model=default_model,
-            limits=LimitTable.from_env(),
-            tenant_max_priority=parse_tenant_priorities(os.environ.get("STEPWISE_TENANT_MAX_PRIORITY", "")),
-            accept_unserved_models=env_bool("STEPWISE_ACCEPT_UNSERVED_MODELS", False),
-            events_keepalive_seconds=env_float("STEPWISE_EVENTS_KEEPALIVE_SECONDS", 15.0),
-            images_wait_seconds=env_float("STEPWISE_IMAGES_WAIT_SECONDS", 300.0),
+            limits=read_limits(),
+            tenant_max_priority=parse_tenant_priorities(read("STEPWISE_TENANT_MAX_PRIORITY")),
+            accept_unserved_models=read("STEPWISE_ACCEPT_UNSERVED_MODELS"),
+            events_keepalive_seconds=read("STEPWISE_EVENTS_KEEPALIVE_SECONDS"),
+            images_wait_seconds=read("STEPWISE_IMAGES_WAIT_SECONDS"),
             configured_models=configured_models,
-            metrics_tenant_labels=env_bool("STEPWISE_METRICS_TENANT_LABELS", False),
+            metrics_tenant_labels=read("STEPWISE_METRICS_TENANT_LABELS"),
         )
-        for name in ("max_queue_depth", "max_body_bytes", "max_batch_jobs"):
-            if getattr(settings, name) < 1:
-                raise SettingsError(f"STEPWISE_{name.upper()} must be at least 1")
-        for name in ("tenant_max_queued", "tenant_jobs_per_minute"):
-            if getattr(settings, name) < 0:
-                raise SettingsError(f"STEPWISE_{name.upper()} must be 0 (no cap) or more")
-        for name in (
-            "image_url_timeout_seconds",
-            "webhook_lookup_timeout_seconds",
-            "events_keepalive_seconds",
-            "images_wait_seconds",
-        ):
-            if not getattr(settings, name) > 0:
-                raise SettingsError(f"STEPWISE_{name.upper()} must be above 0")
-        return settings

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from batching.params import MAX_LORA_BYTES
 from batching.scheduler import SchedulerConfig
@@ -34,8 +33,9 @@ class EngineConfig:
     # None: max_num_seqs samples at the model family's default size and guidance
     deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
     num_threads: int | None = None  # torch CPU threads, process-wide; None keeps torch's default
-    lora_url: str | None = field(default_factory=lambda: os.environ.get("STEPWISE_LORA_URL") or None)  # LoRA
-    # store: file:///folder, or any URL the engine's `lora_fetcher` reads (s3://...); None: adapters refused
+    # the LoRA store: file:///folder, or any URL the engine's `lora_fetcher` reads (s3://...); None: adapters
+    # refused. The worker passes STEPWISE_LORA_URL; the engine reads no environment variable.
+    lora_url: str | None = None
     lora_mode: str = "rows"  # "rows": rows with different adapters share a forward; "group": one adapter per group
     lora_cache_adapters: int = 16  # adapters kept loaded on the model (LRU)
     lora_cache_bytes: int = 2 * 2**30  # their summed file sizes (LRU)

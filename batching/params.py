@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -42,12 +41,10 @@ from batching.lora.file_format import (  # the adapter-file rules the API applie
     LoraFileError,
     check_lora_file,
 )
+from settings.table import DEVICE
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
 DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
-# The model the service serves when STEPWISE_MODEL is unset: the worker's, `stepwise up`'s and
-# `stepwise generate`'s, and the model the API gives a job that names none.
-DEFAULT_SERVICE_MODEL = "builtin:tiny"
 PRIORITIES = ("high", "normal", "low")  # a job's priority, highest first: queue order and engine admission
 
 MIN_SIZE = 64
@@ -74,22 +71,12 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1: what no m
 
 
 # Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_PATTERN = re.compile(DEVICE.pattern or "")
 
 
 # What `stepwise up` (so `make run`) and `stepwise generate` serve when STEPWISE_MODEL is unset: a trained
-# model that draws its prompts (docs/shapes.md). A bare worker or API keeps DEFAULT_SERVICE_MODEL.
+# model that draws its prompts (docs/shapes.md). A bare worker or API serves STEPWISE_MODEL's default.
 SHOWCASE_MODEL = "builtin:shapes"
-
-
-def showcase_model() -> str:
-    return os.environ.get("STEPWISE_MODEL") or SHOWCASE_MODEL
-
-
-def service_model() -> str:
-    """STEPWISE_MODEL, else DEFAULT_SERVICE_MODEL. The worker serves it and the API defaults jobs to it,
-    so a job that names no model runs on the model `stepwise up --model X` or the worker was given."""
-    return os.environ.get("STEPWISE_MODEL") or DEFAULT_SERVICE_MODEL
 
 
 @dataclass(frozen=True)

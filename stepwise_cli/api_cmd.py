@@ -14,14 +14,17 @@ deadlines and a connection limit, and JSON bodies for the requests gunicorn refu
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
 import tempfile
 from typing import Any
 
-SERVERS = ("granian", "gunicorn")
-DEFAULT_SERVER = SERVERS[0]
+from settings import declared, default, read
+
+SERVERS = declared("STEPWISE_API_SERVER").kind.options  # type: ignore[attr-defined]  # a Choice
+DEFAULT_SERVER = default("STEPWISE_API_SERVER")
 # No query string, referer or Basic-auth user: clients put keys there by mistake.
 GUNICORN_ACCESS_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"'
 GRANIAN_ACCESS_FORMAT = '%(addr)s [%(time)s] "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).1fms'
@@ -36,18 +39,18 @@ def default_workers(server: str = DEFAULT_SERVER) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
-        default=os.environ.get("STEPWISE_API_HOST", "127.0.0.1"),
+        default=read("STEPWISE_API_HOST"),
         help="address to listen on (default: $STEPWISE_API_HOST or 127.0.0.1)",
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=int(os.environ.get("STEPWISE_API_PORT", "8000")),
+        default=read("STEPWISE_API_PORT"),
         help="port (default: $STEPWISE_API_PORT or 8000)",
     )
     parser.add_argument(
         "--server",
-        default=os.environ.get("STEPWISE_API_SERVER") or DEFAULT_SERVER,
+        default=read("STEPWISE_API_SERVER"),
         help="granian or gunicorn (default: $STEPWISE_API_SERVER or granian)",
     )
     parser.add_argument(
@@ -59,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        default=4,
-        help="app threads per granian process or gunicorn gthread worker (default: 4)",
+        default=read("STEPWISE_API_THREADS"),
+        help="app threads per granian process or gunicorn gthread worker (default: $STEPWISE_API_THREADS or 4)",
     )
     parser.add_argument(
         "--worker-class",
@@ -106,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
         if is_gevent:  # a normal exit would print gevent's finalizer noise after the one line
             os._exit(2)
         return 2
-    from storage.settings import env_int
-
-    max_connections = env_int("STEPWISE_API_MAX_CONNECTIONS", 1000)
+    max_connections = read("STEPWISE_API_MAX_CONNECTIONS")
     tenants = sorted({tenant for tenant, _ in settings.api_keys})
     if args.server == "granian":
         shape = f"granian, {args.workers} workers x {args.threads} threads"
@@ -132,9 +133,7 @@ def serve_granian(args: argparse.Namespace, *, max_connections: int) -> None:
     from granian.http import HTTP1Settings
     from granian.server import Server
 
-    from storage.settings import env_float
-
-    header_timeout = env_float("STEPWISE_API_HEADER_TIMEOUT", 10.0)
+    header_timeout = read("STEPWISE_API_HEADER_TIMEOUT")
     os.environ["STEPWISE_API_THREADS"] = str(args.threads)  # read by stepwise_cli.api_rsgi in each worker
     Server(
         "stepwise_cli.api_rsgi:app",
@@ -154,10 +153,9 @@ def serve_gunicorn(args: argparse.Namespace, *, is_gevent: bool, max_connections
     from gunicorn.app.base import BaseApplication
 
     from stepwise_cli.api_worker import ApiWorker
-    from storage.settings import env_float, env_int
 
-    header_timeout = env_int("STEPWISE_API_HEADER_TIMEOUT", 10)  # whole seconds: gunicorn keepalive is an int
-    ApiWorker.request_timeout = env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0)  # inherited by forked workers
+    header_timeout = math.ceil(read("STEPWISE_API_HEADER_TIMEOUT"))  # whole seconds: gunicorn keepalive is an int
+    ApiWorker.request_timeout = read("STEPWISE_API_REQUEST_TIMEOUT")  # inherited by forked workers
 
     def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess

@@ -35,7 +35,6 @@ import asyncio
 import concurrent.futures
 import io
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -48,8 +47,8 @@ from werkzeug.exceptions import ClientDisconnected, RequestTimeout
 from api.live import LiveBody, async_feed
 from api.request_body import is_json_type
 from api.wsgi import app as wsgi_app
+from settings import read
 from storage.job_events_async import AsyncJobEventFeed
-from storage.settings import env_float
 
 Headers = list[tuple[str, str]]
 # Header names a WSGI environ keeps without the HTTP_ prefix.
@@ -286,8 +285,8 @@ class BufferedWsgi:
 
 app = BufferedWsgi(
     wsgi_app,
-    threads=int(os.environ.get("STEPWISE_API_THREADS", "4")),
-    request_timeout=env_float("STEPWISE_API_REQUEST_TIMEOUT", 30.0),
+    threads=read("STEPWISE_API_THREADS"),
+    request_timeout=read("STEPWISE_API_REQUEST_TIMEOUT"),
     max_body=wsgi_app.config.get("MAX_CONTENT_LENGTH"),
     feed_factory=lambda: async_feed(wsgi_app),
 )

@@ -26,6 +26,7 @@ import requests
 import tenacity
 from requests.adapters import HTTPAdapter
 
+from settings import read
 from storage.job_record import TERMINAL_STATE_NAMES
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
@@ -64,7 +65,7 @@ class ApiTarget:
 
 
 def default_var_dir() -> Path:
-    return Path(os.environ.get("STEPWISE_VAR_DIR") or "var")
+    return Path(read("STEPWISE_VAR_DIR"))
 
 
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,9 +105,9 @@ def load_local_target(var_dir: Path) -> ApiTarget | None:
 
 def resolve_target(args: argparse.Namespace) -> ApiTarget:
     saved = load_local_target(args.var_dir or default_var_dir())
-    url = args.api_url or os.environ.get("STEPWISE_API_URL") or (saved.url if saved else DEFAULT_API_URL)
+    url = args.api_url or read("STEPWISE_API_URL") or (saved.url if saved else DEFAULT_API_URL)
     url = url.rstrip("/")
-    key = args.api_key or os.environ.get("STEPWISE_API_KEY")
+    key = args.api_key or read("STEPWISE_API_KEY")
     if key is None and saved is not None and saved.url == url:
         key = saved.key
     return ApiTarget(url=url, key=key)

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from batching.builtin_model import builtin_names
-from batching.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL, showcase_model
+from batching.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
+from settings import read
 from stepwise_cli.image_args import image_file_uri
 
 FLAG_OF_FIELD = {
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's)")
     parser.add_argument(
         "--model",
-        default=showcase_model(),
+        default=None,
         help=f"{', '.join(builtin_names())}, a diffusers folder or a cached Hugging Face repo id "
         f"(default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})",
     )
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             sampler=args.sampler,
             height=args.height,
             width=args.width,
-            model=args.model,
+            model=args.model or read("STEPWISE_MODEL", SHOWCASE_MODEL),
             lora=args.lora,
             lora_scale=args.lora_scale,
             init_image=init_image,
@@ -144,7 +145,8 @@ def _generate(params, device: str):
 
     quiet_model_libraries()
 
-    with DiffusionEngine(EngineConfig(model=params.model, device=device, max_num_seqs=1)) as engine:
+    config = EngineConfig(model=params.model, device=device, max_num_seqs=1, lora_url=read("STEPWISE_LORA_URL"))
+    with DiffusionEngine(config) as engine:
         with tqdm(
             total=params.num_inference_steps, desc="denoising", unit="step", file=sys.stderr, disable=None
         ) as bar:  # None: a bar only on a terminal

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
 
+from settings import default, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, default_var_dir
 from storage.api_keys import ApiKeyStore
 from storage.job_store import JobStore
-from storage.settings import DEFAULT_REDIS_URL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,13 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def redis_url(args: argparse.Namespace) -> str:
-    if args.redis_url or os.environ.get("STEPWISE_REDIS_URL"):
-        return args.redis_url or os.environ["STEPWISE_REDIS_URL"]
+    configured = args.redis_url or read_if_set("STEPWISE_REDIS_URL")
+    if configured:
+        return configured
     try:
         saved = json.loads(((args.var_dir or default_var_dir()) / STATE_FILE_NAME).read_text())
         return str(saved["redis_url"])
     except (OSError, ValueError, KeyError):
-        return DEFAULT_REDIS_URL
+        return default("STEPWISE_REDIS_URL")
 
 
 def created(seconds: float) -> str:

@@ -11,6 +11,8 @@ import importlib
 import importlib.metadata
 import sys
 
+from settings import SettingsError
+
 COMMANDS = {
     "generate": ("stepwise_cli.generate", "generate one image locally (no Redis)"),
     "up": ("stepwise_cli.up", "run everything on this machine with embedded defaults"),
@@ -49,9 +51,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    try:
+    try:  # flags take their defaults from STEPWISE_* variables: a malformed one is refused in one line
+        args = build_parser(argv).parse_args(argv)
         return int(args.module.run(args) or 0)
+    except SettingsError as e:
+        command = next((arg for arg in argv if not arg.startswith("-")), None)
+        print(f"stepwise {command}: {e}" if command else f"stepwise: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -38,8 +38,9 @@ from urllib.parse import urlsplit
 import redis
 import requests
 
-from batching.params import SHOWCASE_MODEL, showcase_model
+from batching.params import SHOWCASE_MODEL
 from batching.shapes.vocabulary import ShapePrompt
+from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
 from storage.queues import WEBHOOK_QUEUE
@@ -126,7 +127,7 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
         if getattr(args, option) is not None:
             env[name] = str(getattr(args, option))
     env.setdefault("STEPWISE_DEVICE", "cpu")
-    env["STEPWISE_MODEL"] = args.model or showcase_model()  # the worker's model is the API's default
+    env["STEPWISE_MODEL"] = args.model or read("STEPWISE_MODEL", SHOWCASE_MODEL)  # the worker's, the API's default
     # The API serves it by configuration: jobs are accepted while the worker still loads the model.
     env["STEPWISE_MODELS"] = env.get("STEPWISE_MODELS") or env["STEPWISE_MODEL"]
     return env
@@ -140,7 +141,7 @@ class ApiKeyChoice:
 
 def choose_api_key(var_dir: Path) -> ApiKeyChoice:
     """The first key of STEPWISE_API_KEYS, else the one `up` saved in an earlier run, else a new one."""
-    configured = os.environ.get("STEPWISE_API_KEYS", "").strip()
+    configured = (read("STEPWISE_API_KEYS") or "").strip()
     if configured:
         return ApiKeyChoice(configured.split(",")[0].partition(":")[2].strip(), is_generated=False)
     saved = load_local_target(var_dir)
@@ -254,15 +255,15 @@ def preflight_error(args: argparse.Namespace, redis_url: str | None, redis_binar
     if args.redis_port and not redis_url and not port_is_free("127.0.0.1", args.redis_port):
         return f"stepwise up: port {args.redis_port} is in use; choose another --redis-port\n"
     try:
-        float(os.environ.get("STEPWISE_SHUTDOWN_GRACE") or 30)
-    except ValueError:
-        return "stepwise up: STEPWISE_SHUTDOWN_GRACE must be a number of seconds\n"
+        read("STEPWISE_SHUTDOWN_GRACE")
+    except SettingsError as e:
+        return f"stepwise up: {e}\n"
     return None
 
 
 def run(args: argparse.Namespace) -> int:
     var_dir = (args.var_dir or default_var_dir()).resolve()
-    redis_url = os.environ.get("STEPWISE_REDIS_URL")
+    redis_url = read_if_set("STEPWISE_REDIS_URL")
     redis_binary = shutil.which("redis-server")
     error = preflight_error(args, redis_url, redis_binary)
     if error:
@@ -348,7 +349,7 @@ def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: 
     """Start both (the worker loads its model meanwhile); returns the worker's Celery node name."""
     stepwise = [sys.executable, "-m", "stepwise_cli.main"]
     worker_name = f"up{os.getpid()}@{socket.gethostname()}"
-    grace = float(env.get("STEPWISE_SHUTDOWN_GRACE") or 30)  # the worker's warm shutdown, plus a margin
+    grace = read("STEPWISE_SHUTDOWN_GRACE")  # the worker's warm shutdown, plus a margin
     supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
     start_webhook_worker(supervisor, stepwise, env)
     supervisor.start(

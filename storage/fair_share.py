@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batching.params import GenerationParams, InvalidParamsError
+from settings import SettingsError
 
-WEIGHTS_VARIABLE = "STEPWISE_TENANT_WEIGHTS"
 MAX_WEIGHT = 1_000_000.0
 
 
-class TenantWeightsError(ValueError):
+class TenantWeightsError(SettingsError):
     """STEPWISE_TENANT_WEIGHTS is malformed; the message names the variable."""
 
 
@@ -64,11 +64,11 @@ class TenantWeights:
                 weight = math.nan
             if not sep or not tenant or not (0 < weight <= MAX_WEIGHT):
                 raise TenantWeightsError(
-                    f"{WEIGHTS_VARIABLE} must be comma-separated tenant:weight pairs, each weight a number "
+                    f"STEPWISE_TENANT_WEIGHTS must be comma-separated tenant:weight pairs, each weight a number "
                     f"above 0 and at most {MAX_WEIGHT:.0f} (got {item.strip()!r})"
                 )
             if tenant in weights:
-                raise TenantWeightsError(f"{WEIGHTS_VARIABLE} names tenant {tenant!r} twice")
+                raise TenantWeightsError(f"STEPWISE_TENANT_WEIGHTS names tenant {tenant!r} twice")
             weights[tenant] = weight
         return cls(weights)
 

@@ -24,7 +24,6 @@ one deadline, so a request naming many hosts that never answer holds at most tha
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import socket
 import time
@@ -33,9 +32,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from settings import default
+
 NUM_LOOKUP_THREADS = 64  # name lookups with a deadline in flight at once, per process
 LOOKUPS_PER_REQUEST = 8  # of them, one request's webhook checks at once (its image fetches: 8 at once too)
-DEFAULT_WEBHOOK_LOOKUP_SECONDS = 5.0  # STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS: all of a request's webhook hosts
 UNSENDABLE = re.compile(r"[^\x21-\x7e]")  # control characters, spaces and anything beyond ASCII
 
 _lookups = ThreadPoolExecutor(NUM_LOOKUP_THREADS, thread_name_prefix="url-lookup")
@@ -74,10 +74,6 @@ class AllowList:
             except ValueError:
                 names.add(item)
         return cls(frozenset(names), tuple(networks))
-
-    @classmethod
-    def from_env(cls, variable: str = "STEPWISE_WEBHOOK_ALLOW_HOSTS") -> AllowList:
-        return cls.parse(os.environ.get(variable))
 
     def __bool__(self) -> bool:
         return bool(self.host_names or self.networks)
@@ -129,11 +125,10 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def check_webhook_url(
-    url: str, allow: AllowList | None = None, *, seconds: float = DEFAULT_WEBHOOK_LOOKUP_SECONDS
+    url: str, allow: AllowList, *, seconds: float = default("STEPWISE_WEBHOOK_LOOKUP_TIMEOUT_SECONDS")
 ) -> str:
     """Return the URL if stepwise may call it, else raise WebhookURLError saying why (TimeoutError when its
     host does not resolve within `seconds`): `check_webhook_urls` for one URL."""
-    allow = allow if allow is not None else AllowList.from_env()
     outcome = check_webhook_urls([url], allow, deadline=time.monotonic() + seconds)[url]
     if outcome is not None:
         raise outcome
@@ -189,11 +184,10 @@ def check_webhook_urls(urls: Iterable[str], allow: AllowList, *, deadline: float
     return checks | {url: host_checks[host] for url, (host, _) in hosts.items()}
 
 
-def webhook_addresses(url: str, allow: AllowList | None = None, *, deadline: float) -> list[Address]:
+def webhook_addresses(url: str, allow: AllowList, *, deadline: float) -> list[Address]:
     """The addresses a webhook delivery to `url` may connect to (connect to these, not to a fresh lookup),
     else raise WebhookURLError saying why, or TimeoutError when the name lookup is not answered by `deadline`.
     A listed name is looked up too (it must be connected to somewhere) and its addresses are not checked."""
-    allow = allow if allow is not None else AllowList.from_env()
     host, port = _split(url, WebhookURLError)
     addresses = _addresses(host, port, WebhookURLError, resolve=True, deadline=deadline)
     if host not in allow.host_names:

@@ -13,7 +13,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -50,11 +49,6 @@ def secret_bytes(secret: str) -> bytes:
             )
         return key
     return secret.encode("utf-8")
-
-
-def secret_from_env() -> bytes | None:
-    secret = os.environ.get("STEPWISE_WEBHOOK_SECRET") or ""
-    return secret_bytes(secret) if secret else None
 
 
 def sign(key: bytes, webhook_id: str, timestamp: int, body: str) -> str:

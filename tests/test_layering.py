@@ -31,6 +31,7 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.params",
     "batching.plan",
     "batching.scheduler",
+    "batching.settings",
 ]
 
 # What `batching.params` loads of batching: all that storage and api may load of it.
@@ -44,10 +45,16 @@ PARAMS_CLOSURE = {
     "batching.image_inputs",
     "batching.lora",
     "batching.lora.file_format",
+    "batching.settings",
 }
 
 # package -> (top-level names it must not load, the batching modules it may load (None: any))
 FORBIDDEN = {
+    # the table of STEPWISE_* variables: standard library only, so that every package may import it
+    "settings": (
+        {"torch", "diffusers", "flask", "celery", "redis", "boto3", "batching", "storage", "worker", "api"},
+        None,
+    ),
     "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage"}, None),
     "storage": ({"torch", "flask", "celery", "api", "worker"}, PARAMS_CLOSURE),
     "api": ({"torch", "diffusers", "worker"}, PARAMS_CLOSURE),

@@ -29,8 +29,8 @@ from typing import Any
 from storage import public_urls
 from storage.job_record import JobRecord, JobState
 from storage.queues import WEBHOOK_QUEUE, WEBHOOK_TASK
-from storage.url_policy import WebhookURLError, webhook_addresses
-from storage.webhooks import build_payload, rfc3339_now, secret_from_env, signed_headers
+from storage.url_policy import AllowList, WebhookURLError, webhook_addresses
+from storage.webhooks import build_payload, rfc3339_now, signed_headers
 from worker.app import app, settings
 from worker.runtime import get_runtime
 from worker.webhook_http import AttemptDeadlineError, post_within
@@ -73,10 +73,14 @@ class AttemptOutcome:
     error: str | None = None
 
 
-def post_once(url: str, webhook_id: str, payload: dict[str, Any], *, timeout: float) -> AttemptOutcome:
+def post_once(
+    url: str, webhook_id: str, payload: dict[str, Any], *, timeout: float, allow: AllowList, secret: bytes | None
+) -> AttemptOutcome:
+    """One attempt: check the URL's addresses against the policy (`allow`: STEPWISE_WEBHOOK_ALLOW_HOSTS),
+    sign with `secret` (STEPWISE_WEBHOOK_SECRET; None: unsigned) and POST, all within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     try:
-        addresses = webhook_addresses(url, deadline=deadline)
+        addresses = webhook_addresses(url, allow, deadline=deadline)
     except WebhookURLError as e:
         # A name that resolved at submit and does not now may be a DNS outage: retried, as a timeout is.
         # An address the policy refuses stays refused.
@@ -86,7 +90,7 @@ def post_once(url: str, webhook_id: str, payload: dict[str, Any], *, timeout: fl
             False, False, error=f"{AttemptDeadlineError.__name__}: the host did not resolve within {timeout:g}s"
         )
     body = json.dumps(payload, separators=(",", ":"))
-    headers = signed_headers(secret_from_env(), webhook_id, body)
+    headers = signed_headers(secret, webhook_id, body)
     try:
         code = post_within(url, addresses, body.encode("utf-8"), headers, timeout, deadline=deadline)
     except (OSError, http.client.HTTPException) as e:  # AttemptDeadlineError is an OSError (TimeoutError)
@@ -111,7 +115,14 @@ def deliver_webhook(self, job_id: str, event: str, webhook_id: str, payload: dic
     if event == "progress" and (record.state.is_terminal or store.latest_progress_webhook(job_id) != webhook_id):
         log.info("webhook %s: a newer progress event of job %s, or its end, supersedes it; dropped", webhook_id, job_id)
         return "superseded"
-    outcome = post_once(record.webhook_url, webhook_id, payload, timeout=settings.webhook_timeout)
+    outcome = post_once(
+        record.webhook_url,
+        webhook_id,
+        payload,
+        timeout=settings.webhook_timeout,
+        allow=settings.webhook_allow,
+        secret=settings.storage.webhook_secret,
+    )
     store.add_webhook_attempt(
         job_id,
         {

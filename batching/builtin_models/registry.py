@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batching.errors import ModelLoadError
+from batching.settings import cache_dir
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -61,11 +62,6 @@ def builtin_names() -> list[str]:
 def builtin_family(model: str) -> str:
     """The family of a built-in model (a key of batching.families.FAMILIES)."""
     return BUILTIN_MODELS[_short_name(model)].family
-
-
-def cache_dir() -> Path:
-    configured = os.environ.get("STEPWISE_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "stepwise"
 
 
 def builtin_model_path(model: str) -> Path:

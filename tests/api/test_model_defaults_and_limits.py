@@ -7,7 +7,7 @@ import pytest
 
 from api import create_app
 from api.limits import CPU_LIMITS, GPU_LIMITS, LimitTable, ModelLimits
-from api.settings import ApiSettings
+from api.settings import ApiSettings, read_limits
 from storage.job_store import JobState, JobStore
 from storage.settings import StorageSettings
 
@@ -88,7 +88,7 @@ def test_limits_default_to_the_device_and_the_operator_overrides_them_per_model(
     monkeypatch.setenv("STEPWISE_DEVICE", "cuda")
     monkeypatch.setenv("STEPWISE_MODEL_LIMITS", '{"/models/sdxl": {"max_pixels": 1048576}}')
     monkeypatch.setenv("STEPWISE_MAX_PIXEL_STEPS", "1000000")
-    table = LimitTable.from_env()
+    table = read_limits()
 
     assert LimitTable(device="cpu").for_model("/models/sd") == CPU_LIMITS
     assert LimitTable(device="auto").for_model("builtin:tiny") == CPU_LIMITS
@@ -101,7 +101,7 @@ def test_a_null_per_model_limit_keeps_the_default_instead_of_breaking_every_job_
     monkeypatch.setenv("STEPWISE_DEVICE", "cuda")
     monkeypatch.setenv("STEPWISE_MODEL_LIMITS", '{"/models/sdxl": {"max_pixels": null, "max_pixel_steps": 5000000}}')
 
-    assert LimitTable.from_env().for_model("/models/sdxl") == ModelLimits(
+    assert read_limits().for_model("/models/sdxl") == ModelLimits(
         max_pixels=GPU_LIMITS.max_pixels, max_pixel_steps=5000000
     )
 

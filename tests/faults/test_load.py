@@ -8,7 +8,6 @@ again after the run; the margin is `RSS_MARGIN_MB`.
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,11 +15,12 @@ import psutil
 import pytest
 import requests
 
+from settings import read
 from tests.api.calls import auth
 from tests.api.processes import ApiProcess
 from tests.worker.cluster import wait_for
 
-NUM_JOBS = int(os.environ.get("STEPWISE_LOAD_JOBS", "2000"))
+NUM_JOBS = read("STEPWISE_LOAD_JOBS")
 NUM_WARM_UP = 200
 BATCH_SIZE = 100  # STEPWISE_MAX_BATCH_JOBS' default
 RSS_MARGIN_MB = 50

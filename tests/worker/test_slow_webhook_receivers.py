@@ -10,6 +10,7 @@ import time
 import pytest
 
 from storage.job_record import JobState
+from storage.url_policy import AllowList
 from tests.worker.cluster import small_params, wait_for
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -66,12 +67,18 @@ def trickling_receiver():
     receiver.close()
 
 
-def test_an_attempt_ends_at_its_deadline_however_slowly_the_receiver_answers(trickling_receiver, monkeypatch):
-    monkeypatch.setenv("STEPWISE_WEBHOOK_ALLOW_HOSTS", "127.0.0.1")
+def test_an_attempt_ends_at_its_deadline_however_slowly_the_receiver_answers(trickling_receiver):
     from worker.webhooks import post_once
 
     started = time.monotonic()
-    outcome = post_once(trickling_receiver.url, "msg_deadline", {"type": "job.started"}, timeout=1.5)
+    outcome = post_once(
+        trickling_receiver.url,
+        "msg_deadline",
+        {"type": "job.started"},
+        timeout=1.5,
+        allow=AllowList.parse("127.0.0.1"),
+        secret=None,
+    )
     elapsed = time.monotonic() - started
 
     assert not outcome.is_delivered and not outcome.is_final

@@ -15,6 +15,9 @@ from tests.api.webhook_receiver import WebhookReceiver
 from tests.names import REFUSED_AMONG, answer
 from tests.servers import silent_tcp_server
 
+# STEPWISE_WEBHOOK_ALLOW_HOSTS=127.0.0.1 (a range of one address: names are checked), unsigned
+LOOPBACK_ONLY = {"allow": url_policy.AllowList.parse("127.0.0.1"), "secret": None}
+
 
 @pytest.fixture
 def receiver():
@@ -49,7 +52,6 @@ def names(monkeypatch):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
 
     monkeypatch.setattr(url_policy.socket, "getaddrinfo", fake)
-    monkeypatch.setenv("STEPWISE_WEBHOOK_ALLOW_HOSTS", "127.0.0.1")  # a range of one address: names are checked
     yield looked_up
     release.set()
 
@@ -59,14 +61,14 @@ def test_an_attempt_connects_to_the_address_it_checked_and_the_next_attempt_chec
 
     url = f"http://rebinding.test:{receiver.server.server_port}/hook"
 
-    first = post_once(url, "msg_rebind", {"type": "job.started"}, timeout=5)
+    first = post_once(url, "msg_rebind", {"type": "job.started"}, timeout=5, **LOOPBACK_ONLY)
 
     assert first.is_delivered, first
     (delivery,) = receiver.received("/hook")
     assert delivery.headers["host"].startswith("rebinding.test"), "the request still names the URL's host"
     assert names == ["rebinding.test"], "connected to the checked 127.0.0.1, not to a second lookup's 127.0.0.2"
 
-    second = post_once(url, "msg_rebind", {"type": "job.started"}, timeout=5)
+    second = post_once(url, "msg_rebind", {"type": "job.started"}, timeout=5, **LOOPBACK_ONLY)
 
     assert not second.is_delivered and second.is_final, second
     assert "resolves to 127.0.0.2" in second.error
@@ -77,7 +79,7 @@ def test_an_attempt_whose_name_lookup_hangs_ends_by_its_deadline_and_may_be_retr
     from worker.webhooks import post_once
 
     started = time.monotonic()
-    outcome = post_once("http://slow.test/hook", "msg_slow", {"type": "job.started"}, timeout=1)
+    outcome = post_once("http://slow.test/hook", "msg_slow", {"type": "job.started"}, timeout=1, **LOOPBACK_ONLY)
 
     assert not outcome.is_delivered and not outcome.is_final, outcome
     assert "AttemptDeadlineError" in outcome.error and "did not resolve within 1s" in outcome.error
@@ -90,13 +92,13 @@ def test_an_attempt_whose_name_does_not_resolve_may_be_retried_and_the_next_one_
 
     url = f"http://outage.test:{receiver.server.server_port}/hook"
 
-    first = post_once(url, "msg_outage", {"type": "job.started"}, timeout=5)
+    first = post_once(url, "msg_outage", {"type": "job.started"}, timeout=5, **LOOPBACK_ONLY)
 
     assert not first.is_delivered and not first.is_final, first
     assert "does not resolve" in first.error
     assert receiver.received("/hook") == []
 
-    second = post_once(url, "msg_outage", {"type": "job.started"}, timeout=5)
+    second = post_once(url, "msg_outage", {"type": "job.started"}, timeout=5, **LOOPBACK_ONLY)
 
     assert second.is_delivered, second
     assert len(receiver.received("/hook")) == 1
@@ -108,12 +110,13 @@ def silent_server():
         yield listener
 
 
-def test_an_https_attempt_whose_tls_handshake_stalls_ends_by_its_deadline(silent_server, monkeypatch):
+def test_an_https_attempt_whose_tls_handshake_stalls_ends_by_its_deadline(silent_server):
     from worker.webhooks import post_once
 
-    monkeypatch.setenv("STEPWISE_WEBHOOK_ALLOW_HOSTS", "127.0.0.1")
     started = time.monotonic()
-    outcome = post_once(f"https://127.0.0.1:{silent_server.getsockname()[1]}/hook", "msg_tls", {}, timeout=1)
+    outcome = post_once(
+        f"https://127.0.0.1:{silent_server.getsockname()[1]}/hook", "msg_tls", {}, timeout=1, **LOOPBACK_ONLY
+    )
 
     assert not outcome.is_delivered and not outcome.is_final, outcome
     assert "AttemptDeadlineError" in outcome.error
@@ -124,7 +127,9 @@ def test_an_https_attempt_whose_tls_handshake_stalls_ends_by_its_deadline(silent
 def test_an_attempt_to_a_name_with_one_refused_address_is_refused_and_sends_nothing(receiver, names, name):
     from worker.webhooks import post_once
 
-    outcome = post_once(f"http://{name}:{receiver.server.server_port}/hook", "msg_mixed", {"type": "x"}, timeout=5)
+    outcome = post_once(
+        f"http://{name}:{receiver.server.server_port}/hook", "msg_mixed", {"type": "x"}, timeout=5, **LOOPBACK_ONLY
+    )
 
     assert not outcome.is_delivered and outcome.is_final, outcome
     assert "resolves to 127.0.0.2" in outcome.error
