@@ -53,7 +53,6 @@ class GenerateMessages:
 
     def for_record(self, record: JobRecord) -> tuple[str, str]:
         """(Redis list, payload) of the job's generate message, for its queue and priority."""
-        assert record.queue is not None, "records the API creates always name their queue"
         key, template = self._template(record.queue, record.priority)
         job_id = record.job_id
         headers = {**template["headers"], "id": job_id, "root_id": job_id, "argsrepr": repr([job_id])}

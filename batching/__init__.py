@@ -37,12 +37,13 @@ from batching.errors import (
 from batching.params import CompatibilityKey, GenerationParams
 
 if TYPE_CHECKING:
-    from batching.engine import DiffusionEngine, EngineConfig
+    from batching.engine import DiffusionEngine
+    from batching.engine_config import EngineConfig
     from batching.job import GenerationResult
 
 _LAZY = {
     "DiffusionEngine": "batching.engine",
-    "EngineConfig": "batching.engine",
+    "EngineConfig": "batching.engine_config",
     "GenerationResult": "batching.job",
 }
 

@@ -1,8 +1,10 @@
 """VAE decode beside the denoise loop.
 
 A finished sample's last latents are handed to the `Decoder`; the loop goes on to the
-next iteration's forwards at once and picks the images up at a later iteration's end
-(`collect()`, which never waits). With `is_async` the decode runs on a worker thread,
+next iteration's forwards at once. Each decoded batch goes to the engine (`on_images`) on
+the thread that decoded it, so a job whose last image is in resolves without waiting for
+the loop's forward; the loop picks the batch up at a later iteration's end (`collect()`,
+which never waits) for its failures and its bookkeeping. With `is_async` the decode runs on a worker thread,
 on CUDA in its own stream: the hand-over records an event on the loop's stream after
 the last sampler step, the decode stream waits for that event (not the host), and the
 latents are marked as used by the decode stream so the allocator does not reuse their
@@ -55,7 +57,17 @@ class _Batch:
 
 
 class Decoder(BesideTheLoop[DecodeResult]):
-    def __init__(self, model: PipelineAdapter, *, is_async: bool, on_result: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        model: PipelineAdapter,
+        *,
+        is_async: bool,
+        on_images: Callable[[DecodeResult], None] = lambda result: None,
+        on_result: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`on_images(result)`: each decoded batch, on the thread that decoded it, before `collect()` can return
+        it (the engine resolves finished jobs there); `on_result()`: after (the engine wakes its loop)."""
+        self._on_images = on_images
         self.num_pending = 0  # batches submitted and not yet collected; loop thread only
         self.pending_sample_ids: set[str] = set()  # their samples; loop thread only
         super().__init__(model, is_async=is_async, thread_name="stepwise-decode", on_result=on_result)
@@ -124,6 +136,7 @@ class Decoder(BesideTheLoop[DecodeResult]):
             for sample, error in outcome.failed:
                 result.failed[sample.sample_id] = alone_message("decoding this image", 1, error)
         result.seconds = time.perf_counter() - start
+        self._on_images(result)
         return result
 
     def _decode_chunk(self, samples: list[SampleTensors]) -> list[Any]:

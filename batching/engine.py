@@ -7,96 +7,42 @@ and admission changes reach the loop through an inbox and take effect at the nex
 boundary; a cancel or an abort takes effect before the next group forward.
 
 Callbacks (`on_progress`, and a Future's done callbacks) run on the loop thread,
-between two denoise steps of every running job: keep them cheap (hand heavy work to
-another thread). An exception raised by `on_progress` is logged and ignored.
+between two denoise steps of every running job, or (done callbacks of a job whose last
+image was decoded beside the loop) on the decode worker: keep them cheap (hand heavy
+work to another thread). An exception raised by `on_progress` is logged and ignored.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from batching.engine_config import DECODE_OVERLAP_DEFAULT, ENCODE_OVERLAP_DEFAULT, EngineConfig
 from batching.engine_stats import EngineStats
 from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
 from batching.families import FAMILIES
 from batching.image_inputs import input_images
 from batching.job import Job, JobFuture, ProgressCallback
-from batching.params import MAX_LORA_BYTES, PRIORITIES, GenerationParams
+from batching.params import PRIORITIES, GenerationParams
 from batching.plan import RunnerOutput
 from batching.sample import make_samples
-from batching.scheduler import Scheduler, SchedulerConfig
+from batching.scheduler import Scheduler
 
 if TYPE_CHECKING:
+    from batching.decoder import DecodeResult
     from batching.lora.engine_loras import EngineLoras
     from batching.lora.store import LoraFetcher
     from batching.pipelines.contract import PipelineAdapter
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-LORA_MODES = ("rows", "group")
 IDLE_WAIT_SECONDS = 1.0
-# Device type -> whether decode overlaps the denoise loop by default. On CUDA the decode runs in its own
-# stream and the loop only launches work; on the CPU both threads compete for the same cores
-# (benchmarks/decode_overlap.py measured it; docs/benchmarks.md gives the figures).
-DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
-# Device type -> whether new samples are started (prompts encoded) beside the loop by default. On CUDA the encoder
-# runs in its own stream; on the CPU a second torch thread slowed the loop more than the built-in models' encodes
-# (a tenth of a forward) ever stall it (benchmarks/encode_overlap.py; docs/benchmarks.md gives the figures).
-ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": False}
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str = "builtin:tiny"  # built-in (batching.families.BUILTIN_FAMILIES), diffusers folder or cached HF repo
-    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda", "cuda:N"
-    dtype: str = "auto"  # "auto" (float16 on cuda, float32 on cpu), "float32", "float16", "bfloat16"
-    max_num_seqs: int = 8  # running capacity in samples (images); 1 = step-wise without batching
-    policy: str = "default"  # admission policy: "default" or "fifo" (see batching.scheduler)
-    max_num_groups: int = 2  # default policy: compatibility groups running at once
-    max_wait_iterations: int = 50  # default policy: bound on how long a waiting sample is passed over
-    preemption: bool = True  # default policy: pause running samples at a step boundary for ones that outrank them
-    max_num_tokens: int | None = None  # token budget of a step (rows x latent tokens, FamilySpec.sample_cost);
-    # None: max_num_seqs samples at the model family's default size and guidance
-    deterministic: bool = False  # fixed batch sizes everywhere: images bit-identical alone and batched
-    num_threads: int | None = None  # torch CPU threads, process-wide; None keeps torch's default
-    lora_url: str | None = field(default_factory=lambda: os.environ.get("STEPWISE_LORA_URL") or None)  # LoRA
-    # store: file:///folder, or any URL the engine's `lora_fetcher` reads (s3://...); None: adapters refused
-    lora_mode: str = "rows"  # "rows": rows with different adapters share a forward; "group": one adapter per group
-    lora_cache_adapters: int = 16  # adapters kept loaded on the model (LRU)
-    lora_cache_bytes: int = 2 * 2**30  # their summed file sizes (LRU)
-    lora_max_bytes: int = MAX_LORA_BYTES  # one adapter file
-    decode_overlap: bool | None = None  # decode on a worker thread beside the loop; None: the device's default
-    # (DECODE_OVERLAP_DEFAULT, chosen by measurement: docs/benchmarks.md)
-    encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
-    # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
-        if self.lora_mode not in LORA_MODES:
-            raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
-        _ = self.scheduler_config  # validates the scheduling fields now rather than at engine start
-
-    @property
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs,
-            policy=self.policy,
-            max_num_groups=self.max_num_groups,
-            max_wait_iterations=self.max_wait_iterations,
-            max_num_tokens=self.max_num_tokens,
-            preemption=self.preemption,
-        )
 
 
 class DiffusionEngine:
@@ -130,6 +76,7 @@ class DiffusionEngine:
             is_deterministic=self.config.deterministic,
             loras=self.loras,
             decode_overlap=decode_overlap,
+            on_images=self._take_images,
             on_decoded=self._wake,
             encode_overlap=encode_overlap,
             on_encoded=self._wake,
@@ -319,6 +266,7 @@ class DiffusionEngine:
             self.scheduler.update_from_output(plan, output)
             if output.stepped_sample_ids:  # what the scheduler's slack estimates read
                 self.scheduler.step_times.observe(time.perf_counter() - start)
+            self._refresh_snapshot()  # before any job resolves: its caller sees its samples gone
             # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
             is_waiting = output.num_samples_starting > 0 and not (
                 output.rows_per_forward or output.failed or output.finished_sample_ids or plan.aborted_sample_ids
@@ -402,41 +350,68 @@ class DiffusionEngine:
                 stepped[job.job_id] = job
         for job in stepped.values():
             self._report_progress(job)
-        for sample_id in output.denoised_sample_ids:
-            job = job_of_sample.get(sample_id)
-            if job is not None:
-                job.denoised_at = now  # its last sample's last step ran in this iteration (decode comes after)
-        ended: set[str] = set()
+        failed: dict[str, Job] = {}
         for sample_id, message in output.failed.items():
             job = job_of_sample.get(sample_id)
-            if job is not None and job.job_id not in ended:
-                ended.add(job.job_id)
+            if job is not None and job.job_id not in failed:
+                failed[job.job_id] = job
                 self._end(job, JobFailedError(message))
-        decoded: dict[str, Job] = {}
-        for sample_id in output.finished_sample_ids:
-            job = job_of_sample.get(sample_id)
-            if job is not None and job.job_id not in ended:
-                job.images[sample_id] = output.images[sample_id]
-                decoded[job.job_id] = job
-        for job in decoded.values():
-            # one decode batch per size per iteration, shared by its samples
-            job.decode_seconds += max(output.decode_seconds_by_sample.get(s, 0.0) for s in job.sample_ids)
-            if job.is_complete:
-                self._end(job, None)
+        complete = []
+        with self._cond:  # the decode worker adds images under this lock, and resolves a job the loop saw denoised
+            for sample_id in output.denoised_sample_ids:
+                job = self._job_of_sample.get(sample_id)
+                if job is not None:
+                    job.denoised_at = now  # its last sample's last step ran in this iteration (decode comes after)
+                    job.num_samples_denoised += 1
+                    if job.is_complete:  # its images were decoded inline, or before this loop got here
+                        complete.append(job)
+        for job in complete:
+            self._end(job, None)
+
+    def _take_images(self, result: DecodeResult) -> None:
+        """A decoded batch, on the thread that decoded it (the decode worker, or the loop when decoding inline),
+        before the loop collects it: its images join their jobs, and a job whose every image is in and whose
+        every last step the loop has seen resolves here at once, instead of at the end of the loop's next
+        iteration (a forward later)."""
+        resolved = []
+        with self._cond:
+            self._stats.record_decode(result)
+            jobs: dict[str, Job] = {}
+            for sample_id, image in result.images.items():
+                job = self._job_of_sample.get(sample_id)
+                if job is not None:  # not canceled or failed meanwhile
+                    job.images[sample_id] = image
+                    self._stats.num_samples_finished += 1
+                    jobs[job.job_id] = job
+            for job in jobs.values():
+                job.decode_seconds += result.seconds  # one batch per size, shared by its samples
+                if job.is_complete:
+                    self._forget(job)
+                    resolved.append(job)
+        for job in resolved:
+            job.future.set_result(job.result())
 
     def _end(self, job: Job, error: Exception | None, *, is_canceled: bool = False) -> list[str]:
-        """Finish a job, aborting its samples still scheduled (returned); its future resolves at _publish()."""
+        """Finish a job (unless it ended meanwhile), aborting its samples still scheduled (returned); its future
+        resolves at _publish(). Loop thread only."""
+        with self._cond:
+            if self._jobs.get(job.job_id) is not job:
+                return []  # resolved by the decode worker, or ended already
+            self._forget(job)
         aborted = [sample_id for sample_id in job.sample_ids if self.scheduler.abort(sample_id)]
         self.model_runner.decoder.discard(job.sample_ids)  # images still decoding are not the job's any more
-        with self._cond:
-            self._jobs.pop(job.job_id, None)
-            for sample_id in job.sample_ids:
-                self._job_of_sample.pop(sample_id, None)
-            if is_canceled:
+        if is_canceled:
+            with self._cond:
                 self._stats.num_samples_canceled += len(aborted)
         outcome = job.result() if error is None else error
         self._ended.append((job.future, outcome))
         return aborted
+
+    def _forget(self, job: Job) -> None:
+        """Drop an ending job from the maps (caller holds the lock): its later outputs and images are ignored."""
+        del self._jobs[job.job_id]
+        for sample_id in job.sample_ids:
+            self._job_of_sample.pop(sample_id, None)
 
     def _report_progress(self, job: Job) -> None:
         if job.on_progress is None:
@@ -457,12 +432,16 @@ class DiffusionEngine:
         self.model_runner.reset()
         self._publish()
 
-    def _publish(self) -> None:
-        """Refresh what stats() shows, then resolve ended futures: a woken caller sees current stats."""
+    def _refresh_snapshot(self) -> None:
         snapshot = self.scheduler.snapshot()
-        paused, late = self.scheduler.paused_sample_ids(), self.scheduler.late_sample_ids()
         with self._cond:
             self._scheduler_snapshot = snapshot
+
+    def _publish(self) -> None:
+        """Refresh what stats() shows, then resolve ended futures: a woken caller sees current stats."""
+        self._refresh_snapshot()
+        paused, late = self.scheduler.paused_sample_ids(), self.scheduler.late_sample_ids()
+        with self._cond:
             jobs = list(self._jobs.values())
         for job in jobs:  # plain attributes the job's caller reads (the worker writes them to the record)
             job.future.is_paused = any(sample_id in paused for sample_id in job.sample_ids)

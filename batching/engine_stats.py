@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from batching.plan import RunnerOutput
+
+if TYPE_CHECKING:
+    from batching.decoder import DecodeResult
 
 
 @dataclass(slots=True)
@@ -21,7 +25,7 @@ class EngineStats:
     sizes_per_forward: Counter = field(default_factory=Counter)  # distinct image sizes in a forward -> forwards
     loras_per_forward: Counter = field(default_factory=Counter)  # distinct LoRA adapters in a forward -> forwards
     num_sample_steps: int = 0  # denoise steps taken, summed over samples
-    num_samples_finished: int = 0
+    num_samples_finished: int = 0  # samples whose image was decoded for a job still unfinished
     num_samples_failed: int = 0
     num_samples_canceled: int = 0  # samples of canceled jobs that were still scheduled
     busy_seconds: float = 0.0  # wall time spent inside iterations that did work
@@ -40,12 +44,16 @@ class EngineStats:
         self.sizes_per_forward.update(output.sizes_per_forward)
         self.loras_per_forward.update(output.loras_per_forward)
         self.num_sample_steps += len(output.stepped_sample_ids)
-        self.num_samples_finished += len(output.finished_sample_ids)
         self.num_samples_failed += len(output.failed)
         self.forward_seconds += sum(output.forward_seconds)
-        self.decode_seconds += output.decode_seconds
         self.encode_seconds += output.encode_seconds
         self.num_oom_splits += output.num_oom_splits
+
+    def record_decode(self, result: DecodeResult) -> None:
+        """A decoded batch, counted as it is decoded (the engine counts its finished samples, those of jobs
+        still unfinished)."""
+        self.decode_seconds += result.seconds
+        self.num_oom_splits += result.num_oom_splits
 
     def as_dict(self) -> dict:
         return {

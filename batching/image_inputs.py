@@ -129,12 +129,6 @@ def open_image(field: str, data: bytes) -> Image.Image:
     return image
 
 
-def content_type_of(field: str, data: bytes) -> str:
-    image_format = open_image(field, data).format
-    assert image_format is not None  # open_image refuses formats outside INPUT_FORMATS
-    return INPUT_FORMATS[image_format]
-
-
 def upright_size(field: str, image: Image.Image) -> tuple[int, int]:
     """(width, height) of an opened image as viewers show it: turned as its EXIF orientation says."""
     with _refusing(field, f"{image.width}x{image.height}"):

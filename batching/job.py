@@ -55,7 +55,8 @@ class Job:
     denoised_at: float | None = None  # when its last sample took its last step
     decode_seconds: float = 0.0
     num_steps_done: int = 0  # over all its samples
-    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image
+    num_samples_denoised: int = 0  # samples whose last step the loop has seen
+    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image, added as they are decoded
 
     @property
     def sample_ids(self) -> list[str]:
@@ -67,7 +68,8 @@ class Job:
 
     @property
     def is_complete(self) -> bool:
-        return len(self.images) == len(self.samples)
+        """Every sample's last step was seen and its image decoded: the job can resolve."""
+        return len(self.images) == self.num_samples_denoised == len(self.samples)
 
     def result(self) -> GenerationResult:
         assert self.is_complete and self.admitted_at is not None and self.denoised_at is not None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batching.decoder import Decoder
+from batching.decoder import Decoder, DecodeResult
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
 from batching.errors import LoraError
@@ -55,6 +55,7 @@ class ModelRunner:
         is_deterministic: bool = False,
         loras: EngineLoras | None = None,
         decode_overlap: bool = False,
+        on_images: Callable[[DecodeResult], None] = lambda result: None,
         on_decoded: Callable[[], None] = lambda: None,
         encode_overlap: bool = False,
         on_encoded: Callable[[], None] = lambda: None,
@@ -69,7 +70,7 @@ class ModelRunner:
         self.samples: dict[str, SampleTensors] = {}
         self.input_batches: dict[tuple[CompatibilityKey, str], InputBatch] = {}  # (key, chunk) -> its buffers
         self.row_caps: RowCaps[SampleTensors] = RowCaps()
-        self.decoder = Decoder(model, is_async=decode_overlap, on_result=on_decoded)
+        self.decoder = Decoder(model, is_async=decode_overlap, on_images=on_images, on_result=on_decoded)
         self.encoder = Encoder(
             model,
             is_async=encode_overlap,
@@ -247,14 +248,10 @@ class ModelRunner:
         self.decoder.submit(batches)
 
     def _collect_decoded(self, output: RunnerOutput) -> None:
+        """The decode batches done since the last call: their images went to the engine already (`on_images`)."""
         for result in self.decoder.collect():
-            output.decode_seconds += result.seconds
-            output.num_oom_splits += result.num_oom_splits
             output.failed.update(result.failed)
-            for sample_id, image in result.images.items():
-                output.finished_sample_ids.append(sample_id)
-                output.images[sample_id] = image
-                output.decode_seconds_by_sample[sample_id] = result.seconds
+            output.finished_sample_ids += result.images.keys()
 
     def _decode_batches(self, samples: list[SampleTensors]) -> list[list[SampleTensors]]:
         if self.is_deterministic:

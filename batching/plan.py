@@ -3,15 +3,14 @@
 `SchedulerPlan` goes scheduler -> runner once per engine iteration; a new sample
 (`batching.sample.Sample`: its params, key and step count) is handed over once, in
 `new_samples`, afterwards only its id. `RunnerOutput` goes runner
--> engine/scheduler and carries plain Python values: ids, counts, messages, and the
-decoded PIL images of finished samples (the scheduler never looks at those). No tensors
-cross back. Torch-free.
+-> engine/scheduler and carries plain Python values: ids, counts and messages. No
+tensors cross back; decoded images go from the decoder to the engine directly, as they
+are decoded. Torch-free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from batching.params import CompatibilityKey
 from batching.sample import Sample
@@ -37,8 +36,7 @@ class RunnerOutput:
     stepped_sample_ids: list[str] = field(default_factory=list)  # samples that advanced exactly one denoise step
     denoised_sample_ids: list[str] = field(default_factory=list)  # samples whose last step ran: handed to the decoder
     finished_sample_ids: list[str] = field(default_factory=list)  # samples whose image was decoded (this or an earlier
-    # plan's last step: decoding runs beside the loop)
-    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL.Image, for finished samples
+    # plan's last step: decoding runs beside the loop, which hands the images to the engine as they come)
     failed: dict[str, str] = field(default_factory=dict)  # sample_id -> readable error message
     rows_per_forward: list[int] = field(default_factory=list)  # one entry per forward run (padding excluded)
     sizes_per_forward: list[int] = field(default_factory=list)  # distinct image sizes in each forward run
@@ -49,9 +47,6 @@ class RunnerOutput:
     encode_seconds: float = 0.0  # time to start the samples collected in this output (prompt and init-image
     # encoding, first latents; on the encoder worker when encoding overlaps the loop)
     num_samples_starting: int = 0  # planned samples still being started: they skipped this iteration's forwards
-    decode_seconds: float = 0.0  # VAE decode time of the batches collected in this output
-    # finished sample -> its batch's decode time
-    decode_seconds_by_sample: dict[str, float] = field(default_factory=dict)
-    num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward or a decode batch
+    num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward
     admission_caps: dict[CompatibilityKey, int] = field(default_factory=dict)  # key -> most samples that fit in one
     # forward after an out-of-memory split, for keys capped in this iteration (the scheduler admits no more meanwhile)

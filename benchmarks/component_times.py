@@ -1,8 +1,9 @@
 """Raw component timings, for engine efficiency: what the engine's work costs with no engine around it.
 
 `ForwardTrace` watches a running engine: for every denoiser forward it records the
-latent size and the row count (from the scheduler's plan), and it sums the encode and
-decode seconds the runner reports. `time_forwards` then times the bare denoiser at exactly
+latent size and the row count (from the scheduler's plan), and it sums the encode seconds
+the runner reports and the decode seconds the engine counts (decodes report to the engine
+directly, not through the runner's output). `time_forwards` then times the bare denoiser at exactly
 those (size, rows) shapes, in the same process, so
 
     ideal seconds = sum over forwards of t_forward(size, rows) + encode + decode
@@ -19,6 +20,7 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,8 +34,12 @@ class ForwardTrace:
     encode_seconds: float = 0.0  # in-run text-encoder time
     decode_seconds: float = 0.0  # in-run VAE decode time
     is_complete: bool = True  # False if a forward could not be matched to one shape (a failed group, mixed sizes)
+    engine: Any = None  # the engine attached to
+    decode_seconds_before: float = 0.0  # its stats' decode seconds at the last reset
 
     def attach(self, engine) -> None:
+        self.engine = engine
+        self.decode_seconds_before = engine.stats()["decode_seconds"]
         runner = engine.model_runner
         execute = runner.execute
 
@@ -48,6 +54,7 @@ class ForwardTrace:
         """Call only while the engine is idle."""
         self.forwards.clear()
         self.forward_seconds = self.encode_seconds = self.decode_seconds = 0.0
+        self.decode_seconds_before = self.engine.stats()["decode_seconds"] if self.engine is not None else 0.0
         self.is_complete = True
 
     def _record(self, plan, output) -> None:
@@ -61,9 +68,10 @@ class ForwardTrace:
             self.forwards[(key.height, key.width, rows)] += 1
         self.forward_seconds += sum(output.forward_seconds)
         self.encode_seconds += output.encode_seconds
-        self.decode_seconds += output.decode_seconds
 
     def as_dict(self) -> dict:
+        if self.engine is not None:
+            self.decode_seconds = self.engine.stats()["decode_seconds"] - self.decode_seconds_before
         return {
             "forwards": [
                 {"height": h, "width": w, "rows": r, "count": n} for (h, w, r), n in sorted(self.forwards.items())

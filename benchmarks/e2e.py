@@ -13,7 +13,11 @@ the service itself:
                   thread, PNG encoding, upload, record writes
     broker wait = started_at - created_at: delivery, plus waiting for a free task thread
                   when more jobs are in flight than the worker has threads (a burst)
-    worker overhead = overhead - broker wait: the task thread's own work around the engine
+    worker overhead = overhead - broker wait: the task thread's own work around the engine,
+                  in parts (`PARTS`): start (taken -> handed to the engine: lease, input
+                  images, params), collect (the engine's wall time beyond its own
+                  stamps: the decoded image waiting for the loop to resolve the job's
+                  future), encode, put, finish (the end-state record write), and the rest
 
 Last, the API's submit throughput is measured against the same stack with
 `benchmarks.api_submit` (client processes posting back to back, the worker busy).
@@ -53,8 +57,12 @@ TERMINAL_STATES = TERMINAL_STATE_NAMES
 class UpStack:
     """`stepwise up` as a child process in its own session; stopped with SIGTERM, then killed."""
 
-    def __init__(self, folder: Path, *, max_num_seqs: int, num_threads: int, device: str) -> None:
+    def __init__(
+        self, folder: Path, *, max_num_seqs: int, num_threads: int, device: str, tree: Path | None = None
+    ) -> None:
+        """`tree`: run the project's code from this folder (another commit's files) instead of this checkout."""
         self.folder = folder
+        self.tree = tree
         self.var_dir = folder / "var"
         self.log_path = folder / "up.log"
         self.port = _free_port()
@@ -77,6 +85,8 @@ class UpStack:
             STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
             STEPWISE_WORKER_METRICS_PORT="0",
         )
+        if self.tree is not None:
+            env["PYTHONPATH"] = str(self.tree)
         argv = [
             sys.executable,
             "-m",
@@ -95,7 +105,13 @@ class UpStack:
         ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                env=env,
+                cwd=self.tree,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         state_file = self.var_dir / "stepwise.json"
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -188,6 +204,7 @@ def _measure(
             worker_overhead_seconds=percentiles([job["overhead"] - job["broker_wait"] for job in ok]),
             upload_seconds=percentiles([job["timings"].get("upload", 0.0) for job in ok]),
             submit_request_seconds=percentiles([job["submit_seconds"] for job in ok]),
+            overhead_parts_seconds=parts_percentiles(ok),
         )
     else:
         metrics["error"] = "no job succeeded"
@@ -280,6 +297,36 @@ def _complete(job: dict, view: dict) -> None:
         overhead=finished - created - engine_seconds,
         broker_wait=(_unix(view["started_at"]) - created) if view["started_at"] else None,
     )
+    job["parts"] = overhead_parts(job)
+
+
+PARTS = ("broker_wait", "start", "collect", "encode", "put", "finish", "rest")
+
+
+def overhead_parts(job: dict) -> dict[str, float] | None:
+    """A succeeded job's overhead (latency - engine time) in PARTS, from its record; None for a record that does
+    not stamp them (a tree from before the worker's `start`/`engine`/`encode` timings)."""
+    timings = job["timings"]
+    if job["state"] != "succeeded" or not {"start", "engine", "encode", "upload", "total"} <= timings.keys():
+        return None
+    parts = {
+        "broker_wait": job["broker_wait"],
+        "start": timings["start"],
+        "collect": timings["engine"] - job["engine_seconds"],
+        "encode": timings["encode"],
+        "put": timings["upload"] - timings["encode"],
+        "finish": job["latency"] - timings["total"],
+    }
+    parts["rest"] = job["overhead"] - sum(parts.values())
+    return parts
+
+
+def parts_percentiles(jobs: list[dict]) -> dict[str, dict] | None:
+    """Each overhead part's percentiles over the jobs that stamp them."""
+    with_parts = [job["parts"] for job in jobs if job.get("parts")]
+    if not with_parts:
+        return None
+    return {name: percentiles([parts[name] for parts in with_parts]) for name in PARTS}
 
 
 def _submit_throughput(url: str, key: str) -> dict:

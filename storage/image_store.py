@@ -54,8 +54,11 @@ class ImageStore(abc.ABC):
         """Store (or replace) an image with string metadata such as job id, seed and model; its content
         type is its key's (`content_type_of_key`)."""
 
-    def put_png(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
-        self.put_image(key, data, metadata)
+    @abc.abstractmethod
+    def flush(self, keys: list[str]) -> None:
+        """Make images stored with `put_image` durable. A store whose put is durable when it returns (S3) has
+        nothing to do; the local folder flushes them to disk, which the worker calls for after the job's end
+        state is written, off the job's latency (`storage.local_image_store`)."""
 
     @abc.abstractmethod
     def get_bytes(self, key: str) -> bytes:

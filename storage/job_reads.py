@@ -58,8 +58,7 @@ class JobReads:
     @_wraps_redis_errors
     def queue_position(self, record: JobRecord) -> int | None:
         """0-based position among queued jobs of its model and priority in the order workers take them
-        (storage.fair_share); None if not queued. A record from before per-model queues counts among all
-        queued jobs."""
+        (storage.fair_share); None if not queued."""
         return cast(int | None, self._redis.zrank(self.keys.queue_of(record), record.job_id))  # no withscore: a rank
 
     @_wraps_redis_errors

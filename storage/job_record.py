@@ -42,6 +42,7 @@ class JobRecord:
     state: JobState
     params: dict[str, Any]  # GenerationParams.to_dict(), seed already drawn
     created_at: float  # unix seconds
+    queue: str  # the Celery queue of the job's model (storage.queues.generate_queue)
     started_at: float | None = None  # the first start: a re-queued job keeps it
     finished_at: float | None = None
     deadline: float | None = None  # unix seconds; not started by then -> expired
@@ -66,8 +67,8 @@ class JobRecord:
     webhook_events: list[str] = field(default_factory=list)
     webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
     idempotency_key: str | None = None
-    queue: str | None = None  # the Celery queue of the job's model (storage.queues.generate_queue); None: older record
     priority: str = "normal"  # high, normal or low (batching.params.PRIORITIES)
+    preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
@@ -83,7 +84,7 @@ _FLOAT_FIELDS = frozenset(
         "requeued_at",
     }
 )
-_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts"})
+_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts", "preview_every"})
 _BOOL_FIELDS = frozenset({"cancel_requested", "is_paused", "is_late"})
 _JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})
 

@@ -11,8 +11,7 @@ Keys, with ns the namespace:
     {ns}:queued                       sorted set, queued job ids by the time they were (re)queued
     {ns}:queued:{queue}:{priority}    sorted set, the same for one model's queue and one priority, by
                                       fair-share tag: the order workers take them in (storage.fair_share),
-                                      so a job's rank is its queue position (records without a queue
-                                      field, written before per-model queues, are only in {ns}:queued)
+                                      so a job's rank is its queue position
     {ns}:fair:{queue}:{priority}      hash, that order's virtual clock ("clock", the tag taken last) and
                                       each tenant's next tag ("tenant:NAME")
     {ns}:leases                       sorted set, running job ids by lease expiry
@@ -115,13 +114,9 @@ local function exact(x)
   return string.format('%.17g', x)
 end
 
--- The job's queue index, the fair clock of that queue and priority, and its tenant (nil: no queue field).
+-- The job's queue index, the fair clock of that queue and priority, and its tenant.
 local function fair_keys(job_key)
   local queue, priority, tenant = unpack(redis.call('HMGET', job_key, 'queue', 'priority', 'tenant'))
-  if not queue then
-    return nil
-  end
-  priority = priority or 'normal'
   return queued_index_of(queue, priority), fair_clock_of(queue, priority), tenant
 end
 
@@ -133,9 +128,6 @@ end
 local function add_new_queued(job_key, job_id, queued_at, share)
   redis.call('ZADD', queued_key, queued_at, job_id)
   local index, fair, tenant = fair_keys(job_key)
-  if not index then
-    return
-  end
   local tag = math.max(hash_number(fair, 'clock'), hash_number(fair, 'tenant:' .. tenant))
   redis.call('HSET', fair, 'tenant:' .. tenant, exact(tag + share))
   redis.call('HSET', job_key, 'queue_tag', exact(tag), 'queue_share', exact(share))
@@ -147,18 +139,16 @@ end
 local function add_requeued(job_key, job_id, queued_at)
   redis.call('ZADD', queued_key, queued_at, job_id)
   local index, fair = fair_keys(job_key)
-  if index then
-    local tag, share = unpack(redis.call('HMGET', job_key, 'queue_tag', 'queue_share'))
-    tag = tonumber(tag or '') or hash_number(fair, 'clock')
-    redis.call('ZADD', index, exact(tag - (tonumber(share or '') or 1)), job_id)
-  end
+  local tag, share = unpack(redis.call('HMGET', job_key, 'queue_tag', 'queue_share'))
+  tag = tonumber(tag or '') or hash_number(fair, 'clock')
+  redis.call('ZADD', index, exact(tag - (tonumber(share or '') or 1)), job_id)
 end
 
 -- The clock follows the tags of the jobs taken.
 local function advance_clock(job_key)
   local _, fair = fair_keys(job_key)
   local tag = tonumber(redis.call('HGET', job_key, 'queue_tag') or '')
-  if fair and tag and tag > hash_number(fair, 'clock') then
+  if tag and tag > hash_number(fair, 'clock') then
     redis.call('HSET', fair, 'clock', exact(tag))
   end
 end
@@ -167,7 +157,7 @@ end
 local function refund_share(job_key)
   local _, fair, tenant = fair_keys(job_key)
   local share, attempts = unpack(redis.call('HMGET', job_key, 'queue_share', 'attempts'))
-  if not fair or not share or (tonumber(attempts or '0') or 0) > 0 then
+  if not share or (tonumber(attempts or '0') or 0) > 0 then
     return
   end
   local next_tag = hash_number(fair, 'tenant:' .. tenant) - tonumber(share)
@@ -176,10 +166,7 @@ end
 
 local function remove_queued(job_key, job_id)
   redis.call('ZREM', queued_key, job_id)
-  local index = fair_keys(job_key)
-  if index then
-    redis.call('ZREM', index, job_id)
-  end
+  redis.call('ZREM', (fair_keys(job_key)), job_id)
 end
 
 local function set_state(job_key, job_id, from_state, to_state)
@@ -271,8 +258,7 @@ if ARGV[5] ~= '' then
 else
   redis.call('ZADD', unsent_key, created_at, job_id)
 end
-local index = fair_keys(KEYS[1])
-return {1, index and redis.call('ZRANK', index, job_id) or redis.call('ZRANK', queued_key, job_id)}
+return {1, redis.call('ZRANK', (fair_keys(KEYS[1])), job_id)}
 """
 )
 

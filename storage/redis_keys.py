@@ -45,7 +45,7 @@ class RedisKeys:
 
     def queue_of(self, record: JobRecord) -> str:
         """The sorted set a queued record waits in (its position is its rank there)."""
-        return self.queued if record.queue is None else self.queued_in(record.queue, record.priority)
+        return self.queued_in(record.queue, record.priority)
 
     @property
     def unsent(self) -> str:

@@ -125,6 +125,9 @@ class S3ImageStore(ImageStore):
             Metadata={name: str(value) for name, value in metadata.items()},
         )
 
+    def flush(self, keys: list[str]) -> None:
+        """Nothing to do: an S3 put is durable when it returns."""
+
     def get_bytes(self, key: str) -> bytes:
         def download() -> bytes:
             # The body is read inside the retried call: a connection dropped mid-body is retried too.

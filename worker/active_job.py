@@ -25,7 +25,8 @@ class StopReason(str, enum.Enum):
 class ActiveJob:
     job_id: str
     future: JobFuture | None = None  # the engine's, once submitted
-    submitted_at: float = field(default_factory=time.monotonic)
+    submitted_at: float = field(default_factory=time.monotonic)  # just before the engine's submit
+    handed_over_at: float = field(default_factory=time.time)  # the same moment, in unix time
     step: int = 0  # written by the engine loop thread
     step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None

@@ -26,11 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from batching.params import DEFAULT_MODEL
 from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queues import broker_queue_keys, generate_queue
+from storage.queues import broker_queue_keys
 from worker.dead_workers import DeadWorkerWatch
 
 log = logging.getLogger(__name__)
@@ -133,8 +132,8 @@ class LapsedLeaseSweeper:
 
 
 def queue_name(record: JobRecord) -> str:
-    """The Celery queue of a record's model (a record from before per-model queues names none)."""
-    return record.queue or generate_queue(record.params.get("model", DEFAULT_MODEL))
+    """The Celery queue of a record's model."""
+    return record.queue
 
 
 class LeaseKeeper:

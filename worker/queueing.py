@@ -1,8 +1,7 @@
 """Sending generate messages from the worker: re-queues, passes and the lease sweeper.
 
 A message takes its queue's next job, whichever it is (`worker.tasks`). A re-queued job's message goes
-to the job's own queue at the job's own priority, both read from its record (a record written before
-per-model queues has no queue: its model's queue is derived).
+to the job's own queue at the job's own priority, both read from its record.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
 from worker.queueing import send_generate, send_ticket
 from worker.runtime import WorkerRuntime, get_runtime
-from worker.uploads import upload_images
+from worker.uploads import encode_image, upload_images
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
@@ -157,18 +157,16 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     finally:
         runtime.release_active(job_id)
 
+    engine_seconds = time.monotonic() - active.submitted_at
     engine_timings = dict(result.timings)
     metrics.QUEUE_WAIT.observe(_queue_wait(record, engine_timings))
     upload_started = time.perf_counter()
+    params = result.params
     try:
+        encoded = [encode_image(image, params.output_format, params.output_quality) for image in result.images]
+        encode_seconds = time.perf_counter() - upload_started
         image_keys = upload_images(
-            runtime.image_store,
-            job_id,
-            list(result.images),
-            list(result.seeds),
-            result.params.model,
-            result.params.output_format,
-            result.params.output_quality,
+            runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format
         )
     except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries
         log.warning("job %s: image storage unavailable: %s", job_id, e)
@@ -192,13 +190,16 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
         "queue_wait": _queue_wait(record, engine_timings),
+        "start": active.handed_over_at - record.started_at,
+        "engine": engine_seconds,
         "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
         "denoise": float(engine_timings.get("denoise", 0.0)),
         "decode": float(engine_timings.get("decode", 0.0)),
+        "encode": encode_seconds,
         "upload": upload_seconds,
     }
     timings["total"] = time.time() - record.created_at
-    return end_job(
+    outcome = end_job(
         runtime,
         record,
         JobState.SUCCEEDED,
@@ -207,6 +208,11 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         progress_step=active.total,
         progress_total=active.total,
     )
+    try:
+        runtime.image_store.flush(image_keys)  # after the end state: off the job's latency (storage.image_store)
+    except StorageError as e:
+        log.warning("job %s: %s", job_id, e)
+    return outcome
 
 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:

@@ -18,25 +18,15 @@ def encode_image(image: Any, output_format: str = "png", quality: int = 90) -> b
     return buffer.getvalue()
 
 
-def encode_png(image: Any) -> bytes:
-    return encode_image(image, "png")
-
-
 def upload_images(
-    image_store: ImageStore,
-    job_id: str,
-    images: list[Any],
-    seeds: list[int],
-    model: str,
-    output_format: str = "png",
-    quality: int = 90,
+    image_store: ImageStore, job_id: str, encoded: list[bytes], seeds: list[int], model: str, output_format: str
 ) -> list[str]:
-    """Store each image under its deterministic key (its extension the format); a repeated run overwrites
+    """Store each encoded image under its deterministic key (its extension the format); a repeated run overwrites
     the same keys."""
     keys = []
-    for index, image in enumerate(images):
+    for index, data in enumerate(encoded):
         key = image_store.key_for(job_id, index, output_format)
         metadata = {"job_id": job_id, "index": str(index), "seed": str(seeds[index]), "model": model}
-        image_store.put_image(key, encode_image(image, output_format, quality), metadata)
+        image_store.put_image(key, data, metadata)
         keys.append(key)
     return keys

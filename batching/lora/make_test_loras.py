@@ -26,9 +26,12 @@ def make_lora(
     seed: int = 0,
     with_text_encoder: bool = False,
     text_encoder_name: str = "text_encoder",
+    strength: float = 0.3,
 ) -> Path:
     """Write one random LoRA for `model` to `path` (a .safetensors file) and return the path; with
-    `with_text_encoder`, it also adapts the pipeline's `text_encoder_name` (`text_encoder_2`: SDXL's, SD3's second)."""
+    `with_text_encoder`, it also adapts the pipeline's `text_encoder_name` (`text_encoder_2`: SDXL's, SD3's second).
+    `strength` scales its B matrices (random B is large): 0.3 changes a tiny built-in's image by a few levels,
+    about 3 by tens (what tests that must see an adapter's rows apart use)."""
     import torch
     from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
@@ -41,21 +44,21 @@ def make_lora(
     layers: dict[str, dict] = {}
     denoiser = getattr(pipeline, denoiser_name)
     denoiser.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=DENOISER_TARGETS, init_lora_weights=False))
-    layers[f"{denoiser_name}_lora_layers"] = _scaled(get_peft_model_state_dict(denoiser))
+    layers[f"{denoiser_name}_lora_layers"] = _scaled(get_peft_model_state_dict(denoiser), strength)
     if with_text_encoder:  # PEFT directly: transformers 5's add_adapter asks for peft>=0.22
         text_encoder = inject_adapter_in_model(
             LoraConfig(r=rank, lora_alpha=rank, target_modules=TEXT_ENCODER_TARGETS, init_lora_weights=False),
             getattr(pipeline, text_encoder_name),
         )
-        layers[f"{text_encoder_name}_lora_layers"] = _scaled(get_peft_model_state_dict(text_encoder))
+        layers[f"{text_encoder_name}_lora_layers"] = _scaled(get_peft_model_state_dict(text_encoder), strength)
     path.parent.mkdir(parents=True, exist_ok=True)
     type(pipeline).save_lora_weights(str(path.parent), weight_name=path.name, **layers)
     return path
 
 
-def _scaled(state_dict: dict) -> dict:
-    """Shrink B so the adapter changes the image clearly without swamping it (random B is large)."""
-    return {name: tensor * 0.3 if "lora_B" in name else tensor for name, tensor in state_dict.items()}
+def _scaled(state_dict: dict, strength: float) -> dict:
+    """Scale B so the adapter changes the image as much as asked (random B is large)."""
+    return {name: tensor * strength if "lora_B" in name else tensor for name, tensor in state_dict.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,3 +73,18 @@ def test_the_openapi_document_covers_every_route_with_the_engines_limits(api, ht
     assert job["height"]["maximum"] == 2048 and job["height"]["multipleOf"] == 8
     assert job["sampler"]["enum"] == ["ddim", "euler", "euler_ancestral", "dpmpp_2m"]
     assert document["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+
+
+UNDOCUMENTED = {("/", "get"), ("/static/{filename}", "get")}  # the web page and its files: not the JSON API
+
+
+def test_the_openapi_document_has_exactly_the_paths_and_methods_the_app_routes(app, client):
+    document = client.get("/openapi.json").json
+    routed = {
+        (re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
+        for rule in app.url_map.iter_rules()
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
+
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert documented == routed - UNDOCUMENTED

@@ -29,6 +29,7 @@ from tests.api.calls import auth
 from tests.api.conftest import get_task_queue_of
 from tests.api.processes import TENANT_KEYS
 from tests.api.test_image_inputs import JOB, image_bytes, mask_uri, stored_params
+from tests.names import REFUSED_AMONG, answer
 from tests.servers import silent_tcp_server
 
 PICTURE = image_bytes(96, 72, seed=3)  # a size no default has: the job's size must come from the image
@@ -138,12 +139,12 @@ def url_of(server, path: str) -> str:
 
 @pytest.fixture
 def fetching_client(redis_url, tmp_path):
-    """The app with 127.0.0.1 and two names (resolved only through the `names` fixture) as its image hosts,
+    """The app with 127.0.0.1 and some names (resolved only through the `names` fixture) as its image hosts,
     and a 1 s fetch deadline."""
     settings = ApiSettings(
         api_keys=tuple(TENANT_KEYS.items()),
         storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
-        image_url_hosts=AllowList.parse("127.0.0.1, images.test, slow.test"),
+        image_url_hosts=AllowList.parse(", ".join(["127.0.0.1", "images.test", "slow.test", *REFUSED_AMONG])),
         image_url_timeout_seconds=1.0,
         accept_unserved_models=True,
     )
@@ -236,8 +237,9 @@ def test_a_url_in_a_batch_job_is_named_with_its_index(fetching_client, image_ser
 
 @pytest.fixture
 def names(monkeypatch):
-    """Faked name resolution: `slow.test` hangs (up to 60 s, released when the test ends), any other
-    name resolves to 127.0.0.1. Yields the names looked up, in order."""
+    """Faked name resolution: `slow.test` hangs (up to 60 s, released when the test ends), the names of
+    `tests.names.REFUSED_AMONG` resolve to their addresses, any other name resolves to 127.0.0.1. Yields the
+    names looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()
 
@@ -245,6 +247,8 @@ def names(monkeypatch):
         looked_up.append(host)
         if host == "slow.test":
             release.wait(60)
+        if host in REFUSED_AMONG:
+            return answer(REFUSED_AMONG[host], port)
         return resolving_to("127.0.0.1")(host, port)
 
     monkeypatch.setattr(url_policy.socket, "getaddrinfo", fake)
@@ -332,6 +336,21 @@ def test_a_batch_of_hanging_urls_answers_by_about_one_deadline_each_item_naming_
     assert time.monotonic() - started < 6, f"{num_jobs} hanging lookups cost about one 1 s deadline, not one each"
     assert names.count("slow.test") <= MAX_CONCURRENT_FETCHES, "URLs whose turn came after the deadline: not looked up"
     assert "was not fetched" in results[num_jobs - 1]["error"]["message"]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AMONG))
+def test_an_image_url_whose_listed_name_has_one_refused_address_is_refused_wherever_it_stands(
+    fetching_client, image_server, names, name
+):
+    _, client = fetching_client
+    port, num_seen = image_server.server_address[1], len(image_server.paths_seen)
+
+    response = submit(client, {**JOB, "init_image": f"http://{name}:{port}/cat.png", "strength": 0.5})
+
+    assert response.status_code == 422, response.json
+    assert response.json["error"]["field"] == "init_image"
+    assert "127.0.0.2" in response.json["error"]["message"]
+    assert len(image_server.paths_seen) == num_seen, "nothing was fetched"
 
 
 # The policy itself: no request is made (address literals, or names with faked resolution).

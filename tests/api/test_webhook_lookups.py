@@ -21,6 +21,7 @@ from storage.url_policy import AllowList
 from tests.api.calls import auth
 from tests.api.conftest import get_task_queue_of
 from tests.api.processes import TENANT_KEYS
+from tests.names import REFUSED_AMONG, answer
 
 JOB = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}
 LOOKUP_SECONDS = 1.0
@@ -55,8 +56,9 @@ def strict_client(redis_url, tmp_path):
 
 @pytest.fixture
 def names(monkeypatch):
-    """Faked name resolution: `slow.test` and `slow-*` hang (up to 60 s, released when the test ends), any other name
-    resolves to 127.0.0.1. Yields the names looked up, in order."""
+    """Faked name resolution: `slow.test` and `slow-*` hang (up to 60 s, released when the test ends), the names of
+    `tests.names.REFUSED_AMONG` resolve to their addresses, any other name resolves to 127.0.0.1. Yields the names
+    looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()
     real = url_policy.socket.getaddrinfo
@@ -67,7 +69,7 @@ def names(monkeypatch):
         looked_up.append(host)
         if host == "slow.test" or host.startswith("slow-"):
             release.wait(60)
-        return [(url_policy.socket.AF_INET, url_policy.socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return answer(REFUSED_AMONG.get(host, ("127.0.0.1",)), port)
 
     monkeypatch.setattr(url_policy.socket, "getaddrinfo", fake)
     yield looked_up
@@ -166,6 +168,38 @@ def test_a_single_submit_refuses_a_webhook_name_that_resolves_to_loopback(strict
     assert response.status_code == 422, response.json
     assert response.json["error"]["field"] == "webhook_url"
     assert "resolves to 127.0.0.1" in response.json["error"]["message"]
+
+
+@pytest.fixture
+def one_address_client(redis_url, tmp_path):
+    """The app allowing webhooks to 127.0.0.1 only (a range of one address: names are looked up and checked)."""
+    app = app_client(redis_url, tmp_path, "127.0.0.1")
+    yield app.test_client()
+    get_task_queue_of(app).close()
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AMONG))
+def test_a_single_submit_refuses_a_webhook_name_with_one_refused_address_wherever_it_stands(
+    one_address_client, names, name
+):
+    response = one_address_client.post("/v1/jobs", json={**JOB, "webhook_url": f"http://{name}/x"}, headers=auth())
+
+    assert response.status_code == 422, response.json
+    assert response.json["error"]["field"] == "webhook_url"
+    assert "resolves to 127.0.0.2" in response.json["error"]["message"]
+
+
+def test_a_batch_refuses_each_webhook_name_with_one_refused_address_and_accepts_one_with_none(
+    one_address_client, names
+):
+    hosts = [*sorted(REFUSED_AMONG), "allowed.test"]  # allowed.test resolves to 127.0.0.1 alone
+    jobs = [{**JOB, "webhook_url": f"http://{host}/x"} for host in hosts]
+
+    response = one_address_client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=auth())
+
+    results = response.json["results"]
+    assert [result["status"] for result in results] == [422, 422, 422, 202], response.json
+    assert all("resolves to 127.0.0.2" in result["error"]["message"] for result in results[:3])
 
 
 def test_a_lookup_deadline_of_zero_is_refused_at_start(monkeypatch):

@@ -114,6 +114,11 @@ def assert_together_equals_alone(engine: DiffusionEngine, params_list: list[Gene
     return together
 
 
+def num_shared_forwards(engine: DiffusionEngine) -> int:
+    """Forwards so far that carried more than one sample."""
+    return sum(count for num_samples, count in engine.stats()["jobs_per_forward"].items() if num_samples > 1)
+
+
 def steps_taken_meanwhile(steps: list, more: int = 3) -> int:
     """Waits until `steps` (appended to by a job's on_progress) holds `more` more entries, or DEADLINE_SECONDS
     pass: how many it gained meanwhile."""

@@ -8,6 +8,7 @@ from tests.batching.conftest import (
     make_params,
     max_pixel_diff,
     mixed_params,
+    num_shared_forwards,
     own_pipeline,
     own_pipeline_image,
     pixels,
@@ -33,9 +34,11 @@ def test_co_batched_jobs_match_the_same_jobs_alone_within_one_level(solo_engine,
 def test_deterministic_mode_is_bit_identical_alone_and_batched(deterministic_engine):
     params_list = mixed_params()[:4]
     alone = run_alone(deterministic_engine, params_list)
+    shared_before = num_shared_forwards(deterministic_engine)
 
     batched = run_staggered(deterministic_engine, params_list, steps_between_joins=2)
 
+    assert num_shared_forwards(deterministic_engine) > shared_before, "the jobs shared forwards"
     for image_alone, image_batched in zip(alone, batched):
         assert (pixels(image_alone) == pixels(image_batched)).all()
 

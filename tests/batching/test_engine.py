@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -29,7 +30,27 @@ def test_a_job_at_default_size_returns_an_image_with_its_timings(batched_engine)
     assert result.image.size == (128, 128) and result.image.mode == "RGB"
     assert result.seeds == [params.seed] and result.params == params
     assert set(result.timings) == {"queue_wait", "denoise", "decode"}
-    assert all(seconds >= 0 for seconds in result.timings.values())
+    assert all(seconds > 0 for seconds in result.timings.values())
+
+
+def test_a_jobs_timings_say_where_its_time_went(solo_engine):
+    engine = solo_engine  # one job at a time
+    engine.pause()
+    try:
+        started = time.perf_counter()
+        first = engine.submit(make_params(prompt="first", seed=1, num_inference_steps=6))
+        second = engine.submit(make_params(prompt="second", seed=2, num_inference_steps=2))
+    finally:
+        engine.resume()
+
+    first_timings = first.result(timeout=120).timings
+    second_timings = second.result(timeout=120).timings
+    wall = time.perf_counter() - started
+
+    assert second_timings["queue_wait"] >= first_timings["denoise"], "the second waited while the first ran"
+    assert second_timings["queue_wait"] > first_timings["queue_wait"]
+    assert first_timings["denoise"] > second_timings["denoise"] > 0, "6 steps take longer than 2"
+    assert sum(second_timings.values()) <= wall, "its parts fit in the time from submit to its result"
 
 
 def test_eight_jobs_submitted_together_share_forwards(fresh_engine):

@@ -15,6 +15,7 @@ from PIL import Image
 from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError, ModelLoadError
 from tests.batching.conftest import (
     max_pixel_diff,
+    num_shared_forwards,
     own_pipeline,
     own_pipeline_image,
     pixels,
@@ -118,9 +119,11 @@ def test_deterministic_mode_is_bit_identical_alone_and_co_batched(family, engine
     params_list = staggered_params(family)
     engine = engines["deterministic"]
     alone = run_alone(engine, params_list)
+    shared_before = num_shared_forwards(engine)
 
     batched = run_staggered(engine, params_list)
 
+    assert num_shared_forwards(engine) > shared_before, "the samples shared forwards"
     for image_alone, image_batched in zip(alone, batched):
         assert (pixels(image_alone) == pixels(image_batched)).all()
 

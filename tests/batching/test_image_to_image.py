@@ -22,6 +22,7 @@ from batching.image_inputs import to_data_uri
 from tests.batching.conftest import (
     assert_together_equals_alone,
     max_pixel_diff,
+    num_shared_forwards,
     own_pipeline,
     own_pipeline_image,
     pixels,
@@ -187,9 +188,12 @@ def test_deterministic_mode_keeps_img2img_and_inpainting_bit_identical_alone_and
         params_for(case, prompt="a castle", init_image=None, strength=None, seed=9, num_inference_steps=2),
     ]
     alone = run_alone(engine, jobs)
+    shared_before = num_shared_forwards(engine)
 
     futures = [engine.submit(params) for params in jobs]  # admitted together: init images encoded together
     together = [future.result(timeout=120).image for future in futures]
+
+    assert num_shared_forwards(engine) > shared_before, "the jobs shared forwards"
 
     for image_alone, image_together in zip(alone, together):
         assert (pixels(image_alone) == pixels(image_together)).all()

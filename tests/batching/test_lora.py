@@ -15,13 +15,16 @@ from batching.lora.make_test_loras import make_lora
 from tests.batching.conftest import make_params, max_pixel_diff, own_pipeline, own_pipeline_image, run_alone
 
 ADAPTERS = ("style-a", "style-b")
+# Adapters this strong change a tiny built-in's image by tens of levels, so a row's delta leaking to a batch
+# mate (or lost) shows far above the co-batching tolerance of one level.
+STRENGTH = 3.0
 
 
 @pytest.fixture(scope="module")
 def lora_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("loras")
     for seed, name in enumerate(ADAPTERS):
-        make_lora("builtin:tiny", folder / f"{name}.safetensors", seed=seed)
+        make_lora("builtin:tiny", folder / f"{name}.safetensors", seed=seed, strength=STRENGTH)
     (folder / "not-safetensors.safetensors").write_bytes(b"\x80\x04pickle, not safetensors")
     make_lora("builtin:tiny", folder / "with-text.safetensors", seed=5, with_text_encoder=True)
     save_file(
@@ -69,7 +72,7 @@ def test_jobs_with_different_adapters_share_forwards_and_each_equals_itself_alon
 
     for image_together, image_alone in zip(together, alone):
         assert max_pixel_diff(image_together, image_alone) <= 1
-    assert max_pixel_diff(together[1], together[3]) > 3, "the adapter changes the image (co-batching: at most 1)"
+    assert max_pixel_diff(together[1], together[3]) > 20, "the adapter changes the image (co-batching: at most 1)"
     assert any(count >= 2 for count in mixed.stats()["loras_per_forward"]), mixed.stats()["loras_per_forward"]
     assert max(mixed.stats()["jobs_per_forward"]) == len(workload)
 
@@ -147,7 +150,7 @@ def test_the_group_mode_runs_one_adapter_per_forward_with_the_same_images(lora_f
 )
 def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alone(model, tmp_path):
     for seed, name in enumerate(ADAPTERS):
-        make_lora(model, tmp_path / f"{name}.safetensors", seed=seed)
+        make_lora(model, tmp_path / f"{name}.safetensors", seed=seed, strength=STRENGTH)
     workload = [
         make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, lora="style-a", guidance_scale=None),
         make_params(model=model, prompt="a fox", seed=1, num_inference_steps=3, guidance_scale=None),
@@ -168,7 +171,7 @@ def test_other_families_mix_adapters_in_one_forward_each_job_equal_to_itself_alo
 
     for image_together, image_alone in zip(together, alone):
         assert max_pixel_diff(image_together, image_alone) <= 1
-    assert max_pixel_diff(together[0], together[1]) > 3, "the adapter changes the image"
+    assert max_pixel_diff(together[0], together[1]) > 20, "the adapter changes the image (co-batching: at most 1)"
 
 
 def test_an_adapter_for_another_text_encoder_fails_its_job_and_leaves_later_prompts_alone(tmp_path):

@@ -75,7 +75,6 @@ class FakeRunner:
                 output.stepped_sample_ids.append(job_id)
                 if self.steps_done_by_job[job_id] == self.num_steps_by_job[job_id]:
                     output.finished_sample_ids.append(job_id)
-                    output.images[job_id] = f"image of {job_id}"
                     self._drop(job_id)
         return output
 

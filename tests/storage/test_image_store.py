@@ -68,7 +68,7 @@ def test_a_stored_png_reads_back_with_its_metadata(image_store):
     data = png_bytes()
     assert not image_store.exists(key)
 
-    image_store.put_png(key, data, METADATA)
+    image_store.put_image(key, data, METADATA)
 
     assert image_store.exists(key)
     assert image_store.get_bytes(key) == data
@@ -94,10 +94,10 @@ def test_an_image_stored_in_another_format_has_its_content_type_on_the_stored_ob
 
 def test_storing_under_the_same_key_replaces_the_image(image_store):
     key = image_store.key_for("job1", 0)
-    image_store.put_png(key, png_bytes(), METADATA)
+    image_store.put_image(key, png_bytes(), METADATA)
     second = png_bytes()
 
-    image_store.put_png(key, second, {**METADATA, "seed": "8"})
+    image_store.put_image(key, second, {**METADATA, "seed": "8"})
 
     assert image_store.get_bytes(key) == second
     assert image_store.head(key).metadata["seed"] == "8"
@@ -114,7 +114,7 @@ def test_a_missing_image_is_not_found(image_store):
 def test_a_retried_upload_leaves_one_object(s3_store, s3_server, s3_bucket):
     key = s3_store.key_for("job1", 0)
     for _ in range(3):
-        s3_store.put_png(key, png_bytes(), METADATA)
+        s3_store.put_image(key, png_bytes(), METADATA)
 
     client = boto3.client("s3", endpoint_url=s3_server.endpoint_url)
     listed = client.list_objects_v2(Bucket=s3_bucket, Prefix="images/job1/")
@@ -125,8 +125,8 @@ def test_a_retried_upload_leaves_one_object(s3_store, s3_server, s3_bucket):
 def test_the_local_folder_holds_only_finished_files(tmp_path):
     store = open_image_store(StorageSettings(storage_url=(tmp_path / "images").as_uri()))
     key = store.key_for("job1", 0)
-    store.put_png(key, png_bytes(), METADATA)
-    store.put_png(key, png_bytes(), METADATA)
+    store.put_image(key, png_bytes(), METADATA)
+    store.put_image(key, png_bytes(), METADATA)
 
     assert sorted(path.name for path in (tmp_path / "images" / "job1").iterdir()) == ["0.png", "0.png.meta.json"]
     assert store.presigned_url(key) is None
@@ -137,7 +137,7 @@ def test_a_local_key_cannot_leave_the_image_folder(tmp_path):
 
     for key in ("../outside.png", "/etc/passwd", "job1/../../x.png"):
         with pytest.raises(ValueError, match="inside the image folder"):
-            store.put_png(key, png_bytes(), {})
+            store.put_image(key, png_bytes(), {})
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ def http_status(url: str) -> int:
 def test_a_presigned_url_downloads_the_image_over_http(real_s3_store):
     key = real_s3_store.key_for("job1", 0)
     data = png_bytes()
-    real_s3_store.put_png(key, data, METADATA)
+    real_s3_store.put_image(key, data, METADATA)
 
     url = real_s3_store.presigned_url(key)
 
@@ -170,7 +170,7 @@ def test_a_presigned_url_downloads_the_image_over_http(real_s3_store):
 def test_a_presigned_url_is_refused_once_it_expired(seaweed_server, seaweed_bucket):
     store = open_image_store(s3_settings(seaweed_server.endpoint_url, seaweed_bucket, presign_expiry_seconds=900))
     key = store.key_for("job1", 0)
-    store.put_png(key, png_bytes(), METADATA)
+    store.put_image(key, png_bytes(), METADATA)
     assert parse_qs(urlsplit(store.presigned_url(key)).query)["X-Amz-Expires"] == ["900"]
 
     short = store.presigned_url(key, expiry=1)
@@ -185,7 +185,7 @@ def test_a_presigned_url_is_refused_once_it_expired(seaweed_server, seaweed_buck
 
 def test_a_tampered_presigned_url_is_refused(real_s3_store):
     for index in range(2):
-        real_s3_store.put_png(real_s3_store.key_for("job1", index), png_bytes(), METADATA)
+        real_s3_store.put_image(real_s3_store.key_for("job1", index), png_bytes(), METADATA)
     url = real_s3_store.presigned_url(real_s3_store.key_for("job1", 0))
 
     assert http_status(url.replace("job1/0.png", "job1/1.png")) == 403  # another object with this signature
@@ -197,7 +197,7 @@ def test_a_wrong_secret_is_refused_without_retrying_and_ping_says_so(seaweed_ser
     store = open_image_store(s3_settings(seaweed_server.endpoint_url, seaweed_bucket), retry=QUICK_RETRY)
 
     with pytest.raises(StorageError, match="SignatureDoesNotMatch|AccessDenied|403") as raised:
-        store.put_png(store.key_for("job1", 0), png_bytes(), METADATA)
+        store.put_image(store.key_for("job1", 0), png_bytes(), METADATA)
     assert not isinstance(raised.value, StorageUnavailableError)  # a setting to fix, not an outage to wait out
     assert store.ping() is False
     store.close()
@@ -224,7 +224,7 @@ def test_an_upload_is_retried_until_the_server_starts_listening(s3_server, s3_bu
     started = time.monotonic()
 
     with caplog.at_level(logging.WARNING, logger="storage.s3_image_store"):
-        store.put_png(key, data, METADATA)
+        store.put_image(key, data, METADATA)
 
     assert proxy.listening_at is not None and started < proxy.listening_at <= time.monotonic()
     assert any("Retrying" in message for message in caplog.messages)
@@ -239,7 +239,7 @@ def test_a_server_that_keeps_throttling_gives_storage_unavailable_after_the_retr
     store = open_image_store(s3_settings(throttling.endpoint_url, "stepwise-images"), retry=QUICK_RETRY)
 
     with pytest.raises(StorageUnavailableError, match="after 3 attempts"):
-        store.put_png(store.key_for("job1", 0), png_bytes(), METADATA)
+        store.put_image(store.key_for("job1", 0), png_bytes(), METADATA)
 
     assert throttling.num_requests == 3
     throttling.stop()
@@ -252,3 +252,18 @@ def test_an_unreachable_server_gives_storage_unavailable_after_the_retries(s3_bu
     with pytest.raises(StorageUnavailableError, match="download of s3://stepwise-images/images/job1/0.png"):
         store.get_bytes(store.key_for("job1", 0))
     proxy.stop()
+
+
+def test_the_local_folder_flushes_images_to_disk_on_flush_not_on_put(tmp_path, monkeypatch):
+    store = LocalImageStore(tmp_path / "images")
+    flushed: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: flushed.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    keys = [store.key_for("job1", index) for index in range(2)]
+
+    for key in keys:
+        store.put_image(key, png_bytes(), METADATA)
+    assert flushed == [], "a put leaves the disk flush to flush(), after the job's end state"
+    store.flush(keys)
+
+    assert flushed == [str(store.path_for(key)) for key in keys] + [str(store.path_for(keys[0]).parent)]

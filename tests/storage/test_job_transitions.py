@@ -7,7 +7,8 @@ import threading
 import pytest
 import redis
 
-from storage.job_store import InvalidTransitionError, JobNotFoundError, JobState, JobStore
+from storage.job_store import Created, InvalidTransitionError, JobNotFoundError, JobState, JobStore, QueueFullError
+from storage.new_job import NewJobSpec
 from tests.storage.factories import make_job
 
 
@@ -298,3 +299,15 @@ def test_a_job_stays_unsent_until_its_message_is_marked_sent_taken_or_ended(stor
 
     assert store.unsent_job_ids(created_before=clock.now) == [orphan.job_id]
     assert store.unsent_job_ids(created_before=clock.now - 60) == []  # younger than that
+
+
+def test_a_job_is_created_with_its_message_and_a_refused_one_with_neither(store, client):
+    queue = "test-generate"
+    specs = [NewJobSpec(tenant="acme", params={"prompt": f"fox {i}", "seed": i}) for i in range(3)]
+
+    outcomes = store.create_many(specs, max_queued=2, message_for=lambda record: (queue, f"message of {record.job_id}"))
+
+    created = [outcome.record.job_id for outcome in outcomes if isinstance(outcome, Created)]
+    assert len(created) == 2 and isinstance(outcomes[2], QueueFullError)
+    assert sorted(client.lrange(queue, 0, -1)) == sorted(f"message of {job_id}".encode() for job_id in created)
+    assert {record.job_id for record in store.list_for_tenant("acme")[0]} == set(created), "no record of the third"

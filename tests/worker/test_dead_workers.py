@@ -109,3 +109,23 @@ def test_a_queue_whose_messages_died_with_a_worker_gets_one_more_while_none_wait
 
         store.redis.lpush(broker_queue_keys(queue_name(record))[0], "a message waiting")
         assert sweeper.send_to_starved_queues() == []  # a message waits: it will take the job
+
+
+def test_a_job_requeued_by_a_worker_that_died_before_sending_its_message_is_sent_one_a_lease_later(redis_url):
+    """The one path that leaves a queued job without its message: a re-queue (release) records the message it
+    owes, and the worker sends it after; a worker that dies in between leaves it owed, and a sweeper sends it."""
+    from worker.leases import LapsedLeaseSweeper
+
+    clock = FakeClock(time.time())
+    with JobStore(redis_url, clock=clock) as store:
+        record = make_job(store)
+        store.mark_sent(record.job_id)  # created with its message, as the API does
+        store.take(record.job_id, "w1", 30)
+        assert store.release(record.job_id, "w1", "worker_drained", "w1: admission stopped")  # then w1 dies
+        sent = []
+        sweeper = LapsedLeaseSweeper(store, sent.append, interval=15, unsent_grace=60)
+
+        assert sweeper.send_unsent() == []  # its worker may still send it
+        clock.advance(61)
+        assert sweeper.send_unsent() == [record.job_id]
+        assert [job.job_id for job in sent] == [record.job_id] and sweeper.send_unsent() == []

@@ -12,6 +12,7 @@ import pytest
 
 from storage import url_policy
 from tests.api.webhook_receiver import WebhookReceiver
+from tests.names import REFUSED_AMONG, answer
 from tests.servers import silent_tcp_server
 
 
@@ -25,7 +26,8 @@ def receiver():
 def names(monkeypatch):
     """`rebinding.test` resolves to 127.0.0.1 once, then to 127.0.0.2 (a DNS rebinding name); `slow.test`
     hangs (up to 60 s, released when the test ends); `outage.test` fails to resolve once, then resolves;
-    other names resolve for real (addresses only here).
+    the names of `tests.names.REFUSED_AMONG` resolve to their addresses; other names resolve for real
+    (addresses only here).
     Yields the `.test` names looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()
@@ -41,6 +43,8 @@ def names(monkeypatch):
             if looked_up.count(host) == 1:
                 raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
             return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        if host in REFUSED_AMONG:
+            return answer(REFUSED_AMONG[host], port)
         address = "127.0.0.1" if looked_up.count(host) == 1 else "127.0.0.2"
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
 
@@ -114,3 +118,14 @@ def test_an_https_attempt_whose_tls_handshake_stalls_ends_by_its_deadline(silent
     assert not outcome.is_delivered and not outcome.is_final, outcome
     assert "AttemptDeadlineError" in outcome.error
     assert time.monotonic() - started < 1 + 5
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_AMONG))
+def test_an_attempt_to_a_name_with_one_refused_address_is_refused_and_sends_nothing(receiver, names, name):
+    from worker.webhooks import post_once
+
+    outcome = post_once(f"http://{name}:{receiver.server.server_port}/hook", "msg_mixed", {"type": "x"}, timeout=5)
+
+    assert not outcome.is_delivered and outcome.is_final, outcome
+    assert "resolves to 127.0.0.2" in outcome.error
+    assert receiver.received("/hook") == []

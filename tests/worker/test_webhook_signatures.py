@@ -62,6 +62,7 @@ def test_a_completed_payload_gives_the_jobs_urls_as_its_view_does_not_storage_ke
         state=JobState.SUCCEEDED,
         params={},
         created_at=0.0,
+        queue="stepwise.generate.test",
         image_keys=["j1/0.png", "j1/1.png"],
     )
     base = "http://127.0.0.1:8000"
@@ -84,6 +85,7 @@ def test_a_failed_payload_carries_the_error():
         state=JobState.FAILED,
         params={},
         created_at=0.0,
+        queue="stepwise.generate.test",
         error_code="engine_error",
         error_message="boom",
     )
