@@ -224,6 +224,14 @@ class JobRequest(StrictModel):
         description="complete_by as seconds after the job is submitted. Not with complete_by.",
     )
 
+    preview_every: int | None = Field(
+        None,
+        ge=0,
+        le=P.MAX_STEPS,
+        description="A live preview (a small approximate image, on GET /v1/jobs/{job_id}/events) every this many "
+        "steps; 0: none. Default: the worker's (STEPWISE_PREVIEW_EVERY, 0 unless set). The image is unchanged.",
+    )
+
     def params_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
 
@@ -351,6 +359,7 @@ class JobView(BaseModel):
     job_id: str
     state: JobStateName
     priority: Priority
+    preview_every: int | None = Field(description="A preview every this many steps (0: none); null: the worker's.")
     queue_position: int | None = Field(
         description="Queued jobs of the same model and priority ahead of this one (0: next); null unless queued."
     )

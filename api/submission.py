@@ -53,6 +53,7 @@ class ValidJob:
     webhook_events: list[str]
     request_hash: str  # identifies the body for Idempotency-Key replays
     priority: str
+    preview_every: int | None
     complete_by: float | None = None  # unix seconds it should finish by
 
 
@@ -156,6 +157,7 @@ def validate_job(
         webhook_events=events if job.webhook_url else [],
         request_hash=request_hash(data),
         priority=priority,
+        preview_every=job.preview_every,
         complete_by=complete_by,
     )
 
@@ -295,6 +297,7 @@ def create_jobs(
             idempotency_key=key,
             request_hash=job.request_hash,
             priority=job.priority,
+            preview_every=job.preview_every,
             complete_by=job.complete_by,
             cost=job.params.total_steps(),
         )

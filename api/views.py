@@ -99,6 +99,7 @@ def job_view(
         "job_id": record.job_id,
         "state": record.state.value,
         "priority": record.priority,
+        "preview_every": record.preview_every,
         "queue_position": queue_position if record.state is JobState.QUEUED else None,
         "queue": queue_info if record.state is JobState.QUEUED else None,
         "progress": {"step": record.progress_step, "total": record.progress_total or planned_steps(record)},

@@ -68,6 +68,7 @@ class JobRecord:
     webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
     idempotency_key: str | None = None
     priority: str = "normal"  # high, normal or low (batching.params.PRIORITIES)
+    preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
@@ -83,7 +84,7 @@ _FLOAT_FIELDS = frozenset(
         "requeued_at",
     }
 )
-_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts"})
+_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts", "preview_every"})
 _BOOL_FIELDS = frozenset({"cancel_requested", "is_paused", "is_late"})
 _JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})
 

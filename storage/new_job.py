@@ -35,6 +35,7 @@ class NewJobSpec:
     idempotency_key: str | None = None
     request_hash: str | None = None  # identifies the request body for idempotent replays
     priority: str = DEFAULT_PRIORITY
+    preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
     complete_by: float | None = None  # unix seconds the job should finish by (the engine schedules by it)
     cost: float | None = None  # its cost in the fair order (storage.fair_share); None: queue_cost(params)
 
@@ -53,6 +54,7 @@ class NewJobSpec:
             idempotency_key=self.idempotency_key,
             queue=generate_queue(self.params.get("model", DEFAULT_MODEL)),
             priority=self.priority,
+            preview_every=self.preview_every,
         )
 
 

@@ -1,17 +1,30 @@
-// The stepwise page: a prompt form, the tenant's recent jobs with live progress, and an engine panel.
-// It uses only the public HTTP API. The key lives in localStorage and travels only in the
-// Authorization header; images are fetched with that header and shown through blob: URLs.
+// The stepwise page: a prompt form, the tenant's jobs (paged; each unfinished one followed through its event
+// stream, with live previews), and an engine panel. It uses only the public HTTP API. The key lives in
+// localStorage and travels only in the Authorization header: images are fetched with it and shown through
+// blob: URLs, and the event stream is read with fetch (an EventSource cannot send the header).
 "use strict";
 
 const KEY_STORAGE = "stepwise.apiKey";
-const POLL_MS = 1000;
-const NUM_RECENT_JOBS = 12;
-const FINAL_STATES = new Set(["succeeded", "failed", "canceled", "expired"]);
+const PAGE_SIZE = 8;
+const ENGINE_MS = 2000;
+const LIST_MS = 5000; // the first page is reread this often: jobs submitted elsewhere, live jobs not followed
+// A browser keeps at most 6 HTTP/1.1 connections to a host: follow at most 4 jobs' streams at once, so the
+// page's other requests always find a connection (the rest of the live jobs show through the list's rereads)
+const MAX_STREAMS = 4;
+const RECONNECT_MS = 2000;
+const PREVIEW_EVERY = 2; // steps between live previews, when the box is ticked
+const LIVE_STATES = new Set(["queued", "running"]);
+const SIZES = [128, 192, 256, 384, 512, 768, 1024];
 
-const thumbnails = new Map(); // image URL -> blob: URL (fetched once)
-let pollTimer = null;
+const images = new Map(); // image URL -> blob: URL (fetched once)
+const streams = new Map(); // job id -> AbortController of its event stream
+let models = []; // GET /v1/models
+let cursors = [null]; // the cursor of each page seen, newest first; the last one is shown
+let shownJobs = []; // the jobs of the page shown, as listed
+let timers = [];
 
 const $ = (id) => document.getElementById(id);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function apiKey() {
   return localStorage.getItem(KEY_STORAGE) || "";
@@ -41,7 +54,7 @@ function element(tag, attributes = {}, ...children) {
 }
 
 function say(id, message, kind = "") {
-  const node = $(id);
+  const node = $(id); // one message at a time: each replaces the one before
   node.textContent = message;
   node.className = kind;
 }
@@ -67,30 +80,84 @@ async function saveKey(event) {
   } catch (error) {
     say("key-status", error.status === 401 ? "The API refused this key." : `Could not check the key: ${error.message}`, "error");
   }
-  refresh();
+  start();
 }
 
 function forgetKey() {
   localStorage.removeItem(KEY_STORAGE);
+  stop();
   $("jobs").replaceChildren();
   $("jobs-empty").hidden = false;
   $("engine-panel").replaceChildren(element("p", { class: "muted", text: "engine stats appear once a key is saved" }));
   showKeyState();
 }
 
+// ---- the form: models, their sizes and samplers ----
+
+function chosenModel() {
+  return models.find((model) => model.model === $("model").value) || models.find((model) => model.available) || null;
+}
+
+function showModels() {
+  const select = $("model");
+  const current = select.value;
+  const ordered = [...models].sort((a, b) => Number(b.available) - Number(a.available));
+  select.replaceChildren(
+    ...(ordered.length ? [] : [element("option", { value: "", text: "the service's default" })]),
+    ...ordered.map((model) => element("option", { value: model.model, text: model.available ? model.model : `${model.model} (no worker now)` })),
+  );
+  if (ordered.some((model) => model.model === current)) select.value = current;
+  showModelChoices();
+}
+
+function showModelChoices() {
+  const model = chosenModel();
+  if (!model) return;
+  const defaults = model.defaults || {};
+  const limits = model.limits || {};
+  const multiple = limits.size_multiple || 8;
+  const fits = (size) => size % multiple === 0 && size <= (limits.max_size || 2048) && size * size <= (limits.max_pixels || Infinity);
+  const first = `${defaults.width}x${defaults.height}`;
+  const sizes = [first, ...SIZES.filter(fits).map((size) => `${size}x${size}`).filter((size) => size !== first)];
+  $("size").replaceChildren(...sizes.map((size, index) =>
+    element("option", { value: size, text: `${size.replace("x", " × ")}${index === 0 ? " (the model's default)" : ""}` })));
+  const samplers = limits.samplers || ["euler"];
+  $("sampler").replaceChildren(...samplers.map((name) => element("option", { value: name, text: name })));
+  $("sampler").value = samplers.includes(defaults.sampler) ? defaults.sampler : samplers[0];
+  if (defaults.num_inference_steps) $("steps").value = defaults.num_inference_steps;
+  if (defaults.guidance_scale != null) $("guidance").value = defaults.guidance_scale;
+  $("steps").max = String(limits.max_steps || 200);
+  $("guidance").max = String(limits.max_guidance || 50);
+}
+
 // ---- submitting ----
 
-function jobRequest() {
-  const size = Number($("size").value);
+async function uploadInitImage() {
+  const file = $("init-image").files[0];
+  if (!file) return null;
+  const form = new FormData();
+  form.append("file", file);
+  const upload = await api("/v1/uploads", { method: "POST", body: form });
+  return upload.id;
+}
+
+async function jobRequest() {
+  const [width, height] = $("size").value.split("x").map(Number);
   const request = {
     prompt: $("prompt").value,
-    height: size,
-    width: size,
+    height,
+    width,
+    sampler: $("sampler").value,
     num_inference_steps: Number($("steps").value),
     guidance_scale: Number($("guidance").value),
     num_images: Number($("num-images").value),
+    preview_every: $("previews").checked ? PREVIEW_EVERY : 0,
   };
+  if ($("model").value) request.model = $("model").value;
+  if ($("negative-prompt").value) request.negative_prompt = $("negative-prompt").value;
   if ($("seed").value !== "") request.seed = Number($("seed").value);
+  const initImage = await uploadInitImage();
+  if (initImage) Object.assign(request, { init_image: initImage, strength: Number($("strength").value), resize_mode: "crop" });
   return request;
 }
 
@@ -102,10 +169,11 @@ async function submitJob(event) {
     const job = await api("/v1/jobs", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(jobRequest()),
+      body: JSON.stringify(await jobRequest()),
     });
     say("job-status", `Submitted job ${job.job_id} (seed ${job.params.seed}).`, "ok");
-    refresh();
+    cursors = [null];
+    await showJobs();
   } catch (error) {
     say("job-status", `Not submitted: ${error.message}`, "error");
   } finally {
@@ -113,20 +181,131 @@ async function submitJob(event) {
   }
 }
 
-// ---- recent jobs ----
+// ---- a job's event stream (text/event-stream over fetch) ----
+
+async function follow(jobId, onEvent, signal) {
+  let lastId = null;
+  while (!signal.aborted) {
+    const headers = { Authorization: `Bearer ${apiKey()}`, Accept: "text/event-stream" };
+    if (lastId) headers["Last-Event-ID"] = lastId;
+    try {
+      const response = await fetch(`/v1/jobs/${jobId}/events`, { headers, signal, cache: "no-store" });
+      if (!response.ok) return; // gone, or the key was refused: nothing to follow
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      let event = { name: "message", data: [] };
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let newline;
+        while ((newline = buffer.indexOf("\n")) >= 0) {
+          const line = buffer.slice(0, newline).replace(/\r$/, "");
+          buffer = buffer.slice(newline + 1);
+          if (line === "") {
+            if (event.data.length && onEvent(event.name, JSON.parse(event.data.join("\n")))) return;
+            event = { name: "message", data: [] };
+          } else if (!line.startsWith(":")) {
+            const colon = line.indexOf(":");
+            const field = colon < 0 ? line : line.slice(0, colon);
+            const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+            if (field === "event") event.name = text;
+            else if (field === "data") event.data.push(text);
+            else if (field === "id") lastId = text;
+          }
+        }
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+    }
+    await sleep(RECONNECT_MS); // the connection dropped mid-job: resume after the last event seen
+  }
+}
+
+function followSome() {
+  const live = shownJobs.filter((job) => LIVE_STATES.has(job.state) && !streams.has(job.job_id));
+  live.sort((a, b) => Number(b.state === "running") - Number(a.state === "running")); // running ones first
+  for (const job of live.slice(0, Math.max(0, MAX_STREAMS - streams.size))) {
+    const card = document.querySelector(`li.job[data-job-id="${job.job_id}"]`);
+    if (card) watch(card, job);
+  }
+}
+
+function watch(card, job) {
+  if (streams.has(job.job_id) || !LIVE_STATES.has(job.state)) return;
+  const controller = new AbortController();
+  streams.set(job.job_id, controller);
+  follow(job.job_id, (name, data) => {
+    const live = document.querySelector(`li.job[data-job-id="${job.job_id}"]`) || card;
+    if (name === "progress" || name === "preview") showProgress(live, data.step, data.total);
+    if (name === "preview") showPreview(live, data.image);
+    if (name === "queued") showState(live, "queued", data.queue_position);
+    if (name === "started") showState(live, "running", null);
+    if (["queued", "started", "progress", "preview"].includes(name)) return false;
+    streams.delete(job.job_id);
+    live.replaceWith(jobCard(data)); // the end state carries the job's view
+    return true;
+  }, controller.signal).finally(() => {
+    streams.delete(job.job_id);
+    followSome(); // its connection is free: follow another live job
+  });
+}
+
+function showProgress(card, step, total) {
+  const bar = card.querySelector("progress");
+  bar.max = String(Math.max(total, 1));
+  bar.value = String(Math.min(step, total));
+  card.querySelector(".step").textContent = ` · step ${step}/${total}`;
+}
+
+function showPreview(card, image) {
+  let preview = card.querySelector("img.preview");
+  if (!preview) {
+    preview = element("img", { class: "preview", alt: `live preview of job ${card.dataset.jobId}`, width: "96", height: "96" });
+    card.querySelector(".thumbs").append(preview);
+  }
+  preview.src = image; // a data: URI, small: an approximate image of the job so far
+}
+
+function showState(card, state, position) {
+  card.className = `job state-${state}`;
+  card.querySelector(".state").textContent = state;
+  card.querySelector(".position").textContent = position != null ? ` · queue position ${position}` : "";
+}
+
+// ---- the jobs list ----
 
 function isOwnApiUrl(url) {
   return new URL(url, location.href).origin === location.origin;
 }
 
-async function thumbnailFor(url) {
+async function imageFor(url) {
   if (!isOwnApiUrl(url)) return url; // a presigned storage URL needs no key
-  if (!thumbnails.has(url)) {
+  if (!images.has(url)) {
     const response = await fetch(url, { headers: { Authorization: `Bearer ${apiKey()}` } });
     if (!response.ok) throw new Error(`image: HTTP ${response.status}`);
-    thumbnails.set(url, URL.createObjectURL(await response.blob()));
+    images.set(url, URL.createObjectURL(await response.blob()));
   }
-  return thumbnails.get(url);
+  return images.get(url);
+}
+
+function openViewer(src, job, index) {
+  const extension = { png: "png", jpeg: "jpg", webp: "webp" }[(job.params || {}).output_format] || "png";
+  $("viewer-image").src = src;
+  $("viewer-image").alt = `image ${index + 1} of job ${job.job_id}, full size`;
+  $("viewer-download").href = src;
+  $("viewer-download").download = `stepwise-${job.job_id}-${index + 1}.${extension}`;
+  $("viewer").showModal();
+}
+
+async function cancelJob(job, button) {
+  button.disabled = true;
+  try {
+    const view = await api(`/v1/jobs/${job.job_id}/cancel`, { method: "POST" });
+    button.textContent = view.state === "canceled" ? "Canceled" : "Canceling…";
+  } catch (error) {
+    button.textContent = `Not canceled: ${error.message}`;
+  }
 }
 
 function jobCard(job) {
@@ -136,47 +315,68 @@ function jobCard(job) {
   const params = job.params || {};
   const bar = element("progress", { max: String(total), value: String(Math.min(progress.step, total)),
     "aria-label": `progress of job ${job.job_id}` });
-  const position = job.queue_position != null ? ` · queue position ${job.queue_position}` : "";
   card.append(
     element("p", { class: "prompt", text: params.prompt || "" }),
     element("p", { class: "meta" },
       element("span", { class: "state", text: job.state }),
-      ` · step ${progress.step}/${progress.total}${position}`),
+      element("span", { class: "step", text: ` · step ${progress.step}/${progress.total}` }),
+      element("span", { class: "position", text: job.queue_position != null ? ` · queue position ${job.queue_position}` : "" })),
     bar,
     element("p", { class: "meta", text:
-      `${params.width}×${params.height} · ${params.num_inference_steps} steps · guidance ${params.guidance_scale} · seed ${params.seed}` }),
+      `${params.model || ""} · ${params.width}×${params.height} · ${params.num_inference_steps} steps · ${params.sampler} · guidance ${params.guidance_scale} · seed ${params.seed}` }),
   );
+  if (params.negative_prompt) card.append(element("p", { class: "meta", text: `not: ${params.negative_prompt}` }));
   if (job.error) card.append(element("p", { class: "meta error", text: `${job.error.code}: ${job.error.message}` }));
   const thumbs = element("div", { class: "thumbs" });
   (job.image_urls || []).forEach((url, index) => {
-    const image = element("img", { alt: `image ${index + 1} of job ${job.job_id}: ${params.prompt || ""}`,
-      width: "96", height: "96" });
-    thumbs.append(image);
-    thumbnailFor(url).then((src) => { image.src = src; }).catch((error) => { image.alt = error.message; });
+    const image = element("img", { alt: `image ${index + 1} of job ${job.job_id}: ${params.prompt || ""}`, width: "96", height: "96" });
+    const open = element("button", { type: "button", title: "full size" }, image);
+    thumbs.append(open);
+    imageFor(url).then((src) => {
+      image.src = src;
+      open.addEventListener("click", () => openViewer(src, job, index));
+    }).catch((error) => { image.alt = error.message; });
   });
   card.append(thumbs);
+  if (LIVE_STATES.has(job.state)) {
+    const cancel = element("button", { type: "button", class: "cancel", text: "Cancel" });
+    cancel.addEventListener("click", () => cancelJob(job, cancel));
+    card.append(cancel);
+  }
+  card.dataset.signature = signature(job);
   return card;
 }
 
-function jobSignature(job) {
-  return `${job.state}:${job.progress && job.progress.step}:${(job.image_urls || []).length}:${job.queue_position}`;
+function signature(job) {
+  return `${job.state}:${(job.progress || {}).step}:${(job.image_urls || []).length}:${job.queue_position}`;
 }
 
-async function refreshJobs() {
-  const { jobs } = await api(`/v1/jobs?limit=${NUM_RECENT_JOBS}`);
+async function showJobs() {
+  const cursor = cursors[cursors.length - 1];
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE), ...(cursor ? { cursor } : {}) });
+  const { jobs, next_cursor: next } = await api(`/v1/jobs?${query}`);
   const list = $("jobs");
   const existing = new Map([...list.children].map((card) => [card.dataset.jobId, card]));
-  const cards = jobs.map((job) => {
+  const shown = new Set(jobs.map((job) => job.job_id));
+  for (const [jobId, controller] of streams) if (!shown.has(jobId)) controller.abort(); // paged away
+  list.replaceChildren(...jobs.map((job) => {
     const card = existing.get(job.job_id);
-    const signature = jobSignature(job);
-    if (card && card.dataset.signature === signature) return card; // unchanged: keep focus and images
-    const fresh = jobCard(job);
-    fresh.dataset.signature = signature;
-    return fresh;
-  });
-  list.replaceChildren(...cards);
+    // a followed job's card is updated by its stream; any other is kept while it shows the same
+    if (card && (streams.has(job.job_id) || card.dataset.signature === signature(job))) return card;
+    return jobCard(job);
+  }));
+  shownJobs = jobs;
+  followSome();
   $("jobs-empty").hidden = jobs.length > 0;
-  return jobs.some((job) => !FINAL_STATES.has(job.state));
+  $("newer-jobs").disabled = cursors.length === 1;
+  $("older-jobs").disabled = !next;
+  $("older-jobs").dataset.cursor = next || "";
+}
+
+async function pageTo(direction) {
+  if (direction > 0 && $("older-jobs").dataset.cursor) cursors.push($("older-jobs").dataset.cursor);
+  if (direction < 0 && cursors.length > 1) cursors.pop();
+  await showJobs().catch((error) => say("job-status", `Could not list jobs: ${error.message}`, "error"));
 }
 
 // ---- engine panel (GET /v1/models) ----
@@ -224,7 +424,10 @@ function modelPanel(model) {
 async function refreshEngine() {
   const panel = $("engine-panel");
   try {
-    const { models } = await api("/v1/models");
+    const { models: served } = await api("/v1/models");
+    const isNew = served.map((model) => model.model).join() !== models.map((model) => model.model).join();
+    models = served;
+    if (isNew) showModels();
     panel.replaceChildren(...(models.length ? models.map(modelPanel)
       : [element("p", { class: "muted", text: "no worker has reported yet" })]));
   } catch (error) {
@@ -233,23 +436,43 @@ async function refreshEngine() {
   }
 }
 
-// ---- polling ----
+// ---- start and stop ----
 
-async function refresh() {
-  clearTimeout(pollTimer);
+function every(ms, task) {
+  const run = async () => {
+    try { await task(); } catch (error) { /* shown by the task itself where it matters */ }
+    timers.push(setTimeout(run, ms));
+  };
+  run();
+}
+
+function stop() {
+  timers.forEach(clearTimeout);
+  timers = [];
+  for (const controller of streams.values()) controller.abort();
+  streams.clear();
+}
+
+function start() {
+  stop();
   if (!apiKey()) return;
-  try {
-    await Promise.all([refreshJobs(), refreshEngine()]);
-  } catch (error) {
-    say("job-status", error.status === 401 ? "The API refused the saved key." : `Could not refresh: ${error.message}`, "error");
-  }
-  pollTimer = setTimeout(refresh, POLL_MS);
+  every(ENGINE_MS, refreshEngine);
+  every(LIST_MS, async () => {
+    if (cursors.length > 1) return; // an older page stays as it is
+    await showJobs().catch((error) => {
+      say("job-status", error.status === 401 ? "The API refused the saved key." : `Could not list jobs: ${error.message}`, "error");
+    });
+  });
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", saveKey);
   $("forget-key").addEventListener("click", forgetKey);
   $("job-form").addEventListener("submit", submitJob);
+  $("model").addEventListener("change", showModelChoices);
+  $("newer-jobs").addEventListener("click", () => pageTo(-1));
+  $("older-jobs").addEventListener("click", () => pageTo(1));
+  $("viewer-close").addEventListener("click", () => $("viewer").close());
   showKeyState();
-  refresh();
+  start();
 });

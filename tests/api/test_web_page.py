@@ -8,6 +8,7 @@ import shutil
 import time
 
 import pytest
+from PIL import Image
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
@@ -17,6 +18,7 @@ from selenium.webdriver.support.select import Select
 
 from api import create_app
 from api.settings import ApiSettings
+from tests.api.calls import auth
 from tests.api.processes import TENANT_KEYS
 
 CHROMIUM = shutil.which("chromium")
@@ -75,7 +77,23 @@ def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; the page shows: {seen()}")
 
 
-def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, worker, browser, tmp_path):
+def page_state(browser) -> str:
+    status = browser.find_element(By.ID, "job-status").text
+    paging = script(browser, "return [cursors.length, document.querySelector('#older-jobs').dataset.cursor]")
+    return f"status {status!r}, pages {paging}, console {browser.get_log('browser')}"
+
+
+def text_of(browser, selector: str) -> str:
+    return script(browser, "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", selector)
+
+
+def script(browser, code: str, *args):
+    return browser.execute_script(code, *args)
+
+
+def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_list_pages_and_cancels(
+    api, worker, browser, tmp_path, http
+):
     browser.get(f"{api.url}/")
     key_field = browser.find_element(By.ID, "api-key")
     key_field.send_keys(KEY, Keys.ENTER)  # the keyboard alone: Enter submits the key form
@@ -83,49 +101,128 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
     assert browser.execute_script("return localStorage.getItem('stepwise.apiKey')") == KEY
     assert KEY not in browser.current_url
 
+    # the model list comes from GET /v1/models, and its model's default size is offered first
+    wait_until(
+        lambda: script(browser, "return document.querySelector('#model').value") == "builtin:tiny",
+        60,
+        "the model list",
+        seen=lambda: browser.find_element(By.ID, "engine-panel").text,
+    )
+    served = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
+    defaults = next(model for model in served if model["model"] == "builtin:tiny")["defaults"]
+    sizes = script(browser, "return [...document.querySelectorAll('#size option')].map(o => o.value)")
+    assert sizes[0] == f"{defaults['width']}x{defaults['height']}" and "192x192" in sizes
+
+    # an upload the API refuses: the message says why; the next submit's message replaces it
+    (tmp_path / "not-an-image.png").write_text("plain text")
+    browser.find_element(By.ID, "init-image").send_keys(str(tmp_path / "not-an-image.png"))
+    browser.find_element(By.ID, "submit-job").click()
+    wait_until(lambda: "Not submitted" in browser.find_element(By.ID, "job-status").text, 15, "the upload error")
+    assert "file" in browser.find_element(By.ID, "job-status").text
+
+    Image.new("RGB", (160, 160), (30, 60, 200)).save(tmp_path / "start.png")  # scaled and cropped to the size
+    browser.find_element(By.ID, "init-image").send_keys(str(tmp_path / "start.png"))
     prompt = browser.find_element(By.ID, "prompt")
     prompt.clear()
     prompt.send_keys("a red circle on a blue background")
-    # 200 steps at 256x256 take several seconds on the tiny model even on an idle machine, so the page's
-    # once-a-second poll lands mid-job (60 steps at 128x128 could finish between two polls)
-    Select(browser.find_element(By.ID, "size")).select_by_value("256")
+    browser.find_element(By.ID, "negative-prompt").send_keys("blurry")
+    Select(browser.find_element(By.ID, "sampler")).select_by_value("euler_ancestral")
+    # 100 steps (80 from the image, at strength 0.8), one row each (guidance 1): a second or two idle, so the
+    # stream (progress every 0.5 s) is seen mid-job; minutes when other work loads the machine
     steps = browser.find_element(By.ID, "steps")
     steps.clear()
-    steps.send_keys("200")
+    steps.send_keys("100")
+    guidance = browser.find_element(By.ID, "guidance")
+    guidance.clear()
+    guidance.send_keys("1")
     browser.find_element(By.ID, "seed").send_keys("5")
     prompt.send_keys(Keys.ENTER)
 
-    job_id = wait_until(
+    status = wait_until(
         lambda: re.search(r"Submitted job (\S+) ", browser.find_element(By.ID, "job-status").text),
-        15,
+        30,
         "the page to say the job was submitted",
-    ).group(1)
+    )
+    job_id = status.group(1)
+    assert "Not submitted" not in browser.find_element(By.ID, "job-status").text
+    job = http.get(f"{api.url}/v1/jobs/{job_id}", headers=auth(), timeout=10).json()
+    assert job["params"]["negative_prompt"] == "blurry" and job["params"]["sampler"] == "euler_ancestral"
+    assert job["params"]["init_image"].startswith("upl_") and job["progress"]["total"] == 80
+
     card = f"li.job[data-job-id='{job_id}']"
     mid_job = wait_until(
-        lambda: browser.execute_script(
+        lambda: script(
+            browser,
             "const bar = document.querySelector(arguments[0] + ' progress');"
             "return bar && bar.value > 0 && bar.value < bar.max ? [bar.value, bar.max] : null;",
             card,
         ),
         120,
-        "the job's progress bar to show a step between the first and the last",
+        "the job's progress bar (fed by its event stream) to show a step between the first and the last",
     )
-    assert mid_job[1] == 200
-
+    assert mid_job[1] == 80
     image_src = wait_until(
-        lambda: browser.execute_script(
-            "const img = document.querySelector(arguments[0] + ' .thumbs img');"
+        lambda: script(
+            browser,
+            "const img = document.querySelector(arguments[0] + ' .thumbs button img');"
             "return img && img.complete && img.naturalWidth > 0 ? img.src : null;",
             card,
         ),
-        600,  # idle: seconds; a machine loaded by other work made the tiny model's steps 100x slower
+        240,  # idle: seconds; a machine loaded by other work made the tiny model's steps 100x slower
         "the job's image",
-        seen=lambda: browser.find_element(By.CSS_SELECTOR, card).text,
+        seen=lambda: (
+            f"{browser.find_element(By.CSS_SELECTOR, card).text}; the API says "
+            f"{http.get(f'{api.url}/v1/jobs/{job_id}', headers=auth(), timeout=10).json()['progress']}"
+        ),
     )
     assert image_src.startswith("blob:")  # fetched with the key in a header, not put in the URL
-    assert browser.find_element(By.CSS_SELECTOR, f"{card} .state").text == "succeeded"
+    shown = text_of(browser, card)  # read in one go: the card is replaced as the job's events arrive
+    assert "succeeded" in shown and "not: blurry" in shown
+
+    script(browser, "document.querySelector(arguments[0] + ' .thumbs button').click()", card)  # the card as it is now
+    full = wait_until(
+        lambda: script(
+            browser,
+            "const d = document.querySelector('#viewer'), img = document.querySelector('#viewer-image'),"
+            " a = document.querySelector('#viewer-download');"
+            "return d.open && img.naturalWidth ? [img.naturalWidth, a.href, a.download] : null;",
+        ),
+        15,
+        "the full-size image",
+    )
+    assert full[0] == defaults["width"] and full[1] == image_src and full[2] == f"stepwise-{job_id}-1.png"
+    browser.save_screenshot(str(tmp_path / "page-viewer.png"))
+    browser.find_element(By.ID, "viewer-close").click()
+
+    # eight newer jobs for a model no worker serves (they stay queued): the job is on the second page
+    queued = [{"prompt": f"waiting {i}", "model": "builtin:small", "num_inference_steps": 2} for i in range(8)]
+    batch = http.post(f"{api.url}/v1/jobs/batch", json={"jobs": queued}, headers=auth(), timeout=30).json()
+    assert batch["num_accepted"] == 8
+    browser.refresh()
+    newest = batch["results"][-1]["job"]["job_id"]
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f"li.job[data-job-id='{newest}']"), 20, "the new jobs")
+    assert not browser.find_elements(By.CSS_SELECTOR, card)
+    wait_until(lambda: browser.find_element(By.ID, "older-jobs").is_enabled(), 20, "an older page")
+    browser.find_element(By.ID, "older-jobs").click()
+    wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, card),
+        20,
+        "the job on the older page",
+        seen=lambda: page_state(browser),
+    )
+    browser.find_element(By.ID, "newer-jobs").click()
+    queued_card = f"li.job[data-job-id='{newest}']"
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f"{queued_card} button.cancel"), 20, "a cancel button")
+    script(browser, "document.querySelector(arguments[0] + ' button.cancel').click()", queued_card)
+    wait_until(  # its event stream delivers the end state, which replaces the card
+        lambda: "canceled" in text_of(browser, f"{queued_card} .state"),
+        20,
+        "the canceled job's card",
+    )
+    for result in batch["results"][:-1]:  # leave nothing queued behind
+        http.post(f"{api.url}/v1/jobs/{result['job']['job_id']}/cancel", headers=auth(), timeout=10)
     engine_text = browser.find_element(By.ID, "engine-panel").text
-    assert "engine stats unavailable" in engine_text or "steps/s" in engine_text
+    assert "steps/s" in engine_text
     browser.save_screenshot(str(tmp_path / "page-desktop.png"))
 
     browser.set_window_size(390, 844)  # a phone: nothing may need sideways scrolling
@@ -137,6 +234,6 @@ def test_a_job_submitted_from_the_page_shows_its_progress_then_its_image(api, wo
     errors = [
         entry["message"]
         for entry in browser.get_log("browser")
-        if entry["level"] == "SEVERE" and "/v1/models" not in entry["message"]
-    ]  # a 404 there is expected until GET /v1/models exists
+        if entry["level"] == "SEVERE" and "/v1/uploads" not in entry["message"]
+    ]  # the refused upload's 422 is logged by the browser
     assert errors == []
