@@ -172,18 +172,20 @@ class JobEventFeed:
 
     def _listen(self) -> None:
         client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_connect_timeout=2)
-        is_idle = False
+        is_idle = is_failing = False
         while not is_idle:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(self.channel)
+                is_failing = False
                 self._wake(None)  # anything published while not subscribed: everyone re-reads
                 while not (is_idle := self._is_idle()):
                     message: Any = pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._wake(message["data"])
             except redis.RedisError as e:
-                log.warning("job events: subscription lost (%s); reconnecting", e)
+                (log.debug if is_failing else log.warning)("job events: subscription lost (%s); reconnecting", e)
+                is_failing = True  # said once per outage, not every second
                 self._is_stopping.wait(RECONNECT_SECONDS)
                 is_idle = self._is_idle()
             finally:

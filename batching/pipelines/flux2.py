@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux2_mixed_sizes import Flux2RowAttention
 from batching.pipelines.flux_mixed_sizes import RowLayout, row_layout
 from batching.pipelines.vae import pixels_to_images
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 MAX_SEQUENCE_LENGTH = 512  # Flux2Pipeline's default
 REFERENCE_TIME_STEP = 10  # the time coordinate of the i-th reference image is 10 + 10 * i
@@ -113,7 +116,7 @@ class Flux2Adapter(AdapterBase):
             "image_ids": self._image_ids(params),
         }
 
-    def model_input(self, sample: Any) -> torch.Tensor:
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

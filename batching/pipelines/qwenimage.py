@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -35,6 +35,9 @@ from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.qwenimage_mixed_sizes import ImageShapes, MixedShapeQwenAttnProcessor, row_layout
 from batching.pipelines.vae import pixels_to_images
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline's default: prompt states past it are cut
 TOKENIZER_MAX_LENGTH = 1024  # the pipeline's tokenizer_max_length (plus the template's system part)
@@ -120,7 +123,7 @@ class QwenImageAdapter(AdapterBase):
         embeds = torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)
         return {"embeds": embeds, "image_shapes": self._image_shapes(params)}
 
-    def model_input(self, sample: Any) -> torch.Tensor:
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

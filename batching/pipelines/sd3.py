@@ -18,7 +18,7 @@ forward over rows of one size runs diffusers' transformer as is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -29,6 +29,9 @@ from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.sd3_mixed_sizes import MixedSizeJointAttnProcessor, mixed_size_forward
 from batching.pipelines.vae import decode_latents
+
+if TYPE_CHECKING:
+    from batching.sample_tensors import SampleTensors
 
 MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default T5 length
 
@@ -122,7 +125,7 @@ class StableDiffusion3Adapter(AdapterBase):
             "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
         }
 
-    def model_input(self, sample: Any) -> torch.Tensor:
+    def model_input(self, sample: SampleTensors) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()
