@@ -48,6 +48,12 @@ BUILTIN_MODELS = {
         builder="batching.shapes.train",  # trained: docs/shapes.md
         shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes",
     ),
+    "shapes-dit": BuiltinModel(
+        version="v1",
+        family="zimage",
+        builder="batching.pipelines.builtins.shapes_dit",  # trained by training/shapes_dit: docs/shapes-dit.md
+        shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes-dit",
+    ),
 }
 
 

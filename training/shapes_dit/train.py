@@ -142,9 +142,8 @@ class PipelineSaver:
         self.stage, self.steps_before = "train", 0
 
     def __call__(self, transformer, text_encoder, num_steps: int) -> None:
-        pipeline = shapes_dit.assemble(
-            self.vae, copy.deepcopy(text_encoder), self.tokenizer, copy.deepcopy(transformer), shapes_dit.build_scheduler()
-        )
+        scheduler = shapes_dit.build_scheduler()
+        pipeline = shapes_dit.assemble(self.vae, text_encoder, self.tokenizer, transformer, scheduler)  # EMA weights
         folders = [self.out]
         if self.keep:
             folders.append(self.out.with_name(f"{self.out.name}-{self.stage}-{num_steps}"))

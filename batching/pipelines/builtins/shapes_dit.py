@@ -98,7 +98,7 @@ def assemble(vae, text_encoder, tokenizer, transformer, scheduler):
         vae=vae,
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        transformer=transformer.eval(),
     )
 
 
