@@ -46,16 +46,15 @@ def pixels_to_tensor(images) -> torch.Tensor:
 class TrainingSet:
     """Posterior means and stds of the VAE at each size, the prompt of each latent, and each prompt's tokens."""
 
-    def __init__(self, vae, tokenizer, sizes: tuple[int, ...], log) -> None:
+    def __init__(self, vae, tokenizer, sizes: tuple[int, ...], log, num_box_sizes: int = NUM_BOX_SIZES) -> None:
         prompts = all_prompts()
         self.sizes = sizes
         self.token_ids = shapes_dit.caption_token_ids(tokenizer, [p.text for p in prompts])
         self.empty_ids = shapes_dit.caption_token_ids(tokenizer, [""])[0]
-        fractions = np.linspace(MIN_BOX_FRACTION, MAX_BOX_FRACTION, NUM_BOX_SIZES)
+        fractions = np.linspace(MIN_BOX_FRACTION, MAX_BOX_FRACTION, num_box_sizes)
         self.means: dict[int, torch.Tensor] = {}  # size -> [n, c, size/8, size/8]
         self.stds: dict[int, torch.Tensor] = {}
-        prompt_rows = torch.arange(len(prompts)).repeat_interleave(NUM_BOX_SIZES)  # [n]
-        self.prompt_rows = prompt_rows
+        self.prompt_rows = torch.arange(len(prompts)).repeat_interleave(num_box_sizes)  # [n]
         with torch.no_grad():
             for size in sizes:
                 means, stds = [], []
@@ -161,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy machine)")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--box-sizes", type=int, default=NUM_BOX_SIZES, help="shape sizes per prompt and size")
     parser.add_argument("--steps", type=int, default=3000, help="length of the one-cycle schedule")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=LR)
@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"resumed from {args.resume} after {steps_before} steps")
     vae, tokenizer = pipeline.vae.eval().requires_grad_(False), pipeline.tokenizer
     torch.manual_seed(args.seed)
-    data = TrainingSet(vae, tokenizer, tuple(args.sizes), log)
-    record = {"sizes": args.sizes, "batch": args.batch, "lr": args.lr, "steps_of_stage": args.steps}
+    data = TrainingSet(vae, tokenizer, tuple(args.sizes), log, args.box_sizes)
+    record = {"sizes": args.sizes, "box_sizes": args.box_sizes, "batch": args.batch, "lr": args.lr}
+    record["steps_of_stage"] = args.steps
     save = PipelineSaver(args.out, vae, tokenizer, log, started, args.keep_checkpoints, record)
     save.stage, save.steps_before = args.stage, steps_before
     args.out.mkdir(parents=True, exist_ok=True)
