@@ -1,4 +1,4 @@
-"""The package import table (FORBIDDEN below; README "Architecture"), checked in fresh interpreters.
+"""The package import table (FORBIDDEN below; README "Packages"), checked in fresh interpreters.
 
 Each check imports modules one by one in a new Python process and records which
 forbidden modules appear in `sys.modules` after each import, so a failure names the
