@@ -27,11 +27,11 @@ from storage.upload_store import UploadStore
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    """The API application. `test_config` updates `app.config`: its `STEPWISE_SETTINGS` (an ApiSettings)
+    """The API application. `test_config` updates `app.config`: its `API_SETTINGS` (an ApiSettings)
     replaces the environment, and `TESTING` raises unexpected errors into the test instead of answering 500."""
     app = Flask(__name__)
     app.config.from_mapping(test_config or {})
-    settings: ApiSettings = app.config.get("STEPWISE_SETTINGS") or ApiSettings.from_env()
+    settings: ApiSettings = app.config.get("API_SETTINGS") or ApiSettings.from_env()
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     assert isinstance(app.json, DefaultJSONProvider)  # Flask's own provider: it has these two settings
     app.json.sort_keys = False
