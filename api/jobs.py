@@ -35,7 +35,7 @@ from api.submission import (
     validate_job,
     webhook_url_of,
 )
-from api.views import job_url, job_view
+from api.job_view import job_url, job_view
 from api.waiting import event_stream, json_rendered, prefer_wait, waited
 from storage.errors import (
     ImageNotFoundError,

@@ -12,7 +12,7 @@ from flask import Blueprint
 
 from api.auth import require_tenant
 from api.resources import get_job_store
-from api.views import iso_time
+from api.job_view import iso_time
 from storage.heartbeats import ModelStatus
 
 bp = Blueprint("models", __name__, url_prefix="/v1/models")

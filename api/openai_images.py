@@ -36,7 +36,7 @@ from api.resources import (
     get_upload_store,
 )
 from api.submission import QueueRoom, check_lora, create_jobs, validate_job
-from api.views import image_urls, job_url
+from api.job_view import image_urls, job_url
 from api.waiting import Rendered, json_rendered, waited
 from batching.params import MAX_IMAGE_BYTES
 from storage.job_record import JobRecord, JobState
