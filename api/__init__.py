@@ -13,7 +13,20 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-from api import admin, errors, health, jobs, loras, metrics, models, openai_images, openapi, resources, uploads, web
+from api import (
+    admin,
+    errors,
+    health,
+    jobs,
+    loras,
+    metrics,
+    openai_images,
+    openapi,
+    resources,
+    served_models,
+    uploads,
+    web,
+)
 from api.auth import KeyRing
 from api.fleet import Fleet
 from api.queue import TaskQueue
@@ -57,7 +70,17 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.url_map.converters["jobid"] = jobs.JobIdConverter
     errors.register(app)
     metrics.register(app)
-    blueprints = (jobs.bp, loras.bp, uploads.bp, models.bp, admin.bp, health.bp, openapi.bp, web.bp, openai_images.bp)
+    blueprints = (
+        jobs.bp,
+        loras.bp,
+        uploads.bp,
+        served_models.bp,
+        admin.bp,
+        health.bp,
+        openapi.bp,
+        web.bp,
+        openai_images.bp,
+    )
     for blueprint in blueprints:
         app.register_blueprint(blueprint)
     return app
