@@ -28,8 +28,8 @@ from api import (
     web,
 )
 from api.auth import KeyRing
+from api.celery_client import TaskQueue
 from api.fleet import Fleet
-from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.image_store import open_image_store
