@@ -35,7 +35,7 @@ from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, Inv
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
 from storage.lora_store import LoraStore
-from storage.queues import DEFAULT_PRIORITY
+from storage.queue_names import DEFAULT_PRIORITY
 from storage.upload_store import UploadStore
 from storage.url_policy import WebhookCheck, check_webhook_urls
 

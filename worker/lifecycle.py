@@ -23,7 +23,7 @@ import traceback
 from celery import signals
 from celery.exceptions import ImproperlyConfigured
 
-from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 from worker import metrics
 from worker.app import generate_queue, settings
 from worker.dead_workers import DeadWorkerWatch

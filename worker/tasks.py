@@ -26,7 +26,7 @@ from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceled
 from batching.params import GenerationParams
 from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
-from storage.queues import GENERATE_TASK
+from storage.queue_names import GENERATE_TASK
 from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
@@ -34,9 +34,9 @@ from worker.app import app
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
+from worker.output_images import encode_image, store_images
 from worker.queueing import send_generate, send_ticket
 from worker.runtime import WorkerRuntime, get_runtime
-from worker.output_images import encode_image, store_images
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
