@@ -31,11 +31,11 @@ from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.app import app
+from worker.generate_messages import send_generate, send_ticket
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
 from worker.output_images import encode_image, store_images
-from worker.queueing import send_generate, send_ticket
 from worker.runtime import WorkerRuntime, get_runtime
 from worker.webhooks import emit_event
 
