@@ -3,6 +3,10 @@
 Resources (the job store, the fleet view, the image store, the Celery client, the key ring,
 the OpenAPI document) are created once per application from settings read once, and routes reach
 them through the named getters of `api.resources`.
+
+Where things are: `api.job_view` turns a job record into the JSON a client sees; each route
+module is one blueprint named by its resource (`jobs`, `uploads`, `loras`, `served_models` for
+`GET /v1/models`, `openai_images`, `health`, `web`); `api.celery_client` sends tasks by name.
 """
 
 from __future__ import annotations
