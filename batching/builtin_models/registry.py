@@ -51,7 +51,8 @@ BUILTIN_MODELS = {
     "shapes-dit": BuiltinModel(
         version="v1",
         family="zimage",
-        builder="batching.pipelines.builtins.shapes_dit",  # trained by training/shapes_dit: docs/shapes-dit.md
+        # the architecture is batching/pipelines/builtins/shapes_dit.py, trained by training/shapes_dit/train.py
+        # (docs/shapes-dit.md), never built here
         shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes-dit",
     ),
 }
