@@ -97,15 +97,18 @@ def train(
     max_lr: float = LR,
     pct_start: float = 0.03,
     stage: str = "train",
+    stop_after: int | None = None,
 ):
-    """The flow-matching loss over `num_steps` steps of `batch_size` rows; saves the EMA weights."""
+    """The flow-matching loss over `num_steps` steps (or the first `stop_after` of them) of `batch_size` rows;
+    saves the EMA weights."""
     parameters = list(transformer.parameters()) + list(text_encoder.parameters())
     optimizer = torch.optim.AdamW(parameters, lr=max_lr, weight_decay=1e-2)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=num_steps, pct_start=pct_start)
     ema_transformer, ema_text_encoder = copy.deepcopy(transformer).eval(), copy.deepcopy(text_encoder).eval()
     transformer.train()
     text_encoder.train()
-    for step in range(num_steps):
+    num_steps_run = min(num_steps, stop_after or num_steps)
+    for step in range(num_steps_run):
         latents, token_ids = data.sample(batch_size)
         dropped = torch.rand(batch_size) < PROMPT_DROPOUT
         token_ids = [data.empty_ids if drop else ids for ids, drop in zip(token_ids, dropped)]
@@ -127,7 +130,7 @@ def train(
                     ema_param.lerp_(param, 1 - decay)
         if step % 25 == 0 or step == num_steps - 1:
             log(f"{stage} step {step} loss {loss.item():.4f} lr {schedule.get_last_lr()[0]:.2e}")
-        if (step + 1) % save_every == 0 or step + 1 == num_steps:
+        if (step + 1) % save_every == 0 or step + 1 == num_steps_run:
             save(ema_transformer, ema_text_encoder, step + 1)
     return ema_transformer, ema_text_encoder
 
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--box-sizes", type=int, default=NUM_BOX_SIZES, help="shape sizes per prompt and size")
     parser.add_argument("--steps", type=int, default=3000, help="length of the one-cycle schedule")
+    parser.add_argument("--stop-after", type=int, help="stop after this many steps of the --steps schedule")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--save-every", type=int, default=250)
@@ -189,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     data = TrainingSet(vae, tokenizer, tuple(args.sizes), log, args.box_sizes)
     record = {"sizes": args.sizes, "box_sizes": args.box_sizes, "batch": args.batch, "lr": args.lr}
-    record["steps_of_stage"] = args.steps
+    record["schedule_steps"] = args.steps
     save = PipelineSaver(args.out, vae, tokenizer, log, started, args.keep_checkpoints, record)
     save.stage, save.steps_before = args.stage, steps_before
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed + 1)
     train(
         pipeline.transformer, pipeline.text_encoder, data, args.steps, args.batch, save, args.save_every, log,
-        max_lr=args.lr, pct_start=0.03 if args.resume is None else 0.1, stage=args.stage,
+        max_lr=args.lr, pct_start=0.03 if args.resume is None else 0.1, stage=args.stage, stop_after=args.stop_after,
     )  # fmt: skip
     log(f"done in {time.time() - started:.0f} s")
     return 0
