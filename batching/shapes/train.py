@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from batching.shapes.latent_rgb_fit import save_latent_rgb
 from batching.shapes import model as shapes_model
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
 from batching.shapes.vocabulary import all_prompts
@@ -247,6 +248,7 @@ class PipelineSaver:
         record = {"stage": self.stage, "unet_steps": self.steps_before + num_steps}
         record["seconds"] = round(time.time() - self.started, 1)
         (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+        save_latent_rgb(out)  # the live previews' factors, fitted against this VAE
         self.log(f"saved {out} after {num_steps} {self.stage} steps")
 
 
