@@ -348,9 +348,7 @@ class DiffusionEngine:
             aborted += self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
         return aborted
 
-    def _resolve(
-        self, output: RunnerOutput, previews: list[tuple[str, PreviewPixels]], *, started_at: float
-    ) -> None:
+    def _resolve(self, output: RunnerOutput, previews: list[tuple[str, PreviewPixels]], *, started_at: float) -> None:
         now = time.perf_counter()
         with self._cond:
             job_of_sample = dict(self._job_of_sample)  # only jobs not ended: late outputs are ignored

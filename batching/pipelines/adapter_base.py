@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 import torch
 
@@ -12,6 +12,9 @@ from batching.params import GenerationParams
 from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.latent_rgb import LatentRgb, latent_rgb_for
 from batching.pipelines.loading import load_pipeline
+
+if TYPE_CHECKING:
+    from batching.pipelines.contract import PipelineAdapter
 
 
 class AdapterBase(ImageLatentsMixin):
@@ -56,7 +59,7 @@ class AdapterBase(ImageLatentsMixin):
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Self:
         adapter = cls(model, cls.load_pipeline(model, source, device, dtype), device, dtype)
-        adapter.latent_rgb = latent_rgb_for(adapter, source)
+        adapter.latent_rgb = latent_rgb_for(cast("PipelineAdapter", adapter), source)  # each family completes it
         return adapter
 
 

@@ -113,7 +113,7 @@ def fit_latent_rgb(
         grid = adapter.preview_latents(one, params).float()  # [c, h, w]
         image = adapter.decode(one, [params])[0]
         pixels = torch.as_tensor(_array(image), dtype=torch.float32).permute(2, 0, 1) / 127.5 - 1  # [3, H, W]
-        pooled = torch.nn.functional.adaptive_avg_pool2d(pixels[None], grid.shape[-2:])[0]  # [3, h, w]
+        pooled = torch.nn.functional.adaptive_avg_pool2d(pixels[None], (grid.shape[-2], grid.shape[-1]))[0]  # [3, h, w]
         inputs.append(grid.flatten(1).T.cpu())  # [h*w, c]
         targets.append(pooled.flatten(1).T)  # [h*w, 3]
     x = torch.cat(inputs).double()

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from batching.pipelines.latent_rgb import LatentRgb
 
+# fmt: off
 SD1 = LatentRgb(  # Stable Diffusion 1.x and 2.x (latents x 0.18215)
-    factors=((0.3512, 0.2297, 0.3227), (0.3250, 0.4974, 0.2350), (-0.2829, 0.1762, 0.2721), (-0.2120, -0.2616, -0.7177))
+    factors=(
+        (0.3512, 0.2297, 0.3227), (0.3250, 0.4974, 0.2350), (-0.2829, 0.1762, 0.2721), (-0.2120, -0.2616, -0.7177),
+    ),
 )
 
 SDXL = LatentRgb(  # SDXL (latents x 0.13025)
-    factors=((0.3651, 0.4232, 0.4341), (-0.2533, -0.0042, 0.1068), (0.1076, 0.1111, -0.0362), (-0.3165, -0.2492, -0.2188)),
+    factors=(
+        (0.3651, 0.4232, 0.4341), (-0.2533, -0.0042, 0.1068), (0.1076, 0.1111, -0.0362), (-0.3165, -0.2492, -0.2188),
+    ),
     bias=(0.1084, -0.0175, -0.0011),
 )
 
@@ -62,3 +67,4 @@ FLUX2 = LatentRgb(  # FLUX.2's VAE, per channel of its 32 before 2x2 patching (b
     ),
     bias=(-0.0329, -0.0718, -0.0851),
 ).expanded(4)  # its tokens carry 2x2 patches of each channel (channel c x 4 + patch position): their average
+# fmt: on

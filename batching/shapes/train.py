@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from batching.shapes.latent_rgb_fit import save_latent_rgb
 from batching.shapes import model as shapes_model
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
+from batching.shapes.latent_rgb_fit import save_latent_rgb
 from batching.shapes.vocabulary import all_prompts
 
 PROMPT_DROPOUT = 0.15  # share of training rows with the empty prompt (for classifier-free guidance)
