@@ -72,7 +72,8 @@ def test_a_preview_keeps_its_images_aspect_and_is_at_most_256_pixels_on_the_long
     grid = PreviewPixels(torch.zeros(64, 128, 3, dtype=torch.uint8))  # a 1024x512 image's latent grid
 
     big = Preview(step=4, total=20, width=1024, height=512, pixels=grid)
-    small = Preview(step=4, total=20, width=96, height=64, pixels=PreviewPixels(torch.zeros(8, 12, 3, dtype=torch.uint8)))
+    small_grid = PreviewPixels(torch.zeros(8, 12, 3, dtype=torch.uint8))
+    small = Preview(step=4, total=20, width=96, height=64, pixels=small_grid)
     uri = big.data_uri()
 
     assert big.image().size == (MAX_PREVIEW_SIDE, MAX_PREVIEW_SIDE // 2)
