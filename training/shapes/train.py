@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
-from batching.shapes.latent_rgb_fit import save_latent_rgb
 from batching.shapes.vocabulary import all_prompts
 from training.shapes import model as shapes_model
+from training.shapes.latent_rgb_fit import save_latent_rgb
 
 PROMPT_DROPOUT = 0.15  # share of training rows with the empty prompt (for classifier-free guidance)
 UNET_LR = 1e-3

@@ -5,7 +5,7 @@ ever decodes; a trained model's latents are its training pictures', so these are
 drawings encoded by the model's own VAE, plus noise for the early steps. The trainer writes the
 file beside every saved model; for a folder trained before:
 
-    python -m batching.shapes.latent_rgb_fit batching/assets/builtin-shapes
+    python -m training.shapes.latent_rgb_fit batching/assets/builtin-shapes
 """
 
 from __future__ import annotations
