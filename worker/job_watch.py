@@ -2,7 +2,7 @@
 
 While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
 the job's Redis I/O there, never on the engine loop thread: it encodes and writes the newest live
-preview, if the job asked for them (a small WebP data URI on the job's event stream; one older
+preview, if the job asked for them (a small JPEG data URI on the job's event stream; one older
 than progress already written is dropped, so the stream's steps never go back), writes progress
 (at most once per `STEPWISE_PROGRESS_INTERVAL`; the record's progress also goes on the job's event stream),
 queues a `progress` webhook when the job asked for one (at most once per second), and notices a

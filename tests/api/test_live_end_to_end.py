@@ -127,7 +127,7 @@ def test_a_job_asking_for_previews_streams_them_in_order_and_one_without_gets_no
     assert previews and all(data["step"] % 4 == 0 and data["step"] < 60 for data in previews), previews
     header, encoded = previews[-1]["image"].split(",", 1)
     image = Image.open(io.BytesIO(base64.b64decode(encoded)))
-    assert header == "data:image/webp;base64" and image.size == (128, 128)  # at most 256 px: the image's own size
+    assert header == "data:image/jpeg;base64" and image.size == (128, 128)  # at most 256 px: the image's own size
     assert streamed[-1].json()["progress"] == {"step": 60, "total": 60}
     assert "preview" not in [event.event for event in plain] and plain[-1].event == "succeeded"
     final = [

@@ -78,7 +78,7 @@ def test_a_preview_keeps_its_images_aspect_and_is_at_most_256_pixels_on_the_long
 
     assert big.image().size == (MAX_PREVIEW_SIDE, MAX_PREVIEW_SIDE // 2)
     assert small.image().size == (96, 64)  # never larger than the image
-    assert uri.startswith("data:image/webp;base64,")
+    assert uri.startswith("data:image/jpeg;base64,")
     assert Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size == (256, 128)
 
 
