@@ -17,7 +17,7 @@ from api.resources import get_settings
 from api.waiting import MAX_WAIT_SECONDS, prefer_wait
 from storage.job_record import JobState
 from storage.job_store import JobStore
-from tests.api.calls import auth
+from tests.support.calls import auth
 
 JOB = {"prompt": "a lighthouse", "model": "builtin:tiny", "num_inference_steps": 20}
 

@@ -18,8 +18,8 @@ from selenium.webdriver.support.select import Select
 
 from api import create_app
 from api.settings import ApiSettings
-from tests.api.calls import auth
-from tests.api.processes import TENANT_KEYS
+from tests.support.calls import auth
+from tests.support.processes import TENANT_KEYS
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -21,8 +21,8 @@ import requests
 from PIL import Image
 
 from storage.job_store import JobStore
-from tests.servers import child_env, free_port, wait_until_gone
-from tests.worker.cluster import wait_for
+from tests.support.servers import child_env, free_port, wait_until_gone
+from tests.support.waiting import wait_for
 
 STARTUP_TIMEOUT = 240
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]

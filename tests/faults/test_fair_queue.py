@@ -14,9 +14,9 @@ import pytest
 from storage.job_record import JobRecord, JobState
 from storage.new_job import NewJobSpec
 from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, generate_queue
-from tests.faults.conftest import FAST_RECOVERY
-from tests.servers import RedisServer
-from tests.worker.cluster import Cluster, small_params, wait_for
+from tests.support.cluster import FAST_RECOVERY, Cluster, small_params
+from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,7 +26,7 @@ QUEUE = generate_queue("builtin:tiny")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tests.worker.conftest import TEST_WORKER_ENV
+    from tests.support.cluster import TEST_WORKER_ENV
 
     root = tmp_path_factory.mktemp("fair-queue")
     images = root / "images"

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from storage.job_record import JobState
-from tests.faults.conftest import FAST_RECOVERY
-from tests.worker.cluster import Cluster, small_params, wait_for
+from tests.support.cluster import FAST_RECOVERY, Cluster, small_params
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -101,4 +101,4 @@ def test_a_job_whose_api_died_before_sending_its_message_is_sent_by_a_worker(fol
 
     assert (orphan.state, orphan.attempts) == (JobState.SUCCEEDED, 1)
     assert folder_cluster.store.get(sent_id).attempts == 1
-    assert worker.log_tail(100_000).count("with no message sent; sent one") == 1
+    assert worker.log_text().count("with no message sent; sent one") == 1
