@@ -64,7 +64,9 @@ def test_conftest_files_hold_fixtures_only():
 
 def test_the_layout_checks_catch_a_test_module_import_and_a_helper_in_a_conftest():
     tree = ast.parse("from tests.api.test_jobs import JOB\nfrom tests.support.calls import auth\n")
-    conftest = ast.parse("import pytest\nLIMIT = 3\n@pytest.fixture\ndef store():\n    return 1\ndef helper():\n    pass\n")
+    conftest = ast.parse(
+        "import pytest\nLIMIT = 3\n@pytest.fixture\ndef store():\n    return 1\ndef helper():\n    pass\n"
+    )
 
     assert "tests.api.test_jobs" in imported_modules(tree) and "tests.support.calls" in imported_modules(tree)
     assert [_is_fixture_or_hook(node) for node in conftest.body[1:]] == [False, True, False]

@@ -19,6 +19,7 @@ from PIL import Image
 from storage.queue_names import generate_queue
 from tests.support.calls import auth, get_job, submit, wait_for_job
 from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
+from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import Delivery, WebhookReceiver
 
 SMALL = {
@@ -117,14 +118,13 @@ def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt_with_th
 
 
 def wait_until_attempts(http, api, job_id: str, count: int, timeout: float = 20.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    attempts: list[dict] = []
-    while time.monotonic() < deadline:
+    def recorded() -> list[dict] | None:
         attempts = get_job(http, api, job_id).json()["webhook"]["attempts"]
-        if len(attempts) >= count:
-            return attempts
-        time.sleep(0.1)
-    raise AssertionError(f"{len(attempts)} webhook attempts recorded within {timeout}s: {attempts}")
+        return attempts if len(attempts) >= count else None
+
+    return wait_for(
+        recorded, timeout, lambda: f"{count} webhook attempts: {get_job(http, api, job_id).json()['webhook']}"
+    )
 
 
 def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, receiver):
