@@ -50,7 +50,7 @@ def keep(
         if sample.state is None or is_skip:
             continue
         sample.state.reference = [features[row].clone() for row in rows]
-        sample.state.cached = [skippable_outputs[row] for row in rows]  # type: ignore[misc]
+        sample.state.cached = [skippable_outputs[row].clone() for row in rows]  # type: ignore[union-attr]
 
 
 def _is_candidate(sample: CachedSample) -> bool:
