@@ -44,7 +44,7 @@ class EngineConfig:
     decode_overlap: bool | None = None  # decode on a worker thread beside the loop; None: the device's default
     # (DECODE_OVERLAP_DEFAULT, chosen by measurement: docs/benchmarks.md)
     cache: CacheSetting = "off"  # the step cache of jobs that name none (GenerationParams.cache; the worker passes
-    # STEPWISE_CACHE); ignored by a family without a step cache
+    # STEPWISE_STEP_CACHE); ignored by a family without a step cache
     encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
     # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
 

@@ -41,7 +41,9 @@ from batching.lora.file_format import (  # the adapter-file rules the API applie
     LoraFileError,
     check_lora_file,
 )
-from batching.step_cache import CacheSetting, check_cache
+from batching.step_cache import CACHE_OFF, CacheSetting, check_cache
+from batching.step_cache import MAX_THRESHOLD as MAX_CACHE_THRESHOLD
+from batching.step_cache import PRESET_NAMES as CACHE_PRESETS
 from settings.table import DEVICE
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
@@ -378,8 +380,12 @@ class CompatibilityKey:
 
 
 # The API may import batching.params only (README's package table): what it needs of the family table and the
-# image-input and adapter-file rules is re-exported here.
+# image-input, adapter-file and step-cache rules is re-exported here.
 __all__ = [
+    "CACHE_OFF",
+    "CACHE_PRESETS",
+    "check_cache",
+    "MAX_CACHE_THRESHOLD",
     "FAMILIES",
     "IMAGE_FIELDS",
     "INPUT_FORMATS",

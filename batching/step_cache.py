@@ -55,6 +55,14 @@ def check_cache(value: CacheSetting, family: str, kind: str | None, *, field: st
         raise InvalidParamsError(field, value, f"is not supported by {family} models yet (only {CACHE_OFF})")
 
 
+def cache_setting(text: str) -> CacheSetting:
+    """A setting written as text (STEPWISE_STEP_CACHE, `--cache`): a threshold when it is a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def cache_threshold(value: CacheSetting, kind: str | None) -> float | None:
     """The threshold of a valid setting for a family whose cache is `kind`; None: the sample does not cache."""
     if value is None or value == CACHE_OFF or kind is None:

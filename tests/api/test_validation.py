@@ -63,6 +63,12 @@ INVALID_FIELDS = [
     ("lora", 7),
     ("lora_scale", P.MAX_LORA_SCALE + 1),
     ("lora_scale", -P.MAX_LORA_SCALE - 1),
+    ("cache", "fastest"),
+    ("cache", 0),
+    ("cache", -0.1),
+    ("cache", P.MAX_CACHE_THRESHOLD + 0.5),
+    ("cache", True),
+    ("cache", ["fast"]),
     ("not_a_field", 1),
     # Loopback spellings only: private and metadata addresses are checked against the policy function directly
     # (tests/faults/test_abuse.py); 127.0.0.2 is outside this app's allow list (127.0.0.1).
