@@ -20,6 +20,16 @@ def decide(samples: Sequence[CachedSample], features: Sequence[torch.Tensor]) ->
     """Whether each sample skips this step, from `features` (per row of the batch, in order: that row's early
     feature, the same shape at every step). Changes no state: `keep` does, once the forward succeeded (an
     out-of-memory retry decides again from the same state)."""
+    changes = relative_changes(samples, features)
+    return [
+        change is not None and change < sample.state.threshold  # type: ignore[union-attr]
+        for sample, change in zip(samples, changes)
+    ]
+
+
+def relative_changes(samples: Sequence[CachedSample], features: Sequence[torch.Tensor]) -> list[float | None]:
+    """Per sample: the relative L1 change of its rows' features since its last full step; None for a sample
+    that computes regardless (no cache, its first or last step, no full step yet)."""
     changes: list[torch.Tensor] = []  # one 0-d tensor per sample that may skip
     row = 0
     for sample in samples:
@@ -32,10 +42,7 @@ def decide(samples: Sequence[CachedSample], features: Sequence[torch.Tensor]) ->
             changes.append(torch.as_tensor(difference / size))
         row += sample.num_rows
     values = iter(torch.stack(changes).tolist() if changes else [])  # one device sync per forward
-    return [
-        bool(_is_candidate(sample) and next(values) < sample.state.threshold)  # type: ignore[union-attr]
-        for sample in samples
-    ]
+    return [next(values) if _is_candidate(sample) else None for sample in samples]
 
 
 def keep(

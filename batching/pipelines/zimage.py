@@ -99,8 +99,10 @@ class ZImageAdapter(AdapterBase):
         self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
     ) -> CachedForward:
         latents, t, captions = self._transformer_inputs(batch)
-        result = first_block_cached_forward(self.transformer, latents, t, captions, samples, may_gather=may_gather)
-        return CachedForward(self._predictions(batch, result.predictions), result.skipped)
+        outputs, skipped = first_block_cached_forward(
+            self.transformer, latents, t, captions, samples, may_gather=may_gather
+        )
+        return CachedForward(self._predictions(batch, outputs), skipped)
 
     def _transformer_inputs(self, batch: ForwardBatch) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
         embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]

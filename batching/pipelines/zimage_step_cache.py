@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.contract import CachedForward, CachedSample
+from batching.pipelines.contract import CachedSample
 from batching.pipelines.step_cache_rows import computing_rows, decide, keep, sample_rows
 
 PATCH_SIZE, F_PATCH_SIZE = 2, 1  # what ZImageAdapter.forward passes (the transformer's defaults)
@@ -32,7 +32,7 @@ def first_block_cached_forward(
     samples: Sequence[CachedSample],
     *,
     may_gather: bool,
-) -> CachedForward:
+) -> tuple[list[torch.Tensor], list[bool]]:
     """The transformer's output (per row [c, 1, h, w]) and which samples skipped."""
     model = transformer
     device = latents[0].device
@@ -89,7 +89,7 @@ def first_block_cached_forward(
                 residuals[row] = hidden[row, :n] - first[row, :n]
     keep(samples, skipped, features, residuals)
     out = model.all_final_layer[patch](hidden, c=adaln_input)
-    return CachedForward(model.unpatchify(list(out.unbind(dim=0)), x_size, PATCH_SIZE, F_PATCH_SIZE), skipped)
+    return model.unpatchify(list(out.unbind(dim=0)), x_size, PATCH_SIZE, F_PATCH_SIZE), skipped
 
 
 def _mask(seqlens: list[int], width: int, device: torch.device) -> torch.Tensor | None:
