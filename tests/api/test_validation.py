@@ -247,3 +247,12 @@ def test_unknown_routes_and_methods_answer_in_the_json_error_shape(client, metho
     assert response.status_code in (404, 405)
     assert response.headers["Content-Type"].startswith("application/json")
     assert set(response.get_json()["error"]) >= {"code", "message"}
+
+
+def test_the_openapi_document_names_the_cache_presets_and_the_threshold_range(client):
+    schema = client.get("/openapi.json").get_json()["components"]["schemas"]
+    cache = next(model["properties"]["cache"] for model in schema.values() if "cache" in model.get("properties", {}))
+
+    forms = cache["anyOf"]
+    assert {"off", *P.CACHE_PRESETS} <= set(next(form["enum"] for form in forms if "enum" in form))
+    assert any(form.get("type") == "number" and form.get("maximum") == P.MAX_CACHE_THRESHOLD for form in forms)
