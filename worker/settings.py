@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from settings import default, read
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
 
