@@ -3,6 +3,10 @@
 Resources (the job store, the fleet view, the image store, the Celery client, the key ring,
 the OpenAPI document) are created once per application from settings read once, and routes reach
 them through the named getters of `api.resources`.
+
+Where things are: `api.job_view` turns a job record into the JSON a client sees; each route
+module is one blueprint named by its resource (`jobs`, `uploads`, `loras`, `served_models` for
+`GET /v1/models`, `openai_images`, `health`, `web`); `api.celery_client` sends tasks by name.
 """
 
 from __future__ import annotations
@@ -13,10 +17,23 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-from api import admin, errors, health, jobs, loras, metrics, models, openai_images, openapi, resources, uploads, web
+from api import (
+    admin,
+    errors,
+    health,
+    jobs,
+    loras,
+    metrics,
+    openai_images,
+    openapi,
+    resources,
+    served_models,
+    uploads,
+    web,
+)
 from api.auth import KeyRing
+from api.celery_client import TaskQueue
 from api.fleet import Fleet
-from api.queue import TaskQueue
 from api.settings import ApiSettings
 from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.image_store import open_image_store
@@ -27,11 +44,11 @@ from storage.upload_store import UploadStore
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    """The API application. `test_config` updates `app.config`: its `STEPWISE_SETTINGS` (an ApiSettings)
+    """The API application. `test_config` updates `app.config`: its `API_SETTINGS` (an ApiSettings)
     replaces the environment, and `TESTING` raises unexpected errors into the test instead of answering 500."""
     app = Flask(__name__)
     app.config.from_mapping(test_config or {})
-    settings: ApiSettings = app.config.get("STEPWISE_SETTINGS") or ApiSettings.from_env()
+    settings: ApiSettings = app.config.get("API_SETTINGS") or ApiSettings.from_env()
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     assert isinstance(app.json, DefaultJSONProvider)  # Flask's own provider: it has these two settings
     app.json.sort_keys = False
@@ -57,7 +74,17 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.url_map.converters["jobid"] = jobs.JobIdConverter
     errors.register(app)
     metrics.register(app)
-    blueprints = (jobs.bp, loras.bp, uploads.bp, models.bp, admin.bp, health.bp, openapi.bp, web.bp, openai_images.bp)
+    blueprints = (
+        jobs.bp,
+        loras.bp,
+        uploads.bp,
+        served_models.bp,
+        admin.bp,
+        health.bp,
+        openapi.bp,
+        web.bp,
+        openai_images.bp,
+    )
     for blueprint in blueprints:
         app.register_blueprint(blueprint)
     return app

@@ -13,8 +13,8 @@ from typing import Any
 
 from flask import Blueprint
 
+from api.job_view import iso_time
 from api.resources import get_fleet, get_image_store, get_job_store, get_settings
-from api.views import iso_time
 from storage.errors import StorageError
 from storage.heartbeats import ModelStatus
 

@@ -13,6 +13,7 @@ from werkzeug.routing import BaseConverter
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.image_fields import remote_image_urls
+from api.job_view import job_url, job_view
 from api.remote_images import fetch_images
 from api.request_body import read_json
 from api.resources import (
@@ -35,7 +36,6 @@ from api.submission import (
     validate_job,
     webhook_url_of,
 )
-from api.views import job_url, job_view
 from api.waiting import event_stream, json_rendered, prefer_wait, waited
 from storage.errors import (
     ImageNotFoundError,

@@ -26,7 +26,7 @@ from typing import Any
 from celery import Celery
 
 from storage.job_record import JobRecord
-from storage.queues import BROKER_PRIORITY, GENERATE_TASK
+from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK
 
 PLACEHOLDER_ID = "f" * 32  # as long as a job id, and a string no real job id or header equals
 

@@ -24,6 +24,7 @@ from flask import Blueprint, current_app, g, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
+from api.job_view import image_urls, job_url
 from api.openai_fields import JobTranslation, edit_images, translate
 from api.request_body import read_json
 from api.resources import (
@@ -36,7 +37,6 @@ from api.resources import (
     get_upload_store,
 )
 from api.submission import QueueRoom, check_lora, create_jobs, validate_job
-from api.views import image_urls, job_url
 from api.waiting import Rendered, json_rendered, waited
 from batching.params import MAX_IMAGE_BYTES
 from storage.job_record import JobRecord, JobState

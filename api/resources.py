@@ -12,8 +12,8 @@ from flask import Flask, current_app
 
 if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
     from api.auth import KeyRing
+    from api.celery_client import TaskQueue
     from api.fleet import Fleet
-    from api.queue import TaskQueue
     from api.settings import ApiSettings
     from storage.image_store import ImageStore
     from storage.job_events import JobEventFeed, JobEventLog

@@ -24,10 +24,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from api.celery_client import TaskQueue
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.fleet import Fleet
 from api.image_fields import check_images, record_params, resolve_images, sent_upload_ids
-from api.queue import TaskQueue
 from api.remote_images import ImageURL
 from api.schemas import DEFAULT_WEBHOOK_EVENTS, MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
@@ -35,7 +35,7 @@ from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, Inv
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
 from storage.lora_store import LoraStore
-from storage.queues import DEFAULT_PRIORITY
+from storage.queue_names import DEFAULT_PRIORITY
 from storage.upload_store import UploadStore
 from storage.url_policy import WebhookCheck, check_webhook_urls
 

@@ -77,6 +77,8 @@ class FamilySpec:
     edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
     extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
     reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
+    step_cache: str | None = None  # the per-sample step cache its adapter runs (batching.step_cache.STEP_CACHE_KINDS);
+    # None: jobs may ask only for cache "off"
 
     def __post_init__(self) -> None:
         assert (self.init_image_role == "reference") == (self.reference_rules is not None), self.name
@@ -123,7 +125,7 @@ class FamilySpec:
     def edit_size(self, image_width: int, image_height: int) -> tuple[int, int]:
         """(width, height) the edit pipeline sizes an edit image to, and an edit's output when the job names no
         size: the image's aspect ratio at `edit_area` pixels, each side rounded to a multiple of 32
-        (QwenImageEditPipeline's `calculate_dimensions`)."""
+        (the Qwen-Image-Edit pipeline's `calculate_dimensions`)."""
         ratio = image_width / image_height
         width = math.sqrt(self.edit_area * ratio)
         return round(width / 32) * 32, round(width / ratio / 32) * 32
@@ -132,8 +134,8 @@ class FamilySpec:
 FAMILIES: dict[str, FamilySpec] = {
     spec.name: spec
     for spec in (
-        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5),
-        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0),
+        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5, step_cache="deep"),
+        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0, step_cache="deep"),
         FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
             name="flux",
             samplers=FLOW_SAMPLERS,
@@ -156,7 +158,7 @@ FAMILIES: dict[str, FamilySpec] = {
             init_image_role="reference",
             reference_rules=ReferenceRules(),
         ),
-        FamilySpec(  # FLUX.2 [klein] (Flux2KleinPipeline): true CFG above 1 (none for step-distilled checkpoints)
+        FamilySpec(  # FLUX.2 [klein]: true CFG above 1 (none for step-distilled checkpoints)
             name="flux2_klein",
             samplers=FLOW_SAMPLERS,
             size_multiple=16,
@@ -174,8 +176,9 @@ FAMILIES: dict[str, FamilySpec] = {
             cfg_above=0.0,
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
+            step_cache="first_block",
         ),
-        FamilySpec(  # guidance_scale is QwenImagePipeline's true_cfg_scale: CFG above 1 with a negative prompt
+        FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
             name="qwenimage",
             samplers=FLOW_SAMPLERS,
             size_multiple=16,
@@ -183,9 +186,9 @@ FAMILIES: dict[str, FamilySpec] = {
             cfg_needs_negative_prompt=True,
             min_steps=2,
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
-            init_image_role="none",  # QwenImageImg2ImgPipeline and QwenImageInpaintPipeline: not served yet
+            init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
         ),
-        FamilySpec(  # QwenImageEditPipeline: the edit image's latents join every row's image tokens
+        FamilySpec(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
             name="qwenimage_edit",
             samplers=FLOW_SAMPLERS,
             size_multiple=16,
@@ -197,7 +200,7 @@ FAMILIES: dict[str, FamilySpec] = {
             edit_area=1024 * 1024,
             extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
         ),
-        FamilySpec(  # StableDiffusion3Pipeline: CFG above 1, as the SD families
+        FamilySpec(  # Stable Diffusion 3: CFG above 1, as the SD families
             name="sd3",
             samplers=FLOW_SAMPLERS,
             size_multiple=16,  # the VAE's 8 x the 2x2 patches

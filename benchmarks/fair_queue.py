@@ -29,7 +29,7 @@ from kombu import Connection, Consumer, Exchange, Queue
 from benchmarks.worker_overhead import redis_server
 from storage.job_store import JobStore
 from storage.new_job import NewJobSpec
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 
 PARAMS = {"prompt": "a red fox", "seed": 7, "num_inference_steps": 4}
 QUEUE = generate_queue("builtin:tiny")

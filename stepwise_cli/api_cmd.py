@@ -3,7 +3,7 @@
 The default server is granian (Rust HTTP, one process per core) serving the WSGI app through
 `stepwise_cli.api_rsgi`, which reads each request body on granian's event loop before the app
 runs on a thread: slow clients cost a buffer, never a thread, and head and body have read
-deadlines (docs/api.md; the README's production notes have the slow-client measurement). It
+deadlines (docs/api.md; docs/scaling.md has the slow-client measurement). It
 takes more submits per second than gunicorn on 2 cores (docs/api.md#throughput).
 
 `--server gunicorn` runs gunicorn with gevent workers (`stepwise_cli.api_worker`, the same

@@ -3,7 +3,7 @@
 Why not granian's own WSGI interface: it calls the app as soon as the request head is in, and
 the app then reads the body from one of the process's few Python threads. A client that sends
 its head with a valid key and then trickles the body holds that thread for as long as it
-likes, and fifty such clients left even /healthz unanswered (the README's production notes
+likes, and fifty such clients left even /healthz unanswered (docs/scaling.md's production notes
 have the measurement). Here each request's body is read on granian's event loop, which costs
 no thread, and the WSGI app runs on a thread only once the whole body is in memory, so
 threads wait on Redis, never on a client. The bounds (docs/api.md):

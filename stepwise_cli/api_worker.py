@@ -2,7 +2,7 @@
 
 Why gevent: with gthread, a connection whose request head or body trickles in holds one of
 the worker's few threads until it completes, so a few dozen slow unauthenticated sockets left
-/healthz unanswered (the README's production notes have the measurement). Under gevent each
+/healthz unanswered (docs/scaling.md has the measurement). Under gevent each
 connection costs a greenlet, not a thread, and these bounds hold:
 
 - request head (request line and headers): read within `STEPWISE_API_HEADER_TIMEOUT` seconds,

@@ -43,7 +43,7 @@ from batching.shapes.vocabulary import ShapePrompt
 from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
-from storage.queues import WEBHOOK_QUEUE
+from storage.queue_names import WEBHOOK_QUEUE
 
 LOCAL_TENANT = "local"
 REDIS_MISSING = """\

@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 
-from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 
 OPTION_ENV = {
     "model": "STEPWISE_MODEL",

@@ -42,7 +42,7 @@ class JobRecord:
     state: JobState
     params: dict[str, Any]  # GenerationParams.to_dict(), seed already drawn
     created_at: float  # unix seconds
-    queue: str  # the Celery queue of the job's model (storage.queues.generate_queue)
+    queue: str  # the Celery queue of the job's model (storage.queue_names.generate_queue)
     started_at: float | None = None  # the first start: a re-queued job keeps it
     finished_at: float | None = None
     deadline: float | None = None  # unix seconds; not started by then -> expired

@@ -44,7 +44,7 @@ from storage.job_record import (
     record_from_flat,
 )
 from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
-from storage.queues import DEFAULT_PRIORITY
+from storage.queue_names import DEFAULT_PRIORITY
 from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings

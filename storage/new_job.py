@@ -13,7 +13,7 @@ from batching.params import DEFAULT_MODEL
 from storage import lua
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_record import JobRecord, JobState, record_from_flat, record_to_hash
-from storage.queues import DEFAULT_PRIORITY, generate_queue
+from storage.queue_names import DEFAULT_PRIORITY, generate_queue
 from storage.redis_keys import RedisKeys
 
 

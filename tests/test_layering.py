@@ -1,4 +1,4 @@
-"""The package import table (FORBIDDEN below; README "Architecture"), checked in fresh interpreters.
+"""The package import table (FORBIDDEN below; README "Packages"), checked in fresh interpreters.
 
 Each check imports modules one by one in a new Python process and records which
 forbidden modules appear in `sys.modules` after each import, so a failure names the
@@ -32,6 +32,7 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.plan",
     "batching.scheduler",
     "batching.settings",
+    "batching.step_cache",
 ]
 
 # What `batching.params` loads of batching: all that storage and api may load of it.
@@ -46,19 +47,21 @@ PARAMS_CLOSURE = {
     "batching.lora",
     "batching.lora.file_format",
     "batching.settings",
+    "batching.step_cache",
 }
 
-# package -> (top-level names it must not load, the batching modules it may load (None: any))
+# package -> (top-level names it must not load, the batching modules it may load (None: any)); `training`
+# (how the trained built-ins were made) is never serving code
 FORBIDDEN = {
     # the table of STEPWISE_* variables: standard library only, so that every package may import it
     "settings": (
         {"torch", "diffusers", "flask", "celery", "redis", "boto3", "batching", "storage", "worker", "api"},
         None,
     ),
-    "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage"}, None),
-    "storage": ({"torch", "flask", "celery", "api", "worker"}, PARAMS_CLOSURE),
-    "api": ({"torch", "diffusers", "worker"}, PARAMS_CLOSURE),
-    "worker": ({"flask", "api"}, None),
+    "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage", "training"}, None),
+    "storage": ({"torch", "flask", "celery", "api", "worker", "training"}, PARAMS_CLOSURE),
+    "api": ({"torch", "diffusers", "worker", "training"}, PARAMS_CLOSURE),
+    "worker": ({"flask", "api", "training"}, None),
 }
 
 _PROBE = """

@@ -8,7 +8,7 @@
   leaves Redis only after its job reached an end, and a worker holds no more than it runs;
 - a visibility timeout longer than the longest job, so Redis does not redeliver running work
   (a dead worker's jobs come back sooner through job leases, see `worker.leases`);
-- one generate queue per model (`storage.queues`): this worker's task queues are its model's
+- one generate queue per model (`storage.queue_names`): this worker's task queues are its model's
   queue and the webhook queue; `-Q stepwise.generate` names its model's queue (`worker.lifecycle`);
 - kombu priorities on the Redis lists (high, normal, low), normal for anything sent without one;
 - task events on, for Flower;
@@ -21,7 +21,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from storage.queues import (
+from storage.queue_names import (
     BROKER_PRIORITY,
     DEFAULT_PRIORITY,
     WEBHOOK_QUEUE,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queues import broker_queue_keys
+from storage.queue_names import broker_queue_keys
 from worker.dead_workers import DeadWorkerWatch
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,14 @@ import traceback
 from celery import signals
 from celery.exceptions import ImproperlyConfigured
 
-from storage.queues import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 from worker import metrics
 from worker.app import generate_queue, settings
 from worker.dead_workers import DeadWorkerWatch
+from worker.generate_messages import send_generate
 from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
-from worker.queueing import send_generate
 from worker.runtime import current_runtime, start_runtime
 
 log = logging.getLogger(__name__)

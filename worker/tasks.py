@@ -26,17 +26,17 @@ from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceled
 from batching.params import GenerationParams
 from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
-from storage.queues import GENERATE_TASK
+from storage.queue_names import GENERATE_TASK
 from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.app import app
+from worker.generate_messages import send_generate, send_ticket
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
-from worker.queueing import send_generate, send_ticket
+from worker.output_images import encode_image, store_images
 from worker.runtime import WorkerRuntime, get_runtime
-from worker.uploads import encode_image, upload_images
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     try:
         encoded = [encode_image(image, params.output_format, params.output_quality) for image in result.images]
         encode_seconds = time.perf_counter() - upload_started
-        image_keys = upload_images(
+        image_keys = store_images(
             runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format
         )
     except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries

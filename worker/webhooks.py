@@ -28,7 +28,7 @@ from typing import Any
 
 from storage import public_urls
 from storage.job_record import JobRecord, JobState
-from storage.queues import WEBHOOK_QUEUE, WEBHOOK_TASK
+from storage.queue_names import WEBHOOK_QUEUE, WEBHOOK_TASK
 from storage.url_policy import AllowList, WebhookURLError, webhook_addresses
 from storage.webhooks import build_payload, rfc3339_now, signed_headers
 from worker.app import app, settings

@@ -23,8 +23,8 @@ BUILTIN_PREFIX = "builtin:"
 class BuiltinModel:
     version: str  # bump when the configs or the seeds change: the cache folder is keyed on it
     family: str  # the diffusers pipeline family: a key of batching.families.FAMILIES
-    builder: str  # module with `build_pipeline(name)` (and `save_pipeline(pipeline, folder)` where saving differs
-    # from `save_pretrained`), imported only to build
+    builder: str | None = None  # module with `build_pipeline(name)` (and `save_pipeline(pipeline, folder)` where
+    # saving differs from `save_pretrained`), imported only to build; None for a trained model that ships
     shipped_folder: Path | None = None  # a trained model that ships in the package: used as is, never built
 
 
@@ -45,8 +45,15 @@ BUILTIN_MODELS = {
     "shapes": BuiltinModel(
         version="v1",
         family="sd",
-        builder="batching.shapes.train",  # trained: docs/shapes.md
+        # trained by training/shapes/train.py (docs/shapes.md), never built here
         shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes",
+    ),
+    "shapes-dit": BuiltinModel(
+        version="v1",
+        family="zimage",
+        # the architecture is batching/pipelines/builtins/shapes_dit.py, trained by training/shapes_dit/train.py
+        # (docs/shapes-dit.md), never built here
+        shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes-dit",
     ),
 }
 
@@ -86,7 +93,7 @@ def save_builtin_model(model: str, folder: Path) -> Path:
         if shipped is not None:
             shutil.copytree(shipped, staging)
         else:
-            builder = importlib.import_module(BUILTIN_MODELS[_short_name(model)].builder)
+            builder = importlib.import_module(_builder(model))
             pipeline = builder.build_pipeline(_short_name(model))
             save = getattr(builder, "save_pipeline", None)
             save(pipeline, staging) if save else pipeline.save_pretrained(staging)
@@ -103,7 +110,14 @@ def save_builtin_model(model: str, folder: Path) -> Path:
 def build_builtin_pipeline(model: str):
     """The diffusers pipeline of a built-in model; its weights are a function of its seeds only."""
     name = _short_name(model)
-    return importlib.import_module(BUILTIN_MODELS[name].builder).build_pipeline(name)
+    return importlib.import_module(_builder(model)).build_pipeline(name)
+
+
+def _builder(model: str) -> str:
+    builder = BUILTIN_MODELS[_short_name(model)].builder
+    if builder is None:
+        raise ModelLoadError(f"{model} is a trained model that ships with the package; it is not built from configs")
+    return builder
 
 
 def _short_name(model: str) -> str:

@@ -54,7 +54,7 @@ def app(redis_url, tmp_path):
         webhook_allow=AllowList.parse("127.0.0.1"),
         accept_unserved_models=True,  # no worker here: jobs for builtin:tiny queue, as for an autoscaled fleet
     )
-    app = create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+    app = create_app({"TESTING": True, "API_SETTINGS": settings})
     yield app
     get_task_queue_of(app).close()
 

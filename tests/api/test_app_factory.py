@@ -23,7 +23,7 @@ def test_under_testing_an_unexpected_error_reaches_the_test_instead_of_a_bland_5
 
 
 def test_outside_testing_an_unexpected_error_answers_a_json_500(app):
-    served = create_app({"STEPWISE_SETTINGS": app.config["STEPWISE_SETTINGS"]})
+    served = create_app({"API_SETTINGS": app.config["API_SETTINGS"]})
     _add_failing_route(served)
     try:
         response = served.test_client().get("/v1/fails")
@@ -36,7 +36,7 @@ def test_outside_testing_an_unexpected_error_answers_a_json_500(app):
 
 def test_the_settings_in_the_test_config_replace_the_environment(app, monkeypatch):
     monkeypatch.setenv("STEPWISE_API_KEYS", "mallory:sk_env_mallory")
-    configured = create_app({"TESTING": True, "STEPWISE_SETTINGS": app.config["STEPWISE_SETTINGS"]})
+    configured = create_app({"TESTING": True, "API_SETTINGS": app.config["API_SETTINGS"]})
     try:
         client = configured.test_client()
         from_env = client.get("/v1/jobs", headers={"Authorization": "Bearer sk_env_mallory"})

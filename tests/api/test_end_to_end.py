@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 from PIL import Image
 
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.api.webhook_receiver import Delivery, WebhookReceiver

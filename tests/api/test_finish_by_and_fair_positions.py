@@ -39,7 +39,7 @@ def client(redis_url, tmp_path):
         ),
         accept_unserved_models=True,
     )
-    app = create_app({"STEPWISE_SETTINGS": settings, "TESTING": True})
+    app = create_app({"API_SETTINGS": settings, "TESTING": True})
     yield app.test_client()
     with app.app_context():
         get_task_queue().close()

@@ -7,7 +7,7 @@ import pytest
 from celery import Celery
 
 from batching.families import FAMILIES
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 from tests.api.calls import auth, get_job, submit, wait_for
 from tests.api.processes import ApiProcess, WorkerProcess
 from tests.worker.cluster import wait_for as poll

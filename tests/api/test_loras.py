@@ -77,7 +77,7 @@ def lora_client(redis_url, tmp_path, lora_folder):
         ),
         accept_unserved_models=True,  # no worker here: jobs stay queued
     )
-    return create_app({"TESTING": True, "STEPWISE_SETTINGS": settings}).test_client()
+    return create_app({"TESTING": True, "API_SETTINGS": settings}).test_client()
 
 
 def put_lora(client, name: str, body: bytes, tenant: str = "alice"):

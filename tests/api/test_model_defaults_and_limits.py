@@ -23,7 +23,7 @@ def make_app(redis_url, tmp_path):
             storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
             **{"accept_unserved_models": True, **overrides},
         )  # no worker here: jobs stay queued
-        return create_app({"STEPWISE_SETTINGS": settings, "TESTING": True})
+        return create_app({"API_SETTINGS": settings, "TESTING": True})
 
     return make
 

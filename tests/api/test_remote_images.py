@@ -148,7 +148,7 @@ def fetching_client(redis_url, tmp_path):
         image_url_timeout_seconds=1.0,
         accept_unserved_models=True,
     )
-    app = create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+    app = create_app({"TESTING": True, "API_SETTINGS": settings})
     yield app, app.test_client()
     get_task_queue_of(app).close()
 

@@ -35,7 +35,7 @@ def make_client(redis_url, tmp_path):
             accept_unserved_models=True,
             **limits,
         )  # no worker here: jobs stay queued
-        app = create_app({"STEPWISE_SETTINGS": settings, "TESTING": True})
+        app = create_app({"API_SETTINGS": settings, "TESTING": True})
         apps.append(app)
         return app.test_client()
 

@@ -27,7 +27,7 @@ def live_app(app):
     """The conftest app with a short keep-alive, so an idle stream shows one within the test."""
     with app.app_context():
         settings = dataclasses.replace(get_settings(), events_keepalive_seconds=0.3)
-    return create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+    return create_app({"TESTING": True, "API_SETTINGS": settings})
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ KEY = TENANT_KEYS["alice"]
 def test_the_page_and_its_files_are_served_without_a_key_and_load_nothing_from_elsewhere(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPWISE_API_KEYS", "alice:" + KEY)
     monkeypatch.setenv("STEPWISE_STORAGE_URL", tmp_path.as_uri())
-    client = create_app({"TESTING": True, "STEPWISE_SETTINGS": ApiSettings.from_env()}).test_client()
+    client = create_app({"TESTING": True, "API_SETTINGS": ApiSettings.from_env()}).test_client()
 
     page = client.get("/")
     assert page.status_code == 200 and page.mimetype == "text/html"

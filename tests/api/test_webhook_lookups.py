@@ -35,7 +35,7 @@ def app_client(redis_url, tmp_path, webhook_allow: str):
         webhook_lookup_timeout_seconds=LOOKUP_SECONDS,
         accept_unserved_models=True,
     )
-    return create_app({"TESTING": True, "STEPWISE_SETTINGS": settings})
+    return create_app({"TESTING": True, "API_SETTINGS": settings})
 
 
 @pytest.fixture

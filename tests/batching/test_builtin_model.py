@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from batching import DiffusionEngine, EngineConfig, ModelLoadError
-from batching.assets.make_tokenizer import OUT_DIR, write_tokenizer
 from batching.builtin_model import build_builtin_pipeline, builtin_model_path
 from tests.batching.conftest import make_params, pixels
+from training.tokenizers.make_tokenizer import OUT_DIR, write_tokenizer
 
 
 def test_the_shipped_tokenizer_is_what_its_script_generates(tmp_path):

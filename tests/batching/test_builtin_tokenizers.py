@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer, Qwen2Tokenizer, T5TokenizerFast
 
-from batching.assets import (
+from training.tokenizers import (
     make_mistral_tokenizer,
     make_qwen_tokenizer,
     make_qwen_vl_tokenizer,

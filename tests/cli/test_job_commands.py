@@ -34,7 +34,7 @@ class LiveApi:
             storage=StorageSettings(redis_url=redis_url, storage_url=images.as_uri()),
             accept_unserved_models=True,  # no worker here: jobs queue, as for an autoscaled fleet
         )
-        self.app = create_app({"STEPWISE_SETTINGS": settings})
+        self.app = create_app({"API_SETTINGS": settings})
         self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -13,7 +13,7 @@ import pytest
 
 from storage.job_record import JobRecord, JobState
 from storage.new_job import NewJobSpec
-from storage.queues import BROKER_PRIORITY, GENERATE_TASK, generate_queue
+from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, generate_queue
 from tests.faults.conftest import FAST_RECOVERY
 from tests.servers import RedisServer
 from tests.worker.cluster import Cluster, small_params, wait_for

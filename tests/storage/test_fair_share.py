@@ -7,7 +7,7 @@ import pytest
 
 from storage.fair_share import TenantWeights, TenantWeightsError, queue_cost
 from storage.job_store import JobState, JobStore
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 
 QUEUE = generate_queue("builtin:tiny")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from storage.heartbeats import Heartbeat
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 
 
 def beat(clock, worker_id: str, model: str = "builtin:tiny", **fields) -> Heartbeat:

@@ -20,7 +20,7 @@ from celery import Celery
 from batching.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queues import BROKER_PRIORITY, GENERATE_TASK, WEBHOOK_QUEUE, broker_queue_keys, generate_queue
+from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, WEBHOOK_QUEUE, broker_queue_keys, generate_queue
 from tests.servers import RedisServer, child_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -92,7 +92,7 @@ def test_running_holders_names_the_worker_of_each_running_job(store):
 
 
 def test_a_queue_whose_messages_died_with_a_worker_gets_one_more_while_none_waits(redis_url):
-    from storage.queues import broker_queue_keys
+    from storage.queue_names import broker_queue_keys
     from worker.leases import LapsedLeaseSweeper, queue_name
 
     clock = FakeClock(time.time())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from storage.image_store import open_image_store
 from storage.job_record import JobState
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 from storage.settings import StorageSettings
 from tests.worker.cluster import Cluster, engine_stats_from_cli, long_params, png_size, small_params, wait_for
 

@@ -9,7 +9,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from storage.job_record import JobState
-from storage.queues import generate_queue
+from storage.queue_names import generate_queue
 from tests.worker.cluster import long_params, small_params
 
 

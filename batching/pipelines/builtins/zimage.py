@@ -4,7 +4,7 @@ Like Z-Image: a single-stream transformer over 2x2 latent patches (16 VAE channe
 the caption tokens, which are the penultimate hidden states of a Qwen3 text encoder
 run on the prompt wrapped in Qwen3's chat template; FLUX's VAE scaling and shift; a
 flow-matching Euler sampler with a fixed shift of 3. The Qwen tokenizer is generated
-by `batching/assets/make_qwen_tokenizer.py`.
+by `training/tokenizers/make_qwen_tokenizer.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ the chat special tokens) plus what the Qwen-Image pipelines need of Qwen2.5-VL's
 
 Run from the repository root to regenerate `batching/assets/tiny-qwen-vl-tokenizer/`:
 
-    python -m batching.assets.make_qwen_vl_tokenizer
+    python -m training.tokenizers.make_qwen_vl_tokenizer
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from pathlib import Path
 
 from tokenizers import Regex, pre_tokenizers
 
-from batching.assets.make_qwen_tokenizer import (
+from batching.builtin_models.components import ASSETS_DIR
+from training.tokenizers.make_qwen_tokenizer import (
     CHAT_TEMPLATE,
     END_OF_TEXT,
     IM_END,
     PRETOKENIZE_PATTERN,
     build_tokenizer,
 )
-from batching.assets.make_tokenizer import bytes_to_unicode, write_tokenizer_files
+from training.tokenizers.make_tokenizer import bytes_to_unicode, write_tokenizer_files
 
-OUT_DIR = Path(__file__).resolve().parent / "tiny-qwen-vl-tokenizer"
+OUT_DIR = ASSETS_DIR / "tiny-qwen-vl-tokenizer"
 MODEL_MAX_LENGTH = 131072  # Qwen2.5-VL's; the pipelines truncate (or not) themselves
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 

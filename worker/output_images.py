@@ -1,4 +1,4 @@
-"""Encoding a finished job's images in its output format and storing them, on its task thread."""
+"""A finished job's output images: encoded in its output format and stored in the image store, on its task thread."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def encode_image(image: Any, output_format: str = "png", quality: int = 90) -> b
     return buffer.getvalue()
 
 
-def upload_images(
+def store_images(
     image_store: ImageStore, job_id: str, encoded: list[bytes], seeds: list[int], model: str, output_format: str
 ) -> list[str]:
     """Store each encoded image under its deterministic key (its extension the format); a repeated run overwrites

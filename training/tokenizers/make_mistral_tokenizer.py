@@ -17,7 +17,7 @@ calls only its `apply_chat_template` on text, which the tokenizer alone answers 
 way, so the built-in ships the tokenizer. It needs no download and is small enough to
 commit. Run from the repository root to regenerate `batching/assets/tiny-mistral-tokenizer/`:
 
-    python -m batching.assets.make_mistral_tokenizer
+    python -m training.tokenizers.make_mistral_tokenizer
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from batching.assets.make_qwen_tokenizer import PRETOKENIZE_PATTERN, SPACE_MARKER, whole_word_merges
-from batching.assets.make_tokenizer import WORDS, bytes_to_unicode, write_tokenizer_files
+from batching.builtin_models.components import ASSETS_DIR
+from training.tokenizers.make_qwen_tokenizer import PRETOKENIZE_PATTERN, SPACE_MARKER, whole_word_merges
+from training.tokenizers.make_tokenizer import WORDS, bytes_to_unicode, write_tokenizer_files
 
-OUT_DIR = Path(__file__).resolve().parent / "tiny-mistral-tokenizer"
+OUT_DIR = ASSETS_DIR / "tiny-mistral-tokenizer"
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
 CONTROL_TOKENS = (
     *(UNK, BOS, EOS, "[INST]", "[/INST]", "[IMG]", PAD, "[IMG_BREAK]", "[IMG_END]"),

@@ -11,7 +11,7 @@ batching/pipelines/zimage.py):
 It needs no download and is small enough to commit. Run from the repository root to
 regenerate `batching/assets/tiny-qwen-tokenizer/`:
 
-    python -m batching.assets.make_qwen_tokenizer
+    python -m training.tokenizers.make_qwen_tokenizer
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from batching.assets.make_tokenizer import WORDS, bytes_to_unicode, write_tokenizer_files
+from batching.builtin_models.components import ASSETS_DIR
+from training.tokenizers.make_tokenizer import WORDS, bytes_to_unicode, write_tokenizer_files
 
-OUT_DIR = Path(__file__).resolve().parent / "tiny-qwen-tokenizer"
+OUT_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 THINK_TOKENS = ("<think>", "</think>")  # Qwen3 adds them as ordinary (not special) tokens
 SPACE_MARKER = bytes_to_unicode()[ord(" ")]  # "Ġ"

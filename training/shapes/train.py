@@ -1,6 +1,6 @@
 """Train builtin:shapes from a seed on the CPU: first its VAE, then its UNet and text encoder.
 
-    python -m batching.shapes.train --out DIR --seed 0
+    python -m training.shapes.train --out DIR --seed 0
 
 Stage 1 trains the autoencoder to reconstruct the procedural images on crops (flat
 colours are easy: a thousand or so small steps); the training set (every prompt at several
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from batching.shapes import model as shapes_model
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
 from batching.shapes.vocabulary import all_prompts
+from training.shapes import model as shapes_model
 
 PROMPT_DROPOUT = 0.15  # share of training rows with the empty prompt (for classifier-free guidance)
 UNET_LR = 1e-3

@@ -5,7 +5,7 @@ The vocabulary is CLIP's byte-level alphabet (256 characters and their end-of-wo
 the two special tokens. It needs no download and is small enough to commit.
 Run from the repository root to regenerate `batching/assets/tiny-clip-tokenizer/`:
 
-    python -m batching.assets.make_tokenizer
+    python -m training.tokenizers.make_tokenizer
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batching.builtin_models.components import ASSETS_DIR
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-OUT_DIR = Path(__file__).resolve().parent / "tiny-clip-tokenizer"
+OUT_DIR = ASSETS_DIR / "tiny-clip-tokenizer"
 BOS_TOKEN = "<|startoftext|>"
 EOS_TOKEN = "<|endoftext|>"
 MODEL_MAX_LENGTH = 77

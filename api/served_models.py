@@ -11,8 +11,8 @@ from typing import Any
 from flask import Blueprint
 
 from api.auth import require_tenant
+from api.job_view import iso_time
 from api.resources import get_job_store
-from api.views import iso_time
 from storage.heartbeats import ModelStatus
 
 bp = Blueprint("models", __name__, url_prefix="/v1/models")

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 
 from api.messages import GenerateMessages
-from storage.queues import BROKER_PRIORITY, DEFAULT_PRIORITY, WEBHOOK_QUEUE, WEBHOOK_TASK, celery_transport_options
+from storage.queue_names import BROKER_PRIORITY, DEFAULT_PRIORITY, WEBHOOK_QUEUE, WEBHOOK_TASK, celery_transport_options
 
 
 class TaskQueue:

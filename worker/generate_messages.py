@@ -7,7 +7,7 @@ to the job's own queue at the job's own priority, both read from its record.
 from __future__ import annotations
 
 from storage.job_record import JobRecord
-from storage.queues import BROKER_PRIORITY, GENERATE_TASK
+from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK
 from worker.app import app
 from worker.leases import queue_name as job_queue
 

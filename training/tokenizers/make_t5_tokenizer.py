@@ -7,7 +7,7 @@ list; a whole word scores higher than its spelling, so known words stay one toke
 needs no download and is small enough to commit. Run from the repository root to
 regenerate `batching/assets/tiny-t5-tokenizer/`:
 
-    python -m batching.assets.make_t5_tokenizer
+    python -m training.tokenizers.make_t5_tokenizer
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import Unigram
 
-from batching.assets.make_tokenizer import WORDS, write_tokenizer_files
+from batching.builtin_models.components import ASSETS_DIR
+from training.tokenizers.make_tokenizer import WORDS, write_tokenizer_files
 
-OUT_DIR = Path(__file__).resolve().parent / "tiny-t5-tokenizer"
+OUT_DIR = ASSETS_DIR / "tiny-t5-tokenizer"
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "</s>", "<unk>"
 WORD_START = "▁"
 MODEL_MAX_LENGTH = 512  # FLUX.1-dev's T5 sequence length

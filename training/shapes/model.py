@@ -9,9 +9,9 @@ offers. Only the sizes are small: 128x128 images become 16x16 latents.
 
 from __future__ import annotations
 
-from pathlib import Path
+from batching.builtin_models.components import CLIP_TOKENIZER_DIR
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-clip-tokenizer"
+TOKENIZER_DIR = CLIP_TOKENIZER_DIR
 TEXT_HIDDEN_SIZE = 64  # also the UNet's cross-attention dim
 UNET_CHANNELS = (32, 64, 64)
 UNET_LAYERS_PER_BLOCK = 2

@@ -1,0 +1,1 @@
+"""Training scripts for the trained built-in models (run by hand; the engine never imports them)."""
