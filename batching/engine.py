@@ -80,6 +80,7 @@ class DiffusionEngine:
             on_decoded=self._wake,
             encode_overlap=encode_overlap,
             on_encoded=self._wake,
+            default_cache=self.config.cache,
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -231,9 +232,25 @@ class DiffusionEngine:
                 "decode_overlap": self.model_runner.decoder.is_async,
                 "encode_overlap": self.model_runner.encoder.is_async,
                 **self._stats.as_dict(),
+                "step_cache": self._step_cache_stats(),
                 **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
             }
+
+    def _step_cache_stats(self) -> dict:
+        """Per family (this engine's one, when it has a step cache): block evaluations, and the fraction skipped."""
+        if FAMILIES[self.family].step_cache is None:
+            return {}
+        stats = self._stats
+        fraction = stats.num_cache_blocks_skipped / stats.num_cache_blocks if stats.num_cache_blocks else 0.0
+        return {
+            self.family: {
+                "blocks": stats.num_cache_blocks,
+                "blocks_skipped": stats.num_cache_blocks_skipped,
+                "skipped_fraction": round(fraction, 6),
+                "steps_skipped": stats.num_cache_steps_skipped,
+            }
+        }
 
     def shutdown(self, wait: bool = True, *, abort: bool = False) -> None:
         """Stop accepting jobs. By default finish every accepted job first (drain); with

@@ -58,12 +58,13 @@ def records(cluster: Cluster, job_ids: list[str]) -> list[JobRecord]:
 
 
 def snapshot(cluster: Cluster, job_ids: list[str]) -> dict[str, int]:
-    """The reported queue_position of each job queued at one instant."""
+    """The reported queue_position of each job queued at one instant. Every job's position is asked for,
+    not only those whose record said queued: the records are read one by one before the positions, and a
+    job re-queued meanwhile (the victim) would be missing from a snapshot whose positions count it."""
     found = records(cluster, job_ids)
-    queued = [record for record in found if record.state is JobState.QUEUED]
     return {
         record.job_id: position
-        for record, position in zip(queued, cluster.store.queue_positions(queued))
+        for record, position in zip(found, cluster.store.queue_positions(found))
         if position is not None
     }
 
