@@ -31,6 +31,7 @@ from batching.image_inputs import input_images
 from batching.job import Job, JobFuture, ProgressCallback
 from batching.params import PRIORITIES, GenerationParams
 from batching.plan import RunnerOutput
+from batching.previews import previews_wanted, report_preview
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
 
@@ -81,6 +82,7 @@ class DiffusionEngine:
             on_decoded=self._wake,
             encode_overlap=encode_overlap,
             on_encoded=self._wake,
+            default_cache=self.config.cache,
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -159,10 +161,7 @@ class DiffusionEngine:
             isinstance(complete_by, bool) or not isinstance(complete_by, (int, float)) or not math.isfinite(complete_by)
         ):
             raise InvalidParamsError("complete_by", complete_by, "must be a time in unix seconds")
-        if isinstance(preview_every, bool) or not isinstance(preview_every, int) or preview_every < 0:
-            raise InvalidParamsError("preview_every", preview_every, "must be a whole number of steps, 0 for none")
-        if on_preview is None or self.model_runner.preview_maker is None:
-            preview_every = 0
+        preview_every = previews_wanted(preview_every, on_preview, self.model_runner.preview_maker)
         job_id = job_id or uuid.uuid4().hex
         samples = make_samples(
             job_id,
@@ -242,9 +241,25 @@ class DiffusionEngine:
                 "decode_overlap": self.model_runner.decoder.is_async,
                 "encode_overlap": self.model_runner.encoder.is_async,
                 **self._stats.as_dict(),
+                "step_cache": self._step_cache_stats(),
                 **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
             }
+
+    def _step_cache_stats(self) -> dict:
+        """Per family (this engine's one, when it has a step cache): block evaluations, and the fraction skipped."""
+        if FAMILIES[self.family].step_cache is None:
+            return {}
+        stats = self._stats
+        fraction = stats.num_cache_blocks_skipped / stats.num_cache_blocks if stats.num_cache_blocks else 0.0
+        return {
+            self.family: {
+                "blocks": stats.num_cache_blocks,
+                "blocks_skipped": stats.num_cache_blocks_skipped,
+                "skipped_fraction": round(fraction, 6),
+                "steps_skipped": stats.num_cache_steps_skipped,
+            }
+        }
 
     def shutdown(self, wait: bool = True, *, abort: bool = False) -> None:
         """Stop accepting jobs. By default finish every accepted job first (drain); with
@@ -362,9 +377,8 @@ class DiffusionEngine:
         for job in stepped.values():
             self._report_progress(job)
         for sample_id, pixels in previews:
-            job = job_of_sample.get(sample_id)
-            if job is not None:
-                self._report_preview(job, pixels)
+            if (job := job_of_sample.get(sample_id)) is not None:
+                report_preview(job, pixels)
         failed: dict[str, Job] = {}
         for sample_id, message in output.failed.items():
             job = job_of_sample.get(sample_id)
@@ -435,17 +449,6 @@ class DiffusionEngine:
             job.on_progress(job.num_steps_done, job.num_steps_total)
         except Exception:
             logger.exception("on_progress callback of job %s raised; ignored", job.job_id)
-
-    def _report_preview(self, job: Job, pixels: PreviewPixels) -> None:
-        from batching.previews import Preview
-
-        if job.on_preview is None:
-            return
-        preview = Preview(job.num_steps_done, job.num_steps_total, job.params.width, job.params.height, pixels)
-        try:
-            job.on_preview(preview)
-        except Exception:
-            logger.exception("on_preview callback of job %s raised; ignored", job.job_id)
 
     def _fail_all(self, error: Exception) -> list[str]:
         with self._cond:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -32,15 +32,17 @@ from batching.decoder import Decoder, DecodeResult
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
 from batching.errors import LoraError
+from batching.families import FAMILIES
 from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
-from batching.pipelines.contract import PipelineAdapter
+from batching.pipelines.contract import CachedSample, ForwardBatch, PipelineAdapter, StepCacheState, StepCaching
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
+from batching.step_cache import CacheSetting, cache_threshold
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
@@ -63,8 +65,12 @@ class ModelRunner:
         on_decoded: Callable[[], None] = lambda: None,
         encode_overlap: bool = False,
         on_encoded: Callable[[], None] = lambda: None,
+        default_cache: CacheSetting = "off",
     ) -> None:
         self.model = model
+        self.cache_kind = FAMILIES[model.family].step_cache  # None: the family has no step cache
+        self.step_caching = cast(StepCaching, model) if self.cache_kind else None
+        self.default_cache = default_cache  # of samples whose params name none
         self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
         self.max_num_seqs = max_num_seqs
         self.is_deterministic = is_deterministic
@@ -156,7 +162,12 @@ class ModelRunner:
         for result in self.encoder.collect():
             output.encode_seconds += result.seconds
             output.failed.update(result.failed)
-            self.samples.update((sample.sample_id, sample) for sample in result.samples)
+            for sample in result.samples:
+                threshold = cache_threshold(
+                    self.default_cache if sample.params.cache is None else sample.params.cache, self.cache_kind
+                )
+                sample.step_cache = StepCacheState(threshold) if threshold is not None else None
+                self.samples[sample.sample_id] = sample
 
     def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"
@@ -220,7 +231,7 @@ class ModelRunner:
         try:
             forward_batch = input_batch.prepare(samples)
             with self._lora_rows(samples):
-                predictions = self.model.forward(forward_batch)  # [num_buffer_rows, *latent_shape]
+                predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
             rows_of_samples = input_batch.split(predictions, samples)
             guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
         except Exception:
@@ -232,6 +243,30 @@ class ModelRunner:
         output.sizes_per_forward.append(len({(sample.params.height, sample.params.width) for sample in samples}))
         output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
         return guided
+
+    def _denoise(self, batch: ForwardBatch, samples: list[SampleTensors], output: RunnerOutput):
+        """The model's forward, or its step-cached forward when a sample of it caches (batching.step_cache)."""
+        if self.step_caching is None:
+            return self.model.forward(batch)
+        caching = self.step_caching
+        num_rows = sum(sample.num_rows for sample in samples)
+        if all(sample.step_cache is None for sample in samples):
+            predictions = self.model.forward(batch)
+            output.num_cache_blocks += num_rows * caching.num_cache_blocks
+            return predictions
+        cached = [CachedSample(sample.num_rows, sample.step_cache, sample.may_skip_step) for sample in samples]
+        # Gathering the computing rows changes the batch size (not in deterministic mode) and the row order
+        # per-row adapters are bound to.
+        may_gather = not self.is_deterministic and all(sample.params.lora is None for sample in samples)
+        result = caching.forward_cached(batch, cached, may_gather=may_gather)
+        output.num_cache_blocks += num_rows * caching.num_cache_blocks
+        for sample, is_skip in zip(samples, result.skipped):
+            if is_skip:
+                output.num_cache_steps_skipped += 1
+                output.num_cache_blocks_skipped += sample.num_rows * (
+                    caching.num_cache_blocks - caching.num_blocks_kept
+                )
+        return result.predictions
 
     def _step(self, sample: SampleTensors, prediction, output: RunnerOutput) -> bool:
         try:

@@ -7,22 +7,28 @@ copied to the CPU without waiting for the device (a CUDA event marks when the co
 Everything else happens on the thread that takes the `Preview` (the worker's task thread):
 waiting for the copy, resizing to at most `MAX_PREVIEW_SIDE` pixels on the long side, encoding,
 and the data URI. A sample's denoise path reads nothing back: its image is the same with
-previews on or off.
+previews on or off. Imports torch only to make previews (the engine module imports this one).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
+from batching.errors import InvalidParamsError
 
 if TYPE_CHECKING:
+    import torch
+
+    from batching.job import Job
     from batching.params import GenerationParams
     from batching.pipelines.contract import PipelineAdapter
+
+logger = logging.getLogger(__name__)
 
 MAX_PREVIEW_SIDE = 256  # pixels on the long side, at most
 PREVIEW_FORMAT = "jpeg"  # the cheapest to encode: 0.4 ms at 128x128 on a CPU core, WebP 5 ms, PNG 7 ms
@@ -71,19 +77,39 @@ class Preview:
 PreviewCallback = Callable[[Preview], None]  # called on the engine loop thread: keep it cheap (store it)
 
 
+def previews_wanted(preview_every: Any, on_preview: PreviewCallback | None, maker: PreviewMaker | None) -> int:
+    """A submit's `preview_every` checked: what its job's first sample gets (0 without a callback or a maker)."""
+    if isinstance(preview_every, bool) or not isinstance(preview_every, int) or preview_every < 0:
+        raise InvalidParamsError("preview_every", preview_every, "must be a whole number of steps, 0 for none")
+    return preview_every if on_preview is not None and maker is not None else 0
+
+
+def report_preview(job: Job, pixels: PreviewPixels) -> None:
+    """Hand a preview of `job`'s first sample to its callback, at the job's progress (loop thread)."""
+    if job.on_preview is None:
+        return
+    try:
+        job.on_preview(Preview(job.num_steps_done, job.num_steps_total, job.params.width, job.params.height, pixels))
+    except Exception:
+        logger.exception("on_preview callback of job %s raised; ignored", job.job_id)
+
+
 class PreviewMaker:
     """The loop thread's part: latents to a small RGB byte grid with the model's factors, kept on its device."""
 
     def __init__(self, model: PipelineAdapter) -> None:
+        import torch
+
         assert model.latent_rgb is not None, "a model without factors makes no previews"
         self.model = model
         self.factors, self.bias = model.latent_rgb.tensors(model.device, torch.float32)  # [c, 3], [3]
         self.is_cuda = model.device.type == "cuda"
 
-    @torch.inference_mode()
     def make(self, latents: torch.Tensor, params: GenerationParams) -> PreviewPixels:
         """`latents`: [1, *latent_shape], the sample's current latents (or its sampler's estimate of the final
-        ones) in the family's layout."""
+        ones) in the family's layout. Called in the runner's inference mode."""
+        import torch
+
         grid = self.model.preview_latents(latents, params).float()  # [c, h, w]
         rgb = torch.einsum("chw,cr->hwr", grid, self.factors) + self.bias  # [h, w, 3] in [-1, 1]
         pixels = ((rgb + 1) * 127.5).clamp(0, 255).to(torch.uint8)  # [h, w, 3]

@@ -168,6 +168,10 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "`complete_by`); they resume where they stopped (docs/worker.md, preemption)", "worker", example="true"),
     Variable("STEPWISE_DETERMINISTIC", Flag(), False,
              "pad every forward to a fixed size: images bit-identical alone or batched", "worker"),
+    Variable("STEPWISE_STEP_CACHE", Text("off, balanced, fast, or a threshold above 0 and at most 1",
+                                    r"off|balanced|fast|0*(0?\.\d*[1-9]\d*|1(\.0*)?)"), "off",
+             "the step cache of jobs that name no `cache` (docs/api.md, step caching); families without one ignore "
+             "it", "worker", example="off"),
     Variable("STEPWISE_DECODE_OVERLAP", OVERLAP, "auto",
              "`on`: VAE decode on a thread beside the denoise loop (on CUDA its own stream); `off`: inline; "
              "`auto`: the device's default, on (docs/benchmarks.md)", "worker", example="auto"),

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from batching.builtin_model import builtin_names
-from batching.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
+from batching.params import CACHE_OFF, CACHE_PRESETS, DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
+from batching.step_cache import cache_setting
 from settings import read
 from stepwise_cli.image_args import image_file_uri
 
@@ -25,6 +26,7 @@ FLAG_OF_FIELD = {
     "lora_scale": "--lora-scale",
     "init_image": "--init-image",
     "strength": "--strength",
+    "cache": "--cache",
 }
 
 
@@ -70,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strength", type=float, default=None, help="with --init-image: fraction of the steps run")
     parser.add_argument(
+        "--cache",
+        type=cache_setting,
+        default=None,
+        help=f"step caching: {CACHE_OFF} (default), {', '.join(CACHE_PRESETS)}, or a threshold (0 < t <= 1); "
+        "SD, SDXL and Z-Image models",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)"
     )
 
@@ -98,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             lora_scale=args.lora_scale,
             init_image=init_image,
             strength=args.strength,
+            cache=args.cache,
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)

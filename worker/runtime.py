@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from batching.errors import EngineShutdownError
 from batching.params import GenerationParams
+from batching.step_cache import cache_setting
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store
@@ -89,6 +90,7 @@ class WorkerRuntime:
             policy=s.policy,
             preemption=s.preemption,
             deterministic=s.deterministic,
+            cache=cache_setting(s.cache),
             decode_overlap=OVERLAP_CHOICES[s.decode_overlap],
             encode_overlap=OVERLAP_CHOICES[s.encode_overlap],
             lora_url=s.storage.lora_url or None,

@@ -41,6 +41,7 @@ class WorkerSettings:
     preemption: bool = setting("STEPWISE_PREEMPTION")
     deterministic: bool = setting("STEPWISE_DETERMINISTIC")  # pad forwards for bit-identical results
     # auto (the device's default), on or off: decode / start new jobs on a thread beside the denoise loop
+    cache: str = setting("STEPWISE_STEP_CACHE")  # the step cache of jobs that name none: off, a preset or a threshold
     decode_overlap: str = setting("STEPWISE_DECODE_OVERLAP")
     encode_overlap: str = setting("STEPWISE_ENCODE_OVERLAP")
     lora_mode: str = setting("STEPWISE_LORA_MODE")  # rows (different adapters share a forward) or group

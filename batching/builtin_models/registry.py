@@ -48,6 +48,13 @@ BUILTIN_MODELS = {
         # trained by training/shapes/train.py (docs/shapes.md), never built here
         shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes",
     ),
+    "shapes-dit": BuiltinModel(
+        version="v1",
+        family="zimage",
+        # the architecture is batching/pipelines/builtins/shapes_dit.py, trained by training/shapes_dit/train.py
+        # (docs/shapes-dit.md), never built here
+        shipped_folder=Path(__file__).resolve().parents[1] / "assets" / "builtin-shapes-dit",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ job, a wrong sigma) scores lower here even when alone and batched agree.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batching.params import GenerationParams
@@ -28,6 +29,8 @@ class Case:
     prompt: ShapePrompt
     seed: int
     guidance_scale: float
+    model: str = MODEL
+    size: int = 128  # the image's side in pixels
 
     def params(self, sampler: str = "euler") -> GenerationParams:
         return GenerationParams(
@@ -35,10 +38,10 @@ class Case:
             seed=self.seed,
             guidance_scale=self.guidance_scale,
             num_inference_steps=NUM_STEPS,
-            height=128,
-            width=128,
+            height=self.size,
+            width=self.size,
             sampler=sampler,
-            model=MODEL,
+            model=self.model,
         )
 
 
@@ -54,8 +57,9 @@ class AccuracyReport:
         return self.num_passed / self.num_cases
 
 
-def fixed_cases(num_cases: int = 24) -> list[Case]:
-    """`num_cases` cases in a fixed order: shapes cycle, each colour is the shape's and the background's in turn."""
+def fixed_cases(num_cases: int = 24, model: str = MODEL, sizes: Sequence[int] = (128,)) -> list[Case]:
+    """`num_cases` cases in a fixed order: shapes cycle, each colour is the shape's and the background's in turn;
+    with several `sizes`, case i is drawn at sizes[i % len(sizes)] (mixed sizes in one co-batched run)."""
     colours = list(COLOURS)
     cases = []
     for index in range(num_cases):
@@ -64,7 +68,8 @@ def fixed_cases(num_cases: int = 24) -> list[Case]:
         if background == foreground:
             background = colours[(colours.index(background) + 1) % len(colours)]
         prompt = ShapePrompt(foreground, SHAPES[index % len(SHAPES)], background)
-        cases.append(Case(prompt, seed=1000 + index, guidance_scale=GUIDANCE_SCALES[index % len(GUIDANCE_SCALES)]))
+        guidance_scale = GUIDANCE_SCALES[index % len(GUIDANCE_SCALES)]
+        cases.append(Case(prompt, 1000 + index, guidance_scale, model, sizes[index % len(sizes)]))
     return cases
 
 
@@ -121,27 +126,33 @@ def grid(images: list, columns: int = 8):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the fixed set's accuracy alone and co-batched, and per guidance scale; optionally save images.
+    """Print the fixed set's accuracy co-batched and alone at each size (and with the sizes mixed), and per
+    guidance scale; optionally save images or a JSON report.
 
     python -m batching.shapes.accuracy --guidance 1 5 7.5 10 --grid docs/images/shapes-grid.png
+    python -m batching.shapes.accuracy --model builtin:shapes-dit --sizes 96 128 --json report.json
     """
     import argparse
-    from dataclasses import replace
+    import json
+    from dataclasses import asdict, replace
     from pathlib import Path
 
     import torch
 
     from batching import DiffusionEngine, EngineConfig
 
-    parser = argparse.ArgumentParser(description="accuracy of builtin:shapes on the fixed 24-case set")
+    parser = argparse.ArgumentParser(description="accuracy of a shapes model on the fixed 24-case set")
+    parser.add_argument("--model", default=MODEL, help="builtin:shapes, builtin:shapes-dit or a folder of either")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128], help="image sides; several: also mixed")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--guidance", type=float, nargs="*", default=[], help="also run every case at these scales")
-    parser.add_argument("--grid", type=Path, help="save the co-batched images here, 8 to a row")
+    parser.add_argument("--grid", type=Path, help="save the first co-batched run's images here, 8 to a row")
     parser.add_argument("--example", type=Path, help="save the README's example here (seed 7, the defaults)")
+    parser.add_argument("--json", type=Path, help="write every run's report here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cases = fixed_cases()
-    engine = DiffusionEngine(EngineConfig(model=MODEL, device="cpu", max_num_seqs=8))
+    engine = DiffusionEngine(EngineConfig(model=args.model, device="cpu", max_num_seqs=8))
+    reports: dict[str, dict] = {}
     try:
 
         def run(name: str, run_cases: list[Case], co_batched: bool = False) -> list:
@@ -152,18 +163,30 @@ def main(argv: list[str] | None = None) -> int:
                   f"{report.images_per_second:.2f} images/s", flush=True)  # fmt: skip
             for failure in report.failures:
                 print(f"    {failure}")
+            reports[name] = dict(asdict(report), accuracy=report.accuracy)
             return images
 
-        images = run("co-batched, guidance 5/7.5/10 mixed", cases, co_batched=True)
-        run("alone, guidance 5/7.5/10 mixed", cases)
-        for scale in args.guidance:
-            run(f"alone, guidance {scale:g}", [replace(case, guidance_scale=scale) for case in cases])
-        if args.grid:
-            grid(images).save(args.grid)
+        grid_images = None
+        for size in args.sizes:
+            cases = fixed_cases(model=args.model, sizes=[size])
+            images = run(f"{size}x{size} co-batched, guidance 5/7.5/10 mixed", cases, co_batched=True)
+            grid_images = grid_images or images
+            run(f"{size}x{size} alone, guidance 5/7.5/10 mixed", cases)
+            for scale in args.guidance:
+                scaled = [replace(case, guidance_scale=scale) for case in cases]
+                run(f"{size}x{size} alone, guidance {scale:g}", scaled)
+        if len(args.sizes) > 1:
+            sizes_text = "/".join(map(str, args.sizes))
+            mixed = fixed_cases(model=args.model, sizes=args.sizes)
+            run(f"sizes {sizes_text} mixed, co-batched, guidance 5/7.5/10 mixed", mixed, co_batched=True)
+        if args.grid and grid_images:
+            grid(grid_images).save(args.grid)
+        if args.json:
+            args.json.write_text(json.dumps({"model": args.model, "runs": reports}, indent=2) + "\n")
         if args.example:
             # the README tour's `stepwise submit "a red circle on a blue background" --seed 7 --steps 20`
             example = GenerationParams(
-                prompt="a red circle on a blue background", seed=7, num_inference_steps=20, model=MODEL
+                prompt="a red circle on a blue background", seed=7, num_inference_steps=20, model=args.model
             )
             engine.submit(example).result(timeout=300).image.save(args.example)
     finally:

@@ -18,7 +18,7 @@ from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.errors import InvalidParamsError
 from batching.pipelines.latent_rgb import LatentRgb, fit_latent_rgb
 from batching.previews import MAX_PREVIEW_SIDE, Preview, PreviewPixels
-from tests.batching.conftest import make_params, max_pixel_diff
+from tests.support.engines import make_params, max_pixel_diff
 
 
 def test_previews_are_off_unless_a_job_asks_for_them(batched_engine):
@@ -114,16 +114,15 @@ def test_factors_survive_their_file(tmp_path):
     assert LatentRgb.load(tmp_path / "latent_rgb.json") == factors
 
 
-def test_the_shapes_models_previews_show_the_colours_of_the_picture_it_draws():
-    """builtin:shapes is trained: its late previews must look like its own image, not like another prompt's."""
-    engine = DiffusionEngine(EngineConfig(model="builtin:shapes", device="cpu", max_num_seqs=2))
+@pytest.mark.parametrize("model", ["builtin:shapes", "builtin:shapes-dit"])
+def test_the_shapes_models_previews_show_the_colours_of_the_picture_it_draws(model):
+    """The shapes models are trained: their late previews must look like their own image, not another prompt's."""
+    engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=2))
     try:
         previews: dict[str, list[Preview]] = {"red": [], "green": []}
         futures = {
             colour: engine.submit(
-                GenerationParams(
-                    prompt=prompt, model="builtin:shapes", seed=3, num_inference_steps=20, height=128, width=128
-                ),
+                GenerationParams(prompt=prompt, model=model, seed=3, num_inference_steps=20, height=128, width=128),
                 preview_every=16,
                 on_preview=previews[colour].append,
             )

@@ -119,3 +119,16 @@ def test_generate_refuses_a_size_the_family_does_not_allow_naming_the_flag(tmp_p
 
     assert code == 2
     assert "--width" in capsys.readouterr().err
+
+
+def test_generate_with_a_cache_preset_writes_the_image_and_a_bad_cache_exits_2_naming_the_flag(tmp_path, capsys):
+    out = tmp_path / "cached.png"
+
+    assert generate_96x64(out, "builtin:tiny", "--seed", "7", "--steps", "4", "--cache", "fast") == 0
+    assert generate_96x64(tmp_path / "x.png", "builtin:tiny", "--cache", "fastest") == 2
+
+    with Image.open(out) as image:
+        assert image.size == (96, 64)
+    err = capsys.readouterr().err
+    assert "--cache" in err and "fastest" in err
+    assert not (tmp_path / "x.png").exists()

@@ -6,6 +6,7 @@ drawings encoded by the model's own VAE, plus noise for the early steps. The tra
 file beside every saved model; for a folder trained before:
 
     python -m training.shapes.latent_rgb_fit batching/assets/builtin-shapes
+    python -m training.shapes.latent_rgb_fit batching/assets/builtin-shapes-dit --model builtin:shapes-dit
 """
 
 from __future__ import annotations
