@@ -145,6 +145,7 @@ FAMILIES: dict[str, FamilySpec] = {
             guidance_kind="embedded",
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
             strength_rounding="floor_start",
+            step_cache="first_block",
         ),
         FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
             name="flux2",

@@ -22,6 +22,8 @@ from batching.pipelines.contract import CachedSample
 from batching.pipelines.step_cache_rows import computing_rows, decide, keep, sample_rows
 
 PATCH_SIZE, F_PATCH_SIZE = 2, 1  # what ZImageAdapter.forward passes (the transformer's defaults)
+NUM_BLOCKS_KEPT = 1  # First-Block Cache; 0 decides from the first block's modulated input, as TeaCache
+# (measured against each other: docs/benchmarks.md, step caching)
 
 
 def first_block_cached_forward(
@@ -60,8 +62,16 @@ def first_block_cached_forward(
     )  # [rows, max_seq, dim]
     seqlens = [a + b for a, b in zip(x_seqlens, cap_seqlens)]  # each row's real tokens: [image, caption]
 
-    first = model.layers[0](unified, mask, freqs, adaln_input)  # [rows, max_seq, dim]
-    features = [first[row, :n] - unified[row, :n] for row, n in enumerate(seqlens)]  # per row [seq_i, dim]
+    first = unified
+    for layer in model.layers[:NUM_BLOCKS_KEPT]:
+        first = layer(first, mask, freqs, adaln_input)  # [rows, max_seq, dim]
+    if NUM_BLOCKS_KEPT:
+        features = [first[row, :n] - unified[row, :n] for row, n in enumerate(seqlens)]  # per row [seq_i, dim]
+    else:  # TeaCache's early feature: the first block's timestep-modulated input
+        block = model.layers[0]
+        scale_msa = 1.0 + block.adaLN_modulation(adaln_input)[:, : block.dim].unsqueeze(1)  # [rows, 1, dim]
+        modulated = block.attention_norm1(unified) * scale_msa
+        features = [modulated[row, :n] for row, n in enumerate(seqlens)]
     skipped = decide(samples, features)
     rows = computing_rows(samples, skipped, len(seqlens))
     hidden = first.clone()  # [rows, max_seq, dim]: the last block's output, filled in below
@@ -75,7 +85,7 @@ def first_block_cached_forward(
         else:  # every row runs the blocks: each row's arithmetic keeps the batch size
             rows, width = list(range(len(seqlens))), first.shape[1]
             part, part_freqs, part_mask, part_adaln = first, freqs, mask, adaln_input
-        for layer in model.layers[1:]:
+        for layer in model.layers[NUM_BLOCKS_KEPT:]:
             part = layer(part, part_mask, part_freqs, part_adaln)
         hidden[rows, :width] = part
     residuals: list[torch.Tensor | None] = [None] * len(seqlens)  # per row: what blocks 1.. added
