@@ -177,7 +177,7 @@ FAMILIES: dict[str, FamilySpec] = {
             cfg_above=0.0,
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
-            step_cache="first_block",
+            step_cache="modulated_input",
         ),
         FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
             name="qwenimage",
