@@ -18,9 +18,9 @@ import standardwebhooks
 from httpx_sse import connect_sse
 from PIL import Image
 
-from tests.api.calls import auth, submit, wait_for
-from tests.api.processes import TENANT_KEYS, WEBHOOK_SECRET, ApiProcess
-from tests.api.webhook_receiver import WebhookReceiver
+from tests.support.calls import auth, submit, wait_for_job
+from tests.support.processes import TENANT_KEYS, WEBHOOK_SECRET, ApiProcess
+from tests.support.webhook_receiver import WebhookReceiver
 
 SHORT = {"prompt": "a red fox", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 96, "guidance_scale": 1.0}
 LONG = {"prompt": "a long walk", "seed": 3, "num_inference_steps": 200, "height": 256, "width": 256}
@@ -117,7 +117,7 @@ def test_progress_webhooks_come_at_most_once_a_second_and_verify_with_standard_w
             "webhook_events": ["progress", "completed"],
         }
         job_id = submit(http, serving, body).json()["job_id"]
-        wait_for(http, serving, job_id, {"succeeded"})
+        wait_for_job(http, serving, job_id, {"succeeded"})
         deliveries = receiver.wait_for(
             "/hooks/progress", lambda got: any(d.payload["type"] == "job.completed" for d in got)
         )

@@ -28,9 +28,9 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from api.errors import ApiError
 from api.waiting import prefer_wait
-from tests.api.calls import auth
-from tests.api.processes import ApiProcess
-from tests.api.test_operations import ROUTES
+from tests.support.calls import auth
+from tests.support.processes import ApiProcess
+from tests.support.routes import ROUTES
 
 OFFLINE_SITE = Path(__file__).with_name("offline_site")
 MAX_EXAMPLES = 40

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from batching import params as P
-from tests.api.calls import auth
+from tests.support.calls import auth
 
 HOOK = "http://127.0.0.1:9/hook"  # the test server allows 127.0.0.1 (STEPWISE_WEBHOOK_ALLOW_HOSTS)
 VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}

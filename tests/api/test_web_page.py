@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 
 import pytest
 from PIL import Image
@@ -18,8 +17,9 @@ from selenium.webdriver.support.select import Select
 
 from api import create_app
 from api.settings import ApiSettings
-from tests.api.calls import auth
-from tests.api.processes import TENANT_KEYS
+from tests.support.calls import auth
+from tests.support.processes import TENANT_KEYS
+from tests.support.waiting import wait_for
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -65,16 +65,15 @@ def browser():
 
 
 def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """`wait_for` on the page: a condition the browser cannot answer yet (WebDriverException) has not held."""
+
+    def holds():
         try:
-            value = condition()
+            return condition()
         except WebDriverException:
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; the page shows: {seen()}")
+            return None
+
+    return wait_for(holds, timeout, lambda: f"{what}; the page shows: {seen()}", interval=0.05)
 
 
 def page_state(browser) -> str:

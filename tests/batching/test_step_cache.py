@@ -16,7 +16,7 @@ import pytest
 import batching.pipelines.step_cache_rows as step_cache_rows
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.errors import InvalidParamsError
-from tests.batching.conftest import max_pixel_diff, pixels, run_alone, run_staggered
+from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
 
 NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size
 

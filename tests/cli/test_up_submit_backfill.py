@@ -21,8 +21,8 @@ import requests
 from PIL import Image
 
 from storage.job_store import JobStore
-from tests.servers import child_env, free_port, wait_until_gone
-from tests.worker.cluster import wait_for
+from tests.support.servers import child_env, free_port, wait_until_gone
+from tests.support.waiting import wait_for
 
 STARTUP_TIMEOUT = 240
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
@@ -397,7 +397,10 @@ def test_a_sigkilled_worker_is_restarted_and_its_job_requeued_from_its_heartbeat
 
     requeued_at = datetime.fromisoformat(requeued["requeued"]["at"]).timestamp()
     assert requeued_at - killed_at < 15, requeued_at - killed_at
-    assert requeued["requeued"]["reason"] == "worker_lost" and requeued["attempts"] == 1
+    assert requeued["requeued"]["reason"] == "worker_lost"
+    # `attempts` counts takes (storage.job_record): 1 while the job waits again, 2 once the restarted worker,
+    # which may well be up before the heartbeat gives the dead one away, has taken it before a poll saw it.
+    assert requeued["attempts"] == (1 if requeued["state"] == "queued" else 2), requeued
     assert done["attempts"] == 2 and done["started_at"] == first["started_at"]
     first_run = requeued_at - datetime.fromisoformat(first["started_at"]).timestamp()
     assert done["timings"]["queue_wait"] < done["timings"]["total"] - first_run

@@ -10,8 +10,8 @@ import time
 import psutil
 import requests
 
-from tests.servers import child_env, free_port, wait_until_gone
-from tests.worker.cluster import wait_for
+from tests.support.servers import child_env, free_port, wait_until_gone
+from tests.support.waiting import wait_for
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 

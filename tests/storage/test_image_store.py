@@ -19,7 +19,7 @@ from storage.image_store import RetryPolicy, open_image_store
 from storage.local_image_store import LocalImageStore
 from storage.s3_image_store import S3ImageStore
 from storage.settings import StorageSettings
-from tests.storage.network import LateProxy, ThrottlingS3
+from tests.support.network import LateProxy, ThrottlingS3
 
 METADATA = {"job_id": "job1", "seed": "7", "model": "builtin:tiny"}
 QUICK_RETRY = RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05)

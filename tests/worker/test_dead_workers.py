@@ -9,7 +9,7 @@ import pytest
 
 from storage.heartbeats import Heartbeat
 from storage.job_store import JobState, JobStore
-from tests.storage.factories import FakeClock, make_job
+from tests.support.job_factories import FakeClock, make_job
 from worker.dead_workers import DeadWorkerWatch, running_holders
 
 TIMEOUT = 10.0

@@ -17,7 +17,8 @@ from batching.job import JobFuture
 from storage.job_record import JobState
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
-from tests.worker.cluster import small_params, wait_for
+from tests.support.cluster import small_params
+from tests.support.waiting import wait_for
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 from worker.tasks import run_job
