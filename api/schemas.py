@@ -228,7 +228,7 @@ class JobRequest(StrictModel):
         None,
         description=f"Step caching: {P.CACHE_OFF}, a preset ({', '.join(P.CACHE_PRESETS)}: fewer denoiser FLOPs "
         "for a small quality cost), or a threshold (0 < t <= 1: the relative change of an early feature under "
-        "which a step reuses the job's cache). Cached and uncached jobs share forwards. SD, SDXL, Z-Image. "
+        "which a step reuses the job's cache). Cached and uncached jobs share forwards. SD, SDXL, FLUX.1, Z-Image. "
         f"Default: the worker's (STEPWISE_STEP_CACHE, {P.CACHE_OFF} unless set).",
     )
     webhook_url: str | None = Field(

@@ -145,6 +145,7 @@ FAMILIES: dict[str, FamilySpec] = {
             guidance_kind="embedded",
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
             strength_rounding="floor_start",
+            step_cache="first_block",
         ),
         FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
             name="flux2",
@@ -176,7 +177,7 @@ FAMILIES: dict[str, FamilySpec] = {
             cfg_above=0.0,
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
-            step_cache="first_block",
+            step_cache="modulated_input",
         ),
         FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
             name="qwenimage",

@@ -9,8 +9,10 @@ run the expensive part gathered into a smaller forward, so cached and uncached s
 forwards: `cache` is not in the compatibility key.
 
 The kind of cache is the family's (`FamilySpec.step_cache`), implemented by its adapter:
-- "first_block" (the transformer families, First-Block Cache): the early feature is the
-  residual the first transformer block adds; a skip reuses the residual of the other blocks.
+- "first_block" (FLUX.1, First-Block Cache): the early feature is the residual the first
+  transformer block adds; a skip reuses the residual of the other blocks.
+- "modulated_input" (Z-Image, TeaCache's feature): the early feature is the first main
+  block's timestep-modulated input; a skip reuses the residual of every main block.
 - "deep" (the UNet families, DeepCache): the early feature is the first down block's output;
   a skip reuses the input the last up block took from the deep path, and computes only the
   shallow path (conv_in, the first down block, the last up block).
@@ -26,11 +28,12 @@ import math
 from batching.errors import InvalidParamsError
 
 CACHE_OFF = "off"
-STEP_CACHE_KINDS = ("first_block", "deep")
+STEP_CACHE_KINDS = ("first_block", "modulated_input", "deep")
 # kind -> preset -> relative-L1 threshold of the early feature since the sample's last full step
 PRESETS: dict[str, dict[str, float]] = {
-    "first_block": {"balanced": 0.08, "fast": 0.15},
-    "deep": {"balanced": 0.08, "fast": 0.15},
+    "first_block": {"balanced": 0.1, "fast": 0.2},
+    "modulated_input": {"balanced": 0.1, "fast": 0.15},
+    "deep": {"balanced": 0.1, "fast": 0.2},
 }
 PRESET_NAMES = tuple(dict.fromkeys(name for presets in PRESETS.values() for name in presets))
 MAX_THRESHOLD = 1.0  # a feature that changed by more than its own size is not "unchanged"

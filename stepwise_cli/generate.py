@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=cache_setting,
         default=None,
         help=f"step caching: {CACHE_OFF} (default), {', '.join(CACHE_PRESETS)}, or a threshold (0 < t <= 1); "
-        "SD, SDXL and Z-Image models",
+        "SD, SDXL, FLUX.1 and Z-Image models",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)"

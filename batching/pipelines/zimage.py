@@ -9,7 +9,8 @@ with attention masks. Guidance is classifier-free for any scale above 0, with th
 pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
 negated velocity. Because the transformer takes one latent per row, samples of different
 sizes share a forward: the family's key holds no size (except in deterministic mode).
-Step caching is First-Block Cache over the main blocks (`batching.pipelines.zimage_step_cache`).
+Step caching decides from the first main block's modulated input, as TeaCache, and skips
+the main blocks (`batching.pipelines.zimage_step_cache`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.vae import decode_latents
-from batching.pipelines.zimage_step_cache import first_block_cached_forward
+from batching.pipelines.zimage_step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
 
 if TYPE_CHECKING:
     from batching.sample_tensors import SampleTensors
@@ -44,8 +45,8 @@ class ZImageAdapter(AdapterBase):
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
-        self.num_cache_blocks = len(self.transformer.layers)  # First-Block Cache (zimage_step_cache): the main blocks
-        self.num_blocks_kept = 1  # the first, whose residual decides
+        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage_step_cache)
+        self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -101,7 +102,7 @@ class ZImageAdapter(AdapterBase):
         self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
     ) -> CachedForward:
         latents, t, captions = self._transformer_inputs(batch)
-        outputs, skipped = first_block_cached_forward(
+        outputs, skipped = residual_cached_forward(
             self.transformer, latents, t, captions, samples, may_gather=may_gather
         )
         return CachedForward(self._predictions(batch, outputs), skipped)

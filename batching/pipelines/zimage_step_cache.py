@@ -1,12 +1,17 @@
-"""First-Block Cache for the Z-Image transformer, decided per sample inside one forward.
+"""The step cache of the Z-Image transformer, decided per sample inside one forward.
 
 `ZImageTransformer2DModel.forward` in its basic (non-omni) mode, split where the cache
-decides: the refiners (image tokens, caption tokens) and the first main block run on every
-row; each caching sample's first-block residual (what block 0 added, over the row's real
-tokens) is compared with the one at its last full step (`step_cache_rows.decide`); the
-other main blocks run only on the rows of samples that compute, gathered into a smaller
-padded batch (its own attention mask, trimmed to its longest row); a sample that skips adds
-the residual those blocks added at its last full step. The final layer (modulated by each
+decides: the refiners (image tokens, caption tokens) run on every row; each caching sample's
+early feature is compared with the one at its last full step (`step_cache_rows.decide`); the
+main blocks run only on the rows of samples that compute, gathered into a smaller padded
+batch (its own attention mask, trimmed to its longest row); a sample that skips adds the
+residual those blocks added at its last full step.
+
+The early feature is TeaCache's, the first main block's timestep-modulated input
+(`NUM_BLOCKS_KEPT = 0`: a skip saves every main block). First-Block Cache (`NUM_BLOCKS_KEPT
+= 1`: block 0 runs on every row, its residual decides, a skip saves the others) drew worse
+for the same number of block evaluations on builtin:shapes-dit (docs/benchmarks.md, step
+caching), so it is kept only as the measured alternative. The final layer (modulated by each
 row's own timestep) and unpatchify run on every row. The calls are the model's own
 submodules and helpers, so with nothing skipped the result is the model's forward.
 """
@@ -22,9 +27,10 @@ from batching.pipelines.contract import CachedSample
 from batching.pipelines.step_cache_rows import computing_rows, decide, keep, sample_rows
 
 PATCH_SIZE, F_PATCH_SIZE = 2, 1  # what ZImageAdapter.forward passes (the transformer's defaults)
+NUM_BLOCKS_KEPT = 0  # main blocks every row runs: 0 (TeaCache's feature) or 1 (First-Block Cache), see above
 
 
-def first_block_cached_forward(
+def residual_cached_forward(
     transformer: Any,
     latents: list[torch.Tensor],  # per row [c, 1, h, w]
     t: torch.Tensor,  # [rows], the transformer's time in [0, 1]
@@ -60,8 +66,16 @@ def first_block_cached_forward(
     )  # [rows, max_seq, dim]
     seqlens = [a + b for a, b in zip(x_seqlens, cap_seqlens)]  # each row's real tokens: [image, caption]
 
-    first = model.layers[0](unified, mask, freqs, adaln_input)  # [rows, max_seq, dim]
-    features = [first[row, :n] - unified[row, :n] for row, n in enumerate(seqlens)]  # per row [seq_i, dim]
+    first = unified
+    for layer in model.layers[:NUM_BLOCKS_KEPT]:
+        first = layer(first, mask, freqs, adaln_input)  # [rows, max_seq, dim]
+    if NUM_BLOCKS_KEPT:
+        features = [first[row, :n] - unified[row, :n] for row, n in enumerate(seqlens)]  # per row [seq_i, dim]
+    else:  # TeaCache's early feature: the first block's timestep-modulated input
+        block = model.layers[0]
+        scale_msa = 1.0 + block.adaLN_modulation(adaln_input)[:, : block.dim].unsqueeze(1)  # [rows, 1, dim]
+        modulated = block.attention_norm1(unified) * scale_msa
+        features = [modulated[row, :n] for row, n in enumerate(seqlens)]
     skipped = decide(samples, features)
     rows = computing_rows(samples, skipped, len(seqlens))
     hidden = first.clone()  # [rows, max_seq, dim]: the last block's output, filled in below
@@ -75,7 +89,7 @@ def first_block_cached_forward(
         else:  # every row runs the blocks: each row's arithmetic keeps the batch size
             rows, width = list(range(len(seqlens))), first.shape[1]
             part, part_freqs, part_mask, part_adaln = first, freqs, mask, adaln_input
-        for layer in model.layers[1:]:
+        for layer in model.layers[NUM_BLOCKS_KEPT:]:
             part = layer(part, part_mask, part_freqs, part_adaln)
         hidden[rows, :width] = part
     residuals: list[torch.Tensor | None] = [None] * len(seqlens)  # per row: what blocks 1.. added

@@ -68,7 +68,14 @@ def test_a_submitted_job_succeeds_and_its_image_is_a_png_of_the_requested_size(a
 
     assert done["image_url"] == f"{api.url}/v1/jobs/{job['job_id']}/image"
     assert done["progress"]["step"] == done["progress"]["total"] > 0
-    assert done["started_at"] and done["finished_at"] and done["timings"]["total"] > 0
+    created, started, finished = (
+        datetime.fromisoformat(done[name]) for name in ("created_at", "started_at", "finished_at")
+    )
+    assert created <= started <= finished
+    span = (finished - created).total_seconds()  # the view's times are in milliseconds
+    timings = done["timings"]  # the parts of a job's life in seconds, within accepted..finished (docs/api.md)
+    assert 0 < timings["queue_wait"] < timings["total"] <= span + 0.002
+    assert 0 < timings["engine"] < timings["total"] and 0 < timings["encode"] <= timings["upload"]
     assert image.status_code == 200 and image.headers["Content-Type"] == "image/png"
     assert image.content.startswith(b"\x89PNG\r\n\x1a\n")
     with Image.open(io.BytesIO(image.content)) as png:
@@ -129,11 +136,12 @@ def wait_until_attempts(http, api, job_id: str, count: int, timeout: float = 20.
 
 def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, receiver):
     job = submit(http, api, {**SLOW, "webhook_url": receiver.url("/hooks/cancel-running")}).json()
-    running = wait_for_job(http, api, job["job_id"], {"running"})
-    deadline = time.monotonic() + 60
-    while running["progress"]["step"] < 1 and time.monotonic() < deadline:
-        running = get_job(http, api, job["job_id"]).json()
-        time.sleep(0.05)
+    wait_for_job(http, api, job["job_id"], {"running"})
+
+    def past_its_first_step() -> bool:
+        return get_job(http, api, job["job_id"]).json()["progress"]["step"] >= 1
+
+    wait_for(past_its_first_step, 60, "the running job to take its first step", interval=0.05)
 
     response = http.post(job["cancel_url"], headers=auth(), timeout=10)
     canceled = wait_for_job(http, api, job["job_id"], {"canceled"}, timeout=60)

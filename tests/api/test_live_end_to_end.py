@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-import time
 from datetime import datetime
 
 import httpx
@@ -20,6 +19,7 @@ from PIL import Image
 
 from tests.support.calls import auth, submit, wait_for_job
 from tests.support.processes import TENANT_KEYS, WEBHOOK_SECRET, ApiProcess
+from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import WebhookReceiver
 
 SHORT = {"prompt": "a red fox", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 96, "guidance_scale": 1.0}
@@ -45,13 +45,15 @@ def live_api(module_redis, storage_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def serving(live_api, worker, http_module):
     """The API and a worker it has seen (its heartbeat is in)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        models = http_module.get(f"{live_api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
-        if any(model["model"] == "builtin:tiny" and model["available"] for model in models):
-            return live_api
-        time.sleep(0.2)
-    raise AssertionError(f"the API never saw the worker: {models}")
+
+    def models() -> list[dict]:
+        return http_module.get(f"{live_api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
+
+    def tiny_is_available() -> bool:
+        return any(model["model"] == "builtin:tiny" and model["available"] for model in models())
+
+    wait_for(tiny_is_available, 60, lambda: f"the API to see the worker: {models()}", interval=0.2)
+    return live_api
 
 
 @pytest.fixture(scope="module")
