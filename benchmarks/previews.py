@@ -10,9 +10,10 @@ to a callback that queues it; a second thread encodes each one into its JPEG dat
 worker's task thread does (the Redis write that follows is not the engine's and is left out).
 
 Figures per run: images/s over the burst (first submit to last result), and the ratio on/off of
-their medians; CPU seconds per image of the whole process (both threads; less swayed than wall
-time by other work on a shared machine); and, in "on", the seconds the loop thread spent making
-previews and the encoding thread spent encoding them, as shares of the burst's wall time.
+their medians (and the median of each "on" run's ratio to the "off" run just before it); CPU
+seconds per image of the whole process (both threads; less swayed than wall time by other work
+on a shared machine); and, in "on", the seconds the loop thread spent making previews and the
+encoding thread spent encoding them, as shares of the burst's wall time.
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     median = summary["median"]
     summary["ratio_on_over_off"] = median["on"]["images_per_second"] / median["off"]["images_per_second"]
     summary["cpu_ratio_on_over_off"] = median["on"]["cpu_seconds_per_image"] / median["off"]["cpu_seconds_per_image"]
+    pairs = sorted(on["images_per_second"] / off["images_per_second"] for off, on in zip(*summary["runs"].values()))
+    summary["pair_ratios"] = pairs  # each "on" run over the "off" run just before it (slow drifts of load cancel)
+    summary["median_pair_ratio"] = pairs[len(pairs) // 2]
     if args.json:  # again, with the ratios
         with open(args.json, "w") as file:
             json.dump(summary, file, indent=2)
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     print("images/s per run:", {name: [round(run["images_per_second"], 3) for run in runs[name]] for name in runs})
     print(
         f"with previews every {args.every} steps / without: images/s {summary['ratio_on_over_off']:.3f}, "
-        f"CPU seconds per image {summary['cpu_ratio_on_over_off']:.3f}"
+        f"CPU seconds per image {summary['cpu_ratio_on_over_off']:.3f}; median of the adjacent pairs' "
+        f"images/s ratios {summary['median_pair_ratio']:.3f}"
     )
 
 
