@@ -4,13 +4,14 @@
                                   [--max-num-seqs 8] [--threads 1] [--repeats 1] [--device cpu] [--json FILE]
 
 A burst of `--jobs` jobs runs once with no previews ("off") and once with every job asking for one
-every `--every` steps ("on"), each variant in a process of its own, alternating `--repeats` times.
+every `--every` steps ("on"), each variant in a process of its own, `--repeats` pairs alternating
+(off on, on off, off on, ...: neither variant always runs first).
 In "on" the engine makes each preview on its loop thread (the latent-to-RGB matmul) and hands it
 to a callback that queues it; a second thread encodes each one into its JPEG data URI, as a
 worker's task thread does (the Redis write that follows is not the engine's and is left out).
 
 Figures per run: images/s over the burst (first submit to last result), and the ratio on/off of
-their medians (and the median of each "on" run's ratio to the "off" run just before it); CPU
+their medians (and the median of each "on" run's ratio to the "off" run beside it); CPU
 seconds per image of the whole process (both threads; less swayed than wall time by other work
 on a shared machine); and, in "on", the seconds the loop thread spent making previews and the
 encoding thread spent encoding them, as shares of the burst's wall time.
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     summary = overlap_common.variant_or_summary(
         args,
         run_variant,
-        lambda: overlap_common.compare("benchmarks.previews", args, argv, [args.steps] * args.jobs, FIGURES),
+        lambda: overlap_common.compare(
+            "benchmarks.previews", args, argv, [args.steps] * args.jobs, FIGURES, swaps_order=True
+        ),
     )
     if summary is None:
         return
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     summary["ratio_on_over_off"] = median["on"]["images_per_second"] / median["off"]["images_per_second"]
     summary["cpu_ratio_on_over_off"] = median["on"]["cpu_seconds_per_image"] / median["off"]["cpu_seconds_per_image"]
     pairs = sorted(on["images_per_second"] / off["images_per_second"] for off, on in zip(*summary["runs"].values()))
-    summary["pair_ratios"] = pairs  # each "on" run over the "off" run just before it (slow drifts of load cancel)
+    summary["pair_ratios"] = pairs  # each "on" run over the "off" run beside it (slow drifts of load cancel)
     summary["median_pair_ratio"] = pairs[len(pairs) // 2]
     if args.json:  # again, with the ratios
         with open(args.json, "w") as file:
