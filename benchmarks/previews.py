@@ -92,6 +92,53 @@ def run_variant(args: argparse.Namespace, previews_on: bool) -> dict:
     }
 
 
+def same_process(args: argparse.Namespace) -> dict:
+    """`--same-process N`: one engine, N bursts of each variant alternating (off on, on off, ...), CPU and wall
+    time of each: no process-to-process spread, only the load's."""
+    from batching import DiffusionEngine, EngineConfig
+
+    config = EngineConfig(
+        model=args.model, device=args.device, max_num_seqs=args.max_num_seqs, num_threads=args.threads
+    )
+    made: queue.Queue = queue.Queue()
+
+    def encode_previews() -> None:
+        while (preview := made.get()) is not None:
+            preview.data_uri()
+
+    threading.Thread(target=encode_previews, daemon=True).start()
+    runs: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}  # (CPU seconds, wall seconds) per burst
+    with DiffusionEngine(config) as engine:
+
+        def burst(every: int, first_index: int) -> None:
+            futures = [
+                engine.submit(
+                    overlap_common.job_params(args, "a lighthouse", first_index + i, args.steps),
+                    preview_every=every,
+                    on_preview=made.put,
+                )
+                for i in range(args.jobs)
+            ]
+            for future in futures:
+                future.result()
+
+        burst(args.every, 1000)  # warm-up
+        for repeat in range(args.same_process):
+            for name in ("on", "off") if repeat % 2 else ("off", "on"):
+                cpu, wall = time.process_time(), time.perf_counter()
+                burst(args.every if name == "on" else 0, 0)
+                runs[name].append((time.process_time() - cpu, time.perf_counter() - wall))
+    made.put(None)
+    median = {
+        name: {
+            "cpu_seconds": sorted(cpu for cpu, _ in results)[len(results) // 2],
+            "images_per_second": args.jobs / sorted(wall for _, wall in results)[len(results) // 2],
+        }
+        for name, results in runs.items()
+    }
+    return {"settings": vars(args), "runs": runs, "median": median}
+
+
 FIGURES = (
     "images_per_second",
     "wall_seconds",
@@ -112,8 +159,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each variant (pinned: FACTS.md)")
     parser.add_argument("--repeats", type=int, default=1, help="off/on pairs, alternating")
+    parser.add_argument(
+        "--same-process", type=int, default=0, metavar="N", help="instead: N bursts of each variant in one process"
+    )
     overlap_common.add_output_arguments(parser)
     args = parser.parse_args(argv)
+    if args.same_process:
+        result = same_process(args)
+        if args.json:
+            with open(args.json, "w") as file:
+                json.dump(result, file, indent=2)
+        off, on = result["median"]["off"], result["median"]["on"]
+        print(f"{args.jobs} jobs x {args.steps} steps in one process, {args.same_process} bursts per variant")
+        for name, figures in result["median"].items():
+            print(
+                f"{name:>4}: {figures['images_per_second']:.3f} images/s, {figures['cpu_seconds']:.2f} CPU s per burst"
+            )
+        print(
+            f"with previews every {args.every} steps / without: "
+            f"images/s {on['images_per_second'] / off['images_per_second']:.3f}, "
+            f"CPU seconds {on['cpu_seconds'] / off['cpu_seconds']:.3f}"
+        )
+        return
     summary = overlap_common.variant_or_summary(
         args,
         run_variant,
