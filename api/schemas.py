@@ -270,7 +270,8 @@ class JobRequest(StrictModel):
         ge=0,
         le=P.MAX_STEPS,
         description="A live preview (a small approximate image, on GET /v1/jobs/{job_id}/events) every this many "
-        "steps; 0: none. Default: the worker's (none: workers make no previews yet). The image is unchanged.",
+        "steps of its first image; 0: none. Default: the worker's STEPWISE_PREVIEW_EVERY (0, none, unless set). "
+        "At most 256 px on the long side. The image is unchanged.",
     )
 
     def params_dict(self) -> dict[str, Any]:

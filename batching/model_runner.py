@@ -7,6 +7,9 @@ samples, hand the new samples to the encoder (`batching.encoder`: prompts encode
 the loop, or inline; a sample joins its group's forwards once started), run one denoiser
 forward per group, step each sample's own sampler, hand the samples that finished to the
 decoder (`batching.decoder`: beside the loop, or inline) and collect the images decoded meanwhile.
+A sample that asked for live previews gets one every `preview_every` of its steps (`batching.previews`:
+one small matmul on its latents, copied off the device without waiting); the engine takes them
+with `take_previews()` after the plan.
 Between two group forwards it asks the engine for samples canceled meanwhile, so a
 cancel or an abort takes effect within one forward. A failure is contained: an
 exception in a group's forward fails that group's samples, one in a sample's sampler
@@ -36,6 +39,7 @@ from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
 from batching.pipelines.contract import CachedSample, ForwardBatch, PipelineAdapter, StepCacheState, StepCaching
 from batching.plan import RunnerOutput, SchedulerPlan
+from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
 from batching.step_cache import CacheSetting, cache_threshold
@@ -86,11 +90,19 @@ class ModelRunner:
             on_result=on_encoded,
         )
         self.timer = DeviceTimer(model.device)
+        self.preview_maker = PreviewMaker(model) if model.latent_rgb is not None else None  # None: no previews
+        self.previews: list[tuple[str, PreviewPixels]] = []  # (sample_id, its preview) made since the last take
+        self.has_failed_preview = False  # log the first failure only
+
+    def take_previews(self) -> list[tuple[str, PreviewPixels]]:
+        previews, self.previews = self.previews, []
+        return previews
 
     def reset(self) -> None:
         """Forget every sample and buffer (after an engine error failed them all)."""
         self.samples.clear()
         self.input_batches.clear()
+        self.previews.clear()
         self.row_caps = RowCaps()
         self.timer.discard()
         self.decoder.discard(self.decoder.pending_sample_ids)
@@ -258,9 +270,10 @@ class ModelRunner:
 
     def _step(self, sample: SampleTensors, prediction, output: RunnerOutput) -> bool:
         try:
-            sample.latents = sample.sampler.step(
+            stepped = sample.sampler.step(
                 prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
-            )[0]
+            )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
+            sample.latents = stepped[0]
             sample.num_steps_done += 1
             blend_unmasked(self.model, sample)  # inpainting only
         except Exception as e:
@@ -268,7 +281,22 @@ class ModelRunner:
             self._fail(sample, f"{sample.params.sampler} sampler step failed: {_describe(e)}", output)
             return False
         output.stepped_sample_ids.append(sample.sample_id)
+        every = sample.sample.preview_every
+        if every and sample.num_steps_done % every == 0 and not sample.is_finished:
+            self._preview(sample, stepped[1] if len(stepped) > 1 else sample.latents)
         return True
+
+    def _preview(self, sample: SampleTensors, latents: torch.Tensor) -> None:
+        """A live preview of `latents`: the sampler's estimate of the final latents where it makes one (a
+        clearer picture early on), its current latents otherwise. A failure costs the preview, not the sample."""
+        if self.preview_maker is None:
+            return
+        try:
+            self.previews.append((sample.sample_id, self.preview_maker.make(latents, sample.params)))
+        except Exception:
+            if not self.has_failed_preview:
+                logger.exception("a live preview of sample %s failed; the sample goes on", sample.sample_id)
+            self.has_failed_preview = True
 
     def _drop_input_batches(self, key: CompatibilityKey) -> None:
         for batch_key in [batch_key for batch_key in self.input_batches if batch_key[0] == key]:

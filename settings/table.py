@@ -199,6 +199,9 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "seconds between a task thread's checks of its job (cancel flag, lease)", "worker"),
     Variable("STEPWISE_PROGRESS_INTERVAL", SECONDS, 0.5,
              "at most one progress write per job per this many seconds", "worker"),
+    Variable("STEPWISE_PREVIEW_EVERY", COUNT_OR_ZERO, 0,
+             "a live preview (on the job's event stream) every this many steps for jobs that give no "
+             "`preview_every`; 0: none", "worker"),
     Variable("STEPWISE_LEASE_SWEEP_INTERVAL", SECONDS, None, "how often a worker looks for lapsed leases", "worker",
              default_text="`STEPWISE_JOB_LEASE_SECONDS` / 4, at least 1"),
     Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, 30.0,

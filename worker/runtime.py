@@ -124,8 +124,10 @@ class WorkerRuntime:
         *,
         tenant: str = "",
         complete_by: float | None = None,
+        preview_every: int | None = None,
     ) -> ActiveJob | None:
-        """Hand the job to the engine, or return None while admission is stopped."""
+        """Hand the job to the engine, or return None while admission is stopped. `preview_every`: the job's
+        (None: this worker's default)."""
         engine = self.engine
         with self._lock:
             if not self.is_admitting:
@@ -139,6 +141,8 @@ class WorkerRuntime:
                     priority=priority,
                     tenant=tenant,
                     complete_by=complete_by,
+                    preview_every=self.settings.preview_every if preview_every is None else preview_every,
+                    on_preview=active.on_preview,
                 )
             except EngineShutdownError:
                 return None

@@ -54,6 +54,7 @@ class WorkerSettings:
     metrics_host: str = setting("STEPWISE_WORKER_METRICS_HOST")  # the exporter has no auth; 0.0.0.0 exposes it
     poll_interval: float = setting("STEPWISE_WORKER_POLL_INTERVAL")  # how often a task checks its cancel flag
     progress_interval: float = setting("STEPWISE_PROGRESS_INTERVAL")  # at most one progress write per interval
+    preview_every: int = setting("STEPWISE_PREVIEW_EVERY")  # previews of jobs that give no preview_every; 0: none
     # how often to look for lapsed leases; a quarter of the lease when unset
     lease_sweep_interval: float = setting(
         "STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, default("STEPWISE_JOB_LEASE_SECONDS") / 4)

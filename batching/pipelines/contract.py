@@ -20,6 +20,10 @@ Lifecycle of a sample, as the runner drives it:
    sample's rows into the prediction its sampler steps with.
 4. `decode(latents, params_list)` for finished samples of one size.
 
+Live previews (`batching.previews`) read a sample's latents every few steps through
+`preview_latents` (its latents as channels on a grid) and the model's `latent_rgb` factors
+(`batching.pipelines.latent_rgb`), without the VAE.
+
 Step caching (`batching.step_cache`): an adapter whose family has a `step_cache` kind also
 has the `StepCaching` part. For a forward in which some sample caches, the runner calls
 `forward_cached(batch, samples)` instead of `forward(batch)`, with each sample's own
@@ -47,6 +51,7 @@ from batching.params import GenerationParams
 
 if TYPE_CHECKING:
     from batching.image_inputs import InputImages
+    from batching.pipelines.latent_rgb import LatentRgb
     from batching.sample_tensors import SampleTensors
 
 Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
@@ -155,6 +160,7 @@ class PipelineAdapter(ImageInputs, Protocol):
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
+    latent_rgb: LatentRgb | None  # its live previews' latent-to-RGB factors, set at load; None: no previews
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 
@@ -195,4 +201,9 @@ class PipelineAdapter(ImageInputs, Protocol):
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
         """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
         with NaN or infinite pixels (the decoder fails that sample)."""
+        ...
+
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """[c, h, w]: a sample's latents [1, *latent_shape] as channels over a grid of its image's positions,
+        the layout whose channels `latent_rgb`'s rows map to RGB."""
         ...

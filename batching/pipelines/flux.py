@@ -23,6 +23,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
@@ -40,6 +41,7 @@ class FluxAdapter(AdapterBase):
     family = "flux"
     pipeline_classes = ("FluxPipeline",)
     max_rows_per_sample = 1
+    published_latent_rgb = published.FLUX1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -186,10 +188,17 @@ class FluxAdapter(AdapterBase):
         return rows  # guidance went into the forward
 
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        height, width = self._latent_size(params_list[0])
+        return decode_latents(self.vae, self._unpack(latents, params_list[0]))
+
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        return self._unpack(latents, params)[0]  # [16, h/8, w/8]
+
+    def _unpack(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """Packed latents [n, tokens, 64] to the VAE's layout [n, 16, h/8, w/8]."""
+        height, width = self._latent_size(params)
         channels = latents.shape[2] // 4
         unpacked = latents.view(latents.shape[0], height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
-        return decode_latents(self.vae, unpacked.reshape(latents.shape[0], channels, height, width))
+        return unpacked.reshape(latents.shape[0], channels, height, width)
 
     def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
         """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""

@@ -24,6 +24,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from batching.errors import ModelLoadError
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.unet_step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
@@ -39,6 +40,7 @@ class StableDiffusionAdapter(AdapterBase):
     pipeline_classes = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")  # 4- or 9-channel UNet
     load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
     max_rows_per_sample = 2
+    published_latent_rgb = published.SD1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)

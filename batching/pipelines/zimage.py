@@ -22,6 +22,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
@@ -39,6 +40,7 @@ class ZImageAdapter(AdapterBase):
     family = "zimage"
     pipeline_classes = ("ZImagePipeline",)
     max_rows_per_sample = 2
+    published_latent_rgb = published.FLUX1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)

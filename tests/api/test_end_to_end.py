@@ -136,11 +136,12 @@ def wait_until_attempts(http, api, job_id: str, count: int, timeout: float = 20.
 
 def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, receiver):
     job = submit(http, api, {**SLOW, "webhook_url": receiver.url("/hooks/cancel-running")}).json()
-    running = wait_for_job(http, api, job["job_id"], {"running"})
-    deadline = time.monotonic() + 60
-    while running["progress"]["step"] < 1 and time.monotonic() < deadline:
-        running = get_job(http, api, job["job_id"]).json()
-        time.sleep(0.05)
+    wait_for_job(http, api, job["job_id"], {"running"})
+
+    def past_its_first_step() -> bool:
+        return get_job(http, api, job["job_id"]).json()["progress"]["step"] >= 1
+
+    wait_for(past_its_first_step, 60, "the running job to take its first step", interval=0.05)
 
     response = http.post(job["cancel_url"], headers=auth(), timeout=10)
     canceled = wait_for_job(http, api, job["job_id"], {"canceled"}, timeout=60)

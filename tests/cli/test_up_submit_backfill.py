@@ -66,11 +66,12 @@ class UpProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not (self.var_dir / "stepwise.json").exists():
+
+        def ready() -> bool:
             assert self.process.poll() is None, f"stepwise up exited early:\n{self.log()}"
-            assert time.monotonic() < deadline, f"stepwise up was not ready in {STARTUP_TIMEOUT}s:\n{self.log()}"
-            time.sleep(0.2)
+            return (self.var_dir / "stepwise.json").exists()
+
+        wait_for(ready, STARTUP_TIMEOUT, lambda: f"stepwise up to be ready:\n{self.log()}", interval=0.2)
         return self
 
     def log(self) -> str:
@@ -207,13 +208,12 @@ def test_submit_wait_exits_non_zero_with_the_jobs_error_when_it_does_not_succeed
     )
     try:
         store = JobStore(up.redis_url)
-        deadline = time.monotonic() + 60
-        job_id = None
-        while job_id is None and time.monotonic() < deadline:
+
+        def slow_fox_id() -> str | None:
             records, _ = store.list_for_tenant("local", limit=5)
-            job_id = next((r.job_id for r in records if r.params["prompt"] == "a slow fox"), None)
-            time.sleep(0.1)
-        assert job_id, "the job never appeared in Redis"
+            return next((r.job_id for r in records if r.params["prompt"] == "a slow fox"), None)
+
+        job_id = wait_for(slow_fox_id, 60, "the job to appear in Redis")
         store.request_cancel(job_id)
         store.close()
         stdout, stderr = waiting.communicate(timeout=120)
@@ -286,11 +286,12 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
 
     first = subprocess.Popen(argv, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while count_jobs(up.redis_url) - num_jobs_before < num_valid // 2:
+
+        def half_submitted() -> bool:
             assert first.poll() is None, "the first backfill ended before it was interrupted"
-            assert time.monotonic() < deadline, "the first backfill submitted too few jobs"
-            time.sleep(0.02)
+            return count_jobs(up.redis_url) - num_jobs_before >= num_valid // 2
+
+        wait_for(half_submitted, 120, "the first backfill to submit half its rows", interval=0.02)
         assert first.poll() is None
         first.send_signal(signal.SIGKILL)
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import requests
@@ -46,11 +45,12 @@ def test_with_an_external_redis_up_starts_none_and_restarts_a_child_that_was_kil
         )
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 240
-        while not (var_dir / "stepwise.json").exists():
+
+        def ready() -> bool:
             assert up.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+            return (var_dir / "stepwise.json").exists()
+
+        wait_for(ready, 240, lambda: f"stepwise up to be ready:\n{log_path.read_text()}", interval=0.2)
         children = psutil.Process(up.pid).children(recursive=True)
         command_lines = [" ".join(child.cmdline()) for child in children]
         assert not any("redis-server" in line for line in command_lines)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Self
 
 import requests
 
@@ -37,12 +38,22 @@ class ChildProcess:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def launch(self) -> Self:
+        """Start the process without waiting (start several, then `wait_ready` each)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        return self
+
+    def start(self, timeout: float | None = None) -> Self:
+        """Start the process and wait until it is ready (`wait_ready`, with its own default timeout)."""
+        self.launch()
+        return self.wait_ready() if timeout is None else self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 30.0) -> Self:
+        raise NotImplementedError
 
     def log_text(self) -> str:
         try:
@@ -131,16 +142,7 @@ class ApiProcess(ChildProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ApiProcess:
-        super().start()
-        return self.wait_ready(timeout)
-
-    def launch(self) -> ApiProcess:
-        """Start the process without waiting (start several, then `wait_ready` each)."""
-        super().start()
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> ApiProcess:
+    def wait_ready(self, timeout: float = 30.0) -> Self:
         def healthy() -> bool:
             self.assert_running()
             try:
@@ -196,16 +198,7 @@ class WorkerProcess(ChildProcess):
             argv += [*(["--pool", pool] if pool else []), "--loglevel", "INFO", "--hostname", name]
         super().__init__(name, argv, env, tmp_dir / f"{label}.log")
 
-    def start(self, timeout: float = 120.0) -> WorkerProcess:
-        super().start()
-        return self.wait_ready(timeout)
-
-    def launch(self) -> WorkerProcess:
-        """Start the process without waiting (start several, then `wait_ready` each)."""
-        super().start()
-        return self
-
-    def wait_ready(self, timeout: float = 120.0) -> WorkerProcess:
+    def wait_ready(self, timeout: float = 120.0) -> Self:
         def ready() -> bool:
             self.assert_running()
             return " ready." in self.log_tail(20_000)

@@ -39,7 +39,9 @@ class LongStepEngine:
         self.is_cancel_wanted = threading.Event()
         self.at_boundary = threading.Event()
 
-    def submit(self, params, *, job_id, on_progress, priority="normal", tenant="", complete_by=None) -> JobFuture:
+    def submit(
+        self, params, *, job_id, on_progress, priority="normal", tenant="", complete_by=None, **previews
+    ) -> JobFuture:
         future = JobFuture(job_id, self.num_steps)  # what DiffusionEngine.submit returns
         threading.Thread(target=self._run, args=(future, job_id, on_progress), daemon=True).start()
         return future
