@@ -77,6 +77,8 @@ class StepCacheState:
     # full step yet
     cached: list[torch.Tensor] | None = None  # per row: what the skippable part produced at the last full step,
     # in the adapter's layout
+    constant: list[torch.Tensor] | None = None  # per row: what the adapter computes once per sample, not per step
+    # (Z-Image: the refined caption, which no timestep modulates)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The step cache of the Z-Image transformer, decided per sample inside one forward.
 
 `ZImageTransformer2DModel.forward` in its basic (non-omni) mode, split where the cache
-decides: the refiners (image tokens, caption tokens) run on every row; each caching sample's
+decides: the refiners (image tokens, caption tokens) run on every row (but a caching sample
+refines its caption once: no timestep modulates it, `_refined_captions`); each caching sample's
 early feature is compared with the one at its last full step (`step_cache_rows.decide`); the
 main blocks run only on the rows of samples that compute, gathered into a smaller padded
 batch (its own attention mask, trimmed to its longest row); a sample that skips adds the
@@ -59,8 +60,7 @@ def residual_cached_forward(
     cap_feats, cap_freqs, cap_mask, _, _ = model._prepare_sequence(
         list(cap_feats.split(cap_seqlens, dim=0)), cap_pos_ids, cap_pad_mask, model.cap_pad_token, None, device
     )
-    for layer in model.context_refiner:
-        cap_feats = layer(cap_feats, cap_mask, cap_freqs)
+    cap_feats = _refined_captions(model, cap_feats, cap_freqs, cap_mask, cap_seqlens, samples, may_gather)
     unified, freqs, mask, _ = model._build_unified_sequence(
         x, x_freqs, x_seqlens, None, cap_feats, cap_freqs, cap_seqlens, None, None, None, None, None, False, device
     )  # [rows, max_seq, dim]
@@ -104,6 +104,44 @@ def residual_cached_forward(
     keep(samples, skipped, features, residuals)
     out = model.all_final_layer[patch](hidden, c=adaln_input)
     return model.unpatchify(list(out.unbind(dim=0)), x_size, PATCH_SIZE, F_PATCH_SIZE), skipped
+
+
+def _refined_captions(
+    model: Any,
+    cap_feats: torch.Tensor,  # [rows, max caption tokens, dim], embedded
+    cap_freqs: torch.Tensor,
+    cap_mask: torch.Tensor | None,
+    cap_seqlens: list[int],
+    samples: Sequence[CachedSample],
+    may_gather: bool,
+) -> torch.Tensor:
+    """The captions after the context refiner. No timestep modulates it, so a caching sample keeps its rows'
+    result from its first step (`StepCacheState.constant`) and later steps refine only the other rows."""
+    constants: list[torch.Tensor | None] = []  # per row
+    for sample in samples:
+        kept = sample.state.constant if sample.state is not None and may_gather else None
+        constants += kept if kept is not None else [None] * sample.num_rows
+    constants += [None] * (len(cap_seqlens) - len(constants))  # deterministic padding rows
+    rows = [row for row, constant in enumerate(constants) if constant is None]
+    if rows and len(rows) < len(cap_seqlens):
+        width = max(cap_seqlens[row] for row in rows)
+        index = torch.tensor(rows, device=cap_feats.device)
+        part, part_freqs = cap_feats[index, :width], cap_freqs[index, :width]
+        part_mask = _mask([cap_seqlens[row] for row in rows], width, cap_feats.device)
+    else:
+        width, part, part_freqs, part_mask = cap_feats.shape[1], cap_feats, cap_freqs, cap_mask
+    if rows:
+        for layer in model.context_refiner:
+            part = layer(part, part_mask, part_freqs)
+        cap_feats = cap_feats.clone()
+        cap_feats[rows, :width] = part
+    for row, constant in enumerate(constants):
+        if constant is not None:
+            cap_feats[row, : cap_seqlens[row]] = constant
+    for sample, sample_row_range in zip(samples, sample_rows(samples)):
+        if sample.state is not None and sample.state.constant is None:
+            sample.state.constant = [cap_feats[row, : cap_seqlens[row]].clone() for row in sample_row_range]
+    return cap_feats
 
 
 def _mask(seqlens: list[int], width: int, device: torch.device) -> torch.Tensor | None:

@@ -53,6 +53,13 @@ def flux_engine():
 
 
 @pytest.fixture(scope="module")
+def sdxl_engine():
+    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-sdxl", device="cpu", max_num_seqs=8))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="module")
 def sd_engine():
     engine = DiffusionEngine(EngineConfig(model="builtin:tiny", device="cpu", max_num_seqs=8))
     yield engine
@@ -85,6 +92,17 @@ def flux_jobs(num_jobs: int) -> list[GenerationParams]:
     ]
 
 
+def sdxl_jobs(num_jobs: int) -> list[GenerationParams]:
+    """As sd_jobs, on SDXL: its added conditioning (pooled text, time ids) gathered with the computing rows. Not
+    ddim: on builtin:tiny-sdxl an uncached ddim job co-batched differs from itself alone already (a separate bug)."""
+    return [
+        dataclasses.replace(
+            params, model="builtin:tiny-sdxl", sampler="euler" if params.sampler == "ddim" else params.sampler
+        )
+        for params in sd_jobs(num_jobs)
+    ]
+
+
 def sd_jobs(num_jobs: int) -> list[GenerationParams]:
     return [
         GenerationParams(
@@ -110,7 +128,13 @@ def near_threshold(changes: list[float], threshold: float) -> int:
 
 
 @pytest.mark.parametrize(
-    ("engine_name", "jobs"), [("zimage_engine", zimage_jobs), ("flux_engine", flux_jobs), ("sd_engine", sd_jobs)]
+    ("engine_name", "jobs"),
+    [
+        ("zimage_engine", zimage_jobs),
+        ("flux_engine", flux_jobs),
+        ("sd_engine", sd_jobs),
+        ("sdxl_engine", sdxl_jobs),
+    ],
 )
 def test_a_cached_job_co_batched_decides_and_draws_as_it_does_alone(request, decisions, engine_name, jobs):
     engine = request.getfixturevalue(engine_name)
