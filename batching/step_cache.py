@@ -32,7 +32,7 @@ STEP_CACHE_KINDS = ("first_block", "modulated_input", "deep")
 # kind -> preset -> relative-L1 threshold of the early feature since the sample's last full step
 PRESETS: dict[str, dict[str, float]] = {
     "first_block": {"balanced": 0.1, "fast": 0.2},
-    "modulated_input": {"balanced": 0.1, "fast": 0.15},
+    "modulated_input": {"balanced": 0.08, "fast": 0.12},
     "deep": {"balanced": 0.1, "fast": 0.2},
 }
 PRESET_NAMES = tuple(dict.fromkeys(name for presets in PRESETS.values() for name in presets))

@@ -93,22 +93,36 @@ def run_variant(args: argparse.Namespace, previews_on: bool) -> dict:
 
 
 def same_process(args: argparse.Namespace) -> dict:
-    """`--same-process N`: one engine, N bursts of each variant alternating (off on, on off, ...), CPU and wall
-    time of each: no process-to-process spread, only the load's."""
+    """`--same-process N`: one engine, N bursts of each variant alternating (off on, on off, ...): the process's
+    CPU and wall time of each, and the CPU time of the engine loop thread and of the encoding thread (thread
+    clocks, which other processes' load sways least). No process-to-process spread, only the load's."""
     from batching import DiffusionEngine, EngineConfig
 
     config = EngineConfig(
         model=args.model, device=args.device, max_num_seqs=args.max_num_seqs, num_threads=args.threads
     )
     made: queue.Queue = queue.Queue()
+    thread_cpu = {"loop": 0.0, "encode": 0.0}
 
     def encode_previews() -> None:
         while (preview := made.get()) is not None:
+            started = time.thread_time()
             preview.data_uri()
+            thread_cpu["encode"] += time.thread_time() - started
+            made.task_done()
 
     threading.Thread(target=encode_previews, daemon=True).start()
-    runs: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}  # (CPU seconds, wall seconds) per burst
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
     with DiffusionEngine(config) as engine:
+        real_step = engine.step
+
+        def timed_step() -> bool:  # on the loop thread
+            started = time.thread_time()
+            did_work = real_step()
+            thread_cpu["loop"] += time.thread_time() - started
+            return did_work
+
+        engine.step = timed_step  # type: ignore[method-assign]
 
         def burst(every: int, first_index: int) -> None:
             futures = [
@@ -123,19 +137,28 @@ def same_process(args: argparse.Namespace) -> dict:
                 future.result()
 
         burst(args.every, 1000)  # warm-up
+        made.join()
         for repeat in range(args.same_process):
             for name in ("on", "off") if repeat % 2 else ("off", "on"):
+                thread_cpu.update(loop=0.0, encode=0.0)
                 cpu, wall = time.process_time(), time.perf_counter()
                 burst(args.every if name == "on" else 0, 0)
-                runs[name].append((time.process_time() - cpu, time.perf_counter() - wall))
+                made.join()  # its previews are encoded
+                runs[name].append(
+                    {
+                        "cpu_seconds": time.process_time() - cpu,
+                        "wall_seconds": time.perf_counter() - wall,
+                        "loop_cpu_seconds": thread_cpu["loop"],
+                        "encode_cpu_seconds": thread_cpu["encode"],
+                    }
+                )
     made.put(None)
     median = {
-        name: {
-            "cpu_seconds": sorted(cpu for cpu, _ in results)[len(results) // 2],
-            "images_per_second": args.jobs / sorted(wall for _, wall in results)[len(results) // 2],
-        }
+        name: {key: sorted(run[key] for run in results)[len(results) // 2] for key in results[0]}
         for name, results in runs.items()
     }
+    for figures in median.values():
+        figures["images_per_second"] = args.jobs / figures["wall_seconds"]
     return {"settings": vars(args), "runs": runs, "median": median}
 
 
@@ -173,12 +196,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.jobs} jobs x {args.steps} steps in one process, {args.same_process} bursts per variant")
         for name, figures in result["median"].items():
             print(
-                f"{name:>4}: {figures['images_per_second']:.3f} images/s, {figures['cpu_seconds']:.2f} CPU s per burst"
+                f"{name:>4}: {figures['images_per_second']:.3f} images/s, CPU s per burst: process "
+                f"{figures['cpu_seconds']:.3f}, loop thread {figures['loop_cpu_seconds']:.3f}, "
+                f"encoding thread {figures['encode_cpu_seconds']:.4f}"
             )
         print(
-            f"with previews every {args.every} steps / without: "
+            f"with previews every {args.every} steps / without (medians): "
             f"images/s {on['images_per_second'] / off['images_per_second']:.3f}, "
-            f"CPU seconds {on['cpu_seconds'] / off['cpu_seconds']:.3f}"
+            f"process CPU {on['cpu_seconds'] / off['cpu_seconds']:.3f}, "
+            f"loop thread CPU {on['loop_cpu_seconds'] / off['loop_cpu_seconds']:.3f}, "
+            f"encoding {on['encode_cpu_seconds'] / off['cpu_seconds']:.2%} of the process's CPU without previews"
         )
         return
     summary = overlap_common.variant_or_summary(

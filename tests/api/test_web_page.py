@@ -135,6 +135,15 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     guidance.clear()
     guidance.send_keys("1")
     browser.find_element(By.ID, "seed").send_keys("5")
+    # the live previews the page shows (the "Live previews" box is ticked by default) are recorded as they come:
+    # the job's card, and its preview with it, is replaced when the job ends
+    script(
+        browser,
+        "window.previewsShown = [];"
+        "new MutationObserver(() => document.querySelectorAll('img.preview').forEach(img => {"
+        "  if (img.src && !window.previewsShown.includes(img.src)) window.previewsShown.push(img.src); }))"
+        ".observe(document.body, {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});",
+    )
     prompt.send_keys(Keys.ENTER)
 
     status = wait_until(
@@ -175,6 +184,8 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         ),
     )
     assert image_src.startswith("blob:")  # fetched with the key in a header, not put in the URL
+    previews = script(browser, "return window.previewsShown")
+    assert previews and all(src.startswith("data:image/jpeg;base64,") for src in previews), previews[:1]
     shown = text_of(browser, card)  # read in one go: the card is replaced as the job's events arrive
     assert "succeeded" in shown and "not: blurry" in shown
 
