@@ -12,7 +12,16 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, SkipValidation, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    WithJsonSchema,
+    model_validator,
+)
 
 import batching.params as P
 from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
@@ -36,6 +45,31 @@ IMAGE_REFERENCE_PATTERN = (
 )
 ResizeMode = Literal[RESIZE_MODES]  # type: ignore[valid-type]
 OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
+
+
+def cache_setting(value: Any) -> Any:
+    """A job's `cache` as batching.step_cache reads it (one check, whose message names the field's rule); the
+    job's family is checked with the rest of its params."""
+    try:
+        P.check_cache(value, "any", "any")
+    except P.InvalidParamsError as e:
+        raise ValueError(e.message) from None
+    return value
+
+
+CacheSetting = Annotated[
+    Any,
+    BeforeValidator(cache_setting),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "enum": [P.CACHE_OFF, *P.CACHE_PRESETS]},
+                {"type": "number", "exclusiveMinimum": 0, "maximum": P.MAX_CACHE_THRESHOLD},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
 # Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
 _SD = FAMILIES["sd"]
 
@@ -190,6 +224,13 @@ class JobRequest(StrictModel):
     )
     output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
     output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
+    cache: CacheSetting = Field(
+        None,
+        description=f"Step caching: {P.CACHE_OFF}, a preset ({', '.join(P.CACHE_PRESETS)}: fewer denoiser FLOPs "
+        "for a small quality cost), or a threshold (0 < t <= 1: the relative change of an early feature under "
+        "which a step reuses the job's cache). Cached and uncached jobs share forwards. SD, SDXL, FLUX.1, Z-Image. "
+        f"Default: the worker's (STEPWISE_STEP_CACHE, {P.CACHE_OFF} unless set).",
+    )
     webhook_url: str | None = Field(
         None, min_length=1, max_length=2048, description="http(s) URL called on the events in webhook_events."
     )
@@ -229,7 +270,8 @@ class JobRequest(StrictModel):
         ge=0,
         le=P.MAX_STEPS,
         description="A live preview (a small approximate image, on GET /v1/jobs/{job_id}/events) every this many "
-        "steps; 0: none. Default: the worker's (none: workers make no previews yet). The image is unchanged.",
+        "steps of its first image; 0: none. Default: the worker's STEPWISE_PREVIEW_EVERY (0, none, unless set). "
+        "At most 256 px on the long side. The image is unchanged.",
     )
 
     def params_dict(self) -> dict[str, Any]:

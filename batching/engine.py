@@ -6,7 +6,7 @@ execute -> update) while there is work, and resolves futures as jobs finish. New
 and admission changes reach the loop through an inbox and take effect at the next step
 boundary; a cancel or an abort takes effect before the next group forward.
 
-Callbacks (`on_progress`, and a Future's done callbacks) run on the loop thread,
+Callbacks (`on_progress`, `on_preview`, and a Future's done callbacks) run on the loop thread,
 between two denoise steps of every running job, or (done callbacks of a job whose last
 image was decoded beside the loop) on the decode worker: keep them cheap (hand heavy
 work to another thread). An exception raised by `on_progress` is logged and ignored.
@@ -31,6 +31,7 @@ from batching.image_inputs import input_images
 from batching.job import Job, JobFuture, ProgressCallback
 from batching.params import PRIORITIES, GenerationParams
 from batching.plan import RunnerOutput
+from batching.previews import previews_wanted, report_preview
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
     from batching.lora.store import LoraFetcher
     from batching.pipelines.contract import PipelineAdapter
+    from batching.previews import PreviewCallback, PreviewPixels
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class DiffusionEngine:
             on_decoded=self._wake,
             encode_overlap=encode_overlap,
             on_encoded=self._wake,
+            default_cache=self.config.cache,
         )
         self._stats = EngineStats()
         self._scheduler_snapshot = self.scheduler.snapshot()
@@ -126,13 +129,17 @@ class DiffusionEngine:
         priority: str = "normal",
         tenant: str = "",
         complete_by: float | None = None,
+        preview_every: int = 0,
+        on_preview: PreviewCallback | None = None,
     ) -> JobFuture:
         """Queue a job; the Future resolves to a GenerationResult or raises a BatchingError.
 
         `priority` (high, normal, low): the scheduler admits waiting samples of a higher priority first, and
         pauses running ones of a lower priority at a step boundary when there is no room. `complete_by` (unix
         seconds; may have passed already): among one priority, least slack first; the Future's `is_late` says
-        when the job can no longer make it. `tenant`: among equals, tenants with fewer running samples first."""
+        when the job can no longer make it. `tenant`: among equals, tenants with fewer running samples first.
+        `preview_every` (with `on_preview`): a `batching.previews.Preview` of the job's first image after every
+        this many of its steps (not after its last), when the model has latent-to-RGB factors."""
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, not {type(params).__name__}")
         if params.model != self.config.model:
@@ -154,6 +161,7 @@ class DiffusionEngine:
             isinstance(complete_by, bool) or not isinstance(complete_by, (int, float)) or not math.isfinite(complete_by)
         ):
             raise InvalidParamsError("complete_by", complete_by, "must be a time in unix seconds")
+        preview_every = previews_wanted(preview_every, on_preview, self.model_runner.preview_maker)
         job_id = job_id or uuid.uuid4().hex
         samples = make_samples(
             job_id,
@@ -165,6 +173,7 @@ class DiffusionEngine:
             images=images,
             tenant=tenant,
             complete_by=None if complete_by is None else float(complete_by),
+            preview_every=preview_every,
         )
         future = JobFuture(job_id, sum(sample.num_steps for sample in samples))
         future.set_running_or_notify_cancel()  # Future.cancel() would bypass the engine: use engine.cancel()
@@ -182,6 +191,7 @@ class DiffusionEngine:
             future=future,
             on_progress=on_progress,
             submitted_at=time.perf_counter(),
+            on_preview=on_preview if preview_every else None,
         )
         with self._cond:
             if not self._is_accepting:
@@ -231,9 +241,25 @@ class DiffusionEngine:
                 "decode_overlap": self.model_runner.decoder.is_async,
                 "encode_overlap": self.model_runner.encoder.is_async,
                 **self._stats.as_dict(),
+                "step_cache": self._step_cache_stats(),
                 **(self.loras.stats() if self.loras else {}),
                 **self._scheduler_snapshot,
             }
+
+    def _step_cache_stats(self) -> dict:
+        """Per family (this engine's one, when it has a step cache): block evaluations, and the fraction skipped."""
+        if FAMILIES[self.family].step_cache is None:
+            return {}
+        stats = self._stats
+        fraction = stats.num_cache_blocks_skipped / stats.num_cache_blocks if stats.num_cache_blocks else 0.0
+        return {
+            self.family: {
+                "blocks": stats.num_cache_blocks,
+                "blocks_skipped": stats.num_cache_blocks_skipped,
+                "skipped_fraction": round(fraction, 6),
+                "steps_skipped": stats.num_cache_steps_skipped,
+            }
+        }
 
     def shutdown(self, wait: bool = True, *, abort: bool = False) -> None:
         """Stop accepting jobs. By default finish every accepted job first (drain); with
@@ -274,7 +300,7 @@ class DiffusionEngine:
             if not is_waiting:
                 with self._cond:
                     self._stats.record(output, time.perf_counter() - start)
-            self._resolve(output, started_at=start)
+            self._resolve(output, self.model_runner.take_previews(), started_at=start)
             did_work = did_work and not is_waiting
         self._publish()
         return did_work
@@ -337,7 +363,7 @@ class DiffusionEngine:
             aborted += self._fail_all(EngineShutdownError("the engine shut down before the job finished"))
         return aborted
 
-    def _resolve(self, output: RunnerOutput, *, started_at: float) -> None:
+    def _resolve(self, output: RunnerOutput, previews: list[tuple[str, PreviewPixels]], *, started_at: float) -> None:
         now = time.perf_counter()
         with self._cond:
             job_of_sample = dict(self._job_of_sample)  # only jobs not ended: late outputs are ignored
@@ -350,6 +376,9 @@ class DiffusionEngine:
                 stepped[job.job_id] = job
         for job in stepped.values():
             self._report_progress(job)
+        for sample_id, pixels in previews:
+            if (job := job_of_sample.get(sample_id)) is not None:
+                report_preview(job, pixels)
         failed: dict[str, Job] = {}
         for sample_id, message in output.failed.items():
             job = job_of_sample.get(sample_id)

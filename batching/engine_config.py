@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from batching.params import MAX_LORA_BYTES
 from batching.scheduler import SchedulerConfig
+from batching.step_cache import CacheSetting, check_cache
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LORA_MODES = ("rows", "group")
@@ -42,6 +43,8 @@ class EngineConfig:
     lora_max_bytes: int = MAX_LORA_BYTES  # one adapter file
     decode_overlap: bool | None = None  # decode on a worker thread beside the loop; None: the device's default
     # (DECODE_OVERLAP_DEFAULT, chosen by measurement: docs/benchmarks.md)
+    cache: CacheSetting = "off"  # the step cache of jobs that name none (GenerationParams.cache; the worker passes
+    # STEPWISE_STEP_CACHE); ignored by a family without a step cache
     encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
     # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
 
@@ -52,6 +55,7 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         if self.lora_mode not in LORA_MODES:
             raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
+        check_cache(self.cache, "any", "any", field="cache")  # the family's support is checked once it loads
         _ = self.scheduler_config  # validates the scheduling fields now rather than at engine start
 
     @property

@@ -34,6 +34,9 @@ class EngineStats:
     encode_seconds: float = 0.0  # starting new samples: prompt and init-image encoding (on the encode worker when
     # encoding overlaps the loop)
     num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward or a decode batch
+    num_cache_blocks: int = 0  # step cache: block evaluations full forwards would have run (per row)
+    num_cache_blocks_skipped: int = 0  # of those, skipped by samples reusing their step cache
+    num_cache_steps_skipped: int = 0  # sample steps that reused their step cache
 
     def record(self, output: RunnerOutput, seconds: float) -> None:
         self.num_iterations += 1
@@ -48,6 +51,9 @@ class EngineStats:
         self.forward_seconds += sum(output.forward_seconds)
         self.encode_seconds += output.encode_seconds
         self.num_oom_splits += output.num_oom_splits
+        self.num_cache_blocks += output.num_cache_blocks
+        self.num_cache_blocks_skipped += output.num_cache_blocks_skipped
+        self.num_cache_steps_skipped += output.num_cache_steps_skipped
 
     def record_decode(self, result: DecodeResult) -> None:
         """A decoded batch, counted as it is decoded (the engine counts its finished samples, those of jobs

@@ -77,6 +77,8 @@ class FamilySpec:
     edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
     extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
     reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
+    step_cache: str | None = None  # the per-sample step cache its adapter runs (batching.step_cache.STEP_CACHE_KINDS);
+    # None: jobs may ask only for cache "off"
 
     def __post_init__(self) -> None:
         assert (self.init_image_role == "reference") == (self.reference_rules is not None), self.name
@@ -132,8 +134,8 @@ class FamilySpec:
 FAMILIES: dict[str, FamilySpec] = {
     spec.name: spec
     for spec in (
-        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5),
-        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0),
+        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5, step_cache="deep"),
+        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0, step_cache="deep"),
         FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
             name="flux",
             samplers=FLOW_SAMPLERS,
@@ -143,6 +145,7 @@ FAMILIES: dict[str, FamilySpec] = {
             guidance_kind="embedded",
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
             strength_rounding="floor_start",
+            step_cache="first_block",
         ),
         FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
             name="flux2",
@@ -174,6 +177,7 @@ FAMILIES: dict[str, FamilySpec] = {
             cfg_above=0.0,
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
+            step_cache="modulated_input",
         ),
         FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
             name="qwenimage",

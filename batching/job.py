@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batching.params import GenerationParams
 from batching.sample import Sample
+
+if TYPE_CHECKING:
+    from batching.previews import PreviewCallback
 
 ProgressCallback = Callable[[int, int], None]  # (steps done, total steps), called on the engine loop thread
 
@@ -51,6 +54,7 @@ class Job:
     future: JobFuture
     on_progress: ProgressCallback | None
     submitted_at: float
+    on_preview: PreviewCallback | None = None  # with its first sample's preview_every
     admitted_at: float | None = None  # when its first sample took its first step
     denoised_at: float | None = None  # when its last sample took its last step
     decode_seconds: float = 0.0

@@ -7,6 +7,9 @@ samples, hand the new samples to the encoder (`batching.encoder`: prompts encode
 the loop, or inline; a sample joins its group's forwards once started), run one denoiser
 forward per group, step each sample's own sampler, hand the samples that finished to the
 decoder (`batching.decoder`: beside the loop, or inline) and collect the images decoded meanwhile.
+A sample that asked for live previews gets one every `preview_every` of its steps (`batching.previews`:
+one small matmul on its latents, copied off the device without waiting); the engine takes them
+with `take_previews()` after the plan.
 Between two group forwards it asks the engine for samples canceled meanwhile, so a
 cancel or an abort takes effect within one forward. A failure is contained: an
 exception in a group's forward fails that group's samples, one in a sample's sampler
@@ -21,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -29,14 +32,17 @@ from batching.decoder import Decoder, DecodeResult
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
 from batching.errors import LoraError
+from batching.families import FAMILIES
 from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
 from batching.params import CompatibilityKey
-from batching.pipelines.contract import PipelineAdapter
+from batching.pipelines.contract import CachedSample, ForwardBatch, PipelineAdapter, StepCacheState, StepCaching
 from batching.plan import RunnerOutput, SchedulerPlan
+from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
+from batching.step_cache import CacheSetting, cache_threshold
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
@@ -59,8 +65,12 @@ class ModelRunner:
         on_decoded: Callable[[], None] = lambda: None,
         encode_overlap: bool = False,
         on_encoded: Callable[[], None] = lambda: None,
+        default_cache: CacheSetting = "off",
     ) -> None:
         self.model = model
+        self.cache_kind = FAMILIES[model.family].step_cache  # None: the family has no step cache
+        self.step_caching = cast(StepCaching, model) if self.cache_kind else None
+        self.default_cache = default_cache  # of samples whose params name none
         self.loras = loras  # None: no LoRA store; the engine refuses jobs naming an adapter
         self.max_num_seqs = max_num_seqs
         self.is_deterministic = is_deterministic
@@ -80,11 +90,19 @@ class ModelRunner:
             on_result=on_encoded,
         )
         self.timer = DeviceTimer(model.device)
+        self.preview_maker = PreviewMaker(model) if model.latent_rgb is not None else None  # None: no previews
+        self.previews: list[tuple[str, PreviewPixels]] = []  # (sample_id, its preview) made since the last take
+        self.has_failed_preview = False  # log the first failure only
+
+    def take_previews(self) -> list[tuple[str, PreviewPixels]]:
+        previews, self.previews = self.previews, []
+        return previews
 
     def reset(self) -> None:
         """Forget every sample and buffer (after an engine error failed them all)."""
         self.samples.clear()
         self.input_batches.clear()
+        self.previews.clear()
         self.row_caps = RowCaps()
         self.timer.discard()
         self.decoder.discard(self.decoder.pending_sample_ids)
@@ -144,7 +162,12 @@ class ModelRunner:
         for result in self.encoder.collect():
             output.encode_seconds += result.seconds
             output.failed.update(result.failed)
-            self.samples.update((sample.sample_id, sample) for sample in result.samples)
+            for sample in result.samples:
+                threshold = cache_threshold(
+                    self.default_cache if sample.params.cache is None else sample.params.cache, self.cache_kind
+                )
+                sample.step_cache = StepCacheState(threshold) if threshold is not None else None
+                self.samples[sample.sample_id] = sample
 
     def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"
@@ -208,7 +231,7 @@ class ModelRunner:
         try:
             forward_batch = input_batch.prepare(samples)
             with self._lora_rows(samples):
-                predictions = self.model.forward(forward_batch)  # [num_buffer_rows, *latent_shape]
+                predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
             rows_of_samples = input_batch.split(predictions, samples)
             guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
         except Exception:
@@ -221,11 +244,36 @@ class ModelRunner:
         output.loras_per_forward.append(len({sample.params.lora for sample in samples} - {None}))
         return guided
 
+    def _denoise(self, batch: ForwardBatch, samples: list[SampleTensors], output: RunnerOutput):
+        """The model's forward, or its step-cached forward when a sample of it caches (batching.step_cache)."""
+        if self.step_caching is None:
+            return self.model.forward(batch)
+        caching = self.step_caching
+        num_rows = sum(sample.num_rows for sample in samples)
+        if all(sample.step_cache is None for sample in samples):
+            predictions = self.model.forward(batch)
+            output.num_cache_blocks += num_rows * caching.num_cache_blocks
+            return predictions
+        cached = [CachedSample(sample.num_rows, sample.step_cache, sample.may_skip_step) for sample in samples]
+        # Gathering the computing rows changes the batch size (not in deterministic mode) and the row order
+        # per-row adapters are bound to.
+        may_gather = not self.is_deterministic and all(sample.params.lora is None for sample in samples)
+        result = caching.forward_cached(batch, cached, may_gather=may_gather)
+        output.num_cache_blocks += num_rows * caching.num_cache_blocks
+        for sample, is_skip in zip(samples, result.skipped):
+            if is_skip:
+                output.num_cache_steps_skipped += 1
+                output.num_cache_blocks_skipped += sample.num_rows * (
+                    caching.num_cache_blocks - caching.num_blocks_kept
+                )
+        return result.predictions
+
     def _step(self, sample: SampleTensors, prediction, output: RunnerOutput) -> bool:
         try:
-            sample.latents = sample.sampler.step(
+            stepped = sample.sampler.step(
                 prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
-            )[0]
+            )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
+            sample.latents = stepped[0]
             sample.num_steps_done += 1
             blend_unmasked(self.model, sample)  # inpainting only
         except Exception as e:
@@ -233,7 +281,22 @@ class ModelRunner:
             self._fail(sample, f"{sample.params.sampler} sampler step failed: {_describe(e)}", output)
             return False
         output.stepped_sample_ids.append(sample.sample_id)
+        every = sample.sample.preview_every
+        if every and sample.num_steps_done % every == 0 and not sample.is_finished:
+            self._preview(sample, stepped[1] if len(stepped) > 1 else sample.latents)
         return True
+
+    def _preview(self, sample: SampleTensors, latents: torch.Tensor) -> None:
+        """A live preview of `latents`: the sampler's estimate of the final latents where it makes one (a
+        clearer picture early on), its current latents otherwise. A failure costs the preview, not the sample."""
+        if self.preview_maker is None:
+            return
+        try:
+            self.previews.append((sample.sample_id, self.preview_maker.make(latents, sample.params)))
+        except Exception:
+            if not self.has_failed_preview:
+                logger.exception("a live preview of sample %s failed; the sample goes on", sample.sample_id)
+            self.has_failed_preview = True
 
     def _drop_input_batches(self, key: CompatibilityKey) -> None:
         for batch_key in [batch_key for batch_key in self.input_batches if batch_key[0] == key]:

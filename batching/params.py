@@ -41,6 +41,9 @@ from batching.lora.file_format import (  # the adapter-file rules the API applie
     LoraFileError,
     check_lora_file,
 )
+from batching.step_cache import CACHE_OFF, CacheSetting, check_cache
+from batching.step_cache import MAX_THRESHOLD as MAX_CACHE_THRESHOLD
+from batching.step_cache import PRESET_NAMES as CACHE_PRESETS
 from settings.table import DEVICE
 
 SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
@@ -100,6 +103,8 @@ class GenerationParams:
     resize_mode: str = "none"  # batching.image_inputs.RESIZE_MODES
     output_format: str = "png"  # OUTPUT_FORMATS
     output_quality: int = DEFAULT_OUTPUT_QUALITY  # 1..100, for jpeg and webp
+    cache: CacheSetting = None  # step caching (batching.step_cache): "off", a preset name or a threshold;
+    # None: the engine's default (off unless the worker sets one)
 
     def __post_init__(self) -> None:
         spec = self.family_spec
@@ -242,6 +247,7 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
                 "(at most 100, starting with a letter or digit)",
             )
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
+    check_cache(p.cache, spec.name, spec.step_cache)
     _validate_image_fields(p, spec)
 
 
@@ -374,8 +380,12 @@ class CompatibilityKey:
 
 
 # The API may import batching.params only (README's package table): what it needs of the family table and the
-# image-input and adapter-file rules is re-exported here.
+# image-input, adapter-file and step-cache rules is re-exported here.
 __all__ = [
+    "CACHE_OFF",
+    "CACHE_PRESETS",
+    "check_cache",
+    "MAX_CACHE_THRESHOLD",
     "FAMILIES",
     "IMAGE_FIELDS",
     "INPUT_FORMATS",

@@ -29,6 +29,7 @@ class Sample:
     images: InputImages | None = None  # its job's init image and mask, decoded once at submit; None: text-to-image
     tenant: str = ""  # its job's tenant: admission prefers tenants with fewer running samples (batching.preemption)
     complete_by: float | None = None  # unix seconds its job should finish by: least slack first (batching.preemption)
+    preview_every: int = 0  # a live preview after every this many of its steps (batching.previews); 0: none
     # The scheduler's, on the engine loop thread:
     num_steps_done: int = 0
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
@@ -53,10 +54,12 @@ def make_samples(
     images: InputImages | None = None,
     tenant: str = "",
     complete_by: float | None = None,
+    preview_every: int = 0,
 ) -> list[Sample]:
     """A job's samples, one per image in seed order. `has_size`/`has_lora`: what the compatibility key holds
     (`CompatibilityKey.of`); `family` is the engine's loaded one (a folder model's params do not know it);
-    `images`: the job's decoded input images (`batching.image_inputs.input_images`), needed with an init image."""
+    `images`: the job's decoded input images (`batching.image_inputs.input_images`), needed with an init image;
+    `preview_every`: the job's previews, which show its first image."""
     num_steps = params.steps_to_run(family.name)
     assert num_steps >= 1, "validation refuses a strength that runs no step"
     assert (images is None) == (params.init_image is None), "an init image is decoded once, for all its samples"
@@ -75,6 +78,7 @@ def make_samples(
                 images=images,
                 tenant=tenant,
                 complete_by=complete_by,
+                preview_every=preview_every if index == 0 else 0,
             )
         )
     return samples

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from batching.params import GenerationParams
-from batching.pipelines.contract import Conditioning
+from batching.pipelines.contract import Conditioning, StepCacheState
 from batching.sample import Sample
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ class SampleTensors:
     latents: torch.Tensor  # [1, *latent_shape], in the family's layout (FLUX: packed tokens)
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
     guide: InpaintGuide | None = None  # an inpainting sample's (latent blend)
+    step_cache: StepCacheState | None = None  # a sample that caches steps (batching.step_cache): its own cache
     num_steps_done: int = 0  # steps its tensors took (the scheduler's count catches up in update_from_output)
 
     @property
@@ -45,6 +46,11 @@ class SampleTensors:
     @property
     def timestep(self) -> torch.Tensor:
         return self.sampler.timesteps[self.sample.first_step + self.num_steps_done]
+
+    @property
+    def may_skip_step(self) -> bool:
+        """Whether this step may reuse the step cache: the first and last steps always compute."""
+        return 0 < self.num_steps_done < self.sample.num_steps - 1
 
     @property
     def is_finished(self) -> bool:

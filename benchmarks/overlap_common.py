@@ -41,12 +41,20 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def compare(
-    module: str, args: argparse.Namespace, argv: list[str], step_counts: list[int], figures: Iterable[str]
+    module: str,
+    args: argparse.Namespace,
+    argv: list[str],
+    step_counts: list[int],
+    figures: Iterable[str],
+    *,
+    swaps_order: bool = False,
 ) -> dict:
-    """Runs `python -m module ... --variant off|on` `args.repeats` times each, alternating; the runs and medians."""
+    """Runs `python -m module ... --variant off|on` `args.repeats` times each, alternating; the runs and medians.
+    `swaps_order`: every other pair runs "on" first (off on, on off, ...), so that a variant gains nothing
+    from always running first or second."""
     runs: dict[str, list[dict]] = {"off": [], "on": []}
-    for _ in range(args.repeats):
-        for name in ("off", "on"):
+    for repeat in range(args.repeats):
+        for name in ("on", "off") if swaps_order and repeat % 2 else ("off", "on"):
             completed = subprocess.run(
                 [sys.executable, "-m", module, *argv, "--variant", name],
                 capture_output=True,

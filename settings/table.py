@@ -168,6 +168,10 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "`complete_by`); they resume where they stopped (docs/worker.md, preemption)", "worker", example="true"),
     Variable("STEPWISE_DETERMINISTIC", Flag(), False,
              "pad every forward to a fixed size: images bit-identical alone or batched", "worker"),
+    Variable("STEPWISE_STEP_CACHE", Text("off, balanced, fast, or a threshold above 0 and at most 1",
+                                    r"off|balanced|fast|0*(0?\.\d*[1-9]\d*|1(\.0*)?)"), "off",
+             "the step cache of jobs that name no `cache` (docs/api.md, step caching); families without one ignore "
+             "it", "worker", example="off"),
     Variable("STEPWISE_DECODE_OVERLAP", OVERLAP, "auto",
              "`on`: VAE decode on a thread beside the denoise loop (on CUDA its own stream); `off`: inline; "
              "`auto`: the device's default, on (docs/benchmarks.md)", "worker", example="auto"),
@@ -195,6 +199,9 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "seconds between a task thread's checks of its job (cancel flag, lease)", "worker"),
     Variable("STEPWISE_PROGRESS_INTERVAL", SECONDS, 0.5,
              "at most one progress write per job per this many seconds", "worker"),
+    Variable("STEPWISE_PREVIEW_EVERY", COUNT_OR_ZERO, 0,
+             "a live preview (on the job's event stream) every this many steps for jobs that give no "
+             "`preview_every`; 0: none", "worker"),
     Variable("STEPWISE_LEASE_SWEEP_INTERVAL", SECONDS, None, "how often a worker looks for lapsed leases", "worker",
              default_text="`STEPWISE_JOB_LEASE_SECONDS` / 4, at least 1"),
     Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, 30.0,

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from batching.builtin_model import builtin_names
-from batching.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
+from batching.params import CACHE_OFF, CACHE_PRESETS, DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
+from batching.step_cache import cache_setting
 from settings import read
 from stepwise_cli.image_args import image_file_uri
 
@@ -25,6 +26,7 @@ FLAG_OF_FIELD = {
     "lora_scale": "--lora-scale",
     "init_image": "--init-image",
     "strength": "--strength",
+    "cache": "--cache",
 }
 
 
@@ -70,8 +72,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strength", type=float, default=None, help="with --init-image: fraction of the steps run")
     parser.add_argument(
+        "--cache",
+        type=cache_setting,
+        default=None,
+        help=f"step caching: {CACHE_OFF} (default), {', '.join(CACHE_PRESETS)}, or a threshold (0 < t <= 1); "
+        "SD, SDXL, FLUX.1 and Z-Image models",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)"
     )
+    parser.add_argument(
+        "--preview",
+        type=Path,
+        default=None,
+        help="a JPEG file the live preview is written to while the job runs (an image viewer that reloads "
+        "shows it; every --preview-every steps)",
+    )
+    parser.add_argument("--preview-every", type=int, default=4, help="steps between previews (default: 4)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             lora_scale=args.lora_scale,
             init_image=init_image,
             strength=args.strength,
+            cache=args.cache,
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)
@@ -110,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.out.parent.is_dir():
         print(f"stepwise generate: error: --out: folder {str(args.out.parent)!r} does not exist", file=sys.stderr)
         return 2
+    if args.preview is not None and args.preview_every < 1:
+        print("stepwise generate: error: --preview-every: must be at least 1", file=sys.stderr)
+        return 2
     try:
-        image = _generate(params, args.device)
+        image = _generate(params, args.device, args.preview, args.preview_every)
         image.save(args.out, format="PNG")
     except (BatchingError, OSError) as e:
         print(f"stepwise generate: error: {e}", file=sys.stderr)
@@ -137,7 +158,9 @@ def device_problem(device: str) -> str | None:
     return None
 
 
-def _generate(params, device: str):
+def _generate(params, device: str, preview_path: Path | None = None, preview_every: int = 4):
+    from concurrent.futures import TimeoutError as FutureTimeout
+
     from tqdm import tqdm
 
     from batching.engine import DiffusionEngine, EngineConfig
@@ -154,4 +177,21 @@ def _generate(params, device: str):
             def show_progress(num_steps_done: int, num_steps_total: int) -> None:
                 bar.update(num_steps_done - bar.n)
 
-            return engine.submit(params, on_progress=show_progress).result().image
+            previews: list = []  # the newest, appended on the loop thread; written here, off the loop
+            future = engine.submit(
+                params,
+                on_progress=show_progress,
+                preview_every=preview_every if preview_path else 0,
+                on_preview=previews.append if preview_path else None,
+            )
+            while True:
+                try:
+                    image = future.result(timeout=0.2)
+                except FutureTimeout:
+                    image = None
+                if previews and preview_path is not None:  # the newest, at most every 0.2 s and once at the end
+                    latest = previews[-1]
+                    previews.clear()
+                    latest.image().save(preview_path, format="JPEG", quality=85)
+                if image is not None:
+                    return image.image

@@ -64,12 +64,16 @@ class JobReads:
     @_wraps_redis_errors
     def queue_positions(self, records: list[JobRecord]) -> list[int | None]:
         """queue_position of each record, in one round trip and at one instant (MULTI), so positions read
-        together are consistent with each other (non-queued records: None)."""
+        together are consistent with each other. Each job's state is read in the same instant, not taken from
+        its record: a record read as running just before its job was re-queued gets its position (None for a
+        job not queued then)."""
         with self._redis.pipeline(transaction=True) as pipe:
             for record in records:
+                pipe.hget(self.job_key(record.job_id), "state")
                 pipe.zrank(self.keys.queue_of(record), record.job_id)
-            ranks = pipe.execute()
-        return [rank if record.state is JobState.QUEUED else None for record, rank in zip(records, ranks)]
+            replies = pipe.execute()
+        states, ranks = replies[0::2], replies[1::2]
+        return [rank if state == JobState.QUEUED.value else None for state, rank in zip(states, ranks)]
 
     @_wraps_redis_errors
     def queued_by_priority(self, queue: str) -> dict[str, int]:

@@ -7,7 +7,8 @@ import pytest
 import redis
 import requests
 
-from tests.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
+from tests.support.cluster import TEST_WORKER_ENV, Cluster
+from tests.support.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +79,19 @@ def http():
     """An HTTP session for the tests that talk to a server process."""
     with requests.Session() as session:
         yield session
+
+
+@pytest.fixture
+def folder_cluster(tmp_path) -> Cluster:
+    """A deployment of this test's own (worker and fault tests), storing images in a local folder."""
+    images = tmp_path / "images"
+    cluster = Cluster(
+        RedisServer(tmp_path / "redis").start(),
+        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
+        tmp_path,
+        extra_env=dict(TEST_WORKER_ENV),
+        images=images,
+    )
+    yield cluster
+    cluster.stop_all()
+    cluster.redis.stop()

@@ -32,6 +32,7 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.plan",
     "batching.scheduler",
     "batching.settings",
+    "batching.step_cache",
 ]
 
 # What `batching.params` loads of batching: all that storage and api may load of it.
@@ -46,6 +47,7 @@ PARAMS_CLOSURE = {
     "batching.lora",
     "batching.lora.file_format",
     "batching.settings",
+    "batching.step_cache",
 }
 
 # package -> (top-level names it must not load, the batching modules it may load (None: any)); `training`

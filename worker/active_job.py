@@ -1,7 +1,7 @@
 """What a worker knows about a job while the engine has it.
 
-The engine calls `on_progress` on its loop thread, so that method only stores numbers;
-the job's task thread reads them and does the Redis writes.
+The engine calls `on_progress` and `on_preview` on its loop thread, so those methods only store
+what they get; the job's task thread reads it, encodes previews and does the Redis writes.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from batching.job import JobFuture
+    from batching.previews import Preview
 
 
 class StopReason(str, enum.Enum):
@@ -30,6 +31,7 @@ class ActiveJob:
     step: int = 0  # written by the engine loop thread
     step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None
+    preview: Preview | None = None  # the newest live preview not yet written (the loop thread replaces it)
 
     @property
     def total(self) -> int:
@@ -43,6 +45,13 @@ class ActiveJob:
     def on_progress(self, step: int, total: int) -> None:
         self.step = step
         self.step_times.append(time.monotonic())
+
+    def on_preview(self, preview: Preview) -> None:
+        self.preview = preview
+
+    def take_preview(self) -> Preview | None:
+        preview, self.preview = self.preview, None
+        return preview
 
     def take_step_intervals(self) -> list[float]:
         """Seconds between consecutive steps reported since the last call."""

@@ -1,8 +1,10 @@
 """A task thread's wait for its job's result.
 
 While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
-the job's Redis I/O there, never on the engine loop thread: it writes progress (at most once
-per `STEPWISE_PROGRESS_INTERVAL`; the record's progress also goes on the job's event stream),
+the job's Redis I/O there, never on the engine loop thread: it encodes and writes the newest live
+preview, if the job asked for them (a small JPEG data URI on the job's event stream; one older
+than progress already written is dropped, so the stream's steps never go back), writes progress
+(at most once per `STEPWISE_PROGRESS_INTERVAL`; the record's progress also goes on the job's event stream),
 queues a `progress` webhook when the job asked for one (at most once per second), and notices a
 cancel request recorded by the API and passes it to the engine, which stops the job at its next
 step boundary. The job's lease is renewed by the
@@ -63,11 +65,19 @@ class JobWatch:
         active = self.active
         for interval in active.take_step_intervals():
             metrics.STEP_LATENCY.observe(interval)
+        self.write_preview()
         self.write_progress(now)
         store = self.runtime.job_store
         if active.stop_reason is None and store.is_cancel_requested(active.job_id):
             log.info("job %s: cancel requested; stopping at the next step", active.job_id)
             self.runtime.stop_job(active, StopReason.CANCELED)
+
+    def write_preview(self) -> None:
+        preview = self.active.take_preview()
+        if preview is None or preview.step < self.written_step:
+            return
+        image = preview.data_uri()  # here, off the engine loop: waits for the device's copy, resizes, encodes
+        self.runtime.job_store.add_preview(self.active.job_id, preview.step, preview.total, image)
 
     def write_progress(self, now: float, *, force: bool = False) -> None:
         """Progress, and whether the engine has the job paused or estimates it late (a change of those is

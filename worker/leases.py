@@ -45,12 +45,14 @@ class LapsedLeaseSweeper:
         interval: float,
         unsent_grace: float,
         dead_workers: DeadWorkerWatch | None = None,
+        is_held_here: Callable[[str], bool] = lambda job_id: False,
     ) -> None:
         self.job_store = job_store
         self.enqueue = enqueue
         self.interval = interval
         self.unsent_grace = unsent_grace  # seconds a creator has to send a new job's message
         self.dead_workers = dead_workers  # checked every DEAD_WORKER_CHECK_SECONDS
+        self.is_held_here = is_held_here  # job_id -> whether this process's LeaseKeeper renews its lease
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepwise-lease-sweeper", daemon=True)
 
@@ -82,9 +84,16 @@ class LapsedLeaseSweeper:
             log.exception("%s failed", what)
 
     def sweep(self) -> list[str]:
-        """Re-queue every job whose lease lapsed; returns their ids."""
+        """Re-queue every job whose lease lapsed, except those this worker holds; returns their ids.
+
+        This worker is alive (its sweeper runs), and its keeper renews what it holds without waiting on
+        the engine: a lease of its own that lapsed was renewed late (a starved process, Redis away), not
+        lost, and re-queueing it would only run the job again and throw this run away."""
         requeued = []
         for job_id in self.job_store.lapsed_job_ids():
+            if self.is_held_here(job_id):
+                log.info("job %s: its lease lapsed, but this worker holds it and renews it", job_id)
+                continue
             if self.job_store.release_if_lapsed(job_id):
                 record = self.job_store.get(job_id)
                 if record is None:
@@ -157,6 +166,10 @@ class LeaseKeeper:
     def hold(self, job_id: str) -> None:
         with self._lock:
             self._held.add(job_id)
+
+    def holds(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._held
 
     def release(self, job_id: str) -> None:
         with self._lock:

@@ -92,6 +92,7 @@ def start(sender) -> None:
         settings.lease_sweep_interval,
         unsent_grace=runtime.lease_seconds,
         dead_workers=dead_workers,
+        is_held_here=runtime.leases.holds,
     ).start()
     _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)
 

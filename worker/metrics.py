@@ -72,6 +72,16 @@ class EngineCollector(Collector):
         ):
             if isinstance(stats.get(key), (int, float)):
                 yield GaugeMetricFamily(name, help_text, value=float(stats[key]))
+        step_cache = stats.get("step_cache") or {}
+        if step_cache:
+            skipped = GaugeMetricFamily(
+                "stepwise_engine_step_cache_skipped_fraction",
+                "Fraction of denoiser block evaluations skipped by step-cached jobs, per family",
+                labels=["family"],
+            )
+            for family, figures in step_cache.items():
+                skipped.add_metric([family], float(figures.get("skipped_fraction", 0.0)))
+            yield skipped
 
 
 def _histogram(name: str, help_text: str, counts: dict[Any, int]) -> HistogramMetricFamily:

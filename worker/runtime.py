@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from batching.errors import EngineShutdownError
 from batching.params import GenerationParams
+from batching.step_cache import cache_setting
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store
@@ -89,6 +90,7 @@ class WorkerRuntime:
             policy=s.policy,
             preemption=s.preemption,
             deterministic=s.deterministic,
+            cache=cache_setting(s.cache),
             decode_overlap=OVERLAP_CHOICES[s.decode_overlap],
             encode_overlap=OVERLAP_CHOICES[s.encode_overlap],
             lora_url=s.storage.lora_url or None,
@@ -122,8 +124,10 @@ class WorkerRuntime:
         *,
         tenant: str = "",
         complete_by: float | None = None,
+        preview_every: int | None = None,
     ) -> ActiveJob | None:
-        """Hand the job to the engine, or return None while admission is stopped."""
+        """Hand the job to the engine, or return None while admission is stopped. `preview_every`: the job's
+        (None: this worker's default)."""
         engine = self.engine
         with self._lock:
             if not self.is_admitting:
@@ -137,6 +141,8 @@ class WorkerRuntime:
                     priority=priority,
                     tenant=tenant,
                     complete_by=complete_by,
+                    preview_every=self.settings.preview_every if preview_every is None else preview_every,
+                    on_preview=active.on_preview,
                 )
             except EngineShutdownError:
                 return None

@@ -41,6 +41,7 @@ class WorkerSettings:
     preemption: bool = setting("STEPWISE_PREEMPTION")
     deterministic: bool = setting("STEPWISE_DETERMINISTIC")  # pad forwards for bit-identical results
     # auto (the device's default), on or off: decode / start new jobs on a thread beside the denoise loop
+    cache: str = setting("STEPWISE_STEP_CACHE")  # the step cache of jobs that name none: off, a preset or a threshold
     decode_overlap: str = setting("STEPWISE_DECODE_OVERLAP")
     encode_overlap: str = setting("STEPWISE_ENCODE_OVERLAP")
     lora_mode: str = setting("STEPWISE_LORA_MODE")  # rows (different adapters share a forward) or group
@@ -53,6 +54,7 @@ class WorkerSettings:
     metrics_host: str = setting("STEPWISE_WORKER_METRICS_HOST")  # the exporter has no auth; 0.0.0.0 exposes it
     poll_interval: float = setting("STEPWISE_WORKER_POLL_INTERVAL")  # how often a task checks its cancel flag
     progress_interval: float = setting("STEPWISE_PROGRESS_INTERVAL")  # at most one progress write per interval
+    preview_every: int = setting("STEPWISE_PREVIEW_EVERY")  # previews of jobs that give no preview_every; 0: none
     # how often to look for lapsed leases; a quarter of the lease when unset
     lease_sweep_interval: float = setting(
         "STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, default("STEPWISE_JOB_LEASE_SECONDS") / 4)

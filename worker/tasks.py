@@ -118,7 +118,12 @@ def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
         params = dataclasses.replace(params, lora=lora_key)
     try:
         active = runtime.submit(
-            job_id, params, priority=record.priority, tenant=record.tenant, complete_by=record.complete_by
+            job_id,
+            params,
+            priority=record.priority,
+            tenant=record.tenant,
+            complete_by=record.complete_by,
+            preview_every=record.preview_every,
         )
     except InvalidParamsError as e:  # for example a model this worker does not serve
         return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))

@@ -156,6 +156,7 @@ async function jobRequest() {
   if ($("model").value) request.model = $("model").value;
   if ($("negative-prompt").value) request.negative_prompt = $("negative-prompt").value;
   if ($("seed").value !== "") request.seed = Number($("seed").value);
+  if ($("cache").value) request.cache = $("cache").value;
   const initImage = await uploadInitImage();
   if (initImage) Object.assign(request, { init_image: initImage, strength: Number($("strength").value), resize_mode: "crop" });
   return request;

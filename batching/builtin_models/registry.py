@@ -97,6 +97,7 @@ def save_builtin_model(model: str, folder: Path) -> Path:
             pipeline = builder.build_pipeline(_short_name(model))
             save = getattr(builder, "save_pipeline", None)
             save(pipeline, staging) if save else pipeline.save_pretrained(staging)
+            save_latent_rgb(model, staging)
         try:
             os.rename(staging, folder)
         except OSError:
@@ -105,6 +106,20 @@ def save_builtin_model(model: str, folder: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def save_latent_rgb(model: str, folder: Path) -> None:
+    """Fit the live previews' latent-to-RGB factors of the built-in saved in `folder` against its own VAE, and
+    save them beside it (batching.pipelines.latent_rgb)."""
+    import torch
+
+    from batching.pipelines import adapter_serving
+    from batching.pipelines.latent_rgb import fit_latent_rgb
+
+    device, dtype = torch.device("cpu"), torch.float32
+    adapter_class = adapter_serving(model, str(folder))
+    adapter = adapter_class(model, adapter_class.load_pipeline(model, str(folder), device, dtype), device, dtype)
+    fit_latent_rgb(adapter).save(folder)
 
 
 def build_builtin_pipeline(model: str):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 import torch
 
 from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.pipelines.image_latents import ImageLatentsMixin
+from batching.pipelines.latent_rgb import LatentRgb, latent_rgb_for
 from batching.pipelines.loading import load_pipeline
+
+if TYPE_CHECKING:
+    from batching.pipelines.contract import PipelineAdapter
 
 
 class AdapterBase(ImageLatentsMixin):
@@ -20,6 +24,8 @@ class AdapterBase(ImageLatentsMixin):
     load_options: ClassVar[dict[str, Any]] = {}  # extra `from_pretrained` arguments of the family's pipeline
     guidance_argument: ClassVar[str] = "guidance_scale"  # the argument of the family's pipeline that a job's
     # guidance_scale is (the static-batching baseline calls the pipeline with it)
+    published_latent_rgb: ClassVar[LatentRgb | None] = None  # the family's published latent-to-RGB factors, for
+    # `preview_latents`' channels (batching.pipelines.latent_rgb); a model folder's own latent_rgb.json wins
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
@@ -29,6 +35,7 @@ class AdapterBase(ImageLatentsMixin):
         self.pipeline = pipeline
         self.vae = pipeline.vae
         self.vae_scale_factor = pipeline.vae_scale_factor  # the VAE's downsampling, as the pipeline computes it
+        self.latent_rgb: LatentRgb | None = self.published_latent_rgb  # `load` finds the model's own
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
         """The prompt, and the negative prompt when the sample runs classifier-free guidance."""
@@ -45,9 +52,15 @@ class AdapterBase(ImageLatentsMixin):
         pipeline_class = getattr(diffusers, cls.pipeline_classes[0])
         return load_pipeline(pipeline_class, model, source, device, dtype, **cls.load_options)
 
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """[c, h, w]: unpacked families' latents are a channel grid already."""
+        return latents[0]
+
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Self:
-        return cls(model, cls.load_pipeline(model, source, device, dtype), device, dtype)
+        adapter = cls(model, cls.load_pipeline(model, source, device, dtype), device, dtype)
+        adapter.latent_rgb = latent_rgb_for(cast("PipelineAdapter", adapter), source)  # each family completes it
+        return adapter
 
 
 def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int | None = None) -> Any:

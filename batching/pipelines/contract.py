@@ -20,6 +20,17 @@ Lifecycle of a sample, as the runner drives it:
    sample's rows into the prediction its sampler steps with.
 4. `decode(latents, params_list)` for finished samples of one size.
 
+Live previews (`batching.previews`) read a sample's latents every few steps through
+`preview_latents` (its latents as channels on a grid) and the model's `latent_rgb` factors
+(`batching.pipelines.latent_rgb`), without the VAE.
+
+Step caching (`batching.step_cache`): an adapter whose family has a `step_cache` kind also
+has the `StepCaching` part. For a forward in which some sample caches, the runner calls
+`forward_cached(batch, samples)` instead of `forward(batch)`, with each sample's own
+`StepCacheState` (None for a sample that does not cache) and whether it may skip this step;
+the adapter decides per sample (`batching.pipelines.step_cache_rows`), runs the expensive
+part only on the rows that compute, and says which samples skipped.
+
 Image-to-image and inpainting samples (`batching.image_start`) also use the `ImageInputs`
 part: their init images are VAE-encoded, drawn from and noised to their first step, and
 an inpainting sample's region outside the mask is re-noised after every step. Every
@@ -40,6 +51,7 @@ from batching.params import GenerationParams
 
 if TYPE_CHECKING:
     from batching.image_inputs import InputImages
+    from batching.pipelines.latent_rgb import LatentRgb
     from batching.sample_tensors import SampleTensors
 
 Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
@@ -54,6 +66,50 @@ class ForwardBatch:
     timesteps: torch.Tensor  # [num_rows] float32: each row's sampler timestep, as the sampler states it
     conditioning: dict[str, torch.Tensor]  # name -> [num_rows, *shape]; first dims zero-padded where lengths differ
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
+
+
+@dataclass(slots=True)
+class StepCacheState:
+    """One sample's step cache: what its adapter kept from the sample's last full step; freed with the sample."""
+
+    threshold: float  # relative L1 of the early feature since the last full step under which the sample skips
+    reference: list[torch.Tensor] | None = None  # per row: the early feature at the last full step; None: no
+    # full step yet
+    cached: list[torch.Tensor] | None = None  # per row: what the skippable part produced at the last full step,
+    # in the adapter's layout
+    constant: list[torch.Tensor] | None = None  # per row: what the adapter computes once per sample, not per step
+    # (Z-Image: the refined caption, which no timestep modulates)
+
+
+@dataclass
+class CachedSample:
+    """A sample of a forward, as `forward_cached` sees it: its rows are the next `num_rows` of the batch."""
+
+    num_rows: int
+    state: StepCacheState | None  # None: the sample does not cache (it computes every step, keeping nothing)
+    may_skip: bool  # False on its first and last step, which always compute
+
+
+@dataclass
+class CachedForward:
+    predictions: torch.Tensor | list[torch.Tensor]  # as `forward` returns them
+    skipped: list[bool]  # per sample of the call: whether it reused its cache this step
+
+
+class StepCaching(Protocol):
+    """The step cache of a family with `FamilySpec.step_cache` (see the module docstring)."""
+
+    num_cache_blocks: int  # blocks per row of a full forward, the unit the skipped fraction counts
+    num_blocks_kept: int  # of those, the blocks a row that skips still runs
+
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        """`forward(batch)` where samples under their threshold reuse their cache. With `may_gather` the rows
+        that compute run the expensive part as a smaller batch; without it (deterministic mode, per-row LoRA
+        adapters) every row runs it, so each row's arithmetic keeps its batch size, and only the results of
+        the rows that skip are replaced. Rows past the samples' (deterministic padding) compute."""
+        ...
 
 
 class ImageInputs(Protocol):
@@ -104,6 +160,7 @@ class PipelineAdapter(ImageInputs, Protocol):
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
+    latent_rgb: LatentRgb | None  # its live previews' latent-to-RGB factors, set at load; None: no previews
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 
@@ -144,4 +201,9 @@ class PipelineAdapter(ImageInputs, Protocol):
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
         """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
         with NaN or infinite pixels (the decoder fails that sample)."""
+        ...
+
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """[c, h, w]: a sample's latents [1, *latent_shape] as channels over a grid of its image's positions,
+        the layout whose channels `latent_rgb`'s rows map to RGB."""
         ...

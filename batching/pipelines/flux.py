@@ -10,6 +10,7 @@ embedder and ignores it. Outside deterministic mode a group mixes sizes: each ro
 carries its own image position ids, and a forward over rows of different sizes pads
 their image tokens and runs the attention of `flux_mixed_sizes` (per-row positions,
 padding keys masked); a forward over rows of one size runs diffusers' attention as is.
+Step caching is First-Block Cache (`batching.pipelines.flux_step_cache`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
+from batching.pipelines.flux_step_cache import first_block_cached_forward
 from batching.pipelines.vae import decode_latents
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ class FluxAdapter(AdapterBase):
     family = "flux"
     pipeline_classes = ("FluxPipeline",)
     max_rows_per_sample = 1
+    published_latent_rgb = published.FLUX1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -46,6 +50,10 @@ class FluxAdapter(AdapterBase):
         self.attention = MixedSizeFluxAttnProcessor()
         self._layout: tuple[torch.Tensor, tuple, RowLayout] | None = None  # the last mixed-size layout, built from
         self.transformer.set_attn_processor(self.attention)
+        self.num_cache_blocks = len(self.transformer.transformer_blocks) + len(
+            self.transformer.single_transformer_blocks
+        )
+        self.num_blocks_kept = 1  # First-Block Cache (flux_step_cache): the first double-stream block decides
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -94,30 +102,66 @@ class FluxAdapter(AdapterBase):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        latents, num_tokens, inputs = self._transformer_inputs(batch)
+        with self._layout_of(inputs, num_tokens)(list(range(len(num_tokens)))):
+            predictions = self.transformer(
+                hidden_states=latents,
+                timestep=inputs["timestep"],
+                guidance=inputs["guidance"],
+                pooled_projections=inputs["pooled"],
+                encoder_hidden_states=inputs["embeds"],
+                txt_ids=inputs["text_ids"],
+                img_ids=inputs["img_ids"],  # the rows' own positions, when they differ, come from the layout
+                return_dict=False,
+            )[0]
+        return self._predictions(batch, predictions, num_tokens)
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        latents, num_tokens, inputs = self._transformer_inputs(batch)
+        layout_of = self._layout_of(inputs, num_tokens)
+        predictions, skipped = first_block_cached_forward(
+            self.transformer, latents, num_tokens, inputs, samples, layout_of, may_gather=may_gather
+        )
+        return CachedForward(self._predictions(batch, predictions, num_tokens), skipped)
+
+    def _transformer_inputs(self, batch: ForwardBatch) -> tuple[torch.Tensor, list[int], dict[str, Any]]:
         embeds = batch.conditioning["embeds"]  # [rows, 512, t5_dim]
         image_ids = batch.conditioning["image_ids"]  # [rows, max tokens, 3], zero-padded
-        text_ids = torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype)
         if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
             num_tokens = [row.shape[0] for row in batch.latents]
             latents = torch.nn.utils.rnn.pad_sequence(batch.latents, batch_first=True)  # [rows, max tokens, 64]
         else:
             num_tokens, latents = [batch.latents.shape[1]] * batch.latents.shape[0], batch.latents
+        inputs = {
+            "timestep": batch.timesteps.to(latents.dtype) / 1000,
+            "guidance": batch.conditioning["guidance"] if self.has_guidance_embeds else None,
+            "pooled": batch.conditioning["pooled"],
+            "embeds": embeds,
+            "text_ids": torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype),
+            "img_ids": image_ids[0],
+            "image_ids": image_ids,
+        }
+        return latents, num_tokens, inputs
+
+    def _layout_of(self, inputs: dict[str, Any], num_tokens: list[int]):
+        """Batch rows -> the attention layout of a forward over them (none when the batch is of one size)."""
+        image_ids, text_ids = inputs["image_ids"], inputs["text_ids"]
         is_uniform = bool((image_ids == image_ids[:1]).all())  # 128x192 and 192x128 have equal token counts
-        with (
-            contextlib.nullcontext()
-            if is_uniform
-            else self.attention.rows(self._row_layout(text_ids, image_ids, num_tokens))
-        ):
-            predictions = self.transformer(
-                hidden_states=latents,
-                timestep=batch.timesteps.to(latents.dtype) / 1000,
-                guidance=batch.conditioning["guidance"] if self.has_guidance_embeds else None,
-                pooled_projections=batch.conditioning["pooled"],
-                encoder_hidden_states=embeds,
-                txt_ids=text_ids,
-                img_ids=image_ids[0],  # the rows' own positions, when they differ, come from the layout
-                return_dict=False,
-            )[0]
+
+        def layout_of(rows: list[int]) -> contextlib.AbstractContextManager:
+            if is_uniform:
+                return contextlib.nullcontext()
+            if len(rows) == len(num_tokens):
+                return self.attention.rows(self._row_layout(text_ids, image_ids, num_tokens))
+            layout = row_layout(self.transformer, text_ids, image_ids[rows], [num_tokens[row] for row in rows])
+            return self.attention.rows(layout)
+
+        return layout_of
+
+    def _predictions(self, batch: ForwardBatch, predictions: torch.Tensor, num_tokens: list[int]):
         if isinstance(batch.latents, list):
             return [row[:tokens] for row, tokens in zip(predictions, num_tokens)]
         return predictions
@@ -144,10 +188,17 @@ class FluxAdapter(AdapterBase):
         return rows  # guidance went into the forward
 
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        height, width = self._latent_size(params_list[0])
+        return decode_latents(self.vae, self._unpack(latents, params_list[0]))
+
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        return self._unpack(latents, params)[0]  # [16, h/8, w/8]
+
+    def _unpack(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """Packed latents [n, tokens, 64] to the VAE's layout [n, 16, h/8, w/8]."""
+        height, width = self._latent_size(params)
         channels = latents.shape[2] // 4
         unpacked = latents.view(latents.shape[0], height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
-        return decode_latents(self.vae, unpacked.reshape(latents.shape[0], channels, height, width))
+        return unpacked.reshape(latents.shape[0], channels, height, width)
 
     def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
         """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""

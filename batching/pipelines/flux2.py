@@ -34,6 +34,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from batching.image_inputs import InputImages
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
@@ -53,6 +54,7 @@ class Flux2Adapter(AdapterBase):
     family = "flux2"
     pipeline_classes = ("Flux2Pipeline",)
     max_rows_per_sample = 1
+    published_latent_rgb = published.FLUX2
     edits_init_image = True  # a reference image: image_conditioning, and the sample starts from noise
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -158,6 +160,10 @@ class Flux2Adapter(AdapterBase):
         return rows  # guidance went into the forward
 
     @torch.inference_mode()
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        height, width = self._token_grid(params)
+        return latents[0].T.reshape(self.num_channels, height, width)  # [128, h/16, w/16]: normalised patches
+
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
         height, width = self._token_grid(params_list[0])
         patches = latents.transpose(1, 2).reshape(latents.shape[0], self.num_channels, height, width)

@@ -30,6 +30,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
@@ -48,6 +49,7 @@ class QwenImageAdapter(AdapterBase):
     pipeline_classes = ("QwenImagePipeline",)
     guidance_argument = "true_cfg_scale"
     max_rows_per_sample = 2
+    published_latent_rgb = published.WAN21
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -172,14 +174,21 @@ class QwenImageAdapter(AdapterBase):
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        height, width = self._latent_size(params_list[0])
-        num = latents.shape[0]
-        unpacked = latents.view(num, height // 2, width // 2, self.latent_channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
-        unpacked = unpacked.reshape(num, self.latent_channels, 1, height, width).to(self.vae.dtype)
+        unpacked = self._unpack(latents, params_list[0]).unsqueeze(2).to(self.vae.dtype)  # [n, c, 1, h, w]
         raw = unpacked / self.latents_std_inverse + self.latents_mean  # as the pipeline undoes the normalisation
         with self.vae_lock:
             pixels = self.vae.decode(raw, return_dict=False)[0][:, :, 0]  # [n, 3, H, W]
         return pixels_to_images(pixels)
+
+    def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        return self._unpack(latents, params)[0]  # [16, h/8, w/8], normalised as the denoiser sees them
+
+    def _unpack(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """Packed latents [n, tokens, 64] to [n, 16, h/8, w/8]."""
+        height, width = self._latent_size(params)
+        num = latents.shape[0]
+        unpacked = latents.view(num, height // 2, width // 2, self.latent_channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+        return unpacked.reshape(num, self.latent_channels, height, width)
 
     def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
         """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""

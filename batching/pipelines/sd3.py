@@ -25,6 +25,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from batching.errors import ModelLoadError
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.sd3_mixed_sizes import MixedSizeJointAttnProcessor, mixed_size_forward
@@ -40,6 +41,7 @@ class StableDiffusion3Adapter(AdapterBase):
     family = "sd3"
     pipeline_classes = ("StableDiffusion3Pipeline",)
     max_rows_per_sample = 2
+    published_latent_rgb = published.SD3
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)

@@ -19,6 +19,7 @@ import torch
 
 from batching.errors import ModelLoadError
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
@@ -28,6 +29,7 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
     family = "sdxl"
     pipeline_classes = ("StableDiffusionXLPipeline", "StableDiffusionXLInpaintPipeline")  # 4- or 9-channel UNet
     load_options = {}
+    published_latent_rgb = published.SDXL
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> StableDiffusionXLAdapter:

@@ -3,7 +3,8 @@
 A sample with classifier-free guidance puts two rows into each forward, [uncond, cond],
 and its own guidance scale combines them afterwards; a sample without it puts one row.
 The UNet takes one timestep per row, so samples at different steps share a forward.
-`StableDiffusionXLAdapter` extends this with SDXL's added conditioning.
+`StableDiffusionXLAdapter` extends this with SDXL's added conditioning. Step caching is
+DeepCache over the UNet's deep path (`batching.pipelines.unet_step_cache`).
 
 An inpainting UNet (9 input channels, as in SD inpainting checkpoints) takes, beside the
 latents, the mask at latent size and the latents of the masked image; as diffusers'
@@ -23,8 +24,10 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from batching.errors import ModelLoadError
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
+from batching.pipelines.unet_step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 
@@ -37,6 +40,7 @@ class StableDiffusionAdapter(AdapterBase):
     pipeline_classes = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")  # 4- or 9-channel UNet
     load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
     max_rows_per_sample = 2
+    published_latent_rgb = published.SD1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -50,6 +54,8 @@ class StableDiffusionAdapter(AdapterBase):
                 f"(text-to-image) or {2 * latent_channels + 1} (inpainting: latents, mask, masked-image latents)"
             )
         self.has_mask_channels = in_channels != latent_channels
+        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (unet_step_cache)
+        self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -114,18 +120,35 @@ class StableDiffusionAdapter(AdapterBase):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        latents = batch.latents  # [num_rows, 4, h, w]
-        assert isinstance(latents, torch.Tensor)  # UNet families keep the size in the key: one shape per group
-        if self.has_mask_channels:
-            conditioning = batch.conditioning
-            latents = torch.cat([latents, conditioning["mask"], conditioning["masked_image_latents"]], dim=1)
         return self.unet(
-            latents,
+            self._unet_input(batch),
             batch.timesteps,
             encoder_hidden_states=batch.conditioning["embeds"],
             added_cond_kwargs=self.added_cond_kwargs(batch),
             return_dict=False,
         )[0]
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        return deep_cached_forward(
+            self.unet,
+            self._unet_input(batch),
+            batch.timesteps,
+            batch.conditioning["embeds"],
+            self.added_cond_kwargs(batch),
+            samples,
+            may_gather=may_gather,
+        )
+
+    def _unet_input(self, batch: ForwardBatch) -> torch.Tensor:
+        latents = batch.latents  # [num_rows, 4, h, w]
+        assert isinstance(latents, torch.Tensor)  # UNet families keep the size in the key: one shape per group
+        if self.has_mask_channels:
+            conditioning = batch.conditioning
+            latents = torch.cat([latents, conditioning["mask"], conditioning["masked_image_latents"]], dim=1)
+        return latents
 
     def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor] | None:
         return None

@@ -9,6 +9,8 @@ with attention masks. Guidance is classifier-free for any scale above 0, with th
 pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
 negated velocity. Because the transformer takes one latent per row, samples of different
 sizes share a forward: the family's key holds no size (except in deterministic mode).
+Step caching decides from the first main block's modulated input, as TeaCache, and skips
+the main blocks (`batching.pipelines.zimage_step_cache`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from batching.params import GenerationParams
+from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.vae import decode_latents
+from batching.pipelines.zimage_step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
 
 if TYPE_CHECKING:
     from batching.sample_tensors import SampleTensors
@@ -36,10 +40,13 @@ class ZImageAdapter(AdapterBase):
     family = "zimage"
     pipeline_classes = ("ZImagePipeline",)
     max_rows_per_sample = 2
+    published_latent_rgb = published.FLUX1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
+        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage_step_cache)
+        self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -87,16 +94,28 @@ class ZImageAdapter(AdapterBase):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        latents, t, captions = self._transformer_inputs(batch)
+        return self._predictions(batch, self.transformer(latents, t, captions, return_dict=False)[0])
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        latents, t, captions = self._transformer_inputs(batch)
+        outputs, skipped = residual_cached_forward(
+            self.transformer, latents, t, captions, samples, may_gather=may_gather
+        )
+        return CachedForward(self._predictions(batch, outputs), skipped)
+
+    def _transformer_inputs(self, batch: ForwardBatch) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
         embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
         lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
         dtype = self.transformer.dtype
         latents = [row.to(dtype).unsqueeze(1) for row in batch.latents]  # per row [16, 1, h, w]: one frame
-        outputs = self.transformer(
-            latents,
-            (1000 - batch.timesteps) / 1000,
-            [row[:length] for row, length in zip(embeds, lengths)],
-            return_dict=False,
-        )[0]
+        captions = [row[:length] for row, length in zip(embeds, lengths)]
+        return latents, (1000 - batch.timesteps) / 1000, captions
+
+    def _predictions(self, batch: ForwardBatch, outputs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         predictions = [output.float().squeeze(1) for output in outputs]  # per row [16, h, w]
         if isinstance(batch.latents, list):  # rows of different sizes: the transformer padded them with masks
             return predictions

@@ -3,12 +3,12 @@ from __future__ import annotations
 import pytest
 
 from api import create_app
-from api.resources import get_task_queue
 from api.settings import ApiSettings
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
-from tests.api.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess, WorkerProcess
-from tests.servers import RedisServer
+from tests.support.app_context import get_task_queue_of
+from tests.support.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess, WorkerProcess
+from tests.support.servers import RedisServer
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,3 @@ def app(redis_url, tmp_path):
 @pytest.fixture
 def client(app):
     return app.test_client()
-
-
-def get_task_queue_of(app):
-    with app.app_context():
-        return get_task_queue()

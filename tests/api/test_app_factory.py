@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from api import create_app
-from tests.api.conftest import get_task_queue_of
-from tests.api.processes import TENANT_KEYS
+from tests.support.app_context import get_task_queue_of
+from tests.support.processes import TENANT_KEYS
 
 
 def _add_failing_route(app) -> None:

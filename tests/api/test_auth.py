@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.calls import auth
+from tests.support.calls import auth
 
 BODY = {"prompt": "a quiet harbor", "seed": 3, "num_inference_steps": 2}
 

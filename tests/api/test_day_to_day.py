@@ -18,10 +18,10 @@ import pytest
 import requests
 from celery import Celery
 
-from tests.api.calls import auth, submit, wait_for
-from tests.api.processes import TENANT_KEYS, ApiProcess, WorkerProcess
-from tests.servers import child_env
-from tests.worker.cluster import wait_for as poll
+from tests.support.calls import auth, submit, wait_for_job
+from tests.support.processes import TENANT_KEYS, ApiProcess, WorkerProcess
+from tests.support.servers import child_env
+from tests.support.waiting import wait_for
 
 WORKER_DELAY = 20.0  # seconds between the first submit and the worker's start
 TINY = {"height": 64, "width": 64, "num_inference_steps": 4, "guidance_scale": 1.0}
@@ -111,7 +111,7 @@ def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_re
     created = keys_cli(ops_api, "create", "--tenant", "dave")
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
-    works = poll(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 200, 10, "the new key to work")
+    works = wait_for(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 200, 10, "the new key to work")
     assert works and answer(http, ops_api, "/metrics", key).status_code == 403  # a tenant key, not an operator's
 
     listed = [json.loads(line) for line in keys_cli(ops_api, "list", "--json").stdout.splitlines()]
@@ -120,14 +120,14 @@ def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_re
 
     revoked = keys_cli(ops_api, "revoke", entry["key_id"])
     assert revoked.returncode == 0 and entry["key_id"] in revoked.stderr
-    poll(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 401, 10, "the revoked key to be refused")
+    wait_for(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 401, 10, "the revoked key to be refused")
     assert answer(http, ops_api, "/v1/jobs", TENANT_KEYS["alice"]).status_code == 200  # environment keys still work
     assert keys_cli(ops_api, "revoke", key).returncode == 1  # already gone
 
 
 def test_an_admin_key_reads_metrics_and_every_tenants_queue_totals_and_no_series_names_a_tenant(ops_api, http, early):
     key = keys_cli(ops_api, "create", "--tenant", "operators", "--admin").stdout.strip()
-    metrics = poll(lambda: (r := answer(http, ops_api, "/metrics", key)).status_code == 200 and r, 10, "metrics")
+    metrics = wait_for(lambda: (r := answer(http, ops_api, "/metrics", key)).status_code == 200 and r, 10, "metrics")
 
     assert "stepwise_jobs" in metrics.text and "alice" not in metrics.text and "tenant" not in metrics.text
     totals = answer(http, ops_api, "/v1/admin/tenants", key).json()["tenants"]
@@ -142,7 +142,7 @@ def test_a_bearer_token_beyond_ascii_is_an_invalid_key_not_a_missing_one(ops_api
 
 
 def test_the_early_job_succeeds_once_a_worker_starts_20s_later(ops_api, http, early, late_worker):
-    job = wait_for(http, ops_api, early["job_id"], {"succeeded"}, timeout=240)
+    job = wait_for_job(http, ops_api, early["job_id"], {"succeeded"}, timeout=240)
 
     assert job["attempts"] == 1 and job["image_urls"]
     ready = readiness(http, ops_api)
@@ -159,14 +159,14 @@ def test_deleting_a_succeeded_job_removes_its_images_and_a_running_one_is_stoppe
 
     assert http.delete(f"{ops_api.url}/v1/jobs/{early['job_id']}", headers=auth(), timeout=10).status_code == 204
     assert not images.exists()
-    poll(
+    wait_for(
         lambda: http.get(running["status_url"], headers=auth(), timeout=10).json()["progress"]["step"] >= 1,
         120,
         "the second job to run",
     )
     assert http.delete(running["status_url"], headers=auth(), timeout=10).status_code == 204
 
-    poll(lambda: "deleted by its tenant" in late_worker.log_tail(), 60, "the worker to stop the deleted job")
+    wait_for(lambda: "deleted by its tenant" in late_worker.log_tail(), 60, "the worker to stop the deleted job")
     assert http.get(running["status_url"], headers=auth(), timeout=10).status_code == 404
     assert not (images.parent / running["job_id"]).exists()
 
@@ -174,8 +174,8 @@ def test_deleting_a_succeeded_job_removes_its_images_and_a_running_one_is_stoppe
 def test_a_drained_worker_is_shown_in_readyz_until_it_resumes(ops_api, http, module_redis, late_worker):
     control = Celery(broker=module_redis.url, set_as_current=False).control
     try:
-        assert control.broadcast("drain", destination=[late_worker.hostname], reply=True, timeout=10)
-        drained = poll(
+        assert control.broadcast("drain", destination=[late_worker.name], reply=True, timeout=10)
+        drained = wait_for(
             lambda: (ready := readiness(http, ops_api))["models"][0]["draining"] == 1 and ready,
             30,
             "readyz to show the drained worker",
@@ -183,8 +183,8 @@ def test_a_drained_worker_is_shown_in_readyz_until_it_resumes(ops_api, http, mod
         assert drained["workers"]["num_draining"] == 1 and not drained["models"][0]["available"]
         assert any("draining" in warning and "resume" in warning for warning in drained["warnings"])
 
-        assert control.broadcast("resume", destination=[late_worker.hostname], reply=True, timeout=10)
-        poll(
+        assert control.broadcast("resume", destination=[late_worker.name], reply=True, timeout=10)
+        wait_for(
             lambda: not (ready := readiness(http, ops_api))["warnings"] and ready["models"][0]["available"],
             30,
             "readyz to show the worker admitting again, without warnings",

@@ -17,9 +17,10 @@ from celery import Celery
 from PIL import Image
 
 from storage.queue_names import generate_queue
-from tests.api.calls import auth, get_job, submit, wait_for
-from tests.api.processes import WEBHOOK_SECRET, WorkerProcess
-from tests.api.webhook_receiver import Delivery, WebhookReceiver
+from tests.support.calls import auth, get_job, submit, wait_for_job
+from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
+from tests.support.waiting import wait_for
+from tests.support.webhook_receiver import Delivery, WebhookReceiver
 
 SMALL = {
     "prompt": "a red fox in snow",
@@ -42,11 +43,11 @@ def receiver():
 def generation_paused(worker: WorkerProcess, redis_url: str):
     """The worker stops taking generation jobs (Celery's cancel_consumer) inside the block."""
     control = Celery(broker=redis_url, set_as_current=False).control
-    control.cancel_consumer(generate_queue("builtin:tiny"), destination=[worker.hostname], reply=True, timeout=10)
+    control.cancel_consumer(generate_queue("builtin:tiny"), destination=[worker.name], reply=True, timeout=10)
     try:
         yield
     finally:
-        control.add_consumer(generate_queue("builtin:tiny"), destination=[worker.hostname], reply=True, timeout=10)
+        control.add_consumer(generate_queue("builtin:tiny"), destination=[worker.name], reply=True, timeout=10)
 
 
 def verify_signature(delivery: Delivery) -> None:
@@ -62,12 +63,19 @@ def verify_signature(delivery: Delivery) -> None:
 def test_a_submitted_job_succeeds_and_its_image_is_a_png_of_the_requested_size(api, worker, http):
     job = submit(http, api, SMALL).json()
 
-    done = wait_for(http, api, job["job_id"], {"succeeded"})
+    done = wait_for_job(http, api, job["job_id"], {"succeeded"})
     image = http.get(done["image_url"], headers=auth(), timeout=30)
 
     assert done["image_url"] == f"{api.url}/v1/jobs/{job['job_id']}/image"
     assert done["progress"]["step"] == done["progress"]["total"] > 0
-    assert done["started_at"] and done["finished_at"] and done["timings"]["total"] > 0
+    created, started, finished = (
+        datetime.fromisoformat(done[name]) for name in ("created_at", "started_at", "finished_at")
+    )
+    assert created <= started <= finished
+    span = (finished - created).total_seconds()  # the view's times are in milliseconds
+    timings = done["timings"]  # the parts of a job's life in seconds, within accepted..finished (docs/api.md)
+    assert 0 < timings["queue_wait"] < timings["total"] <= span + 0.002
+    assert 0 < timings["engine"] < timings["total"] and 0 < timings["encode"] <= timings["upload"]
     assert image.status_code == 200 and image.headers["Content-Type"] == "image/png"
     assert image.content.startswith(b"\x89PNG\r\n\x1a\n")
     with Image.open(io.BytesIO(image.content)) as png:
@@ -79,7 +87,7 @@ def test_a_submitted_job_succeeds_and_its_image_is_a_png_of_the_requested_size(a
 def test_a_multi_image_job_has_one_image_per_seed(api, worker, http):
     job = submit(http, api, {**SMALL, "num_images": 2}).json()
 
-    done = wait_for(http, api, job["job_id"], {"succeeded"})
+    done = wait_for_job(http, api, job["job_id"], {"succeeded"})
     images = [http.get(url, headers=auth(), timeout=30) for url in done["image_urls"]]
 
     assert len(images) == 2 and all(image.status_code == 200 for image in images)
@@ -89,7 +97,7 @@ def test_a_multi_image_job_has_one_image_per_seed(api, worker, http):
 
 def test_the_receiver_gets_started_and_completed_events_signed_with_the_secret(api, worker, http, receiver):
     job = submit(http, api, {**SMALL, "webhook_url": receiver.url("/hooks/signed")}).json()
-    wait_for(http, api, job["job_id"], {"succeeded"})
+    wait_for_job(http, api, job["job_id"], {"succeeded"})
 
     deliveries = receiver.wait_for("/hooks/signed", lambda got: len(got) >= 2)
 
@@ -103,7 +111,7 @@ def test_the_receiver_gets_started_and_completed_events_signed_with_the_secret(a
 def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt_with_the_same_id(api, worker, http, receiver):
     path = "/hooks/fail-2"
     job = submit(http, api, {**SMALL, "webhook_url": receiver.url(path), "webhook_events": ["completed"]}).json()
-    wait_for(http, api, job["job_id"], {"succeeded"})
+    wait_for_job(http, api, job["job_id"], {"succeeded"})
 
     deliveries = receiver.wait_for(path, lambda got: any(d.status == 204 for d in got))
 
@@ -117,26 +125,26 @@ def test_a_receiver_that_fails_twice_gets_the_event_on_the_third_attempt_with_th
 
 
 def wait_until_attempts(http, api, job_id: str, count: int, timeout: float = 20.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    attempts: list[dict] = []
-    while time.monotonic() < deadline:
+    def recorded() -> list[dict] | None:
         attempts = get_job(http, api, job_id).json()["webhook"]["attempts"]
-        if len(attempts) >= count:
-            return attempts
-        time.sleep(0.1)
-    raise AssertionError(f"{len(attempts)} webhook attempts recorded within {timeout}s: {attempts}")
+        return attempts if len(attempts) >= count else None
+
+    return wait_for(
+        recorded, timeout, lambda: f"{count} webhook attempts: {get_job(http, api, job_id).json()['webhook']}"
+    )
 
 
 def test_canceling_a_running_job_stops_it_at_a_step_boundary(api, worker, http, receiver):
     job = submit(http, api, {**SLOW, "webhook_url": receiver.url("/hooks/cancel-running")}).json()
-    running = wait_for(http, api, job["job_id"], {"running"})
-    deadline = time.monotonic() + 60
-    while running["progress"]["step"] < 1 and time.monotonic() < deadline:
-        running = get_job(http, api, job["job_id"]).json()
-        time.sleep(0.05)
+    wait_for_job(http, api, job["job_id"], {"running"})
+
+    def past_its_first_step() -> bool:
+        return get_job(http, api, job["job_id"]).json()["progress"]["step"] >= 1
+
+    wait_for(past_its_first_step, 60, "the running job to take its first step", interval=0.05)
 
     response = http.post(job["cancel_url"], headers=auth(), timeout=10)
-    canceled = wait_for(http, api, job["job_id"], {"canceled"}, timeout=60)
+    canceled = wait_for_job(http, api, job["job_id"], {"canceled"}, timeout=60)
 
     assert response.status_code == 202 and response.json()["cancel_requested"] is True
     assert 0 < canceled["progress"]["step"] < SLOW["num_inference_steps"]
@@ -166,7 +174,7 @@ def test_a_job_not_started_by_its_deadline_ends_expired(api, worker, http, modul
         job = submit(http, api, {**SMALL, "deadline": deadline.isoformat()}).json()
         time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.5)
 
-    expired = wait_for(http, api, job["job_id"], {"expired"})
+    expired = wait_for_job(http, api, job["job_id"], {"expired"})
 
     assert expired["error"]["code"] == "deadline_exceeded"
     assert expired["image_url"] is None
@@ -192,7 +200,7 @@ def test_an_uploaded_init_image_gives_an_img2img_job_whose_jpeg_output_decodes_a
         "output_quality": 80,
     }
 
-    done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
+    done = wait_for_job(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
     image = http.get(done["image_url"], headers=auth(), timeout=30)
 
     assert done["progress"]["step"] == done["progress"]["total"] == 2, "half of the 4 steps run"
@@ -213,7 +221,7 @@ def test_an_inline_inpainting_job_gives_a_webp_that_decodes_as_webp(api, worker,
         "mask_image": uri("png", base64.b64encode(mask.getvalue()).decode()),
     }
 
-    done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
+    done = wait_for_job(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
     image = http.get(done["image_url"], headers=auth(), timeout=30)
 
     assert image.status_code == 200 and image.headers["Content-Type"] == "image/webp"
@@ -243,7 +251,7 @@ def test_a_rotated_jpeg_and_an_odd_mask_are_read_by_the_worker_as_the_api_read_t
         "mask_image": f"data:image/png;charset=x;base64,{wrapped}",
     }
 
-    done = wait_for(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
+    done = wait_for_job(http, api, submit(http, api, body).json()["job_id"], {"succeeded"})
     image = http.get(done["image_url"], headers=auth(), timeout=30)
 
     assert (uploaded.json()["width"], uploaded.json()["height"]) == (64, 128)

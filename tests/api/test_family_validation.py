@@ -35,6 +35,21 @@ def test_a_flux_job_the_family_cannot_run_gets_422_naming_the_field(validate, fi
     assert (error.value.status, error.value.field) == (422, field)
 
 
+@pytest.mark.parametrize("cache", ["fast", 0.1])
+def test_a_cache_for_a_family_without_a_step_cache_gets_422_naming_the_field(validate, cache):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": "builtin:tiny-sd3", "cache": cache})
+
+    assert (error.value.status, error.value.field) == (422, "cache")
+
+
+@pytest.mark.parametrize("cache", ["off", "fast", "balanced", 0.05])
+def test_a_cache_setting_reaches_the_job_params(validate, cache):
+    job = validate({"prompt": "a fox", "model": "builtin:tiny-zimage", "cache": cache})
+
+    assert job.params.cache == cache
+
+
 def test_a_flux_job_without_size_or_guidance_gets_the_family_defaults(validate):
     job = validate({"prompt": "a fox", "model": "builtin:tiny-flux"})
 

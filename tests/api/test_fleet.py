@@ -8,9 +8,9 @@ from celery import Celery
 
 from batching.families import FAMILIES
 from storage.queue_names import generate_queue
-from tests.api.calls import auth, get_job, submit, wait_for
-from tests.api.processes import ApiProcess, WorkerProcess
-from tests.worker.cluster import wait_for as poll
+from tests.support.calls import auth, get_job, submit, wait_for_job
+from tests.support.processes import ApiProcess, WorkerProcess
+from tests.support.waiting import wait_for
 
 JOB_TIMEOUT = 240.0
 
@@ -78,14 +78,14 @@ def test_with_no_worker_every_model_is_refused_naming_model_and_none_is_listed(f
 def test_each_worker_consumes_only_its_models_queue(module_redis, workers):
     control = Celery(broker=module_redis.url, set_as_current=False).control
     for model, worker in workers.items():
-        replies = control.inspect(destination=[worker.hostname], timeout=10).active_queues() or {}
-        names = {queue["name"] for queue in replies.get(worker.hostname, [])}
+        replies = control.inspect(destination=[worker.name], timeout=10).active_queues() or {}
+        names = {queue["name"] for queue in replies.get(worker.name, [])}
         others = {generate_queue(other) for other in workers if other != model}
         assert generate_queue(model) in names and "stepwise.webhooks" in names and not names & others, names
 
 
 def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields_are_refused(fleet_api, http, workers):
-    served = poll(
+    served = wait_for(
         lambda: (
             lambda m: m if {"builtin:tiny", "builtin:small"} <= {k for k, v in m.items() if v["available"]} else None
         )(models_by_name(http, fleet_api)),
@@ -112,13 +112,13 @@ def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_s
     # so a short job frees the engine's one slot almost at once).
     body = cheap("builtin:tiny", num_inference_steps=30)
     backlog = [submit(http, fleet_api, body).json()["job_id"] for _ in range(6)]
-    wait_for(http, fleet_api, backlog[0], {"running", "succeeded"}, timeout=JOB_TIMEOUT)
+    wait_for_job(http, fleet_api, backlog[0], {"running", "succeeded"}, timeout=JOB_TIMEOUT)
     high = [submit(http, fleet_api, {**body, "priority": "high"}).json()["job_id"] for _ in range(2)]
     low = submit(http, fleet_api, {**body, "priority": "low"}).json()["job_id"]
     assert get_job(http, fleet_api, high[0]).json()["priority"] == "high"
 
     ended = {
-        job_id: wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
+        job_id: wait_for_job(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
         for job_id in [*backlog, *high, low]
     }
     finished = sorted(ended, key=lambda job_id: ended[job_id]["finished_at"])
@@ -152,11 +152,11 @@ def test_each_model_runs_on_its_own_worker_and_stopping_one_leaves_the_other_run
     }
     for model, ids in job_ids.items():
         for job_id in ids:
-            job = wait_for(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
+            job = wait_for_job(http, fleet_api, job_id, {"succeeded"}, timeout=JOB_TIMEOUT)
             assert job["params"]["model"] == model
 
     workers["builtin:small"].stop()
-    poll(
+    wait_for(
         lambda: not models_by_name(http, fleet_api)["builtin:small"]["available"],
         10,
         "builtin:small to show unavailable once its worker stopped",
@@ -165,7 +165,7 @@ def test_each_model_runs_on_its_own_worker_and_stopping_one_leaves_the_other_run
     waiting = submit(http, fleet_api, cheap("builtin:small"))
     assert waiting.status_code == 202, "a model that just lost its worker still accepts jobs (they queue)"
     tiny_job = submit(http, fleet_api, cheap("builtin:tiny")).json()["job_id"]
-    assert wait_for(http, fleet_api, tiny_job, {"succeeded"}, timeout=JOB_TIMEOUT)["state"] == "succeeded"
+    assert wait_for_job(http, fleet_api, tiny_job, {"succeeded"}, timeout=JOB_TIMEOUT)["state"] == "succeeded"
     queued = get_job(http, fleet_api, waiting.json()["job_id"]).json()
     assert queued["state"] == "queued" and queued["queue_position"] == 0
     assert queued["queue"]["workers"] == 0 and queued["queue"]["eta_seconds"] is None

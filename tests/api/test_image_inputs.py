@@ -13,26 +13,9 @@ import pytest
 from PIL import Image
 
 import batching.image_inputs as image_inputs
-from tests.api.calls import auth
-
-JOB = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 4}
-
-
-def image_bytes(width: int = 64, height: int = 64, image_format: str = "PNG", seed: int = 0) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format=image_format)
-    return buffer.getvalue()
-
-
-def data_uri(data: bytes, content_type: str = "image/png") -> str:
-    return f"data:{content_type};base64,{base64.b64encode(data).decode()}"
-
-
-def mask_uri(width: int = 64, height: int = 64) -> str:
-    buffer = io.BytesIO()
-    Image.new("L", (width, height), 255).save(buffer, format="PNG")
-    return data_uri(buffer.getvalue())
+from tests.support.app_context import stored_params
+from tests.support.calls import auth
+from tests.support.pictures import JOB, data_uri, image_bytes, mask_uri
 
 
 def upload(client, data: bytes, tenant: str = "alice", content_type: str = "image/png"):
@@ -41,13 +24,6 @@ def upload(client, data: bytes, tenant: str = "alice", content_type: str = "imag
 
 def submit(client, body: dict, tenant: str = "alice"):
     return client.post("/v1/jobs", json=body, headers=auth(tenant))
-
-
-def stored_params(app, job_id: str) -> dict:
-    from api.resources import get_job_store
-
-    with app.app_context():
-        return get_job_store().get(job_id).params
 
 
 def test_an_uploaded_image_is_usable_by_id_and_the_record_keeps_only_the_id(app, client):

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tests.api.calls import auth, get_job, submit
+from tests.support.calls import auth, get_job, submit
 
 BODY = {"prompt": "a lighthouse at dusk", "seed": 11, "num_inference_steps": 3, "height": 64, "width": 64}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.calls import auth, submit
-from tests.api.processes import ApiProcess
+from tests.support.calls import auth, submit
+from tests.support.processes import ApiProcess
 
 BODY = {"prompt": "a paper boat", "seed": 1, "num_inference_steps": 2}
 MAX_QUEUE_DEPTH = 3

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-import time
 from datetime import datetime
 
 import httpx
@@ -18,9 +17,10 @@ import standardwebhooks
 from httpx_sse import connect_sse
 from PIL import Image
 
-from tests.api.calls import auth, submit, wait_for
-from tests.api.processes import TENANT_KEYS, WEBHOOK_SECRET, ApiProcess
-from tests.api.webhook_receiver import WebhookReceiver
+from tests.support.calls import auth, submit, wait_for_job
+from tests.support.processes import TENANT_KEYS, WEBHOOK_SECRET, ApiProcess
+from tests.support.waiting import wait_for
+from tests.support.webhook_receiver import WebhookReceiver
 
 SHORT = {"prompt": "a red fox", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 96, "guidance_scale": 1.0}
 LONG = {"prompt": "a long walk", "seed": 3, "num_inference_steps": 200, "height": 256, "width": 256}
@@ -45,13 +45,15 @@ def live_api(module_redis, storage_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def serving(live_api, worker, http_module):
     """The API and a worker it has seen (its heartbeat is in)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        models = http_module.get(f"{live_api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
-        if any(model["model"] == "builtin:tiny" and model["available"] for model in models):
-            return live_api
-        time.sleep(0.2)
-    raise AssertionError(f"the API never saw the worker: {models}")
+
+    def models() -> list[dict]:
+        return http_module.get(f"{live_api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
+
+    def tiny_is_available() -> bool:
+        return any(model["model"] == "builtin:tiny" and model["available"] for model in models())
+
+    wait_for(tiny_is_available, 60, lambda: f"the API to see the worker: {models()}", interval=0.2)
+    return live_api
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +110,36 @@ def test_a_real_jobs_event_stream_rises_to_its_end_and_resumes_after_the_last_ev
     assert other_tenant.status_code == 404
 
 
+def test_a_job_asking_for_previews_streams_them_in_order_and_one_without_gets_none(serving, http, http_module):
+    with_previews = submit(http, serving, {**STREAMED, "seed": 6, "preview_every": 4}).json()["job_id"]
+    without = submit(http, serving, {**STREAMED, "seed": 6}).json()["job_id"]
+
+    def events_of(job_id: str) -> list:
+        with connect_sse(http_module, "GET", f"{serving.url}/v1/jobs/{job_id}/events", headers=auth()) as source:
+            return list(source.iter_sse())
+
+    streamed, plain = events_of(with_previews), events_of(without)
+
+    names = [event.event for event in streamed]
+    assert names[0] in ("queued", "started") and names[-1] == "succeeded" and "started" in names
+    stepped = [(event.event, event.json()) for event in streamed if event.event in ("progress", "preview")]
+    steps = [data["step"] for _, data in stepped]
+    assert steps == sorted(steps) and all(data["total"] == 60 for _, data in stepped), steps
+    previews = [data for name, data in stepped if name == "preview"]
+    assert previews and all(data["step"] % 4 == 0 and data["step"] < 60 for data in previews), previews
+    header, encoded = previews[-1]["image"].split(",", 1)
+    image = Image.open(io.BytesIO(base64.b64decode(encoded)))
+    assert header == "data:image/jpeg;base64" and image.size == (128, 128)  # at most 256 px: the image's own size
+    assert streamed[-1].json()["progress"] == {"step": 60, "total": 60}
+    assert "preview" not in [event.event for event in plain] and plain[-1].event == "succeeded"
+    final = [
+        http.get(f"{serving.url}/v1/jobs/{job_id}/image", headers=auth(), timeout=30)
+        for job_id in (with_previews, without)
+    ]
+    pixels = [np.asarray(Image.open(io.BytesIO(response.content)).convert("RGB"), int) for response in final]
+    assert np.abs(pixels[0] - pixels[1]).max() <= 1  # the same image, previews or not
+
+
 def test_progress_webhooks_come_at_most_once_a_second_and_verify_with_standard_webhooks(serving, http):
     with WebhookReceiver() as receiver:
         body = {
@@ -117,7 +149,7 @@ def test_progress_webhooks_come_at_most_once_a_second_and_verify_with_standard_w
             "webhook_events": ["progress", "completed"],
         }
         job_id = submit(http, serving, body).json()["job_id"]
-        wait_for(http, serving, job_id, {"succeeded"})
+        wait_for_job(http, serving, job_id, {"succeeded"})
         deliveries = receiver.wait_for(
             "/hooks/progress", lambda got: any(d.payload["type"] == "job.completed" for d in got)
         )

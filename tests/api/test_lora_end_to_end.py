@@ -12,8 +12,8 @@ from PIL import Image
 from safetensors.torch import save
 
 from batching.lora.make_test_loras import make_lora
-from tests.api.calls import auth, submit, wait_for
-from tests.api.processes import ApiProcess, WorkerProcess
+from tests.support.calls import auth, submit, wait_for_job
+from tests.support.processes import ApiProcess, WorkerProcess
 
 JOB = {"prompt": "a red fox in snow", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 64}
 
@@ -52,7 +52,7 @@ def lora_service(module_redis, storage_url, lora_folder, tmp_path_factory):
 
 
 def image_of(http, api, job: dict, tenant: str) -> np.ndarray:
-    done = wait_for(http, api, job["job_id"], {"succeeded"}, tenant=tenant)
+    done = wait_for_job(http, api, job["job_id"], {"succeeded"}, tenant=tenant)
     response = http.get(done["image_url"], headers=auth(tenant), timeout=30)
     return np.asarray(Image.open(io.BytesIO(response.content)).convert("RGB")).astype(np.int16)
 
@@ -79,6 +79,6 @@ def test_operator_and_uploaded_adapters_work_and_stay_with_their_tenant(lora_ser
     # Co-batching moves a pixel by at most 1 level: a larger change is the adapter's.
     assert np.abs(images["house"] - images["plain"]).max() > 3
     assert np.abs(images["mine"] - images["plain"]).max() > 3
-    failed = wait_for(http, api, unfit["job_id"], {"failed"})
+    failed = wait_for_job(http, api, unfit["job_id"], {"failed"})
     assert "'wrong-model' does not fit" in failed["error"]["message"]
-    assert wait_for(http, api, submit(http, api, JOB).json()["job_id"], {"succeeded"})  # the worker goes on
+    assert wait_for_job(http, api, submit(http, api, JOB).json()["job_id"], {"succeeded"})  # the worker goes on

@@ -13,8 +13,8 @@ from safetensors.numpy import save
 from api import create_app
 from api.settings import ApiSettings
 from storage.settings import StorageSettings
-from tests.api.calls import auth
-from tests.api.processes import TENANT_KEYS
+from tests.support.calls import auth
+from tests.support.processes import TENANT_KEYS
 
 MAX_LORA_BYTES = 4096
 TRUNCATED_HEADER = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'

@@ -17,7 +17,7 @@ import redis
 
 from benchmarks.waiting_clients import hold_waiting_clients, probe_healthz
 from storage.job_store import JobStore
-from tests.api.processes import TENANT_KEYS, ApiProcess
+from tests.support.processes import TENANT_KEYS, ApiProcess
 
 NUM_WAITS = 500
 NUM_STREAMS = 500

@@ -136,7 +136,7 @@ def test_every_canceled_job_view_carries_an_error_object(make_app):
 
 def test_an_img2img_job_is_priced_at_the_steps_its_strength_runs():
     from batching.params import GenerationParams
-    from tests.api.test_image_inputs import data_uri, image_bytes
+    from tests.support.pictures import data_uri, image_bytes
 
     table = LimitTable(overrides=ModelLimits(max_pixels=64 * 64, max_pixel_steps=64 * 64 * 10))
     picture = data_uri(image_bytes(64, 64))

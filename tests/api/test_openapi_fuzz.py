@@ -28,24 +28,29 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from api.errors import ApiError
 from api.waiting import prefer_wait
-from tests.api.calls import auth
-from tests.api.processes import ApiProcess
-from tests.api.test_operations import ROUTES
+from tests.support.calls import auth
+from tests.support.processes import ApiProcess
+from tests.support.routes import ROUTES
 
 OFFLINE_SITE = Path(__file__).with_name("offline_site")
 MAX_EXAMPLES = 40
 # Fields whose acceptable values depend on content or state no schema holds (see the module docstring).
 CONTENT_FIELDS = re.compile(
-    r"^(jobs\[\d+\]\.)?(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|name|strength)$"
+    r"^(jobs\[\d+\]\.)?(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|complete_by|name|strength)$"
 )
 CONTENT_CODES = {"limit_exceeded", "not_found"}
 
 
 @pytest.fixture(scope="module")
 def fuzz_api(module_redis, storage_url, tmp_path_factory):
-    """`stepwise api` whose name lookups stay on this machine (no worker: jobs stay queued)."""
+    """`stepwise api` whose name lookups stay on this machine (no worker: jobs stay queued, and the images
+    routes give up waiting for theirs at once)."""
     server = ApiProcess(
-        tmp_path_factory.mktemp("fuzz-api"), module_redis.url, storage_url, PYTHONPATH=str(OFFLINE_SITE)
+        tmp_path_factory.mktemp("fuzz-api"),
+        module_redis.url,
+        storage_url,
+        PYTHONPATH=str(OFFLINE_SITE),
+        STEPWISE_IMAGES_WAIT_SECONDS="0.2",  # a valid images request answers 504 at once, not after 300 s
     ).start()
     yield server
     server.stop()

@@ -4,31 +4,8 @@ from __future__ import annotations
 
 import re
 
-from tests.api.calls import auth, submit
-
-ROUTES = {
-    ("/v1/jobs", "post"),
-    ("/v1/jobs", "get"),
-    ("/v1/jobs/batch", "post"),
-    ("/v1/jobs/{job_id}", "get"),
-    ("/v1/jobs/{job_id}", "delete"),
-    ("/v1/jobs/{job_id}/cancel", "post"),
-    ("/v1/jobs/{job_id}/image", "get"),
-    ("/healthz", "get"),
-    ("/readyz", "get"),
-    ("/metrics", "get"),
-    ("/openapi.json", "get"),
-    ("/v1/models", "get"),
-    ("/v1/admin/tenants", "get"),
-    ("/v1/uploads", "post"),
-    ("/v1/loras", "get"),
-    ("/v1/loras/{name}", "put"),
-    ("/v1/loras/{name}", "get"),
-    ("/v1/loras/{name}", "delete"),
-    ("/v1/jobs/{job_id}/events", "get"),
-    ("/v1/images/generations", "post"),
-    ("/v1/images/edits", "post"),
-}
+from tests.support.calls import auth, submit
+from tests.support.routes import ROUTES
 
 
 def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_warns_that_no_worker_runs(api, http):

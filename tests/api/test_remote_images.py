@@ -25,12 +25,12 @@ from batching.params import MAX_IMAGE_BYTES, is_upload_id
 from storage import url_policy
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList, ImageURLError, check_image_url
-from tests.api.calls import auth
-from tests.api.conftest import get_task_queue_of
-from tests.api.processes import TENANT_KEYS
-from tests.api.test_image_inputs import JOB, image_bytes, mask_uri, stored_params
-from tests.names import REFUSED_AMONG, answer
-from tests.servers import silent_tcp_server
+from tests.support.app_context import get_task_queue_of, stored_params
+from tests.support.calls import auth
+from tests.support.names import REFUSED_AMONG, answer
+from tests.support.pictures import JOB, image_bytes, mask_uri
+from tests.support.processes import TENANT_KEYS
+from tests.support.servers import silent_tcp_server
 
 PICTURE = image_bytes(96, 72, seed=3)  # a size no default has: the job's size must come from the image
 
@@ -238,7 +238,7 @@ def test_a_url_in_a_batch_job_is_named_with_its_index(fetching_client, image_ser
 @pytest.fixture
 def names(monkeypatch):
     """Faked name resolution: `slow.test` hangs (up to 60 s, released when the test ends), the names of
-    `tests.names.REFUSED_AMONG` resolve to their addresses, any other name resolves to 127.0.0.1. Yields the
+    `tests.support.names.REFUSED_AMONG` resolve to their addresses, any other name resolves to 127.0.0.1. Yields the
     names looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()

@@ -6,9 +6,9 @@ import io
 
 from PIL import Image
 
-from tests.api.calls import auth, submit, wait_for
-from tests.api.processes import ApiProcess, WorkerProcess
-from tests.servers import RedisServer, s3_env
+from tests.support.calls import auth, submit, wait_for_job
+from tests.support.processes import ApiProcess, WorkerProcess
+from tests.support.servers import RedisServer, s3_env
 
 
 def test_with_s3_storage_the_image_url_is_presigned_and_the_image_route_redirects(s3_server, s3_bucket, tmp_path, http):
@@ -23,7 +23,7 @@ def test_with_s3_storage_the_image_url_is_presigned_and_the_image_route_redirect
             http, api, {"prompt": "a cloud", "seed": 2, "num_inference_steps": 2, "height": 64, "width": 64}
         ).json()
 
-        done = wait_for(http, api, job["job_id"], {"succeeded"})
+        done = wait_for_job(http, api, job["job_id"], {"succeeded"})
         redirect = http.get(f"{done['status_url']}/image", headers=auth(), allow_redirects=False, timeout=10)
         image = http.get(done["image_url"], timeout=10)  # presigned: no API key needed
         ready = http.get(f"{api.url}/readyz", timeout=10).json()

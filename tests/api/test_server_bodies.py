@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from tests.api.calls import auth, get_job
-from tests.api.test_image_inputs import image_bytes
+from tests.support.calls import auth, get_job
+from tests.support.pictures import image_bytes
 
 MAX_BODY = 4096
 
 
 @pytest.fixture(scope="module")
 def small_body_api(module_redis, storage_url, tmp_path_factory):
-    from tests.api.processes import ApiProcess
+    from tests.support.processes import ApiProcess
 
     server = ApiProcess(
         tmp_path_factory.mktemp("api-bodies"), module_redis.url, storage_url, STEPWISE_MAX_BODY_BYTES=str(MAX_BODY)

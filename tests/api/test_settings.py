@@ -10,7 +10,7 @@ import pytest
 
 from api.auth import KeyRing
 from api.settings import DEFAULT_TENANT, ApiSettings, SettingsError, local_dev_key, parse_api_keys
-from tests.servers import child_env
+from tests.support.servers import child_env
 
 
 def test_api_keys_are_tenant_key_pairs_and_a_tenant_may_hold_several():

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from batching import params as P
-from tests.api.calls import auth
+from tests.support.calls import auth
 
 HOOK = "http://127.0.0.1:9/hook"  # the test server allows 127.0.0.1 (STEPWISE_WEBHOOK_ALLOW_HOSTS)
 VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}
@@ -63,6 +63,12 @@ INVALID_FIELDS = [
     ("lora", 7),
     ("lora_scale", P.MAX_LORA_SCALE + 1),
     ("lora_scale", -P.MAX_LORA_SCALE - 1),
+    ("cache", "fastest"),
+    ("cache", 0),
+    ("cache", -0.1),
+    ("cache", P.MAX_CACHE_THRESHOLD + 0.5),
+    ("cache", True),
+    ("cache", ["fast"]),
     ("not_a_field", 1),
     # Loopback spellings only: private and metadata addresses are checked against the policy function directly
     # (tests/faults/test_abuse.py); 127.0.0.2 is outside this app's allow list (127.0.0.1).
@@ -241,3 +247,12 @@ def test_unknown_routes_and_methods_answer_in_the_json_error_shape(client, metho
     assert response.status_code in (404, 405)
     assert response.headers["Content-Type"].startswith("application/json")
     assert set(response.get_json()["error"]) >= {"code", "message"}
+
+
+def test_the_openapi_document_names_the_cache_presets_and_the_threshold_range(client):
+    schema = client.get("/openapi.json").get_json()["components"]["schemas"]
+    cache = next(model["properties"]["cache"] for model in schema.values() if "cache" in model.get("properties", {}))
+
+    forms = cache["anyOf"]
+    assert {"off", *P.CACHE_PRESETS} <= set(next(form["enum"] for form in forms if "enum" in form))
+    assert any(form.get("type") == "number" and form.get("maximum") == P.MAX_CACHE_THRESHOLD for form in forms)

@@ -10,14 +10,14 @@ import time
 
 import httpx
 import pytest
-from httpx_sse import connect_sse
+from httpx_sse import EventSource, ServerSentEvent, connect_sse
 
 from api import create_app
 from api.resources import get_settings
 from api.waiting import MAX_WAIT_SECONDS, prefer_wait
 from storage.job_record import JobState
 from storage.job_store import JobStore
-from tests.api.calls import auth
+from tests.support.calls import auth
 
 JOB = {"prompt": "a lighthouse", "model": "builtin:tiny", "num_inference_steps": 20}
 
@@ -58,6 +58,13 @@ def later(seconds: float, *steps) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def events_of(source: EventSource) -> list[ServerSentEvent]:
+    """The stream's events to its end. A keep-alive comment is none: httpx-sse, unlike an EventSource
+    (which the SSE spec has drop a block without data), makes an empty unnamed `message` of one that
+    follows an event with an id; the stream itself names every event it sends."""
+    return [event for event in source.iter_sse() if event.event != "message" or event.data]
 
 
 def run_to_success(store: JobStore, job_id: str) -> list:
@@ -123,11 +130,10 @@ def test_wait_preferences_are_read_as_rfc_7240_writes_them():
 
 def test_the_event_stream_sends_the_job_as_it_is_then_each_event_until_its_end(http_client, store):
     job_id = submit(http_client).json()["job_id"]
-    later(0.5, *run_to_success(store, job_id))
-
     with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
         assert source.response.headers["content-type"].startswith("text/event-stream")
-        events = list(source.iter_sse())
+        later(0.5, *run_to_success(store, job_id))  # connected: its first event, queued, is out
+        events = events_of(source)
 
     assert [event.event for event in events] == ["queued", "started", "progress", "preview", "progress", "succeeded"]
     assert events[0].json() == {"job_id": job_id, "state": "queued", "queue_position": 0}
@@ -145,13 +151,17 @@ def test_a_stream_resumed_with_last_event_id_gets_only_what_came_after(http_clie
         step()
     with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
         first = next(event for event in source.iter_sse() if event.event == "progress")
-    later(0.3, *run_to_success(store, job_id)[3:])
+    progress_10, succeed = run_to_success(store, job_id)[3:]
+    progress_10()  # while the client is away: the resumed stream must replay it
 
     resume = {**auth(), "Last-Event-ID": first.id}
     with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=resume) as source:
-        resumed = list(source.iter_sse())
+        # connect_sse returns once the stream's first event is out, so the server read the job's stream
+        # before the end (which keeps only itself there) came: no race with the clock of a busy machine.
+        later(0.3, succeed)
+        resumed = events_of(source)
     with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=resume) as source:
-        after_the_end = list(source.iter_sse())
+        after_the_end = events_of(source)
 
     assert first.json()["step"] == 5  # a fresh stream of a running job: started, then its progress
     assert [event.event for event in resumed] == ["progress", "succeeded"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 
 import pytest
 from PIL import Image
@@ -18,8 +17,9 @@ from selenium.webdriver.support.select import Select
 
 from api import create_app
 from api.settings import ApiSettings
-from tests.api.calls import auth
-from tests.api.processes import TENANT_KEYS
+from tests.support.calls import auth
+from tests.support.processes import TENANT_KEYS
+from tests.support.waiting import wait_for
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -65,16 +65,15 @@ def browser():
 
 
 def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """`wait_for` on the page: a condition the browser cannot answer yet (WebDriverException) has not held."""
+
+    def holds():
         try:
-            value = condition()
+            return condition()
         except WebDriverException:
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; the page shows: {seen()}")
+            return None
+
+    return wait_for(holds, timeout, lambda: f"{what}; the page shows: {seen()}", interval=0.05)
 
 
 def page_state(browser) -> str:
@@ -136,6 +135,15 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     guidance.clear()
     guidance.send_keys("1")
     browser.find_element(By.ID, "seed").send_keys("5")
+    # the live previews the page shows (the "Live previews" box is ticked by default) are recorded as they come:
+    # the job's card, and its preview with it, is replaced when the job ends
+    script(
+        browser,
+        "window.previewsShown = [];"
+        "new MutationObserver(() => document.querySelectorAll('img.preview').forEach(img => {"
+        "  if (img.src && !window.previewsShown.includes(img.src)) window.previewsShown.push(img.src); }))"
+        ".observe(document.body, {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});",
+    )
     prompt.send_keys(Keys.ENTER)
 
     status = wait_until(
@@ -176,6 +184,8 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         ),
     )
     assert image_src.startswith("blob:")  # fetched with the key in a header, not put in the URL
+    previews = script(browser, "return window.previewsShown")
+    assert previews and all(src.startswith("data:image/jpeg;base64,") for src in previews), previews[:1]
     shown = text_of(browser, card)  # read in one go: the card is replaced as the job's events arrive
     assert "succeeded" in shown and "not: blurry" in shown
 

@@ -18,10 +18,10 @@ from api.settings import ApiSettings, SettingsError
 from storage import url_policy
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
-from tests.api.calls import auth
-from tests.api.conftest import get_task_queue_of
-from tests.api.processes import TENANT_KEYS
-from tests.names import REFUSED_AMONG, answer
+from tests.support.app_context import get_task_queue_of
+from tests.support.calls import auth
+from tests.support.names import REFUSED_AMONG, answer
+from tests.support.processes import TENANT_KEYS
 
 JOB = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}
 LOOKUP_SECONDS = 1.0
@@ -56,9 +56,9 @@ def strict_client(redis_url, tmp_path):
 
 @pytest.fixture
 def names(monkeypatch):
-    """Faked name resolution: `slow.test` and `slow-*` hang (up to 60 s, released when the test ends), the names of
-    `tests.names.REFUSED_AMONG` resolve to their addresses, any other name resolves to 127.0.0.1. Yields the names
-    looked up, in order."""
+    """Faked name resolution: `slow.test` and `slow-*` hang (up to 60 s, released when the test ends), the names
+    of `tests.support.names.REFUSED_AMONG` resolve to their addresses, any other name resolves to 127.0.0.1.
+    Yields the names looked up, in order."""
     looked_up: list[str] = []
     release = threading.Event()
     real = url_policy.socket.getaddrinfo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.batching.conftest import (
+from tests.support.engines import (
     make_params,
     max_pixel_diff,
     mixed_params,

@@ -9,7 +9,7 @@ import torch
 
 from batching import DiffusionEngine, EngineConfig, ModelLoadError
 from batching.builtin_model import build_builtin_pipeline, builtin_model_path
-from tests.batching.conftest import make_params, pixels
+from tests.support.engines import make_params, pixels
 from training.tokenizers.make_tokenizer import OUT_DIR, write_tokenizer
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from batching import JobCanceledError, JobFailedError
-from tests.batching.conftest import (
+from tests.support.engines import (
     DEADLINE_SECONDS,
     make_params,
     max_pixel_diff,

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from batching import JobCanceledError, JobFailedError
-from tests.batching.conftest import DEADLINE_SECONDS, make_params, max_pixel_diff, run_alone, steps_taken_meanwhile
+from tests.support.engines import DEADLINE_SECONDS, make_params, max_pixel_diff, run_alone, steps_taken_meanwhile
 
 
 def test_running_jobs_keep_stepping_while_a_new_jobs_prompt_encodes_and_images_are_unchanged(fresh_engine, solo_engine):

@@ -17,7 +17,7 @@ from batching import (
     JobFailedError,
 )
 from batching.families import FAMILIES
-from tests.batching.conftest import make_params, max_pixel_diff, pixels, run_alone
+from tests.support.engines import make_params, max_pixel_diff, pixels, run_alone
 
 
 def test_a_job_at_default_size_returns_an_image_with_its_timings(batched_engine):

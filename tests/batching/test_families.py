@@ -13,16 +13,16 @@ import pytest
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError, ModelLoadError
-from tests.batching.conftest import (
+from tests.support.engines import (
     max_pixel_diff,
     num_shared_forwards,
     own_pipeline,
     own_pipeline_image,
     pixels,
-    png_data_uri,
     run_alone,
     run_staggered,
 )
+from tests.support.pictures import png_data_uri
 
 TINY_PNG = png_data_uri(Image.new("RGB", (64, 64), (200, 30, 30)))
 

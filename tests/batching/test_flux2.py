@@ -14,16 +14,8 @@ import pytest
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError
-from tests.batching.conftest import (
-    max_pixel_diff,
-    own_pipeline,
-    own_pipeline_image,
-    pixels,
-    png_data_uri,
-    run_alone,
-    run_staggered,
-)
-from tests.batching.test_image_to_image import init_picture
+from tests.support.engines import max_pixel_diff, own_pipeline, own_pipeline_image, pixels, run_alone, run_staggered
+from tests.support.pictures import init_picture, png_data_uri
 
 MODEL = "builtin:tiny-flux2"
 

@@ -8,18 +8,16 @@ the masked one.
 
 from __future__ import annotations
 
-import io
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 import batching.image_inputs as image_inputs
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.image_inputs import to_data_uri
-from tests.batching.conftest import (
+from tests.support.engines import (
     assert_together_equals_alone,
     max_pixel_diff,
     num_shared_forwards,
@@ -28,6 +26,7 @@ from tests.batching.conftest import (
     pixels,
     run_alone,
 )
+from tests.support.pictures import init_picture, png_data_uri, right_half_mask
 
 
 @dataclass(frozen=True)
@@ -46,29 +45,6 @@ CASES = [
 ]
 
 
-def init_picture(size: int = 64) -> Image.Image:
-    """A picture with structure a VAE keeps: a gradient, a disc and a bar."""
-    ramp = np.linspace(0, 255, size, dtype=np.float32)
-    array = np.stack([np.add.outer(ramp, ramp) / 2, np.tile(ramp, (size, 1)), np.tile(ramp[::-1, None], (1, size))], -1)
-    image = Image.fromarray(array.astype(np.uint8))
-    draw = ImageDraw.Draw(image)
-    draw.ellipse((8, 8, 30, 30), fill=(250, 40, 40))
-    draw.rectangle((36, 40, 60, 50), fill=(20, 20, 220))
-    return image
-
-
-def png_uri(image: Image.Image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return to_data_uri(buffer.getvalue(), "image/png")
-
-
-def right_half_mask(size: int = 64) -> Image.Image:
-    mask = Image.new("L", (size, size), 0)
-    ImageDraw.Draw(mask).rectangle((size // 2, 0, size - 1, size - 1), fill=255)
-    return mask
-
-
 def params_for(case: Case, **overrides) -> GenerationParams:
     values = dict(
         prompt="a red fox",
@@ -78,7 +54,7 @@ def params_for(case: Case, **overrides) -> GenerationParams:
         height=64,
         width=64,
         guidance_scale=case.guidance,
-        init_image=png_uri(init_picture()),
+        init_image=png_data_uri(init_picture()),
         strength=0.5,
     )
     values.update(overrides)
@@ -139,7 +115,7 @@ def test_img2img_co_batched_with_text_to_image_equals_itself_alone(case_engine):
 def test_inpainting_repaints_the_masked_region_as_diffusers_inpaint_pipeline_and_keeps_the_rest(case_engine):
     case, engine = case_engine
     mask = right_half_mask()
-    params = params_for(case, mask_image=png_uri(mask), strength=1.0)
+    params = params_for(case, mask_image=png_data_uri(mask), strength=1.0)
     pipeline = own_euler_pipeline(case.model, case.img2img_pipeline.replace("Img2Img", "Inpaint"))
     expected = own_pipeline_image(pipeline, params, image=init_picture(), mask_image=mask, strength=1.0)
 
@@ -169,7 +145,7 @@ def test_a_jobs_input_images_are_decoded_once_at_submit_and_its_kept_region_comp
     monkeypatch.setattr(image_inputs, "open_image", open_image)
     monkeypatch.setattr(Image, "composite", composite)
     mask = right_half_mask()
-    params = params_for(CASES[0], mask_image=png_uri(mask), strength=1.0, num_images=2, num_inference_steps=2)
+    params = params_for(CASES[0], mask_image=png_data_uri(mask), strength=1.0, num_images=2, num_inference_steps=2)
 
     result = batched_engine.submit(params).result(timeout=120)
 
@@ -184,7 +160,7 @@ def test_deterministic_mode_keeps_img2img_and_inpainting_bit_identical_alone_and
     case, engine = CASES[0], deterministic_engine  # builtin:tiny, shared with the other deterministic tests
     jobs = [
         params_for(case, num_inference_steps=4),  # 2 steps run
-        params_for(case, mask_image=png_uri(right_half_mask()), strength=0.75, seed=4, num_inference_steps=4),
+        params_for(case, mask_image=png_data_uri(right_half_mask()), strength=0.75, seed=4, num_inference_steps=4),
         params_for(case, prompt="a castle", init_image=None, strength=None, seed=9, num_inference_steps=2),
     ]
     alone = run_alone(engine, jobs)

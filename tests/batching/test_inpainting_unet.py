@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from tests.batching.conftest import (
+from tests.support.engines import (
     assert_together_equals_alone,
     max_pixel_diff,
     own_pipeline,
@@ -24,7 +24,7 @@ from tests.batching.conftest import (
     pixels,
     run_alone,
 )
-from tests.batching.test_image_to_image import init_picture, png_uri, right_half_mask
+from tests.support.pictures import init_picture, png_data_uri, right_half_mask
 
 MODEL = "builtin:tiny-inpaint"
 
@@ -44,8 +44,8 @@ def params_for(**overrides) -> GenerationParams:
         height=64,
         width=64,
         guidance_scale=7.5,
-        init_image=png_uri(init_picture()),
-        mask_image=png_uri(right_half_mask()),
+        init_image=png_data_uri(init_picture()),
+        mask_image=png_data_uri(right_half_mask()),
         strength=1.0,
     )
     values.update(overrides)
@@ -94,7 +94,7 @@ def test_a_job_without_a_mask_repaints_everything_as_diffusers_does_with_an_all_
 ):
     params = params_for(
         mask_image=None,
-        init_image=png_uri(init_picture()) if has_init_image else None,
+        init_image=png_data_uri(init_picture()) if has_init_image else None,
         strength=0.5 if has_init_image else None,
     )
     picture = init_picture() if has_init_image else Image.new("RGB", (64, 64))
@@ -112,7 +112,7 @@ def test_a_job_without_a_mask_repaints_everything_as_diffusers_does_with_an_all_
 def test_inpainting_jobs_with_different_masks_share_forwards_and_each_equals_itself_alone(engine):
     jobs = [
         params_for(),
-        params_for(prompt="a blue bird", seed=3, mask_image=png_uri(disc_mask())),
+        params_for(prompt="a blue bird", seed=3, mask_image=png_data_uri(disc_mask())),
         params_for(prompt="snow", seed=5, strength=0.8, num_inference_steps=5, guidance_scale=1.0),  # one row
         params_for(prompt="a castle", seed=8, init_image=None, mask_image=None, strength=None),  # text-to-image
     ]
@@ -125,7 +125,7 @@ def test_deterministic_mode_pads_the_mask_channels_and_keeps_jobs_bit_identical(
     try:
         jobs = [
             params_for(num_inference_steps=3),
-            params_for(prompt="a castle", seed=4, mask_image=png_uri(disc_mask()), num_inference_steps=3),
+            params_for(prompt="a castle", seed=4, mask_image=png_data_uri(disc_mask()), num_inference_steps=3),
         ]
         alone = run_alone(engine, jobs)  # each forward padded to 6 rows
 

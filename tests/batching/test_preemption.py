@@ -16,7 +16,7 @@ from batching.params import GenerationParams
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.sample import Sample, make_samples
 from batching.scheduler import Scheduler, SchedulerConfig
-from tests.batching.conftest import make_params, max_pixel_diff
+from tests.support.engines import make_params, max_pixel_diff
 
 _numbers = itertools.count(1)
 

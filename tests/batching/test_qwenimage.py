@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from tests.batching.conftest import max_pixel_diff, run_alone
+from tests.support.engines import max_pixel_diff, run_alone
 
 MODEL = "builtin:tiny-qwen-image"
 

@@ -14,7 +14,8 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dime
 from PIL import Image, ImageDraw
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidParamsError
-from tests.batching.conftest import max_pixel_diff, pixels, png_data_uri, run_alone, run_staggered
+from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
+from tests.support.pictures import png_data_uri
 
 MODEL = "builtin:tiny-qwen-image-edit"
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from batching.families import FAMILIES
 from batching.params import GenerationParams
 from batching.sample import Sample, make_samples
-from tests.batching.test_scheduler import FakeRunner, admitted_ids, assert_no_state_left, make_scheduler, run_iteration
+from tests.support.scheduling import FakeRunner, admitted_ids, assert_no_state_left, make_scheduler, run_iteration
 
 SD = FAMILIES["sd"]
 SMALL = SD.sample_cost(128, 128, 7.5)  # 2 rows x 16x16 latent

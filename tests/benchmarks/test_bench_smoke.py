@@ -17,7 +17,7 @@ from numbers import Real
 import pytest
 from PIL import Image
 
-from tests.servers import child_env
+from tests.support.servers import child_env
 
 VARIANTS = {"serial", "static", "fifo", "default"}
 WORKLOADS = {

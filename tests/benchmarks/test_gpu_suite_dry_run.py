@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import child_env
+from tests.support.servers import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {"serial", "static", "default"}

@@ -30,6 +30,16 @@ def test_generate_writes_a_png_of_the_requested_size_with_no_progress_bar_off_a_
     assert "denoising" not in captured.err  # captured output is not a terminal: no bar in logs
 
 
+def test_generate_with_preview_writes_the_jobs_live_preview_beside_its_image(tmp_path):
+    out, preview = tmp_path / "fox.png", tmp_path / "preview.jpg"
+
+    code = generate_96x64(out, "builtin:tiny", "--steps", "8", "--preview", str(preview), "--preview-every", "2")
+
+    assert code == 0 and out.exists()
+    with Image.open(preview) as shown:
+        assert shown.format == "JPEG" and shown.size == (96, 64)  # the image's aspect, at most 256 px
+
+
 def test_generate_with_bad_steps_exits_2_with_one_line_naming_the_field(tmp_path, capsys):
     code = main(["generate", "--prompt", "a red fox", "--steps", "0", "--out", str(tmp_path / "x.png")])
 
@@ -119,3 +129,16 @@ def test_generate_refuses_a_size_the_family_does_not_allow_naming_the_flag(tmp_p
 
     assert code == 2
     assert "--width" in capsys.readouterr().err
+
+
+def test_generate_with_a_cache_preset_writes_the_image_and_a_bad_cache_exits_2_naming_the_flag(tmp_path, capsys):
+    out = tmp_path / "cached.png"
+
+    assert generate_96x64(out, "builtin:tiny", "--seed", "7", "--steps", "4", "--cache", "fast") == 0
+    assert generate_96x64(tmp_path / "x.png", "builtin:tiny", "--cache", "fastest") == 2
+
+    with Image.open(out) as image:
+        assert image.size == (96, 64)
+    err = capsys.readouterr().err
+    assert "--cache" in err and "fastest" in err
+    assert not (tmp_path / "x.png").exists()

@@ -6,7 +6,7 @@ import io
 import time
 
 from stepwise_cli.log_progress import LogProgress
-from tests.worker.cluster import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_a_line_is_written_at_start_and_then_every_interval_without_carriage_returns():

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.api.processes import TENANT_KEYS, ApiProcess
-from tests.servers import RedisServer, child_env
+from tests.support.processes import TENANT_KEYS, ApiProcess
+from tests.support.servers import RedisServer, child_env
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 

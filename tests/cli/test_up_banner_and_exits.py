@@ -20,7 +20,7 @@ from batching.shapes.vocabulary import parse_prompt
 from stepwise_cli import up
 from stepwise_cli.client import ApiTarget, save_local_target
 from stepwise_cli.supervisor import MAX_FAST_FAILURES, ServiceError, Supervisor, mask_password, mask_urls
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 CONFIGURED_KEY = "sk_configured_by_the_operator_0123456789"
 REDIS_PASSWORD = "s3cret-redis-pw"

@@ -21,8 +21,8 @@ import requests
 from PIL import Image
 
 from storage.job_store import JobStore
-from tests.servers import child_env, free_port, wait_until_gone
-from tests.worker.cluster import wait_for
+from tests.support.servers import child_env, free_port, wait_until_gone
+from tests.support.waiting import wait_for
 
 STARTUP_TIMEOUT = 240
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
@@ -66,11 +66,12 @@ class UpProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not (self.var_dir / "stepwise.json").exists():
+
+        def ready() -> bool:
             assert self.process.poll() is None, f"stepwise up exited early:\n{self.log()}"
-            assert time.monotonic() < deadline, f"stepwise up was not ready in {STARTUP_TIMEOUT}s:\n{self.log()}"
-            time.sleep(0.2)
+            return (self.var_dir / "stepwise.json").exists()
+
+        wait_for(ready, STARTUP_TIMEOUT, lambda: f"stepwise up to be ready:\n{self.log()}", interval=0.2)
         return self
 
     def log(self) -> str:
@@ -207,13 +208,12 @@ def test_submit_wait_exits_non_zero_with_the_jobs_error_when_it_does_not_succeed
     )
     try:
         store = JobStore(up.redis_url)
-        deadline = time.monotonic() + 60
-        job_id = None
-        while job_id is None and time.monotonic() < deadline:
+
+        def slow_fox_id() -> str | None:
             records, _ = store.list_for_tenant("local", limit=5)
-            job_id = next((r.job_id for r in records if r.params["prompt"] == "a slow fox"), None)
-            time.sleep(0.1)
-        assert job_id, "the job never appeared in Redis"
+            return next((r.job_id for r in records if r.params["prompt"] == "a slow fox"), None)
+
+        job_id = wait_for(slow_fox_id, 60, "the job to appear in Redis")
         store.request_cancel(job_id)
         store.close()
         stdout, stderr = waiting.communicate(timeout=120)
@@ -286,11 +286,12 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
 
     first = subprocess.Popen(argv, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while count_jobs(up.redis_url) - num_jobs_before < num_valid // 2:
+
+        def half_submitted() -> bool:
             assert first.poll() is None, "the first backfill ended before it was interrupted"
-            assert time.monotonic() < deadline, "the first backfill submitted too few jobs"
-            time.sleep(0.02)
+            return count_jobs(up.redis_url) - num_jobs_before >= num_valid // 2
+
+        wait_for(half_submitted, 120, "the first backfill to submit half its rows", interval=0.02)
         assert first.poll() is None
         first.send_signal(signal.SIGKILL)
     finally:
@@ -397,7 +398,10 @@ def test_a_sigkilled_worker_is_restarted_and_its_job_requeued_from_its_heartbeat
 
     requeued_at = datetime.fromisoformat(requeued["requeued"]["at"]).timestamp()
     assert requeued_at - killed_at < 15, requeued_at - killed_at
-    assert requeued["requeued"]["reason"] == "worker_lost" and requeued["attempts"] == 1
+    assert requeued["requeued"]["reason"] == "worker_lost"
+    # `attempts` counts takes (storage.job_record): 1 while the job waits again, 2 once the restarted worker,
+    # which may well be up before the heartbeat gives the dead one away, has taken it before a poll saw it.
+    assert requeued["attempts"] == (1 if requeued["state"] == "queued" else 2), requeued
     assert done["attempts"] == 2 and done["started_at"] == first["started_at"]
     first_run = requeued_at - datetime.fromisoformat(first["started_at"]).timestamp()
     assert done["timings"]["queue_wait"] < done["timings"]["total"] - first_run

@@ -5,13 +5,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import requests
 
-from tests.servers import child_env, free_port, wait_until_gone
-from tests.worker.cluster import wait_for
+from tests.support.servers import child_env, free_port, wait_until_gone
+from tests.support.waiting import wait_for
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 
@@ -46,11 +45,12 @@ def test_with_an_external_redis_up_starts_none_and_restarts_a_child_that_was_kil
         )
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 240
-        while not (var_dir / "stepwise.json").exists():
+
+        def ready() -> bool:
             assert up.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+            return (var_dir / "stepwise.json").exists()
+
+        wait_for(ready, 240, lambda: f"stepwise up to be ready:\n{log_path.read_text()}", interval=0.2)
         children = psutil.Process(up.pid).children(recursive=True)
         command_lines = [" ".join(child.cmdline()) for child in children]
         assert not any("redis-server" in line for line in command_lines)

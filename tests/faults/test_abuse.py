@@ -20,10 +20,10 @@ import requests
 from api import auth
 from storage import url_policy
 from storage.url_policy import AllowList, WebhookURLError, check_webhook_url
-from tests.api.calls import auth as auth_header
-from tests.api.calls import submit
-from tests.api.processes import TENANT_KEYS, ApiProcess
-from tests.servers import RedisServer
+from tests.support.calls import auth as auth_header
+from tests.support.calls import submit
+from tests.support.processes import TENANT_KEYS, ApiProcess
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,9 +19,9 @@ from PIL import Image
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching import params as P
 from batching.errors import InvalidParamsError
-from tests.api.calls import auth, get_job, submit
-from tests.api.processes import ApiProcess
-from tests.servers import RedisServer
+from tests.support.calls import auth, get_job, submit
+from tests.support.processes import ApiProcess
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,9 +14,9 @@ import pytest
 from storage.job_record import JobRecord, JobState
 from storage.new_job import NewJobSpec
 from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, generate_queue
-from tests.faults.conftest import FAST_RECOVERY
-from tests.servers import RedisServer
-from tests.worker.cluster import Cluster, small_params, wait_for
+from tests.support.cluster import FAST_RECOVERY, Cluster, small_params
+from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,7 +26,7 @@ QUEUE = generate_queue("builtin:tiny")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tests.worker.conftest import TEST_WORKER_ENV
+    from tests.support.cluster import TEST_WORKER_ENV
 
     root = tmp_path_factory.mktemp("fair-queue")
     images = root / "images"
@@ -58,12 +58,13 @@ def records(cluster: Cluster, job_ids: list[str]) -> list[JobRecord]:
 
 
 def snapshot(cluster: Cluster, job_ids: list[str]) -> dict[str, int]:
-    """The reported queue_position of each job queued at one instant."""
+    """The reported queue_position of each job queued at one instant. Every job's position is asked for,
+    not only those whose record said queued: the records are read one by one before the positions, and a
+    job re-queued meanwhile (the victim) would be missing from a snapshot whose positions count it."""
     found = records(cluster, job_ids)
-    queued = [record for record in found if record.state is JobState.QUEUED]
     return {
         record.job_id: position
-        for record, position in zip(queued, cluster.store.queue_positions(queued))
+        for record, position in zip(found, cluster.store.queue_positions(found))
         if position is not None
     }
 

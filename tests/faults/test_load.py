@@ -16,9 +16,9 @@ import pytest
 import requests
 
 from settings import read
-from tests.api.calls import auth
-from tests.api.processes import ApiProcess
-from tests.worker.cluster import wait_for
+from tests.support.calls import auth
+from tests.support.processes import ApiProcess
+from tests.support.waiting import wait_for
 
 NUM_JOBS = read("STEPWISE_LOAD_JOBS")
 NUM_WARM_UP = 200

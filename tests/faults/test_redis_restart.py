@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from storage.job_record import JobState
-from tests.api.calls import get_job, submit
-from tests.api.processes import ApiProcess
-from tests.worker.cluster import wait_for
+from tests.support.calls import get_job, submit
+from tests.support.processes import ApiProcess
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,7 +67,7 @@ def test_a_redis_restart_loses_no_accepted_job_and_api_and_worker_reconnect_by_t
         images = sorted(str(p.relative_to(folder_cluster.images)) for p in folder_cluster.images.rglob("*.png"))
         assert images == sorted(r.image_keys[0] for r in records)
         assert get_job(http, api, job_ids[0]).json()["state"] == "succeeded"
-        assert "StorageUnavailableError" in worker.log_tail(100_000)  # some record I/O was retried
+        assert "StorageUnavailableError" in worker.log_text()  # some record I/O was retried
     finally:
         http.close()
         api.stop()

@@ -11,9 +11,9 @@ import time
 import pytest
 import requests
 
-from tests.api.calls import auth
-from tests.api.processes import ApiProcess
-from tests.servers import RedisServer
+from tests.support.calls import auth
+from tests.support.processes import ApiProcess
+from tests.support.servers import RedisServer
 
 HEADER_TIMEOUT = 2
 REQUEST_TIMEOUT = 4

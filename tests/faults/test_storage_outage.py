@@ -13,9 +13,9 @@ import time
 import pytest
 
 from storage.job_record import JobState
-from tests.faults.conftest import TEST_WORKER_ENV, s3_client
-from tests.servers import MotoS3Server, RedisServer, s3_env
-from tests.worker.cluster import Cluster, small_params, wait_for
+from tests.support.cluster import TEST_WORKER_ENV, Cluster, s3_client, small_params
+from tests.support.servers import MotoS3Server, RedisServer, s3_env
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,7 +45,7 @@ def bucket_keys(cluster: Cluster) -> list[str]:
 
 
 def upload_retries(cluster: Cluster) -> int:
-    return sum(worker.log_tail(100_000).count("as it raised EndpointConnectionError") for worker in cluster.workers)
+    return sum(worker.log_text().count("as it raised EndpointConnectionError") for worker in cluster.workers)
 
 
 def test_uploads_ride_out_a_short_storage_outage_and_every_job_succeeds(outage_cluster):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from storage.job_record import JobState
-from tests.api.webhook_receiver import WebhookReceiver
-from tests.servers import free_port
-from tests.worker.cluster import small_params, wait_for
+from tests.support.cluster import small_params
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
+from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from storage.job_store import JobStore
-from tests.storage.factories import FakeClock
+from tests.support.job_factories import FakeClock
 
 
 @pytest.fixture

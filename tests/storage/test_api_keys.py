@@ -9,7 +9,7 @@ import redis
 from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.errors import StorageUnavailableError
 from storage.redis_keys import RedisKeys
-from tests.storage.factories import FakeClock
+from tests.support.job_factories import FakeClock
 
 
 @pytest.fixture

@@ -136,3 +136,16 @@ def test_a_jobs_cost_is_its_planned_steps_over_its_images():
     assert queue_cost(params(steps=20)) == 20.0
     assert queue_cost(params(steps=20, num_images=3)) == 60.0
     assert queue_cost({"prompt": "x", "no_such_field": 1}) == 1.0
+
+
+def test_positions_read_together_count_a_job_re_queued_after_its_record_was_read(store):
+    [victim, *waiting] = queue_jobs(store, "bulk", 4)
+    assert take(store, 1) == [victim]
+    records = [store.get(job_id) for job_id in [victim, *waiting]]  # the victim's says running
+    assert store.release(victim, "w1", reason="worker_lost")  # back at the head of the queue
+
+    reported = dict(zip([victim, *waiting], store.queue_positions(records)))
+
+    assert reported == {victim: 0, waiting[0]: 1, waiting[1]: 2, waiting[2]: 3}
+    assert take(store, 4) == [victim, *waiting]
+    assert store.queue_positions(records) == [None] * 4  # all taken since: none is queued now

@@ -9,7 +9,7 @@ import time
 from storage.job_store import JobState
 from storage.local_image_store import LocalImageStore
 from storage.s3_image_store import S3ImageStore
-from tests.storage.factories import make_job
+from tests.support.job_factories import make_job
 
 
 def test_a_queued_job_is_canceled_then_removed_with_its_index_entries(store):

@@ -13,7 +13,7 @@ from storage.job_store import (
     JobStore,
     StorageUnavailableError,
 )
-from tests.storage.factories import make_job
+from tests.support.job_factories import make_job
 
 
 def list_all_pages(store: JobStore, tenant: str, **kwargs) -> list[list[str]]:

@@ -9,7 +9,7 @@ import redis
 
 from storage.job_store import Created, InvalidTransitionError, JobNotFoundError, JobState, JobStore, QueueFullError
 from storage.new_job import NewJobSpec
-from tests.storage.factories import make_job
+from tests.support.job_factories import make_job
 
 
 @pytest.fixture

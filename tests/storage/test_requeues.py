@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from storage.job_store import JobState
-from tests.storage.factories import make_job
+from tests.support.job_factories import make_job
 
 
 def test_a_released_job_keeps_its_first_start_and_says_why_it_went_back(store, clock):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from api.settings import ApiSettings
-from tests.servers import child_env
+from tests.support.servers import child_env
 from worker.settings import WorkerSettings
 
 BAD_SETTINGS = [

@@ -1,33 +1,14 @@
+"""The worker tests' shared deployment on S3 and its one worker."""
+
 from __future__ import annotations
 
 import os
 
-import boto3
 import pytest
 
-from tests.servers import S3_TEST_ENV, RedisServer, s3_env
-from tests.worker.cluster import Cluster, WorkerProcess
-
-WEBHOOK_SECRET = "whsec_" + "c3RlcHdpc2UtdGVzdHMtd2ViaG9vay1zZWNyZXQ="  # base64 of a test key
-# Fast retries and a local receiver for webhook tests; short leases so recovery tests are quick.
-TEST_WORKER_ENV = {
-    "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET,
-    "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
-    "STEPWISE_WEBHOOK_BACKOFF": "0.2",
-    "STEPWISE_WEBHOOK_MAX_ATTEMPTS": "3",
-    "STEPWISE_PROGRESS_INTERVAL": "0.1",
-    "STEPWISE_MAX_NUM_SEQS": "8",
-}
-
-
-def s3_client(endpoint_url: str):
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id=S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"],
-    )
+from tests.support.cluster import TEST_WORKER_ENV, Cluster, s3_client
+from tests.support.processes import WorkerProcess
+from tests.support.servers import RedisServer, s3_env
 
 
 @pytest.fixture(scope="session")
@@ -58,19 +39,3 @@ def main_worker(s3_cluster) -> WorkerProcess:
     worker = s3_cluster.main
     assert worker.is_alive(), f"the shared worker died:\n{worker.log_tail()}"
     return worker
-
-
-@pytest.fixture
-def folder_cluster(tmp_path) -> Cluster:
-    """A deployment of this test's own, storing images in a local folder."""
-    images = tmp_path / "images"
-    cluster = Cluster(
-        RedisServer(tmp_path / "redis").start(),
-        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
-        tmp_path,
-        extra_env=dict(TEST_WORKER_ENV),
-        images=images,
-    )
-    yield cluster
-    cluster.stop_all()
-    cluster.redis.stop()

@@ -9,7 +9,7 @@ import pytest
 
 from storage.heartbeats import Heartbeat
 from storage.job_store import JobState, JobStore
-from tests.storage.factories import FakeClock, make_job
+from tests.support.job_factories import FakeClock, make_job
 from worker.dead_workers import DeadWorkerWatch, running_holders
 
 TIMEOUT = 10.0
@@ -129,3 +129,28 @@ def test_a_job_requeued_by_a_worker_that_died_before_sending_its_message_is_sent
         clock.advance(61)
         assert sweeper.send_unsent() == [record.job_id]
         assert [job.job_id for job in sent] == [record.job_id] and sweeper.send_unsent() == []
+
+
+def test_a_lapsed_lease_this_worker_still_holds_is_not_requeued_by_its_own_sweeper(redis_url):
+    """A starved worker's keeper renews late: its own sweeper must not hand its running jobs out again
+    (another worker's sweeper still may, as it cannot tell late from dead)."""
+    from worker.leases import LapsedLeaseSweeper
+
+    clock = FakeClock(time.time())
+    with JobStore(redis_url, clock=clock) as store:
+        held, dropped = make_job(store), make_job(store)
+        for record in (held, dropped):
+            store.mark_sent(record.job_id)
+            store.take(record.job_id, "me", 3)
+        clock.advance(10)  # both leases lapsed: the keeper was starved
+        sent = []
+        own = LapsedLeaseSweeper(
+            store, sent.append, interval=1, unsent_grace=3, is_held_here={held.job_id}.__contains__
+        )
+
+        assert own.sweep() == [dropped.job_id]  # no task thread holds this one here any more
+        assert store.get(held.job_id).state is JobState.RUNNING and store.renew_lease(held.job_id, "me", 3)
+        clock.advance(10)
+        other = LapsedLeaseSweeper(store, sent.append, interval=1, unsent_grace=3)
+        assert other.sweep() == [held.job_id]
+        assert [job.job_id for job in sent] == [dropped.job_id, held.job_id]

@@ -7,7 +7,8 @@ from storage.image_store import open_image_store
 from storage.job_record import JobState
 from storage.queue_names import generate_queue
 from storage.settings import StorageSettings
-from tests.worker.cluster import Cluster, engine_stats_from_cli, long_params, png_size, small_params, wait_for
+from tests.support.cluster import Cluster, engine_stats_from_cli, long_params, png_size, small_params
+from tests.support.waiting import wait_for
 
 
 def key_for(cluster: Cluster, job_id: str, index: int = 0) -> str:

@@ -17,7 +17,8 @@ from batching.job import JobFuture
 from storage.job_record import JobState
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
-from tests.worker.cluster import small_params, wait_for
+from tests.support.cluster import small_params
+from tests.support.waiting import wait_for
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 from worker.tasks import run_job
@@ -38,7 +39,9 @@ class LongStepEngine:
         self.is_cancel_wanted = threading.Event()
         self.at_boundary = threading.Event()
 
-    def submit(self, params, *, job_id, on_progress, priority="normal", tenant="", complete_by=None) -> JobFuture:
+    def submit(
+        self, params, *, job_id, on_progress, priority="normal", tenant="", complete_by=None, **previews
+    ) -> JobFuture:
         future = JobFuture(job_id, self.num_steps)  # what DiffusionEngine.submit returns
         threading.Thread(target=self._run, args=(future, job_id, on_progress), daemon=True).start()
         return future

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from storage.job_record import JobState
 from storage.queue_names import generate_queue
-from tests.worker.cluster import long_params, small_params
+from tests.support.cluster import long_params, small_params
 
 
 @pytest.mark.timeout(600)

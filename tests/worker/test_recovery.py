@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from storage.job_record import JobState
-from tests.worker.cluster import long_params, small_params
+from tests.support.cluster import long_params, small_params
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -19,7 +19,7 @@ def test_warm_shutdown_lets_a_running_job_finish_before_the_worker_exits(folder_
     job_id = folder_cluster.submit(long_params(prompt="finish me", num_inference_steps=100))
     folder_cluster.wait_for_progress(job_id, min_step=1)
 
-    assert worker.stop(signal.SIGTERM, timeout=400) == 0
+    assert worker.stop(signal.SIGTERM, timeout=400) == 0, worker.log_tail()
 
     record = folder_cluster.store.get(job_id)
     assert record.state is JobState.SUCCEEDED and record.attempts == 1
@@ -31,7 +31,7 @@ def test_warm_shutdown_requeues_what_outlives_the_grace_period_and_another_worke
     short_ids = [folder_cluster.submit(small_params(prompt=f"short {i}")) for i in range(2)]
     folder_cluster.wait_for_progress(long_id, min_step=1)
 
-    assert first.stop(signal.SIGTERM, timeout=60) == 0
+    assert first.stop(signal.SIGTERM, timeout=60) == 0, first.log_tail()
     requeued = folder_cluster.store.get(long_id)
     assert requeued.state is JobState.QUEUED and requeued.attempts == 1
 

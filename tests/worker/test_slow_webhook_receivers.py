@@ -11,7 +11,8 @@ import pytest
 
 from storage.job_record import JobState
 from storage.url_policy import AllowList
-from tests.worker.cluster import small_params, wait_for
+from tests.support.cluster import small_params
+from tests.support.waiting import wait_for
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from storage import url_policy
-from tests.api.webhook_receiver import WebhookReceiver
-from tests.names import REFUSED_AMONG, answer
-from tests.servers import silent_tcp_server
+from tests.support.names import REFUSED_AMONG, answer
+from tests.support.servers import silent_tcp_server
+from tests.support.webhook_receiver import WebhookReceiver
 
 # STEPWISE_WEBHOOK_ALLOW_HOSTS=127.0.0.1 (a range of one address: names are checked), unsigned
 LOOPBACK_ONLY = {"allow": url_policy.AllowList.parse("127.0.0.1"), "secret": None}
@@ -29,7 +29,7 @@ def receiver():
 def names(monkeypatch):
     """`rebinding.test` resolves to 127.0.0.1 once, then to 127.0.0.2 (a DNS rebinding name); `slow.test`
     hangs (up to 60 s, released when the test ends); `outage.test` fails to resolve once, then resolves;
-    the names of `tests.names.REFUSED_AMONG` resolve to their addresses; other names resolve for real
+    the names of `tests.support.names.REFUSED_AMONG` resolve to their addresses; other names resolve for real
     (addresses only here).
     Yields the `.test` names looked up, in order."""
     looked_up: list[str] = []

@@ -10,8 +10,9 @@ import pytest
 
 from storage.job_record import JobState
 from storage.webhooks import secret_bytes, verify
-from tests.worker.cluster import small_params, wait_for
-from tests.worker.conftest import WEBHOOK_SECRET
+from tests.support.cluster import small_params
+from tests.support.processes import WEBHOOK_SECRET
+from tests.support.waiting import wait_for
 
 
 class Receiver:

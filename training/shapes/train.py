@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
 from batching.shapes.vocabulary import all_prompts
 from training.shapes import model as shapes_model
+from training.shapes.latent_rgb_fit import save_latent_rgb
 
 PROMPT_DROPOUT = 0.15  # share of training rows with the empty prompt (for classifier-free guidance)
 UNET_LR = 1e-3
@@ -247,6 +248,7 @@ class PipelineSaver:
         record = {"stage": self.stage, "unet_steps": self.steps_before + num_steps}
         record["seconds"] = round(time.time() - self.started, 1)
         (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+        save_latent_rgb(out)  # the live previews' factors, fitted against this VAE
         self.log(f"saved {out} after {num_steps} {self.stage} steps")
 
 

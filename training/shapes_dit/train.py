@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from batching.pipelines.builtins import shapes_dit
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
 from batching.shapes.vocabulary import all_prompts
+from training.shapes.latent_rgb_fit import save_latent_rgb
 
 SIZES = (96, 112, 128)  # square image sides trained together (the VAE reconstructs every prompt from 96 up)
 NUM_BOX_SIZES = 6  # shape sizes per prompt and image size in the fixed training set
@@ -154,6 +155,7 @@ class PipelineSaver:
         for folder in folders:
             pipeline.save_pretrained(folder)
             (folder / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+            save_latent_rgb(folder, "builtin:shapes-dit")  # the live previews' factors, fitted against its VAE
         self.log(f"saved {', '.join(map(str, folders))} after {num_steps} {self.stage} steps")
 
 

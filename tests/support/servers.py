@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 
 from benchmarks.local_services import SeaweedS3Server  # noqa: F401 (the tests' real S3 server, shared)
+from tests.support.waiting import wait_for
 
 
 def free_port() -> int:
@@ -24,13 +25,12 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
+    def listening() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+        return False
+
+    wait_for(listening, timeout, f"something to listen on port {port}", interval=0.05)
 
 
 def wait_until_gone(processes: list, timeout: float = 10.0) -> list:

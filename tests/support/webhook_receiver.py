@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.support.waiting import wait_for
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -76,14 +78,16 @@ class WebhookReceiver:
 
     def wait_for(self, path: str, predicate, timeout: float = 60.0) -> list[Delivery]:
         """Wait until predicate(deliveries to path) holds; fail with what arrived after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def arrived() -> list[Delivery] | None:
             got = self.received(path)
-            if predicate(got):
-                return got
-            time.sleep(0.05)
-        raise AssertionError(
-            f"webhook deliveries to {path} within {timeout}s: {[(d.status, d.body[:200]) for d in self.received(path)]}"
+            return got if predicate(got) else None
+
+        return wait_for(
+            arrived,
+            timeout,
+            lambda: f"webhook deliveries to {path}: {[(d.status, d.body[:200]) for d in self.received(path)]}",
+            interval=0.05,
         )
 
     def __enter__(self) -> WebhookReceiver:

@@ -1,4 +1,5 @@
-"""Real processes for the API tests: `stepwise api` (its default server) and a Celery worker."""
+"""Real processes for the tests: `stepwise api` (its default server) and the one worker process class, which
+the API tests start themselves and the worker tests' `Cluster` starts for them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import uuid
 from pathlib import Path
+from typing import Self
 
 import requests
 
 from stepwise_cli.api_cmd import DEFAULT_SERVER
-from tests.servers import child_env, free_port
+from tests.support.servers import child_env, free_port
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_KEYS = {"alice": "sk_test_alice", "bob": "sk_test_bob", "carol": "sk_test_carol"}
@@ -35,31 +38,54 @@ class ChildProcess:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def launch(self) -> Self:
+        """Start the process without waiting (start several, then `wait_ready` each)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        return self
 
-    def log_tail(self, num_chars: int = 4000) -> str:
+    def start(self, timeout: float | None = None) -> Self:
+        """Start the process and wait until it is ready (`wait_ready`, with its own default timeout)."""
+        self.launch()
+        return self.wait_ready() if timeout is None else self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 30.0) -> Self:
+        raise NotImplementedError
+
+    def log_text(self) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-num_chars:]
+            return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
 
-    def assert_running(self) -> None:
-        assert self.process is not None and self.process.poll() is None, (
-            f"{self.name} exited with {self.process and self.process.returncode}:\n{self.log_tail()}"
-        )
+    def log_tail(self, num_chars: int = 4000) -> str:
+        return self.log_text()[-num_chars:]
 
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def assert_running(self) -> None:
+        code = self.process and self.process.returncode
+        assert self.is_alive(), f"{self.name} exited with {code}:\n{self.log_tail()}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Send `sig` to the process group and wait; past `timeout`, kill it. Returns the exit code (None if it
+        never started)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
 
@@ -116,31 +142,27 @@ class ApiProcess(ChildProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ApiProcess:
-        super().start()
-        return self.wait_ready(timeout)
-
-    def launch(self) -> ApiProcess:
-        """Start the process without waiting (start several, then `wait_ready` each)."""
-        super().start()
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> ApiProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_ready(self, timeout: float = 30.0) -> Self:
+        def healthy() -> bool:
             self.assert_running()
             try:
-                if requests.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return self
+                return requests.get(f"{self.url}/healthz", timeout=2).status_code == 200
             except (requests.ConnectionError, requests.Timeout):  # workers still booting on a busy machine
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"stepwise api did not answer /healthz within {timeout}s:\n{self.log_tail()}")
+                return False
+
+        try:
+            wait_for(healthy, timeout, "stepwise api to answer /healthz")
+        except AssertionError:
+            self.stop()
+            raise TimeoutError(f"stepwise api did not answer /healthz within {timeout}s:\n{self.log_tail()}") from None
+        return self
 
 
 class WorkerProcess(ChildProcess):
-    """A Celery worker (threads pool) for both queues, with the built-in tiny model on the CPU."""
+    """A real worker process on the CPU, for the generate and webhook queues (builtin:tiny unless the
+    environment names another model). API tests take the threads pool and the defaults below; the
+    worker tests' `Cluster` passes `pool=None`, so the app's own pool, concurrency and prefetch are
+    what runs, or `via_stepwise=True` to start it as `stepwise worker` does."""
 
     def __init__(
         self,
@@ -148,9 +170,14 @@ class WorkerProcess(ChildProcess):
         redis_url: str,
         storage_url: str,
         *,
+        label: str = "worker",
         queues: str = "stepwise.generate,stepwise.webhooks",
+        pool: str | None = "threads",
+        via_stepwise: bool = False,
+        stepwise_args: tuple[str, ...] = (),
         **env_overrides: str,
     ) -> None:
+        self.metrics_port = int(env_overrides.get("STEPWISE_WORKER_METRICS_PORT") or free_port())
         defaults = dict(
             STEPWISE_REDIS_URL=redis_url,
             STEPWISE_STORAGE_URL=storage_url,
@@ -160,43 +187,25 @@ class WorkerProcess(ChildProcess):
             STEPWISE_WEBHOOK_SECRET=WEBHOOK_SECRET,
             STEPWISE_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
             STEPWISE_WEBHOOK_BACKOFF="0.2",
-            STEPWISE_WORKER_METRICS_PORT="0",
+            STEPWISE_WORKER_METRICS_PORT=str(self.metrics_port),
         )
         env = child_env(**{**defaults, **env_overrides})  # the test's settings win
-        self.hostname = f"api-test-{free_port()}@{socket.gethostname()}"
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker",
-            "worker",
-            "-Q",
-            queues,
-            "--pool",
-            "threads",
-            "--loglevel",
-            "INFO",
-            "--hostname",
-            self.hostname,
-        ]
-        super().__init__("celery worker", argv, env, tmp_dir / "worker.log")
+        name = f"{label}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"  # its Celery node name: `self.name`
+        if via_stepwise:
+            argv = [str(Path(sys.executable).with_name("stepwise")), "worker", "--hostname", name, *stepwise_args]
+        else:
+            argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues]
+            argv += [*(["--pool", pool] if pool else []), "--loglevel", "INFO", "--hostname", name]
+        super().__init__(name, argv, env, tmp_dir / f"{label}.log")
 
-    def start(self, timeout: float = 120.0) -> WorkerProcess:
-        super().start()
-        return self.wait_ready(timeout)
-
-    def launch(self) -> WorkerProcess:
-        """Start the process without waiting (start several, then `wait_ready` each)."""
-        super().start()
-        return self
-
-    def wait_ready(self, timeout: float = 120.0) -> WorkerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_ready(self, timeout: float = 120.0) -> Self:
+        def ready() -> bool:
             self.assert_running()
-            if " ready." in self.log_tail(20_000):
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"the worker was not ready within {timeout}s:\n{self.log_tail()}")
+            return " ready." in self.log_tail(20_000)
+
+        try:
+            wait_for(ready, timeout, "the worker to log that it is ready", interval=0.2)
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"the worker was not ready within {timeout}s:\n{self.log_tail()}") from None
+        return self

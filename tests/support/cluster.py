@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import boto3
 import redis
 from celery import Celery
 
@@ -21,27 +18,44 @@ from batching.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
 from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, WEBHOOK_QUEUE, broker_queue_keys, generate_queue
-from tests.servers import RedisServer, child_env, free_port
+from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
+from tests.support.servers import S3_TEST_ENV, RedisServer, child_env
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))
-STEPWISE = str(Path(sys.executable).with_name("stepwise"))
 BOOT_TIMEOUT = 180.0
+
+# Fast retries and a local receiver for webhook tests; short leases so recovery tests are quick.
+TEST_WORKER_ENV = {
+    "STEPWISE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+    "STEPWISE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    "STEPWISE_WEBHOOK_BACKOFF": "0.2",
+    "STEPWISE_WEBHOOK_MAX_ATTEMPTS": "3",
+    "STEPWISE_PROGRESS_INTERVAL": "0.1",
+    "STEPWISE_MAX_NUM_SEQS": "8",
+}
+
+
+def s3_client(endpoint_url: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=S3_TEST_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+# Leases of a few seconds so a dead worker's jobs come back quickly, and a broker visibility
+# timeout of ten hours, so nothing in these tests can be rescued by Redis redelivering a message.
+FAST_RECOVERY = {
+    "STEPWISE_JOB_LEASE_SECONDS": "3",
+    "STEPWISE_LEASE_SWEEP_INTERVAL": "0.5",
+    "STEPWISE_VISIBILITY_TIMEOUT": "36000",
+}
+
 JOB_TIMEOUT = 240.0  # a busy shared 2-core machine runs these jobs 30 times slower than an idle one
-T = TypeVar("T")
-
-
-def wait_for(condition: Callable[[], T], timeout: float, what: str | Callable[[], str], interval: float = 0.1) -> T:
-    """Poll until `condition()` is truthy; return its value or fail saying what did not happen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            described = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {described}")
-        time.sleep(interval)
 
 
 def small_params(**overrides: Any) -> dict[str, Any]:
@@ -71,39 +85,6 @@ def long_params(**overrides: Any) -> dict[str, Any]:
             **overrides,
         }
     )
-
-
-@dataclass
-class WorkerProcess:
-    name: str  # Celery node name, e.g. "w1@stepwise-tests"
-    process: subprocess.Popen
-    log_path: Path
-    metrics_port: int
-
-    def log_tail(self, num_lines: int = 80) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-num_lines:])
-
-    def is_alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        """Send `sig` and wait for the process to exit; returns its exit code."""
-        if self.is_alive():
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(
-                f"worker {self.name} did not exit within {timeout:.0f}s of {sig!r}:\n{self.log_tail()}"
-            ) from None
-
-    def kill(self) -> None:
-        if self.is_alive():
-            self.process.kill()
-            self.process.wait()
 
 
 @dataclass
@@ -139,29 +120,16 @@ class Cluster:
     ) -> WorkerProcess:
         """`celery -A worker worker` with no pool, concurrency or prefetch flags (the app's defaults
         must be right), or `stepwise worker` (with `stepwise_args`)."""
-        label = label or f"w{len(self.workers) + 1}"
-        name = f"{label}-{uuid.uuid4().hex[:6]}@stepwise-tests"
-        metrics_port = free_port()
-        log_path = self.log_dir / f"worker-{label}.log"
-        child = child_env(**{**self.env, "STEPWISE_WORKER_METRICS_PORT": str(metrics_port), **env})  # env wins
-        if via_stepwise:
-            command = [STEPWISE, "worker", "--hostname", name, *stepwise_args]
-        else:
-            command = [
-                CELERY,
-                "-A",
-                "worker",
-                "worker",
-                "-Q",
-                "stepwise.generate,stepwise.webhooks",
-                "-n",
-                name,
-                "--loglevel",
-                "INFO",
-            ]
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(command, cwd=ROOT, env=child, stdout=log_file, stderr=subprocess.STDOUT)
-        worker = WorkerProcess(name, process, log_path, metrics_port)
+        worker = WorkerProcess(
+            self.log_dir,
+            self.redis.url,
+            self.storage_env["STEPWISE_STORAGE_URL"],
+            label=f"worker-{label or f'w{len(self.workers) + 1}'}",
+            pool=None,
+            via_stepwise=via_stepwise,
+            stepwise_args=stepwise_args,
+            **{**self.storage_env, **self.extra_env, **env},  # the test's settings win
+        ).launch()
         self.workers.append(worker)
         if wait:
             self.wait_until_ready(worker)
@@ -169,13 +137,13 @@ class Cluster:
 
     def wait_until_ready(self, worker: WorkerProcess, timeout: float = BOOT_TIMEOUT) -> None:
         """A worker answers ping once its consumer runs, which is after its model loaded."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def answers_ping() -> bool:
             if not worker.is_alive():
                 raise AssertionError(f"worker {worker.name} exited while starting:\n{worker.log_tail()}")
-            if self.celery.control.ping(destination=[worker.name], timeout=1.0):
-                return
-        raise AssertionError(f"worker {worker.name} did not answer ping within {timeout:.0f}s:\n{worker.log_tail()}")
+            return bool(self.celery.control.ping(destination=[worker.name], timeout=1.0))
+
+        wait_for(answers_ping, timeout, lambda: f"worker {worker.name} to answer ping:\n{worker.log_tail()}", 0.0)
 
     def stop_all(self) -> None:
         for worker in self.workers:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import requests
 
 from storage.job_record import TERMINAL_STATE_NAMES
-from tests.api.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess
+from tests.support.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess
+from tests.support.waiting import wait_for
 
 TERMINAL_STATES = TERMINAL_STATE_NAMES
 
@@ -26,7 +25,7 @@ def get_job(http: requests.Session, api: ApiProcess, job_id: str, tenant: str = 
     return http.get(f"{api.url}/v1/jobs/{job_id}", headers=auth(tenant), timeout=10)
 
 
-def wait_for(
+def wait_for_job(
     http: requests.Session,
     api: ApiProcess,
     job_id: str,
@@ -35,16 +34,18 @@ def wait_for(
     timeout: float = 120.0,
     tenant: str = "alice",
 ) -> dict:
-    """Poll until the job is in one of `states`; fail with its last view after `timeout`."""
-    deadline = time.monotonic() + timeout
-    job: dict = {}
-    while time.monotonic() < deadline:
+    """Poll until the job is in one of `states`; fail with its last view after `timeout`, or at once when it
+    ends in another state."""
+    last: dict = {}
+
+    def in_states() -> dict | None:
         response = get_job(http, api, job_id, tenant)
         assert response.status_code == 200, response.text
-        job = response.json()
-        if job["state"] in states:
-            return job
-        if job["state"] in TERMINAL_STATES:
-            raise AssertionError(f"job ended {job['state']}, not in {states}: {job}")
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} not in {states} within {timeout}s: {job}")
+        last.update(response.json())
+        if last["state"] in states:
+            return dict(last)
+        if last["state"] in TERMINAL_STATES:
+            raise AssertionError(f"job ended {last['state']}, not in {states}: {last}")
+        return None
+
+    return wait_for(in_states, timeout, lambda: f"job {job_id} in {states}: {last}")

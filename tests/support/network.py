@@ -8,7 +8,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 
 class LateProxy:

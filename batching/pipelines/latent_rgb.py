@@ -1,0 +1,144 @@
+"""A linear map from a family's latent channels to RGB: what a live preview is made of, without the VAE.
+
+A preview is `rgb = factors^T @ latent + bias` at every position of the latent grid (each
+adapter's `preview_latents` lays a sample's latents out as that grid), in [-1, 1] as the VAE's
+pixels are. Where the factors come from, in this order (`latent_rgb_for`, at load):
+
+1. the model folder's `latent_rgb.json`: the built-ins write one when they are built, fitted by
+   least squares against their own VAE (`fit_latent_rgb`);
+2. a built-in folder without one (built before previews existed): fitted at load and saved there;
+3. the family's published factors (the adapter's `published_latent_rgb`: the community's fits for
+   the real SD 1.x, SDXL, SD3, FLUX.1, Qwen-Image and FLUX.2 latent spaces, as ComfyUI ships them);
+4. none: the model makes no previews.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from batching.params import GenerationParams
+
+if TYPE_CHECKING:
+    from batching.pipelines.contract import PipelineAdapter
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "latent_rgb.json"
+FIT_SIZE = 128  # pixels a side of the images the fit decodes
+FIT_NUM_IMAGES = 8
+FIT_RIDGE = 1e-3  # keeps a fit with many channels (FLUX.2's 128) well posed on few positions
+
+
+@dataclass(frozen=True)
+class LatentRgb:
+    factors: tuple[tuple[float, float, float], ...]  # one (r, g, b) row per channel of `preview_latents`
+    bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    source: str = "published"  # published, or fitted (against the model's own VAE)
+
+    @property
+    def num_channels(self) -> int:
+        return len(self.factors)
+
+    def tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(factors [c, 3], bias [3]) on `device`."""
+        return (
+            torch.tensor(self.factors, device=device, dtype=dtype),
+            torch.tensor(self.bias, device=device, dtype=dtype),
+        )
+
+    def save(self, folder: Path) -> None:
+        rows = ",\n  ".join(json.dumps(list(row)) for row in self.factors)  # one channel a line
+        text = f'{{"source": "{self.source}", "bias": {json.dumps(list(self.bias))},\n "factors": [\n  {rows}\n ]}}\n'
+        (Path(folder) / FILE_NAME).write_text(text)
+
+    @classmethod
+    def load(cls, path: Path) -> LatentRgb:
+        body = json.loads(Path(path).read_text())
+        factors = tuple((float(r), float(g), float(b)) for r, g, b in body["factors"])
+        r, g, b = body.get("bias", (0.0, 0.0, 0.0))
+        return cls(factors, (float(r), float(g), float(b)), str(body.get("source", "fitted")))
+
+    @classmethod
+    def from_tensors(cls, factors: torch.Tensor, bias: torch.Tensor, source: str) -> LatentRgb:
+        rows = tuple((round(r, 5), round(g, 5), round(b, 5)) for r, g, b in factors.tolist())
+        r, g, b = bias.tolist()
+        return cls(rows, (round(r, 5), round(g, 5), round(b, 5)), source)
+
+    def expanded(self, repeats: int) -> LatentRgb:
+        """Each row `repeats` times, divided by `repeats`: the factors of channels patchified into `repeats`
+        sub-positions (channel c * repeats + p), averaging the sub-positions (FLUX.2's 2x2 patches)."""
+        rows = tuple(tuple(value / repeats for value in row) for row in self.factors for _ in range(repeats))
+        return LatentRgb(rows, self.bias, self.source)  # type: ignore[arg-type]  # rows of three
+
+
+def latent_rgb_for(adapter: PipelineAdapter, source: str) -> LatentRgb | None:
+    """The factors of a model just loaded from `source` (its folder, or a cached repo id's), as the module
+    docstring orders them."""
+    from batching.builtin_model import is_builtin
+
+    folder = Path(source)
+    path = folder / FILE_NAME
+    if path.is_file():
+        return LatentRgb.load(path)
+    if is_builtin(adapter.model):
+        fitted = fit_latent_rgb(adapter)
+        try:
+            fitted.save(folder)
+        except OSError as e:  # a read-only folder: fitted again at the next load
+            logger.info("could not save %s's latent-to-RGB factors in %s: %s", adapter.model, folder, e)
+        return fitted
+    return getattr(adapter, "published_latent_rgb", None)
+
+
+@torch.inference_mode()
+def fit_latent_rgb(
+    adapter: PipelineAdapter, latents: Sequence[torch.Tensor] | None = None, *, size: int = FIT_SIZE
+) -> LatentRgb:
+    """Least-squares factors from `latents` (each [1, *latent_shape] of a `size` x `size` image, in the
+    denoiser's space; standard normal noise, the denoiser's own prior, unless given) to the pixels the
+    model's VAE decodes from them, averaged over each latent position's patch of pixels."""
+    params = GenerationParams(prompt="latent rgb fit", model=adapter.model, height=size, width=size, seed=0)
+    if latents is None:
+        generator = torch.Generator("cpu").manual_seed(0)
+        latents = [adapter.draw_noise(params, generator) for _ in range(FIT_NUM_IMAGES)]
+    inputs, targets = [], []
+    for one in latents:
+        grid = adapter.preview_latents(one, params).float()  # [c, h, w]
+        image = adapter.decode(one, [params])[0]
+        pixels = torch.as_tensor(_array(image), dtype=torch.float32).permute(2, 0, 1) / 127.5 - 1  # [3, H, W]
+        pooled = torch.nn.functional.adaptive_avg_pool2d(pixels[None], (grid.shape[-2], grid.shape[-1]))[0]  # [3, h, w]
+        inputs.append(grid.flatten(1).T.cpu())  # [h*w, c]
+        targets.append(pooled.flatten(1).T)  # [h*w, 3]
+    x = torch.cat(inputs).double()
+    y = torch.cat(targets).double()
+    x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # the bias column
+    ridge = FIT_RIDGE * len(x) * torch.eye(x.shape[1], dtype=x.dtype)
+    ridge[-1, -1] = 0  # the bias is not shrunk
+    solution = torch.linalg.solve(x.T @ x + ridge, x.T @ y)  # [c + 1, 3]
+    return LatentRgb.from_tensors(solution[:-1].float(), solution[-1].float(), "fitted")
+
+
+@torch.inference_mode()
+def encoded_latents(adapter: PipelineAdapter, images: Sequence[Any]) -> list[torch.Tensor]:
+    """RGB images (PIL, one size) as the denoiser-space latents [1, *latent_shape] their VAE encodes them to:
+    fit data from a trained model's own kind of pictures."""
+    generator = torch.Generator("cpu").manual_seed(0)
+    latents = []
+    for image in images:
+        pixels = torch.as_tensor(_array(image), dtype=torch.float32).permute(2, 0, 1)[None] / 127.5 - 1
+        mean, std = adapter.encode_images(pixels.to(adapter.device, adapter.dtype))
+        latents.append(adapter.image_latents(mean, std, generator))
+    return latents
+
+
+def _array(image: Any) -> Any:
+    import numpy as np
+
+    return np.array(image.convert("RGB"))

@@ -1,0 +1,86 @@
+"""What every family's step cache shares: the per-sample decision and the rows that compute.
+
+The decision (`decide`) compares each caching sample's early feature, row by row, with the
+same rows at its last full step: the relative L1 change summed over the sample's rows, so a
+CFG sample's two rows skip or compute together. A sample that computes takes its feature as
+the new reference (`keep`). The adapter decides where its family's early feature is, and what a skip
+reuses (`batching.step_cache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from batching.pipelines.contract import CachedSample
+
+
+def decide(samples: Sequence[CachedSample], features: Sequence[torch.Tensor]) -> list[bool]:
+    """Whether each sample skips this step, from `features` (per row of the batch, in order: that row's early
+    feature, the same shape at every step). Changes no state: `keep` does, once the forward succeeded (an
+    out-of-memory retry decides again from the same state)."""
+    changes = relative_changes(samples, features)
+    return [
+        change is not None and change < sample.state.threshold  # type: ignore[union-attr]
+        for sample, change in zip(samples, changes)
+    ]
+
+
+def relative_changes(samples: Sequence[CachedSample], features: Sequence[torch.Tensor]) -> list[float | None]:
+    """Per sample: the relative L1 change of its rows' features since its last full step; None for a sample
+    that computes regardless (no cache, its first or last step, no full step yet)."""
+    changes: list[torch.Tensor] = []  # one 0-d tensor per sample that may skip
+    row = 0
+    for sample in samples:
+        state = sample.state
+        if _is_candidate(sample):
+            assert state is not None and state.reference is not None
+            rows = features[row : row + sample.num_rows]
+            difference = sum((now.float() - then.float()).abs().sum() for now, then in zip(rows, state.reference))
+            size = sum(then.float().abs().sum() for then in state.reference)
+            changes.append(torch.as_tensor(difference / size))
+        row += sample.num_rows
+    values = iter(torch.stack(changes).tolist() if changes else [])  # one device sync per forward
+    return [next(values) if _is_candidate(sample) else None for sample in samples]
+
+
+def keep(
+    samples: Sequence[CachedSample],
+    skipped: Sequence[bool],
+    features: Sequence[torch.Tensor],
+    skippable_outputs: Sequence[torch.Tensor | None],
+) -> None:
+    """After the forward: each caching sample that computed keeps, per row, its early feature (the reference
+    of its next decisions) and what the skippable part produced (`skippable_outputs`, per row of the batch)."""
+    for sample, rows, is_skip in zip(samples, sample_rows(samples), skipped):
+        if sample.state is None or is_skip:
+            continue
+        sample.state.reference = [features[row].clone() for row in rows]
+        sample.state.cached = [skippable_outputs[row].clone() for row in rows]  # type: ignore[union-attr]
+
+
+def _is_candidate(sample: CachedSample) -> bool:
+    state = sample.state
+    return state is not None and sample.may_skip and state.reference is not None and state.cached is not None
+
+
+def computing_rows(samples: Sequence[CachedSample], skipped: Sequence[bool], num_rows: int) -> list[int]:
+    """Indices of the batch rows that compute: those of samples that do not skip, and any padding rows after
+    the samples' (deterministic mode)."""
+    rows: list[int] = []
+    row = 0
+    for sample, is_skip in zip(samples, skipped):
+        if not is_skip:
+            rows += range(row, row + sample.num_rows)
+        row += sample.num_rows
+    return rows + list(range(row, num_rows))
+
+
+def sample_rows(samples: Sequence[CachedSample]) -> list[range]:
+    """Each sample's row indices in the batch."""
+    ranges, row = [], 0
+    for sample in samples:
+        ranges.append(range(row, row + sample.num_rows))
+        row += sample.num_rows
+    return ranges

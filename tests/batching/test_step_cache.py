@@ -1,0 +1,272 @@
+"""Step caching per sample inside the continuous batch (batching.step_cache).
+
+A cached job's skip decisions are its own: co-batched (staggered joins, cached and uncached
+neighbours, other sizes) it decides and draws as it does alone, except where a decision sits
+within float noise of its threshold; the tests record every decision to show how often that
+happens. Each cached job gets its own threshold here, so that its decisions can be told apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import batching.pipelines.step_cache_rows as step_cache_rows
+from batching import DiffusionEngine, EngineConfig, GenerationParams
+from batching.errors import InvalidParamsError
+from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
+
+NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size
+
+
+@pytest.fixture
+def decisions(monkeypatch):
+    """threshold -> the relative changes its sample's decisions saw, in step order."""
+    seen: dict[float, list[float]] = {}
+    decide_from = step_cache_rows.relative_changes
+
+    def recording(samples, features):
+        changes = decide_from(samples, features)
+        for sample, change in zip(samples, changes):
+            if change is not None:
+                seen.setdefault(sample.state.threshold, []).append(change)
+        return changes
+
+    monkeypatch.setattr(step_cache_rows, "relative_changes", recording)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def zimage_engine():
+    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=8))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="module")
+def flux_engine():
+    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=8))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="module")
+def sdxl_engine():
+    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-sdxl", device="cpu", max_num_seqs=8))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="module")
+def sd_engine():
+    engine = DiffusionEngine(EngineConfig(model="builtin:tiny", device="cpu", max_num_seqs=8))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+def zimage_jobs(num_jobs: int) -> list[GenerationParams]:
+    """Cached jobs (each its own threshold) between uncached ones, of three sizes, with and without CFG."""
+    sizes = (64, 96, 80)
+    return [
+        GenerationParams(
+            prompt=f"a shape number {index}",
+            model="builtin:tiny-zimage",
+            seed=index,
+            num_inference_steps=num_jobs + 6,
+            height=sizes[index % 3],
+            width=sizes[(index + 1) % 3],
+            guidance_scale=0.0 if index % 4 == 3 else 4.0,
+            cache="off" if index % 3 == 1 else 1.0 - index / 1000,
+        )
+        for index in range(num_jobs)
+    ]
+
+
+def flux_jobs(num_jobs: int) -> list[GenerationParams]:
+    """As zimage_jobs, FLUX.1-dev style: one row per job, guidance embedded, sizes mixed in a forward."""
+    return [
+        dataclasses.replace(params, model="builtin:tiny-flux", guidance_scale=3.5 + index % 2)
+        for index, params in enumerate(zimage_jobs(num_jobs))
+    ]
+
+
+def sdxl_jobs(num_jobs: int) -> list[GenerationParams]:
+    """As sd_jobs, on SDXL: its added conditioning (pooled text, time ids) gathered with the computing rows. Not
+    ddim: on builtin:tiny-sdxl an uncached ddim job co-batched differs from itself alone already (a separate bug)."""
+    return [
+        dataclasses.replace(
+            params, model="builtin:tiny-sdxl", sampler="euler" if params.sampler == "ddim" else params.sampler
+        )
+        for params in sd_jobs(num_jobs)
+    ]
+
+
+def sd_jobs(num_jobs: int) -> list[GenerationParams]:
+    return [
+        GenerationParams(
+            prompt=f"a fox number {index}",
+            seed=index,
+            num_inference_steps=num_jobs + 6,
+            height=64,
+            width=64,
+            guidance_scale=1.0 if index % 4 == 3 else 7.5,
+            sampler=("euler", "ddim", "dpmpp_2m")[index % 3],
+            cache="off" if index % 3 == 1 else 1.0 - index / 1000,
+        )
+        for index in range(num_jobs)
+    ]
+
+
+def skip_pattern(changes: list[float], threshold: float) -> list[bool]:
+    return [change < threshold for change in changes]
+
+
+def near_threshold(changes: list[float], threshold: float) -> int:
+    return sum(abs(change - threshold) < NEAR_THRESHOLD for change in changes)
+
+
+@pytest.mark.parametrize(
+    ("engine_name", "jobs"),
+    [
+        ("zimage_engine", zimage_jobs),
+        ("flux_engine", flux_jobs),
+        ("sd_engine", sd_jobs),
+        ("sdxl_engine", sdxl_jobs),
+    ],
+)
+def test_a_cached_job_co_batched_decides_and_draws_as_it_does_alone(request, decisions, engine_name, jobs):
+    engine = request.getfixturevalue(engine_name)
+    params_list = jobs(8)
+    alone = run_alone(engine, params_list)
+    decisions_alone = {threshold: list(changes) for threshold, changes in decisions.items()}
+    decisions.clear()
+    skipped_before = engine.stats()["step_cache"][engine.family]["steps_skipped"]
+
+    batched = run_staggered(engine, params_list)
+
+    num_decisions = num_near = 0
+    for params, image_alone, image_batched in zip(params_list, alone, batched):
+        if params.cache == "off":
+            assert max_pixel_diff(image_alone, image_batched) <= 1, "an uncached job changed beside cached ones"
+            continue
+        threshold = params.cache
+        changes_alone, changes_batched = decisions_alone[threshold], decisions[threshold]
+        num_decisions += len(changes_alone)
+        num_near += near_threshold(changes_alone, threshold)
+        if near_threshold(changes_alone, threshold) or near_threshold(changes_batched, threshold):
+            continue  # may decide otherwise batched: counted, not compared
+        assert skip_pattern(changes_batched, threshold) == skip_pattern(changes_alone, threshold)
+        assert np.allclose(changes_batched, changes_alone, rtol=1e-3, atol=1e-6)
+        assert max_pixel_diff(image_alone, image_batched) <= 1, f"cached job {threshold} differs batched"
+    assert engine.stats()["step_cache"][engine.family]["steps_skipped"] > skipped_before, "cached jobs skipped"
+    assert num_decisions >= 5 * len([params for params in params_list if params.cache != "off"])
+    assert num_near <= num_decisions // 20, f"{num_near} of {num_decisions} decisions within float noise"
+
+
+def test_over_many_jobs_decisions_near_the_threshold_are_rare_and_the_only_ones_that_differ(zimage_engine, decisions):
+    params_list = [
+        GenerationParams(
+            prompt=f"job {index}",
+            model="builtin:tiny-zimage",
+            seed=100 + index,
+            num_inference_steps=6,
+            height=64,
+            width=64 + 16 * (index % 3),
+            cache=0.39 - index / 1000,  # about the median of this model's changes: many decisions either way
+        )
+        for index in range(24)
+    ]
+    run_alone(zimage_engine, params_list)
+    decisions_alone = {threshold: list(changes) for threshold, changes in decisions.items()}
+    decisions.clear()
+
+    futures = [zimage_engine.submit(params) for params in params_list]  # 8 at a time, joining as others leave
+    [future.result(timeout=120) for future in futures]
+
+    num_decisions = num_near = num_different = 0
+    for params in params_list:
+        threshold = params.cache
+        changes_alone, changes_batched = decisions_alone[threshold], decisions[threshold]
+        num_decisions += len(changes_alone)
+        num_near += near_threshold(changes_alone, threshold)
+        if skip_pattern(changes_alone, threshold) != skip_pattern(changes_batched, threshold):
+            num_different += 1
+            assert near_threshold(changes_alone, threshold), f"job {threshold} decided otherwise, far from it"
+    skipped = sum(sum(skip_pattern(changes, threshold)) for threshold, changes in decisions_alone.items())
+    assert 0 < skipped < num_decisions, "the threshold splits the decisions"
+    assert num_different <= num_near <= num_decisions // 20, f"{num_near} of {num_decisions} near the threshold"
+
+
+def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched():
+    engine = DiffusionEngine(
+        EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=4, deterministic=True)
+    )
+    try:
+        params_list = [
+            GenerationParams(
+                prompt=f"a shape {index}",
+                model="builtin:tiny-zimage",
+                seed=index,
+                num_inference_steps=8,
+                height=64,
+                width=64,
+                cache="off" if index == 1 else 1.0,
+            )
+            for index in range(4)
+        ]
+        alone = run_alone(engine, params_list)
+
+        batched = run_staggered(engine, params_list, steps_between_joins=2)
+
+        for image_alone, image_batched in zip(alone, batched):
+            assert (pixels(image_alone) == pixels(image_batched)).all()
+        assert engine.stats()["step_cache"]["zimage"]["steps_skipped"] > 0
+    finally:
+        engine.shutdown(abort=True)
+
+
+def psnr(image_a, image_b) -> float:
+    error = ((pixels(image_a).astype(np.float64) - pixels(image_b)) ** 2).mean()
+    return float(10 * np.log10(255**2 / max(error, 1e-10)))
+
+
+def test_a_cached_job_on_a_trained_model_skips_blocks_and_stays_close_to_uncached():
+    engine = DiffusionEngine(EngineConfig(model="builtin:shapes", device="cpu", max_num_seqs=4))
+    try:
+        prompts = ["a red circle on a blue background", "a yellow square on a black background"]
+        params = [
+            GenerationParams(prompt=prompt, model="builtin:shapes", seed=3, height=96, width=96) for prompt in prompts
+        ]
+        uncached = [future.result(timeout=120).image for future in [engine.submit(p) for p in params]]
+        stats_before = engine.stats()["step_cache"]["sd"]
+
+        futures = [engine.submit(GenerationParams(**{**p.to_dict(), "cache": "fast"})) for p in params]
+        cached = [future.result(timeout=120).image for future in futures]
+
+        stats = engine.stats()["step_cache"]["sd"]
+        num_blocks = stats["blocks"] - stats_before["blocks"]
+        num_skipped = stats["blocks_skipped"] - stats_before["blocks_skipped"]
+        assert num_skipped >= num_blocks // 5, f"skipped {num_skipped} of {num_blocks} block evaluations"
+        assert 0 < stats["skipped_fraction"] < 1
+        for image_uncached, image_cached in zip(uncached, cached):
+            assert psnr(image_uncached, image_cached) >= 25
+    finally:
+        engine.shutdown(abort=True)
+
+
+@pytest.mark.parametrize("cache", ["fastest", "", 0, -1, 1.5, float("nan"), True, [0.1]])
+def test_an_invalid_cache_value_is_refused_naming_the_field(cache):
+    with pytest.raises(InvalidParamsError) as error:
+        GenerationParams(prompt="a fox", model="builtin:tiny-zimage", cache=cache)
+
+    assert error.value.field == "cache"
+
+
+def test_a_cache_for_a_family_without_one_is_refused_naming_the_field():
+    with pytest.raises(InvalidParamsError) as error:
+        GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="fast")
+
+    assert error.value.field == "cache"
+    assert GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="off").cache == "off"
