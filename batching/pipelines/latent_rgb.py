@@ -14,6 +14,8 @@ pixels are. Where the factors come from, in this order (`latent_rgb_for`, at loa
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import logging
 from collections.abc import Sequence
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from PIL import Image
 
+from batching.families import FAMILIES
 from batching.params import GenerationParams
 
 if TYPE_CHECKING:
@@ -104,7 +108,14 @@ def fit_latent_rgb(
     """Least-squares factors from `latents` (each [1, *latent_shape] of a `size` x `size` image, in the
     denoiser's space; standard normal noise, the denoiser's own prior, unless given) to the pixels the
     model's VAE decodes from them, averaged over each latent position's patch of pixels."""
-    params = GenerationParams(prompt="latent rgb fit", model=adapter.model, height=size, width=size, seed=0)
+    params = GenerationParams(
+        prompt="latent rgb fit",
+        model=adapter.model,
+        height=size,
+        width=size,
+        seed=0,
+        init_image=_edit_image(adapter, size),
+    )
     if latents is None:
         generator = torch.Generator("cpu").manual_seed(0)
         latents = [adapter.draw_noise(params, generator) for _ in range(FIT_NUM_IMAGES)]
@@ -123,6 +134,17 @@ def fit_latent_rgb(
     ridge[-1, -1] = 0  # the bias is not shrunk
     solution = torch.linalg.solve(x.T @ x + ridge, x.T @ y)  # [c + 1, 3]
     return LatentRgb.from_tensors(solution[:-1].float(), solution[-1].float(), "fitted")
+
+
+def _edit_image(adapter: PipelineAdapter, size: int) -> str | None:
+    """A grey picture for a family whose jobs must name the image they edit (Qwen-Image-Edit); None for others.
+    The fit reads only the noise latents and their decode, never the image."""
+    family = getattr(adapter, "family", None)  # a stand-in adapter (a test's linear VAE) may name none
+    if family is None or FAMILIES[family].init_image_role != "edit":
+        return None
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (128, 128, 128)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 @torch.inference_mode()
