@@ -9,7 +9,7 @@ own, once, on the same two workloads:
 - poisson: the 24 fixed cases arriving as a Poisson process (seeded: the same arrival times in every
   variant) at 3x the uncached burst's images/s, so that the queue does not drain in any variant and
   images/s measures what the engine can serve (the burst's shape, with jobs joining a running batch).
-On a family that mixes sizes in a forward (builtin:shapes-dit's Z-Image) case i is drawn at 96 or 128
+On a family that mixes sizes in a forward (builtin:shapes-dit's Z-Image) case i is drawn at 112 or 128
 pixels in turn, so forwards mix sizes; on the others at 128. Figures per variant and workload: images/s
 (first submit to last image) and its ratio to uncached, the fraction of block evaluations skipped
 (engine stats), the pixel checker's accuracy over the 24 Poisson images, and the PSNR of each image
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-MIXED_SIZES = (96, 128)  # a family that mixes sizes in a forward draws case i at MIXED_SIZES[i % 2]; others 128
+MIXED_SIZES = (112, 128)  # a family that mixes sizes in a forward draws case i at MIXED_SIZES[i % 2]; others 128
 NUM_BURST_JOBS = 16
 POISSON_LOAD = 3.0  # arrival rate over the uncached burst's images/s: above what the fastest variant serves
 POISSON_SEED = 25
