@@ -432,7 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device: run with --dry-run on the CPU")
     profile = PROFILES["dry-run" if args.dry_run else "gpu"]
     if args.dry_run:
-        torch.set_num_threads(min(2, torch.get_num_threads()))
+        # One intra-op thread: with two on a 2-core CPU, the loop's forwards and the decode/encode threads' calls
+        # share the pool and its work splits change with timing, so deterministic mode came out 1 level apart
+        # alone vs batched on some runs (a CPU scheduling effect the GPU run, which the dry run rehearses, lacks).
+        torch.set_num_threads(1)
     results = run(profile, args.out, Budget(args.budget_seconds))
     log.info(
         "wrote %s and %s in %.0fs (skipped: %s)",
