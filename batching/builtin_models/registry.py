@@ -32,7 +32,7 @@ BUILTIN_MODELS = {
     "tiny": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
     "small": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
     "tiny-inpaint": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
-    "tiny-sdxl": BuiltinModel(version="v1", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
+    "tiny-sdxl": BuiltinModel(version="v2", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
     "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
     "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
     "tiny-qwen-image": BuiltinModel(version="v3", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),

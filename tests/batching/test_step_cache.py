@@ -93,14 +93,8 @@ def flux_jobs(num_jobs: int) -> list[GenerationParams]:
 
 
 def sdxl_jobs(num_jobs: int) -> list[GenerationParams]:
-    """As sd_jobs, on SDXL: its added conditioning (pooled text, time ids) gathered with the computing rows. Not
-    ddim: on builtin:tiny-sdxl an uncached ddim job co-batched differs from itself alone already (a separate bug)."""
-    return [
-        dataclasses.replace(
-            params, model="builtin:tiny-sdxl", sampler="euler" if params.sampler == "ddim" else params.sampler
-        )
-        for params in sd_jobs(num_jobs)
-    ]
+    """As sd_jobs, on SDXL: its added conditioning (pooled text, time ids) gathered with the computing rows."""
+    return [dataclasses.replace(params, model="builtin:tiny-sdxl") for params in sd_jobs(num_jobs)]
 
 
 def sd_jobs(num_jobs: int) -> list[GenerationParams]:
