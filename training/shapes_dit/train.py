@@ -80,9 +80,25 @@ class TrainingSet:
         return latents, token_ids
 
 
-def sample_sigmas(num_rows: int, shift: float) -> torch.Tensor:
-    """Logit-normal sigmas in (0, 1), shifted toward noise as the sampler's `shift` shifts its schedule."""
-    u = torch.sigmoid(torch.randn(num_rows))  # [num_rows]
+TIMESTEP_DRAWS = ("logit-normal", "uniform", "mixed")
+
+
+def sample_sigmas(num_rows: int, shift: float, draw: str = "logit-normal") -> torch.Tensor:
+    """Sigmas in (0, 1), shifted toward noise as the sampler's `shift` shifts its schedule.
+
+    `logit-normal` favours the middle of the schedule; `uniform` visits every step of the
+    sampler's schedule as often as sampling does (the last steps, where edges and corners
+    are settled, get ten times the logit-normal share); `mixed` draws each row from one of
+    the two at random.
+    """
+    logit_normal = torch.sigmoid(torch.randn(num_rows))  # [num_rows]
+    uniform = torch.rand(num_rows)
+    if draw == "logit-normal":
+        u = logit_normal
+    elif draw == "uniform":
+        u = uniform
+    else:
+        u = torch.where(torch.rand(num_rows) < 0.5, uniform, logit_normal)
     return shift * u / (1 + (shift - 1) * u)
 
 
@@ -99,6 +115,8 @@ def train(
     pct_start: float = 0.03,
     stage: str = "train",
     stop_after: int | None = None,
+    timesteps: str = "logit-normal",
+    ema_decay: float = EMA_DECAY,
 ):
     """The flow-matching loss over `num_steps` steps (or the first `stop_after` of them) of `batch_size` rows;
     saves the EMA weights."""
@@ -113,7 +131,7 @@ def train(
         latents, token_ids = data.sample(batch_size)
         dropped = torch.rand(batch_size) < PROMPT_DROPOUT
         token_ids = [data.empty_ids if drop else ids for ids, drop in zip(token_ids, dropped)]
-        sigmas = sample_sigmas(batch_size, shapes_dit.FLOW_SHIFT)  # [b]
+        sigmas = sample_sigmas(batch_size, shapes_dit.FLOW_SHIFT, timesteps)  # [b]
         noises = [torch.randn_like(x0) for x0 in latents]
         noisy = [((1 - s) * x0 + s * n).unsqueeze(1) for x0, n, s in zip(latents, noises, sigmas)]  # [c, 1, h, w]
         captions = shapes_dit.caption_features(text_encoder, token_ids)
@@ -124,7 +142,7 @@ def train(
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         schedule.step()
-        decay = min(EMA_DECAY, (1 + step) / (10 + step))
+        decay = min(ema_decay, (1 + step) / (10 + step))
         with torch.no_grad():
             for ema, live in ((ema_transformer, transformer), (ema_text_encoder, text_encoder)):
                 for ema_param, param in zip(ema.parameters(), live.parameters()):
@@ -174,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-checkpoints", action="store_true", help="also keep each checkpoint in OUT-<stage>-N")
     parser.add_argument("--resume", type=Path, help="a folder this script wrote: continue from its weights")
     parser.add_argument("--stage", default="train", help="the stage's name in the log and training.json")
+    parser.add_argument("--timesteps", choices=TIMESTEP_DRAWS, default="logit-normal", help="how noise levels are drawn")
+    parser.add_argument("--ema-decay", type=float, default=EMA_DECAY, help="decay of the saved weights' moving average")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -195,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     data = TrainingSet(vae, tokenizer, tuple(args.sizes), log, args.box_sizes)
     record = {"sizes": args.sizes, "box_sizes": args.box_sizes, "batch": args.batch, "lr": args.lr}
+    record.update(timesteps=args.timesteps, ema_decay=args.ema_decay)
     record["schedule_steps"] = args.steps
     save = PipelineSaver(args.out, vae, tokenizer, log, started, args.keep_checkpoints, record)
     save.stage, save.steps_before = args.stage, steps_before
@@ -203,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     train(
         pipeline.transformer, pipeline.text_encoder, data, args.steps, args.batch, save, args.save_every, log,
         max_lr=args.lr, pct_start=0.03 if args.resume is None else 0.1, stage=args.stage, stop_after=args.stop_after,
+        timesteps=args.timesteps, ema_decay=args.ema_decay,
     )  # fmt: skip
     log(f"done in {time.time() - started:.0f} s")
     return 0
