@@ -1,5 +1,5 @@
 """Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder,
-the T5 tokenizer and encoder, SD 1.x's DDIM schedule.
+the tiny Qwen3 text encoder's config, the T5 tokenizer and encoder, SD 1.x's DDIM schedule.
 
 Every module is constructed right after `torch.manual_seed` inside a forked RNG, so a
 built-in's weights depend on its seeds only, never on what ran before in the process.
@@ -53,6 +53,32 @@ def clip_text_config(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         **extra,
+    )
+
+
+def tiny_qwen3_config(
+    tokenizer,
+    hidden_size: int,
+    head_dim: int,
+    num_hidden_layers: int = 3,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+):
+    """A Qwen3 text encoder's config sized for `tokenizer`: small unless told (3 layers, of which Z-Image reads
+    the penultimate one's states; 4 query heads sharing 2 key/value heads as in Qwen3), an MLP twice as wide."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        max_position_embeddings=tokenizer.model_max_length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
 
 

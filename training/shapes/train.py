@@ -21,7 +21,6 @@ model. docs/shapes.md has the measurements behind each stage.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
@@ -32,12 +31,12 @@ import torch.nn.functional as F
 
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
 from batching.shapes.vocabulary import all_prompts
+from training.optimization import AveragedOptimizer
 from training.shapes import model as shapes_model
 from training.shapes.latent_rgb_fit import save_latent_rgb
 
 PROMPT_DROPOUT = 0.15  # share of training rows with the empty prompt (for classifier-free guidance)
 UNET_LR = 1e-3
-EMA_DECAY = 0.995
 NUM_BOX_SIZES = 8  # shape sizes per prompt in the UNet's fixed training set
 VAE_CROP = 32
 VAE_LR = 2e-3
@@ -178,12 +177,8 @@ def train_unet(
     """The v-prediction loss over `num_steps` steps of `batch_size` latents; saves the EMA weights."""
     latent_means, latent_stds, token_ids = data
     empty_ids = tokenize(tokenizer, [""])  # [1, seq]
-    parameters = list(unet.parameters()) + list(text_encoder.parameters())
-    optimizer = torch.optim.AdamW(parameters, lr=max_lr, weight_decay=1e-2)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=num_steps, pct_start=pct_start)
-    ema_unet, ema_text_encoder = copy.deepcopy(unet).eval(), copy.deepcopy(text_encoder).eval()
-    unet.train()
-    text_encoder.train()
+    run = AveragedOptimizer([unet, text_encoder], num_steps, max_lr, pct_start)
+    ema_unet, ema_text_encoder = run.averages
     for step in range(min(num_steps, stop_after or num_steps)):
         rows = torch.randint(0, len(latent_means), (batch_size,))
         latents = latent_means[rows] + latent_stds[rows] * torch.randn_like(latent_means[rows])
@@ -198,18 +193,9 @@ def train_unet(
         embeds = text_encoder(ids)[0]  # [b, seq, dim]
         prediction = unet(noisy, timesteps, encoder_hidden_states=embeds).sample
         loss = F.mse_loss(prediction, target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        schedule.step()
-        decay = min(EMA_DECAY, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for ema, live in ((ema_unet, unet), (ema_text_encoder, text_encoder)):
-                for ema_param, param in zip(ema.parameters(), live.parameters()):
-                    ema_param.lerp_(param, 1 - decay)
+        run.step(loss)
         if step % 50 == 0 or step == num_steps - 1:
-            log(f"{stage} step {step} loss {loss.item():.4f} lr {schedule.get_last_lr()[0]:.2e}")
+            log(f"{stage} step {step} loss {loss.item():.4f} lr {run.lr:.2e}")
         if (step + 1) % save_every == 0 or step + 1 in (num_steps, stop_after):
             save(ema_unet, ema_text_encoder, step + 1)
 

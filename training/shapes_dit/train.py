@@ -18,7 +18,6 @@ ordinary `ZImagePipeline.save_pretrained` folder (safetensors) with a training.j
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
@@ -30,13 +29,13 @@ import torch.nn.functional as F
 from batching.pipelines.builtins import shapes_dit
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
 from batching.shapes.vocabulary import all_prompts
+from training.optimization import EMA_DECAY, AveragedOptimizer
 from training.shapes.latent_rgb_fit import save_latent_rgb
 
 SIZES = (96, 112, 128)  # square image sides trained together (the VAE reconstructs every prompt from 96 up)
 NUM_BOX_SIZES = 6  # shape sizes per prompt and image size in the fixed training set
 PROMPT_DROPOUT = 0.15  # share of rows with the empty prompt (for classifier-free guidance)
 LR = 1e-3
-EMA_DECAY = 0.995
 
 
 def pixels_to_tensor(images) -> torch.Tensor:
@@ -120,12 +119,8 @@ def train(
 ):
     """The flow-matching loss over `num_steps` steps (or the first `stop_after` of them) of `batch_size` rows;
     saves the EMA weights."""
-    parameters = list(transformer.parameters()) + list(text_encoder.parameters())
-    optimizer = torch.optim.AdamW(parameters, lr=max_lr, weight_decay=1e-2)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=num_steps, pct_start=pct_start)
-    ema_transformer, ema_text_encoder = copy.deepcopy(transformer).eval(), copy.deepcopy(text_encoder).eval()
-    transformer.train()
-    text_encoder.train()
+    run = AveragedOptimizer([transformer, text_encoder], num_steps, max_lr, pct_start, ema_decay)
+    ema_transformer, ema_text_encoder = run.averages
     num_steps_run = min(num_steps, stop_after or num_steps)
     for step in range(num_steps_run):
         latents, token_ids = data.sample(batch_size)
@@ -137,18 +132,9 @@ def train(
         captions = shapes_dit.caption_features(text_encoder, token_ids)
         outputs = transformer(noisy, 1 - sigmas, captions, return_dict=False)[0]
         loss = torch.stack([F.mse_loss(out.squeeze(1), x0 - n) for out, x0, n in zip(outputs, latents, noises)]).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        schedule.step()
-        decay = min(ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for ema, live in ((ema_transformer, transformer), (ema_text_encoder, text_encoder)):
-                for ema_param, param in zip(ema.parameters(), live.parameters()):
-                    ema_param.lerp_(param, 1 - decay)
+        run.step(loss)
         if step % 25 == 0 or step == num_steps - 1:
-            log(f"{stage} step {step} loss {loss.item():.4f} lr {schedule.get_last_lr()[0]:.2e}")
+            log(f"{stage} step {step} loss {loss.item():.4f} lr {run.lr:.2e}")
         if (step + 1) % save_every == 0 or step + 1 == num_steps_run:
             save(ema_transformer, ema_text_encoder, step + 1)
     return ema_transformer, ema_text_encoder
@@ -192,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-checkpoints", action="store_true", help="also keep each checkpoint in OUT-<stage>-N")
     parser.add_argument("--resume", type=Path, help="a folder this script wrote: continue from its weights")
     parser.add_argument("--stage", default="train", help="the stage's name in the log and training.json")
-    parser.add_argument("--timesteps", choices=TIMESTEP_DRAWS, default="logit-normal", help="how noise levels are drawn")
-    parser.add_argument("--ema-decay", type=float, default=EMA_DECAY, help="decay of the saved weights' moving average")
+    parser.add_argument("--timesteps", choices=TIMESTEP_DRAWS, default="logit-normal", help="noise level draw")
+    parser.add_argument("--ema-decay", type=float, default=EMA_DECAY, help="the saved average's decay")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)

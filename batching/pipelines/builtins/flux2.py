@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batching.builtin_models.components import ASSETS_DIR, TINY_VAE_CHANNELS, seeded
+from batching.builtin_models.components import ASSETS_DIR, TINY_VAE_CHANNELS, seeded, tiny_qwen3_config
 
 MISTRAL_TOKENIZER_DIR = ASSETS_DIR / "tiny-mistral-tokenizer"
 QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"  # Z-Image's: Qwen3's chat template, thinking on or off
@@ -173,19 +173,10 @@ def mistral3_text_encoder(tokenizer):
 
 
 def qwen3_text_encoder(tokenizer):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    return Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=len(tokenizer),
-            hidden_size=TEXT_HIDDEN_SIZE,
-            intermediate_size=2 * TEXT_HIDDEN_SIZE,
-            num_hidden_layers=KLEIN_TEXT_LAYERS,
-            num_attention_heads=1,
-            num_key_value_heads=1,
-            head_dim=TEXT_HIDDEN_SIZE,
-            max_position_embeddings=tokenizer.model_max_length,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    config = tiny_qwen3_config(
+        tokenizer, TEXT_HIDDEN_SIZE, head_dim=TEXT_HIDDEN_SIZE, num_hidden_layers=KLEIN_TEXT_LAYERS,
+        num_attention_heads=1, num_key_value_heads=1,
+    )  # fmt: skip
+    return Qwen3ForCausalLM(config)

@@ -11,7 +11,7 @@ The trained folder ships in `batching/assets/builtin-shapes-dit/`.
 
 from __future__ import annotations
 
-from batching.builtin_models.components import ASSETS_DIR, seeded
+from batching.builtin_models.components import ASSETS_DIR, seeded, tiny_qwen3_config
 
 QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
 SHAPES_VAE_DIR = ASSETS_DIR / "builtin-shapes" / "vae"
@@ -35,22 +35,9 @@ def build_tokenizer():
 
 
 def build_text_encoder(tokenizer):
-    from transformers import Qwen3Config, Qwen3Model
+    from transformers import Qwen3Model
 
-    return Qwen3Model(
-        Qwen3Config(
-            vocab_size=len(tokenizer),
-            hidden_size=TEXT_HIDDEN_SIZE,
-            intermediate_size=2 * TEXT_HIDDEN_SIZE,
-            num_hidden_layers=3,  # the pipeline reads the penultimate layer's states
-            num_attention_heads=4,
-            num_key_value_heads=2,  # grouped-query attention, as in Qwen3
-            head_dim=16,
-            max_position_embeddings=tokenizer.model_max_length,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    return Qwen3Model(tiny_qwen3_config(tokenizer, TEXT_HIDDEN_SIZE, head_dim=16))
 
 
 def build_transformer(latent_channels: int):

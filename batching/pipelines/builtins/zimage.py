@@ -9,7 +9,13 @@ by `training/tokenizers/make_qwen_tokenizer.py`.
 
 from __future__ import annotations
 
-from batching.builtin_models.components import ASSETS_DIR, FLUX_LATENT_CHANNELS, seeded, tiny_flux_vae
+from batching.builtin_models.components import (
+    ASSETS_DIR,
+    FLUX_LATENT_CHANNELS,
+    seeded,
+    tiny_flux_vae,
+    tiny_qwen3_config,
+)
 
 QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
 TEXT_HIDDEN_SIZE = 32  # the caption features' width (Z-Image: 2560)
@@ -22,7 +28,7 @@ LATENT_CHANNELS = FLUX_LATENT_CHANNELS
 
 def build_pipeline(name: str):
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
-    from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3Model
+    from transformers import Qwen2Tokenizer, Qwen3Model
 
     tokenizer = Qwen2Tokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
     assert sum(ROPE_AXES_DIMS) == TRANSFORMER_DIM // NUM_HEADS
@@ -47,20 +53,7 @@ def build_pipeline(name: str):
     with seeded(1):
         vae = tiny_flux_vae()
     with seeded(2):
-        text_encoder = Qwen3Model(
-            Qwen3Config(
-                vocab_size=len(tokenizer),
-                hidden_size=TEXT_HIDDEN_SIZE,
-                intermediate_size=2 * TEXT_HIDDEN_SIZE,
-                num_hidden_layers=3,  # the pipeline reads the penultimate layer's states
-                num_attention_heads=4,
-                num_key_value_heads=2,  # grouped-query attention, as in Qwen3
-                head_dim=8,
-                max_position_embeddings=tokenizer.model_max_length,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        )
+        text_encoder = Qwen3Model(tiny_qwen3_config(tokenizer, TEXT_HIDDEN_SIZE, head_dim=8))
     scheduler = FlowMatchEulerDiscreteScheduler(  # Z-Image-Turbo's scheduler config
         num_train_timesteps=1000,
         shift=3.0,
