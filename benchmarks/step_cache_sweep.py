@@ -18,6 +18,8 @@ import json
 
 import numpy as np
 
+from benchmarks.step_cache import MIXED_SIZES
+
 KEPT_BLOCKS = {"modulated_input": 0, "first_block": 1}  # Z-Image: main blocks every row runs
 
 
@@ -36,7 +38,7 @@ def sweep(model: str, feature: str | None, thresholds: list[float], num_jobs: in
     with DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=8, num_threads=threads)) as engine:
         if feature is not None:
             engine.model_runner.step_caching.num_blocks_kept = KEPT_BLOCKS[feature]  # type: ignore[union-attr]
-        sizes = (96, 128) if FAMILIES[engine.family].mixes_sizes else (128,)
+        sizes = MIXED_SIZES if FAMILIES[engine.family].mixes_sizes else (128,)  # as benchmarks.step_cache draws them
 
         def run(cache) -> list[np.ndarray]:
             futures = [
