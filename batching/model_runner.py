@@ -42,7 +42,7 @@ from batching.plan import RunnerOutput, SchedulerPlan
 from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
-from batching.step_cache import CacheSetting, cache_threshold
+from batching.step_cache import CacheSetting, num_final_steps, sample_threshold
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
@@ -163,11 +163,23 @@ class ModelRunner:
             output.encode_seconds += result.seconds
             output.failed.update(result.failed)
             for sample in result.samples:
-                threshold = cache_threshold(
-                    self.default_cache if sample.params.cache is None else sample.params.cache, self.cache_kind
-                )
-                sample.step_cache = StepCacheState(threshold) if threshold is not None else None
+                sample.step_cache = self._step_cache_state(sample)
                 self.samples[sample.sample_id] = sample
+
+    def _step_cache_state(self, sample: SampleTensors) -> StepCacheState | None:
+        """The sample's own step cache, or None where it does not cache."""
+        params = sample.params
+        threshold = sample_threshold(
+            self.default_cache if params.cache is None else params.cache,
+            self.cache_kind,
+            params.guidance_scale,
+            FAMILIES[self.model.family].default_guidance,
+            has_guidance_rows=sample.num_rows > 1,
+        )
+        if threshold is None:
+            return None
+        assert self.cache_kind is not None
+        return StepCacheState(threshold, num_final_steps(self.cache_kind, sample.sample.num_steps))
 
     def _prepare_lora(self, name: str, also_in_use: Sequence[str | None]) -> None:
         assert self.loras is not None, "the engine refuses adapters without a LoRA store"

@@ -49,8 +49,9 @@ class SampleTensors:
 
     @property
     def may_skip_step(self) -> bool:
-        """Whether this step may reuse the step cache: the first and last steps always compute."""
-        return 0 < self.num_steps_done < self.sample.num_steps - 1
+        """Whether this step may reuse the step cache: the first step and the cache's final steps always compute."""
+        num_final_steps = self.step_cache.num_final_steps if self.step_cache is not None else 1
+        return 0 < self.num_steps_done < self.sample.num_steps - num_final_steps
 
     @property
     def is_finished(self) -> bool:

@@ -73,6 +73,7 @@ class StepCacheState:
     """One sample's step cache: what its adapter kept from the sample's last full step; freed with the sample."""
 
     threshold: float  # relative L1 of the early feature since the last full step under which the sample skips
+    num_final_steps: int = 1  # the sample's last steps, which always compute
     reference: list[torch.Tensor] | None = None  # per row: the early feature at the last full step; None: no
     # full step yet
     cached: list[torch.Tensor] | None = None  # per row: what the skippable part produced at the last full step,

@@ -16,6 +16,7 @@ import pytest
 import batching.pipelines.step_cache_rows as step_cache_rows
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.errors import InvalidParamsError
+from batching.step_cache import num_final_steps, sample_threshold
 from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
 
 NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size
@@ -264,3 +265,47 @@ def test_a_cache_for_a_family_without_one_is_refused_naming_the_field():
 
     assert error.value.field == "cache"
     assert GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="off").cache == "off"
+
+
+def test_a_cached_z_image_job_computes_its_first_step_and_its_last_fifth(zimage_engine, decisions):
+    params = GenerationParams(
+        prompt="a shape", model="builtin:tiny-zimage", seed=1, num_inference_steps=10, height=64, width=64, cache=0.9
+    )
+    steps_skipped_before = zimage_engine.stats()["step_cache"]["zimage"]["steps_skipped"]
+
+    zimage_engine.submit(params).result(timeout=120)
+
+    # step 0 has no full step to compare with; steps 8 and 9 (the last 20%) always compute: 7 decisions
+    assert len(decisions[0.9]) == 10 - 1 - num_final_steps("modulated_input", 10) == 7
+    steps_skipped = zimage_engine.stats()["step_cache"]["zimage"]["steps_skipped"] - steps_skipped_before
+    assert steps_skipped == sum(change < 0.9 for change in decisions[0.9]) > 0
+
+
+@pytest.mark.parametrize(
+    ("guidance_scale", "has_guidance_rows", "kind", "expected"),
+    [
+        (5.0, True, "modulated_input", 0.2),  # the family's default guidance: the setting's threshold
+        (2.0, True, "modulated_input", 0.2),  # below it: not raised
+        (10.0, True, "modulated_input", 0.05),  # twice the default: a quarter
+        (10.0, False, "modulated_input", 0.2),  # no CFG rows (the scale is embedded or unused)
+        (10.0, True, "deep", 0.2),  # DeepCache kept every builtin:shapes case at guidance 10 without it
+    ],
+)
+def test_a_sample_guided_harder_than_its_family_default_decides_against_a_lower_threshold(
+    guidance_scale, has_guidance_rows, kind, expected
+):
+    threshold = sample_threshold(0.2, kind, guidance_scale, 5.0, has_guidance_rows)
+
+    assert threshold == pytest.approx(expected)
+    assert sample_threshold("off", kind, guidance_scale, 5.0, has_guidance_rows) is None
+
+
+def test_a_strongly_guided_cached_job_skips_fewer_steps_than_the_same_job_guided_at_the_default(zimage_engine):
+    def steps_skipped(guidance_scale: float) -> int:
+        before = zimage_engine.stats()["step_cache"]["zimage"]["steps_skipped"]
+        params = GenerationParams(prompt="a shape", model="builtin:tiny-zimage", seed=2, num_inference_steps=12,
+                                  height=64, width=64, guidance_scale=guidance_scale, cache=0.3)  # fmt: skip
+        zimage_engine.submit(params).result(timeout=120)
+        return zimage_engine.stats()["step_cache"]["zimage"]["steps_skipped"] - before
+
+    assert steps_skipped(10.0) < steps_skipped(5.0)
