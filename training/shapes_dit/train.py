@@ -90,14 +90,12 @@ def sample_sigmas(num_rows: int, shift: float, draw: str = "logit-normal") -> to
     are settled, get ten times the logit-normal share); `mixed` draws each row from one of
     the two at random.
     """
+    # The draws are in the order the shipped stages made them, so each stage's command reproduces its weights.
     logit_normal = torch.sigmoid(torch.randn(num_rows))  # [num_rows]
-    uniform = torch.rand(num_rows)
-    if draw == "logit-normal":
-        u = logit_normal
-    elif draw == "uniform":
-        u = uniform
-    else:
-        u = torch.where(torch.rand(num_rows) < 0.5, uniform, logit_normal)
+    u = logit_normal
+    if draw != "logit-normal":
+        uniform = torch.rand(num_rows)
+        u = uniform if draw == "uniform" else torch.where(torch.rand(num_rows) < 0.5, uniform, logit_normal)
     return shift * u / (1 + (shift - 1) * u)
 
 
