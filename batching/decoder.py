@@ -14,7 +14,9 @@ kept because two threads of one process that both run torch ops on the CPU slow 
 other: see docs/benchmarks.md for what it measured).
 
 A decode batch that runs out of memory is split like a forward (`batching.oom`); a
-sample fails only if it cannot be decoded alone. A sample whose decoded image holds NaN or
+sample fails only if it cannot be decoded alone. Any other error in a batch (the decode, the
+inpainting composite) fails the batch's samples not decoded yet, with the error, and the decoder
+goes on with the next batch. A sample whose decoded image holds NaN or
 infinite values (the pipeline adapter's decode gives None for it: non-finite latents from an
 overflowing LoRA adapter, say, or a VAE overflowing in half precision) fails, naming its adapter,
 instead of passing as a black picture. Cancellation: `discard()` drops the
@@ -26,13 +28,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from batching.beside_loop import BesideTheLoop
+from batching.errors import describe
 from batching.image_inputs import keep_unmasked_pixels
 from batching.oom import alone_message, run_splitting
 from batching.params import GenerationParams
@@ -68,76 +71,72 @@ class Decoder(BesideTheLoop[DecodeResult]):
         """`on_images(result)`: each decoded batch, on the thread that decoded it, before `collect()` can return
         it (the engine resolves finished jobs there); `on_result()`: after (the engine wakes its loop)."""
         self._on_images = on_images
-        self.num_pending = 0  # batches submitted and not yet collected; loop thread only
-        self.pending_sample_ids: set[str] = set()  # their samples; loop thread only
         super().__init__(model, is_async=is_async, thread_name="stepwise-decode", on_result=on_result)
 
     def submit(self, batches: Sequence[list[SampleTensors]]) -> None:
         """Decode each batch (samples of one size, after their last step); inline, or queued to the worker."""
         for samples in batches:
-            self.num_pending += 1
-            self.pending_sample_ids.update(sample.sample_id for sample in samples)
             batch = _Batch(samples)
             if self._stream is not None:
                 batch.ready = torch.cuda.Event()
                 batch.ready.record(torch.cuda.current_stream(self.model.device))  # after the last sampler step
                 for sample in samples:
                     sample.latents.record_stream(self._stream)
-            if self.is_async:
-                self._queue.put(batch)
-            else:
-                self._finish(self._decode(batch))
-
-    def collect(self) -> list[DecodeResult]:
-        """The batches decoded since the last call, without the discarded samples; never waits."""
-        results = self._take_results()
-        self.num_pending -= len(results)
-        for result in results:
-            self.pending_sample_ids.difference_update(result.images.keys() | result.failed.keys())
-            for sample_id in self._discarded.intersection(result.images.keys() | result.failed.keys()):
-                result.images.pop(sample_id, None)
-                result.failed.pop(sample_id, None)
-                self._discarded.discard(sample_id)
-        return results
-
-    def discard(self, sample_ids: Collection[str]) -> None:
-        """Forget these samples' images when they arrive (their job ended while they were decoding)."""
-        self._discarded.update(self.pending_sample_ids.intersection(sample_ids))
+            self._hand_over({sample.sample_id: sample for sample in samples}, batch)
 
     def _work(self) -> None:
         while (batch := self._queue.get()) is not None:
             with torch.inference_mode():
                 if self._stream is None:
-                    result = self._decode(batch)
+                    result = self._run(batch)
                 else:
                     with torch.cuda.stream(self._stream):
                         self._stream.wait_event(batch.ready)
-                        result = self._decode(batch)
+                        result = self._run(batch)
             self._finish(result)
 
-    def _decode(self, batch: _Batch) -> DecodeResult:
+    def _run(self, batch: _Batch) -> DecodeResult:
+        """Decode one batch; an error fails the samples it had not decoded yet, and the decoder goes on."""
         start = time.perf_counter()
         result = DecodeResult()
-        samples = batch.samples
         try:
-            outcome = run_splitting([samples], self._decode_chunk, rows_of=len, device=self.model.device)
+            self._decode(batch.samples, result)
         except Exception as e:
             logger.exception("decode failed")
-            message = f"decoding the image failed: {type(e).__name__}: {e}"
-            result.failed.update((sample.sample_id, message) for sample in samples)
-        else:
-            result.num_oom_splits = outcome.num_splits
-            for chunk, images in outcome.results:
-                for sample, image in zip(chunk, images):
-                    if image is None:
-                        result.failed[sample.sample_id] = _not_finite_message(sample.params)
-                    else:  # an inpainting job's kept region, composited here beside the loop, not on it
-                        result.images[sample.sample_id] = keep_unmasked_pixels(sample.sample.images, image)
-            for sample, error in outcome.failed:
-                result.failed[sample.sample_id] = alone_message("decoding this image", 1, error)
+            message = f"decoding the image failed: {describe(e)}"
+            for sample in batch.samples:
+                if sample.sample_id not in result.images:
+                    result.failed.setdefault(sample.sample_id, message)
         result.seconds = time.perf_counter() - start
         self._on_images(result)
         return result
+
+    def _decode(self, samples: list[SampleTensors], result: DecodeResult) -> None:
+        outcome = run_splitting([samples], self._decode_chunk, rows_of=len, device=self.model.device)
+        result.num_oom_splits = outcome.num_splits
+        for chunk, images in outcome.results:
+            for sample, image in zip(chunk, images):
+                if image is None:
+                    result.failed[sample.sample_id] = _not_finite_message(sample.params)
+                    continue
+                try:  # an inpainting job's kept region, composited here beside the loop, not on it
+                    result.images[sample.sample_id] = keep_unmasked_pixels(sample.sample.images, image)
+                except Exception as e:
+                    logger.exception("keeping the unmasked pixels of sample %s failed", sample.sample_id)
+                    result.failed[sample.sample_id] = f"keeping the unmasked pixels failed: {describe(e)}"
+        for sample, error in outcome.failed:
+            result.failed[sample.sample_id] = alone_message("decoding this image", 1, error)
+
+    def _failed(self, sample_ids: list[str], message: str) -> DecodeResult:
+        return DecodeResult(failed=dict.fromkeys(sample_ids, f"decoding the image failed: {message}"))
+
+    def _sample_ids(self, result: DecodeResult) -> set[str]:
+        return result.images.keys() | result.failed.keys()
+
+    def _drop(self, result: DecodeResult, sample_ids: set[str]) -> None:
+        for sample_id in sample_ids:
+            result.images.pop(sample_id, None)
+            result.failed.pop(sample_id, None)
 
     def _decode_chunk(self, samples: list[SampleTensors]) -> list[Any]:
         return self.model.decode(

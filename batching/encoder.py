@@ -14,7 +14,9 @@ sample joins the same iteration's forward (the old behaviour, kept because two t
 of one process that both run torch ops on the CPU slow each other: docs/benchmarks.md).
 
 Failures touch only their samples: a text-encoder call that fails is retried one text at
-a time, and only the samples whose texts fail alone fail. Cancellation: `discard()`
+a time, and only the samples whose texts fail alone fail; a sample whose prompts or init image
+cannot even be prepared fails alone; any other error while starting a batch fails the batch's
+samples not started yet, and the encoder goes on with the next. Cancellation: `discard()`
 drops the samples whose job ended while they were being started. LoRA adapters are
 loaded by the loop; it holds `model_lock` while it changes the model, which the worker
 holds while it runs the text encoder, so an adapter is never injected mid-call.
@@ -26,13 +28,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from batching.beside_loop import BesideTheLoop
+from batching.errors import describe
 from batching.image_start import ImageStart, encode_init_images, start_from_image
 from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, PipelineAdapter
@@ -80,14 +83,12 @@ class Encoder(BesideTheLoop[StartResult]):
         self._adapter_of = adapter_of
         self._encoding_with = encoding_with
         self.model_lock = threading.Lock()  # held while the text encoder runs or the loop changes the model
-        self.pending: dict[str, Sample] = {}  # sample_id -> handed over, not yet collected; loop thread only
         super().__init__(model, is_async=is_async, thread_name="stepwise-encode", on_result=on_result)
 
     def submit(self, samples: Sequence[Sample]) -> None:
         """Start these samples: inline, or queued to the worker (which batches what arrived meanwhile)."""
         if not samples:
             return
-        self.pending.update((sample.sample_id, sample) for sample in samples)
         adapter_of = self._adapter_of
         batch = _Batch(
             list(samples), {sample.sample_id: adapter_of(sample.params) if adapter_of else None for sample in samples}
@@ -95,14 +96,11 @@ class Encoder(BesideTheLoop[StartResult]):
         if self._stream is not None:
             batch.ready = torch.cuda.Event()
             batch.ready.record(torch.cuda.current_stream(self.model.device))
-        if self.is_async:
-            self._queue.put(batch)
-        else:
-            self._finish(self._start([batch]))
+        self._hand_over({sample.sample_id: sample for sample in samples}, [batch])
 
     def collect(self) -> list[StartResult]:
         """The batches started since the last call, without the discarded samples; never waits."""
-        results = self._take_results()
+        results = super().collect()
         for result in results:
             if result.ready is not None:
                 stream = torch.cuda.current_stream(self.model.device)
@@ -110,52 +108,60 @@ class Encoder(BesideTheLoop[StartResult]):
                 for sample in result.samples:
                     for tensor in _tensors_of(sample):
                         tensor.record_stream(stream)
-            started_ids = {sample.sample_id for sample in result.samples} | result.failed.keys()
-            for sample_id in started_ids:
-                self.pending.pop(sample_id, None)
-            result.samples = [sample for sample in result.samples if sample.sample_id not in self._discarded]
-            result.failed = {key: value for key, value in result.failed.items() if key not in self._discarded}
-            self._discarded -= started_ids
         return results
 
-    def discard(self, sample_ids: Collection[str]) -> None:
-        """Forget these samples when they are started (their job ended meanwhile)."""
-        self._discarded.update(self.pending.keys() & set(sample_ids))
-
     def _work(self) -> None:
-        while (batch := self._queue.get()) is not None:
-            batches = [batch]
+        while (batches := self._queue.get()) is not None:
             is_closing = False
             while not self._queue.empty():  # whatever arrived meanwhile goes through the same calls
                 more = self._queue.get_nowait()
                 if more is None:
                     is_closing = True
                     break
-                batches.append(more)
+                batches += more
             with torch.inference_mode():
                 if self._stream is None:
-                    result = self._start(batches)
+                    result = self._run(batches)
                 else:
                     with torch.cuda.stream(self._stream):
                         for each in batches:
                             self._stream.wait_event(each.ready)
-                        result = self._start(batches)
+                        result = self._run(batches)
                         result.ready = torch.cuda.Event()
                         result.ready.record(self._stream)
             self._finish(result)
             if is_closing:
                 break
 
-    def _start(self, batches: list[_Batch]) -> StartResult:
+    def _run(self, batches: list[_Batch]) -> StartResult:
+        """Start the batches' samples; an error outside one sample fails those not started yet, with the error."""
         start = time.perf_counter()
         result = StartResult()
+        try:
+            self._start(batches, result)
+        except Exception as e:
+            logger.exception("starting %d samples failed", sum(len(batch.samples) for batch in batches))
+            started = {sample.sample_id for sample in result.samples}
+            for batch in batches:
+                for sample in batch.samples:
+                    if sample.sample_id not in started:
+                        result.failed.setdefault(sample.sample_id, f"could not start the job: {describe(e)}")
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _start(self, batches: list[_Batch], result: StartResult) -> None:
         samples = [sample for batch in batches for sample in batch.samples]
         adapters = {sample_id: adapter for batch in batches for sample_id, adapter in batch.adapters.items()}
-        texts_of_adapter: dict[TextEncoderAdapter, set[str]] = {}
+        texts_of_sample: dict[str, list[str]] = {}
         for sample in samples:
-            texts_of_adapter.setdefault(adapters[sample.sample_id], set()).update(
-                self.model.texts_to_encode(sample.params)
-            )
+            try:
+                texts_of_sample[sample.sample_id] = list(self.model.texts_to_encode(sample.params))
+            except Exception as e:
+                logger.exception("the prompts of sample %s cannot be encoded", sample.sample_id)
+                result.failed[sample.sample_id] = f"prompt encoding failed: {describe(e)}"
+        texts_of_adapter: dict[TextEncoderAdapter, set[str]] = {}
+        for sample_id, sample_texts in texts_of_sample.items():
+            texts_of_adapter.setdefault(adapters[sample_id], set()).update(sample_texts)
         encoded: dict[TextEncoderAdapter, dict[str, Conditioning | Exception]] = {}
         with self.model_lock:
             for adapter, texts in texts_of_adapter.items():
@@ -163,14 +169,15 @@ class Encoder(BesideTheLoop[StartResult]):
         ready: list[tuple[Sample, dict[str, Conditioning]]] = []
         for sample in samples:
             conditioning: dict[str, Conditioning] = {}
-            for text in self.model.texts_to_encode(sample.params):
+            for text in texts_of_sample.get(sample.sample_id, ()):
                 outcome = encoded[adapters[sample.sample_id]][text]
                 if isinstance(outcome, Exception):
-                    result.failed[sample.sample_id] = f"prompt encoding failed: {_describe(outcome)}"
+                    result.failed[sample.sample_id] = f"prompt encoding failed: {describe(outcome)}"
                     break
                 conditioning[text] = outcome
             else:
-                ready.append((sample, conditioning))
+                if sample.sample_id not in result.failed:
+                    ready.append((sample, conditioning))
         init_images = encode_init_images(
             self.model, [sample for sample, _ in ready], one_at_a_time=self.chunk_size is not None
         )
@@ -179,9 +186,17 @@ class Encoder(BesideTheLoop[StartResult]):
                 result.samples.append(self._sample_tensors(sample, conditioning, init_images.get(sample.sample_id)))
             except Exception as e:
                 logger.exception("could not start sample %s", sample.sample_id)
-                result.failed[sample.sample_id] = f"could not start the job: {_describe(e)}"
-        result.seconds = time.perf_counter() - start
-        return result
+                result.failed[sample.sample_id] = f"could not start the job: {describe(e)}"
+
+    def _failed(self, sample_ids: list[str], message: str) -> StartResult:
+        return StartResult(failed=dict.fromkeys(sample_ids, f"could not start the job: {message}"))
+
+    def _sample_ids(self, result: StartResult) -> set[str]:
+        return {sample.sample_id for sample in result.samples} | result.failed.keys()
+
+    def _drop(self, result: StartResult, sample_ids: set[str]) -> None:
+        result.samples = [sample for sample in result.samples if sample.sample_id not in sample_ids]
+        result.failed = {key: value for key, value in result.failed.items() if key not in sample_ids}
 
     def _encode_texts(self, adapter: TextEncoderAdapter, texts: list[str]) -> dict[str, Conditioning | Exception]:
         """Each text's conditioning from one call; after a failure, one call per text (its own error)."""
@@ -248,7 +263,3 @@ def _tensors_of(sample: SampleTensors) -> Iterator[torch.Tensor]:
     for candidate in candidates:
         if isinstance(candidate, torch.Tensor) and candidate.device.type == "cuda":
             yield candidate
-
-
-def _describe(error: Exception) -> str:
-    return f"{type(error).__name__}: {error}"

@@ -1,7 +1,9 @@
 """Counters the engine loop keeps for `DiffusionEngine.stats()`; plain numbers only.
 
 The `jobs_*` names of the stats keys count samples (images); they are kept because
-workers publish them (metrics, heartbeats) under these names.
+workers publish them (metrics, heartbeats) under these names. `jobs_finished`, `jobs_failed`,
+`jobs_canceled` and `jobs_aborted` are counted where a job ends (its one exit, batching.job_book):
+each counts the images of the jobs that ended so, once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batching.job import Ending
 from batching.plan import RunnerOutput
 
 if TYPE_CHECKING:
@@ -25,9 +28,7 @@ class EngineStats:
     sizes_per_forward: Counter = field(default_factory=Counter)  # distinct image sizes in a forward -> forwards
     loras_per_forward: Counter = field(default_factory=Counter)  # distinct LoRA adapters in a forward -> forwards
     num_sample_steps: int = 0  # denoise steps taken, summed over samples
-    num_samples_finished: int = 0  # samples whose image was decoded for a job still unfinished
-    num_samples_failed: int = 0
-    num_samples_canceled: int = 0  # samples of canceled jobs that were still scheduled
+    num_samples_ended: Counter = field(default_factory=Counter)  # Ending -> images of the jobs that ended so
     busy_seconds: float = 0.0  # wall time spent inside iterations that did work
     forward_seconds: float = 0.0  # denoiser forwards (device time on CUDA, read from events without waiting)
     decode_seconds: float = 0.0  # decode batches (on the decode worker when decode overlaps the loop)
@@ -47,7 +48,6 @@ class EngineStats:
         self.sizes_per_forward.update(output.sizes_per_forward)
         self.loras_per_forward.update(output.loras_per_forward)
         self.num_sample_steps += len(output.stepped_sample_ids)
-        self.num_samples_failed += len(output.failed)
         self.forward_seconds += sum(output.forward_seconds)
         self.encode_seconds += output.encode_seconds
         self.num_oom_splits += output.num_oom_splits
@@ -61,7 +61,11 @@ class EngineStats:
         self.decode_seconds += result.seconds
         self.num_oom_splits += result.num_oom_splits
 
+    def record_end(self, ending: Ending, num_samples: int) -> None:
+        self.num_samples_ended[ending] += num_samples
+
     def as_dict(self) -> dict:
+        num_finished = self.num_samples_ended[Ending.FINISHED]
         return {
             "iterations": self.num_iterations,
             "forwards": self.num_forwards,
@@ -70,14 +74,12 @@ class EngineStats:
             "sizes_per_forward": dict(sorted(self.sizes_per_forward.items())),
             "loras_per_forward": dict(sorted(self.loras_per_forward.items())),
             "job_steps": self.num_sample_steps,
-            "jobs_finished": self.num_samples_finished,
-            "jobs_failed": self.num_samples_failed,
-            "jobs_canceled": self.num_samples_canceled,
+            **{f"jobs_{ending.value}": self.num_samples_ended[ending] for ending in Ending},
             "busy_seconds": round(self.busy_seconds, 6),
             "forward_seconds": round(self.forward_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
             "encode_seconds": round(self.encode_seconds, 6),
             "oom_splits": self.num_oom_splits,
             "steps_per_second": self.num_sample_steps / self.busy_seconds if self.busy_seconds else 0.0,
-            "images_per_second": self.num_samples_finished / self.busy_seconds if self.busy_seconds else 0.0,
+            "images_per_second": num_finished / self.busy_seconds if self.busy_seconds else 0.0,
         }

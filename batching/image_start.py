@@ -72,16 +72,12 @@ def encode_init_images(
     for new in new_samples:
         if (new.params.init_image is None and not adapter.has_mask_channels) or adapter.edits_init_image:
             continue
-        init, mask = (new.images.init, new.images.mask) if new.images is not None else (None, None)
-        size = (new.params.height, new.params.width)
-        to_encode = [] if init is None else [_to_pixels(init)]  # [1, 3, H, W] in [-1, 1]
-        mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
-        if adapter.has_mask_channels:
-            if mask_tensor is None:  # repaint everything
-                mask_tensor = torch.ones(1, 1, *size)
-            masked = torch.zeros(1, 3, *size) if init is None else to_encode[0] * (mask_tensor < 0.5)
-            to_encode.append(masked)  # last: the masked image
-        group = new.sample_id if one_at_a_time else size
+        try:
+            to_encode, mask_tensor = _pixels_to_encode(adapter, new)
+        except Exception as e:  # this sample's images only: the others are encoded
+            results[new.sample_id] = e
+            continue
+        group = new.sample_id if one_at_a_time else (new.params.height, new.params.width)
         by_size.setdefault(group, []).append((new.sample_id, to_encode, mask_tensor))
     for items in by_size.values():
         try:
@@ -98,6 +94,20 @@ def encode_init_images(
             init_mean, init_std = rows[0] if rows else (None, None)
             results[sample_id] = EncodedImage(init_mean, init_std, mask_rows, masked=masked_distribution)
     return results
+
+
+def _pixels_to_encode(adapter: PipelineAdapter, new: Sample) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """A sample's images for the VAE (its init image, then its masked image for mask channels), and its mask."""
+    init, mask = (new.images.init, new.images.mask) if new.images is not None else (None, None)
+    size = (new.params.height, new.params.width)
+    to_encode = [] if init is None else [_to_pixels(init)]  # [1, 3, H, W] in [-1, 1]
+    mask_tensor = None if mask is None else torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)[None, None]
+    if adapter.has_mask_channels:
+        if mask_tensor is None:  # repaint everything
+            mask_tensor = torch.ones(1, 1, *size)
+        masked = torch.zeros(1, 3, *size) if init is None else to_encode[0] * (mask_tensor < 0.5)
+        to_encode.append(masked)  # last: the masked image
+    return to_encode, mask_tensor
 
 
 def _to_pixels(image: Any) -> torch.Tensor:

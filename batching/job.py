@@ -3,11 +3,16 @@
 A job is one `submit()`. A job for N images becomes N samples (`batching.sample`, seeds
 seed..seed+N-1) that batch like any others; the job resolves when all of them have
 finished, and fails (aborting the rest) as soon as one of them fails.
+
+A job's progress is counted in its own steps: a 2-image job of 200 steps is at `step k/200`,
+not `/400`. Its images' steps are counted once, by the model runner, on their `Sample`s;
+`JobProgress.of` derives the job's from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,7 +23,53 @@ from batching.sample import Sample
 if TYPE_CHECKING:
     from batching.previews import PreviewCallback
 
-ProgressCallback = Callable[[int, int], None]  # (steps done, total steps), called on the engine loop thread
+ProgressCallback = Callable[[int, int], None]  # JobProgress (step, total), called on the engine loop thread
+
+
+class Stage(enum.Enum):
+    """Where a job is in the engine (batching.job_book): it moves forward only."""
+
+    INBOX = "inbox"  # submitted; the scheduler has not seen it
+    SCHEDULED = "scheduled"  # its samples are the scheduler's, the runner's and the decoder's
+    ENDED = "ended"  # left the book through its one exit; nothing touches it any more
+
+
+class Ending(enum.Enum):
+    """How a job ended; each is counted in stats() (`jobs_<value>`)."""
+
+    FINISHED = "finished"  # every image decoded: its Future has the result
+    FAILED = "failed"  # one of its samples failed, or an engine error failed every scheduled job
+    CANCELED = "canceled"  # engine.cancel(): JobCanceledError
+    ABORTED = "aborted"  # the engine shut down (or its loop stopped) first: EngineShutdownError
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """A job's progress in its own steps, derived from its images' step counts."""
+
+    step: int  # its images' mean steps done, rounded down: each image's step while they run together
+    total: int  # the job's step count: the steps each of its images runs (not summed over them)
+    image: int = 0  # 1-based: the image it is on while its images run one after another; 0 otherwise
+    has_started: bool = False  # an image of it took a step (`step` is still 0 when one of two took one)
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> JobProgress:
+        total = samples[0].num_steps  # every image of a job runs the same steps (batching.sample.make_samples)
+        steps = [sample.num_steps_done for sample in samples]
+        return cls(sum(steps) // len(steps), total, _image_on(steps, total), any(steps))
+
+
+def _image_on(steps: list[int], total: int) -> int:
+    """The image a multi-image job is on when its images run one after another: the only one partway, or, between
+    two images, the next one to start. 0 for a one-image job and while several run together."""
+    if len(steps) == 1:
+        return 0
+    partway = [index for index, done in enumerate(steps) if 0 < done < total]
+    if len(partway) == 1:
+        return partway[0] + 1
+    if not partway and total in steps and 0 in steps:
+        return steps.index(0) + 1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -36,14 +87,19 @@ class GenerationResult:
 
 class JobFuture(Future):
     """What `DiffusionEngine.submit` returns: a `concurrent.futures.Future` of a `GenerationResult` that also
-    says which job it is and how many denoise steps the job runs (what its progress counts to)."""
+    says which job it is and how far it is (plain attributes the loop thread replaces; read them from any thread)."""
 
-    def __init__(self, job_id: str, num_steps_total: int) -> None:
+    def __init__(self, job_id: str, progress: JobProgress) -> None:
         super().__init__()
         self.job_id = job_id
-        self.num_steps_total = num_steps_total
+        self.progress = progress  # replaced (never changed in place) after each of the job's steps
         self.is_paused = False  # set aside at a step boundary for a job that outranks it (the loop thread sets it)
         self.is_late = False  # it has a complete_by it can no longer make, by the measured step times
+
+    @property
+    def num_steps_total(self) -> int:
+        """The job's step count: what its progress counts to."""
+        return self.progress.total
 
 
 @dataclass(slots=True)
@@ -55,10 +111,10 @@ class Job:
     on_progress: ProgressCallback | None
     submitted_at: float
     on_preview: PreviewCallback | None = None  # with its first sample's preview_every
+    stage: Stage = Stage.INBOX  # batching.job_book moves it, under its lock
     admitted_at: float | None = None  # when its first sample took its first step
     denoised_at: float | None = None  # when its last sample took its last step
     decode_seconds: float = 0.0
-    num_steps_done: int = 0  # over all its samples
     num_samples_denoised: int = 0  # samples whose last step the loop has seen
     images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image, added as they are decoded
 
@@ -66,9 +122,8 @@ class Job:
     def sample_ids(self) -> list[str]:
         return [sample.sample_id for sample in self.samples]
 
-    @property
-    def num_steps_total(self) -> int:
-        return sum(sample.num_steps for sample in self.samples)
+    def progress(self) -> JobProgress:
+        return JobProgress.of(self.samples)
 
     @property
     def is_complete(self) -> bool:

@@ -94,6 +94,11 @@ class ModelRunner:
         self.previews: list[tuple[str, PreviewPixels]] = []  # (sample_id, its preview) made since the last take
         self.has_failed_preview = False  # log the first failure only
 
+    @property
+    def beside_the_loop(self) -> tuple[Encoder, Decoder]:
+        """The parts that may run on a worker thread of their own."""
+        return self.encoder, self.decoder
+
     def take_previews(self) -> list[tuple[str, PreviewPixels]]:
         previews, self.previews = self.previews, []
         return previews
@@ -105,7 +110,7 @@ class ModelRunner:
         self.previews.clear()
         self.row_caps = RowCaps()
         self.timer.discard()
-        self.decoder.discard(self.decoder.pending_sample_ids)
+        self.decoder.discard(self.decoder.pending)
         self.encoder.discard(self.encoder.pending.keys())
 
     def close(self) -> None:
@@ -286,7 +291,7 @@ class ModelRunner:
                 prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
             )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
             sample.latents = stepped[0]
-            sample.num_steps_done += 1
+            sample.sample.num_steps_done += 1  # the one count of a sample's steps: everything else reads it
             blend_unmasked(self.model, sample)  # inpainting only
         except Exception as e:
             logger.exception("sampler step failed for sample %s", sample.sample_id)

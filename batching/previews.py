@@ -89,7 +89,8 @@ def report_preview(job: Job, pixels: PreviewPixels) -> None:
     if job.on_preview is None:
         return
     try:
-        job.on_preview(Preview(job.num_steps_done, job.num_steps_total, job.params.width, job.params.height, pixels))
+        progress = job.future.progress
+        job.on_preview(Preview(progress.step, progress.total, job.params.width, job.params.height, pixels))
     except Exception:
         logger.exception("on_preview callback of job %s raised; ignored", job.job_id)
 

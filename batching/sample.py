@@ -3,7 +3,8 @@
 A `Sample` is made once, when its job is submitted (`make_samples`): that is where how
 many denoise steps it runs, what it costs a forward and its compatibility key are
 computed, and everything downstream reads them from here. The scheduler keeps it in its
-waiting and running sets and counts its steps; the plan that admits it hands the same
+waiting and running sets; the model runner counts its steps (`num_steps_done`), which the
+scheduler, the job's progress and its previews read; the plan that admits it hands the same
 object to the model runner once, which keeps the sample's tensors beside it
 (`batching.sample_tensors.SampleTensors`). The split is nano-vllm's `Sequence` seen from
 two sides: this view needs no torch, so the scheduler is tested without a model.
@@ -30,8 +31,8 @@ class Sample:
     tenant: str = ""  # its job's tenant: admission prefers tenants with fewer running samples (batching.preemption)
     complete_by: float | None = None  # unix seconds its job should finish by: least slack first (batching.preemption)
     preview_every: int = 0  # a live preview after every this many of its steps (batching.previews); 0: none
-    # The scheduler's, on the engine loop thread:
-    num_steps_done: int = 0
+    # On the engine loop thread:
+    num_steps_done: int = 0  # denoise steps it took: advanced by the model runner alone, after each sampler step
     num_iterations_overtaken: int = 0  # waiting iterations in which a later arrival was admitted
     arrival: int = 0  # its place in arrival order among the scheduler's samples
     is_paused: bool = False  # waiting again after it ran: set aside at a step boundary, its tensors kept in the runner

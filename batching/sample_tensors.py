@@ -29,11 +29,15 @@ class SampleTensors:
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
     guide: InpaintGuide | None = None  # an inpainting sample's (latent blend)
     step_cache: StepCacheState | None = None  # a sample that caches steps (batching.step_cache): its own cache
-    num_steps_done: int = 0  # steps its tensors took (the scheduler's count catches up in update_from_output)
 
     @property
     def sample_id(self) -> str:
         return self.sample.sample_id
+
+    @property
+    def num_steps_done(self) -> int:
+        """Its sample's steps, which the runner advances after each sampler step (the one count of them)."""
+        return self.sample.num_steps_done
 
     @property
     def params(self) -> GenerationParams:

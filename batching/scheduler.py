@@ -192,10 +192,11 @@ class Scheduler:
         return plan
 
     def update_from_output(self, plan: SchedulerPlan, output: RunnerOutput) -> None:
-        """Apply the runner's result for `plan`: advance steps; finished and failed samples leave.
+        """Apply the runner's result for `plan`: finished and failed samples leave.
 
-        A sample that ran its last step is in both `stepped_sample_ids` and
-        `finished_sample_ids`. Ids of samples aborted after `plan` was made are ignored.
+        The runner has advanced each stepped sample's `num_steps_done` (the one count of its steps). A sample
+        that ran its last step is in both `stepped_sample_ids` and `finished_sample_ids`. Ids of samples aborted
+        after `plan` was made are ignored.
         """
         planned_ids = {sample_id for sample_ids in plan.groups.values() for sample_id in sample_ids}
         for sample_id in output.failed:
@@ -203,9 +204,7 @@ class Scheduler:
         for sample_id in output.stepped_sample_ids:
             assert sample_id in planned_ids, f"runner stepped {sample_id!r}, which was not planned"
             sample = self._running.get(sample_id)
-            if sample is not None:
-                sample.num_steps_done += 1
-                assert sample.num_steps_done <= sample.num_steps, f"sample {sample_id!r} stepped past its last step"
+            assert sample is None or sample.num_steps_done <= sample.num_steps, f"{sample_id!r} stepped past its end"
         for sample_id in output.denoised_sample_ids + output.finished_sample_ids:
             sample = self._running.pop(sample_id, None)
             if sample is not None:

@@ -33,9 +33,8 @@ def probe(model: str, num_jobs: int, num_steps: int, num_threads: int) -> dict:
         start = time.perf_counter()
         futures = []
         for index in range(num_jobs):
-            future = engine.submit(
-                GenerationParams(prompt=f"canceled {index}", seed=100 + index, num_inference_steps=num_steps, model=model)
-            )
+            params = GenerationParams(prompt=f"job {index}", seed=index, num_inference_steps=num_steps, model=model)
+            future = engine.submit(params)
             engine.cancel(future)
             futures.append(future)
         num_canceled = 0

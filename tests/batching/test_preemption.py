@@ -41,6 +41,7 @@ class Runner:
 
     def __init__(self) -> None:
         self.steps_left: dict[str, int] = {}
+        self.samples: dict[str, Sample] = {}  # every sample handed over
         self.steps_by_plan: list[list[str]] = []  # sample ids stepped, per plan
 
     def execute(self, plan: SchedulerPlan) -> RunnerOutput:
@@ -49,10 +50,12 @@ class Runner:
         for new in plan.new_samples:
             assert new.sample_id not in self.steps_left, "a sample is handed to the runner once"
             self.steps_left[new.sample_id] = new.num_steps
+            self.samples[new.sample_id] = new
         output = RunnerOutput()
         for sample_ids in plan.groups.values():
             for sample_id in sample_ids:
                 self.steps_left[sample_id] -= 1
+                self.samples[sample_id].num_steps_done += 1  # as the model runner does
                 output.stepped_sample_ids.append(sample_id)
                 if self.steps_left[sample_id] == 0:
                     output.finished_sample_ids.append(sample_id)

@@ -357,13 +357,13 @@ def test_random_arrivals_aborts_and_failures_keep_every_guarantee(
             num_overtaken_by_arrival[arrival] = 0
         if rng.random() < 0.05 and num_overtaken_by_arrival:
             arrival = rng.randrange(len(num_overtaken_by_arrival))
-            was_running = f"job-{arrival}" in runner.num_steps_by_job
+            was_running = f"job-{arrival}" in runner.samples
             is_aborted = scheduler.abort(f"job-{arrival}")
             if is_aborted and was_running:
                 aborted_running_ids.add(f"job-{arrival}")
             elif is_aborted:
                 waiting_arrivals.remove(arrival)
-        fail = tuple(job_id for job_id in runner.num_steps_by_job if rng.random() < 0.03)
+        fail = tuple(job_id for job_id in runner.samples if rng.random() < 0.03)
         plan, _, _ = run_iteration(scheduler, runner, fail=fail)
         aborted_ids_sent += plan.aborted_sample_ids
         admitted_arrivals = [int(job_id.removeprefix("job-")) for job_id in admitted_ids(plan)]

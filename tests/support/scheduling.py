@@ -46,40 +46,36 @@ class FakeRunner:
     aborted, one forward per group; like the real runner it drops finished and failed samples itself."""
 
     def __init__(self) -> None:
-        self.num_steps_by_job: dict[str, int] = {}
-        self.steps_done_by_job: dict[str, int] = {}
+        self.samples: dict[str, Sample] = {}  # sample_id -> a sample it holds, admitted and not gone
         self.forwards: list[list[str]] = []  # job ids of each forward run, in order
 
     def execute(self, plan: SchedulerPlan, *, fail: tuple[str, ...] = ()) -> RunnerOutput:
         for job_id in plan.aborted_sample_ids:
-            self._drop(job_id)
+            self.samples.pop(job_id, None)
         for job in plan.new_samples:
-            assert job.sample_id not in self.num_steps_by_job, "a sample's params are sent once"
-            self.num_steps_by_job[job.sample_id] = job.num_steps
-            self.steps_done_by_job[job.sample_id] = 0
+            assert job.sample_id not in self.samples, "a sample's params are sent once"
+            self.samples[job.sample_id] = job
         output = RunnerOutput()
         for job_ids in plan.groups.values():
-            assert all(job_id in self.num_steps_by_job for job_id in job_ids), "a planned sample the runner freed"
+            assert all(job_id in self.samples for job_id in job_ids), "a planned sample the runner freed"
             self.forwards.append(list(job_ids))
             output.samples_per_forward.append(len(job_ids))
             for job_id in job_ids:
                 if job_id in fail:
                     output.failed[job_id] = "simulated failure"
-                    self._drop(job_id)
+                    self.samples.pop(job_id)
                     continue
-                self.steps_done_by_job[job_id] += 1
+                sample = self.samples[job_id]
+                sample.num_steps_done += 1  # as the model runner does: the one count of a sample's steps
                 output.stepped_sample_ids.append(job_id)
-                if self.steps_done_by_job[job_id] == self.num_steps_by_job[job_id]:
+                if sample.num_steps_done == sample.num_steps:
                     output.finished_sample_ids.append(job_id)
-                    self._drop(job_id)
+                    self.samples.pop(job_id)
         return output
 
-    def _drop(self, job_id: str) -> None:
-        self.num_steps_by_job.pop(job_id, None)
-        self.steps_done_by_job.pop(job_id, None)
-
     def progress(self, job_id: str) -> int | None:
-        return self.steps_done_by_job.get(job_id)
+        sample = self.samples.get(job_id)
+        return None if sample is None else sample.num_steps_done
 
 
 def run_iteration(scheduler: Scheduler, runner: FakeRunner, *, fail: tuple[str, ...] = ()):
@@ -108,4 +104,4 @@ def assert_no_state_left(scheduler: Scheduler, runner: FakeRunner) -> None:
     }
     assert leftovers == {}
     assert not scheduler.has_unfinished()
-    assert runner.num_steps_by_job == {} and runner.steps_done_by_job == {}
+    assert runner.samples == {}
