@@ -4,7 +4,9 @@ Events, each `event: NAME` with one line of JSON `data` (docs/api.md#event-strea
 
     queued    {"job_id", "state": "queued", "queue_position"}   when queued, and as the position moves
     started   {"job_id", "state": "running"}
-    progress  {"job_id", "step", "total"}                        at most once per STEPWISE_PROGRESS_INTERVAL
+    progress  {"job_id", "step", "total", "current_image"}       at most once per STEPWISE_PROGRESS_INTERVAL;
+              the job's own steps of its step count (not summed over its images); current_image: 1-based,
+              while its images run one after another, else null
     preview   {"job_id", "step", "total", "image"}               a data URI, when the job asked for previews
     <state>   the job's view, as GET /v1/jobs/{id} gives it      succeeded, failed, canceled or expired; last
 
@@ -97,7 +99,7 @@ class EventStreamState:
         if record.state is JobState.RUNNING:
             if record.progress_step <= 0:
                 return with_retry([encode("started", self.started_data(), self.last_id)])
-            progress = {"job_id": self.job_id, "step": record.progress_step, "total": record.progress_total}
+            progress = {"job_id": self.job_id, **record.progress_view()}
             return with_retry([encode("started", self.started_data()), encode("progress", progress, self.last_id)])
         self.is_done = True
         return with_retry([EndOut(self.state, self.last_id)])
@@ -135,6 +137,8 @@ class EventStreamState:
                 }
                 if event.kind == "preview":
                     data["image"] = event.fields.get("image", "")
+                else:
+                    data["current_image"] = int(event.fields.get("current_image", 0)) or None
                 outs.append(encode(event.kind, data, event.event_id))
         return outs
 

@@ -102,7 +102,7 @@ def job_view(
         "preview_every": record.preview_every,
         "queue_position": queue_position if record.state is JobState.QUEUED else None,
         "queue": queue_info if record.state is JobState.QUEUED else None,
-        "progress": {"step": record.progress_step, "total": record.progress_total or planned_steps(record)},
+        "progress": record.progress_view(total=planned_steps(record)),
         "cancel_requested": record.cancel_requested,
         "attempts": record.attempts,
         "requeued": requeued_view(record),

@@ -341,8 +341,19 @@ class ErrorResponse(BaseModel):
 
 
 class Progress(BaseModel):
-    step: int = Field(description="Denoising steps done (summed over the job's images).")
-    total: int = Field(description="Steps in all (num_inference_steps x num_images).")
+    step: int = Field(
+        description="The job's denoising steps done: its images' mean, rounded down (each image's step while "
+        "they run together)."
+    )
+    total: int = Field(
+        description="The job's step count: the steps each of its images runs (num_inference_steps, or its "
+        "strength's share of them with an init image); not multiplied by num_images."
+    )
+    current_image: int | None = Field(
+        None,
+        description="The image (1-based) the job is on while its images run one after another; null while they "
+        "run together, for a one-image job, and when not running.",
+    )
 
 
 class JobError(BaseModel):

@@ -49,17 +49,17 @@ class JobProgress:
 
     step: int  # its images' mean steps done, rounded down: each image's step while they run together
     total: int  # the job's step count: the steps each of its images runs (not summed over them)
-    image: int = 0  # 1-based: the image it is on while its images run one after another; 0 otherwise
+    current_image: int = 0  # 1-based: the image it is on while its images run one after another; else 0
     has_started: bool = False  # an image of it took a step (`step` is still 0 when one of two took one)
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> JobProgress:
         total = samples[0].num_steps  # every image of a job runs the same steps (batching.sample.make_samples)
         steps = [sample.num_steps_done for sample in samples]
-        return cls(sum(steps) // len(steps), total, _image_on(steps, total), any(steps))
+        return cls(sum(steps) // len(steps), total, _current_image(steps, total), any(steps))
 
 
-def _image_on(steps: list[int], total: int) -> int:
+def _current_image(steps: list[int], total: int) -> int:
     """The image a multi-image job is on when its images run one after another: the only one partway, or, between
     two images, the next one to start. 0 for a one-image job and while several run together."""
     if len(steps) == 1:

@@ -4,11 +4,11 @@ Every transition script that changes what a watcher of the job sees appends one 
 `{ns}:job-events:{job_id}` in the same atomic step (storage.lua) and publishes the job id on
 `{ns}:job-events`, so the stream cannot disagree with the record:
 
-    started                       TAKE (queued -> running)
-    progress  step, total         SET_PROGRESS (at most once per STEPWISE_PROGRESS_INTERVAL)
-    preview   step, total, image  ADD_PREVIEW (a data URI; only while running)
-    queued                        RELEASE (running -> queued again: drain, shutdown, a lapsed lease)
-    <end state>                   FINISH, REQUEST_CANCEL, RELEASE: succeeded, failed, canceled, expired
+    started                               TAKE (queued -> running)
+    progress  step, total, current_image  SET_PROGRESS (at most once per STEPWISE_PROGRESS_INTERVAL)
+    preview   step, total, image          ADD_PREVIEW (a data URI; only while running)
+    queued                                RELEASE (running -> queued again: drain, shutdown, a lapsed lease)
+    <end state>                           FINISH, REQUEST_CANCEL, RELEASE: succeeded, failed, canceled, expired
 
 Entry ids (Redis stream ids, `ms-seq`) are the ids the API's event stream gives its events, so
 `Last-Event-ID` resumes exactly after the last entry a client saw. The stream keeps at most

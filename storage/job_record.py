@@ -47,8 +47,9 @@ class JobRecord:
     finished_at: float | None = None
     deadline: float | None = None  # unix seconds; not started by then -> expired
     complete_by: float | None = None  # unix seconds it should finish by (scheduling, and `late` in its view)
-    progress_step: int = 0
-    progress_total: int = 0
+    progress_step: int = 0  # the job's own steps done (its images' mean: batching.job.JobProgress)
+    progress_total: int = 0  # the job's step count: what each of its images runs, not summed over them
+    progress_current_image: int = 0  # 1-based image it is on while its images run one after another; else 0
     image_keys: list[str] = field(default_factory=list)  # storage keys, one per image
     error_code: str | None = None
     error_message: str | None = None
@@ -71,6 +72,18 @@ class JobRecord:
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
 
+    def progress_view(self, total: int | None = None) -> dict[str, Any]:
+        """The job's progress as clients see it (job view, progress webhooks): its own steps of its step count
+        (`total`: the count to show before a worker wrote one), and `current_image` (1-based) while its images
+        run one after another (else None)."""
+        is_running = self.state is JobState.RUNNING
+        return {
+            "step": self.progress_step,
+            "total": self.progress_total or (total or 0),
+            "current_image": self.progress_current_image if is_running and self.progress_current_image else None,
+        }
+
+
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 _FLOAT_FIELDS = frozenset(
     {
@@ -84,7 +97,7 @@ _FLOAT_FIELDS = frozenset(
         "requeued_at",
     }
 )
-_INT_FIELDS = frozenset({"progress_step", "progress_total", "attempts", "preview_every"})
+_INT_FIELDS = frozenset({"progress_step", "progress_total", "progress_current_image", "attempts", "preview_every"})
 _BOOL_FIELDS = frozenset({"cancel_requested", "is_paused", "is_late"})
 _JSON_FIELDS = frozenset({"params", "image_keys", "timings", "webhook_events", "webhook_attempts"})
 

@@ -248,11 +248,20 @@ class JobStore(JobReads):
 
     @_wraps_redis_errors
     def set_progress(
-        self, job_id: str, step: int, total: int, *, is_paused: bool = False, is_late: bool = False
+        self,
+        job_id: str,
+        step: int,
+        total: int,
+        *,
+        current_image: int = 0,
+        is_paused: bool = False,
+        is_late: bool = False,
     ) -> None:
-        """A running job's progress, and whether its engine has it paused or estimates it late."""
+        """A running job's progress (in its own steps; `current_image`: the image it is on while its images run
+        one after another, else 0), and whether its engine has it paused or estimates it late."""
         flags = ["1" if is_paused else "0", "1" if is_late else "0"]
-        self._set_progress(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), *flags])
+        args = [self.namespace, job_id, int(step), int(total), *flags, int(current_image)]
+        self._set_progress(keys=[self.job_key(job_id)], args=args)
 
     @_wraps_redis_errors
     def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:

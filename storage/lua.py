@@ -321,8 +321,8 @@ return 1
 """
 )
 
-# ARGV: ns, job_id, step, total, is_paused ('1'/'0'), is_late ('1'/'0'). Only a running job's progress moves
-# (never recreates an expired hash).
+# ARGV: ns, job_id, step, total, is_paused ('1'/'0'), is_late ('1'/'0'), current_image. Only a running job's
+# progress moves (never recreates an expired hash).
 SET_PROGRESS = (
     _PREAMBLE
     + """
@@ -330,8 +330,8 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'running' then
   return 0
 end
 redis.call('HSET', KEYS[1], 'progress_step', ARGV[3], 'progress_total', ARGV[4], 'is_paused', ARGV[5],
-           'is_late', ARGV[6])
-emit(ARGV[2], 'event', 'progress', 'step', ARGV[3], 'total', ARGV[4])
+           'is_late', ARGV[6], 'progress_current_image', ARGV[7])
+emit(ARGV[2], 'event', 'progress', 'step', ARGV[3], 'total', ARGV[4], 'current_image', ARGV[7])
 return 1
 """
 )

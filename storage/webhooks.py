@@ -110,7 +110,7 @@ def build_payload(record: JobRecord, event: str, *, status_url: str, image_urls:
     assert event in EVENTS, event
     data: dict[str, Any] = {"job_id": record.job_id, "state": record.state.value, "status_url": status_url}
     if event == "progress":
-        data["progress"] = {"step": record.progress_step, "total": record.progress_total}
+        data["progress"] = record.progress_view()
     if image_urls:
         data["image_urls"] = list(image_urls)
     if record.error_code or record.error_message:

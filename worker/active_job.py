@@ -11,9 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batching.job import JobProgress
+
 if TYPE_CHECKING:
     from batching.job import JobFuture
     from batching.previews import Preview
+
+_NOT_SUBMITTED = JobProgress(step=0, total=0)
 
 
 class StopReason(str, enum.Enum):
@@ -25,25 +29,32 @@ class StopReason(str, enum.Enum):
 @dataclass(slots=True)
 class ActiveJob:
     job_id: str
-    future: JobFuture | None = None  # the engine's, once submitted
+    future: JobFuture | None = None  # the engine's, once submitted; its `progress` is the job's (read, never counted)
     submitted_at: float = field(default_factory=time.monotonic)  # just before the engine's submit
     handed_over_at: float = field(default_factory=time.time)  # the same moment, in unix time
-    step: int = 0  # written by the engine loop thread
     step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None
     preview: Preview | None = None  # the newest live preview not yet written (the loop thread replaces it)
 
     @property
+    def progress(self) -> JobProgress:
+        """The job's progress in its own steps, as the engine derives it (all zero until submitted)."""
+        return self.future.progress if self.future is not None else _NOT_SUBMITTED
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    @property
     def total(self) -> int:
-        """Denoise steps the job runs, over all its images, as the engine counts them (0 until submitted)."""
-        return self.future.num_steps_total if self.future is not None else 0
+        """The job's step count (each of its images runs that many; not summed over them)."""
+        return self.progress.total
 
     @property
     def has_started_denoising(self) -> bool:
-        return self.step > 0
+        return self.progress.has_started
 
     def on_progress(self, step: int, total: int) -> None:
-        self.step = step
         self.step_times.append(time.monotonic())
 
     def on_preview(self, preview: Preview) -> None:

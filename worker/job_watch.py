@@ -37,6 +37,7 @@ class JobWatch:
         self.record = record
         self.wants_progress_webhooks = "progress" in record.webhook_events
         self.written_step = 0
+        self.written_image = 0  # the current image as last written
         self.written_flags = (False, False)  # (is_paused, is_late) as last written
         self.last_progress_write = 0.0
         self.last_progress_webhook = 0.0
@@ -82,18 +83,25 @@ class JobWatch:
     def write_progress(self, now: float, *, force: bool = False) -> None:
         """Progress, and whether the engine has the job paused or estimates it late (a change of those is
         written at once: a paused job reports no steps)."""
-        step, total = self.active.step, self.active.total
+        progress = self.active.progress  # the job's own steps, as the engine derives them
+        step, total, current_image = progress.step, progress.total, progress.current_image
         future = self.active.future
         flags = (future.is_paused, future.is_late) if future is not None else (False, False)
-        if step == self.written_step and flags == self.written_flags:
+        if (step, current_image) == (self.written_step, self.written_image) and flags == self.written_flags:
             return
         is_due = force or now - self.last_progress_write >= self.runtime.settings.progress_interval
         if not is_due and flags == self.written_flags:
             return
-        self.runtime.job_store.set_progress(self.active.job_id, step, total, is_paused=flags[0], is_late=flags[1])
+        self.runtime.job_store.set_progress(
+            self.active.job_id, step, total, current_image=current_image, is_paused=flags[0], is_late=flags[1]
+        )
         self.written_step = step
+        self.written_image = current_image
         self.written_flags = flags
         self.last_progress_write = now
         if self.wants_progress_webhooks and now - self.last_progress_webhook >= PROGRESS_SECONDS:
             self.last_progress_webhook = now
-            emit_event(dataclasses.replace(self.record, progress_step=step, progress_total=total), "progress")
+            written = dataclasses.replace(
+                self.record, progress_step=step, progress_total=total, progress_current_image=current_image
+            )
+            emit_event(written, "progress")

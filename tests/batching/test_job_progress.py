@@ -21,22 +21,22 @@ def progress_at(*steps: int, total: int = 4) -> JobProgress:
 
 
 def test_images_that_run_together_show_their_common_step_of_the_jobs_step_count():
-    assert progress_at(0, 0) == JobProgress(step=0, total=4, image=0, has_started=False)
-    assert progress_at(3, 3) == JobProgress(step=3, total=4, image=0, has_started=True)
+    assert progress_at(0, 0) == JobProgress(step=0, total=4, current_image=0, has_started=False)
+    assert progress_at(3, 3) == JobProgress(step=3, total=4, current_image=0, has_started=True)
     assert progress_at(4, 4).step == 4
 
 
 def test_images_at_different_steps_show_their_mean_rounded_down_so_it_never_goes_back():
-    assert progress_at(1, 0) == JobProgress(step=0, total=4, image=1, has_started=True)
-    assert progress_at(4, 3).step == 3 and progress_at(4, 3).image == 2, "image 2 of 2: the only one partway"
+    assert progress_at(1, 0) == JobProgress(step=0, total=4, current_image=1, has_started=True)
+    assert progress_at(4, 3).step == 3 and progress_at(4, 3).current_image == 2, "image 2 of 2: the only one partway"
     sequence = [progress_at(*steps).step for steps in [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1), (4, 2), (4, 3), (4, 4)]]
     assert sequence == sorted(sequence) and sequence[-1] == 4
 
 
 def test_between_two_images_run_one_after_another_the_next_one_is_named():
-    assert progress_at(4, 0, 0).image == 2
-    assert progress_at(4, 4, 0).image == 3
-    assert progress_at(2, 2, 0).image == 0, "two images partway: they run together"
+    assert progress_at(4, 0, 0).current_image == 2
+    assert progress_at(4, 4, 0).current_image == 3
+    assert progress_at(2, 2, 0).current_image == 0, "two images partway: they run together"
 
 
 def test_a_two_image_jobs_progress_callback_counts_its_own_steps(batched_engine):
@@ -49,14 +49,14 @@ def test_a_two_image_jobs_progress_callback_counts_its_own_steps(batched_engine)
     assert future.num_steps_total == 5 and future.progress.total == 5
     assert {total for _, total in reported} == {5}
     assert [step for step, _ in reported] == sorted(step for step, _ in reported) and reported[-1] == (5, 5)
-    assert future.progress == JobProgress(step=5, total=5, image=0, has_started=True)
+    assert future.progress == JobProgress(step=5, total=5, current_image=0, has_started=True)
 
 
 def test_a_two_image_job_run_one_image_after_the_other_says_which_image_it_is_on(solo_engine):
     seen, futures = [], []
 
     def on_progress(step: int, total: int) -> None:
-        seen.append((futures[0].progress.image, step, total))
+        seen.append((futures[0].progress.current_image, step, total))
 
     solo_engine.pause()  # no step before the test holds the Future
     futures.append(solo_engine.submit(make_params(num_images=2, num_inference_steps=3), on_progress=on_progress))
