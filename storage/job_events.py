@@ -41,7 +41,25 @@ log = logging.getLogger(__name__)
 EVENT_LOG_MAX_ENTRIES = 500  # approximate (XADD MAXLEN ~): progress and previews of a long job
 EVENT_LOG_SECONDS = 24 * 3600  # an active job's stream, renewed by each entry
 EVENT_LOG_SECONDS_AFTER_END = 3600  # the end entry, for clients resuming after the end
-EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # ASCII digits: Redis stream ids
+
+
+def digits_at_most(limit: int) -> str:
+    """A regex for 1 to len(str(limit)) ASCII digits whose value is at most `limit` (leading zeros allowed)."""
+    digits = str(limit)
+    width = len(digits)
+    options = [f"[0-9]{{1,{width - 1}}}"] if width > 1 else []
+    for i, digit in enumerate(digits):
+        if digit != "0":  # the first i digits as in `limit`, then a smaller one, then any
+            rest = f"[0-9]{{{width - i - 1}}}" if i < width - 1 else ""
+            options.append(f"{digits[:i]}[0-{int(digit) - 1}]{rest}")
+    options.append(digits)
+    return "(?:" + "|".join(options) + ")"
+
+
+STREAM_ID_PART_MAX = 2**64 - 1  # each part of a Redis stream id (milliseconds-sequence) is an unsigned 64-bit number
+_PART = digits_at_most(STREAM_ID_PART_MAX)
+EVENT_ID = re.compile(f"{_PART}-{_PART}")  # what Redis can take as a stream id: the ids events carry
+LAST_STREAM_ID = f"{STREAM_ID_PART_MAX}-{STREAM_ID_PART_MAX}"  # nothing can come after it
 RECONNECT_SECONDS = 1.0
 POSITION_SECONDS = 1.0  # how often the feed reads the queue positions its waiters follow
 IDLE_SECONDS = 30.0  # a feed nobody used for this long ends its threads
@@ -67,6 +85,12 @@ def events_from_entries(entries: list[tuple[str, dict[str, str]]]) -> list[JobEv
     return events
 
 
+def is_last_stream_id(event_id: str) -> bool:
+    """True for the largest id a stream can hold (with leading zeros too): Redis refuses a range after it."""
+    ms, _, seq = event_id.partition("-")
+    return int(ms) == int(seq) == STREAM_ID_PART_MAX
+
+
 class JobEventLog:
     """Reads of the job event streams over a synchronous client (decode_responses=True)."""
 
@@ -85,6 +109,8 @@ class JobEventLog:
 
     def read_after(self, job_id: str, after: str | None) -> list[JobEvent]:
         """The entries after `after` (all of them for None), oldest first."""
+        if after is not None and is_last_stream_id(after):
+            return []
         start = f"({after}" if after else "-"
         entries = cast(list, self.client.xrange(self.keys.job_events(job_id), min=start, max="+"))
         return events_from_entries(entries)

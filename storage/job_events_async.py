@@ -16,7 +16,13 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 
-from storage.job_events import POSITION_SECONDS, RECONNECT_SECONDS, JobEvent, events_from_entries
+from storage.job_events import (
+    POSITION_SECONDS,
+    RECONNECT_SECONDS,
+    JobEvent,
+    events_from_entries,
+    is_last_stream_id,
+)
 from storage.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -122,6 +128,8 @@ class AsyncJobEventFeed:
                 watch.set_position(position)
 
     async def read_after(self, job_id: str, after: str | None) -> list[JobEvent]:
+        if after is not None and is_last_stream_id(after):
+            return []
         start = f"({after}" if after else "-"
         entries = await self.client.xrange(self.keys.job_events(job_id), min=start, max="+")
         return events_from_entries(cast(list, entries))

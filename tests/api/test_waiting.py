@@ -197,3 +197,25 @@ def test_another_tenants_job_stream_is_missing_and_a_bad_last_event_id_is_refuse
     assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
     assert bad_id.status_code == 422 and bad_id.json()["error"]["field"] == "Last-Event-ID"
     assert nobody.status_code == 401
+
+
+@pytest.mark.parametrize("last_event_id", ["99999999999999999999-0", "1-18446744073709551616"])
+def test_a_last_event_id_beyond_what_a_stream_id_can_hold_is_refused_naming_the_header(http_client, last_event_id):
+    job_id = submit(http_client).json()["job_id"]
+
+    response = http_client.get(f"/v1/jobs/{job_id}/events", headers={**auth(), "Last-Event-ID": last_event_id})
+
+    assert response.status_code == 422  # was 200 with an empty body: an EventSource would reconnect forever
+    assert response.json()["error"]["field"] == "Last-Event-ID"
+
+
+def test_a_stream_resumed_after_the_largest_stream_id_still_ends_with_the_jobs_end_state(http_client, store):
+    job_id = submit(http_client).json()["job_id"]
+    store.request_cancel(job_id)
+
+    last = "18446744073709551615-18446744073709551615"  # Redis refuses a range after it: nothing is there
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers={**auth(), "Last-Event-ID": last}) as source:
+        events = list(source.iter_sse())
+
+    assert [event.event for event in events] == ["canceled"]
+    assert source.response.status_code == 200
