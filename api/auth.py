@@ -5,7 +5,9 @@ environment, and the keys kept hashed in Redis (`storage.api_keys`, managed with
 read again at most once a second, so a key created or revoked works or stops within a second
 without a restart. Every environment key is compared in constant time, and all of them are always
 compared, so neither the timing nor the order of the variable tells a caller anything; a Redis key is
-found by its SHA-256 digest. Keys are never logged.
+found by its SHA-256 digest. Keys are never logged. A request that waits (an event stream, `Prefer:
+wait`, the OpenAI images routes) keeps its Redis key's id (`g.key_id`), so revoking the key ends it
+too (api.live).
 
 A header that is there but cannot be read (a value beyond ASCII, which granian hands over empty) is
 an invalid key, not a missing one.
@@ -29,6 +31,7 @@ UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Bearer realm="stepwise"'}
 class Caller:
     tenant: str
     is_admin: bool  # may read /metrics and every tenant's queue totals
+    key_id: str | None = None  # a key kept in Redis (revocable while the API runs); None for the environment's
 
 
 class KeyRing:
@@ -54,7 +57,7 @@ class KeyRing:
         if found is None and self.table is not None:
             stored = self.table.lookup(key)
             if stored is not None:
-                found = Caller(stored.tenant, stored.is_admin)
+                found = Caller(stored.tenant, stored.is_admin, stored.key_id)
         return found
 
     def tenant_for(self, key: str) -> str | None:
@@ -87,6 +90,14 @@ def require_tenant() -> None:
         raise ApiError(401, "unauthorized", "invalid API key", headers=UNAUTHORIZED_HEADERS)
     g.tenant = caller.tenant
     g.is_admin = caller.is_admin
+    g.key_id = caller.key_id
+
+
+def revoked_key_error() -> ApiError:
+    """What a request still waiting when its key was revoked gets, as a new request with the key would."""
+    return ApiError(
+        401, "unauthorized", "the API key of this request was revoked while it waited", headers=UNAUTHORIZED_HEADERS
+    )
 
 
 def require_admin() -> None:

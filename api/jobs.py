@@ -110,8 +110,11 @@ def submit():
 
 
 def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int):
-    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location)."""
-    current = get_job_store().get(record.job_id) or record
+    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location); 404 if it was
+    deleted meanwhile, as its GET answers then."""
+    current = get_job_store().get(record.job_id)
+    if current is None:
+        raise not_found()
     applied = {**headers, "Preference-Applied": f"wait={wait_seconds}"}
     if current.state.is_terminal:
         applied.pop("Location")

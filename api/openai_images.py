@@ -110,9 +110,11 @@ def submit_and_wait(translation: JobTranslation):
 
 
 def answer(job_id: str, translation: JobTranslation, has_ended: bool) -> Rendered:
-    record = get_job_store().get(job_id)
-    if record is None:
-        return error_rendered(500, f"job {job_id} is gone (its record expired)", code="job_lost")
+    store = get_job_store()
+    record = store.get(job_id)
+    if record is None:  # deleted (DELETE /v1/jobs/{id}) while this call waited: as GET /v1/jobs/{id} says, 404
+        how = "was deleted while this request waited for it" if store.was_deleted(job_id) else "no longer exists"
+        return error_rendered(404, f"job {job_id} {how}", code="job_deleted")
     if record.state is JobState.SUCCEEDED:
         return json_rendered(200, images_response(record, translation.response_format), [])
     where = [("Location", job_url(job_id))]
