@@ -50,6 +50,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_mapping(test_config or {})
     settings: ApiSettings = app.config.get("API_SETTINGS") or ApiSettings.from_env()
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["MAX_FORM_PARTS"] = settings.max_form_parts
+    # A text part is bounded by its route's body limit alone, so a form that werkzeug refuses within that limit
+    # has too many parts (api.request_body.read_form says so).
+    app.config["MAX_FORM_MEMORY_SIZE"] = None
     assert isinstance(app.json, DefaultJSONProvider)  # Flask's own provider: it has these two settings
     app.json.sort_keys = False
     app.json.compact = True

@@ -7,11 +7,12 @@ limits, queue and priorities as `POST /v1/jobs`: a request becomes one job (`n` 
 and answers `{"created", "data": [{"b64_json"} or {"url"}], "output_format", "size"}`, or an error
 in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` (docs/api.md#openai-images-api).
 
-Fields (api.openai_fields): OpenAI's are translated (`size` WxH, `n`, `response_format`,
-`output_format`, `output_compression`), accepted and ignored (`quality`, `style`, `user`, ...) or
-refused when stepwise cannot honour them (`stream`, a transparent `background`); a few stepwise
-fields ride along (`seed`, `negative_prompt`, `num_inference_steps`, ...: the SDKs' `extra_body`);
-any other name is refused as OpenAI refuses it ("Unrecognized request argument supplied").
+Fields (api.openai_schemas, api.openai_fields): OpenAI's are translated (`size` WxH, `n`,
+`response_format`, `output_format`, `output_compression`), accepted and ignored (`quality`, `style`,
+`user`, ...) or refused when stepwise cannot honour them (`stream`, a transparent `background`); a
+few stepwise fields ride along (`seed`, `negative_prompt`, `num_inference_steps`, ...: the SDKs'
+`extra_body`); any other name is refused as OpenAI refuses it ("Unrecognized request argument
+supplied").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
 from api.job_view import image_urls, job_url
 from api.openai_fields import JobTranslation, edit_images, translate
-from api.request_body import read_json
+from api.request_body import read_form, read_json
 from api.resources import (
     get_fleet,
     get_image_store,
@@ -93,8 +94,9 @@ def edits():
     request.max_content_length = limit
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send the edit as multipart/form-data (image, prompt, ...)")
-    fields: dict[str, Any] = {name: value for name, value in request.form.items() if name != "image[]"}
-    return submit_and_wait(translate(fields, images=edit_images(request.files)))
+    form, files = read_form()
+    fields: dict[str, Any] = {name: value for name, value in form.items() if name != "image[]"}
+    return submit_and_wait(translate(fields, images=edit_images(files), is_form=True))
 
 
 def submit_and_wait(translation: JobTranslation):

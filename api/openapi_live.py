@@ -1,18 +1,14 @@
 """The OpenAPI document's parts for waiting and streaming: `Prefer: wait`, the event stream, and the
 OpenAI images routes (api.openapi calls `add_live_paths`).
 
-The OpenAI request models here document what api.openai_fields accepts; a test holds their
-fields equal to its lists, so the two cannot drift.
+The OpenAI models are the ones the routes validate with (api.openai_schemas).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-import batching.params as P
-from api.openai_fields import OUTPUT_FORMATS, RESPONSE_FORMATS
+from api.openai_schemas import OpenAIError, OpenAIImageEdit, OpenAIImageGeneration, OpenAIImagesResponse
 from api.waiting import MAX_WAIT_SECONDS
 from storage.job_events import EVENT_ID
 from storage.job_record import TERMINAL_STATE_NAMES
@@ -55,73 +51,6 @@ EVENT = {
 }
 PREFERENCE_APPLIED = {"Preference-Applied": {"description": "wait=N: the wait applied.", "schema": {"type": "string"}}}
 LOCATION = {"Location": {"description": "The job's URL.", "schema": {"type": "string"}}}
-
-
-class OpenAIImageFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str = Field(min_length=1, max_length=P.MAX_PROMPT_CHARS)
-    model: str | None = Field(None, description="A model a worker serves; default: STEPWISE_MODEL.")
-    n: int | None = Field(None, ge=1, le=P.MAX_NUM_IMAGES, description="Images (one job, seeds seed..seed+n-1).")
-    size: str | None = Field(None, pattern=r"^(auto|\d{1,5}x\d{1,5})$", description="WIDTHxHEIGHT, or auto.")
-    response_format: Literal[RESPONSE_FORMATS] | None = Field(  # type: ignore[valid-type]
-        None, description="b64_json (default) or url (the job's image URL: presigned on S3, else needs the key)."
-    )
-    output_format: Literal[OUTPUT_FORMATS] | None = None  # type: ignore[valid-type]
-    output_compression: int | None = Field(None, ge=0, le=100, description="JPEG/WebP quality.")
-    background: Literal["auto", "opaque"] | None = None
-    stream: Literal[False] | None = Field(None, description="Not supported: use GET /v1/jobs/{job_id}/events.")
-    quality: str | None = Field(None, description="Accepted and ignored, as style, user, moderation ...")
-    style: str | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    moderation: str | None = None
-    complexity: str | None = None
-    input_fidelity: str | None = None
-    partial_images: int | None = None
-    seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="stepwise: as in POST /v1/jobs.")
-    negative_prompt: str | None = Field(None, max_length=P.MAX_PROMPT_CHARS, description="stepwise.")
-    num_inference_steps: int | None = Field(None, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="stepwise.")
-    guidance_scale: float | None = Field(None, ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE, description="stepwise.")
-    sampler: Literal[P.SAMPLERS] | None = Field(None, description="stepwise.")  # type: ignore[valid-type]
-    priority: Literal[P.PRIORITIES] | None = Field(None, description="stepwise.")  # type: ignore[valid-type]
-    strength: float | None = Field(None, gt=0, le=1, description="stepwise, edits: the fraction of steps run.")
-    lora: str | None = Field(None, description="stepwise: an adapter name.")
-    lora_scale: float | None = Field(None, description="stepwise.")
-
-
-class OpenAIImageGeneration(OpenAIImageFields):
-    """POST /v1/images/generations: OpenAI's fields (unknown ones are refused, as OpenAI refuses them)."""
-
-
-class OpenAIImageEdit(OpenAIImageFields):
-    """POST /v1/images/edits, multipart: the image, an optional mask (transparent: edit there), and the fields."""
-
-    image: bytes = Field(description="PNG, JPEG or WebP.", json_schema_extra={"format": "binary"})
-    mask: bytes | None = Field(None, description="With an alpha channel.", json_schema_extra={"format": "binary"})
-
-
-class OpenAIImage(BaseModel):
-    b64_json: str | None = None
-    url: str | None = None
-
-
-class OpenAIImagesResponse(BaseModel):
-    created: int = Field(description="Unix seconds.")
-    data: list[OpenAIImage]
-    output_format: str
-    size: str
-
-
-class OpenAIErrorDetail(BaseModel):
-    message: str
-    type: str = Field(description="invalid_request_error, rate_limit_error or server_error.")
-    param: str | None
-    code: str | None
-
-
-class OpenAIError(BaseModel):
-    error: OpenAIErrorDetail
 
 
 def add_live_paths(b: Any, paths: dict[str, Any]) -> None:

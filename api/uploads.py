@@ -14,6 +14,7 @@ from flask import Blueprint, g, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
+from api.request_body import read_form
 from api.resources import get_upload_store
 from batching.params import (
     INPUT_FORMATS,
@@ -63,7 +64,7 @@ def upload():
 
 def _image_bytes() -> bytes:
     if request.mimetype == "multipart/form-data":
-        part = request.files.get("file")
+        part = read_form()[1].get("file")
         if part is None:
             raise invalid("file", "file: send the image in a multipart part named 'file'")
         data = part.read(MAX_IMAGE_BYTES + 1)
