@@ -90,8 +90,20 @@ class OpenAIImageGeneration(OpenAIImageFields):
     """POST /v1/images/generations: OpenAI's fields (unknown ones are refused, as OpenAI refuses them)."""
 
 
+def without_nulls(schema: dict[str, Any]) -> None:
+    """A form's fields: a part is there with its text, or left out; no part can hold a JSON null."""
+    for field in schema["properties"].values():
+        options = [option for option in field.pop("anyOf", []) if option.get("type") != "null"]
+        if options:
+            field.update(options[0] if len(options) == 1 else {"anyOf": options})
+        if "default" in field and field["default"] is None:
+            del field["default"]
+
+
 class OpenAIImageEdit(OpenAIImageFields):
     """POST /v1/images/edits, multipart: the image, an optional mask (transparent: edit there), and the fields."""
+
+    model_config = ConfigDict(json_schema_extra=without_nulls)
 
     image: bytes = Field(description="PNG, JPEG or WebP.", json_schema_extra={"format": "binary"})
     mask: bytes | None = Field(None, description="With an alpha channel.", json_schema_extra={"format": "binary"})
