@@ -19,7 +19,8 @@ from werkzeug.datastructures import FileStorage, MultiDict
 
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.openai_schemas import EXTENSIONS, OpenAIImageFields
-from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
+from core.errors import InvalidParamsError
+from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
 
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 
