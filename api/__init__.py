@@ -58,23 +58,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
     app.json.compact = True
 
-    job_store = JobStore.from_settings(settings.storage)
-    api_key_store = ApiKeyStore(job_store.redis, job_store.keys)  # `stepwise keys` manages them
-    resources.install(
-        app,
-        settings=settings,
-        keyring=KeyRing(settings.api_keys, settings.admin_api_keys, ApiKeyTable(api_key_store)),
-        job_store=job_store,
-        fleet=Fleet(job_store, settings),
-        upload_store=UploadStore.beside(job_store),
-        image_store=open_image_store(settings.storage),
-        lora_store=open_lora_store(settings.storage),
-        task_queue=TaskQueue(settings.storage.redis_url),
-        openapi_document=openapi.build_document(settings),
-        job_events=JobEventLog(job_store.redis, job_store.keys),
-        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
-    )
-
     app.url_map.converters["jobid"] = jobs.JobIdConverter
     errors.register(app)
     metrics.register(app)
@@ -91,4 +74,21 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     )
     for blueprint in blueprints:
         app.register_blueprint(blueprint)
+
+    job_store = JobStore.from_settings(settings.storage)
+    api_key_store = ApiKeyStore(job_store.redis, job_store.keys)  # `stepwise keys` manages them
+    resources.install(
+        app,
+        settings=settings,
+        keyring=KeyRing(settings.api_keys, settings.admin_api_keys, ApiKeyTable(api_key_store)),
+        job_store=job_store,
+        fleet=Fleet(job_store, settings),
+        upload_store=UploadStore.beside(job_store),
+        image_store=open_image_store(settings.storage),
+        lora_store=open_lora_store(settings.storage),
+        task_queue=TaskQueue(settings.storage.redis_url),
+        openapi_document=openapi.build_document(app, settings),  # from the routes registered above
+        job_events=JobEventLog(job_store.redis, job_store.keys),
+        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
+    )
     return app

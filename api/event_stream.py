@@ -26,7 +26,7 @@ from typing import Any
 
 from api.auth import revoked_key_error
 from api.errors import ApiError
-from storage.job_events import JobEvent
+from storage.job_events import EVENT_ID, JobEvent
 from storage.job_record import TERMINAL_STATE_NAMES, JobRecord, JobState
 
 SSE_HEADERS = [
@@ -35,6 +35,18 @@ SSE_HEADERS = [
     ("X-Accel-Buffering", "no"),  # proxies such as nginx: pass each event on at once
 ]
 RETRY_MS = 2000  # how long a disconnected EventSource waits before reconnecting
+EVENT_NAMES = ("queued", "started", "progress", "preview", *sorted(TERMINAL_STATE_NAMES), "error")
+# One event of the stream, as the OpenAPI document shows it (schemathesis and other tools read text/event-stream
+# as its events' fields).
+EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": list(EVENT_NAMES)},
+        "data": {"type": "string", "description": "JSON: the job's view, the event's details, or an error."},
+        "id": {"type": "string", "pattern": f"^{EVENT_ID.pattern}$"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
 RECHECK_SECONDS = 5.0  # re-read the stream (and the record) this often without a wake-up
 
 

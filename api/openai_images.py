@@ -27,6 +27,8 @@ from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
 from api.job_view import image_urls, job_url
 from api.openai_fields import JobTranslation, edit_images, translate
+from api.openai_schemas import OpenAIError, OpenAIImageEdit, OpenAIImageGeneration, OpenAIImagesResponse
+from api.openapi_operations import Answer, documented
 from api.request_body import read_form, read_json
 from api.resources import (
     get_fleet,
@@ -81,13 +83,42 @@ def openai_error(error: Exception):
     return body, status, api_error.headers
 
 
+OPENAI_ERRORS = {
+    400: "Invalid request (OpenAI's shape; `param` names the field).",
+    401: "Missing or invalid API key, or it was revoked while the call waited.",
+    404: "No worker serves the model (code model_not_found), or the job was deleted while the call waited "
+    "(job_deleted).",
+    413: "Request body too large, or a form of too many parts (STEPWISE_MAX_FORM_PARTS).",
+    415: "Not JSON (generations) or not multipart (edits).",
+    429: "The queue or the tenant's quota is full.",
+    500: "The job failed.",
+    503: "Redis, storage or the queue is unavailable.",
+    504: "The job did not end within STEPWISE_IMAGES_WAIT_SECONDS; it goes on (Location).",
+}
+IMAGES = {200: Answer("The images.", OpenAIImagesResponse)}
+
+
 @bp.post("/generations")
-def generations():
+@documented(
+    "OpenAI's create image: one job, waited for.",
+    body=OpenAIImageGeneration,
+    responses=IMAGES,
+    errors=OPENAI_ERRORS,
+    error_model=OpenAIError,
+)
+def openai_image_generations():
     return submit_and_wait(translate(read_json(), images={}))
 
 
 @bp.post("/edits")
-def edits():
+@documented(
+    "OpenAI's create image edit: image to image, or inpainting with a mask; waited for.",
+    form=OpenAIImageEdit,
+    responses=IMAGES,
+    errors=OPENAI_ERRORS,
+    error_model=OpenAIError,
+)
+def openai_image_edits():
     limit = 2 * MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # an image and a mask; not STEPWISE_MAX_BODY_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, "payload_too_large", f"image: at most {MAX_IMAGE_BYTES} bytes each", field="image")
