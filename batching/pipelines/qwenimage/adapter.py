@@ -14,9 +14,9 @@ per token). Decoding undoes the VAE's per-channel latent normalisation, as the p
 
 Rows of every size and prompt length share a forward (the family's key holds no size
 outside deterministic mode): prompts are zero-padded with a mask, and rows of different
-image shapes run the attention of `qwenimage_mixed_sizes` (per-row positions, padding
+image shapes run the attention of `qwenimage.attention` (per-row positions, padding
 keys masked); rows of one shape run diffusers' attention as is. The edit model
-(`qwenimage_edit`) extends this adapter: its rows carry the edit image's latents after
+(`qwenimage.edit`) extends this adapter: its rows carry the edit image's latents after
 their own.
 """
 
@@ -33,7 +33,7 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.qwenimage_mixed_sizes import ImageShapes, MixedShapeQwenAttnProcessor, row_layout
+from batching.pipelines.qwenimage.attention import ImageShapes, MixedShapeQwenAttnProcessor, row_layout
 from batching.pipelines.vae import pixels_to_images
 from core.params import GenerationParams
 

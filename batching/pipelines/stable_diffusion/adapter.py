@@ -4,7 +4,7 @@ A sample with classifier-free guidance puts two rows into each forward, [uncond,
 and its own guidance scale combines them afterwards; a sample without it puts one row.
 The UNet takes one timestep per row, so samples at different steps share a forward.
 `StableDiffusionXLAdapter` extends this with SDXL's added conditioning. Step caching is
-DeepCache over the UNet's deep path (`batching.pipelines.unet_step_cache`).
+DeepCache over the UNet's deep path (`batching.pipelines.stable_diffusion.step_cache`).
 
 An inpainting UNet (9 input channels, as in SD inpainting checkpoints) takes, beside the
 latents, the mask at latent size and the latents of the masked image; as diffusers'
@@ -25,7 +25,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
-from batching.pipelines.unet_step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
+from batching.pipelines.stable_diffusion.step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
 from core.errors import ModelLoadError
@@ -51,7 +51,7 @@ class StableDiffusionAdapter(AdapterBase):
                 f"(text-to-image) or {2 * latent_channels + 1} (inpainting: latents, mask, masked-image latents)"
             )
         self.has_mask_channels = in_channels != latent_channels
-        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (unet_step_cache)
+        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (stable_diffusion.step_cache)
         self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()

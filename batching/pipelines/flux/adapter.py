@@ -8,9 +8,9 @@ FLUX-dev is guidance-distilled: one row per sample, the guidance value a per-row
 input (so samples with different guidance share a forward); schnell has no guidance
 embedder and ignores it. Outside deterministic mode a group mixes sizes: each row
 carries its own image position ids, and a forward over rows of different sizes pads
-their image tokens and runs the attention of `flux_mixed_sizes` (per-row positions,
+their image tokens and runs the attention of `flux.attention` (per-row positions,
 padding keys masked); a forward over rows of one size runs diffusers' attention as is.
-Step caching is First-Block Cache (`batching.pipelines.flux_step_cache`).
+Step caching is First-Block Cache (`batching.pipelines.flux.step_cache`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
-from batching.pipelines.flux_step_cache import first_block_cached_forward
+from batching.pipelines.flux.attention import MixedSizeFluxAttnProcessor, RowLayout, row_layout
+from batching.pipelines.flux.step_cache import first_block_cached_forward
 from batching.pipelines.vae import decode_latents
 from core.params import GenerationParams
 
@@ -50,7 +50,7 @@ class FluxAdapter(AdapterBase):
         self.num_cache_blocks = len(self.transformer.transformer_blocks) + len(
             self.transformer.single_transformer_blocks
         )
-        self.num_blocks_kept = 1  # First-Block Cache (flux_step_cache): the first double-stream block decides
+        self.num_blocks_kept = 1  # First-Block Cache (flux.step_cache): the first double-stream block decides
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from batching.pipelines.contract import Conditioning
-from batching.pipelines.flux2 import Flux2Adapter
+from batching.pipelines.flux2.adapter import Flux2Adapter
 from core.params import GenerationParams
 
 

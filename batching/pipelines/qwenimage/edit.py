@@ -17,7 +17,7 @@ An edit job's conditioning depends on its image, so its prompts are encoded per 
 when it starts (`image_conditioning`, on the encoder's thread, with the image decoded
 once at submit) rather than in the shared text-encoder call, each text alone as the
 pipeline encodes it. Rows of edit jobs share forwards whatever their output sizes, edit
-images and prompt lengths (mixed shapes run `qwenimage_mixed_sizes`); a model serves
+images and prompt lengths (mixed shapes run `qwenimage.attention`); a model serves
 either editing or text-to-image jobs, so edit rows never meet plain Qwen-Image rows
 (their checkpoints differ anyway).
 """
@@ -34,8 +34,8 @@ import torch
 
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.loading import load_pipeline
-from batching.pipelines.qwenimage import QwenImageAdapter
-from batching.pipelines.qwenimage_processor import image_processor_only
+from batching.pipelines.qwenimage.adapter import QwenImageAdapter
+from batching.pipelines.qwenimage.processor import image_processor_only
 from core.errors import ModelLoadError
 from core.image_inputs import InputImages
 from core.params import GenerationParams
@@ -56,7 +56,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
 
     @classmethod
     def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:
-        """The checkpoint's pipeline with its processor loaded without a video processor (qwenimage_processor)."""
+        """The checkpoint's pipeline with its processor loaded without a video processor (qwenimage.processor)."""
         import diffusers
 
         try:

@@ -20,7 +20,7 @@ import torch
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.stable_diffusion import StableDiffusionAdapter
+from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
 from core.errors import ModelLoadError
 from core.params import GenerationParams
 

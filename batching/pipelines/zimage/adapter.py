@@ -10,7 +10,7 @@ pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts 
 negated velocity. Because the transformer takes one latent per row, samples of different
 sizes share a forward: the family's key holds no size (except in deterministic mode).
 Step caching decides from the first main block's modulated input, as TeaCache, and skips
-the main blocks (`batching.pipelines.zimage_step_cache`).
+the main blocks (`batching.pipelines.zimage.step_cache`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.vae import decode_latents
-from batching.pipelines.zimage_step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
+from batching.pipelines.zimage.step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
@@ -42,7 +42,7 @@ class ZImageAdapter(AdapterBase):
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.transformer = pipeline.transformer
-        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage_step_cache)
+        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage.step_cache)
         self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()

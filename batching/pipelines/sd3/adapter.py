@@ -11,7 +11,7 @@ dynamically); guidance is classifier-free above 1, rows [uncond, cond], an empty
 prompt encoded as the empty text. Decode undoes the VAE's scaling and shift factors.
 
 Outside deterministic mode a group mixes sizes: a forward over rows of different sizes
-runs `sd3_mixed_sizes` (per-row patch positions, padded image tokens, masked keys); a
+runs `sd3.attention` (per-row patch positions, padded image tokens, masked keys); a
 forward over rows of one size runs diffusers' transformer as is.
 """
 
@@ -26,7 +26,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch, RunningSample
-from batching.pipelines.sd3_mixed_sizes import MixedSizeJointAttnProcessor, mixed_size_forward
+from batching.pipelines.sd3.attention import MixedSizeJointAttnProcessor, mixed_size_forward
 from batching.pipelines.vae import decode_latents
 from core.errors import ModelLoadError
 from core.params import GenerationParams

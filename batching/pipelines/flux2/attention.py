@@ -1,7 +1,7 @@
 """FLUX.2 rows of different token counts in one forward: padded image tokens, per-row positions, key masks.
 
 `Flux2Transformer2DModel` takes one position-id table for the whole batch and attends
-over every token of a row, as FLUX.1's does (`flux_mixed_sizes`, whose `RowLayout` this
+over every token of a row, as FLUX.1's does (`flux.attention`, whose `RowLayout` this
 reuses: FLUX.2's rotary embedding has the same interleaved layout, over four axes). A
 FLUX.2 row's image tokens are its noise latents followed by its reference images' latents,
 so rows differ in length when their sizes or their references differ. Each row's tokens
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.flux_mixed_sizes import RowLayout, rotate
+from batching.pipelines.flux.attention import RowLayout, rotate
 
 
 class Flux2RowAttention:

@@ -17,7 +17,7 @@ its mode, patchified, normalised, and its tokens follow the noise tokens in the 
 with ids (10, row, column, 0); the model's prediction for them is dropped. They are row
 conditioning (`image_conditioning`: "reference", "image_ids"), so a job with references
 shares forwards with plain jobs: rows whose token counts or positions differ (sizes, references) are padded
-and run the attention of `flux2_mixed_sizes` (per-row positions, padding keys masked);
+and run the attention of `flux2.attention` (per-row positions, padding keys masked);
 a forward whose rows agree runs diffusers' attention as is.
 """
 
@@ -36,8 +36,8 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.flux2_mixed_sizes import Flux2RowAttention
-from batching.pipelines.flux_mixed_sizes import RowLayout, row_layout
+from batching.pipelines.flux.attention import RowLayout, row_layout
+from batching.pipelines.flux2.attention import Flux2RowAttention
 from batching.pipelines.vae import pixels_to_images
 from core.image_inputs import InputImages
 from core.params import GenerationParams
