@@ -117,10 +117,9 @@ class QwenImageEditAdapter(QwenImageAdapter):
                 _EDIT_LATENTS.move_to_end(key)
                 return cached
         pixels = self.pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
-        with self.vae_lock:
+        with self.latent_vae.lock:
             raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
-        std = torch.tensor(self.vae.config.latents_std).view(self.latents_mean.shape).to(raw.device, raw.dtype)
-        latents = ((raw - self.latents_mean.to(raw.dtype)) / std).to(self.dtype)  # as the pipeline normalises
+        latents = self.latent_vae.to_latent_space(raw).to(self.dtype)  # as the pipeline normalises
         latent_height, latent_width = latents.shape[-2:]
         packed = self.pack_latents(latents.view(1, self.latent_channels, latent_height, latent_width))[0]
         encoded = (packed, torch.tensor([[1, latent_height // 2, latent_width // 2]]))
