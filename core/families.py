@@ -143,7 +143,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_guidance=3.5,
             max_guidance=20.0,
             guidance_kind="embedded",
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux_mixed_sizes)
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux/attention.py)
             strength_rounding="floor_start",
             step_cache="first_block",
         ),
@@ -155,7 +155,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_steps=28,
             max_guidance=20.0,
             guidance_kind="embedded",
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2_mixed_sizes)
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2/attention.py)
             init_image_role="reference",
             reference_rules=ReferenceRules(),
         ),
@@ -206,7 +206,7 @@ FAMILIES: dict[str, FamilySpec] = {
             samplers=FLOW_SAMPLERS,
             size_multiple=16,  # the VAE's 8 x the 2x2 patches
             default_guidance=7.0,
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3_mixed_sizes)
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3/attention.py)
             strength_rounding="floor_start",
         ),
     )

@@ -10,16 +10,16 @@ from __future__ import annotations
 import torch
 
 from batching.pipelines.contract import PipelineAdapter
-from batching.pipelines.flux import FluxAdapter
-from batching.pipelines.flux2 import Flux2Adapter
-from batching.pipelines.flux2_klein import Flux2KleinAdapter
+from batching.pipelines.flux.adapter import FluxAdapter
+from batching.pipelines.flux2.adapter import Flux2Adapter
+from batching.pipelines.flux2.klein import Flux2KleinAdapter
 from batching.pipelines.loading import pipeline_class_name
-from batching.pipelines.qwenimage import QwenImageAdapter
-from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
-from batching.pipelines.sd3 import StableDiffusion3Adapter
-from batching.pipelines.sdxl import StableDiffusionXLAdapter
-from batching.pipelines.stable_diffusion import StableDiffusionAdapter
-from batching.pipelines.zimage import ZImageAdapter
+from batching.pipelines.qwenimage.adapter import QwenImageAdapter
+from batching.pipelines.qwenimage.edit import QwenImageEditAdapter
+from batching.pipelines.sd3.adapter import StableDiffusion3Adapter
+from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
+from batching.pipelines.stable_diffusion.sdxl import StableDiffusionXLAdapter
+from batching.pipelines.zimage.adapter import ZImageAdapter
 from core.errors import ModelLoadError
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "resolve_device", "resolve_dtype"]
