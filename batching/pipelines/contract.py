@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from PIL import Image
 
 from core.params import GenerationParams
 
@@ -66,11 +67,31 @@ class ForwardBatch:
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
 
 
+class Sampler(Protocol):
+    """A sample's own diffusers scheduler (`new_sampler`), its timesteps set. It keeps state between steps (a step
+    index, a solver's history of model outputs), so every sample has its own."""
+
+    timesteps: torch.Tensor  # [num_inference_steps]: the timestep of each step, as the sampler states it
+    order: int  # model calls per step: 1 for every sampler served
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: torch.Tensor,
+        sample: torch.Tensor,
+        *,
+        generator: Any,
+        return_dict: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """(next latents,) or, for samplers that estimate it, (next latents, final latents)."""
+        ...
+
+
 class RunningSample(Protocol):
     """What `model_input` reads of a running sample (the runner's `batching.sample_tensors.SampleTensors`)."""
 
     latents: torch.Tensor  # [1, *latent_shape]
-    sampler: Any  # the sample's own diffusers scheduler, its timesteps set
+    sampler: Sampler
 
     @property
     def timestep(self) -> torch.Tensor: ...  # the sampler's timestep of the sample's next step
@@ -150,7 +171,7 @@ class ImageInputs(Protocol):
         ...
 
     def noised_latents(
-        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
     ) -> torch.Tensor:
         """The image latents noised to `timestep` of the sample's sampler."""
         ...
@@ -176,7 +197,8 @@ class PipelineAdapter(ImageInputs, Protocol):
     device: torch.device
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
-    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
+    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder); its
+    # components are the family's (mypy reads diffusers' classes as torch-less dummies: not typed further here)
 
     @property
     def latent_rgb(self) -> LatentToRgb | None:
@@ -189,11 +211,11 @@ class PipelineAdapter(ImageInputs, Protocol):
         """One conditioning per text, from one batched call of each text encoder."""
         ...
 
-    def new_sampler(self, params: GenerationParams) -> Any:
+    def new_sampler(self, params: GenerationParams) -> Sampler:
         """A fresh sampler for one sample, its timesteps set."""
         ...
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:
         """[1, *latent_shape] noise drawn from `generator` exactly as diffusers' own pipeline draws it."""
         ...
 
@@ -219,7 +241,7 @@ class PipelineAdapter(ImageInputs, Protocol):
         """[1, *latent_shape]: what the sample's sampler steps with, from its rows' predictions."""
         ...
 
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
         """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
         with NaN or infinite pixels (the decoder fails that sample)."""
         ...
