@@ -1,8 +1,8 @@
 """The pipeline contract: what a model family's adapter gives the family-agnostic engine.
 
 The model runner, the input batch and the engine call only these methods, so everything
-that differs between families lives in the family's adapter (one module per family
-under `batching/pipelines/`): how prompts become named conditioning tensors, how a
+that differs between families lives in the family's adapter (one folder per family
+under `batching/pipelines/`, on shared bases): how prompts become named conditioning tensors, how a
 sample's initial latents are drawn (exactly as diffusers' own pipeline draws them for
 the same seed), its sampler (timesteps, sigmas, shift), how many rows a sample puts into
 a forward and how guidance combines them, the denoiser forward over a group's rows, and
@@ -34,9 +34,9 @@ part only on the rows that compute, and says which samples skipped.
 Image-to-image and inpainting samples (`batching.image_start`) also use the `ImageInputs`
 part: their init images are VAE-encoded, drawn from and noised to their first step, and
 an inpainting sample's region outside the mask is re-noised after every step. Every
-adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, so an adapter that
-subclasses `AdapterBase` overrides only what its family does differently (`draw_noise`
-always; `pack_latents`, `mask_conditioning` where the family needs them).
+adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, and each base noises
+image latents as its samplers do, so a family overrides only what it does differently
+(`pack_latents`, `mask_conditioning` where it needs them).
 """
 
 from __future__ import annotations
