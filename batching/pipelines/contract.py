@@ -80,7 +80,7 @@ class Sampler(Protocol):
         timestep: torch.Tensor,
         sample: torch.Tensor,
         *,
-        generator: Any,
+        generator: torch.Generator | None,
         return_dict: bool,
     ) -> tuple[torch.Tensor, ...]:
         """(next latents,) or, for samplers that estimate it, (next latents, final latents)."""
