@@ -105,7 +105,7 @@ def needs(field: str, other: str, *, unless: list[Any] | None = None) -> dict[st
     }
 
 
-# Fields that need another (batching.params, api.submission), for the OpenAPI document.
+# Fields that need another (core.params, api.submission), for the OpenAPI document.
 JOB_DEPENDENCIES = {
     "mask_image": needs("mask_image", "init_image"),
     "strength": needs("strength", "init_image", unless=[1]),
@@ -131,7 +131,7 @@ class JobRequest(StrictModel):
             for name, value in data.items()
         }
 
-    # Patterns for what batching.params checks: no NUL (nor control characters in a model name), not blank.
+    # Patterns for what core.params checks: no NUL (nor control characters in a model name), not blank.
     prompt: str = Field(
         min_length=1,
         max_length=P.MAX_PROMPT_CHARS,
