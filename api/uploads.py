@@ -2,7 +2,7 @@
 
 The body is the image itself or a multipart form with the image in a `file` part (its
 filename is never read). The bytes decide the format, not the Content-Type: the image is
-decoded with Pillow (batching.image_inputs: PNG, JPEG or WebP) and checked
+decoded with Pillow (core.image_inputs: PNG, JPEG or WebP) and checked
 against the same byte and pixel limits as inline images, then kept in Redis as long as a
 job record (storage.upload_store). Jobs name it in `init_image` / `mask_image`; only the
 uploading tenant can.
@@ -14,15 +14,12 @@ from flask import Blueprint, g, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
+from api.openapi_operations import BINARY, IMAGE_TYPES, Answer, api_errors, documented
+from api.request_body import read_form
 from api.resources import get_upload_store
-from batching.params import (
-    INPUT_FORMATS,
-    MAX_IMAGE_BYTES,
-    InvalidParamsError,
-    open_image,
-    to_data_uri,
-    upright_size,
-)
+from api.schemas import UploadView
+from core.errors import InvalidParamsError
+from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri, upright_size
 from storage.errors import StorageError
 
 bp = Blueprint("uploads", __name__, url_prefix="/v1/uploads")
@@ -32,7 +29,18 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form boundaries and part headers around 
 
 
 @bp.post("")
-def upload():
+@documented(
+    "Store an input image (init_image, mask_image) for the caller's tenant; expires like jobs.",
+    body_content={
+        **dict.fromkeys(IMAGE_TYPES, BINARY),
+        "multipart/form-data": {
+            "schema": {"type": "object", "required": ["file"], "properties": {"file": BINARY["schema"]}}
+        },
+    },
+    responses={201: Answer("Stored; name its id in init_image or mask_image.", UploadView)},
+    errors=api_errors(413, 422, 503),
+)
+def upload_image():
     limit = MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # this route's own limit, not STEPWISE_MAX_BODY_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, "too_large", f"file: an upload is at most {MAX_IMAGE_BYTES} bytes", field="file")
@@ -63,7 +71,7 @@ def upload():
 
 def _image_bytes() -> bytes:
     if request.mimetype == "multipart/form-data":
-        part = request.files.get("file")
+        part = read_form()[1].get("file")
         if part is None:
             raise invalid("file", "file: send the image in a multipart part named 'file'")
         data = part.read(MAX_IMAGE_BYTES + 1)

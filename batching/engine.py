@@ -29,15 +29,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from batching.engine_config import DECODE_OVERLAP_DEFAULT, ENCODE_OVERLAP_DEFAULT, EngineConfig
-from batching.errors import InvalidParamsError, JobFailedError, LoraError
-from batching.families import FAMILIES
-from batching.image_inputs import input_images
 from batching.job import Ending, Job, JobFuture, JobProgress, ProgressCallback
 from batching.job_book import JobBook
-from batching.params import PRIORITIES, GenerationParams
 from batching.previews import previews_wanted
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
+from core.errors import InvalidParamsError, JobFailedError, LoraError
+from core.families import FAMILIES
+from core.image_inputs import input_images
+from core.params import PRIORITIES, GenerationParams
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras
@@ -55,8 +55,8 @@ class DiffusionEngine:
     def __init__(self, config: EngineConfig | None = None, *, lora_fetcher: LoraFetcher | None = None) -> None:
         """`lora_fetcher(key) -> bytes | None` reads a LoRA store the engine cannot read itself (the worker
         passes one for s3:// stores); `file://` stores need none."""
+        from batching.model_loading import load_model
         from batching.model_runner import ModelRunner
-        from batching.pipelines import load_model
 
         self.config = config or EngineConfig()
         if self.config.num_threads:

@@ -28,10 +28,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from batching.engine_stats import EngineStats
-from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
 from batching.job import Ending, GenerationResult, Job, JobFuture, Stage
 from batching.plan import RunnerOutput
 from batching.previews import report_preview
+from core.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError
 
 if TYPE_CHECKING:
     from batching.decoder import DecodeResult

@@ -260,7 +260,7 @@ class JobStore(JobReads):
         """A running job's progress (in its own steps; `current_image`: the image it is on while its images run
         one after another, else 0), and whether its engine has it paused or estimates it late."""
         flags = ["1" if is_paused else "0", "1" if is_late else "0"]
-        args = [self.namespace, job_id, int(step), int(total), *flags, int(current_image)]
+        args: list[str | int] = [self.namespace, job_id, int(step), int(total), *flags, int(current_image)]
         self._set_progress(keys=[self.job_key(job_id)], args=args)
 
     @_wraps_redis_errors

@@ -29,7 +29,7 @@ import re
 from types import SimpleNamespace
 from typing import cast
 
-from batching.params import PRIORITIES
+from core.params import PRIORITIES
 from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
 from storage.job_record import JobState
 from storage.redis_keys import RedisKeys
@@ -471,6 +471,7 @@ if idem_key then
 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', deleted_key_of(ARGV[2]), state, 'EX', tonumber(ARGV[5]))
+redis.call('PUBLISH', events_channel, ARGV[2])  -- its waiters and streams read the record again: gone
 return {'deleted', state}
 """
 )

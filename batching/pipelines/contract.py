@@ -1,8 +1,8 @@
 """The pipeline contract: what a model family's adapter gives the family-agnostic engine.
 
 The model runner, the input batch and the engine call only these methods, so everything
-that differs between families lives in the family's adapter (one module per family
-under `batching/pipelines/`): how prompts become named conditioning tensors, how a
+that differs between families lives in the family's adapter (one folder per family
+under `batching/pipelines/`, on shared bases): how prompts become named conditioning tensors, how a
 sample's initial latents are drawn (exactly as diffusers' own pipeline draws them for
 the same seed), its sampler (timesteps, sigmas, shift), how many rows a sample puts into
 a forward and how guidance combines them, the denoiser forward over a group's rows, and
@@ -24,7 +24,7 @@ Live previews (`batching.previews`) read a sample's latents every few steps thro
 `preview_latents` (its latents as channels on a grid) and the model's `latent_rgb` factors
 (`batching.pipelines.latent_rgb`), without the VAE.
 
-Step caching (`batching.step_cache`): an adapter whose family has a `step_cache` kind also
+Step caching (`core.step_cache`): an adapter whose family has a `step_cache` kind also
 has the `StepCaching` part. For a forward in which some sample caches, the runner calls
 `forward_cached(batch, samples)` instead of `forward(batch)`, with each sample's own
 `StepCacheState` (None for a sample that does not cache) and whether it may skip this step;
@@ -34,9 +34,9 @@ part only on the rows that compute, and says which samples skipped.
 Image-to-image and inpainting samples (`batching.image_start`) also use the `ImageInputs`
 part: their init images are VAE-encoded, drawn from and noised to their first step, and
 an inpainting sample's region outside the mask is re-noised after every step. Every
-adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, so an adapter that
-subclasses `AdapterBase` overrides only what its family does differently (`draw_noise`
-always; `pack_latents`, `mask_conditioning` where the family needs them).
+adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, and each base noises
+image latents as its samplers do, so a family overrides only what it does differently
+(`pack_latents`, `mask_conditioning` where it needs them).
 """
 
 from __future__ import annotations
@@ -46,13 +46,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from PIL import Image
 
-from batching.params import GenerationParams
+from core.params import GenerationParams
 
 if TYPE_CHECKING:
-    from batching.image_inputs import InputImages
-    from batching.pipelines.latent_rgb import LatentRgb
-    from batching.sample_tensors import SampleTensors
+    from core.image_inputs import InputImages
 
 Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
 
@@ -66,6 +65,44 @@ class ForwardBatch:
     timesteps: torch.Tensor  # [num_rows] float32: each row's sampler timestep, as the sampler states it
     conditioning: dict[str, torch.Tensor]  # name -> [num_rows, *shape]; first dims zero-padded where lengths differ
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
+
+
+class Sampler(Protocol):
+    """A sample's own diffusers scheduler (`new_sampler`), its timesteps set. It keeps state between steps (a step
+    index, a solver's history of model outputs), so every sample has its own."""
+
+    timesteps: torch.Tensor  # [num_inference_steps]: the timestep of each step, as the sampler states it
+    order: int  # model calls per step: 1 for every sampler served
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: torch.Tensor,
+        sample: torch.Tensor,
+        *,
+        generator: torch.Generator | None,
+        return_dict: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """(next latents,) or, for samplers that estimate it, (next latents, final latents)."""
+        ...
+
+
+class RunningSample(Protocol):
+    """What `model_input` reads of a running sample (the runner's `batching.sample_tensors.SampleTensors`)."""
+
+    latents: torch.Tensor  # [1, *latent_shape]
+    sampler: Sampler
+
+    @property
+    def timestep(self) -> torch.Tensor: ...  # the sampler's timestep of the sample's next step
+
+
+class LatentToRgb(Protocol):
+    """A model's live-preview factors (`batching.pipelines.latent_rgb.LatentRgb`), as previews read them."""
+
+    def tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(factors [c, 3], bias [3]): RGB in [-1, 1] of a position's `preview_latents` channels."""
+        ...
 
 
 @dataclass(slots=True)
@@ -134,7 +171,7 @@ class ImageInputs(Protocol):
         ...
 
     def noised_latents(
-        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
     ) -> torch.Tensor:
         """The image latents noised to `timestep` of the sample's sampler."""
         ...
@@ -155,13 +192,18 @@ class ImageInputs(Protocol):
 
 
 class PipelineAdapter(ImageInputs, Protocol):
-    family: str  # a key of batching.families.FAMILIES
+    family: str  # a key of core.families.FAMILIES
     model: str  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
     device: torch.device
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
-    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
-    latent_rgb: LatentRgb | None  # its live previews' latent-to-RGB factors, set at load; None: no previews
+    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder); its
+    # components are the family's (mypy reads diffusers' classes as torch-less dummies: not typed further here)
+
+    @property
+    def latent_rgb(self) -> LatentToRgb | None:
+        """Its live previews' latent-to-RGB factors, set at load; None: no previews."""
+        ...
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 
@@ -169,11 +211,11 @@ class PipelineAdapter(ImageInputs, Protocol):
         """One conditioning per text, from one batched call of each text encoder."""
         ...
 
-    def new_sampler(self, params: GenerationParams) -> Any:
+    def new_sampler(self, params: GenerationParams) -> Sampler:
         """A fresh sampler for one sample, its timesteps set."""
         ...
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:
         """[1, *latent_shape] noise drawn from `generator` exactly as diffusers' own pipeline draws it."""
         ...
 
@@ -186,7 +228,7 @@ class PipelineAdapter(ImageInputs, Protocol):
         (its result is discarded)."""
         ...
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         """[1, *latent_shape]: the sample's latents as its denoiser row takes them this step."""
         ...
 
@@ -199,7 +241,7 @@ class PipelineAdapter(ImageInputs, Protocol):
         """[1, *latent_shape]: what the sample's sampler steps with, from its rows' predictions."""
         ...
 
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
         """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
         with NaN or infinite pixels (the decoder fails that sample)."""
         ...

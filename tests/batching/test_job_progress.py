@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-from batching.families import FAMILIES
 from batching.job import JobProgress
-from batching.params import GenerationParams
 from batching.sample import make_samples
+from core.families import FAMILIES
+from core.params import GenerationParams
 from tests.support.engines import DEADLINE_SECONDS, make_params
 
 

@@ -1,0 +1,114 @@
+"""The Stable Diffusion 3 family (SD3 and SD3.5: Medium, Large, Large Turbo) behind the pipeline contract.
+
+As `StableDiffusion3Pipeline` does it: three text encoders, each called once on all of an
+iteration's texts. The two CLIP encoders (with projection) give their penultimate hidden
+states, concatenated per token and zero-padded to T5's width, and their pooled projections,
+concatenated; T5 gives 256 token states (zeros when the checkpoint was loaded without T5).
+A text's conditioning is [77 CLIP tokens | 256 T5 tokens] plus the pooled vector. Latents
+[1, 16, h/8, w/8] are drawn from the sample's own generator; the sampler is flow-matching
+Euler with the model's shift (and its size-dependent `mu` where the scheduler shifts
+dynamically); guidance is classifier-free above 1, rows [uncond, cond], an empty negative
+prompt encoded as the empty text. Decode undoes the VAE's scaling and shift factors. A flow-matching
+family (`flow_matching`): its sampler's sigmas are the scheduler's own, as its pipeline leaves them.
+
+Outside deterministic mode a group mixes sizes: a forward over rows of different sizes
+runs `sd3.attention` (per-row patch positions, padded image tokens, masked keys); a
+forward over rows of one size runs diffusers' transformer as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from batching.pipelines import published_latent_rgb as published
+from batching.pipelines.adapter_base import tokenize
+from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import FlowMatchingAdapter
+from batching.pipelines.sd3 import attention
+from core.errors import ModelLoadError
+from core.params import GenerationParams
+
+MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default T5 length
+
+
+class StableDiffusion3Adapter(FlowMatchingAdapter):
+    family = "sd3"
+    pipeline_classes = ("StableDiffusion3Pipeline",)
+    max_rows_per_sample = 2
+    published_latent_rgb = published.SD3
+    uncond_first = True
+    default_max_shift = 1.16  # StableDiffusion3Pipeline's
+
+    def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(model, pipeline, device, dtype)
+        config = self.transformer.config
+        if not config.pos_embed_max_size:
+            raise ModelLoadError(f"model {model!r} has no pos_embed_max_size: its patch positions cannot be cropped")
+        self.max_latent_size = config.pos_embed_max_size * config.patch_size  # latent pixels per side
+        self.attention = attention.install(self.transformer)
+
+    @torch.inference_mode()
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        pipeline = self.pipeline
+        clip_states, clip_pooled = [], []
+        for tokenizer, text_encoder in (
+            (pipeline.tokenizer, pipeline.text_encoder),
+            (pipeline.tokenizer_2, pipeline.text_encoder_2),
+        ):
+            input_ids = tokenize(tokenizer, texts, pipeline.tokenizer_max_length).input_ids.to(self.device)  # [n, 77]
+            output = text_encoder(input_ids, output_hidden_states=True)
+            clip_pooled.append(output[0])  # [n, projection_dim]: the projected pooled output
+            clip_states.append(output.hidden_states[-2])  # [n, 77, width]
+        t5_states = self._t5_states(texts)  # [n, 256, t5_width]
+        clip = torch.cat(clip_states, dim=-1)  # [n, 77, width_1 + width_2]
+        clip = torch.nn.functional.pad(clip, (0, t5_states.shape[-1] - clip.shape[-1]))
+        embeds = torch.cat([clip.to(self.dtype), t5_states.to(self.dtype)], dim=-2)  # [n, 77 + 256, t5_width]
+        pooled = torch.cat(clip_pooled, dim=-1).to(self.dtype)  # [n, projection_1 + projection_2]
+        return [{"embeds": row, "pooled": pool} for row, pool in zip(embeds, pooled)]
+
+    def _t5_states(self, texts: Sequence[str]) -> torch.Tensor:
+        pipeline = self.pipeline
+        if pipeline.text_encoder_3 is None:  # loaded without T5 (`text_encoder_3=None`): the pipeline uses zeros
+            width = self.transformer.config.joint_attention_dim
+            return torch.zeros(len(texts), MAX_SEQUENCE_LENGTH, width, device=self.device, dtype=self.dtype)
+        input_ids = tokenize(pipeline.tokenizer_3, texts, MAX_SEQUENCE_LENGTH).input_ids.to(self.device)
+        return pipeline.text_encoder_3(input_ids)[0]
+
+    def sigmas(self, params: GenerationParams) -> np.ndarray | None:
+        return None  # `num_inference_steps` between the scheduler's own shifted sigma bounds
+
+    def noise_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        height, width = self.latent_grid(params, patch=1)
+        if max(height, width) > self.max_latent_size:  # the model's position table ends there
+            largest = self.max_latent_size * self.vae_scale_factor
+            raise ValueError(f"height and width must be at most {largest} for model {self.model!r}")
+        return (1, self.transformer.config.in_channels, height, width)  # [1, 16, h/8, w/8]
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        config = self.transformer.config
+        num_text_tokens = self.pipeline.tokenizer_max_length + MAX_SEQUENCE_LENGTH
+        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
+        return {
+            "embeds": torch.zeros(num_text_tokens, config.joint_attention_dim, **zeros),
+            "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
+        }
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        embeds = batch.conditioning["embeds"]  # [rows, 333, t5_width]
+        pooled = batch.conditioning["pooled"]  # [rows, pooled_width]
+        if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
+            return attention.mixed_size_forward(
+                self.transformer, self.attention, batch.latents, batch.timesteps, embeds, pooled
+            )
+        return self.transformer(
+            hidden_states=batch.latents,  # [rows, 16, h, w]
+            timestep=batch.timesteps,
+            encoder_hidden_states=embeds,
+            pooled_projections=pooled,
+            return_dict=False,
+        )[0]

@@ -1,0 +1,103 @@
+"""The Z-Image family behind the pipeline contract.
+
+As `ZImagePipeline` does it: the prompt is wrapped in the Qwen3 chat template, padded to
+`max_sequence_length` for the text encoder, and the penultimate hidden states of its real
+tokens (a different count per prompt) are the conditioning; latents [1, 16, h/8, w/8] are
+drawn in float32 from the sample's own generator; the sampler is flow-matching Euler
+(`flow_matching`); the transformer takes a list of latents and a list of caption features and pads them itself
+with attention masks. Guidance is classifier-free for any scale above 0, with the
+pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
+negated velocity. Because the transformer takes one latent per row, samples of different
+sizes share a forward: the family's key holds no size (except in deterministic mode).
+Step caching decides from the first main block's modulated input, as TeaCache, and skips
+the main blocks (`batching.pipelines.zimage.step_cache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from batching.pipelines import published_latent_rgb as published
+from batching.pipelines.adapter_base import tokenize
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import FlowMatchingAdapter
+from batching.pipelines.zimage.step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
+from core.params import GenerationParams
+
+MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
+
+
+class ZImageAdapter(FlowMatchingAdapter):
+    latent_dtype = torch.float32  # as ZImagePipeline keeps its latents
+    family = "zimage"
+    pipeline_classes = ("ZImagePipeline",)
+    max_rows_per_sample = 2
+    published_latent_rgb = published.FLUX1
+
+    def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(model, pipeline, device, dtype)
+        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage.step_cache)
+        self.num_blocks_kept = NUM_BLOCKS_KEPT
+
+    @torch.inference_mode()
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        tokenizer = self.pipeline.tokenizer
+        templated = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
+            )
+            for text in texts
+        ]
+        tokens = tokenize(tokenizer, templated, MAX_SEQUENCE_LENGTH)
+        input_ids = tokens.input_ids.to(self.device)  # [n, 512]
+        masks = tokens.attention_mask.to(self.device).bool()  # [n, 512]
+        hidden = self.pipeline.text_encoder(
+            input_ids=input_ids, attention_mask=masks, output_hidden_states=True
+        ).hidden_states[-2]  # [n, 512, dim]
+        return [{"embeds": row[mask].to(self.dtype)} for row, mask in zip(hidden, masks)]  # [tokens_i, dim]
+
+    def noise_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        return (1, self.transformer.in_channels, *self.latent_grid(params))  # [1, 16, h/8, w/8]
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        """Caption features of the longest length, so every padded forward pads its captions alike."""
+        dim = self.transformer.config.cap_feat_dim
+        return {"embeds": torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)}
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        latents, t, captions = self._transformer_inputs(batch)
+        return self._predictions(batch, self.transformer(latents, t, captions, return_dict=False)[0])
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        latents, t, captions = self._transformer_inputs(batch)
+        outputs, skipped = residual_cached_forward(
+            self.transformer, latents, t, captions, samples, may_gather=may_gather
+        )
+        return CachedForward(self._predictions(batch, outputs), skipped)
+
+    def _transformer_inputs(self, batch: ForwardBatch) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+        embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
+        lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
+        dtype = self.transformer.dtype
+        latents = [row.to(dtype).unsqueeze(1) for row in batch.latents]  # per row [16, 1, h, w]: one frame
+        captions = [row[:length] for row, length in zip(embeds, lengths)]
+        return latents, (1000 - batch.timesteps) / 1000, captions
+
+    def _predictions(self, batch: ForwardBatch, outputs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        predictions = [output.float().squeeze(1) for output in outputs]  # per row [16, h, w]
+        if isinstance(batch.latents, list):  # rows of different sizes: the transformer padded them with masks
+            return predictions
+        return torch.stack(predictions)  # [rows, 16, h, w]
+
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        cond = rows[0:1]
+        if len(rows) == 2:
+            cond = cond + params.guidance_scale * (cond - rows[1:2])  # the pipeline's own formula
+        return -cond  # the transformer predicts the negated flow

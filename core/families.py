@@ -1,0 +1,223 @@
+"""The model families the engine serves, and what a job may ask of each. Torch-free.
+
+`GenerationParams` validates a job against the family of its model (samplers, size
+multiple, guidance range) and takes its defaults from here; the API and the worker read
+the same table. The family of a built-in model is known by name (`core.builtin_models`);
+a folder or repo id is classified when the engine loads it (the adapter that serves its
+`model_index.json` `_class_name`, see `batching.pipelines`), and the engine validates
+jobs against that family at submit. What a family's diffusers classes are and how they
+are driven lives in its adapter, under `batching/pipelines/`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
+
+UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
+FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
+
+
+@dataclass(frozen=True)
+class ReferenceRules:
+    """How a family whose init_image is a reference image reads it (FLUX.2's multi-reference editing).
+
+    No mask_image or resize_mode, and strength does not apply: the image conditions the whole run, whatever
+    its size. As the family's pipeline does: an image above `max_pixels` is scaled down to that area (aspect
+    kept, sides rounded down), then center-cropped to the size multiple; a job that names no size gets that
+    size."""
+
+    max_pixels: int = 1024 * 1024
+    min_side: int = 64  # the pipeline refuses smaller images
+    max_aspect_ratio: float = 8.0  # and longer ones
+
+    def scaled_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) once the area is capped at `max_pixels`, before the crop to the size multiple."""
+        if width * height <= self.max_pixels:
+            return width, height
+        scale = math.sqrt(self.max_pixels / (width * height))
+        return int(width * scale), int(height * scale)
+
+    def problem(self, width: int, height: int) -> str | None:
+        """Why the pipeline would refuse an image of this size, or None."""
+        if min(width, height) < self.min_side:
+            return f"must be at least {self.min_side} pixels on each side"
+        if max(width / height, height / width) > self.max_aspect_ratio:
+            return f"must have an aspect ratio of at most {self.max_aspect_ratio:g}:1"
+        return None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    samplers: tuple[str, ...]  # the first is the default
+    size_multiple: int  # height and width: VAE downsampling x the denoiser's patch size
+    default_guidance: float
+    default_size: int = 128  # height and width when the job names none
+    default_steps: int = 20
+    min_steps: int = 1  # 2 where the sampler's schedule needs two (Qwen-Image's terminal shift divides by the last)
+    max_guidance: float = 50.0
+    guidance_kind: str = "cfg"  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
+    cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
+    cfg_needs_negative_prompt: bool = False  # ... and only with a negative prompt (Qwen-Image's true CFG)
+    mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
+    supports_lora: bool = True  # the engine serves LoRA adapters for it (batching.lora)
+    # How img2img turns a strength into steps run, as the family's own diffusers img2img pipeline rounds:
+    # "floor_steps" runs int(steps * strength) (the UNet families); "floor_start" starts at
+    # int(steps - steps * strength) and runs the rest (the flow-matching families).
+    strength_rounding: str = "floor_steps"
+    # What `init_image` is to its models: "start", where image-to-image and inpainting start from (every
+    # family but edit and reference models); "edit", the image an edit model changes (required: it conditions
+    # every forward, and the output has its own size, by `edit_size`); "reference", an optional reference image
+    # that conditions every forward (its latents join the sequence, the sample starts from noise) read by
+    # `reference_rules`; "none": not served yet.
+    init_image_role: str = "start"
+    edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
+    extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
+    reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
+    step_cache: str | None = None  # the per-sample step cache its adapter runs (core.step_cache.STEP_CACHE_KINDS);
+    # None: jobs may ask only for cache "off"
+
+    def __post_init__(self) -> None:
+        assert (self.init_image_role == "reference") == (self.reference_rules is not None), self.name
+
+    @property
+    def default_sampler(self) -> str:
+        return self.samplers[0] if "euler" not in self.samplers else "euler"
+
+    def has_cfg(self, guidance_scale: float, negative_prompt: str = "") -> bool:
+        """Whether a job with this guidance (and negative prompt) runs an unconditional row beside its
+        conditional one."""
+        if self.guidance_kind != "cfg" or guidance_scale <= self.cfg_above:
+            return False
+        return bool(negative_prompt) or not self.cfg_needs_negative_prompt
+
+    def steps_to_run(self, num_steps: int, strength: float) -> int:
+        """Denoise steps an image-to-image sample runs: the last `strength` fraction of its schedule."""
+        if self.strength_rounding == "floor_start":
+            return num_steps - int(max(num_steps - num_steps * strength, 0))
+        return min(int(num_steps * strength), num_steps)
+
+    def num_rows(self, guidance_scale: float, negative_prompt: str = "") -> int:
+        """Rows a job contributes to each denoiser forward."""
+        return 2 if self.has_cfg(guidance_scale, negative_prompt) else 1
+
+    def tokens_per_row(self, height: int, width: int) -> int:
+        """Latent positions of one row (UNet: latent pixels; transformer: image tokens, and an edit image's),
+        which a forward's cost follows."""
+        return (height // self.size_multiple) * (width // self.size_multiple) + self.extra_tokens_per_row
+
+    def sample_cost(self, height: int, width: int, guidance_scale: float, negative_prompt: str = "") -> int:
+        """What one sample adds to each forward it runs in: rows x latent tokens per row (the scheduler's
+        token budget counts these)."""
+        return self.num_rows(guidance_scale, negative_prompt) * self.tokens_per_row(height, width)
+
+    def default_token_budget(self, max_num_seqs: int) -> int:
+        """The engine's default token budget: `max_num_seqs` samples at the family's default size and guidance
+        (with a negative prompt where guidance needs one)."""
+        negative_prompt = "-" if self.cfg_needs_negative_prompt else ""
+        return max_num_seqs * self.sample_cost(
+            self.default_size, self.default_size, self.default_guidance, negative_prompt
+        )
+
+    def edit_size(self, image_width: int, image_height: int) -> tuple[int, int]:
+        """(width, height) the edit pipeline sizes an edit image to, and an edit's output when the job names no
+        size: the image's aspect ratio at `edit_area` pixels, each side rounded to a multiple of 32
+        (the Qwen-Image-Edit pipeline's `calculate_dimensions`)."""
+        ratio = image_width / image_height
+        width = math.sqrt(self.edit_area * ratio)
+        return round(width / 32) * 32, round(width / ratio / 32) * 32
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    spec.name: spec
+    for spec in (
+        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5, step_cache="deep"),
+        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0, step_cache="deep"),
+        FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
+            name="flux",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=3.5,
+            max_guidance=20.0,
+            guidance_kind="embedded",
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux/attention.py)
+            strength_rounding="floor_start",
+            step_cache="first_block",
+        ),
+        FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
+            name="flux2",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            default_steps=28,
+            max_guidance=20.0,
+            guidance_kind="embedded",
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2/attention.py)
+            init_image_role="reference",
+            reference_rules=ReferenceRules(),
+        ),
+        FamilySpec(  # FLUX.2 [klein]: true CFG above 1 (none for step-distilled checkpoints)
+            name="flux2_klein",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            default_steps=28,
+            mixes_sizes=True,
+            init_image_role="reference",
+            reference_rules=ReferenceRules(),
+        ),
+        FamilySpec(  # its pipeline runs CFG for any guidance above 0
+            name="zimage",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=5.0,
+            cfg_above=0.0,
+            mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
+            strength_rounding="floor_start",
+            step_cache="modulated_input",
+        ),
+        FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
+            name="qwenimage",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            cfg_needs_negative_prompt=True,
+            min_steps=2,
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
+            init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
+        ),
+        FamilySpec(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
+            name="qwenimage_edit",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,
+            default_guidance=4.0,
+            cfg_needs_negative_prompt=True,
+            min_steps=2,
+            mixes_sizes=True,
+            init_image_role="edit",
+            edit_area=1024 * 1024,
+            extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
+        ),
+        FamilySpec(  # Stable Diffusion 3: CFG above 1, as the SD families
+            name="sd3",
+            samplers=FLOW_SAMPLERS,
+            size_multiple=16,  # the VAE's 8 x the 2x2 patches
+            default_guidance=7.0,
+            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3/attention.py)
+            strength_rounding="floor_start",
+        ),
+    )
+}
+
+# Jobs for a model whose family is not known yet (a folder or repo id) get these defaults and the
+# loosest rules; the engine serving the model checks them against its family at submit.
+FALLBACK_FAMILY = "sd"
+
+
+def family_of_model(model: str) -> str | None:
+    """The family of a built-in model; None for a folder or repo id (known once loaded)."""
+    built_in = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
+    return built_in.family if built_in else None
