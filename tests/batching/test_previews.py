@@ -60,7 +60,8 @@ def test_a_job_of_several_images_previews_its_first(batched_engine):
         make_params(seed=14, num_images=3, num_inference_steps=4), preview_every=2, on_preview=previews.append
     ).result(timeout=60)
 
-    assert [preview.total for preview in previews] == [12]  # its first image's step 2 (of its 4; not its last)
+    # Its first image's step 2 (of its 4; not its last), at the job's progress: its own steps, not 12.
+    assert [(preview.step, preview.total) for preview in previews] == [(2, 4)]
 
 
 def test_a_preview_every_that_is_not_a_count_is_refused_naming_the_field(batched_engine):
