@@ -4,9 +4,9 @@ Events, each `event: NAME` with one line of JSON `data` (docs/api.md#event-strea
 
     queued    {"job_id", "state": "queued", "queue_position"}   when queued, and as the position moves
     started   {"job_id", "state": "running"}
-    progress  {"job_id", "step", "total", "current_image"}       at most once per STEPWISE_PROGRESS_INTERVAL;
-              the job's own steps of its step count (not summed over its images); current_image: 1-based,
-              while its images run one after another, else null
+    progress  {"job_id", "step", "total"}                        at most once per STEPWISE_PROGRESS_INTERVAL;
+              the job's own steps of its step count (not summed over its images), and "current_image"
+              (1-based) while it runs its images one after another
     preview   {"job_id", "step", "total", "image"}               a data URI, when the job asked for previews
     <state>   the job's view, as GET /v1/jobs/{id} gives it      succeeded, failed, canceled or expired; last
     error     {"error": {"code", "message"}}                      instead, when the job is gone (deleted:
@@ -159,8 +159,8 @@ class EventStreamState:
                 }
                 if event.kind == "preview":
                     data["image"] = event.fields.get("image", "")
-                else:
-                    data["current_image"] = int(event.fields.get("current_image", 0)) or None
+                elif current_image := int(event.fields.get("current_image", 0)):
+                    data["current_image"] = current_image
                 outs.append(encode(event.kind, data, event.event_id))
         return outs
 

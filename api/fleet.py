@@ -52,6 +52,12 @@ class Fleet:
             status = self.models(max_age=MIN_REFRESH_SECONDS).get(model)
         return status
 
+    def family_of(self, model: str) -> str | None:
+        """The family a worker serves `model` with (a folder or repo model's is known only from its worker, as its
+        engine loaded it); None when no worker was heard from within the retention."""
+        status = self.models().get(model)
+        return status.family if status is not None and status.family in FAMILIES else None
+
     def served_models(self, statuses: dict[str, ModelStatus] | None = None) -> list[str]:
         """The configured models and those a worker served within the retention, sorted."""
         seen = self.models() if statuses is None else statuses

@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import request
 
-from api.resources import get_image_store, get_settings
+from api.resources import get_fleet, get_image_store, get_settings
 from core.params import GenerationParams
 from storage import public_urls
 from storage.job_store import JobRecord, JobState
@@ -67,12 +67,14 @@ def requeued_view(record: JobRecord) -> dict[str, Any] | None:
     return {"reason": record.requeue_reason, "message": message, "at": iso_time(record.requeued_at)}
 
 
-def planned_steps(record: JobRecord) -> int:
-    """Steps the job will take (summed over its images), known before a worker reports any."""
+def planned_steps(record: JobRecord, family: str | None = None) -> int:
+    """The job's step count before a worker reports it: each image's steps (fewer for an img2img job), by the
+    rule the engine uses (`GenerationParams.steps_to_run`) with `family`, the one the workers serve its model
+    with (None: the one its model's name says, the fallback family for a folder model no worker served yet)."""
     try:
-        return GenerationParams.from_dict(record.params).total_steps()  # fewer for an img2img job
+        return GenerationParams.from_dict(record.params).steps_to_run(family)
     except Exception:  # a record from before a field was added or renamed
-        return int(record.params.get("num_inference_steps", 0)) * int(record.params.get("num_images", 1))
+        return int(record.params.get("num_inference_steps", 0))
 
 
 def is_late(record: JobRecord, now: float | None = None) -> bool:
@@ -102,7 +104,9 @@ def job_view(
         "preview_every": record.preview_every,
         "queue_position": queue_position if record.state is JobState.QUEUED else None,
         "queue": queue_info if record.state is JobState.QUEUED else None,
-        "progress": record.progress_view(total=planned_steps(record)),
+        "progress": record.progress_view(
+            total=planned_steps(record, get_fleet().family_of(record.params.get("model", "")))
+        ),
         "cancel_requested": record.cancel_requested,
         "attempts": record.attempts,
         "requeued": requeued_view(record),

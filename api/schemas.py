@@ -372,8 +372,8 @@ class Progress(BaseModel):
     )
     current_image: int | None = Field(
         None,
-        description="The image (1-based) the job is on while its images run one after another; null while they "
-        "run together, for a one-image job, and when not running.",
+        description="Only while the job runs its images one after another: the image (1-based) it is on. Absent "
+        "while they run together, for a one-image job, and once it is not running.",
     )
 
 

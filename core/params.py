@@ -156,7 +156,8 @@ class GenerationParams:
         return spec.steps_to_run(self.num_inference_steps, self.strength)
 
     def total_steps(self, family: str | None = None) -> int:
-        """Denoise steps of the whole job, summed over its images: what its progress counts to."""
+        """Denoise steps of the whole job, summed over its images: its cost (fair share, limits). Its progress
+        counts `steps_to_run`, its own steps."""
         return self.steps_to_run(family) * self.num_images
 
     @property

@@ -73,15 +73,13 @@ class JobRecord:
 
 
     def progress_view(self, total: int | None = None) -> dict[str, Any]:
-        """The job's progress as clients see it (job view, progress webhooks): its own steps of its step count
-        (`total`: the count to show before a worker wrote one), and `current_image` (1-based) while its images
-        run one after another (else None)."""
-        is_running = self.state is JobState.RUNNING
-        return {
-            "step": self.progress_step,
-            "total": self.progress_total or (total or 0),
-            "current_image": self.progress_current_image if is_running and self.progress_current_image else None,
-        }
+        """The job's progress as clients see it (job view, event stream, progress webhooks): its own steps of its
+        step count (`total`: the count to show before a worker wrote one), and, only while it runs its images one
+        after another, `current_image` (1-based)."""
+        view: dict[str, Any] = {"step": self.progress_step, "total": self.progress_total or (total or 0)}
+        if self.state is JobState.RUNNING and self.progress_current_image:
+            view["current_image"] = self.progress_current_image
+        return view
 
 
 RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
