@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from stepwise_cli.client import ApiClient, ApiResponseError, ClientError, add_api_arguments, resolve_target
+from stepwise_cli.job_progress import progress_text
 from stepwise_cli.submit import image_urls, job_error_message
 from storage.job_record import TERMINAL_STATE_NAMES
 
@@ -26,8 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def describe(job: dict[str, Any]) -> str:
     """A few lines for a human: what `GET /v1/jobs/{id}` says, without the noise."""
-    progress = job.get("progress") or {}
-    lines = [f"{job['job_id']}  {job['state']}  step {progress.get('step', 0)}/{progress.get('total', 0)}"]
+    lines = [f"{job['job_id']}  {job['state']}  {progress_text(job)}"]
     if job.get("queue_position") is not None:
         lines.append(f"  queue position: {job['queue_position']}")
     params = job.get("params") or {}

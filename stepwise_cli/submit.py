@@ -31,6 +31,7 @@ from stepwise_cli.client import (
     resolve_target,
 )
 from stepwise_cli.image_args import add_image_arguments, image_extension, image_fields
+from stepwise_cli.job_progress import image_text
 from storage.webhooks import EVENTS as WEBHOOK_EVENTS
 
 POLL_INTERVAL_SECONDS = 0.25
@@ -230,7 +231,7 @@ def wait_for_job(
             if total and bar.total != total:
                 bar.reset(total=total)
             bar.n = step
-            bar.set_postfix_str(job["state"], refresh=False)
+            bar.set_postfix_str(", ".join(filter(None, (job["state"], image_text(job)))), refresh=False)
             bar.refresh()
             if job["state"] in TERMINAL_STATES:
                 return job

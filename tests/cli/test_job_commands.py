@@ -95,6 +95,17 @@ def test_submit_refuses_a_deadline_it_cannot_read_in_one_line(live_api, capsys):
     assert "--deadline" in capsys.readouterr().err
 
 
+def test_status_shows_a_multi_image_jobs_own_steps_and_the_image_it_is_on(live_api, capsys):
+    job_id = submit_json(live_api, capsys, "a red fox", "--num-images", "2", "--steps", "8")["job_id"]
+    assert live_api.cli("status", job_id) == 0
+    assert capsys.readouterr().out.startswith(f"{job_id}  queued  step 0/8\n"), "its own steps, not 16"
+
+    live_api.store.take(job_id, "fake-worker", 60)
+    live_api.store.set_progress(job_id, 5, 8, current_image=2)  # its images run one after another
+    assert live_api.cli("status", job_id) == 0
+    assert capsys.readouterr().out.startswith(f"{job_id}  running  step 5/8, image 2 of 2\n")
+
+
 def test_status_cancel_and_jobs_cover_the_api(live_api, capsys):
     first = submit_json(live_api, capsys, "first fox")["job_id"]
     second = submit_json(live_api, capsys, "second fox")["job_id"]
