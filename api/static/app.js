@@ -238,7 +238,7 @@ function watch(card, job) {
   streams.set(job.job_id, controller);
   follow(job.job_id, (name, data) => {
     const live = document.querySelector(`li.job[data-job-id="${job.job_id}"]`) || card;
-    if (name === "progress" || name === "preview") showProgress(live, data.step, data.total);
+    if (name === "progress" || name === "preview") showProgress(live, data, (job.params || {}).num_images);
     if (name === "preview") showPreview(live, data.image);
     if (name === "queued") showState(live, "queued", data.queue_position);
     if (name === "started") showState(live, "running", null);
@@ -252,11 +252,21 @@ function watch(card, job) {
   });
 }
 
-function showProgress(card, step, total) {
+// `data`: a progress or preview event. A preview carries no current_image: the card keeps the last progress's.
+function showProgress(card, data, numImages) {
+  if (data.image === undefined) card.dataset.currentImage = data.current_image || "";
   const bar = card.querySelector("progress");
-  bar.max = String(Math.max(total, 1));
-  bar.value = String(Math.min(step, total));
-  card.querySelector(".step").textContent = ` · step ${step}/${total}`;
+  bar.max = String(Math.max(data.total, 1));
+  bar.value = String(Math.min(data.step, data.total));
+  const progress = { step: data.step, total: data.total, current_image: Number(card.dataset.currentImage) };
+  card.querySelector(".step").textContent = stepText(progress, numImages);
+}
+
+// A job's progress as its card shows it: the job's own steps (a 2-image job of 200 steps counts to 200), and
+// the image it is on while it runs its images one after another.
+function stepText(progress, numImages) {
+  const image = progress.current_image && numImages > 1 ? ` · image ${progress.current_image} of ${numImages}` : "";
+  return ` · step ${progress.step}/${progress.total}${image}`;
 }
 
 function showPreview(card, image) {
@@ -320,7 +330,7 @@ function jobCard(job) {
     element("p", { class: "prompt", text: params.prompt || "" }),
     element("p", { class: "meta" },
       element("span", { class: "state", text: job.state }),
-      element("span", { class: "step", text: ` · step ${progress.step}/${progress.total}` }),
+      element("span", { class: "step", text: stepText(progress, params.num_images) }),
       element("span", { class: "position", text: job.queue_position != null ? ` · queue position ${job.queue_position}` : "" })),
     bar,
     element("p", { class: "meta", text:

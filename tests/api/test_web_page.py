@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 
 import pytest
 from PIL import Image
@@ -14,9 +15,12 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
+from werkzeug.serving import make_server
 
 from api import create_app
 from api.settings import ApiSettings
+from storage.job_store import JobState
+from storage.settings import StorageSettings
 from tests.support.calls import auth
 from tests.support.processes import TENANT_KEYS
 from tests.support.waiting import wait_for
@@ -88,6 +92,39 @@ def text_of(browser, selector: str) -> str:
 
 def script(browser, code: str, *args):
     return browser.execute_script(code, *args)
+
+
+def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_on(browser, redis_url, tmp_path):
+    """The page against the API in this process (no worker: the store plays one), so it is quick."""
+    settings = ApiSettings(
+        api_keys=(("alice", KEY),),
+        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
+        accept_unserved_models=True,
+    )
+    app = create_app({"API_SETTINGS": settings})
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = app.extensions["stepwise.job_store"]
+    client = app.test_client()
+    body = {"prompt": "a red circle", "num_images": 2, "num_inference_steps": 8, "height": 64, "width": 64}
+    canceled, running = (client.post("/v1/jobs", json=body, headers=auth()).json["job_id"] for _ in range(2))
+    for job_id in (canceled, running):
+        store.take(job_id, "fake-worker", 60)
+    store.set_progress(running, 5, 8, current_image=2)  # as a worker running its images one after another
+    store.finish(canceled, JobState.CANCELED, worker_id="fake-worker", progress_step=3, progress_total=8)
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_port}/")
+        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
+        card = "li.job[data-job-id='{}'] .meta"
+        wait_until(
+            lambda: "step 5/8 · image 2 of 2" in text_of(browser, card.format(running)),
+            30,
+            "the running job's card to count its own steps and name its image",
+            seen=lambda: text_of(browser, card.format(running)),
+        )
+        assert "canceled · step 3/8" in text_of(browser, card.format(canceled)), "its own count, not of 16"
+    finally:
+        server.shutdown()
 
 
 def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_list_pages_and_cancels(
