@@ -12,7 +12,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from batching.job import JobFuture
+from batching.job import JobFuture, JobProgress
 from core.errors import JobCanceledError
 from storage.job_record import JobState
 from storage.job_store import JobStore
@@ -32,7 +32,7 @@ class LongStepEngine:
     next step boundary, and `cancel()` itself returns only then, as an engine whose lock is held
     through a forward would."""
 
-    family = "sd"  # as DiffusionEngine.family: the worker reads it for the job's total steps
+    family = "sd"  # as DiffusionEngine.family: the worker publishes it in its heartbeats
 
     def __init__(self, num_steps: int) -> None:
         self.num_steps = num_steps
@@ -42,13 +42,14 @@ class LongStepEngine:
     def submit(
         self, params, *, job_id, on_progress, priority="normal", tenant="", complete_by=None, **previews
     ) -> JobFuture:
-        future = JobFuture(job_id, self.num_steps)  # what DiffusionEngine.submit returns
+        future = JobFuture(job_id, JobProgress(0, self.num_steps))  # what DiffusionEngine.submit returns
         threading.Thread(target=self._run, args=(future, job_id, on_progress), daemon=True).start()
         return future
 
     def _run(self, future: Future, job_id: str, on_progress) -> None:
         for step in range(1, self.num_steps + 1):
             time.sleep(STEP_SECONDS)
+            future.progress = JobProgress(step, self.num_steps, has_started=True)  # as the engine's loop does
             on_progress(step, self.num_steps)
             if self.is_cancel_wanted.is_set():
                 self.at_boundary.set()

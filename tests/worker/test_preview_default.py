@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from batching.job import JobFuture
+from batching.job import JobFuture, JobProgress
 from core.params import GenerationParams
 from storage.settings import StorageSettings
 from worker.runtime import WorkerRuntime
@@ -22,7 +22,7 @@ class SubmitRecorder:
 
     def submit(self, params, *, job_id, **options) -> JobFuture:
         self.calls.append(options)
-        return JobFuture(job_id, params.num_inference_steps)
+        return JobFuture(job_id, JobProgress(0, params.num_inference_steps))
 
 
 @pytest.fixture
