@@ -176,6 +176,7 @@ def _generate(params, device: str, preview_path: Path | None = None, preview_eve
         ) as bar:  # None: a bar only on a terminal
 
             def show_progress(num_steps_done: int, num_steps_total: int) -> None:
+                bar.total = num_steps_total  # the job's own step count (fewer with an init image's strength)
                 bar.update(num_steps_done - bar.n)
 
             previews: list = []  # the newest, appended on the loop thread; written here, off the loop
