@@ -10,12 +10,35 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from batching import EngineShutdownError, JobCanceledError, JobFailedError
+from batching import DiffusionEngine, EngineConfig, EngineShutdownError, JobCanceledError, JobFailedError
 from tests.support.engines import DEADLINE_SECONDS, make_params
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """One engine for the tests that leave it serving (each reads its counts as a difference); tests that stop
+    it or its threads build their own (`fresh_engine`)."""
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, encode_overlap=True, decode_overlap=True))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(scope="module")
+def inline_engine():
+    """Encoding and decoding on the loop thread."""
+    engine = DiffusionEngine(EngineConfig(device="cpu", max_num_seqs=4, encode_overlap=False, decode_overlap=False))
+    yield engine
+    engine.shutdown(abort=True)
+
+
+@pytest.fixture(params=["beside-the-loop", "inline"])
+def either_engine(request, engine, inline_engine):
+    return engine if request.param == "beside-the-loop" else inline_engine
 
 
 class Forwards:
@@ -64,6 +87,20 @@ def _job_of(sample_id: str) -> str:
     return sample_id.split("#")[0]
 
 
+def wait_for_waiting(engine, count: int) -> bool:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while engine.stats()["num_waiting"] < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return engine.stats()["num_waiting"] >= count
+
+
+def wait_for_decodes(engine) -> None:
+    """Until the decode worker has handed back what it held (a canceled job's image is dropped then)."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while engine.model_runner.decoder.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def ends_once(future) -> list:
     """The calls its done callbacks get (one, once it has ended)."""
     calls: list = []
@@ -71,14 +108,16 @@ def ends_once(future) -> list:
     return calls
 
 
-def ended_counts(engine) -> dict[str, int]:
+def ended_counts(engine, before: dict[str, int] | None = None) -> dict[str, int]:
+    """Images of the jobs that ended so (since `before`, another call's result)."""
     stats = engine.stats()
-    return {name: stats[f"jobs_{name}"] for name in ("finished", "failed", "canceled", "aborted")}
+    counts = {name: stats[f"jobs_{name}"] for name in ("finished", "failed", "canceled", "aborted")}
+    return {name: count - (before or {}).get(name, 0) for name, count in counts.items()}
 
 
-def test_jobs_canceled_while_in_the_inbox_are_never_scheduled_and_are_counted_canceled(fresh_engine, monkeypatch):
-    engine = fresh_engine(max_num_seqs=8)
+def test_jobs_canceled_while_in_the_inbox_are_never_scheduled_and_are_counted_canceled(engine, monkeypatch):
     forwards = Forwards(engine, monkeypatch)
+    before, steps_before = ended_counts(engine), engine.stats()["job_steps"]
     running = engine.submit(make_params(num_inference_steps=6), job_id="running")
     with forwards.holding():  # the loop is inside a forward: what is submitted now waits in the inbox
         canceled = [engine.submit(make_params(seed=i, num_images=2), job_id=f"gone-{i}") for i in range(3)]
@@ -92,13 +131,13 @@ def test_jobs_canceled_while_in_the_inbox_are_never_scheduled_and_are_counted_ca
             future.result(timeout=DEADLINE_SECONDS)
         assert done == [future]
     assert not any(forwards.ever(f"gone-{i}") for i in range(3))
-    assert ended_counts(engine) == {"finished": 1, "failed": 0, "canceled": 6, "aborted": 0}  # images
-    assert engine.stats()["job_steps"] == 6, "only the running job's steps ran"
+    assert ended_counts(engine, before) == {"finished": 1, "failed": 0, "canceled": 6, "aborted": 0}  # images
+    assert engine.stats()["job_steps"] - steps_before == 6, "only the running job's steps ran"
 
 
-def test_a_job_canceled_during_its_forward_reaches_no_later_forward_and_the_others_finish(fresh_engine, monkeypatch):
-    engine = fresh_engine(max_num_seqs=4)
+def test_a_job_canceled_during_its_forward_reaches_no_later_forward_and_the_others_finish(engine, monkeypatch):
     forwards = Forwards(engine, monkeypatch)
+    before = ended_counts(engine)
     other = engine.submit(make_params(seed=1, num_inference_steps=8), job_id="other")
     target = engine.submit(make_params(seed=2, num_inference_steps=8), job_id="target")
     done = ends_once(target)
@@ -113,17 +152,18 @@ def test_a_job_canceled_during_its_forward_reaches_no_later_forward_and_the_othe
     assert other.result(timeout=DEADLINE_SECONDS).image is not None
     assert forwards.since_release("target") == []
     assert done == [target]
-    assert ended_counts(engine) == {"finished": 1, "failed": 0, "canceled": 1, "aborted": 0}
+    assert ended_counts(engine, before) == {"finished": 1, "failed": 0, "canceled": 1, "aborted": 0}
 
 
-def test_jobs_a_drain_cancels_after_pausing_admission_reach_no_forward(fresh_engine, monkeypatch):
+def test_jobs_a_drain_cancels_after_pausing_admission_reach_no_forward(engine, monkeypatch):
     """What a worker's stop_admission does: pause the engine, cancel the jobs it has not started."""
-    engine = fresh_engine(max_num_seqs=1)
     forwards = Forwards(engine, monkeypatch)
+    before = ended_counts(engine)
     running = engine.submit(make_params(num_inference_steps=6), job_id="running")
     with forwards.holding():
         waiting = [engine.submit(make_params(seed=i), job_id=f"waiting-{i}") for i in range(3)]
-    engine.pause()
+        engine.pause()  # before the loop takes them: they wait in the scheduler, admission paused
+    assert wait_for_waiting(engine, 3)
     calls = [ends_once(future) for future in waiting]
     for future in waiting:
         assert engine.cancel(future)
@@ -134,14 +174,14 @@ def test_jobs_a_drain_cancels_after_pausing_admission_reach_no_forward(fresh_eng
             future.result(timeout=DEADLINE_SECONDS)
         assert done == [future]
     assert not any(forwards.ever(f"waiting-{i}") for i in range(3))
-    assert ended_counts(engine)["canceled"] == 3
+    assert ended_counts(engine, before)["canceled"] == 3
     engine.resume()
     assert engine.submit(make_params(seed=9)).result(timeout=DEADLINE_SECONDS).image is not None
 
 
-def test_an_engine_error_fails_the_scheduled_jobs_once_and_a_job_in_the_inbox_runs_after_it(fresh_engine, monkeypatch):
-    engine = fresh_engine(max_num_seqs=4)
+def test_an_engine_error_fails_the_scheduled_jobs_once_and_a_job_in_the_inbox_runs_after_it(engine, monkeypatch):
     forwards = Forwards(engine, monkeypatch)
+    before = ended_counts(engine)
     real_execute = engine.model_runner.execute
     after_error: list = []
 
@@ -161,7 +201,7 @@ def test_an_engine_error_fails_the_scheduled_jobs_once_and_a_job_in_the_inbox_ru
     mark = next(index for index, run in enumerate(forwards.runs) if "in-the-inbox" in run)
     assert not any("doomed" in run for run in forwards.runs[mark:]), "no forward after the error carried it"
     assert done == [doomed]
-    assert ended_counts(engine) == {"finished": 1, "failed": 1, "canceled": 0, "aborted": 0}
+    assert ended_counts(engine, before) == {"finished": 1, "failed": 1, "canceled": 0, "aborted": 0}
 
 
 def test_a_shutdown_with_abort_ends_running_and_inbox_jobs_once_before_another_forward(fresh_engine, monkeypatch):
@@ -185,18 +225,18 @@ def test_a_shutdown_with_abort_ends_running_and_inbox_jobs_once_before_another_f
     assert ended_counts(engine) == {"finished": 0, "failed": 0, "canceled": 0, "aborted": 2}
 
 
-def test_a_job_canceled_while_its_image_decodes_ends_canceled_once(fresh_engine):
-    engine = fresh_engine(decode_overlap=True)
+def test_a_job_canceled_while_its_image_decodes_ends_canceled_once(engine, monkeypatch):
     adapter = engine.model_runner.model
     real_decode = adapter.decode
     decoding, release = threading.Event(), threading.Event()
+    before = ended_counts(engine)
 
     def held_decode(latents, params_list):
         decoding.set()
         release.wait(DEADLINE_SECONDS)
         return real_decode(latents, params_list)
 
-    adapter.decode = held_decode
+    monkeypatch.setattr(adapter, "decode", held_decode)
     future = engine.submit(make_params(num_inference_steps=2), job_id="decoding")
     done = ends_once(future)
     assert decoding.wait(DEADLINE_SECONDS)
@@ -205,19 +245,16 @@ def test_a_job_canceled_while_its_image_decodes_ends_canceled_once(fresh_engine)
 
     with pytest.raises(JobCanceledError):
         future.result(timeout=DEADLINE_SECONDS)
-    engine.shutdown()
+    wait_for_decodes(engine)
     assert done == [future]
-    assert ended_counts(engine) == {"finished": 0, "failed": 0, "canceled": 1, "aborted": 0}
+    assert ended_counts(engine, before) == {"finished": 0, "failed": 0, "canceled": 1, "aborted": 0}
 
 
 # -- the encoder's and the decoder's threads ------------------------------------------------------
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["beside-the-loop", "inline"])
-def test_an_error_while_starting_a_batch_fails_its_samples_with_it_and_the_next_job_runs(
-    fresh_engine, monkeypatch, overlap
-):
-    engine = fresh_engine(encode_overlap=overlap)
+def test_an_error_while_starting_a_batch_fails_its_samples_with_it_and_the_next_job_runs(either_engine, monkeypatch):
+    engine = either_engine
     import batching.encoder
 
     real = batching.encoder.encode_init_images
@@ -235,11 +272,9 @@ def test_an_error_while_starting_a_batch_fails_its_samples_with_it_and_the_next_
 
     assert engine.submit(make_params(seed=2)).result(timeout=DEADLINE_SECONDS).image is not None
     assert engine.stats()["threads_failed"] == {}
-    engine.shutdown()
 
 
-def test_a_prompt_whose_texts_cannot_be_listed_fails_only_its_own_job(fresh_engine, monkeypatch):
-    engine = fresh_engine(encode_overlap=True)
+def test_a_prompt_whose_texts_cannot_be_listed_fails_only_its_own_job(engine, monkeypatch):
     adapter = engine.model_runner.model
     real = adapter.texts_to_encode
 
@@ -259,11 +294,9 @@ def test_a_prompt_whose_texts_cannot_be_listed_fails_only_its_own_job(fresh_engi
     assert good.result(timeout=DEADLINE_SECONDS).image is not None
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["beside-the-loop", "inline"])
-def test_an_error_while_keeping_unmasked_pixels_fails_that_image_and_the_next_job_runs(
-    fresh_engine, monkeypatch, overlap
-):
-    engine = fresh_engine(decode_overlap=overlap)
+def test_an_error_while_keeping_unmasked_pixels_fails_that_image_and_the_next_job_runs(either_engine, monkeypatch):
+    engine = either_engine
+    before = ended_counts(engine)
     import batching.decoder
 
     real = batching.decoder.keep_unmasked_pixels
@@ -280,8 +313,7 @@ def test_an_error_while_keeping_unmasked_pixels_fails_that_image_and_the_next_jo
         engine.submit(make_params(seed=1)).result(timeout=DEADLINE_SECONDS)
 
     assert engine.submit(make_params(seed=2)).result(timeout=DEADLINE_SECONDS).image is not None
-    assert ended_counts(engine) == {"finished": 1, "failed": 1, "canceled": 0, "aborted": 0}
-    engine.shutdown()
+    assert ended_counts(engine, before) == {"finished": 1, "failed": 1, "canceled": 0, "aborted": 0}
 
 
 @pytest.mark.parametrize("part", ["encoder", "decoder"])
