@@ -71,7 +71,6 @@ class JobRecord:
     priority: str = "normal"  # high, normal or low (core.params.PRIORITIES)
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
-
     def progress_view(self, total: int | None = None) -> dict[str, Any]:
         """The job's progress as clients see it (job view, event stream, progress webhooks): its own steps of its
         step count (`total`: the count to show before a worker wrote one), and, only while it runs its images one
