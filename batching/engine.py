@@ -193,8 +193,9 @@ class DiffusionEngine:
         return future
 
     def cancel(self, future_or_job_id: Future | str) -> bool:
-        """Cancel a job: it reaches no denoiser forward after this call returns; False when it is unknown or
-        already done.
+        """Cancel a job: it ends now, and takes part in no denoiser forward after the one under way (or being
+        started) when this returns; a job still in the inbox is never scheduled. False when it is unknown or
+        already ended.
 
         Its Future then raises JobCanceledError (resolved by the loop thread, once the job's samples are gone
         from stats()). Takes the Future from submit(), its job id, or the id of one of its samples.
