@@ -221,10 +221,12 @@ def _validate(p: GenerationParams, spec: FamilySpec, is_known: bool = True) -> N
     num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
     if p.seed is not None:  # image i uses seed + i: the last one must fit too
         _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
-    if p.sampler not in spec.samplers:
+    if is_known and p.sampler not in spec.samplers:
         raise InvalidParamsError(
             "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models"
         )
+    if p.sampler not in SAMPLERS:  # a folder model's job: any family's, checked against its own at submit
+        raise InvalidParamsError("sampler", p.sampler, f"must be one of {', '.join(SAMPLERS)}")
     model = _check_str(p, "model", 500, allow_empty=False)
     if CONTROL_CHARACTERS.search(model):
         raise InvalidParamsError("model", model, "must not contain control characters (no model is named so)")
