@@ -32,9 +32,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from PIL import Image
 
 from batching.pipelines import published_latent_rgb as published
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import Conditioning, ForwardBatch, Sampler
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.loading import load_pipeline, pipeline_class_name
 from batching.pipelines.wan import image, samplers, transformer
@@ -135,7 +136,7 @@ class WanAdapter(FlowMatchingAdapter):
             embeds.append({"embeds": own.to(self.transformer.dtype)})
         return embeds
 
-    def new_sampler(self, params: GenerationParams) -> Any:
+    def new_sampler(self, params: GenerationParams) -> Sampler:
         return samplers.new_sampler(
             params.sampler, self.pipeline.scheduler.config, params.num_inference_steps, self.device
         )
@@ -196,7 +197,9 @@ class WanAdapter(FlowMatchingAdapter):
         cond, uncond = rows[0:1], rows[1:2]
         return uncond + scale * (cond - uncond)
 
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+    def decode(  # type: ignore[override]  # the flow-matching base decodes images; Wan, videos' frames too
+        self, latents: torch.Tensor, params_list: Sequence[GenerationParams]
+    ) -> list[Image.Image | list[Image.Image] | None]:
         """Each sample's frames (a list of PIL images), or its image for a one-frame job; None where a frame
         came out not finite."""
         videos = self.latent_vae.decode_video(latents)

@@ -10,11 +10,13 @@ so every sample has its own instance.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
 from diffusers.schedulers.scheduling_unipc_multistep import UniPCMultistepScheduler
+
+from batching.pipelines.contract import Sampler
 
 DEFAULT_FLOW_SHIFT = 3.0  # Wan 2.1's, for a scheduler config that names no shift
 
@@ -41,7 +43,7 @@ def flow_shift(scheduler_config: Any) -> float:
     return float(scheduler_config.get("shift") or DEFAULT_FLOW_SHIFT)
 
 
-def new_sampler(name: str, scheduler_config: Any, num_steps: int, device: torch.device) -> Any:
+def new_sampler(name: str, scheduler_config: Any, num_steps: int, device: torch.device) -> Sampler:
     """A fresh sampler of `name` ("unipc" or "euler") for one sample, its timesteps set."""
     shift = flow_shift(scheduler_config)
     sampler: Any
@@ -54,4 +56,4 @@ def new_sampler(name: str, scheduler_config: Any, num_steps: int, device: torch.
         sampler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=shift)
     sampler.set_timesteps(num_steps, device=device)
     sampler.set_begin_index(0)
-    return sampler
+    return cast(Sampler, sampler)
