@@ -8,6 +8,7 @@ for bit in deterministic mode) and equals diffusers' own pipeline for the same s
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
 
@@ -339,8 +340,8 @@ def engines_by_name():
 
 def test_a_wan_22_ti2v_folder_with_its_own_vae_and_per_token_timesteps_loads_and_matches_its_pipeline(tmp_path):
     """Wan 2.2 TI2V-5B's layout (a 48-channel VAE that downsamples by 16, `expand_timesteps`) saved to a folder:
-    its family is read from model_index.json, sizes follow its VAE's 32-pixel unit, and a job equals the
-    pipeline's video."""
+    its family is read from model_index.json, sizes follow its VAE's 32-pixel unit, a job equals the
+    pipeline's video, and videos of two shapes share forwards, each equal to itself alone."""
     import diffusers
 
     from batching.pipelines.wan.builtin import build_ti2v_pipeline
@@ -377,5 +378,27 @@ def test_a_wan_22_ti2v_folder_with_its_own_vae_and_per_token_timesteps_loads_and
         assert error.value.field == "height"
 
         result = engine.submit(params).result(timeout=120)
+        other = dataclasses.replace(params, seed=6, height=128, width=64, num_frames=5, prompt="snow")
+        other_alone = engine.submit(other).result(timeout=120)
+        engine.pause()
+        together = [engine.submit(params), engine.submit(other)]  # two shapes, per-token timesteps, one forward
+        engine.resume()
+        together = [future.result(timeout=120) for future in together]
+        assert engine.stats()["sizes_per_forward"].get(2, 0) >= 4
 
     assert max(max_pixel_diff(frame, own) for frame, own in zip(result.frames[0], expected)) <= 2
+    assert max_frame_diff(result, together[0]) <= 1 and max_frame_diff(other_alone, together[1]) <= 1
+
+
+def test_a_job_of_two_videos_gives_each_its_frames_and_the_second_equals_a_job_of_the_next_seed(engines_by_name):
+    model = MODELS[1]  # image-to-video: both samples animate the job's one first frame
+    engine = engines_by_name(model.name)
+    params = wan_params(model, seed=21, num_frames=5, num_images=2, init_image=first_frame(64, 64, 3))
+
+    result = engine.submit(params).result(timeout=120)
+    second = engine.submit(dataclasses.replace(params, seed=22, num_images=1)).result(timeout=120)
+
+    assert result.seeds == [21, 22] and [len(frames) for frames in result.frames] == [5, 5]
+    assert [frames[0] for frames in result.frames] == result.images
+    assert max(max_pixel_diff(a, b) for a, b in zip(result.frames[1], second.frames[0])) <= 1
+    assert max_pixel_diff(result.frames[0][1], result.frames[1][1]) > 0, "two seeds, two videos"

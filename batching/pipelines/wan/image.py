@@ -11,10 +11,14 @@ the sample's noise is drawn as text-to-video's.
 
 Each row carries the condition as tokens [latent frames x h x w, 20] (the input batch pads rows of
 different sizes along their first axis), laid back on its grid in the forward (`unflatten_condition`).
+The samples of one job (`num_images`), or jobs animating one picture alike, share one encoding: the
+last few are kept (a video's VAE encode is the costly part).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -22,6 +26,8 @@ import torch
 from batching.pipelines.contract import Conditioning
 from batching.pipelines.vae import LatentVae
 from core.params import GenerationParams
+
+NUM_CACHED = 4  # first-frame conditionings kept, by image and video shape
 
 
 class FirstFrame:
@@ -36,11 +42,23 @@ class FirstFrame:
         self.mask_channels = pipeline.vae_scale_factor_temporal  # the mask's channels: a latent frame's frames
         transformer = pipeline.transformer or pipeline.transformer_2
         self.has_image_embeds = pipeline.image_encoder is not None and transformer.config.image_dim is not None
+        self._cache: OrderedDict[tuple, Conditioning] = OrderedDict()  # read and written by the encoder alone
 
-    @torch.inference_mode()
     def conditioning(self, params: GenerationParams, image: Any) -> Conditioning:
         """What each of the sample's rows carries: its condition tokens, and its image embeds where the model has
-        an image encoder."""
+        an image encoder (shared, read-only, by the samples of one image and shape)."""
+        key = (hashlib.sha256(image.tobytes()).hexdigest(), image.size, params.height, params.width, params.num_frames)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        row = self._encode(params, image)
+        self._cache[key] = row
+        if len(self._cache) > NUM_CACHED:
+            self._cache.popitem(last=False)
+        return row
+
+    @torch.inference_mode()
+    def _encode(self, params: GenerationParams, image: Any) -> Conditioning:
         pipeline = self.pipeline
         pixels = pipeline.video_processor.preprocess(image, height=params.height, width=params.width)
         pixels = pixels.to(self.device, dtype=torch.float32)  # [1, 3, H, W] in [-1, 1]
