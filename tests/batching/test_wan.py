@@ -75,7 +75,7 @@ def staggered_params(model: Model, *, mixed_shapes: bool = True) -> list[Generat
             guidance_scale_2=2.0 if model.has_two_experts and index in (0, 3) else None,
         )
         for index, (prompt, num_steps, guidance, sampler, shape) in enumerate(
-            zip(prompts, steps, guidances, samplers, SHAPES if mixed_shapes else [(64, 64, 9)] * 4)
+            zip(prompts, steps, guidances, samplers, SHAPES if mixed_shapes else [(64, 64, 5)] * 4)
         )
     ]
 
