@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 
 class SettingsError(ValueError):
@@ -114,6 +114,43 @@ class Url(Kind):
     def describe(self) -> str:
         schemes = [f"{scheme}://" for scheme in self.schemes]
         return "a URL: " + (", ".join(schemes[:-1]) + " or " if len(schemes) > 1 else "") + schemes[-1]
+
+
+TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")  # redis-py's and Celery's names
+CERT_REQS = {"required": "required", "optional": "optional", "none": "none"}  # Celery's spellings map below
+CERT_REQS.update({f"cert_{word}": word for word in CERT_REQS})
+
+
+@dataclass(frozen=True)
+class RedisUrl(Url):
+    """A Redis URL, as redis-py and Celery both read it. `rediss://` speaks TLS; its query may name
+    `ssl_cert_reqs` (`required`, `optional`, `none`, or Celery's `CERT_REQUIRED` ...), `ssl_ca_certs` (a CA
+    file), `ssl_certfile` and `ssl_keyfile` (a client certificate). The value is the URL spelled so both
+    take it: `ssl_cert_reqs` in redis-py's words, `required` when not given (Celery's result backend
+    refuses a `rediss://` URL without it, and certificates are checked unless the URL says otherwise)."""
+
+    schemes: tuple[str, ...] = ("redis", "rediss", "unix")
+
+    def parse(self, name: str, text: str) -> str:
+        parts = urlsplit(super().parse(name, text))
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        tls = [key for key, _ in query if key in TLS_OPTIONS]
+        if parts.scheme != "rediss":
+            if tls:
+                raise SettingsError(f"{name} names {', '.join(tls)}: TLS needs a rediss:// URL (got {text!r})")
+            return text
+        options = dict(query)
+        asked = options.get("ssl_cert_reqs", "required")
+        if asked.lower() not in CERT_REQS:
+            raise SettingsError(f"{name}: ssl_cert_reqs must be required, optional or none (got {asked!r})")
+        for option in TLS_OPTIONS[1:]:
+            if option in options and not os.path.isfile(options[option]):
+                raise SettingsError(f"{name}: {option} names no readable file ({options[option]!r})")
+        options["ssl_cert_reqs"] = CERT_REQS[asked.lower()]
+        return urlunsplit(parts._replace(query=urlencode(options, safe="/:")))
+
+    def describe(self) -> str:
+        return super().describe() + " (TLS options in the query: docs/scaling.md)"
 
 
 @dataclass(frozen=True)

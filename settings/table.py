@@ -8,7 +8,7 @@ are the readers' (`storage.settings`, `api.settings`, `worker.settings`), named 
 
 from __future__ import annotations
 
-from settings.declaration import Choice, Flag, Integer, Number, Text, Url, Variable
+from settings.declaration import Choice, Flag, Integer, Number, RedisUrl, Text, Url, Variable
 
 SECTIONS = {  # section -> the heading in docs/configuration.md and .env.example
     "shared": "Shared by the API and the workers",
@@ -33,9 +33,10 @@ PAIRS = "tenant:{} pairs, comma-separated ({})"
 # fmt: off
 VARIABLES = (  # the columns line up by section; the formatter would give each argument its own line
     # shared: storage.settings.StorageSettings, and what both processes read of the model and its device
-    Variable("STEPWISE_REDIS_URL", Url(("redis", "rediss", "unix")), "redis://127.0.0.1:6379/0",
+    Variable("STEPWISE_REDIS_URL", RedisUrl(), "redis://127.0.0.1:6379/0",
              "Redis: job records, and Celery's broker and result backend", "shared",
-             default_text="`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)"),
+             default_text="the Redis of a `stepwise up` running from this folder (its `var/stepwise.json`), else "
+             "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)"),
     Variable("STEPWISE_STORAGE_URL", Url(("file", "s3")), None,
              "where images go: `file:///absolute/path` or `s3://bucket/prefix` (objects "
              "`{prefix}/{job_id}/{index}.png`)", "shared", default_text="`file://<cwd>/var/images`"),
