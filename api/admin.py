@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from flask import Blueprint
+from flask import Blueprint, request
 
 from api.auth import require_admin
 from api.resources import get_job_store
+from api.schemas import ScalingQuery
+from storage.queue_names import generate_queue
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
 bp.before_request(require_admin)
@@ -17,3 +19,21 @@ def tenant_totals():
     """Every tenant's queued and running jobs now (tenants without any are left out)."""
     totals = get_job_store().tenant_totals()
     return {"tenants": [{"tenant": tenant, **counts} for tenant, counts in totals.items()]}
+
+
+@bp.get("/scaling")
+def model_load():
+    """One model's queued and running jobs now: the signal KEDA's metrics-api scaler reads to size that model's
+    workers from zero (`jobs` over one worker's capacity; deploy/kubernetes, docs/scaling.md). Read from Redis
+    at each request, so every API process answers the same; zero when the model is idle."""
+    model = ScalingQuery.model_validate(request.args.to_dict()).model
+    store = get_job_store()
+    load = store.model_load(generate_queue(model))
+    workers = sum(status.workers for status in store.models() if status.model == model)
+    return {
+        "model": model,
+        "queued": load.num_queued,
+        "running": load.num_running,
+        "jobs": load.num_jobs,
+        "workers": workers,
+    }

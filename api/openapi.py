@@ -104,7 +104,8 @@ class DocumentBuilder:
 def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     """A query model's fields as OpenAPI parameters (a query string cannot carry null)."""
     parameters = []
-    for name, schema in model.model_json_schema(mode="validation")["properties"].items():
+    document = model.model_json_schema(mode="validation")
+    for name, schema in document["properties"].items():
         options = [option for option in schema.pop("anyOf", []) if option.get("type") != "null"]
         if options:
             schema.update(options[0])
@@ -114,7 +115,7 @@ def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "in": "query",
-                "required": False,
+                "required": name in document.get("required", ()),
                 "description": schema.pop("description", ""),
                 "schema": schema,
             }
@@ -278,6 +279,18 @@ def build_document(settings: ApiSettings) -> dict[str, Any]:
                 "responses": {
                     "200": b.response("Per tenant.", schemas.TenantTotalsList),
                     **b.errors(401, 403, 503),
+                },
+            },
+        },
+        "/v1/admin/scaling": {
+            "get": {
+                "operationId": "modelLoad",
+                "summary": "One model's queued and running jobs now, the autoscaler's signal (an admin API key; "
+                "KEDA's metrics-api scaler, deploy/kubernetes).",
+                "parameters": query_parameters(schemas.ScalingQuery),
+                "responses": {
+                    "200": b.response("The model's load.", schemas.ModelLoad),
+                    **b.errors(401, 403, 422, 503),
                 },
             },
         },
