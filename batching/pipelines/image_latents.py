@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.image_inputs import InputImages
-from batching.params import GenerationParams
-from batching.pipelines.vae import encode_pixels, to_latent_space
+from batching.pipelines.vae import LatentVae
+from core.image_inputs import InputImages
+from core.params import GenerationParams
 
 
 class ImageLatentsMixin:
-    vae: Any
+    latent_vae: LatentVae
     device: torch.device
     dtype: torch.dtype
     # The denoiser takes the mask and the masked image's latents as input channels (an inpainting UNet):
@@ -42,12 +42,12 @@ class ImageLatentsMixin:
 
     def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixels [n, 3, H, W] in [-1, 1] (samples of one size) to the VAE's (mean, std), raw layout."""
-        return encode_pixels(self.vae, pixels)
+        return self.latent_vae.encode(pixels)
 
     def image_latents(self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """[1, *latent_shape]: one sample's draw from its image's latent distribution, in denoiser space."""
         raw = mean + std * randn_tensor(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        return self.pack_latents(to_latent_space(self.vae, raw).to(self.latent_dtype))
+        return self.pack_latents(self.latent_vae.to_latent_space(raw).to(self.latent_dtype))
 
     def latent_mask(self, mask: torch.Tensor, raw_shape: torch.Size) -> torch.Tensor:
         """A [1, 1, H, W] pixel mask (1 = repaint) in the latents' layout, downsampled as diffusers' inpaint

@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.errors import InvalidParamsError
 from batching.pipelines.latent_rgb import LatentRgb, fit_latent_rgb
 from batching.previews import MAX_PREVIEW_SIDE, Preview, PreviewPixels
+from core.errors import InvalidParamsError
 from tests.support.engines import make_params, max_pixel_diff
 
 

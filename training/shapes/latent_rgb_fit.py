@@ -23,11 +23,11 @@ SIZE = 128
 def save_latent_rgb(folder: Path, model: str = "builtin:shapes") -> None:
     import torch
 
-    from batching.params import GenerationParams
     from batching.pipelines import adapter_serving
     from batching.pipelines.latent_rgb import FIT_NUM_IMAGES, encoded_latents, fit_latent_rgb
     from batching.shapes.drawing import random_example
     from batching.shapes.vocabulary import all_prompts
+    from core.params import GenerationParams
 
     device, dtype = torch.device("cpu"), torch.float32
     adapter_class = adapter_serving(model, str(folder))

@@ -4,7 +4,7 @@ A sample with classifier-free guidance puts two rows into each forward, [uncond,
 and its own guidance scale combines them afterwards; a sample without it puts one row.
 The UNet takes one timestep per row, so samples at different steps share a forward.
 `StableDiffusionXLAdapter` extends this with SDXL's added conditioning. Step caching is
-DeepCache over the UNet's deep path (`batching.pipelines.unet_step_cache`).
+DeepCache over the UNet's deep path (`batching.pipelines.stable_diffusion.step_cache`).
 
 An inpainting UNet (9 input channels, as in SD inpainting checkpoints) takes, beside the
 latents, the mask at latent size and the latents of the masked image; as diffusers'
@@ -16,23 +16,20 @@ images share a forward, and a CFG sample's two rows carry the same ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
 
-from batching.errors import ModelLoadError
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
-from batching.pipelines.unet_step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
-from batching.pipelines.vae import decode_latents
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
+from batching.pipelines.stable_diffusion.step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
 from batching.samplers import make_sampler
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.errors import ModelLoadError
+from core.params import GenerationParams
 
 
 class StableDiffusionAdapter(AdapterBase):
@@ -41,6 +38,7 @@ class StableDiffusionAdapter(AdapterBase):
     load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
     max_rows_per_sample = 2
     published_latent_rgb = published.SD1
+    uncond_first = True
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -54,7 +52,7 @@ class StableDiffusionAdapter(AdapterBase):
                 f"(text-to-image) or {2 * latent_channels + 1} (inpainting: latents, mask, masked-image latents)"
             )
         self.has_mask_channels = in_channels != latent_channels
-        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (unet_step_cache)
+        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (stable_diffusion.step_cache)
         self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
@@ -81,11 +79,6 @@ class StableDiffusionAdapter(AdapterBase):
 
     def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
         return self.draw_noise(params, generator) * sampler.init_noise_sigma
-
-    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
-        if self.spec.has_cfg(params.guidance_scale):
-            return [encoded[params.negative_prompt], encoded[params.prompt]]
-        return [encoded[params.prompt]]
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
@@ -115,7 +108,7 @@ class StableDiffusionAdapter(AdapterBase):
             "masked_image_latents": torch.zeros(self.vae.config.latent_channels, *latent_size, **zeros),
         }
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.sampler.scale_model_input(sample.latents, sample.timestep)
 
     @torch.inference_mode()
@@ -153,11 +146,5 @@ class StableDiffusionAdapter(AdapterBase):
     def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor] | None:
         return None
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
-        if len(rows) == 1:
-            return rows
-        uncond, cond = rows[0:1], rows[1:2]
-        return uncond + params.guidance_scale * (cond - uncond)
-
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        return decode_latents(self.vae, latents)
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
+        return self.latent_vae.decode(latents)

@@ -1,0 +1,186 @@
+"""The FLUX.2 family (`Flux2Pipeline`: FLUX.2-dev) behind the pipeline contract (a flow-matching family).
+
+As `Flux2Pipeline` does it: the prompt goes through the text encoder's chat template after
+FLUX.2's system message, padded to 512 tokens, and the hidden states of its chosen layers are
+stacked per token (the pipeline's own `encode_prompt`, one call for every text of an iteration);
+text position ids are (0, 0, 0, token). Latents are drawn as [1, 4c, h/16, w/16] (already 2x2
+patchified) and flattened to tokens [1, (h/16)*(w/16), 4c] with ids (0, row, column, 0); the
+sampler's shift `mu` is FLUX.2's empirical function of the token count and the step count.
+FLUX.2-dev is guidance-distilled: one row per sample, its guidance a per-row model input. Decode
+undoes the VAE's batch-norm normalisation, unpatchifies and runs the VAE.
+
+Reference images (multi-reference editing): a job's `init_image` is read at submit as the
+pipeline reads its `image` (`core.image_inputs.reference_image`), VAE-encoded to its mode,
+patchified, normalised, and its tokens follow the noise tokens in the sequence with ids
+(10, row, column, 0); the model's prediction for them is dropped. They are row conditioning
+(`image_conditioning`: "reference", "image_ids"), so a job with references shares forwards with
+plain jobs: rows whose token counts or positions differ (sizes, references) are padded and run the
+attention of `flux2.attention` (per-row positions, padding keys masked); a forward whose rows
+agree runs diffusers' attention as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from batching.pipelines import published_latent_rgb as published
+from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import FlowMatchingAdapter
+from batching.pipelines.flux import attention as flux_attention
+from batching.pipelines.flux2 import attention
+from batching.pipelines.mixed_sizes import LayoutCache, pad_rows, unpadded
+from batching.pipelines.vae import pixels_to_images
+from core.image_inputs import InputImages
+from core.params import GenerationParams
+
+MAX_SEQUENCE_LENGTH = 512  # Flux2Pipeline's default
+REFERENCE_TIME_STEP = 10  # the time coordinate of the i-th reference image is 10 + 10 * i
+NUM_CACHED_REFERENCES = 4  # encoded reference images kept
+
+
+class Flux2Adapter(FlowMatchingAdapter):
+    family = "flux2"
+    pipeline_classes = ("Flux2Pipeline",)
+    max_rows_per_sample = 1
+    published_latent_rgb = published.FLUX2
+    edits_init_image = True  # a reference image: image_conditioning, and the sample starts from noise
+    token_patch = 1  # its latents are drawn 2x2-patchified already
+
+    def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(model, pipeline, device, dtype)
+        self.num_channels = self.transformer.config.in_channels  # per token: 2x2 patches of the VAE's channels
+        self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
+        self.attention = attention.install(self.transformer)
+        self.layouts = LayoutCache()
+        self.text_ids = _position_ids(0, 1, 1, MAX_SEQUENCE_LENGTH).to(device)  # [512, 4]: (0, 0, 0, token)
+        # init_image -> its tokens [r, c] and ids [r, 4] (the job's images share them; so do retries)
+        self._references: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    @torch.inference_mode()
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        embeds, _ = self.pipeline.encode_prompt(
+            prompt=list(texts), device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
+        )  # [n, 512, layers * text_dim]
+        return [{"embeds": row.to(self.dtype)} for row in embeds]
+
+    def noise_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        return (1, self.num_channels, *self._token_grid(params))
+
+    def shift_mu(self, params: GenerationParams) -> float:
+        from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+
+        return compute_empirical_mu(image_seq_len=self.num_image_tokens(params), num_steps=params.num_inference_steps)
+
+    def row_extras(self, params: GenerationParams) -> Conditioning:
+        guidance = torch.tensor(float(params.guidance_scale), device=self.device, dtype=torch.float32)
+        no_reference = torch.zeros(0, self.num_channels, device=self.device, dtype=self.dtype)
+        return {"guidance": guidance, "reference": no_reference, "image_ids": self._image_ids(params)}
+
+    def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning:
+        """The reference image's tokens [r, c], and the row's image ids: the noise tokens', then the reference's."""
+        reference, reference_ids = self._reference(params, images.init)
+        return {"reference": reference, "image_ids": torch.cat([self._image_ids(params), reference_ids])}
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        joint_dim = self.transformer.config.joint_attention_dim
+        embeds = torch.zeros(MAX_SEQUENCE_LENGTH, joint_dim, device=self.device, dtype=self.dtype)
+        return {**self.row_extras(params), "embeds": embeds, "guidance": torch.tensor(0.0, device=self.device)}
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        conditioning = batch.conditioning
+        image_ids = conditioning["image_ids"]  # [rows, max tokens, 4], zero-padded
+        references = conditioning["reference"]  # [rows, max reference tokens, c], zero-padded
+        num_rows = image_ids.shape[0]
+        reference_lengths = batch.lengths.get("reference") or [references.shape[1]] * num_rows
+        if isinstance(batch.latents, list):
+            rows = [torch.cat([own, ref[:n]]) for own, ref, n in zip(batch.latents, references, reference_lengths)]
+            hidden, num_tokens = pad_rows(rows)  # [rows, max tokens, c]
+            num_noise = [latents.shape[0] for latents in batch.latents]
+        else:
+            num_noise = [batch.latents.shape[1]] * num_rows
+            num_tokens = [noise + length for noise, length in zip(num_noise, reference_lengths)]
+            hidden = batch.latents
+            if references.shape[1]:
+                hidden = torch.cat([hidden, references], dim=1)  # the shorter rows' references are zero-padded
+        is_uniform = len(set(num_tokens)) == 1 and bool((image_ids == image_ids[:1]).all())
+        with contextlib.nullcontext() if is_uniform else self.attention.rows(self._row_layout(image_ids, num_tokens)):
+            predictions = self.transformer(
+                hidden_states=hidden.to(self.transformer.dtype),
+                timestep=batch.timesteps.to(hidden.dtype) / 1000,
+                guidance=conditioning["guidance"] if self.has_guidance_embeds else None,
+                encoder_hidden_states=conditioning["embeds"],
+                txt_ids=self.text_ids,
+                img_ids=image_ids[0],  # the rows' own positions, when they differ, come from the layout
+                return_dict=False,
+            )[0]
+        if isinstance(batch.latents, list):
+            return unpadded(predictions, num_noise)
+        return predictions[:, : num_noise[0]]  # the references' predictions are dropped, as the pipeline does
+
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
+        patches = self.unpack_latents(latents, params_list[0])  # [n, c, h/16, w/16]
+        mean, std = self._batch_norm_statistics(patches)
+        patches = patches * std + mean
+        num, channels, height, width = patches.shape[0], self.num_channels // 4, *patches.shape[-2:]
+        raw = patches.reshape(num, channels, 2, 2, height, width).permute(0, 1, 4, 2, 5, 3)  # unpatchify the VAE's
+        raw = raw.reshape(num, channels, 2 * height, 2 * width)
+        return pixels_to_images(self.vae.decode(raw, return_dict=False)[0])
+
+    def _reference(self, params: GenerationParams, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The init image's tokens [r, c] and their ids [r, 4], as the pipeline encodes a reference image."""
+        assert params.init_image is not None
+        encoded = self._references.get(params.init_image)
+        if encoded is None:
+            encoded = self._encode_reference(image)
+            self._references[params.init_image] = encoded
+            while len(self._references) > NUM_CACHED_REFERENCES:
+                self._references.popitem(last=False)
+        self._references.move_to_end(params.init_image)
+        return encoded
+
+    @torch.inference_mode()
+    def _encode_reference(self, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """`image`: RGB, scaled and cropped as the pipeline prepares a reference (core.image_inputs)."""
+        pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
+        raw = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist.mode()  # [1, c/4, h, w]
+        _, channels, height, width = raw.shape
+        patches = raw.view(1, channels, height // 2, 2, width // 2, 2).permute(0, 1, 3, 5, 2, 4)
+        patches = patches.reshape(1, channels * 4, height // 2, width // 2)
+        mean, std = self._batch_norm_statistics(patches)
+        tokens = self.pack_latents((patches - mean) / std)[0]  # [r, c]
+        ids = _position_ids(REFERENCE_TIME_STEP, height // 2, width // 2, 1)  # (10, row, column, 0)
+        return tokens.to(self.device, self.dtype), ids.to(self.device)
+
+    def _batch_norm_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's latent normalisation (its batch norm's running mean and std), shaped to broadcast over `like`."""
+        batch_norm = self.vae.bn
+        mean = batch_norm.running_mean.view(1, -1, 1, 1)
+        std = torch.sqrt(batch_norm.running_var.view(1, -1, 1, 1) + self.vae.config.batch_norm_eps)
+        return mean.to(like.device, like.dtype), std.to(like.device, like.dtype)
+
+    def _row_layout(self, image_ids: torch.Tensor, num_tokens: list[int]):
+        build = lambda: flux_attention.row_layout(self.transformer, self.text_ids, image_ids, num_tokens)  # noqa: E731
+        return self.layouts.get(image_ids, tuple(num_tokens), build)
+
+    def _image_ids(self, params: GenerationParams) -> torch.Tensor:
+        """[tokens, 4] positions of the noise tokens: (0, row, column, 0)."""
+        return _position_ids(0, *self._token_grid(params), 1).to(self.device)
+
+    def _token_grid(self, params: GenerationParams) -> tuple[int, int]:
+        """Rows and columns of the image's tokens: the VAE's downsampling, then 2x2 patches."""
+        height, width = self.latent_grid(params)
+        return height // 2, width // 2
+
+
+def _position_ids(time: int, height: int, width: int, length: int) -> torch.Tensor:
+    """[height * width * length, 4] float32 ids (time, row, column, index), row-major as the pipeline builds them."""
+    axes = (torch.tensor([time]), torch.arange(height), torch.arange(width), torch.arange(length))
+    return torch.cartesian_prod(*axes).float()
