@@ -1,4 +1,10 @@
-"""Pipeline adapters: one module per model family, each implementing `contract.PipelineAdapter`.
+"""Pipeline adapters: one folder per model family, each implementing `contract.PipelineAdapter`.
+
+`<family>/adapter.py` holds what is the family's own (prompt encoding, noise shape, the transformer
+call, where its pipeline departs from the shared parts), beside its mixed-size attention, its step
+cache and its built-in's builder. What families share is here once: `flow_matching` (sampler, initial
+latents, packing, decode), `adapter_base` (a sample's rows and their guidance), `vae`, `mixed_sizes`,
+`step_cache_rows`, `image_latents`. docs/families.md, "Adding a family", lists what a new one writes.
 
 A model's family is the family of the adapter that declares its diffusers pipeline class
 (`model_index.json`'s `_class_name`), so a checkpoint of a family the engine does not

@@ -19,7 +19,7 @@ A family's adapter holds what is its own: how it encodes prompts, its noise shap
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 import torch
@@ -27,8 +27,14 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from batching.pipelines.adapter_base import AdapterBase
-from batching.pipelines.contract import RunningSample
+from batching.pipelines.contract import RunningSample, Sampler
 from core.params import GenerationParams
+
+
+class FlowSampler(Sampler, Protocol):
+    """`FlowMatchEulerDiscreteScheduler`, as the families' image-to-image pipelines use it."""
+
+    def scale_noise(self, sample: torch.Tensor, timestep: torch.Tensor, noise: torch.Tensor) -> torch.Tensor: ...
 
 
 class FlowMatchingAdapter(AdapterBase):
@@ -73,22 +79,27 @@ class FlowMatchingAdapter(AdapterBase):
             config.get("max_shift", self.default_max_shift),
         )
 
-    def new_sampler(self, params: GenerationParams) -> Any:
+    def new_sampler(self, params: GenerationParams) -> Sampler:
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         sampler = FlowMatchEulerDiscreteScheduler.from_config(self.pipeline.scheduler.config)
         sigmas = self.sigmas(params)
         sampler.set_timesteps(params.num_inference_steps, self.device, sigmas=sigmas, mu=self.shift_mu(params))
         sampler.set_begin_index(0)
-        return sampler
+        return cast(Sampler, sampler)
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = self.noise_shape(params)
         noise = randn_tensor(shape, generator=generator, device=self.device, dtype=self.latent_dtype)
         return self.pack_latents(noise.view(1, -1, *shape[-2:]))  # a video VAE's one frame joins the channels
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:
         return self.draw_noise(params, generator)
+
+    def noised_latents(
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+    ) -> torch.Tensor:
+        return cast(FlowSampler, sampler).scale_noise(image_latents, timestep.reshape(1), noise)
 
     def pack_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[1, c, h, w] to p x p patches [1, (h/p)*(w/p), c*p*p], as the pipelines pack them."""

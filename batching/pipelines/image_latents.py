@@ -3,7 +3,7 @@
 As the families' diffusers img2img pipelines do it: the init image is VAE-encoded, each
 sample draws its latent from the encoder's distribution with its own generator (first),
 then draws its noise (second), and starts from the image latents noised to the first
-timestep it runs: `add_noise` for the UNet samplers, `scale_noise` for flow matching.
+timestep it runs (`noised_latents`: `add_noise` for the UNet samplers, `scale_noise` for flow matching).
 Inpainting keeps the same noise to re-noise the image latents at every later step
 (`batching.image_start`). A family whose latents are packed (FLUX) overrides
 `pack_latents`; one whose latents are float32 whatever the model dtype (Z-Image) sets
@@ -12,11 +12,10 @@ Inpainting keeps the same noise to re-noise the image latents at every later ste
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from batching.pipelines.contract import Sampler
 from batching.pipelines.vae import LatentVae
 from core.image_inputs import InputImages
 from core.params import GenerationParams
@@ -56,13 +55,10 @@ class ImageLatentsMixin:
         return self.pack_latents(small.expand(-1, raw_shape[1], -1, -1).to(self.device, self.latent_dtype))
 
     def noised_latents(
-        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
     ) -> torch.Tensor:
-        """The image latents noised to the sampler's current timestep (its begin index before the first step)."""
-        timesteps = timestep.reshape(1)
-        if hasattr(sampler, "scale_noise"):  # flow matching
-            return sampler.scale_noise(image_latents, timesteps, noise)
-        return sampler.add_noise(image_latents, noise, timesteps)
+        """The image latents noised to `timestep` of the sample's sampler, as the family's sampler noises them."""
+        raise NotImplementedError
 
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> dict[str, torch.Tensor]:
         """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""

@@ -119,7 +119,7 @@ class JointAttention:
         backend = getattr(self.uniform, "_attention_backend", None)
         out = masked_attention(query, key, value, key_mask, layout.rotation, backend)
         if not has_text:
-            return _project_out(attn, out) if hasattr(attn, "to_out") else out  # FLUX.1's single blocks project
+            return _project_out(attn, out) if hasattr(attn, "to_out") else out  # FLUX.1's single blocks project later
         num_text = encoder_hidden_states.shape[1]
         if self.text_first:
             text_out, image_out = out[:, :num_text], out[:, num_text:]

@@ -11,7 +11,7 @@ own latents in the image stream, with their own rotary positions (`img_shapes` l
 both); only the row's own tokens' predictions are stepped. The sample starts from noise:
 `init_image` conditions it, it is not a starting point (`edits_init_image`), and there is
 no strength. The output's size is the job's (the pipeline's default for the image when
-the job names none: batching.params).
+the job names none: core.params).
 
 An edit job's conditioning depends on its image, so its prompts are encoded per sample
 when it starts (`image_conditioning`, on the encoder's thread, with the image decoded

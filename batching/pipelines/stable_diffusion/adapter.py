@@ -17,7 +17,7 @@ images share a forward, and a CFG sample's two rows carry the same ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -25,11 +25,24 @@ from PIL import Image
 
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample, Sampler
 from batching.pipelines.stable_diffusion.step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
 from batching.samplers import make_sampler
 from core.errors import ModelLoadError
 from core.params import GenerationParams
+
+
+class UnetSampler(Sampler, Protocol):
+    """The UNet families' samplers (`batching.samplers`) start from noise scaled by `init_noise_sigma`, scale the
+    model's input and noise an image to a timestep."""
+
+    init_noise_sigma: float
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor: ...
+
+    def add_noise(
+        self, original_samples: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class StableDiffusionAdapter(AdapterBase):
@@ -65,8 +78,10 @@ class StableDiffusionAdapter(AdapterBase):
         embeds = text_encoder(input_ids, attention_mask=attention_mask)[0].to(self.dtype)  # [n, seq, dim]
         return [{"embeds": row} for row in embeds]
 
-    def new_sampler(self, params: GenerationParams) -> Any:
-        return make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
+    def new_sampler(self, params: GenerationParams) -> Sampler:
+        return cast(
+            Sampler, make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
+        )
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (
@@ -77,8 +92,8 @@ class StableDiffusionAdapter(AdapterBase):
         )
         return randn_tensor(shape, generator=generator, device=self.device, dtype=self.dtype)  # [1, c, h/8, w/8]
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
-        return self.draw_noise(params, generator) * sampler.init_noise_sigma
+    def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:
+        return self.draw_noise(params, generator) * cast(UnetSampler, sampler).init_noise_sigma
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
@@ -88,6 +103,11 @@ class StableDiffusionAdapter(AdapterBase):
             ),
             **self.mask_channels_padding(params),
         }
+
+    def noised_latents(
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+    ) -> torch.Tensor:
+        return cast(UnetSampler, sampler).add_noise(image_latents, noise, timestep.reshape(1))
 
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> Conditioning:
         """An inpainting UNet's extra inputs for each of a sample's rows: its [1, 1, H, W] pixel mask (1 =
@@ -109,7 +129,7 @@ class StableDiffusionAdapter(AdapterBase):
         }
 
     def model_input(self, sample: RunningSample) -> torch.Tensor:
-        return sample.sampler.scale_model_input(sample.latents, sample.timestep)
+        return cast(UnetSampler, sample.sampler).scale_model_input(sample.latents, sample.timestep)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

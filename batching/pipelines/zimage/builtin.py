@@ -10,59 +10,67 @@ by `training/tokenizers/make_qwen_tokenizer.py`.
 from __future__ import annotations
 
 from batching.builtin_models.components import (
-    ASSETS_DIR,
     FLUX_LATENT_CHANNELS,
+    qwen_tokenizer,
     seeded,
     tiny_flux_vae,
     tiny_qwen3_config,
 )
 
-QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
 TEXT_HIDDEN_SIZE = 32  # the caption features' width (Z-Image: 2560)
 TRANSFORMER_DIM = 64
 NUM_HEADS = 2
 ROPE_AXES_DIMS = (8, 12, 12)  # Z-Image's (32, 48, 48) scaled down; sums to the head dim
 ROPE_AXES_LENS = (1536, 512, 512)  # Z-Image's: caption/frame, height and width positions
-LATENT_CHANNELS = FLUX_LATENT_CHANNELS
+FLOW_SHIFT = 3.0  # Z-Image-Turbo's fixed shift, the same at every size
 
 
 def build_pipeline(name: str):
-    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
-    from transformers import Qwen2Tokenizer, Qwen3Model
+    from diffusers import ZImagePipeline
+    from transformers import Qwen3Model
 
-    tokenizer = Qwen2Tokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
-    assert sum(ROPE_AXES_DIMS) == TRANSFORMER_DIM // NUM_HEADS
+    tokenizer = qwen_tokenizer()
     with seeded(0):
-        transformer = ZImageTransformer2DModel(
-            all_patch_size=(2,),
-            all_f_patch_size=(1,),
-            in_channels=LATENT_CHANNELS,
-            dim=TRANSFORMER_DIM,
-            n_layers=2,
-            n_refiner_layers=1,
-            n_heads=NUM_HEADS,
-            n_kv_heads=NUM_HEADS,
-            norm_eps=1e-5,
-            qk_norm=True,
-            cap_feat_dim=TEXT_HIDDEN_SIZE,
-            rope_theta=256.0,
-            t_scale=1000.0,
-            axes_dims=list(ROPE_AXES_DIMS),
-            axes_lens=list(ROPE_AXES_LENS),
-        )
+        transformer = zimage_transformer(FLUX_LATENT_CHANNELS, TRANSFORMER_DIM, 2, NUM_HEADS, TEXT_HIDDEN_SIZE)
     with seeded(1):
         vae = tiny_flux_vae()
     with seeded(2):
         text_encoder = Qwen3Model(tiny_qwen3_config(tokenizer, TEXT_HIDDEN_SIZE, head_dim=8))
-    scheduler = FlowMatchEulerDiscreteScheduler(  # Z-Image-Turbo's scheduler config
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=False,
-    )
     return ZImagePipeline(
-        scheduler=scheduler,
+        scheduler=zimage_scheduler(),
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        transformer=transformer.eval(),
     )
+
+
+def zimage_transformer(in_channels: int, dim: int, num_layers: int, num_heads: int, caption_width: int):
+    """Z-Image's single-stream transformer over 2x2 latent patches and caption tokens, at a toy size."""
+    from diffusers import ZImageTransformer2DModel
+
+    assert sum(ROPE_AXES_DIMS) == dim // num_heads
+    return ZImageTransformer2DModel(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=in_channels,
+        dim=dim,
+        n_layers=num_layers,
+        n_refiner_layers=1,
+        n_heads=num_heads,
+        n_kv_heads=num_heads,
+        norm_eps=1e-5,
+        qk_norm=True,
+        cap_feat_dim=caption_width,
+        rope_theta=256.0,
+        t_scale=1000.0,
+        axes_dims=list(ROPE_AXES_DIMS),
+        axes_lens=list(ROPE_AXES_LENS),
+    )
+
+
+def zimage_scheduler():
+    """Z-Image-Turbo's scheduler config: flow matching with a fixed shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=FLOW_SHIFT, use_dynamic_shifting=False)
