@@ -28,6 +28,7 @@ from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import FlowMatchSampler
 from batching.pipelines.sd3_mixed_sizes import MixedSizeJointAttnProcessor, mixed_size_forward
 from batching.pipelines.vae import decode_latents
 
@@ -83,11 +84,10 @@ class StableDiffusion3Adapter(AdapterBase):
 
     def new_sampler(self, params: GenerationParams) -> Any:
         """The pipeline's schedule: `num_inference_steps` between the scheduler's own shifted sigma bounds."""
-        from diffusers import FlowMatchEulerDiscreteScheduler
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
         config = self.pipeline.scheduler.config
-        sampler = FlowMatchEulerDiscreteScheduler.from_config(config)
+        sampler = FlowMatchSampler.from_config(config)
         shift: dict[str, float] = {}
         if config.get("use_dynamic_shifting"):
             height, width = self._latent_size(params)
