@@ -31,9 +31,9 @@ from api import (
     uploads,
     web,
 )
-from api.auth import KeyRing
 from api.celery_client import TaskQueue
 from api.fleet import Fleet
+from api.keyring import KeyRing
 from api.settings import ApiSettings
 from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.image_store import open_image_store

@@ -3,9 +3,7 @@
 Keys come from two places: STEPWISE_API_KEYS (and STEPWISE_ADMIN_API_KEYS for operators) in the
 environment, and the keys kept hashed in Redis (`storage.api_keys`, managed with `stepwise keys`),
 read again at most once a second, so a key created or revoked works or stops within a second
-without a restart. Every environment key is compared in constant time, and all of them are always
-compared, so neither the timing nor the order of the variable tells a caller anything; a Redis key is
-found by its SHA-256 digest. Keys are never logged.
+without a restart (`api.keyring` holds them and compares them in constant time). Keys are never logged.
 
 A header that is there but cannot be read (a value beyond ASCII, which granian hands over empty) is
 an invalid key, not a missing one.
@@ -13,53 +11,15 @@ an invalid key, not a missing one.
 
 from __future__ import annotations
 
-import hmac
-from dataclasses import dataclass
-
 from flask import g, request
 
 from api.errors import ApiError
+from api.keyring import Caller, KeyRing
 from api.resources import get_keyring
-from storage.api_keys import ApiKeyTable
+
+__all__ = ["Caller", "KeyRing", "bearer_token", "require_admin", "require_tenant"]
 
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Bearer realm="stepwise"'}
-
-
-@dataclass(frozen=True)
-class Caller:
-    tenant: str
-    is_admin: bool  # may read /metrics and every tenant's queue totals
-
-
-class KeyRing:
-    def __init__(
-        self,
-        pairs: tuple[tuple[str, str], ...],
-        admin_pairs: tuple[tuple[str, str], ...] = (),
-        table: ApiKeyTable | None = None,
-    ) -> None:
-        self._pairs = tuple(
-            (Caller(tenant, is_admin), key.encode())
-            for is_admin, group in ((False, pairs), (True, admin_pairs))
-            for tenant, key in group
-        )
-        self.table = table
-
-    def caller_for(self, key: str) -> Caller | None:
-        presented = key.encode("utf-8", "surrogateescape")
-        found = None
-        for caller, expected in self._pairs:
-            if hmac.compare_digest(presented, expected) and (found is None or caller.is_admin):
-                found = caller  # a key in both variables is an operator's
-        if found is None and self.table is not None:
-            stored = self.table.lookup(key)
-            if stored is not None:
-                found = Caller(stored.tenant, stored.is_admin)
-        return found
-
-    def tenant_for(self, key: str) -> str | None:
-        caller = self.caller_for(key)
-        return caller.tenant if caller else None
 
 
 def bearer_token() -> str | None:

@@ -17,7 +17,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from batching.params import InvalidParamsError
+from core.errors import InvalidParamsError
 from storage.errors import JobNotFoundError, StorageUnavailableError
 
 log = logging.getLogger(__name__)

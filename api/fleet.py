@@ -18,7 +18,9 @@ from typing import Any
 
 from api.errors import from_params_error, invalid
 from api.settings import ApiSettings
-from batching.params import FAMILIES, PRIORITIES, GenerationParams, InvalidParamsError
+from core.errors import InvalidParamsError
+from core.families import FAMILIES
+from core.params import PRIORITIES, GenerationParams
 from storage.heartbeats import ModelStatus
 from storage.job_record import JobRecord
 from storage.job_store import JobStore

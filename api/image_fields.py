@@ -6,7 +6,7 @@ expired or other tenant's upload is one and the same 422 naming the field) and a
 the image fetched from it, if the operator allows its host (`api.remote_images`; otherwise
 a 422 naming the field; a batch fetches all its items' URLs together first, with
 `remote_image_urls` and `fetch_images`, and hands each item the results); then the images
-are decoded and checked with Pillow (`batching.image_inputs.input_images`: formats, byte and
+are decoded and checked with Pillow (`core.image_inputs.input_images`: formats, byte and
 pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
 image is stored as an upload of the tenant once the job passed every check, as a canonical data URI (its own MIME
 type, plain base64: whatever form of base64 or media type the caller sent, the worker reads
@@ -20,14 +20,9 @@ from typing import Any
 
 from api.errors import ApiError, from_params_error, invalid
 from api.remote_images import DEFAULT_FETCH_SECONDS, ImageURL, fetch_images, is_remote_url
-from batching.params import (
-    IMAGE_FIELDS,
-    GenerationParams,
-    InvalidParamsError,
-    canonical_data_uri,
-    input_images,
-    is_upload_id,
-)
+from core.errors import InvalidParamsError
+from core.image_inputs import IMAGE_FIELDS, canonical_data_uri, input_images, is_upload_id
+from core.params import GenerationParams
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
 from storage.url_policy import AllowList

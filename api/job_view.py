@@ -10,7 +10,7 @@ from typing import Any
 from flask import request
 
 from api.resources import get_image_store, get_settings
-from batching.params import GenerationParams
+from core.params import GenerationParams
 from storage import public_urls
 from storage.job_store import JobRecord, JobState
 

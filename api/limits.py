@@ -5,7 +5,7 @@ work grows with each factor, so this one number bounds how long a job keeps the 
 steps run are `num_inference_steps`, or with an init image the last `strength` fraction of
 them (what the engine runs and progress counts: `GenerationParams.total_steps`). Each model
 has two limits, `max_pixels` (of one image) and `max_pixel_steps` (of the whole job). The
-engine's own hard limits (`batching.params`) still apply on top.
+engine's own hard limits (`core.params`) still apply on top.
 
 Defaults are sized for the device: a CPU (STEPWISE_DEVICE=cpu, or `auto` with a built-in model)
 gets limits under which the built-in models finish a job in seconds; a GPU gets limits that let
@@ -20,12 +20,12 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import batching.params as P
+import core.params as P
 from api.errors import ApiError
+from core.builtin_models import is_builtin
 from settings import SettingsError, default
 
 LIMIT_NAMES = ("max_pixels", "max_pixel_steps")
-BUILTIN_PREFIX = "builtin:"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LimitTable:
     per_model: dict[str, dict[str, int]] = field(default_factory=dict)  # STEPWISE_MODEL_LIMITS
 
     def for_model(self, model: str) -> ModelLimits:
-        is_cpu = self.device == "cpu" or (self.device == "auto" and model.startswith(BUILTIN_PREFIX))
+        is_cpu = self.device == "cpu" or (self.device == "auto" and is_builtin(model))
         limits = self.overrides or (CPU_LIMITS if is_cpu else GPU_LIMITS)
         return replace(limits, **self.per_model.get(model, {}))
 

@@ -2,7 +2,7 @@
 
 An upload is the raw safetensors file as the request body (`PUT /v1/loras/{name}`), at most
 `STEPWISE_LORA_MAX_BYTES`, checked without torch to be a safetensors file whose header tells the
-truth and whose LoRA matrices pair up (`batching.lora.file_format`); what needs the weights or the
+truth and whose LoRA matrices pair up (`core.lora_files`); what needs the weights or the
 model (finite values, fitting its layers) is checked by the worker, failing only jobs using it.
 It is stored under the tenant's own prefix: only that tenant can use, list, see or delete it;
 for another tenant it does not exist. `GET /v1/loras` lists the tenant's uploads and the
@@ -19,7 +19,9 @@ from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
 from api.resources import get_lora_store, get_settings
 from api.schemas import LoraView
-from batching.params import LORA_NAME_PATTERN, LoraFileError, check_lora_file
+from core.errors import LoraFileError
+from core.lora_files import check_lora_file
+from core.params import LORA_NAME_PATTERN
 from storage.lora_store import LoraStore, tenant_key, tenant_slug
 
 bp = Blueprint("loras", __name__, url_prefix="/v1/loras")

@@ -16,7 +16,8 @@ from typing import Any
 from werkzeug.datastructures import FileStorage, MultiDict
 
 from api.errors import ApiError, from_params_error, invalid
-from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
+from core.errors import InvalidParamsError
+from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
 
 RESPONSE_FORMATS = ("b64_json", "url")
 OUTPUT_FORMATS = ("png", "jpeg", "webp")

@@ -38,7 +38,7 @@ from api.resources import (
 )
 from api.submission import QueueRoom, check_lora, create_jobs, validate_job
 from api.waiting import Rendered, json_rendered, waited
-from batching.params import MAX_IMAGE_BYTES
+from core.image_inputs import MAX_IMAGE_BYTES
 from storage.job_record import JobRecord, JobState
 
 bp = Blueprint("openai_images", __name__, url_prefix="/v1/images")

@@ -15,7 +15,7 @@ from api.openapi_live import add_live_paths
 from api.resources import get_openapi_document
 from api.settings import ApiSettings
 from api.submission import MAX_IDEMPOTENCY_KEY_CHARS
-from batching.params import LORA_NAME_PATTERN
+from core.params import LORA_NAME_PATTERN
 
 bp = Blueprint("openapi", __name__)
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import batching.params as P
+import core.params as P
 from api.openai_fields import OUTPUT_FORMATS, RESPONSE_FORMATS
 from api.waiting import MAX_WAIT_SECONDS
 from storage.job_events import EVENT_ID

@@ -33,7 +33,8 @@ from typing import TypeGuard
 from urllib.parse import urljoin, urlsplit
 
 from api.errors import ApiError, invalid
-from batching.params import INPUT_FORMATS, MAX_IMAGE_BYTES, InvalidParamsError, open_image, to_data_uri
+from core.errors import InvalidParamsError
+from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
 from settings import default
 from storage.outbound_http import DeadlineConnection
 from storage.url_policy import Address, AllowList, ImageURLError, check_image_url

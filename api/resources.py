@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask, current_app
 
-if TYPE_CHECKING:  # only types: api.auth itself uses get_keyring()
-    from api.auth import KeyRing
+if TYPE_CHECKING:
     from api.celery_client import TaskQueue
     from api.fleet import Fleet
+    from api.keyring import KeyRing
     from api.settings import ApiSettings
     from storage.image_store import ImageStore
     from storage.job_events import JobEventFeed, JobEventLog

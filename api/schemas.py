@@ -1,6 +1,6 @@
 """Request and response models. Their JSON schemas are the OpenAPI document's schemas.
 
-Request limits come from the engine's constants in `batching.params`, so the document
+Request limits come from the engine's constants in `core.params`, so the document
 shows the real limits; `GenerationParams` still validates every job afterwards, so the
 API and the engine cannot disagree about what a valid job is.
 """
@@ -23,8 +23,11 @@ from pydantic import (
     model_validator,
 )
 
-import batching.params as P
-from batching.params import FAMILIES, MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
+import core.params as P
+import core.step_cache as step_cache
+from core.errors import InvalidParamsError
+from core.families import FAMILIES
+from core.image_inputs import MAX_DATA_URI_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, RESIZE_MODES
 from storage.job_record import JOB_STATE_NAMES, REQUEUE_REASONS
 from storage.tenant_listing import CURSOR_OR_NONE_PATTERN
 from storage.webhooks import DEFAULT_EVENTS as DEFAULT_WEBHOOK_EVENTS
@@ -36,7 +39,7 @@ Sampler = Literal[P.SAMPLERS]  # type: ignore[valid-type]
 Priority = Literal[P.PRIORITIES]  # type: ignore[valid-type]
 RequeueReason = Literal[REQUEUE_REASONS]  # type: ignore[valid-type]
 # An image field's three forms: an upload id, a base64 data URI (its media type and line wrapping as encoders
-# send them: batching.image_inputs), an http(s) URL (fetched from hosts the operator allows). Which bytes,
+# send them: core.image_inputs), an http(s) URL (fetched from hosts the operator allows). Which bytes,
 # uploads and hosts are acceptable no pattern can say: those get a 422 naming the field.
 IMAGE_REFERENCE_PATTERN = (
     r"^(?:upl_[0-9a-f]{32}"
@@ -48,11 +51,11 @@ OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 
 
 def cache_setting(value: Any) -> Any:
-    """A job's `cache` as batching.step_cache reads it (one check, whose message names the field's rule); the
+    """A job's `cache` as core.step_cache reads it (one check, whose message names the field's rule); the
     job's family is checked with the rest of its params."""
     try:
-        P.check_cache(value, "any", "any")
-    except P.InvalidParamsError as e:
+        step_cache.check_cache(value, "any", "any")
+    except InvalidParamsError as e:
         raise ValueError(e.message) from None
     return value
 
@@ -63,14 +66,14 @@ CacheSetting = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "enum": [P.CACHE_OFF, *P.CACHE_PRESETS]},
-                {"type": "number", "exclusiveMinimum": 0, "maximum": P.MAX_CACHE_THRESHOLD},
+                {"type": "string", "enum": [step_cache.CACHE_OFF, *step_cache.PRESET_NAMES]},
+                {"type": "number", "exclusiveMinimum": 0, "maximum": step_cache.MAX_THRESHOLD},
                 {"type": "null"},
             ]
         }
     ),
 ]
-# Shown defaults are the SD family's; a field left out takes the job's model family's (batching.families).
+# Shown defaults are the SD family's; a field left out takes the job's model family's (core.families).
 _SD = FAMILIES["sd"]
 
 # Fields of the request that are generation parameters (the rest is about the job itself).
@@ -196,7 +199,7 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
-        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by batching.image_inputs
+        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by core.image_inputs
         description="Image-to-image: a data:image/png|jpeg|webp;base64,... URI, an upload id (POST /v1/uploads), "
         "or an http(s) URL on a host the operator allows (STEPWISE_IMAGE_URL_HOSTS; fetched at submit). "
         f"At most {MAX_IMAGE_BYTES} bytes and {MAX_IMAGE_PIXELS} pixels. "
@@ -206,7 +209,7 @@ class JobRequest(StrictModel):
         None,
         min_length=1,
         max_length=MAX_DATA_URI_CHARS,
-        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by batching.image_inputs
+        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by core.image_inputs
         description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image. "
         "The same forms as init_image.",
     )
@@ -226,10 +229,11 @@ class JobRequest(StrictModel):
     output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
     cache: CacheSetting = Field(
         None,
-        description=f"Step caching: {P.CACHE_OFF}, a preset ({', '.join(P.CACHE_PRESETS)}: fewer denoiser FLOPs "
+        description=f"Step caching: {step_cache.CACHE_OFF}, a preset ({', '.join(step_cache.PRESET_NAMES)}: fewer "
+        "denoiser FLOPs "
         "for a small quality cost), or a threshold (0 < t <= 1: the relative change of an early feature under "
         "which a step reuses the job's cache). Cached and uncached jobs share forwards. SD, SDXL, FLUX.1, Z-Image. "
-        f"Default: the worker's (STEPWISE_STEP_CACHE, {P.CACHE_OFF} unless set).",
+        f"Default: the worker's (STEPWISE_STEP_CACHE, {step_cache.CACHE_OFF} unless set).",
     )
     webhook_url: str | None = Field(
         None, min_length=1, max_length=2048, description="http(s) URL called on the events in webhook_events."

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.limits import LimitTable
-from batching.params import PRIORITIES
+from core.params import PRIORITIES
 from settings import SettingsError, default, read
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList

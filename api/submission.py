@@ -31,7 +31,8 @@ from api.image_fields import check_images, record_params, resolve_images, sent_u
 from api.remote_images import ImageURL
 from api.schemas import DEFAULT_WEBHOOK_EVENTS, MAX_DEADLINE_SECONDS, WEBHOOK_EVENTS, JobRequest
 from api.settings import ApiSettings
-from batching.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, InvalidParamsError, complete_by_from
+from core.errors import InvalidParamsError
+from core.params import LORA_NAME_PATTERN, PRIORITIES, GenerationParams, complete_by_from
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_store import Created, JobStore, NewJobSpec, QueueFullError
 from storage.lora_store import LoraStore

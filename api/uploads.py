@@ -2,7 +2,7 @@
 
 The body is the image itself or a multipart form with the image in a `file` part (its
 filename is never read). The bytes decide the format, not the Content-Type: the image is
-decoded with Pillow (batching.image_inputs: PNG, JPEG or WebP) and checked
+decoded with Pillow (core.image_inputs: PNG, JPEG or WebP) and checked
 against the same byte and pixel limits as inline images, then kept in Redis as long as a
 job record (storage.upload_store). Jobs name it in `init_image` / `mask_image`; only the
 uploading tenant can.
@@ -15,14 +15,8 @@ from flask import Blueprint, g, request
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
 from api.resources import get_upload_store
-from batching.params import (
-    INPUT_FORMATS,
-    MAX_IMAGE_BYTES,
-    InvalidParamsError,
-    open_image,
-    to_data_uri,
-    upright_size,
-)
+from core.errors import InvalidParamsError
+from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri, upright_size
 from storage.errors import StorageError
 
 bp = Blueprint("uploads", __name__, url_prefix="/v1/uploads")

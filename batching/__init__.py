@@ -14,7 +14,7 @@ Vocabulary (one meaning per word across the package):
 - row: one row of a denoiser forward; a sample contributes one or more (two with
   classifier-free guidance), as its family's adapter decides.
 - group: the running samples of one compatibility key; one forward per group per step.
-- family: a kind of model (sd, sdxl, flux, zimage; `batching.families`), served through
+- family: a kind of model (sd, sdxl, flux, zimage; `core.families`), served through
   its adapter in `batching.pipelines` behind one contract (`pipelines/contract.py`).
 
 `import batching` does not import torch: the params, the errors and the scheduler are
@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from batching.errors import (
+from core.errors import (
     BatchingError,
     EngineShutdownError,
     InvalidParamsError,
@@ -34,7 +34,7 @@ from batching.errors import (
     JobFailedError,
     ModelLoadError,
 )
-from batching.params import CompatibilityKey, GenerationParams
+from core.params import CompatibilityKey, GenerationParams
 
 if TYPE_CHECKING:
     from batching.engine import DiffusionEngine

@@ -1,7 +1,7 @@
 """The built-in models, by name: `builtin:tiny`, `builtin:small`, `builtin:tiny-sdxl`, ...
 
-They live in `batching.builtin_models` (a registry plus one module per family); this
-module keeps the names the rest of the project imports, and the command that builds one:
+They are named in `core.builtin_models` and built in `batching.builtin_models`; this module
+keeps the names the engine's users import, and the command that builds one:
 
     python -m batching.builtin_model builtin:tiny-sdxl      # build if missing, print the folder
 """
@@ -11,17 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from batching.builtin_models.registry import (
-    BUILTIN_PREFIX,
-    build_builtin_pipeline,
-    builtin_family,
-    builtin_model_path,
-    builtin_names,
-    cache_dir,
-    is_builtin,
-    save_builtin_model,
-)
-from batching.errors import ModelLoadError
+from batching.builtin_models.folders import build_builtin_pipeline, builtin_model_path, save_builtin_model
+from batching.settings import cache_dir
+from core.builtin_models import BUILTIN_PREFIX, builtin_family, builtin_names, is_builtin
+from core.errors import ModelLoadError
 
 __all__ = [
     "BUILTIN_PREFIX",

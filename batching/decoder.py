@@ -33,11 +33,11 @@ from typing import Any
 import torch
 
 from batching.beside_loop import BesideTheLoop
-from batching.image_inputs import keep_unmasked_pixels
 from batching.oom import alone_message, run_splitting
-from batching.params import GenerationParams
 from batching.pipelines.contract import PipelineAdapter
 from batching.sample_tensors import SampleTensors
+from core.image_inputs import keep_unmasked_pixels
+from core.params import GenerationParams
 
 logger = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ import torch
 
 from batching.beside_loop import BesideTheLoop
 from batching.image_start import ImageStart, encode_init_images, start_from_image
-from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, PipelineAdapter
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
+from core.params import GenerationParams
 
 logger = logging.getLogger(__name__)
 

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING
 
 from batching.engine_config import DECODE_OVERLAP_DEFAULT, ENCODE_OVERLAP_DEFAULT, EngineConfig
 from batching.engine_stats import EngineStats
-from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
-from batching.families import FAMILIES
-from batching.image_inputs import input_images
 from batching.job import Job, JobFuture, ProgressCallback
-from batching.params import PRIORITIES, GenerationParams
 from batching.plan import RunnerOutput
 from batching.previews import previews_wanted, report_preview
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
+from core.errors import EngineShutdownError, InvalidParamsError, JobCanceledError, JobFailedError, LoraError
+from core.families import FAMILIES
+from core.image_inputs import input_images
+from core.params import PRIORITIES, GenerationParams
 
 if TYPE_CHECKING:
     from batching.decoder import DecodeResult
@@ -51,8 +51,8 @@ class DiffusionEngine:
     def __init__(self, config: EngineConfig | None = None, *, lora_fetcher: LoraFetcher | None = None) -> None:
         """`lora_fetcher(key) -> bytes | None` reads a LoRA store the engine cannot read itself (the worker
         passes one for s3:// stores); `file://` stores need none."""
+        from batching.model_loading import load_model
         from batching.model_runner import ModelRunner
-        from batching.pipelines import load_model
 
         self.config = config or EngineConfig()
         if self.config.num_threads:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batching.params import MAX_LORA_BYTES
 from batching.scheduler import SchedulerConfig
-from batching.step_cache import CacheSetting, check_cache
+from core.lora_files import MAX_LORA_BYTES
+from core.step_cache import CacheSetting, check_cache
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LORA_MODES = ("rows", "group")
@@ -22,7 +22,7 @@ ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": False}
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "builtin:tiny"  # built-in (batching.families.BUILTIN_FAMILIES), diffusers folder or cached HF repo
+    model: str = "builtin:tiny"  # built-in (core.builtin_models), diffusers folder or cached HF repo
     device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda", "cuda:N"
     dtype: str = "auto"  # "auto" (float16 on cuda, float32 on cpu), "float32", "float16", "bfloat16"
     max_num_seqs: int = 8  # running capacity in samples (images); 1 = step-wise without batching

@@ -1,46 +1,22 @@
-"""The engine's error hierarchy: one base, so callers can catch everything the engine raises."""
+"""The engine's errors, re-exported: they live in `core.errors`, beside the params that raise `InvalidParamsError`
+(one hierarchy, torch-free, so the worker and the API catch them without loading the engine)."""
 
+from core.errors import (
+    BatchingError,
+    EngineShutdownError,
+    InvalidParamsError,
+    JobCanceledError,
+    JobFailedError,
+    LoraError,
+    ModelLoadError,
+)
 
-class BatchingError(Exception):
-    """Base of every error raised by the `batching` package."""
-
-
-class InvalidParamsError(BatchingError, ValueError):
-    """A generation parameter is invalid; `field` names it, `value` is what was given."""
-
-    def __init__(self, field: str, value: object, message: str) -> None:
-        self.field = field
-        self.value = value
-        self.message = message
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"{field} {message} (got {shown})")
-
-
-class JobFailedError(BatchingError):
-    """A job failed inside the engine; the message says why."""
-
-
-class JobCanceledError(BatchingError):
-    """The job was canceled before it finished."""
-
-
-class EngineShutdownError(BatchingError):
-    """The engine was shut down before the job finished."""
-
-
-class ModelLoadError(BatchingError):
-    """The model could not be loaded."""
-
-
-class LoraError(BatchingError):
-    """A LoRA adapter could not be used: missing, not a safetensors file, too large, or not fitting the model.
-    The message names the adapter."""
-
-
-def describe(error: Exception, max_chars: int = 300) -> str:
-    """A foreign error in a job's message: its first two lines, cut (PEFT lists every mismatching layer)."""
-    lines = [line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip()]
-    text = " ".join(lines[:2])
-    return text if len(text) <= max_chars and len(lines) <= 2 else f"{text[:max_chars]}..."
+__all__ = [
+    "BatchingError",
+    "EngineShutdownError",
+    "InvalidParamsError",
+    "JobCanceledError",
+    "JobFailedError",
+    "LoraError",
+    "ModelLoadError",
+]

@@ -1,7 +1,7 @@
 """Image-to-image and inpainting samples in the model runner: their start and their per-step blend.
 
 At admission, the init images of the iteration's new samples (decoded and resized once per
-job at submit, `batching.image_inputs.input_images`) are VAE-encoded in one call per size; each sample then
+job at submit, `core.image_inputs.input_images`) are VAE-encoded in one call per size; each sample then
 starts at the step its strength implies (`Sample.first_step`) from its image latents
 noised to that step (the adapter's `ImageLatentsMixin`). An inpainting sample keeps its
 image latents, its noise and its latent mask (`InpaintGuide`): after every step, the
@@ -27,16 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from batching.pipelines.contract import PipelineAdapter
 from batching.sample import Sample
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from batching.sample_tensors import InpaintGuide, SampleTensors
 
 
 @dataclass(slots=True)
@@ -52,13 +50,6 @@ class ImageStart:
     latents: torch.Tensor  # [1, *latent_shape]: the sample's first latents
     guide: InpaintGuide | None = None  # latent-blend inpainting only
     row_inputs: dict[str, torch.Tensor] | None = None  # mask channels only: added to each of its rows' conditioning
-
-
-@dataclass(slots=True)
-class InpaintGuide:
-    image_latents: torch.Tensor  # [1, *latent_shape] in denoiser space
-    noise: torch.Tensor  # the noise the sample started from
-    mask: torch.Tensor  # latent layout, 1 = repaint
 
 
 def encode_init_images(

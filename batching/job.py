@@ -12,8 +12,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from batching.params import GenerationParams
 from batching.sample import Sample
+from core.params import GenerationParams
 
 if TYPE_CHECKING:
     from batching.previews import PreviewCallback

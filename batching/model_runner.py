@@ -31,18 +31,18 @@ import torch
 from batching.decoder import Decoder, DecodeResult
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
-from batching.errors import LoraError
-from batching.families import FAMILIES
 from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
-from batching.params import CompatibilityKey
 from batching.pipelines.contract import CachedSample, ForwardBatch, PipelineAdapter, StepCacheState, StepCaching
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
-from batching.step_cache import CacheSetting, num_final_steps, sample_threshold
+from core.errors import LoraError
+from core.families import FAMILIES
+from core.params import CompatibilityKey
+from core.step_cache import CacheSetting, num_final_steps, sample_threshold
 
 if TYPE_CHECKING:
     from batching.lora.engine_loras import EngineLoras

@@ -1,23 +1,21 @@
-"""Generation parameters: the one place where user input is validated.
+"""The engine's params, re-exported: they live in `core.params` (torch-free, shared by the API, storage, the worker
+and the engine), beside the rules they read (`core.families`, `core.image_inputs`, `core.step_cache`,
+`core.lora_files`, `core.errors`). `from batching import GenerationParams` and `import batching.params` keep working
+with every name this module held before `core` existed."""
 
-Everything that reaches the engine, the worker or the API passes through
-`GenerationParams`, so the rules below are the only rules. Each violation raises
-`InvalidParamsError` naming the field and the bad value. This module imports
-without torch: the API process uses it.
-"""
+# ruff: noqa: F401
 
-from __future__ import annotations
-
-import dataclasses
-import math
-import re
-import secrets
-from dataclasses import dataclass
-from typing import Any
-
-from batching.errors import InvalidParamsError  # re-exported: the API imports it from here
-from batching.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
-from batching.image_inputs import (  # the image-input rules the API also applies, re-exported for it
+from core.errors import (
+    InvalidParamsError,
+    LoraFileError,
+)
+from core.families import (
+    FALLBACK_FAMILY,
+    FAMILIES,
+    FamilySpec,
+    family_of_model,
+)
+from core.image_inputs import (
     IMAGE_FIELDS,
     INPUT_FORMATS,
     MAX_DATA_URI_CHARS,
@@ -35,404 +33,49 @@ from batching.image_inputs import (  # the image-input rules the API also applie
     to_data_uri,
     upright_size,
 )
-from batching.lora.file_format import (  # the adapter-file rules the API applies to uploads, re-exported for it
+from core.lora_files import (
     LORA_SUFFIX,
     MAX_LORA_BYTES,
-    LoraFileError,
     check_lora_file,
 )
-from batching.step_cache import CACHE_OFF, CacheSetting, check_cache
-from batching.step_cache import MAX_THRESHOLD as MAX_CACHE_THRESHOLD
-from batching.step_cache import PRESET_NAMES as CACHE_PRESETS
-from settings.table import DEVICE
-
-SAMPLERS = tuple(dict.fromkeys(name for spec in FAMILIES.values() for name in spec.samplers))  # any family's
-DEFAULT_MODEL = "builtin:tiny"  # of a GenerationParams built in Python (the engine's own default model)
-PRIORITIES = ("high", "normal", "low")  # a job's priority, highest first: queue order and engine admission
-
-MIN_SIZE = 64
-MAX_SIZE = 2048
-SIZE_MULTIPLE = min(spec.size_multiple for spec in FAMILIES.values())  # the loosest; families may ask more
-MAX_PIXELS = 2048 * 2048
-MIN_STEPS = 1
-MAX_STEPS = 200
-MAX_PROMPT_CHARS = 2000
-MIN_GUIDANCE = 0.0
-MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loosest; families may ask less
-MAX_SEED = 2**63 - 1
-MAX_NUM_IMAGES = 8
-MAX_LORA_SCALE = 4.0
-MIN_EDIT_IMAGE_SIDE = 32  # an edit image's sides once its pipeline sizes it (a thinner one would round to none)
-OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
-DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
-DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
-# A LoRA adapter is `NAME` (an operator adapter) or `tenants/TENANT/NAME` (a tenant's upload, as the
-# worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
-LORA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-LORA_KEY_PATTERN = re.compile(r"(tenants/[A-Za-z0-9_-]{1,64}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1: what no model name, path or repo id holds
-
-
-# Device names an engine accepts (EngineConfig.device, STEPWISE_DEVICE, --device).
-DEVICE_PATTERN = re.compile(DEVICE.pattern or "")
-
-
-# What `stepwise up` (so `make run`) and `stepwise generate` serve when STEPWISE_MODEL is unset: a trained
-# model that draws its prompts (docs/shapes.md). A bare worker or API serves STEPWISE_MODEL's default.
-SHOWCASE_MODEL = "builtin:shapes"
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    prompt: str
-    negative_prompt: str = ""
-    height: int = None  # type: ignore[assignment]  # None: the model family's default (batching.families)
-    width: int = None  # type: ignore[assignment]  # None: the family's default
-    num_inference_steps: int = None  # type: ignore[assignment]  # None: the family's default
-    guidance_scale: float = None  # type: ignore[assignment]  # None: the family's default; its meaning is the family's
-    seed: int | None = None  # None: a random seed is drawn and recorded
-    sampler: str = None  # type: ignore[assignment]  # None: "euler"
-    num_images: int = 1  # N images become N samples with seeds seed..seed+N-1
-    model: str = DEFAULT_MODEL
-    num_frames: int = 1
-    lora: str | None = None  # LoRA adapter in the store (LORA_KEY_PATTERN); None: the base model
-    lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
-    init_image: str | None = None  # data: URI or upload id (batching.image_inputs); None: text-to-image
-    mask_image: str | None = None  # white = repaint; needs init_image of the same size
-    strength: float = None  # type: ignore[assignment]  # None: 0.8 with init_image, 1.0 with a mask or without images
-    resize_mode: str = "none"  # batching.image_inputs.RESIZE_MODES
-    output_format: str = "png"  # OUTPUT_FORMATS
-    output_quality: int = DEFAULT_OUTPUT_QUALITY  # 1..100, for jpeg and webp
-    cache: CacheSetting = None  # step caching (batching.step_cache): "off", a preset name or a threshold;
-    # None: the engine's default (off unless the worker sets one)
-
-    def __post_init__(self) -> None:
-        spec = self.family_spec
-        from_image: list[str] = []  # the size fields the init image set
-        image_width = image_height = 0
-        if (self.height is None or self.width is None) and is_data_uri(self.init_image):
-            image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
-            if spec.init_image_role == "edit":  # the edit pipeline's output size for the image
-                output_width, output_height = spec.edit_size(image_width, image_height)
-            elif spec.reference_rules is not None:  # the reference's size as its pipeline reads it
-                output_width, output_height = spec.reference_rules.scaled_size(image_width, image_height)
-            else:
-                output_width, output_height = image_width, image_height
-            for name, value in (("width", output_width), ("height", output_height)):
-                if getattr(self, name) is None:
-                    if self.resize_mode in RESIZE_MODES[1:] or spec.init_image_role == "reference":
-                        value -= value % spec.size_multiple  # as diffusers does: the largest multiple below
-                    object.__setattr__(self, name, value)
-                    from_image.append(name)
-        if self.strength is None:
-            only_init = self.init_image is not None and self.mask_image is None and spec.init_image_role == "start"
-            object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
-        defaults = {
-            "height": spec.default_size,
-            "width": spec.default_size,
-            "num_inference_steps": spec.default_steps,
-            "guidance_scale": spec.default_guidance,
-            "sampler": spec.default_sampler,
-        }
-        for name, value in defaults.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
-        try:
-            self.validate()
-        except InvalidParamsError as e:
-            if e.field not in from_image:
-                raise
-            raise InvalidParamsError(
-                "init_image",
-                f"{image_width}x{image_height}",
-                f"sets the job's {e.field}, which {e.message}: name height and width, with resize_mode stretch or crop",
-            ) from None
-        if self.seed is None:
-            object.__setattr__(self, "seed", secrets.randbelow(2**31))
-
-    def validate(self, family: str | None = None) -> None:
-        """Raise InvalidParamsError naming the first field that breaks a rule.
-
-        `family` overrides the family known from the model name: the engine passes the
-        family it loaded, for models the name does not classify (a folder, a repo id).
-        """
-        _validate(self, FAMILIES[family] if family else self.family_spec)
-
-    @property
-    def family_spec(self) -> FamilySpec:
-        """The family the rules and defaults come from (the fallback one for unclassified models)."""
-        family = family_of_model(self.model) if isinstance(self.model, str) else None
-        return FAMILIES[family or FALLBACK_FAMILY]
-
-    def for_image(self, index: int) -> GenerationParams:
-        """The params of sample `index` of this job: one image, seed + index."""
-        assert 0 <= index < self.num_images
-        assert self.seed is not None  # drawn in __post_init__ when none is given
-        if self.num_images == 1:
-            return self
-        return dataclasses.replace(self, seed=self.seed + index, num_images=1)
-
-    def steps_to_run(self, family: str | None = None) -> int:
-        """Denoise steps each sample runs: all of them for text-to-image, the last `strength` fraction
-        (as the family's diffusers img2img pipeline rounds it) with an init image."""
-        spec = FAMILIES[family] if family else self.family_spec
-        if self.init_image is None or spec.init_image_role in ("edit", "reference"):
-            return self.num_inference_steps
-        return spec.steps_to_run(self.num_inference_steps, self.strength)
-
-    def total_steps(self, family: str | None = None) -> int:
-        """Denoise steps of the whole job, summed over its images: what its progress counts to."""
-        return self.steps_to_run(family) * self.num_images
-
-    @property
-    def content_type(self) -> str:
-        return OUTPUT_FORMATS[self.output_format]
-
-    def to_dict(self) -> dict[str, Any]:
-        # Every field holds a scalar (validate() checks their types), so a shallow copy is
-        # dataclasses.asdict's result, without its recursive deep copy (it is on the submit path).
-        return {name: getattr(self, name) for name in _FIELD_NAMES}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GenerationParams:
-        """Build from untrusted JSON-like data; unknown fields are an error."""
-        if not isinstance(data, dict):
-            raise InvalidParamsError("params", data, "must be a JSON object")
-        for name in data:
-            if name not in _FIELD_NAMES:
-                raise InvalidParamsError(name, data[name], "is not a known field")
-        if "prompt" not in data:
-            raise InvalidParamsError("prompt", None, "is required")
-        return cls(**data)
-
-
-_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(GenerationParams))  # in declaration order
-
-
-def _validate(p: GenerationParams, spec: FamilySpec) -> None:
-    _check_str(p, "prompt", MAX_PROMPT_CHARS, allow_empty=False)
-    _check_str(p, "negative_prompt", MAX_PROMPT_CHARS, allow_empty=True)
-    if p.negative_prompt and spec.guidance_kind != "cfg":
-        raise InvalidParamsError(
-            "negative_prompt",
-            p.negative_prompt,
-            f"is not supported by {spec.name} models (they run no classifier-free guidance)",
-        )
-    for name in ("height", "width"):
-        value = _check_int(p, name, MIN_SIZE, MAX_SIZE)
-        if value % spec.size_multiple:
-            raise InvalidParamsError(name, value, f"must be a multiple of {spec.size_multiple} for {spec.name} models")
-    if p.height * p.width > MAX_PIXELS:
-        raise InvalidParamsError("height", p.height, f"height*width must be at most {MAX_PIXELS}")
-    _check_int(p, "num_inference_steps", max(MIN_STEPS, spec.min_steps), MAX_STEPS)
-    _check_number(p, "guidance_scale", MIN_GUIDANCE, spec.max_guidance)
-    num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
-    if p.seed is not None:  # image i uses seed + i: the last one must fit too
-        _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
-    if p.sampler not in spec.samplers:
-        raise InvalidParamsError(
-            "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models"
-        )
-    model = _check_str(p, "model", 500, allow_empty=False)
-    if CONTROL_CHARACTERS.search(model):
-        raise InvalidParamsError("model", model, "must not contain control characters (no model is named so)")
-    _check_int(p, "num_frames", 1, 1)
-    if p.lora is not None:
-        _check_str(p, "lora", 200, allow_empty=False)
-        if not LORA_KEY_PATTERN.fullmatch(p.lora):
-            raise InvalidParamsError(
-                "lora",
-                p.lora,
-                "must be an adapter name: letters, digits, '_', '.', '-' "
-                "(at most 100, starting with a letter or digit)",
-            )
-    _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
-    check_cache(p.cache, spec.name, spec.step_cache)
-    _validate_image_fields(p, spec)
-
-
-def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
-    """Shapes and ranges only; decoding and sizes are checked by batching.image_inputs.job_images."""
-    for name in ("init_image", "mask_image"):
-        if getattr(p, name) is not None:
-            check_reference(name, getattr(p, name))
-    if spec.init_image_role in ("edit", "reference"):
-        _validate_edit_fields(p, spec)
-    if spec.init_image_role == "none" and p.init_image is not None:
-        raise InvalidParamsError("init_image", "<image>", f"is not supported by {spec.name} models yet")
-    if p.mask_image is not None and p.init_image is None:
-        raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
-    strength = _check_number(p, "strength", 0.0, 1.0)
-    if strength == 0.0:
-        raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
-    if strength != 1.0 and p.init_image is None:
-        raise InvalidParamsError("strength", p.strength, "needs an init_image")
-    if (
-        p.init_image is not None
-        and spec.init_image_role == "start"
-        and spec.steps_to_run(p.num_inference_steps, strength) < 1
-    ):
-        raise InvalidParamsError(
-            "strength", p.strength, f"runs no step of {p.num_inference_steps}: raise strength or num_inference_steps"
-        )
-    if p.resize_mode not in RESIZE_MODES:
-        raise InvalidParamsError("resize_mode", p.resize_mode, f"must be one of {', '.join(RESIZE_MODES)}")
-    if p.output_format not in OUTPUT_FORMATS:
-        raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(OUTPUT_FORMATS)}")
-    _check_int(p, "output_quality", 1, 100)
-
-
-def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
-    """An edit model's job edits its init_image, and a reference model's job is conditioned on it: whole, at the
-    pipeline's size for it, with every step (strength does not apply: a folder model's job gets img2img's
-    default before its family is known)."""
-    if p.init_image is None:
-        if spec.init_image_role == "reference":
-            return
-        raise InvalidParamsError("init_image", None, f"is required by {spec.name} models: the image to edit")
-    what = "edit the whole image" if spec.init_image_role == "edit" else "read init_image as a reference image"
-    if p.mask_image is not None:
-        raise InvalidParamsError("mask_image", "<image>", f"is not supported by {spec.name} models (they {what})")
-    if p.resize_mode != "none":
-        raise InvalidParamsError(
-            "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
-        )
-    if spec.init_image_role == "edit" and is_data_uri(p.init_image):
-        image_width, image_height = image_size("init_image", p.init_image)
-        if min(spec.edit_size(image_width, image_height)) < MIN_EDIT_IMAGE_SIDE:
-            raise InvalidParamsError(
-                "init_image",
-                f"{image_width}x{image_height}",
-                f"is too narrow for {spec.name} models: sized to about {spec.edit_area} pixels, a side "
-                f"would be under {MIN_EDIT_IMAGE_SIDE}",
-            )
-
-
-def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:
-    value = getattr(p, name)
-    if not isinstance(value, str):
-        raise InvalidParamsError(name, value, "must be a string")
-    if not allow_empty and not value.strip():
-        raise InvalidParamsError(name, value, "must not be empty")
-    if len(value) > max_len:
-        raise InvalidParamsError(name, f"<{len(value)} characters>", f"must be at most {max_len} characters")
-    if "\x00" in value:
-        raise InvalidParamsError(name, value, "must not contain NUL characters")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer, JSON encoder or Redis client takes it
-            raise InvalidParamsError(name, value, "must be valid Unicode text (it holds a lone surrogate)") from e
-    return value
-
-
-def _check_int(p: GenerationParams, name: str, low: int, high: int) -> int:
-    value = getattr(p, name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidParamsError(name, value, "must be an integer")
-    if not low <= value <= high:
-        raise InvalidParamsError(name, value, f"must be between {low} and {high}")
-    return value
-
-
-def _check_number(p: GenerationParams, name: str, low: float, high: float) -> float:
-    value = getattr(p, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidParamsError(name, value, "must be a number")
-    if not low <= value <= high:  # also refuses NaN
-        raise InvalidParamsError(name, value, f"must be between {low} and {high}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class CompatibilityKey:
-    """What must match for two jobs to share one denoiser forward.
-
-    Only what changes the denoiser's tensor contract or weights. Prompt, seed, step
-    count, current step, guidance scale and sampler are deliberately absent, and so is
-    the size for families whose denoiser mixes sizes in one forward (`FamilySpec.mixes_sizes`).
-    """
-
-    model: str
-    height: int | None  # None: any size shares the forward
-    width: int | None
-    num_frames: int = 1
-    lora: str | None = None
-    lora_scale: float = 1.0
-
-    @classmethod
-    def of(cls, params: GenerationParams, *, has_size: bool = True, has_lora: bool = False) -> CompatibilityKey:
-        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family);
-        `has_lora=True` keeps the adapter in the key (one adapter per group, the reference behaviour)."""
-        return cls(
-            model=params.model,
-            height=params.height if has_size else None,
-            width=params.width if has_size else None,
-            num_frames=params.num_frames,
-            lora=params.lora if has_lora else None,
-            lora_scale=params.lora_scale if has_lora and params.lora else 1.0,
-        )
-
-    def __str__(self) -> str:
-        lora = f" lora={self.lora}@{self.lora_scale}" if self.lora else ""
-        size = f"{self.width}x{self.height}" if self.height is not None else "*x*"  # any size
-        return f"{self.model} {size}x{self.num_frames}{lora}"
-
-
-# The API may import batching.params only (README's package table): what it needs of the family table and the
-# image-input, adapter-file and step-cache rules is re-exported here.
-__all__ = [
-    "CACHE_OFF",
-    "CACHE_PRESETS",
-    "check_cache",
-    "MAX_CACHE_THRESHOLD",
-    "FAMILIES",
-    "IMAGE_FIELDS",
-    "INPUT_FORMATS",
-    "LORA_SUFFIX",
-    "MAX_LORA_BYTES",
-    "LoraFileError",
-    "check_lora_file",
-    "MAX_DATA_URI_CHARS",
-    "MAX_IMAGE_BYTES",
-    "MAX_IMAGE_PIXELS",
-    "RESIZE_MODES",
-    "is_upload_id",
-    "canonical_data_uri",
-    "input_images",
-    "job_images",
-    "open_image",
-    "to_data_uri",
-    "upright_size",
-]
-
-
-# Finish-by deadlines. A job names `complete_by` (unix seconds in Python, RFC 3339 over HTTP) or
-# `slo_seconds` (after its submission), not both. Unlike the start-by `deadline` (a job not started
-# by then ends `expired`), a finish-by deadline never fails a job: among jobs of one priority the
-# engine runs first the one with the least slack (time left minus its estimated remaining work), and
-# a job that can no longer make it is reported `late`.
-MAX_FINISH_BY_SECONDS = 30 * 24 * 3600  # at most 30 days ahead, like the start-by deadline
-
-
-def complete_by_from(complete_by: float | None, slo_seconds: float | None, now: float) -> float | None:
-    """The job's finish-by time in unix seconds, or None; raises InvalidParamsError naming the field."""
-    if complete_by is not None and slo_seconds is not None:
-        raise InvalidParamsError("slo_seconds", slo_seconds, "cannot be given with complete_by: give one of them")
-    if slo_seconds is not None:
-        if isinstance(slo_seconds, bool) or not isinstance(slo_seconds, (int, float)):
-            raise InvalidParamsError("slo_seconds", slo_seconds, "must be a number of seconds")
-        if not (0 < slo_seconds <= MAX_FINISH_BY_SECONDS):
-            raise InvalidParamsError(
-                "slo_seconds", slo_seconds, f"must be above 0 and at most {MAX_FINISH_BY_SECONDS} (30 days)"
-            )
-        return now + float(slo_seconds)
-    if complete_by is None:
-        return None
-    if isinstance(complete_by, bool) or not isinstance(complete_by, (int, float)) or not math.isfinite(complete_by):
-        raise InvalidParamsError("complete_by", complete_by, "must be a time (unix seconds)")
-    if complete_by <= now:
-        raise InvalidParamsError("complete_by", complete_by, "must be in the future")
-    if complete_by > now + MAX_FINISH_BY_SECONDS:
-        raise InvalidParamsError("complete_by", complete_by, "must be at most 30 days from now")
-    return float(complete_by)
+from core.params import (
+    CONTROL_CHARACTERS,
+    DEFAULT_IMG2IMG_STRENGTH,
+    DEFAULT_MODEL,
+    DEFAULT_OUTPUT_QUALITY,
+    DEVICE_PATTERN,
+    LORA_KEY_PATTERN,
+    LORA_NAME_PATTERN,
+    MAX_FINISH_BY_SECONDS,
+    MAX_GUIDANCE,
+    MAX_LORA_SCALE,
+    MAX_NUM_IMAGES,
+    MAX_PIXELS,
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    MAX_SIZE,
+    MAX_STEPS,
+    MIN_EDIT_IMAGE_SIDE,
+    MIN_GUIDANCE,
+    MIN_SIZE,
+    MIN_STEPS,
+    OUTPUT_FORMATS,
+    PRIORITIES,
+    SAMPLERS,
+    SHOWCASE_MODEL,
+    SIZE_MULTIPLE,
+    CompatibilityKey,
+    GenerationParams,
+    complete_by_from,
+)
+from core.step_cache import (
+    CACHE_OFF,
+    CacheSetting,
+    check_cache,
+)
+from core.step_cache import (
+    MAX_THRESHOLD as MAX_CACHE_THRESHOLD,
+)
+from core.step_cache import (
+    PRESET_NAMES as CACHE_PRESETS,
+)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batching.params import CompatibilityKey
 from batching.sample import Sample
+from core.params import CompatibilityKey
 
 
 @dataclass
@@ -48,7 +48,7 @@ class RunnerOutput:
     # encoding, first latents; on the encoder worker when encoding overlaps the loop)
     num_samples_starting: int = 0  # planned samples still being started: they skipped this iteration's forwards
     num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward
-    num_cache_blocks: int = 0  # step cache (batching.step_cache): block evaluations a full forward of every row
+    num_cache_blocks: int = 0  # step cache (core.step_cache): block evaluations a full forward of every row
     # would have run, summed over this output's forwards (families with a step cache only)
     num_cache_blocks_skipped: int = 0  # of those, the ones skipped by samples that reused their cache
     num_cache_steps_skipped: int = 0  # sample steps that reused their cache

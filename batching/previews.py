@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from batching.errors import InvalidParamsError
+from core.errors import InvalidParamsError
 
 if TYPE_CHECKING:
     import torch
 
     from batching.job import Job
-    from batching.params import GenerationParams
     from batching.pipelines.contract import PipelineAdapter
+    from core.params import GenerationParams
 
 logger = logging.getLogger(__name__)
 

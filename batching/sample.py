@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batching.families import FamilySpec
-from batching.image_inputs import InputImages
-from batching.params import PRIORITIES, CompatibilityKey, GenerationParams
+from core.families import FamilySpec
+from core.image_inputs import InputImages
+from core.params import PRIORITIES, CompatibilityKey, GenerationParams
 
 
 @dataclass(slots=True, eq=False)

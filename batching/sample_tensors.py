@@ -8,16 +8,23 @@ after its last step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, StepCacheState
 from batching.sample import Sample
+from core.params import GenerationParams
 
-if TYPE_CHECKING:
-    from batching.image_start import InpaintGuide
+
+@dataclass(slots=True)
+class InpaintGuide:
+    """A latent-blend inpainting sample's image, to re-noise outside its mask after every step
+    (`batching.image_start`)."""
+
+    image_latents: torch.Tensor  # [1, *latent_shape] in denoiser space
+    noise: torch.Tensor  # the noise the sample started from
+    mask: torch.Tensor  # latent layout, 1 = repaint
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from diffusers.schedulers.scheduling_euler_ancestral_discrete import EulerAncest
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from batching.families import UNET_SAMPLERS
+from core.families import UNET_SAMPLERS
 
 UnetSampler = DDIMScheduler | DPMSolverMultistepScheduler | EulerAncestralDiscreteScheduler | EulerDiscreteScheduler
 SAMPLER_CLASSES: dict[str, tuple[type[UnetSampler], dict[str, Any]]] = {

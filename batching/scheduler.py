@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.admission import AdmissionPolicy, FifoAdmission, GroupedAdmission
-from batching.params import CompatibilityKey
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.preemption import StepTimes, rank_key, samples_to_pause
 from batching.sample import Sample
+from core.params import CompatibilityKey
 
 POLICIES = ("default", "fifo")
 

@@ -356,9 +356,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results to this file")
     args = parser.parse_args()
 
-    from stepwise_cli.api_cmd import default_workers
-
-    num_workers = args.workers or default_workers(args.server)
+    num_workers = args.workers  # None: the started `stepwise api` picks its server's default
     if args.compare:
         summary = compare(args.compare, args.threads, args.clients, args.seconds, args.batch, args.rounds)
         print_comparison(summary)
@@ -374,7 +372,7 @@ def main() -> None:
         worker_class = args.worker_class if args.server == "gunicorn" else None
         target = local_api(num_workers, args.threads, server=args.server, worker_class=worker_class)
         where = (
-            f"stepwise api --server {args.server} --workers {num_workers} --threads {args.threads}"
+            f"stepwise api --server {args.server} --workers {num_workers or 'default'} --threads {args.threads}"
             + (f" --worker-class {worker_class}" if worker_class else "")
             + " (started here)"
         )

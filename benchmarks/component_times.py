@@ -106,8 +106,8 @@ def time_forwards(adapter, shapes: set[ForwardShape], repeats: int = 3) -> dict[
 
     Called right after the run whose shapes these are, so the machine's load is as close
     as it gets to the load the run saw. Any family: every row is the conditional row of one prompt."""
-    from batching.params import GenerationParams
     from batching.pipelines.contract import ForwardBatch
+    from core.params import GenerationParams
 
     medians = {}
     for height, width, rows in sorted(shapes):

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.params import SAMPLERS
+from core.params import SAMPLERS
 
 
 def run(config: EngineConfig, params_list: list[GenerationParams]) -> dict:

@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from batching.lora.engine_loras import EngineLoras
-    from batching.lora.make_test_loras import make_lora
     from batching.lora.row_deltas import is_lora_layer
     from batching.lora.store import LoraSource
-    from batching.pipelines import load_model
+    from batching.model_loading import load_model
+    from tests.support.loras import make_lora
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model, "cpu", "float32")

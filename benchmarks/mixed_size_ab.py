@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from batching.families import FAMILIES
 from benchmarks import workloads
 from benchmarks.run import SIZES
 from benchmarks.variants import EngineVariant, StaticBatchVariant, variant_specs
+from core.families import FAMILIES
 
 BUILDERS = {"two_resolution": workloads.two_resolution, "mixed_size": workloads.mixed_size}
 

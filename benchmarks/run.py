@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from batching.families import FAMILIES
 from benchmarks import workloads
 from benchmarks.machine import LoadSampler, describe_machine
 from benchmarks.metrics import headline_ratios, summarize
 from benchmarks.variants import EngineVariant, RunRecord, StaticBatchVariant, variant_specs
+from core.families import FAMILIES
 
 log = logging.getLogger("benchmarks")
 RUN_SCHEMA = "stepwise-bench-run/1"

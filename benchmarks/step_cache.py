@@ -37,7 +37,7 @@ POISSON_SEED = 25
 
 
 def job_params(model: str, family: str, case, index: int, cache):
-    from batching.params import FAMILIES, GenerationParams
+    from core.params import FAMILIES, GenerationParams
 
     size = MIXED_SIZES[index % len(MIXED_SIZES)] if FAMILIES[family].mixes_sizes else 128
     return GenerationParams(

@@ -25,9 +25,9 @@ KEPT_BLOCKS = {"modulated_input": 0, "first_block": 1}  # Z-Image: main blocks e
 
 def sweep(model: str, feature: str | None, thresholds: list[float], num_jobs: int, threads: int) -> list[dict]:
     from batching import DiffusionEngine, EngineConfig
-    from batching.params import FAMILIES, GenerationParams
     from batching.shapes.accuracy import fixed_cases
     from batching.shapes.checker import check_image
+    from core.params import FAMILIES, GenerationParams
 
     if feature is not None:
         import batching.pipelines.zimage_step_cache as zimage_step_cache

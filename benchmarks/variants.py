@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.families import FAMILIES
 from benchmarks.component_times import ForwardShape, ForwardTrace, UNetRowCounter, time_forwards
 from benchmarks.workloads import Workload
+from core.families import FAMILIES
 
 WARM_UP_STEPS = 2
 
@@ -207,8 +207,8 @@ class StaticBatchVariant:
         self.row_counter: UNetRowCounter | None = None
 
     def open(self, sizes: list[tuple[int, int]]) -> None:
+        from batching.model_loading import model_source
         from batching.pipelines import adapter_serving, resolve_device, resolve_dtype
-        from batching.pipelines.loading import model_source
 
         torch.set_num_threads(self.num_threads)
         device = resolve_device(self.device)

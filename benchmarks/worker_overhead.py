@@ -123,7 +123,7 @@ def main() -> int:
     with redis_server(folder) as redis_url, storage_env(args.storage, folder) as storage:
         os.environ.update({"STEPWISE_REDIS_URL": redis_url, "STEPWISE_WORKER_METRICS_PORT": "0", **storage})
         os.environ.setdefault("STEPWISE_DEVICE", "cpu")
-        from batching.params import GenerationParams
+        from core.params import GenerationParams
         from worker import tasks
         from worker.runtime import WorkerRuntime
         from worker.settings import WorkerSettings

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 
 from batching import GenerationParams
-from batching.families import FAMILIES
+from core.families import FAMILIES
 
 PROMPTS = (
     "a red fox in the snow",

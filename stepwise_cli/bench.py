@@ -18,8 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from batching.builtin_model import builtin_names
 from benchmarks.run import SIZES, SuiteOptions
+from core.builtin_models import builtin_names
 
 DEFAULT_OUT = Path("var/bench")  # not benchmarks/results: a trial run must not overwrite the committed run
 SUITES = ("cpu", "gpu")  # cpu: benchmarks.run (built-in models, any device); gpu: benchmarks.gpu.suite

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from batching.builtin_model import builtin_names
-from batching.params import CACHE_OFF, CACHE_PRESETS, DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
-from batching.step_cache import cache_setting
+from core.builtin_models import builtin_names
+from core.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
+from core.step_cache import CACHE_OFF, cache_setting
+from core.step_cache import PRESET_NAMES as CACHE_PRESETS
 from settings import read
 from stepwise_cli.image_args import image_file_uri
 
@@ -92,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from batching.errors import BatchingError, InvalidParamsError
-    from batching.params import GenerationParams
+    from core.errors import BatchingError, InvalidParamsError
+    from core.params import GenerationParams
 
     try:
         init_image = image_file_uri(args.init_image) if args.init_image else None

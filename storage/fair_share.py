@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from batching.params import GenerationParams, InvalidParamsError
+from core.errors import InvalidParamsError
+from core.params import GenerationParams
 from settings import SettingsError
 
 MAX_WEIGHT = 1_000_000.0

@@ -1,94 +1,20 @@
 """Where generated images live: a local folder (the embedded default) or an S3 bucket.
 
 `open_image_store(settings)` picks the backend from `STEPWISE_STORAGE_URL`: `file:///path` or
-`s3://bucket/prefix`. Keys are deterministic (`{prefix}/{job_id}/{index}.{format}`), so a retried
-upload overwrites the same object and never leaves a duplicate. The key's extension is the image's
-format (png, jpeg, webp) and the one place its content type is derived from.
+`s3://bucket/prefix`. What every store is and how its keys are made: `storage.image_store_interface`
+(its names are re-exported here).
 """
 
 from __future__ import annotations
 
-import abc
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from storage.image_store_interface import CONTENT_TYPES, ImageInfo, ImageStore, RetryPolicy, content_type_of_key
+from storage.local_image_store import LocalImageStore
 from storage.settings import StorageSettings
 
-PNG_CONTENT_TYPE = "image/png"
-CONTENT_TYPES = {"png": PNG_CONTENT_TYPE, "jpeg": "image/jpeg", "webp": "image/webp"}  # key extension -> MIME
-
-
-def content_type_of_key(key: str) -> str:
-    """The MIME type of a stored image, from its key's extension (PNG for keys from before formats)."""
-    return CONTENT_TYPES.get(key.rsplit(".", 1)[-1].lower(), PNG_CONTENT_TYPE)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter for transient errors (connection errors, 5xx, throttling)."""
-
-    max_attempts: int = 5  # tries in all, the first one included
-    initial_wait: float = 0.2  # seconds before the second try, doubling after each failure (+ up to this much jitter)
-    max_wait: float = 5.0  # cap on the exponential part of one wait, in seconds
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    size: int  # bytes
-    content_type: str
-    metadata: dict[str, str] = field(default_factory=dict)
-
-
-class ImageStore(abc.ABC):
-    prefix: str = ""
-
-    def key_for(self, job_id: str, index: int, image_format: str = "png") -> str:
-        if image_format not in CONTENT_TYPES:
-            raise ValueError(f"image format must be one of {', '.join(CONTENT_TYPES)} (got {image_format!r})")
-        name = f"{job_id}/{int(index)}.{image_format}"
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    @abc.abstractmethod
-    def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
-        """Store (or replace) an image with string metadata such as job id, seed and model; its content
-        type is its key's (`content_type_of_key`)."""
-
-    @abc.abstractmethod
-    def flush(self, keys: list[str]) -> None:
-        """Make images stored with `put_image` durable. A store whose put is durable when it returns (S3) has
-        nothing to do; the local folder flushes them to disk, which the worker calls for after the job's end
-        state is written, off the job's latency (`storage.local_image_store`)."""
-
-    @abc.abstractmethod
-    def get_bytes(self, key: str) -> bytes:
-        """The stored bytes; ImageNotFoundError if there are none."""
-
-    @abc.abstractmethod
-    def head(self, key: str) -> ImageInfo | None:
-        """Size, content type and metadata of a stored image; None if there is none."""
-
-    def exists(self, key: str) -> bool:
-        return self.head(key) is not None
-
-    def job_prefix(self, job_id: str) -> str:
-        """The key prefix every image of the job is stored under (key_for)."""
-        return f"{self.prefix}/{job_id}/" if self.prefix else f"{job_id}/"
-
-    @abc.abstractmethod
-    def delete_job_images(self, job_id: str) -> int:
-        """Delete every stored image of the job (whatever its format); returns how many there were."""
-
-    @abc.abstractmethod
-    def presigned_url(self, key: str, expiry: int | None = None) -> str | None:
-        """A URL clients can GET for `expiry` seconds, or None when the API must serve the bytes."""
-
-    @abc.abstractmethod
-    def ping(self) -> bool:
-        """Whether the store can be reached now (one try, no retries)."""
-
-    def close(self) -> None:  # noqa: B027 (a no-op unless the backend holds connections)
-        pass
+__all__ = ["CONTENT_TYPES", "ImageInfo", "ImageStore", "RetryPolicy", "content_type_of_key", "open_image_store"]
 
 
 def open_image_store(settings: StorageSettings, *, retry: RetryPolicy | None = None) -> ImageStore:
@@ -96,8 +22,6 @@ def open_image_store(settings: StorageSettings, *, retry: RetryPolicy | None = N
     url = settings.storage_url
     parts = urlsplit(url)
     if parts.scheme == "file" and parts.netloc in ("", "localhost"):
-        from storage.local_image_store import LocalImageStore
-
         return LocalImageStore(Path(unquote(parts.path)))
     if parts.scheme == "s3" and parts.netloc:
         # Imported here: boto3 takes a noticeable time to import and local setups never need it.

@@ -8,7 +8,7 @@ from typing import cast
 
 import redis
 
-from batching.params import PRIORITIES
+from core.params import PRIORITIES
 from storage.heartbeats import Heartbeat, HeartbeatStore, ModelStatus
 from storage.job_record import TERMINAL_STATES, JobRecord, JobState, record_from_hash
 from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors

@@ -67,7 +67,7 @@ class JobRecord:
     webhook_events: list[str] = field(default_factory=list)
     webhook_attempts: list[dict[str, Any]] = field(default_factory=list)  # one dict per delivery attempt
     idempotency_key: str | None = None
-    priority: str = "normal"  # high, normal or low (batching.params.PRIORITIES)
+    priority: str = "normal"  # high, normal or low (core.params.PRIORITIES)
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
 

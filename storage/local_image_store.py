@@ -20,7 +20,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 from storage.errors import ImageNotFoundError, StorageError
-from storage.image_store import ImageInfo, ImageStore, content_type_of_key
+from storage.image_store_interface import ImageInfo, ImageStore, content_type_of_key
 
 
 class LocalImageStore(ImageStore):

@@ -6,8 +6,8 @@ uploads under `tenants/<tenant slug>/NAME.safetensors`, usable only by that tena
 own upload first, then the operator's), or None, which every caller reports as a missing
 adapter, so another tenant's upload is indistinguishable from one that does not exist.
 
-The API checks uploads before they get here, without torch (`batching.lora.file_format`, through
-`batching.params`): the safetensors header as safetensors checks it, and the LoRA rules.
+The API checks uploads before they get here, without torch (`core.lora_files`): the safetensors header as
+safetensors checks it, and the LoRA rules.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from batching.params import LORA_SUFFIX
+from core.lora_files import LORA_SUFFIX
 from storage.errors import ImageNotFoundError, LoraTooLargeError, StorageError
 from storage.settings import StorageSettings
 

@@ -29,7 +29,7 @@ import re
 from types import SimpleNamespace
 from typing import cast
 
-from batching.params import PRIORITIES
+from core.params import PRIORITIES
 from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
 from storage.job_record import JobState
 from storage.redis_keys import RedisKeys

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from batching.params import DEFAULT_MODEL
+from core.params import DEFAULT_MODEL
 from storage import lua
 from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_record import JobRecord, JobState, record_from_flat, record_to_hash

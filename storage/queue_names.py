@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from batching.params import PRIORITIES
+from core.params import PRIORITIES
 
 GENERATE_TASK = "stepwise.generate"
 WEBHOOK_TASK = "stepwise.deliver_webhook"

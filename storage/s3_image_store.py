@@ -23,7 +23,7 @@ from tenacity import (
 )
 
 from storage.errors import ImageNotFoundError, StorageError, StorageUnavailableError
-from storage.image_store import ImageInfo, ImageStore, RetryPolicy, content_type_of_key
+from storage.image_store_interface import ImageInfo, ImageStore, RetryPolicy, content_type_of_key
 
 logger = logging.getLogger(__name__)
 

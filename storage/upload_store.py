@@ -1,7 +1,7 @@
 """Input images (uploads) in Redis: one string key per upload, scoped by tenant, expiring like job records.
 
 Why Redis and not the image store: input images are small (bounded by
-`batching.image_inputs.MAX_IMAGE_BYTES`), short-lived, read once by the worker that runs
+`core.image_inputs.MAX_IMAGE_BYTES`), short-lived, read once by the worker that runs
 the job, and must expire on their own; a key with a TTL does all of that atomically, in
 the store the API and the workers already share, and keeps the job record small (the
 record's params hold the upload id, not the image). The value is the image's data URI,

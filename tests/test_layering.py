@@ -20,63 +20,42 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# What the API process, the scheduler's tests and `python -m batching.builtin_model --help` load of the engine
 TORCH_FREE_BATCHING_MODULES = [
     "batching",
     "batching.admission",
-    "batching.builtin_models.registry",
+    "batching.builtin_model",
+    "batching.builtin_models.folders",
     "batching.errors",
-    "batching.families",
-    "batching.image_inputs",
-    "batching.lora.file_format",
     "batching.params",
     "batching.plan",
     "batching.scheduler",
     "batching.settings",
-    "batching.step_cache",
 ]
 
-# What `batching.params` loads of batching: all that storage and api may load of it.
-PARAMS_CLOSURE = {
-    "batching",
-    "batching.params",
-    "batching.families",
-    "batching.builtin_models",
-    "batching.builtin_models.registry",
-    "batching.errors",
-    "batching.image_inputs",
-    "batching.lora",
-    "batching.lora.file_format",
-    "batching.settings",
-    "batching.step_cache",
-}
+MODEL_STACK = {"torch", "diffusers", "transformers"}
+SERVICES = {"flask", "celery", "redis", "boto3"}
 
-# package -> (top-level names it must not load, the batching modules it may load (None: any)); `training`
-# (how the trained built-ins were made) is never serving code
+# package -> the top-level names it must not load, from the ground floor up; `training` (how the trained built-ins
+# were made) is never serving code
 FORBIDDEN = {
     # the table of STEPWISE_* variables: standard library only, so that every package may import it
-    "settings": (
-        {"torch", "diffusers", "flask", "celery", "redis", "boto3", "batching", "storage", "worker", "api"},
-        None,
-    ),
-    "batching": ({"flask", "celery", "redis", "boto3", "api", "worker", "storage", "training"}, None),
-    "storage": ({"torch", "flask", "celery", "api", "worker", "training"}, PARAMS_CLOSURE),
-    "api": ({"torch", "diffusers", "worker", "training"}, PARAMS_CLOSURE),
-    "worker": ({"flask", "api", "training"}, None),
+    "settings": MODEL_STACK | SERVICES | {"core", "batching", "storage", "worker", "api"},
+    # what the API, storage, the worker and the engine share: params, families, image rules, built-in names, errors
+    "core": MODEL_STACK | SERVICES | {"batching", "storage", "worker", "api", "training"},
+    "batching": SERVICES | {"api", "worker", "storage", "training"},
+    "storage": MODEL_STACK | {"flask", "celery", "batching", "api", "worker", "training"},
+    "api": MODEL_STACK | {"batching", "worker", "training"},
+    "worker": {"flask", "api", "training"},
 }
 
 _PROBE = """
 import importlib, json, sys, traceback
-modules, forbidden, allowed_batching = json.loads(sys.argv[1])
+modules, forbidden = json.loads(sys.argv[1])
 forbidden = set(forbidden)
-allowed_batching = None if allowed_batching is None else set(allowed_batching)
 
 def offending():
-    found = set()
-    for name in list(sys.modules):
-        top = name.split(".")[0]
-        if top in forbidden or (top == "batching" and allowed_batching is not None and name not in allowed_batching):
-            found.add(name)
-    return found
+    return {name for name in list(sys.modules) if name.split(".")[0] in forbidden}
 
 report = {"pulled_in": {}, "errors": {}}
 seen = offending()
@@ -107,9 +86,9 @@ def discover_modules(package: str, root: Path = ROOT) -> list[str]:
     return modules
 
 
-def probe(modules: list[str], forbidden: set[str], allowed_batching: set[str] | None = None, root: Path = ROOT) -> dict:
+def probe(modules: list[str], forbidden: set[str], root: Path = ROOT) -> dict:
     """Import `modules` in order in a fresh interpreter; report what each pulled in and what failed."""
-    argument = json.dumps([modules, sorted(forbidden), None if allowed_batching is None else sorted(allowed_batching)])
+    argument = json.dumps([modules, sorted(forbidden)])
     completed = subprocess.run(
         [sys.executable, "-c", _PROBE, argument], cwd=root, capture_output=True, text=True, timeout=240
     )
@@ -117,18 +96,14 @@ def probe(modules: list[str], forbidden: set[str], allowed_batching: set[str] | 
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def static_violations(
-    package: str, forbidden: set[str], allowed_batching: set[str] | None, root: Path = ROOT
-) -> list[str]:
+def static_violations(package: str, forbidden: set[str], root: Path = ROOT) -> list[str]:
     """Import statements anywhere in the package's source (lazy ones included) that name a forbidden module."""
     violations = []
     for module in discover_modules(package, root):
         relative = Path(*module.split("."))
         path = root / relative / "__init__.py" if (root / relative).is_dir() else root / relative.with_suffix(".py")
         for name in _imported_names(path, module, root):
-            top = name.split(".")[0]
-            outside_allowed = top == "batching" and allowed_batching is not None and name not in allowed_batching
-            if top in forbidden or outside_allowed:
+            if name.split(".")[0] in forbidden:
                 violations.append(f"{module} imports {name}")
     return violations
 
@@ -158,7 +133,7 @@ def _packages_on_disk() -> list[str]:
 
 
 def test_batching_entry_points_and_scheduler_import_without_torch():
-    report = probe(TORCH_FREE_BATCHING_MODULES, {"torch", "diffusers", "transformers"})
+    report = probe(TORCH_FREE_BATCHING_MODULES, MODEL_STACK)
 
     assert report["errors"] == {}
     assert report["pulled_in"] == {}
@@ -166,9 +141,7 @@ def test_batching_entry_points_and_scheduler_import_without_torch():
 
 @pytest.mark.parametrize("package", _packages_on_disk())
 def test_no_module_of_a_package_loads_what_the_design_table_forbids(package):
-    forbidden, allowed_batching = FORBIDDEN[package]
-
-    report = probe(discover_modules(package), forbidden, allowed_batching)
+    report = probe(discover_modules(package), FORBIDDEN[package])
 
     assert report["pulled_in"] == {}, f"{package} modules loaded forbidden modules"
     assert report["errors"] == {}, "\n".join(f"{module}:\n{error}" for module, error in report["errors"].items())
@@ -176,12 +149,13 @@ def test_no_module_of_a_package_loads_what_the_design_table_forbids(package):
 
 @pytest.mark.parametrize("package", _packages_on_disk())
 def test_no_source_file_of_a_package_imports_what_the_design_table_forbids(package):
-    forbidden, allowed_batching = FORBIDDEN[package]
+    assert static_violations(package, FORBIDDEN[package]) == []
 
-    # What a module may name in its own imports is narrower than what those imports may load in turn:
-    # storage and api write `batching.params` (or `batching.errors`) only, and params loads the rest.
-    allowed_names = None if allowed_batching is None else {"batching", "batching.params", "batching.errors"}
-    assert static_violations(package, forbidden, allowed_names) == []
+
+def test_benchmarks_never_import_the_command_line_which_runs_them():
+    """One direction between the two: `stepwise bench` imports `benchmarks`; a benchmark that needs a service
+    starts it as a program (`python -m stepwise_cli.main ...`), never by importing the command line."""
+    assert static_violations("benchmarks", {"stepwise_cli"}) == []
 
 
 def test_the_layering_checks_name_the_module_that_imports_a_forbidden_package(tmp_path):
@@ -190,10 +164,10 @@ def test_the_layering_checks_name_the_module_that_imports_a_forbidden_package(tm
     (fake / "__init__.py").write_text("")
     (fake / "eager.py").write_text("import json\nimport redis\n")
     (fake / "lazy.py").write_text("def upload():\n    from boto3 import client\n")
-    forbidden, _ = FORBIDDEN["batching"]
+    forbidden = FORBIDDEN["batching"]
 
     report = probe(discover_modules("batching", tmp_path), forbidden, root=tmp_path)
-    violations = static_violations("batching", forbidden, None, tmp_path)
+    violations = static_violations("batching", forbidden, tmp_path)
 
     assert list(report["pulled_in"]) == ["batching.eager"] and "redis" in report["pulled_in"]["batching.eager"]
     assert violations == ["batching.eager imports redis", "batching.lazy imports boto3"]

@@ -22,7 +22,7 @@ HOW_TO_DECLARE = (
 NAME = re.compile(r"STEPWISE_[A-Z0-9_]*[A-Z0-9]")
 # the undeclared name a test below reads
 NOT_VARIABLES = {"STEPWISE_NOT_A_SETTING"}
-SERVICE_PACKAGES = ("api", "batching", "storage", "worker", "stepwise_cli")
+SERVICE_PACKAGES = ("api", "core", "batching", "storage", "worker", "stepwise_cli")
 
 
 def tracked_files() -> list[Path]:

@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 
-from batching.families import FAMILIES
-from batching.params import MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS
+from core.families import FAMILIES
+from core.params import MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS
 from storage.errors import StorageError
 from storage.heartbeats import Heartbeat, engine_snapshot
 from worker.runtime import WorkerRuntime
@@ -27,7 +27,7 @@ def engine_family(runtime: WorkerRuntime) -> str:
 
 
 def family_defaults(family: str) -> dict:
-    """What an omitted field becomes for this family (batching.families, as GenerationParams fills them)."""
+    """What an omitted field becomes for this family (core.families, as GenerationParams fills them)."""
     spec = FAMILIES[family]
     return {
         "height": spec.default_size,

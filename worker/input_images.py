@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batching.errors import InvalidParamsError
-from batching.image_inputs import IMAGE_FIELDS, is_upload_id
+from core.errors import InvalidParamsError
+from core.image_inputs import IMAGE_FIELDS, is_upload_id
 from storage.upload_store import UploadStore
 
 

@@ -16,9 +16,9 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from batching.errors import EngineShutdownError
-from batching.params import GenerationParams
-from batching.step_cache import cache_setting
+from core.errors import EngineShutdownError
+from core.params import GenerationParams
+from core.step_cache import cache_setting
 from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store

@@ -22,8 +22,8 @@ import dataclasses
 import logging
 import time
 
-from batching.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
-from batching.params import GenerationParams
+from core.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
+from core.params import GenerationParams
 from storage.errors import StorageError, StorageUnavailableError
 from storage.job_record import JobRecord, JobState
 from storage.queue_names import GENERATE_TASK

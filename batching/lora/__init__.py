@@ -3,16 +3,14 @@
 - `store.LoraSource`: reads `<name>.safetensors` from the adapter store (`file://` directly,
   anything else through a fetcher the caller injects: the worker builds an S3 one from
   `storage`, which `batching` may not import), checks the size limit and the file's rules
-  (`file_format`, from the header alone), parses it with safetensors (never a pickle) and
+  (`core.lora_files`, from the header alone), parses it with safetensors (never a pickle) and
   refuses weights that are not finite.
-- `file_format`: what an adapter file must be, checked without torch (the API applies it to uploads).
 - `cache.LoraCache`: adapters loaded onto the pipeline's modules without fusing, bounded LRU
   by count and bytes; adapters in use by running samples are never evicted.
 - `row_deltas.RowLoras`: forward hooks on the LoRA layers that add each row's own low-rank
   delta at its own scale, so one forward carries rows with different adapters and none.
 - `text_encoder`: an adapter's text-encoder weights (SD), injected with PEFT directly.
 - `engine_loras.EngineLoras`: the engine's facade over the above (fetch, prepare, rows, encoding).
-- `make_test_loras`: random-weight adapter files for the built-ins (tests, bench).
 
-Torch is imported by `cache` and `row_deltas` only; `file_format` imports only the standard library.
+Torch is imported by `cache` and `row_deltas` only. Random-weight test adapters: `tests.support.loras`.
 """

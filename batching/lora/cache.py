@@ -16,10 +16,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from batching.errors import LoraError, describe
 from batching.lora.row_deltas import RowLoras
 from batching.lora.store import LoraFile
 from batching.lora.text_encoder import inject, split_text_encoder
+from core.errors import LoraError, describe
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from batching.errors import LoraError
-from batching.lora.file_format import LORA_SUFFIX, MAX_LORA_BYTES, LoraFileError, check_lora_file
+from core.errors import LoraError
+from core.lora_files import LORA_SUFFIX, MAX_LORA_BYTES, LoraFileError, check_lora_file
 
 LoraFetcher = Callable[[str], "bytes | None"]  # a job's `lora` (the store key without suffix) -> the file's
 # bytes, None when there is none (storage.lora_store.LoraStore.get)

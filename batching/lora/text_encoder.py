@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from batching.errors import LoraError, describe
+from core.errors import LoraError, describe
 
 PREFIX = "text_encoder."
 

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import torch
 
-from batching.errors import ModelLoadError
 from batching.pipelines.contract import PipelineAdapter
 from batching.pipelines.flux import FluxAdapter
 from batching.pipelines.flux2 import Flux2Adapter
 from batching.pipelines.flux2_klein import Flux2KleinAdapter
-from batching.pipelines.loading import model_source, pipeline_class_name
+from batching.pipelines.loading import pipeline_class_name
 from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
 from batching.pipelines.sd3 import StableDiffusion3Adapter
 from batching.pipelines.sdxl import StableDiffusionXLAdapter
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
 from batching.pipelines.zimage import ZImageAdapter
+from core.errors import ModelLoadError
 
-__all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "load_model", "resolve_device", "resolve_dtype"]
+__all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "resolve_device", "resolve_dtype"]
 
 AdapterClass = type[
     StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter | Flux2Adapter
@@ -41,7 +41,7 @@ ADAPTERS: tuple[AdapterClass, ...] = (
 
 
 def adapter_class(family: str) -> AdapterClass:
-    """The adapter class of a family in batching.families.FAMILIES."""
+    """The adapter class of a family in core.families.FAMILIES."""
     return next(adapter for adapter in ADAPTERS if adapter.family == family)
 
 
@@ -68,10 +68,3 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
-
-
-def load_model(model: str, device: str = "auto", dtype: str = "auto") -> PipelineAdapter:
-    """Load `model` (builtin:NAME, a diffusers folder, or a cached repo id) with its family's adapter."""
-    torch_device = resolve_device(device)
-    source = model_source(model)
-    return adapter_serving(model, source).load(model, source, torch_device, resolve_dtype(dtype, torch_device))

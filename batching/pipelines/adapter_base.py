@@ -7,18 +7,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 import torch
 
-from batching.families import FAMILIES
-from batching.params import GenerationParams
 from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.latent_rgb import LatentRgb, latent_rgb_for
 from batching.pipelines.loading import load_pipeline
+from core.families import FAMILIES
+from core.params import GenerationParams
 
 if TYPE_CHECKING:
     from batching.pipelines.contract import PipelineAdapter
 
 
 class AdapterBase(ImageLatentsMixin):
-    family: str  # a key of batching.families.FAMILIES, set by each adapter class
+    family: str  # a key of core.families.FAMILIES, set by each adapter class
     # The diffusers pipeline classes (model_index.json `_class_name`) this adapter serves; it loads with the first.
     pipeline_classes: ClassVar[tuple[str, ...]]
     load_options: ClassVar[dict[str, Any]] = {}  # extra `from_pretrained` arguments of the family's pipeline

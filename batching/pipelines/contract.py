@@ -24,7 +24,7 @@ Live previews (`batching.previews`) read a sample's latents every few steps thro
 `preview_latents` (its latents as channels on a grid) and the model's `latent_rgb` factors
 (`batching.pipelines.latent_rgb`), without the VAE.
 
-Step caching (`batching.step_cache`): an adapter whose family has a `step_cache` kind also
+Step caching (`core.step_cache`): an adapter whose family has a `step_cache` kind also
 has the `StepCaching` part. For a forward in which some sample caches, the runner calls
 `forward_cached(batch, samples)` instead of `forward(batch)`, with each sample's own
 `StepCacheState` (None for a sample that does not cache) and whether it may skip this step;
@@ -47,12 +47,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from batching.params import GenerationParams
+from core.params import GenerationParams
 
 if TYPE_CHECKING:
-    from batching.image_inputs import InputImages
-    from batching.pipelines.latent_rgb import LatentRgb
-    from batching.sample_tensors import SampleTensors
+    from core.image_inputs import InputImages
 
 Conditioning = dict[str, torch.Tensor]  # name -> one text's or one row's tensor, without a batch dimension
 
@@ -66,6 +64,24 @@ class ForwardBatch:
     timesteps: torch.Tensor  # [num_rows] float32: each row's sampler timestep, as the sampler states it
     conditioning: dict[str, torch.Tensor]  # name -> [num_rows, *shape]; first dims zero-padded where lengths differ
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
+
+
+class RunningSample(Protocol):
+    """What `model_input` reads of a running sample (the runner's `batching.sample_tensors.SampleTensors`)."""
+
+    latents: torch.Tensor  # [1, *latent_shape]
+    sampler: Any  # the sample's own diffusers scheduler, its timesteps set
+
+    @property
+    def timestep(self) -> torch.Tensor: ...  # the sampler's timestep of the sample's next step
+
+
+class LatentToRgb(Protocol):
+    """A model's live-preview factors (`batching.pipelines.latent_rgb.LatentRgb`), as previews read them."""
+
+    def tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(factors [c, 3], bias [3]): RGB in [-1, 1] of a position's `preview_latents` channels."""
+        ...
 
 
 @dataclass(slots=True)
@@ -155,13 +171,17 @@ class ImageInputs(Protocol):
 
 
 class PipelineAdapter(ImageInputs, Protocol):
-    family: str  # a key of batching.families.FAMILIES
+    family: str  # a key of core.families.FAMILIES
     model: str  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
     device: torch.device
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
-    latent_rgb: LatentRgb | None  # its live previews' latent-to-RGB factors, set at load; None: no previews
+
+    @property
+    def latent_rgb(self) -> LatentToRgb | None:
+        """Its live previews' latent-to-RGB factors, set at load; None: no previews."""
+        ...
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 
@@ -186,7 +206,7 @@ class PipelineAdapter(ImageInputs, Protocol):
         (its result is discarded)."""
         ...
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         """[1, *latent_shape]: the sample's latents as its denoiser row takes them this step."""
         ...
 

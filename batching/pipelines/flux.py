@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux_mixed_sizes import MixedSizeFluxAttnProcessor, RowLayout, row_layout
 from batching.pipelines.flux_step_cache import first_block_cached_forward
 from batching.pipelines.vae import decode_latents
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 
@@ -97,7 +94,7 @@ class FluxAdapter(AdapterBase):
             "image_ids": self._image_ids(params),
         }
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

@@ -12,7 +12,7 @@ per-row model input. Decode undoes the VAE's batch-norm normalisation, unpatchif
 runs the VAE.
 
 Reference images (multi-reference editing): a job's `init_image` is read at submit as
-the pipeline reads its `image` (`batching.image_inputs.reference_image`), VAE-encoded to
+the pipeline reads its `image` (`core.image_inputs.reference_image`), VAE-encoded to
 its mode, patchified, normalised, and its tokens follow the noise tokens in the sequence
 with ids (10, row, column, 0); the model's prediction for them is dropped. They are row
 conditioning (`image_conditioning`: "reference", "image_ids"), so a job with references
@@ -26,24 +26,21 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.image_inputs import InputImages
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.flux2_mixed_sizes import Flux2RowAttention
 from batching.pipelines.flux_mixed_sizes import RowLayout, row_layout
 from batching.pipelines.vae import pixels_to_images
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.image_inputs import InputImages
+from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # Flux2Pipeline's default
 REFERENCE_TIME_STEP = 10  # the time coordinate of the i-th reference image is 10 + 10 * i
@@ -118,7 +115,7 @@ class Flux2Adapter(AdapterBase):
             "image_ids": self._image_ids(params),
         }
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()
@@ -188,7 +185,7 @@ class Flux2Adapter(AdapterBase):
 
     @torch.inference_mode()
     def _encode_reference(self, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`image`: RGB, scaled and cropped as the pipeline prepares a reference (batching.image_inputs)."""
+        """`image`: RGB, scaled and cropped as the pipeline prepares a reference (core.image_inputs)."""
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
         raw = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist.mode()  # [1, c/4, h, w]
         _, channels, height, width = raw.shape

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning
 from batching.pipelines.flux2 import Flux2Adapter
+from core.params import GenerationParams
 
 
 class Flux2KleinAdapter(Flux2Adapter):

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.image_inputs import InputImages
-from batching.params import GenerationParams
 from batching.pipelines.vae import encode_pixels, to_latent_space
+from core.image_inputs import InputImages
+from core.params import GenerationParams
 
 
 class ImageLatentsMixin:

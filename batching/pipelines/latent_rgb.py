@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import Image
 
-from batching.families import FAMILIES
-from batching.params import GenerationParams
+from core.families import FAMILIES
+from core.params import GenerationParams
 
 if TYPE_CHECKING:
     from batching.pipelines.contract import PipelineAdapter
@@ -143,7 +143,7 @@ class LatentRgbMap:
 def latent_rgb_for(adapter: PipelineAdapter, source: str) -> LatentRgb | None:
     """The factors of a model just loaded from `source` (its folder, or a cached repo id's), as the module
     docstring orders them."""
-    from batching.builtin_model import is_builtin
+    from core.builtin_models import is_builtin
 
     folder = Path(source)
     path = folder / FILE_NAME

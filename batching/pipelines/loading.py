@@ -1,30 +1,16 @@
-"""Finding a model's files, reading its pipeline class, and loading its diffusers pipeline.
+"""Reading a model's pipeline class and loading its diffusers pipeline from a local folder or the cache.
 
-Nothing is downloaded: a built-in model is built and cached on first use, a folder is
-read as it is, and a repo id must already be in the Hugging Face cache. Which adapter
-serves a pipeline class is the adapters' own declaration (`batching.pipelines`).
+Nothing is downloaded (finding the files, building a built-in first: `batching.model_loading`).
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
 import torch
 
-from batching.builtin_model import builtin_model_path, is_builtin
-from batching.errors import ModelLoadError
-
-
-def model_source(model: str) -> str:
-    """The folder or cached repo id to load `model` from."""
-    if is_builtin(model):
-        return str(builtin_model_path(model))
-    source = os.path.expanduser(model)
-    if model.startswith(("/", ".", "~")) and not os.path.isdir(source):  # repo ids are `org/name`
-        raise ModelLoadError(f"model folder {model!r} does not exist")
-    return source
+from core.errors import ModelLoadError
 
 
 def pipeline_class_name(model: str, source: str) -> str:

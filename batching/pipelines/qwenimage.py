@@ -24,21 +24,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.qwenimage_mixed_sizes import ImageShapes, MixedShapeQwenAttnProcessor, row_layout
 from batching.pipelines.vae import pixels_to_images
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline's default: prompt states past it are cut
 TOKENIZER_MAX_LENGTH = 1024  # the pipeline's tokenizer_max_length (plus the template's system part)
@@ -125,7 +122,7 @@ class QwenImageAdapter(AdapterBase):
         embeds = torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)
         return {"embeds": embeds, "image_shapes": self._image_shapes(params)}
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from batching.errors import ModelLoadError
-from batching.image_inputs import InputImages
-from batching.params import GenerationParams
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.qwenimage import QwenImageAdapter
 from batching.pipelines.qwenimage_processor import image_processor_only
+from core.errors import ModelLoadError
+from core.image_inputs import InputImages
+from core.params import GenerationParams
 
 PADDING_TEXT_LENGTH = 512  # a deterministic-mode padding row's prompt states (real edit prompts are longer with a real
 # model's ~1300 image tokens; there a group pads to its longest)

@@ -18,22 +18,19 @@ forward over rows of one size runs diffusers' transformer as is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.errors import ModelLoadError
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import FlowMatchSampler
 from batching.pipelines.sd3_mixed_sizes import MixedSizeJointAttnProcessor, mixed_size_forward
 from batching.pipelines.vae import decode_latents
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.errors import ModelLoadError
+from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default T5 length
 
@@ -127,7 +124,7 @@ class StableDiffusion3Adapter(AdapterBase):
             "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
         }
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from batching.errors import ModelLoadError
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.stable_diffusion import StableDiffusionAdapter
+from core.errors import ModelLoadError
+from core.params import GenerationParams
 
 
 class StableDiffusionXLAdapter(StableDiffusionAdapter):

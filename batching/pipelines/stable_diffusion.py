@@ -17,22 +17,19 @@ images share a forward, and a CFG sample's two rows carry the same ones.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.errors import ModelLoadError
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.unet_step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
 from batching.pipelines.vae import decode_latents
 from batching.samplers import make_sampler
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.errors import ModelLoadError
+from core.params import GenerationParams
 
 
 class StableDiffusionAdapter(AdapterBase):
@@ -115,7 +112,7 @@ class StableDiffusionAdapter(AdapterBase):
             "masked_image_latents": torch.zeros(self.vae.config.latent_channels, *latent_size, **zeros),
         }
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.sampler.scale_model_input(sample.latents, sample.timestep)
 
     @torch.inference_mode()

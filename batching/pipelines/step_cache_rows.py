@@ -4,7 +4,7 @@ The decision (`decide`) compares each caching sample's early feature, row by row
 same rows at its last full step: the relative L1 change summed over the sample's rows, so a
 CFG sample's two rows skip or compute together. A sample that computes takes its feature as
 the new reference (`keep`). The adapter decides where its family's early feature is, and what a skip
-reuses (`batching.step_cache`).
+reuses (`core.step_cache`).
 """
 
 from __future__ import annotations

@@ -16,21 +16,18 @@ the main blocks (`batching.pipelines.zimage_step_cache`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.params import GenerationParams
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
 from batching.pipelines.flow_matching import flow_matching_sampler
 from batching.pipelines.vae import decode_latents
 from batching.pipelines.zimage_step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
-
-if TYPE_CHECKING:
-    from batching.sample_tensors import SampleTensors
+from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
 
@@ -89,7 +86,7 @@ class ZImageAdapter(AdapterBase):
         dim = self.transformer.config.cap_feat_dim
         return {"embeds": torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)}
 
-    def model_input(self, sample: SampleTensors) -> torch.Tensor:
+    def model_input(self, sample: RunningSample) -> torch.Tensor:
         return sample.latents
 
     @torch.inference_mode()

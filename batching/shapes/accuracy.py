@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batching.params import GenerationParams
 from batching.shapes.checker import check_image
 from batching.shapes.vocabulary import COLOURS, SHAPES, ShapePrompt
+from core.params import GenerationParams
 
 MODEL = "builtin:shapes"
 NUM_STEPS = 20

@@ -11,7 +11,7 @@ from api.errors import ApiError
 from api.fleet import Fleet
 from api.settings import ApiSettings
 from api.submission import validate_job
-from batching.image_inputs import to_data_uri
+from core.image_inputs import to_data_uri
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
 

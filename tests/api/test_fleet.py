@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from batching.families import FAMILIES
+from core.families import FAMILIES
 from storage.queue_names import generate_queue
 from tests.support.calls import auth, get_job, submit, wait_for_job
 from tests.support.processes import ApiProcess, WorkerProcess

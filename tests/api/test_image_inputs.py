@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import batching.image_inputs as image_inputs
+import core.image_inputs as image_inputs
 from tests.support.app_context import stored_params
 from tests.support.calls import auth
 from tests.support.pictures import JOB, data_uri, image_bytes, mask_uri

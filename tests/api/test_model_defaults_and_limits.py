@@ -107,7 +107,7 @@ def test_a_null_per_model_limit_keeps_the_default_instead_of_breaking_every_job_
 
 
 def test_the_first_hour_oversized_job_is_refused_but_the_tour_jobs_fit_the_cpu_limits():
-    from batching.params import GenerationParams
+    from core.params import GenerationParams
 
     cpu = LimitTable(device="cpu")
     tour = GenerationParams(prompt="a red fox", seed=7, num_inference_steps=40, num_images=2)
@@ -135,7 +135,7 @@ def test_every_canceled_job_view_carries_an_error_object(make_app):
 
 
 def test_an_img2img_job_is_priced_at_the_steps_its_strength_runs():
-    from batching.params import GenerationParams
+    from core.params import GenerationParams
     from tests.support.pictures import data_uri, image_bytes
 
     table = LimitTable(overrides=ModelLimits(max_pixels=64 * 64, max_pixel_steps=64 * 64 * 10))

@@ -21,7 +21,7 @@ import pytest
 from api import create_app
 from api.remote_images import MAX_CONCURRENT_FETCHES
 from api.settings import ApiSettings
-from batching.params import MAX_IMAGE_BYTES, is_upload_id
+from core.image_inputs import MAX_IMAGE_BYTES, is_upload_id
 from storage import url_policy
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList, ImageURLError, check_image_url

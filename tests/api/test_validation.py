@@ -10,13 +10,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from batching import params as P
+from core import params as P
+from core import step_cache
 from tests.support.calls import auth
 
 HOOK = "http://127.0.0.1:9/hook"  # the test server allows 127.0.0.1 (STEPWISE_WEBHOOK_ALLOW_HOSTS)
 VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}
 
-# (field, bad value): one case per rule in batching/params.py, and the API's own fields.
+# (field, bad value): one case per rule in core/params.py, and the API's own fields.
 INVALID_FIELDS = [
     ("prompt", ""),
     ("prompt", "   "),
@@ -66,7 +67,7 @@ INVALID_FIELDS = [
     ("cache", "fastest"),
     ("cache", 0),
     ("cache", -0.1),
-    ("cache", P.MAX_CACHE_THRESHOLD + 0.5),
+    ("cache", step_cache.MAX_THRESHOLD + 0.5),
     ("cache", True),
     ("cache", ["fast"]),
     ("not_a_field", 1),
@@ -254,5 +255,5 @@ def test_the_openapi_document_names_the_cache_presets_and_the_threshold_range(cl
     cache = next(model["properties"]["cache"] for model in schema.values() if "cache" in model.get("properties", {}))
 
     forms = cache["anyOf"]
-    assert {"off", *P.CACHE_PRESETS} <= set(next(form["enum"] for form in forms if "enum" in form))
-    assert any(form.get("type") == "number" and form.get("maximum") == P.MAX_CACHE_THRESHOLD for form in forms)
+    assert {"off", *step_cache.PRESET_NAMES} <= set(next(form["enum"] for form in forms if "enum" in form))
+    assert any(form.get("type") == "number" and form.get("maximum") == step_cache.MAX_THRESHOLD for form in forms)

@@ -120,7 +120,7 @@ def test_naming_a_builtin_and_its_family_does_not_import_torch():
     """The torch-free family table and the API can ask which built-ins exist without loading a model stack."""
     code = (
         "import json, sys\n"
-        "from batching.builtin_model import builtin_family, builtin_names\n"
+        "from core.builtin_models import builtin_family, builtin_names\n"
         "print(json.dumps({'families': {name: builtin_family(name) for name in builtin_names()},"
         " 'torch_imported': 'torch' in sys.modules}))\n"
     )

@@ -16,7 +16,7 @@ from batching import (
     JobCanceledError,
     JobFailedError,
 )
-from batching.families import FAMILIES
+from core.families import FAMILIES
 from tests.support.engines import make_params, max_pixel_diff, pixels, run_alone
 
 

@@ -168,9 +168,9 @@ def test_klein_runs_true_cfg_rows_beside_single_rows_each_equal_to_itself_alone_
 
 
 def test_a_reference_image_counts_in_what_its_job_costs_each_forward():
-    from batching.families import FAMILIES
-    from batching.image_inputs import input_images
     from batching.sample import make_samples
+    from core.families import FAMILIES
+    from core.image_inputs import input_images
 
     params = flux2_params(init_image=png_data_uri(reference_picture()))  # a 64x64 job, an 80x64 reference
     (plain,) = make_samples("plain", flux2_params(), FAMILIES["flux2"])

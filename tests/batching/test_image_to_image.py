@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import batching.image_inputs as image_inputs
+import core.image_inputs as image_inputs
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from tests.support.engines import (
     assert_together_equals_alone,

@@ -182,7 +182,7 @@ def test_an_sdxl_checkpoint_that_conditions_on_aesthetic_scores_is_refused_at_lo
     import json
     import shutil
 
-    from batching.errors import ModelLoadError
+    from core.errors import ModelLoadError
 
     folder = tmp_path / "refiner-like"
     shutil.copytree(sdxl_inpaint_folder, folder)

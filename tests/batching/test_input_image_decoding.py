@@ -1,4 +1,4 @@
-"""Input images as the engine sees them (batching.image_inputs.job_images, which the API runs too): unusual
+"""Input images as the engine sees them (core.image_inputs.job_images, which the API runs too): unusual
 images decode as diffusers' `load_image` and inpainting mask processor read them, and resizing stays bounded."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import load_image
 from PIL import Image
 
-from batching.image_inputs import job_images
-from batching.params import GenerationParams
+from core.image_inputs import job_images
+from core.params import GenerationParams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,8 +120,8 @@ import base64, io, resource, sys
 import numpy as np
 from PIL import Image
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-from batching.image_inputs import job_images
-from batching.params import GenerationParams
+from core.image_inputs import job_images
+from core.params import GenerationParams
 rows = (np.arange(16000) % 256).astype(np.uint8)[:, None, None].repeat(3, axis=2)  # 1x16000, row i is i % 256
 buffer = io.BytesIO()
 Image.fromarray(rows).save(buffer, format="PNG")

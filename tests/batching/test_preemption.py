@@ -11,11 +11,11 @@ import itertools
 import pytest
 
 from batching import DiffusionEngine, EngineConfig
-from batching.families import FAMILIES
-from batching.params import GenerationParams
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.sample import Sample, make_samples
 from batching.scheduler import Scheduler, SchedulerConfig
+from core.families import FAMILIES
+from core.params import GenerationParams
 from tests.support.engines import make_params, max_pixel_diff
 
 _numbers = itertools.count(1)

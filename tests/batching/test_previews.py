@@ -15,11 +15,11 @@ import torch
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.errors import InvalidParamsError
 from batching.pipelines.latent_rgb import HiddenLayer, LatentRgb, fit_latent_rgb
 from batching.previews import MAX_PREVIEW_SIDE, Preview, PreviewPixels
 from batching.shapes.checker import palette_labels
 from batching.shapes.vocabulary import COLOURS, parse_prompt
+from core.errors import InvalidParamsError
 from tests.support.engines import make_params, max_pixel_diff
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.params import PRIORITIES
 from batching.plan import SchedulerPlan
 from batching.scheduler import Scheduler, SchedulerConfig
+from core.params import PRIORITIES
 from tests.support.scheduling import (
     FakeRunner,
     admitted_ids,

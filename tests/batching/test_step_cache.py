@@ -1,4 +1,4 @@
-"""Step caching per sample inside the continuous batch (batching.step_cache).
+"""Step caching per sample inside the continuous batch (core.step_cache).
 
 A cached job's skip decisions are its own: co-batched (staggered joins, cached and uncached
 neighbours, other sizes) it decides and draws as it does alone, except where a decision sits
@@ -15,8 +15,8 @@ import pytest
 
 import batching.pipelines.step_cache_rows as step_cache_rows
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.errors import InvalidParamsError
-from batching.step_cache import num_final_steps, sample_threshold
+from core.errors import InvalidParamsError
+from core.step_cache import num_final_steps, sample_threshold
 from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
 
 NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size

@@ -8,9 +8,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.families import FAMILIES
-from batching.params import GenerationParams
 from batching.sample import Sample, make_samples
+from core.families import FAMILIES
+from core.params import GenerationParams
 from tests.support.scheduling import FakeRunner, admitted_ids, assert_no_state_left, make_scheduler, run_iteration
 
 SD = FAMILIES["sd"]

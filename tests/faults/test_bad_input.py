@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching import params as P
-from batching.errors import InvalidParamsError
+from core import params as P
+from core.errors import InvalidParamsError
 from tests.support.calls import auth, get_job, submit
 from tests.support.processes import ApiProcess
 from tests.support.servers import RedisServer

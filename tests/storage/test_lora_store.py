@@ -44,8 +44,8 @@ def test_uploads_are_listed_and_resolved_only_for_their_tenant(lora_store):
 
 
 def test_the_engine_source_reads_an_s3_store_through_the_injected_fetcher(s3_server, s3_bucket):
-    from batching.errors import LoraError
     from batching.lora.store import LoraSource
+    from core.errors import LoraError
 
     store = open_lora_store(StorageSettings(lora_url=f"s3://{s3_bucket}", s3_endpoint_url=s3_server.endpoint_url))
     store.put("style", FILE)
@@ -62,8 +62,8 @@ def test_the_engine_source_reads_an_s3_store_through_the_injected_fetcher(s3_ser
 
 
 def test_the_worker_read_refuses_a_file_above_the_limit_before_reading_it(lora_store):
-    from batching.errors import LoraError
     from batching.lora.store import LoraSource
+    from core.errors import LoraError
 
     lora_store.put("big", FILE)
     source = LoraSource("s3://any", fetcher=functools.partial(lora_store.get_at_most, max_bytes=len(FILE) - 1))

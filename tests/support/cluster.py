@@ -14,7 +14,7 @@ import boto3
 import redis
 from celery import Celery
 
-from batching.params import GenerationParams
+from core.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
 from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, WEBHOOK_QUEUE, broker_queue_keys, generate_queue

@@ -8,7 +8,7 @@ import io
 import numpy as np
 from PIL import Image, ImageDraw
 
-from batching.image_inputs import to_data_uri
+from core.image_inputs import to_data_uri
 
 JOB = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 4}  # a small job body for the API
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 
-from batching.families import FAMILIES
-from batching.params import CompatibilityKey, GenerationParams
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.sample import Sample, make_samples
 from batching.scheduler import Scheduler, SchedulerConfig
+from core.families import FAMILIES
+from core.params import CompatibilityKey, GenerationParams
 
 _job_numbers = itertools.count(1)
 

@@ -12,8 +12,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from batching.errors import JobCanceledError
 from batching.job import JobFuture
+from core.errors import JobCanceledError
 from storage.job_record import JobState
 from storage.job_store import JobStore
 from storage.settings import StorageSettings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from batching.job import JobFuture
-from batching.params import GenerationParams
+from core.params import GenerationParams
 from storage.settings import StorageSettings
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings

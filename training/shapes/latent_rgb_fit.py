@@ -38,11 +38,11 @@ LEARNING_RATE = 1e-2
 def save_latent_rgb(folder: Path, model: str = "builtin:shapes") -> LatentRgb:
     import torch
 
-    from batching.params import GenerationParams
     from batching.pipelines import adapter_serving
     from batching.pipelines.latent_rgb import FIT_NUM_IMAGES, encoded_latents, fit_samples
     from batching.shapes.drawing import random_example
     from batching.shapes.vocabulary import all_prompts
+    from core.params import GenerationParams
 
     device, dtype = torch.device("cpu"), torch.float32
     adapter_class = adapter_serving(model, str(folder))

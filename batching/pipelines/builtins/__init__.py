@@ -1,3 +1,3 @@
 """The built-in models' builders, one per family: each builds its family's diffusers pipeline at toy
-size from a config with seeded weights (batching.builtin_models.registry names them; the shared
+size from a config with seeded weights (core.builtin_models names them; the shared
 seeded construction is batching.builtin_models.components)."""

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from batching.errors import InvalidParamsError
-from batching.families import FAMILIES, ReferenceRules
+from core.errors import InvalidParamsError
+from core.families import FAMILIES, ReferenceRules
 
 IMAGE_FIELDS = ("init_image", "mask_image")
 RESIZE_MODES = ("none", "stretch", "crop")

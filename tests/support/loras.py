@@ -1,6 +1,6 @@
 """Small random-weight LoRA files for the built-in models, so tests and the bench need no download.
 
-    python -m batching.lora.make_test_loras OUT_DIR [--model builtin:tiny] [--names a,b] [--text-encoder]
+    python -m tests.support.loras OUT_DIR [--model builtin:tiny] [--names a,b] [--text-encoder]
 
 Each file is `<name>.safetensors` in the diffusers/PEFT format that `load_lora_weights` reads
 (`unet.*.lora_A.weight` / `lora_B.weight`, and `text_encoder.*` with `--text-encoder`). Both
@@ -36,7 +36,7 @@ def make_lora(
     from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
 
-    from batching.pipelines import load_model
+    from batching.model_loading import load_model
 
     pipeline = load_model(model, "cpu", "float32").pipeline
     denoiser_name = "unet" if hasattr(pipeline, "unet") else "transformer"

@@ -22,6 +22,8 @@ import json
 import math
 import struct
 
+from core.errors import LoraFileError
+
 LORA_SUFFIX = ".safetensors"
 MAX_LORA_BYTES = 256 * 2**20  # one adapter file; the API's upload limit and the engine's read limit
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
@@ -38,10 +40,6 @@ PAIR_SUFFIXES = (
 )
 ALPHA_SUFFIX = ".alpha"
 _SHOWN = 100  # characters of a tensor name quoted in a message
-
-
-class LoraFileError(ValueError):
-    """The bytes are not a usable LoRA adapter file; the message says what is wrong (to follow 'the file ...')."""
 
 
 def check_lora_file(data: bytes) -> int:

@@ -1,12 +1,12 @@
 """The model families the engine serves, and what a job may ask of each. Torch-free.
 
 `GenerationParams` validates a job against the family of its model (samplers, size
-multiple, guidance range) and takes its defaults from here; the API reads the same
-table through `batching.params`. The family of a built-in model is known by name; a
-folder or repo id is classified when the engine loads it (the adapter that serves its
+multiple, guidance range) and takes its defaults from here; the API and the worker read
+the same table. The family of a built-in model is known by name (`core.builtin_models`);
+a folder or repo id is classified when the engine loads it (the adapter that serves its
 `model_index.json` `_class_name`, see `batching.pipelines`), and the engine validates
 jobs against that family at submit. What a family's diffusers classes are and how they
-are driven lives in its adapter, `batching/pipelines/<family>.py`.
+are driven lives in its adapter, under `batching/pipelines/`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from batching.builtin_models.registry import BUILTIN_MODELS, BUILTIN_PREFIX  # torch-free
+from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
 
 UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
@@ -77,7 +77,7 @@ class FamilySpec:
     edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
     extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
     reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
-    step_cache: str | None = None  # the per-sample step cache its adapter runs (batching.step_cache.STEP_CACHE_KINDS);
+    step_cache: str | None = None  # the per-sample step cache its adapter runs (core.step_cache.STEP_CACHE_KINDS);
     # None: jobs may ask only for cache "off"
 
     def __post_init__(self) -> None:
@@ -219,5 +219,5 @@ FALLBACK_FAMILY = "sd"
 
 def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
-    built_in = BUILTIN_MODELS.get(model.removeprefix(BUILTIN_PREFIX)) if model.startswith(BUILTIN_PREFIX) else None
+    built_in = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
     return built_in.family if built_in else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from batching.errors import InvalidParamsError
+from core.errors import InvalidParamsError
 
 CACHE_OFF = "off"
 STEP_CACHE_KINDS = ("first_block", "modulated_input", "deep")
