@@ -13,6 +13,7 @@ from flask import Blueprint
 from api.auth import require_tenant
 from api.job_view import iso_time
 from api.resources import get_job_store
+from core.families import FAMILIES, recommended_sizes
 from storage.heartbeats import ModelStatus
 
 bp = Blueprint("models", __name__, url_prefix="/v1/models")
@@ -32,6 +33,7 @@ def model_view(status: ModelStatus) -> dict[str, Any]:
         "last_seen": iso_time(status.last_seen),
         "defaults": status.defaults,
         "limits": status.limits,
+        "sizes": recommended_sizes(status.model, status.family) if status.family in FAMILIES else [],
         "engine": status.engine,
     }
 

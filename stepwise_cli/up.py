@@ -38,8 +38,8 @@ from urllib.parse import urlsplit
 import redis
 import requests
 
-from batching.shapes.vocabulary import ShapePrompt
 from core.params import SHOWCASE_MODEL
+from core.shapes_vocabulary import ShapePrompt
 from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password

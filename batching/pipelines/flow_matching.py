@@ -14,7 +14,7 @@ class FlowMatchSampler(FlowMatchEulerDiscreteScheduler):
     latents (`latents - sigma * velocity`) from a tuple step: what a live preview shows (batching.previews), a
     picture where the current latents are still mostly noise. The next latents are diffusers' own."""
 
-    def step(self, model_output: torch.Tensor, timestep: Any, sample: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def step(self, model_output: Any, timestep: Any, sample: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("return_dict", True) or kwargs.get("per_token_timesteps") is not None:
             return super().step(model_output, timestep, sample, *args, **kwargs)
         if self.step_index is None:

@@ -18,8 +18,8 @@ from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.pipelines.latent_rgb import HiddenLayer, LatentRgb, fit_latent_rgb
 from batching.previews import MAX_PREVIEW_SIDE, Preview, PreviewPixels
 from batching.shapes.checker import palette_labels
-from batching.shapes.vocabulary import COLOURS, parse_prompt
 from core.errors import InvalidParamsError
+from core.shapes_vocabulary import COLOURS, parse_prompt
 from tests.support.engines import make_params, max_pixel_diff
 
 

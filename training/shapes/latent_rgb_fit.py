@@ -41,8 +41,8 @@ def save_latent_rgb(folder: Path, model: str = "builtin:shapes") -> LatentRgb:
     from batching.pipelines import adapter_serving
     from batching.pipelines.latent_rgb import FIT_NUM_IMAGES, encoded_latents, fit_samples
     from batching.shapes.drawing import random_example
-    from batching.shapes.vocabulary import all_prompts
     from core.params import GenerationParams
+    from core.shapes_vocabulary import all_prompts
 
     device, dtype = torch.device("cpu"), torch.float32
     adapter_class = adapter_serving(model, str(folder))
@@ -95,7 +95,7 @@ def palette_as_previewed(adapter: PipelineAdapter, fitted: LatentRgb) -> dict[st
 
     from batching.params import GenerationParams
     from batching.pipelines.latent_rgb import encoded_latents
-    from batching.shapes.vocabulary import COLOURS
+    from core.shapes_vocabulary import COLOURS
 
     params = GenerationParams(prompt="latent rgb fit", model=adapter.model, height=SIZE, width=SIZE, seed=0)
     to_rgb = fitted.on(adapter.device)
