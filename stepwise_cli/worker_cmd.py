@@ -1,7 +1,11 @@
 """`stepwise worker`: the GPU worker, i.e. `celery -A worker worker` with the right flags.
 
 Options override the matching `STEPWISE_*` variables; everything else (Redis, storage,
-leases, webhooks) comes from the environment, as for `celery -A worker worker`.
+leases, webhooks) comes from the environment, as for `celery -A worker worker`. Where the
+environment names no Redis (STEPWISE_REDIS_URL unset) and `stepwise up` runs from the same folder,
+the worker joins that service: it takes the shared settings `up` saved in `<var>/stepwise.json`
+(Redis, storage, LoRA store, webhook secret ...; a variable that is set still wins), so
+`stepwise worker --model builtin:tiny-qwen-image-edit` beside `stepwise up` needs nothing else.
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ import argparse
 import os
 import sys
 import warnings
+from pathlib import Path
 
+from settings import read_if_set
+from stepwise_cli.client import STATE_FILE_NAME, default_var_dir, load_service_env
 from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 
 OPTION_ENV = {
@@ -24,6 +31,12 @@ OPTION_ENV = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{parser.description}. Beside `stepwise up` (started from the same folder, with no STEPWISE_REDIS_URL "
+        f"set) it joins up's service with the settings up saved in var/{STATE_FILE_NAME}: Redis, image storage, "
+        "LoRA store, webhook secret; a STEPWISE_* variable that is set wins. Elsewhere set at least "
+        "STEPWISE_REDIS_URL and STEPWISE_STORAGE_URL (docs/operations.md)."
+    )
     parser.add_argument("--model", help="model to serve (default: $STEPWISE_MODEL or builtin:tiny)")
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N (default: $STEPWISE_DEVICE or auto)")
     parser.add_argument("--max-num-seqs", type=int, help="jobs batched at once (default: $STEPWISE_MAX_NUM_SEQS or 8)")
@@ -45,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--hostname", "-n", help="Celery node name (default: celery@<host>)")
     parser.add_argument("--loglevel", "-l", default="INFO", help="log level (default: %(default)s)")
+    parser.add_argument(
+        "--var-dir",
+        type=Path,
+        help=f"where `stepwise up` saved {STATE_FILE_NAME} (default: $STEPWISE_VAR_DIR or ./var)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no Celery banner and no note about running as root (`stepwise up`)"
+    )
 
 
 def celery_argv(args: argparse.Namespace, concurrency: int) -> list[str]:
@@ -67,7 +88,25 @@ def celery_argv(args: argparse.Namespace, concurrency: int) -> list[str]:
     return argv
 
 
+def join_local_service(var_dir: Path) -> None:
+    """Take the shared settings `stepwise up` saved in `var_dir` for every variable the environment does not set,
+    when it names no Redis of its own; say where they came from."""
+    if read_if_set("STEPWISE_REDIS_URL"):
+        return
+    saved = load_service_env(var_dir)
+    taken = [name for name in saved if not os.environ.get(name)]
+    for name in taken:
+        os.environ[name] = saved[name]
+    if taken:
+        print(
+            f"stepwise worker: joining the service `stepwise up` saved in {var_dir / STATE_FILE_NAME} "
+            f"({', '.join(taken)})",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    join_local_service(args.var_dir or default_var_dir())
     for option, name in OPTION_ENV.items():
         value = getattr(args, option)
         if value is not None:
@@ -78,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # a malformed STEPWISE_* variable, named in the message
         print(f"stepwise worker: {e}", file=sys.stderr)
         return 2
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and not args.quiet:
         # Celery's multi-line "superuser privileges" warning, where a user cannot act on it (a root
         # shell running `stepwise up`): the images in docker/ run the worker as an unprivileged user.
         from celery.exceptions import SecurityWarning
@@ -88,4 +127,5 @@ def run(args: argparse.Namespace) -> int:
             "stepwise worker: running as root (fine on a development machine; the docker images do not)",
             file=sys.stderr,
         )
-    return app.start(celery_argv(args, settings.concurrency)) or 0
+    quiet = ["--quiet"] if args.quiet else []  # Celery's global option: no banner
+    return app.start([*quiet, *celery_argv(args, settings.concurrency)]) or 0

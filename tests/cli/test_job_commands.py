@@ -114,7 +114,11 @@ def test_status_cancel_and_jobs_cover_the_api(live_api, capsys):
     assert "canceled" in out and "error: the job was canceled" in out
 
     assert live_api.cli("cancel", first) == 1
-    assert "already canceled" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == "stepwise cancel: the job was already canceled; nothing to cancel"
+    live_api.store.take(second, "a-worker", 60)
+    live_api.store.finish(second, JobState.SUCCEEDED, image_keys=[f"{second}/0.png"])
+    assert live_api.cli("cancel", second) == 1
+    assert capsys.readouterr().err.strip() == "stepwise cancel: the job already succeeded; nothing to cancel"
 
     assert live_api.cli("jobs", "--state", "canceled", "--json") == 0
     assert [json.loads(line)["job_id"] for line in capsys.readouterr().out.splitlines()] == [first]
