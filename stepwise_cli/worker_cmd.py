@@ -94,7 +94,7 @@ def join_local_service(var_dir: Path) -> None:
     if read_if_set("STEPWISE_REDIS_URL"):
         return
     saved = load_service_env(var_dir)
-    taken = [name for name in saved if not os.environ.get(name)]
+    taken = [name for name in saved if read_if_set(name) is None]
     for name in taken:
         os.environ[name] = saved[name]
     if taken:
@@ -117,15 +117,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # a malformed STEPWISE_* variable, named in the message
         print(f"stepwise worker: {e}", file=sys.stderr)
         return 2
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and not args.quiet:
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Celery's multi-line "superuser privileges" warning, where a user cannot act on it (a root
         # shell running `stepwise up`): the images in docker/ run the worker as an unprivileged user.
         from celery.exceptions import SecurityWarning
 
         warnings.filterwarnings("ignore", category=SecurityWarning)
-        print(
-            "stepwise worker: running as root (fine on a development machine; the docker images do not)",
-            file=sys.stderr,
-        )
+        if not args.quiet:
+            print(
+                "stepwise worker: running as root (fine on a development machine; the docker images do not)",
+                file=sys.stderr,
+            )
     quiet = ["--quiet"] if args.quiet else []  # Celery's global option: no banner
     return app.start([*quiet, *celery_argv(args, settings.concurrency)]) or 0

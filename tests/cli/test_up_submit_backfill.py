@@ -391,7 +391,7 @@ def test_up_prints_no_celery_banner_and_no_note_about_running_as_root(up):
     log = up.log_path.read_text()
 
     assert "[config]" not in log and ".> transport:" not in log  # Celery's banner, once per worker before
-    assert "running as root" not in log
+    assert "running as root" not in log and "superuser privileges" not in log  # up runs as root here
     assert "stepwise is up after" in log
 
 
