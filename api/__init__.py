@@ -50,26 +50,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_mapping(test_config or {})
     settings: ApiSettings = app.config.get("API_SETTINGS") or ApiSettings.from_env()
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["MAX_FORM_PARTS"] = settings.max_form_parts
+    # A text part is bounded by its route's body limit alone, so a form that werkzeug refuses within that limit
+    # has too many parts (api.request_body.read_form says so).
+    app.config["MAX_FORM_MEMORY_SIZE"] = None
     assert isinstance(app.json, DefaultJSONProvider)  # Flask's own provider: it has these two settings
     app.json.sort_keys = False
     app.json.compact = True
-
-    job_store = JobStore.from_settings(settings.storage)
-    api_key_store = ApiKeyStore(job_store.redis, job_store.keys)  # `stepwise keys` manages them
-    resources.install(
-        app,
-        settings=settings,
-        keyring=KeyRing(settings.api_keys, settings.admin_api_keys, ApiKeyTable(api_key_store)),
-        job_store=job_store,
-        fleet=Fleet(job_store, settings),
-        upload_store=UploadStore.beside(job_store),
-        image_store=open_image_store(settings.storage),
-        lora_store=open_lora_store(settings.storage),
-        task_queue=TaskQueue(settings.storage.redis_url),
-        openapi_document=openapi.build_document(settings),
-        job_events=JobEventLog(job_store.redis, job_store.keys),
-        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
-    )
 
     app.url_map.converters["jobid"] = jobs.JobIdConverter
     errors.register(app)
@@ -87,4 +74,21 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     )
     for blueprint in blueprints:
         app.register_blueprint(blueprint)
+
+    job_store = JobStore.from_settings(settings.storage)
+    api_key_store = ApiKeyStore(job_store.redis, job_store.keys)  # `stepwise keys` manages them
+    resources.install(
+        app,
+        settings=settings,
+        keyring=KeyRing(settings.api_keys, settings.admin_api_keys, ApiKeyTable(api_key_store)),
+        job_store=job_store,
+        fleet=Fleet(job_store, settings),
+        upload_store=UploadStore.beside(job_store),
+        image_store=open_image_store(settings.storage),
+        lora_store=open_lora_store(settings.storage),
+        task_queue=TaskQueue(settings.storage.redis_url),
+        openapi_document=openapi.build_document(app, settings),  # from the routes registered above
+        job_events=JobEventLog(job_store.redis, job_store.keys),
+        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
+    )
     return app

@@ -3,7 +3,9 @@
 Keys come from two places: STEPWISE_API_KEYS (and STEPWISE_ADMIN_API_KEYS for operators) in the
 environment, and the keys kept hashed in Redis (`storage.api_keys`, managed with `stepwise keys`),
 read again at most once a second, so a key created or revoked works or stops within a second
-without a restart (`api.keyring` holds them and compares them in constant time). Keys are never logged.
+without a restart (`api.keyring` holds them and compares them in constant time). Keys are never logged. A
+request that waits (an event stream, `Prefer: wait`, the OpenAI images routes) keeps its Redis key's id
+(`g.key_id`), so revoking the key ends it too (api.live).
 
 A header that is there but cannot be read (a value beyond ASCII, which granian hands over empty) is
 an invalid key, not a missing one.
@@ -47,6 +49,14 @@ def require_tenant() -> None:
         raise ApiError(401, "unauthorized", "invalid API key", headers=UNAUTHORIZED_HEADERS)
     g.tenant = caller.tenant
     g.is_admin = caller.is_admin
+    g.key_id = caller.key_id
+
+
+def revoked_key_error() -> ApiError:
+    """What a request still waiting when its key was revoked gets, as a new request with the key would."""
+    return ApiError(
+        401, "unauthorized", "the API key of this request was revoked while it waited", headers=UNAUTHORIZED_HEADERS
+    )
 
 
 def require_admin() -> None:

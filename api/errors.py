@@ -82,6 +82,8 @@ def from_validation_error(error: ValidationError, prefix: tuple[Any, ...] = ()) 
     loc = prefix + tuple(first["loc"])
     field = field_path(loc)
     message = OBJECT_MESSAGES.get(first["type"], first["msg"])
+    if first["type"] == "value_error":  # a validator's own ValueError: its message, without pydantic's prefix
+        message = str(first["ctx"]["error"])
     if field is None:
         joiner = " " if first["type"] in OBJECT_MESSAGES else ": "
         return invalid(None, f"the request body{joiner}{message}")

@@ -7,6 +7,9 @@ Events, each `event: NAME` with one line of JSON `data` (docs/api.md#event-strea
     progress  {"job_id", "step", "total"}                        at most once per STEPWISE_PROGRESS_INTERVAL
     preview   {"job_id", "step", "total", "image"}               a data URI, when the job asked for previews
     <state>   the job's view, as GET /v1/jobs/{id} gives it      succeeded, failed, canceled or expired; last
+    error     {"error": {"code", "message"}}                      instead, when the job is gone (deleted:
+                                                                  not_found) or the stream's API key was
+                                                                  revoked (unauthorized); last
 
 Events from the job's stream (storage.job_events) carry its entry id as `id`, so a client that
 reconnects with `Last-Event-ID` gets exactly what it missed. A fresh connection first gets the
@@ -21,7 +24,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from storage.job_events import JobEvent
+from api.auth import revoked_key_error
+from api.errors import ApiError
+from storage.job_events import EVENT_ID, JobEvent
 from storage.job_record import TERMINAL_STATE_NAMES, JobRecord, JobState
 
 SSE_HEADERS = [
@@ -30,6 +35,18 @@ SSE_HEADERS = [
     ("X-Accel-Buffering", "no"),  # proxies such as nginx: pass each event on at once
 ]
 RETRY_MS = 2000  # how long a disconnected EventSource waits before reconnecting
+EVENT_NAMES = ("queued", "started", "progress", "preview", *sorted(TERMINAL_STATE_NAMES), "error")
+# One event of the stream, as the OpenAPI document shows it (schemathesis and other tools read text/event-stream
+# as its events' fields).
+EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": list(EVENT_NAMES)},
+        "data": {"type": "string", "description": "JSON: the job's view, the event's details, or an error."},
+        "id": {"type": "string", "pattern": f"^{EVENT_ID.pattern}$"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
 RECHECK_SECONDS = 5.0  # re-read the stream (and the record) this often without a wake-up
 
 
@@ -58,6 +75,11 @@ def with_retry(outs: list[Out]) -> list[Out]:
 def encode(name: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id else ""
     return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def error_event(error: ApiError) -> bytes:
+    """The stream's last event when it ends without the job's end state; data as the API's error bodies."""
+    return encode("error", error.body())
 
 
 def encode_end(end: EndOut, view: bytes) -> bytes:
@@ -154,14 +176,19 @@ class EventStreamState:
         self.last_recheck = now
         if has_events or self.is_done:
             return []
-        if state is None:  # the record is gone (expired or deleted): nothing more will come
+        if state is None:  # the record is gone (deleted, or past its retention): nothing more will come
             self.is_done = True
-            return []
+            return [error_event(ApiError(404, "not_found", "the job no longer exists (deleted, or past retention)"))]
         if state in TERMINAL_STATE_NAMES:  # ended, and its stream lost the end entry (expired)
             self.state = state
             self.is_done = True
             return [EndOut(state, None)]
         return []
+
+    def on_revoked(self) -> list[Out]:
+        """The key that opened the stream was revoked: it ends, saying why (a reconnection gets 401)."""
+        self.is_done = True
+        return [error_event(revoked_key_error())]
 
     def keepalive(self) -> bytes:
         return b": keep-alive\n\n"

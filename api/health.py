@@ -14,7 +14,9 @@ from typing import Any
 from flask import Blueprint
 
 from api.job_view import iso_time
+from api.openapi_operations import Answer, documented
 from api.resources import get_fleet, get_image_store, get_job_store, get_settings
+from api.schemas import Health, Readiness
 from storage.errors import StorageError
 from storage.heartbeats import ModelStatus
 
@@ -24,6 +26,7 @@ bp = Blueprint("health", __name__)
 
 
 @bp.get("/healthz")
+@documented("The process is alive.", responses={200: Answer("Alive.", Health)})
 def healthz():
     return {"status": "ok"}
 
@@ -97,6 +100,10 @@ def worker_readiness() -> tuple[dict[str, Any] | None, list[dict[str, Any]], lis
 
 
 @bp.get("/readyz")
+@documented(
+    "Redis and image storage are reachable; says whether workers run.",
+    responses={200: Answer("Ready.", Readiness), 503: Answer("Not ready.", Readiness)},
+)
 def readyz():
     checks = {"redis": get_job_store().ping(), "storage": storage_reachable()}
     if all(checks.values()):

@@ -7,13 +7,23 @@ import logging
 import uuid
 
 from flask import Blueprint, Response, g, redirect, request
-from pydantic import ValidationError
 from werkzeug.routing import BaseConverter
 
 from api.auth import require_tenant
-from api.errors import ApiError, from_validation_error, invalid, not_found
+from api.errors import ApiError, invalid, not_found
+from api.event_stream import EVENT
 from api.image_fields import remote_image_urls
 from api.job_view import job_url, job_view
+from api.openapi_operations import (
+    BINARY,
+    IMAGE_TYPES,
+    Answer,
+    api_errors,
+    body_of,
+    documented,
+    parameter,
+    query_of,
+)
 from api.remote_images import fetch_images
 from api.request_body import read_json
 from api.resources import (
@@ -25,8 +35,17 @@ from api.resources import (
     get_task_queue,
     get_upload_store,
 )
-from api.schemas import BatchRequest, ImageQuery, ListQuery
+from api.schemas import (
+    BatchRequest,
+    BatchResponse,
+    ImageQuery,
+    JobList,
+    JobRequest,
+    JobView,
+    ListQuery,
+)
 from api.submission import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
     QueueRoom,
     batch_item_key,
     check_idempotency_key,
@@ -36,7 +55,15 @@ from api.submission import (
     validate_job,
     webhook_url_of,
 )
-from api.waiting import event_stream, json_rendered, prefer_wait, waited
+from api.waiting import (
+    LAST_EVENT_ID,
+    PREFER,
+    PREFERENCE_APPLIED,
+    event_stream,
+    json_rendered,
+    prefer_wait,
+    waited,
+)
 from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
@@ -60,6 +87,18 @@ class JobIdConverter(BaseConverter):
     """A job id in a path: anything but `batch`, so GET /v1/jobs/batch is 405 (only POST), not "job not found"."""
 
     regex = r"(?!batch$)[^/]+"
+
+
+JOB_ID = parameter("job_id", "path", "The job's id.", MAX_JOB_ID_CHARS, pattern=f"^{JobIdConverter.regex}$")
+IDEMPOTENCY_KEY = parameter(
+    "Idempotency-Key",
+    "header",
+    "Retries with the same key and body return the original job; the same key with another body gets 409.",
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    pattern=r"^[ -~]*[!-~][ -~]*$",  # printable ASCII, not only spaces (api.submission.check_idempotency_key)
+    required=False,
+)
+LOCATION = {"Location": {"description": "The job's URL.", "schema": {"type": "string"}}}
 
 
 def own_job(job_id: str) -> JobRecord:
@@ -88,7 +127,24 @@ def queued_view(record: JobRecord, position: int | None) -> dict:
 
 
 @bp.post("")
-def submit():
+@documented(
+    "Submit a generation job.",
+    body=JobRequest,
+    parameters=(IDEMPOTENCY_KEY, PREFER),
+    responses={
+        202: Answer(
+            "Queued (or the original job, for a replayed Idempotency-Key); with Prefer: wait, not ended within it.",
+            JobView,
+            headers={**LOCATION, **PREFERENCE_APPLIED},
+        ),
+        200: Answer("With Prefer: wait, the job ended within the wait.", JobView, headers=PREFERENCE_APPLIED),
+    },
+    errors={
+        **api_errors(400, 409, 413, 415, 422, 429, 503),
+        404: "With Prefer: wait, the job was deleted during the wait.",
+    },
+)
+def submit_job():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     wait_seconds = prefer_wait(request.headers.getlist("Prefer"))
@@ -110,8 +166,11 @@ def submit():
 
 
 def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int):
-    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location)."""
-    current = get_job_store().get(record.job_id) or record
+    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location); 404 if it was
+    deleted meanwhile, as its GET answers then."""
+    current = get_job_store().get(record.job_id)
+    if current is None:
+        raise not_found()
     applied = {**headers, "Preference-Applied": f"wait={wait_seconds}"}
     if current.state.is_terminal:
         applied.pop("Location")
@@ -120,13 +179,17 @@ def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int)
 
 
 @bp.post("/batch")
+@documented(
+    "Submit up to STEPWISE_MAX_BATCH_JOBS jobs; each item gets its own result.",
+    body=BatchRequest,
+    parameters=(IDEMPOTENCY_KEY,),
+    responses={200: Answer("One result per item.", BatchResponse)},
+    errors=api_errors(400, 413, 415, 422, 429, 503),
+)
 def submit_batch():
     settings, store, queue = get_settings(), get_job_store(), get_task_queue()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    try:
-        batch = BatchRequest.model_validate(read_json())
-    except ValidationError as e:
-        raise from_validation_error(e) from e
+    batch = body_of(BatchRequest)
     items = batch.jobs
     if len(items) > settings.max_batch_jobs:
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
@@ -179,12 +242,15 @@ def submit_batch():
 
 
 @bp.get("")
+@documented(
+    "The caller's jobs, newest first.",
+    query=ListQuery,
+    responses={200: Answer("A page of jobs.", JobList)},
+    errors=api_errors(422, 503),
+)
 def list_jobs():
     store = get_job_store()
-    try:
-        query = ListQuery.model_validate(request.args.to_dict())
-    except ValidationError as e:
-        raise from_validation_error(e) from e
+    query = query_of(ListQuery)
     state = JobState(query.state) if query.state else None
     try:
         records, next_cursor = store.list_for_tenant(g.tenant, state=state, limit=query.limit, cursor=query.cursor)
@@ -194,16 +260,35 @@ def list_jobs():
 
 
 @bp.get("/<jobid:job_id>")
+@documented(
+    "A job's state, progress, timings and image URL.",
+    responses={200: Answer("The job.", JobView)},
+    errors=api_errors(404, 503),
+)
 def get_job(job_id: str):
     return view_with_position(own_job(job_id))
 
 
 @bp.get("/<jobid:job_id>/events")
+@documented(
+    "Server-sent events: queued (with its position), started, progress, preview, then the end state with the "
+    "job's view (or an error event: the job deleted, the key revoked); then the stream ends.",
+    parameters=(LAST_EVENT_ID,),
+    responses={
+        200: Answer("text/event-stream (docs/api.md#event-stream).", content={"text/event-stream": {"schema": EVENT}})
+    },
+    errors=api_errors(404, 422, 503),
+)
 def job_events(job_id: str):
     return event_stream(own_job(job_id), view_with_position)
 
 
 @bp.delete("/<jobid:job_id>")
+@documented(
+    "Remove the job's record and images (a queued or running job is canceled first).",
+    responses={204: Answer("Deleted.")},
+    errors=api_errors(404, 503),
+)
 def delete_job(job_id: str):
     """Remove the caller's job record and its images; a queued job is canceled first, a running one stops at
     its next step (its worker finds the record gone and removes what it stored meanwhile)."""
@@ -229,6 +314,14 @@ ALREADY_ENDED = {  # what a cancel of a finished job says: "the job already succ
 
 
 @bp.post("/<job_id>/cancel")
+@documented(
+    "Cancel: a queued job at once, a running one at its next step.",
+    responses={
+        200: Answer("Canceled.", JobView),
+        202: Answer("Cancel requested; the running job stops at its next step.", JobView),
+    },
+    errors=api_errors(404, 409, 503),
+)
 def cancel_job(job_id: str):
     store = get_job_store()
     record = own_job(job_id)
@@ -257,12 +350,18 @@ def send_canceled_webhook(record: JobRecord) -> None:
 
 
 @bp.get("/<job_id>/image")
-def get_image(job_id: str):
+@documented(
+    "The image in the job's output_format (local storage) or a redirect to it (S3).",
+    query=ImageQuery,
+    responses={
+        200: Answer("The image.", content=dict.fromkeys(IMAGE_TYPES, BINARY)),
+        302: Answer("Redirect to a presigned URL.", headers={"Location": {"schema": {"type": "string"}}}),
+    },
+    errors=api_errors(404, 409, 422, 503),
+)
+def get_job_image(job_id: str):
     record = own_job(job_id)
-    try:
-        index = ImageQuery.model_validate(request.args.to_dict()).index
-    except ValidationError as e:
-        raise from_validation_error(e) from e
+    index = query_of(ImageQuery).index
     if record.state is not JobState.SUCCEEDED:
         raise ApiError(409, "no_image", f"the job is {record.state.value}; its image exists once it has succeeded")
     if index >= len(record.image_keys):

@@ -17,6 +17,7 @@ from storage.api_keys import ApiKeyTable
 class Caller:
     tenant: str
     is_admin: bool  # may read /metrics and every tenant's queue totals
+    key_id: str | None = None  # a key kept in Redis (revocable while the API runs); None for the environment's
 
 
 class KeyRing:
@@ -42,7 +43,7 @@ class KeyRing:
         if found is None and self.table is not None:
             stored = self.table.lookup(key)
             if stored is not None:
-                found = Caller(stored.tenant, stored.is_admin)
+                found = Caller(stored.tenant, stored.is_admin, stored.key_id)
         return found
 
     def tenant_for(self, key: str) -> str | None:

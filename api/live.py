@@ -12,20 +12,24 @@ depends on the server:
 
 Either way one pub/sub subscription per process wakes the waiters of a job when its event stream
 grows (`storage.job_events`); a waiter then re-reads the stream, and re-reads on a timer too, so a
-lost wake-up costs latency, never an event.
+lost wake-up costs latency, never an event. The same subscription says when the API key a request
+came with is revoked: a wait then answers 401, a stream sends an `error` event and ends, as a new
+request with the key would be refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from http import HTTPStatus
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
-from flask import Flask, Response, current_app
+from flask import Flask, Response, current_app, g
 
+from api.auth import revoked_key_error
 from api.errors import to_api_error
 from api.event_stream import RECHECK_SECONDS, SSE_HEADERS, EventStreamState, Out, encode_end
 from storage.job_events import JobEventFeed, JobEventLog
@@ -55,6 +59,16 @@ def status_line(status: int) -> str:
     return f"{status} {HTTPStatus(status).phrase}"
 
 
+class WaitEnd(enum.Enum):
+    ENDED = "ended"  # the job ended (or its record is gone)
+    TIMED_OUT = "timed_out"  # the wait ran out first (or Redis failed: the answer says what the record says)
+    REVOKED = "revoked"  # the request's API key was revoked
+
+
+def refuse_revoked() -> NoReturn:
+    raise revoked_key_error()
+
+
 def async_feed(app: Flask) -> AsyncJobEventFeed:
     """The event feed for an asyncio loop serving `app` (one per loop: the RSGI bridge makes it)."""
     store = app.extensions["stepwise.job_store"]
@@ -72,18 +86,26 @@ class LiveBody:
         self.extra_headers = extra  # what after_request hooks set on the LiveResponse
         self.log: JobEventLog = self.app.extensions["stepwise.job_events"]
         self.feed: JobEventFeed = self.app.extensions["stepwise.job_event_feed"]
+        self.key_id: str | None = g.get("key_id")  # the request's revocable API key (api.auth)
         self.started = time.monotonic()
         self._body: Iterator[bytes] | None = None
 
     def in_request(self, render: Callable[..., Rendered], *args: Any) -> Rendered:
-        """`render(*args)` in a request context of the original request (any thread); errors answer as JSON."""
+        """`render(*args)` in a request context of the original request (any thread); an error is answered by
+        the app's error handlers, as the route's own errors are (the OpenAI routes' in OpenAI's shape)."""
         with self.app.request_context(self.environ):
             try:
                 return render(*args)
             except Exception as e:
-                error = to_api_error(e)
-                body = self.app.json.dumps(error.body()).encode()
-                return error.status, [("Content-Type", "application/json"), *error.headers.items()], body
+                try:
+                    response = self.app.make_response(self.app.handle_user_exception(e))
+                except Exception:
+                    if self.app.testing:
+                        raise  # TESTING: the test sees an unexpected error itself (api.errors)
+                    error = to_api_error(e)
+                    body = self.app.json.dumps(error.body()).encode()
+                    return error.status, [("Content-Type", "application/json"), *error.headers.items()], body
+                return response.status_code, list(response.headers.items()), response.get_data()
 
     def __iter__(self) -> Iterator[bytes]:
         # The request is read: under stepwise api's gevent worker, its whole-request deadline no longer applies.
@@ -105,64 +127,74 @@ class LiveBody:
 
 
 class JobWait(LiveBody):
-    """Waits until the job ends or `seconds` pass, then answers `render(has_ended)`."""
+    """Waits until the job ends or `seconds` pass, then answers `render(has_ended)`; 401 once its key is revoked."""
 
     def __init__(self, job_id: str, seconds: float, render: Callable[[bool], Rendered], **kwargs: Any) -> None:
         super().__init__(job_id, **kwargs)
         self.deadline = self.started + seconds
         self.render = render
 
+    def answer(self, end: WaitEnd) -> Rendered:
+        if end is WaitEnd.REVOKED:
+            return self.in_request(refuse_revoked)
+        return self.in_request(self.render, end is WaitEnd.ENDED)
+
     def generate(self) -> Iterator[bytes]:
-        has_ended = self.wait_sync()
-        status, headers, body = self.in_request(self.render, has_ended)
+        status, headers, body = self.answer(self.wait_sync())
         self.start_response(status_line(status), [*headers, *self.extra_headers])
         yield body
 
-    def wait_sync(self) -> bool:
+    def wait_sync(self) -> WaitEnd:
         try:
-            with self.feed.watch(self.job_id) as watch:
-                while True:
+            with self.feed.watch(self.job_id, self.key_id) as watch:
+                self.feed.check_key(watch)
+                while not watch.is_revoked:
                     state = self.log.state_of(self.job_id)
                     if state is None or state in TERMINAL_STATE_NAMES:
-                        return True
+                        return WaitEnd.ENDED
                     left = self.deadline - time.monotonic()
                     if left <= 0:
-                        return False
+                        return WaitEnd.TIMED_OUT
                     watch.wait(min(left, RECHECK_SECONDS))
+                return WaitEnd.REVOKED
         except Exception as e:  # Redis trouble: answer what the record says now (render reports an outage)
             log.warning("waiting for job %s: %s", self.job_id, e)
-            return False
+            return WaitEnd.TIMED_OUT
 
     async def serve_rsgi(self, protocol: RsgiProtocol, feed: AsyncJobEventFeed, offload: Offload) -> None:
-        has_ended = await self.wait_async(protocol, feed)
-        if has_ended is None:
+        end = await self.wait_async(protocol, feed)
+        if end is None:
             return  # the client left: nobody to answer
-        status, headers, body = await offload(self.in_request, self.render, has_ended)
+        status, headers, body = await offload(self.answer, end)
         protocol.response_bytes(status, [*headers, *self.extra_headers], body)
 
-    async def wait_async(self, protocol: RsgiProtocol, feed: AsyncJobEventFeed) -> bool | None:
+    async def wait_async(self, protocol: RsgiProtocol, feed: AsyncJobEventFeed) -> WaitEnd | None:
         gone = asyncio.ensure_future(protocol.client_disconnect())
         try:
-            with feed.watch(self.job_id) as watch:
+            with feed.watch(self.job_id, self.key_id) as watch:
                 gone.add_done_callback(lambda _: watch.news.set())
+                await feed.check_key(watch)
                 while not gone.done():
+                    if watch.is_revoked:
+                        return WaitEnd.REVOKED
                     state = await feed.state_of(self.job_id)
                     if state is None or state in TERMINAL_STATE_NAMES:
-                        return True
+                        return WaitEnd.ENDED
                     left = self.deadline - time.monotonic()
                     if left <= 0:
-                        return False
+                        return WaitEnd.TIMED_OUT
                     await watch.wait(min(left, RECHECK_SECONDS))
                 return None
         except Exception as e:
             log.warning("waiting for job %s: %s", self.job_id, e)
-            return False
+            return WaitEnd.TIMED_OUT
         finally:
             gone.cancel()
 
 
 class JobEventStream(LiveBody):
-    """`text/event-stream` of one job until its end state (api.event_stream says what is sent)."""
+    """`text/event-stream` of one job until its end state, or an `error` event once the job is gone or its
+    key is revoked (api.event_stream says what is sent)."""
 
     def __init__(
         self, state: EventStreamState, resume_after: str | None, render_end: Callable[[], Rendered], **kwargs: Any
@@ -182,18 +214,27 @@ class JobEventStream(LiveBody):
         state, log_ = self.state, self.log
         queue_key = log_.keys.queue_of(state.record)
         self.start_response("200 OK", [*SSE_HEADERS, *self.extra_headers])
-        with self.feed.watch(self.job_id) as watch:
-            opening = state.opening() if self.resume_after is None else state.resumed(self.read_sync(self.resume_after))
+        with self.feed.watch(self.job_id, self.key_id) as watch:
+            self.feed.check_key(watch)
+            if watch.is_revoked:
+                opening = state.on_revoked()
+            elif self.resume_after is None:
+                opening = state.opening()
+            else:
+                opening = state.resumed(self.read_sync(self.resume_after))
             yield from self.chunks(opening)
             while not state.is_done:
                 watch.queue_key = queue_key if state.is_queued else None
                 has_news = watch.wait(state.timeout(time.monotonic()))
+                if watch.is_revoked:
+                    yield from self.chunks(state.on_revoked())
+                    break
                 now = time.monotonic()
                 is_recheck = state.is_recheck_due(now)
                 outs = state.on_events(self.read_sync(state.last_id)) if has_news or is_recheck else []
-                outs += state.on_position(watch.position)
-                if is_recheck:
+                if is_recheck or (has_news and not outs):  # news without events: it may be gone (deleted)
                     outs += state.on_state(None if outs else log_.state_of(self.job_id), now, has_events=bool(outs))
+                outs += state.on_position(watch.position)
                 if not outs and state.is_keepalive_due(now):
                     outs = [state.keepalive()]
                 yield from self.chunks(outs)
@@ -219,9 +260,12 @@ class JobEventStream(LiveBody):
 
         queue_key = feed.keys.queue_of(state.record)
         try:
-            with feed.watch(self.job_id) as watch:
+            with feed.watch(self.job_id, self.key_id) as watch:
                 gone.add_done_callback(lambda _: watch.news.set())
-                if self.resume_after is None:
+                await feed.check_key(watch)
+                if watch.is_revoked:
+                    await send(state.on_revoked())
+                elif self.resume_after is None:
                     await send(state.opening())
                 else:
                     await send(state.resumed(await feed.read_after(self.job_id, self.resume_after)))
@@ -230,15 +274,18 @@ class JobEventStream(LiveBody):
                     has_news = await watch.wait(state.timeout(time.monotonic()))
                     if gone.done():
                         break
+                    if watch.is_revoked:
+                        await send(state.on_revoked())
+                        break
                     now = time.monotonic()
                     is_recheck = state.is_recheck_due(now)
                     outs: list[Out] = []
                     if has_news or is_recheck:
                         outs = state.on_events(await feed.read_after(self.job_id, state.last_id))
-                    outs += state.on_position(watch.position)
-                    if is_recheck:
+                    if is_recheck or (has_news and not outs):  # news without events: it may be gone (deleted)
                         record_state = None if outs else await feed.state_of(self.job_id)
                         outs += state.on_state(record_state, now, has_events=bool(outs))
+                    outs += state.on_position(watch.position)
                     if not outs and state.is_keepalive_due(now):
                         outs = [state.keepalive()]
                     await send(outs)

@@ -17,8 +17,9 @@ from flask import Blueprint, g, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
+from api.openapi_operations import BINARY, Answer, api_errors, documented, parameter
 from api.resources import get_lora_store, get_settings
-from api.schemas import LoraView
+from api.schemas import LoraList, LoraView
 from core.errors import LoraFileError
 from core.lora_files import check_lora_file
 from core.params import LORA_NAME_PATTERN
@@ -26,6 +27,15 @@ from storage.lora_store import LoraStore, tenant_key, tenant_slug
 
 bp = Blueprint("loras", __name__, url_prefix="/v1/loras")
 bp.before_request(require_tenant)
+
+MAX_NAME_CHARS = 100
+LORA_NAME = parameter(
+    "name",
+    "path",
+    "The adapter's name (letters, digits, '_', '.', '-').",
+    MAX_NAME_CHARS,
+    pattern=f"^{LORA_NAME_PATTERN.pattern}$",
+)
 
 
 def lora_store() -> LoraStore:
@@ -50,7 +60,13 @@ def lora_view(name: str, size: int, owner: Literal["tenant", "operator"]) -> dic
 
 
 @bp.put("/<path:name>")
-def upload(name: str):
+@documented(
+    "Store a LoRA adapter (the raw .safetensors file) usable only by this tenant.",
+    body_content={"application/octet-stream": BINARY},
+    responses={200: Answer("Replaced.", LoraView), 201: Answer("Stored.", LoraView)},
+    errors=api_errors(404, 413, 422, 503),
+)
+def upload_lora(name: str):
     store, max_bytes = lora_store(), get_settings().storage.lora_max_bytes
     check_name(name)
     request.max_content_length = max_bytes  # this route's own limit, above the JSON routes' one
@@ -71,6 +87,11 @@ def upload(name: str):
 
 
 @bp.get("")
+@documented(
+    "The adapters this tenant may use: its own uploads and the operator's.",
+    responses={200: Answer("The adapters.", LoraList)},
+    errors=api_errors(404, 503),
+)
 def list_loras():
     store = lora_store()
     own = [lora_view(info.name, info.size, "tenant") for info in store.list(f"tenants/{tenant_slug(g.tenant)}")]
@@ -79,6 +100,11 @@ def list_loras():
 
 
 @bp.get("/<path:name>")
+@documented(
+    "One of this tenant's uploaded adapters.",
+    responses={200: Answer("The adapter.", LoraView)},
+    errors=api_errors(404, 422, 503),
+)
 def get_lora(name: str):
     store = lora_store()
     size = store.size(tenant_key(g.tenant, check_name(name)))
@@ -88,6 +114,11 @@ def get_lora(name: str):
 
 
 @bp.delete("/<path:name>")
+@documented(
+    "Remove one of this tenant's uploaded adapters.",
+    responses={204: Answer("Removed.")},
+    errors=api_errors(404, 422, 503),
+)
 def delete_lora(name: str):
     if not lora_store().delete(tenant_key(g.tenant, check_name(name))):
         raise not_found("LoRA adapter")

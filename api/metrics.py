@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.auth import require_admin
+from api.openapi_operations import Answer, documented
 from api.resources import get_job_store, get_settings
 from storage.errors import StorageError
 from storage.job_store import JobStore
@@ -28,6 +29,7 @@ from storage.job_store import JobStore
 log = logging.getLogger(__name__)
 
 bp = Blueprint("metrics", __name__)
+bp.before_request(require_admin)
 
 # Not registered in prometheus_client's global registry: each scrape builds its own.
 REQUEST_LATENCY = Histogram(
@@ -95,8 +97,11 @@ def observe(response: Response) -> Response:
 
 
 @bp.get("/metrics")
+@documented(
+    "Prometheus metrics (an admin API key).",
+    responses={200: Answer("Prometheus text format.", content={"text/plain": {"schema": {"type": "string"}}})},
+)
 def metrics():
-    require_admin()
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         MultiProcessCollector(registry)

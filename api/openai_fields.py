@@ -1,9 +1,10 @@
 """OpenAI images request fields -> a stepwise job request (api.openai_images).
 
-Generations arrive as JSON, edits as a multipart form whose values are all strings; both go
-through `translate`, which refuses unknown names as OpenAI does and leaves every value check it
-can to the job's own validation (api.submission.validate_job), so the rules are the same as
-`POST /v1/jobs`'s.
+Generations arrive as JSON, edits as a multipart form whose values are all strings; both are
+validated by the OpenAI request model the OpenAPI document shows (api.openai_schemas: JSON
+strictly, a form's text as the numbers it spells), then translated. Unknown names are refused as
+OpenAI refuses them; what the job's own validation checks (api.submission.validate_job) it checks
+there, so the rules are the same as `POST /v1/jobs`'s.
 """
 
 from __future__ import annotations
@@ -13,34 +14,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from werkzeug.datastructures import FileStorage, MultiDict
 
-from api.errors import ApiError, from_params_error, invalid
+from api.errors import ApiError, from_params_error, from_validation_error, invalid
+from api.openai_schemas import EXTENSIONS, OpenAIImageFields
 from core.errors import InvalidParamsError
 from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
 
-RESPONSE_FORMATS = ("b64_json", "url")
-OUTPUT_FORMATS = ("png", "jpeg", "webp")
-# OpenAI fields that change nothing here (quality tiers, moderation, identifiers, ...): accepted, ignored.
-IGNORED = frozenset(
-    {"quality", "style", "user", "safety_identifier", "moderation", "complexity", "input_fidelity", "partial_images"}
-)
-# stepwise's own job fields a client may add (the SDKs' extra_body), with their types for multipart strings.
-EXTENSIONS: dict[str, type] = {
-    "seed": int,
-    "negative_prompt": str,
-    "num_inference_steps": int,
-    "guidance_scale": float,
-    "sampler": str,
-    "priority": str,
-    "strength": float,
-    "lora": str,
-    "lora_scale": float,
-}
-TRANSLATED = frozenset(
-    {"prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "background", "stream"}
-)
-SIZE = re.compile(r"(\d{1,5})x(\d{1,5})")
+SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 
 
 @dataclass(frozen=True)
@@ -49,58 +31,37 @@ class JobTranslation:
     response_format: str  # b64_json or url
 
 
-def translate(fields: Any, *, images: dict[str, str]) -> JobTranslation:
-    """`fields`: the JSON object or the form's values; `images`: init_image / mask_image data URIs (edits)."""
+def translate(fields: Any, *, images: dict[str, str], is_form: bool = False) -> JobTranslation:
+    """`fields`: the JSON object, or the form's values (`is_form`); `images`: init_image / mask_image data URIs
+    (edits)."""
     if not isinstance(fields, dict):
         raise invalid(None, "the request body must be a JSON object")
     for name in fields:
-        if name not in TRANSLATED and name not in IGNORED and name not in EXTENSIONS:
+        if name not in OpenAIImageFields.model_fields:
             raise invalid(name, f"Unrecognized request argument supplied: {name}")
-    prompt = fields.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise invalid("prompt", "prompt: a text description of the image is required")
-    job: dict[str, Any] = {"prompt": prompt, **images}
-    if fields.get("model") is not None:
-        job["model"] = fields["model"]
-    if fields.get("n") is not None:
-        job["num_images"] = number("n", fields["n"], int)
-    size = fields.get("size")
-    if size is not None and size != "auto":
-        match = SIZE.fullmatch(size) if isinstance(size, str) else None
-        if match is None:
-            raise invalid("size", f"size must be WIDTHxHEIGHT in pixels, such as 512x512, or auto (got {size!r})")
+    try:
+        request = OpenAIImageFields.model_validate(fields, strict=not is_form)
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+    job: dict[str, Any] = {"prompt": request.prompt, **images}
+    if request.model is not None:
+        job["model"] = request.model
+    if request.n is not None:
+        job["num_images"] = request.n
+    match = SIZE.fullmatch(request.size or "")
+    if match is not None:  # else auto, or none: the job's (or its image's) own size
         job["width"], job["height"] = int(match.group(1)), int(match.group(2))
         if images:
             job["resize_mode"] = "crop"  # an image of another size is scaled to cover the size, then cropped
-    response_format = fields.get("response_format") or "b64_json"
-    if response_format not in RESPONSE_FORMATS:
-        raise invalid("response_format", f"response_format must be b64_json or url (got {response_format!r})")
-    output_format = fields.get("output_format")
-    if output_format is not None:
-        if output_format not in OUTPUT_FORMATS:
-            raise invalid("output_format", f"output_format must be one of {', '.join(OUTPUT_FORMATS)} here")
-        job["output_format"] = output_format
-    if fields.get("output_compression") is not None:
-        job["output_quality"] = max(1, number("output_compression", fields["output_compression"], int))
-    if fields.get("background") not in (None, "auto", "opaque"):
-        raise invalid("background", "background: only auto or opaque; these models draw no transparency")
-    if fields.get("stream") not in (None, False, "false"):
-        raise invalid("stream", "stream is not supported here: GET /v1/jobs/{id}/events streams a job's progress")
-    for name, kind in EXTENSIONS.items():
-        if fields.get(name) is not None:
-            job[name] = number(name, fields[name], kind) if kind is not str else fields[name]
-    return JobTranslation(job, response_format)
-
-
-def number(name: str, value: Any, kind: type) -> Any:
-    """A number as JSON sends it, or as a form field's text."""
-    if isinstance(value, str):
-        try:
-            return kind(value)
-        except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise invalid(name, f"{name} must be {what} (got {value!r})") from None
-    return value  # the job's validation checks its type and range
+    if request.output_format is not None:
+        job["output_format"] = request.output_format
+    if request.output_compression is not None:
+        job["output_quality"] = max(1, request.output_compression)  # OpenAI's 0 is JPEG/WebP's lowest, 1
+    for name in EXTENSIONS:
+        value = getattr(request, name)
+        if value is not None:
+            job[name] = value
+    return JobTranslation(job, request.response_format or "b64_json")
 
 
 def edit_images(files: MultiDict[str, FileStorage]) -> dict[str, str]:

@@ -7,11 +7,12 @@ limits, queue and priorities as `POST /v1/jobs`: a request becomes one job (`n` 
 and answers `{"created", "data": [{"b64_json"} or {"url"}], "output_format", "size"}`, or an error
 in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` (docs/api.md#openai-images-api).
 
-Fields (api.openai_fields): OpenAI's are translated (`size` WxH, `n`, `response_format`,
-`output_format`, `output_compression`), accepted and ignored (`quality`, `style`, `user`, ...) or
-refused when stepwise cannot honour them (`stream`, a transparent `background`); a few stepwise
-fields ride along (`seed`, `negative_prompt`, `num_inference_steps`, ...: the SDKs' `extra_body`);
-any other name is refused as OpenAI refuses it ("Unrecognized request argument supplied").
+Fields (api.openai_schemas, api.openai_fields): OpenAI's are translated (`size` WxH, `n`,
+`response_format`, `output_format`, `output_compression`), accepted and ignored (`quality`, `style`,
+`user`, ...) or refused when stepwise cannot honour them (`stream`, a transparent `background`); a
+few stepwise fields ride along (`seed`, `negative_prompt`, `num_inference_steps`, ...: the SDKs'
+`extra_body`); any other name is refused as OpenAI refuses it ("Unrecognized request argument
+supplied").
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
 from api.job_view import image_urls, job_url
 from api.openai_fields import JobTranslation, edit_images, translate
-from api.request_body import read_json
+from api.openai_schemas import OpenAIError, OpenAIImageEdit, OpenAIImageGeneration, OpenAIImagesResponse
+from api.openapi_operations import Answer, documented
+from api.request_body import read_form, read_json
 from api.resources import (
     get_fleet,
     get_image_store,
@@ -80,21 +83,51 @@ def openai_error(error: Exception):
     return body, status, api_error.headers
 
 
+OPENAI_ERRORS = {
+    400: "Invalid request (OpenAI's shape; `param` names the field).",
+    401: "Missing or invalid API key, or it was revoked while the call waited.",
+    404: "No worker serves the model (code model_not_found), or the job was deleted while the call waited "
+    "(job_deleted).",
+    413: "Request body too large, or a form of too many parts (STEPWISE_MAX_FORM_PARTS).",
+    415: "Not JSON (generations) or not multipart (edits).",
+    429: "The queue or the tenant's quota is full.",
+    500: "The job failed.",
+    503: "Redis, storage or the queue is unavailable.",
+    504: "The job did not end within STEPWISE_IMAGES_WAIT_SECONDS; it goes on (Location).",
+}
+IMAGES = {200: Answer("The images.", OpenAIImagesResponse)}
+
+
 @bp.post("/generations")
-def generations():
+@documented(
+    "OpenAI's create image: one job, waited for.",
+    body=OpenAIImageGeneration,
+    responses=IMAGES,
+    errors=OPENAI_ERRORS,
+    error_model=OpenAIError,
+)
+def openai_image_generations():
     return submit_and_wait(translate(read_json(), images={}))
 
 
 @bp.post("/edits")
-def edits():
+@documented(
+    "OpenAI's create image edit: image to image, or inpainting with a mask; waited for.",
+    form=OpenAIImageEdit,
+    responses=IMAGES,
+    errors=OPENAI_ERRORS,
+    error_model=OpenAIError,
+)
+def openai_image_edits():
     limit = 2 * MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # an image and a mask; not STEPWISE_MAX_BODY_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, "payload_too_large", f"image: at most {MAX_IMAGE_BYTES} bytes each", field="image")
     request.max_content_length = limit
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send the edit as multipart/form-data (image, prompt, ...)")
-    fields: dict[str, Any] = {name: value for name, value in request.form.items() if name != "image[]"}
-    return submit_and_wait(translate(fields, images=edit_images(request.files)))
+    form, files = read_form()
+    fields: dict[str, Any] = {name: value for name, value in form.items() if name != "image[]"}
+    return submit_and_wait(translate(fields, images=edit_images(files), is_form=True))
 
 
 def submit_and_wait(translation: JobTranslation):
@@ -110,9 +143,11 @@ def submit_and_wait(translation: JobTranslation):
 
 
 def answer(job_id: str, translation: JobTranslation, has_ended: bool) -> Rendered:
-    record = get_job_store().get(job_id)
-    if record is None:
-        return error_rendered(500, f"job {job_id} is gone (its record expired)", code="job_lost")
+    store = get_job_store()
+    record = store.get(job_id)
+    if record is None:  # deleted (DELETE /v1/jobs/{id}) while this call waited: as GET /v1/jobs/{id} says, 404
+        how = "was deleted while this request waited for it" if store.was_deleted(job_id) else "no longer exists"
+        return error_rendered(404, f"job {job_id} {how}", code="job_deleted")
     if record.state is JobState.SUCCEEDED:
         return json_rendered(200, images_response(record, translation.response_format), [])
     where = [("Location", job_url(job_id))]

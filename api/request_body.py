@@ -1,10 +1,11 @@
-"""Reading request bodies: strict JSON (no NaN or Infinity), 400 when it does not parse.
+"""Reading request bodies: strict JSON (no NaN or Infinity), 400 when it does not parse; multipart forms.
 
 The body must say it is JSON (`Content-Type: application/json`, or a `+json` type): a form,
 multipart or plain-text body gets 415, so a client that sends the wrong thing hears it.
 
-The size limit is Flask's MAX_CONTENT_LENGTH (STEPWISE_MAX_BODY_BYTES): reading a larger
-body raises 413 before any of it is parsed.
+The size limit is Flask's MAX_CONTENT_LENGTH (STEPWISE_MAX_BODY_BYTES, or a route's own): reading
+a larger body raises 413 before any of it is parsed. A multipart form may also have at most
+STEPWISE_MAX_FORM_PARTS parts (werkzeug's max_form_parts): more get a 413 that says so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 from typing import Any
 
 from flask import request
+from werkzeug.datastructures import FileStorage, MultiDict
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from api.errors import ApiError
 
@@ -42,3 +45,18 @@ def read_json() -> Any:
         ) from e
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {e}") from e
+
+
+def read_form() -> tuple[MultiDict[str, str], MultiDict[str, FileStorage]]:
+    """The multipart form's text fields and files. werkzeug answers 413 alike for a body over the limit and for
+    too many parts; within the limit it can only be the parts (api: no limit on a text part's size)."""
+    try:
+        return request.form, request.files
+    except RequestEntityTooLarge as e:
+        limit, length = request.max_content_length, request.content_length
+        if length is None or (limit is not None and length > limit):
+            raise
+        parts = request.max_form_parts
+        raise ApiError(
+            413, "too_many_parts", f"the form has more than {parts} parts (STEPWISE_MAX_FORM_PARTS)", field="body"
+        ) from e

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AwareDatetime,
@@ -48,6 +49,31 @@ IMAGE_REFERENCE_PATTERN = (
 )
 ResizeMode = Literal[RESIZE_MODES]  # type: ignore[valid-type]
 OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
+
+# Rules of the fields JobRequest shares with the OpenAI images fields (api.openai_schemas), each in one place.
+# Patterns are for what core.params checks: no NUL (nor control characters in a model name), not blank.
+Prompt = Annotated[
+    str,
+    Field(min_length=1, max_length=P.MAX_PROMPT_CHARS, json_schema_extra={"pattern": r"^[^\x00]*[^\x00\s][^\x00]*$"}),
+]
+NegativePrompt = Annotated[str, Field(max_length=P.MAX_PROMPT_CHARS, json_schema_extra={"pattern": r"^[^\x00]*$"})]
+ModelName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=500,
+        json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]*[^\x00-\x1f\x7f-\x9f\s][^\x00-\x1f\x7f-\x9f]*$"},
+    ),
+]
+Seed = Annotated[int, Field(ge=0, le=P.MAX_SEED)]
+NumImages = Annotated[int, Field(ge=1, le=P.MAX_NUM_IMAGES)]
+Steps = Annotated[int, Field(ge=P.MIN_STEPS, le=P.MAX_STEPS)]
+Guidance = Annotated[float, Field(ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE)]
+Strength = Annotated[float, Field(gt=0, le=1)]
+LoraName = Annotated[  # checked by api.submission.check_lora
+    str, Field(min_length=1, max_length=100, json_schema_extra={"pattern": f"^{P.LORA_NAME_PATTERN.pattern}$"})
+]
+LoraScale = Annotated[float, Field(ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE)]
 
 
 def cache_setting(value: Any) -> Any:
@@ -105,7 +131,7 @@ def needs(field: str, other: str, *, unless: list[Any] | None = None) -> dict[st
     }
 
 
-# Fields that need another (batching.params, api.submission), for the OpenAPI document.
+# Fields that need another (core.params, api.submission), for the OpenAPI document.
 JOB_DEPENDENCIES = {
     "mask_image": needs("mask_image", "init_image"),
     "strength": needs("strength", "init_image", unless=[1]),
@@ -122,28 +148,10 @@ class JobRequest(StrictModel):
     @classmethod
     def whole_floats_as_ints(cls, data: Any) -> Any:
         """JSON Schema counts 49.0 as an integer, and so does this API (strict otherwise: "49" is refused)."""
-        if not isinstance(data, dict):
-            return data
-        return {
-            name: int(value)
-            if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) < 2**63
-            else value
-            for name, value in data.items()
-        }
+        return whole_floats_as_ints(data, INTEGER_FIELDS)
 
-    # Patterns for what batching.params checks: no NUL (nor control characters in a model name), not blank.
-    prompt: str = Field(
-        min_length=1,
-        max_length=P.MAX_PROMPT_CHARS,
-        json_schema_extra={"pattern": r"^[^\x00]*[^\x00\s][^\x00]*$"},
-        description="What to draw.",
-    )
-    negative_prompt: str = Field(
-        "",
-        max_length=P.MAX_PROMPT_CHARS,
-        json_schema_extra={"pattern": r"^[^\x00]*$"},
-        description="What to steer away from.",
-    )
+    prompt: Prompt = Field(description="What to draw.")
+    negative_prompt: NegativePrompt = Field("", description="What to steer away from.")
     height: int = Field(
         _SD.default_size,
         ge=P.MIN_SIZE,
@@ -159,42 +167,29 @@ class JobRequest(StrictModel):
         multiple_of=P.SIZE_MULTIPLE,
         description="Pixels. Default: the model family's.",
     )
-    num_inference_steps: int = Field(
-        _SD.default_steps, ge=P.MIN_STEPS, le=P.MAX_STEPS, description="Denoising steps. Default: the model family's."
-    )
-    guidance_scale: float = Field(
+    num_inference_steps: Steps = Field(_SD.default_steps, description="Denoising steps. Default: the model family's.")
+    guidance_scale: Guidance = Field(
         _SD.default_guidance,
-        ge=P.MIN_GUIDANCE,
-        le=P.MAX_GUIDANCE,
         description="SD/SDXL: classifier-free guidance, at most 1.0 turns it off; Z-Image: 0 turns it off; "
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).",
     )
-    seed: int | None = Field(None, ge=0, le=P.MAX_SEED, description="Omit for a random seed (recorded on the job).")
+    seed: Seed | None = Field(None, description="Omit for a random seed (recorded on the job).")
     sampler: Sampler = Field(
         "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler."
     )
-    num_images: int = Field(1, ge=1, le=P.MAX_NUM_IMAGES, description="Images with seeds seed..seed+n-1.")
-    model: str = Field(
-        None,
-        min_length=1,
-        max_length=500,  # type: ignore[assignment]
-        json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]*[^\x00-\x1f\x7f-\x9f\s][^\x00-\x1f\x7f-\x9f]*$"},
-        description="Model to run; default: the model the service serves (STEPWISE_MODEL).",
+    num_images: NumImages = Field(1, description="Images with seeds seed..seed+n-1.")
+    model: ModelName = Field(  # type: ignore[assignment]
+        None, description="Model to run; default: the model the service serves (STEPWISE_MODEL)."
     )
     num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
-    lora: str | None = Field(
+    lora: LoraName | None = Field(
         None,
-        min_length=1,
-        max_length=100,
-        json_schema_extra={"pattern": f"^{P.LORA_NAME_PATTERN.pattern}$"},  # checked by api.submission.check_lora
         description=(
             "Name of a LoRA adapter: your own upload (PUT /v1/loras/{name}) or one of the operator's (GET /v1/loras). "
             "Jobs with different adapters share forwards."
         ),
     )
-    lora_scale: float = Field(
-        1.0, ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE, description="The adapter's strength (0: none; 1: as trained)."
-    )
+    lora_scale: LoraScale = Field(1.0, description="The adapter's strength (0: none; 1: as trained).")
     init_image: str | None = Field(
         None,
         min_length=1,
@@ -213,10 +208,8 @@ class JobRequest(StrictModel):
         description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image. "
         "The same forms as init_image.",
     )
-    strength: float | None = Field(
+    strength: Strength | None = Field(
         None,
-        gt=0,
-        le=1,
         description="With init_image: the fraction of the steps run, from the end (0 < s <= 1). "
         "Default 0.8, or 1.0 with a mask.",
     )
@@ -282,9 +275,33 @@ class JobRequest(StrictModel):
         return {name: getattr(self, name) for name in PARAM_FIELDS if name in self.model_fields_set}
 
 
-INTEGER_FIELDS = frozenset(
-    name for name, field in JobRequest.model_fields.items() if field.annotation in (int, int | None)
-)
+def integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields whose JSON type is integer (or integer or null)."""
+    return frozenset(name for name, field in model.model_fields.items() if is_integer(field.annotation))
+
+
+def is_integer(annotation: Any) -> bool:
+    if annotation is int:
+        return True
+    if get_origin(annotation) is Annotated:
+        return is_integer(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return any(is_integer(option) for option in get_args(annotation) if option is not type(None))
+    return False
+
+
+def whole_floats_as_ints(data: Any, names: frozenset[str]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    return {
+        name: int(value)
+        if name in names and isinstance(value, float) and value.is_integer() and abs(value) < 2**63
+        else value
+        for name, value in data.items()
+    }
+
+
+INTEGER_FIELDS = integer_fields(JobRequest)
 
 
 class BatchRequest(StrictModel):

@@ -12,7 +12,9 @@ from flask import Blueprint
 
 from api.auth import require_tenant
 from api.job_view import iso_time
+from api.openapi_operations import Answer, api_errors, documented
 from api.resources import get_job_store
+from api.schemas import ModelList
 from core.families import FAMILIES, recommended_sizes
 from storage.heartbeats import ModelStatus
 
@@ -39,6 +41,11 @@ def model_view(status: ModelStatus) -> dict[str, Any]:
 
 
 @bp.get("")
+@documented(
+    "The models workers serve (from their heartbeats), with queue depth and engine statistics.",
+    responses={200: Answer("Served models, by name.", ModelList)},
+    errors=api_errors(503),
+)
 def list_models():
     statuses = get_job_store().models()  # fresh: this is what operators watch
     return {"models": [model_view(status) for status in statuses]}

@@ -122,6 +122,7 @@ class ApiSettings:
     tenant_max_queued: int = default("STEPWISE_TENANT_MAX_QUEUED")  # one tenant's queued jobs at most; 0: no cap
     tenant_jobs_per_minute: int = default("STEPWISE_TENANT_JOBS_PER_MINUTE")  # one tenant's submits; 0: no cap
     max_body_bytes: int = default("STEPWISE_MAX_BODY_BYTES")  # larger request bodies get 413
+    max_form_parts: int = default("STEPWISE_MAX_FORM_PARTS")  # a multipart body with more parts gets 413
     max_batch_jobs: int = default("STEPWISE_MAX_BATCH_JOBS")  # jobs per POST /v1/jobs/batch
     public_url: str | None = None  # STEPWISE_PUBLIC_URL: base of absolute URLs; None: from the request
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
@@ -174,6 +175,7 @@ class ApiSettings:
             tenant_max_queued=read("STEPWISE_TENANT_MAX_QUEUED"),
             tenant_jobs_per_minute=read("STEPWISE_TENANT_JOBS_PER_MINUTE"),
             max_body_bytes=read("STEPWISE_MAX_BODY_BYTES"),
+            max_form_parts=read("STEPWISE_MAX_FORM_PARTS"),
             max_batch_jobs=read("STEPWISE_MAX_BATCH_JOBS"),
             public_url=(read("STEPWISE_PUBLIC_URL") or "").rstrip("/") or None,
             webhook_allow=AllowList.parse(read("STEPWISE_WEBHOOK_ALLOW_HOSTS")),

@@ -14,7 +14,10 @@ from flask import Blueprint, g, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
+from api.openapi_operations import BINARY, IMAGE_TYPES, Answer, api_errors, documented
+from api.request_body import read_form
 from api.resources import get_upload_store
+from api.schemas import UploadView
 from core.errors import InvalidParamsError
 from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri, upright_size
 from storage.errors import StorageError
@@ -26,7 +29,18 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form boundaries and part headers around 
 
 
 @bp.post("")
-def upload():
+@documented(
+    "Store an input image (init_image, mask_image) for the caller's tenant; expires like jobs.",
+    body_content={
+        **dict.fromkeys(IMAGE_TYPES, BINARY),
+        "multipart/form-data": {
+            "schema": {"type": "object", "required": ["file"], "properties": {"file": BINARY["schema"]}}
+        },
+    },
+    responses={201: Answer("Stored; name its id in init_image or mask_image.", UploadView)},
+    errors=api_errors(413, 422, 503),
+)
+def upload_image():
     limit = MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # this route's own limit, not STEPWISE_MAX_BODY_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, "too_large", f"file: an upload is at most {MAX_IMAGE_BYTES} bytes", field="file")
@@ -57,7 +71,7 @@ def upload():
 
 def _image_bytes() -> bytes:
     if request.mimetype == "multipart/form-data":
-        part = request.files.get("file")
+        part = read_form()[1].get("file")
         if part is None:
             raise invalid("file", "file: send the image in a multipart part named 'file'")
         data = part.read(MAX_IMAGE_BYTES + 1)

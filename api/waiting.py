@@ -22,6 +22,30 @@ from storage.job_record import JobRecord, JobState
 MAX_WAIT_SECONDS = 60
 PREFER_WAIT = re.compile(r"wait(?:\s*=\s*(\S*))?")
 
+# The headers as the OpenAPI document shows them. What prefer_wait takes: preferences separated by commas, each a
+# token and its ;parameters; the first `wait` token must be bare or `wait=N` with N a positive integer (quotes
+# allowed), and every other preference is ignored (RFC 7240).
+_S = r"\s*"
+_NOT_WAIT = rf"(?!{_S}wait{_S}(?:={_S}[^\s,;]*{_S})?(?:;|,|$))[^,]*"
+_WAIT = rf'{_S}wait{_S}(?:={_S}"*0*[1-9][0-9]*"*)?{_S}(?:;[^,]*)?'
+PREFER = {
+    "name": "Prefer",
+    "in": "header",
+    "required": False,
+    "description": "`wait` or `wait=N` (RFC 7240): hold the answer until the job ends, at most N "
+    f"(1-{MAX_WAIT_SECONDS}; more is {MAX_WAIT_SECONDS}) seconds; 200 with the ended job, or 202 with it as it "
+    "is then. Other preferences are ignored; a malformed wait value gets 422.",
+    "schema": {"type": "string", "pattern": rf"^(?:{_NOT_WAIT},)*(?:{_NOT_WAIT}|{_WAIT}(?:,.*)?)$"},
+}
+LAST_EVENT_ID = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "required": False,
+    "description": "Resume after this event (its `id`); what a reconnecting EventSource sends.",
+    "schema": {"type": "string", "maxLength": 41, "pattern": rf"^\s*{EVENT_ID.pattern}\s*$"},
+}
+PREFERENCE_APPLIED = {"Preference-Applied": {"description": "wait=N: the wait applied.", "schema": {"type": "string"}}}
+
 
 def prefer_wait(values: list[str]) -> int | None:
     """Seconds a `Prefer` header asks to wait: `wait` is MAX_WAIT_SECONDS, `wait=N` is N (1 to 60; more is

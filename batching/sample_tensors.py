@@ -35,7 +35,7 @@ class SampleTensors:
     latents: torch.Tensor  # [1, *latent_shape], in the family's layout (FLUX: packed tokens)
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
     guide: InpaintGuide | None = None  # an inpainting sample's (latent blend)
-    step_cache: StepCacheState | None = None  # a sample that caches steps (batching.step_cache): its own cache
+    step_cache: StepCacheState | None = None  # a sample that caches steps (core.step_cache): its own cache
     num_steps_done: int = 0  # steps its tensors took (the scheduler's count catches up in update_from_output)
 
     @property

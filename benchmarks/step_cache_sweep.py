@@ -30,7 +30,7 @@ def sweep(model: str, feature: str | None, thresholds: list[float], num_jobs: in
     from core.params import FAMILIES, GenerationParams
 
     if feature is not None:
-        import batching.pipelines.zimage_step_cache as zimage_step_cache
+        import batching.pipelines.zimage.step_cache as zimage_step_cache
 
         zimage_step_cache.NUM_BLOCKS_KEPT = KEPT_BLOCKS[feature]
     cases = fixed_cases()[:num_jobs]

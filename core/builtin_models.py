@@ -31,24 +31,24 @@ class BuiltinModel:
 
 
 BUILTIN_MODELS = {
-    "tiny": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
-    "small": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
-    "tiny-inpaint": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.builtins.stable_diffusion"),
-    "tiny-sdxl": BuiltinModel(version="v2", family="sdxl", builder="batching.pipelines.builtins.sdxl"),
-    "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.builtins.flux"),
-    "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.builtins.zimage"),
-    "tiny-qwen-image": BuiltinModel(version="v3", family="qwenimage", builder="batching.pipelines.builtins.qwenimage"),
+    "tiny": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.stable_diffusion.builtin"),
+    "small": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.stable_diffusion.builtin"),
+    "tiny-inpaint": BuiltinModel(version="v1", family="sd", builder="batching.pipelines.stable_diffusion.builtin"),
+    "tiny-sdxl": BuiltinModel(version="v2", family="sdxl", builder="batching.pipelines.stable_diffusion.builtin_sdxl"),
+    "tiny-flux": BuiltinModel(version="v1", family="flux", builder="batching.pipelines.flux.builtin"),
+    "tiny-zimage": BuiltinModel(version="v1", family="zimage", builder="batching.pipelines.zimage.builtin"),
+    "tiny-qwen-image": BuiltinModel(version="v3", family="qwenimage", builder="batching.pipelines.qwenimage.builtin"),
     "tiny-qwen-image-edit": BuiltinModel(
-        version="v3", family="qwenimage_edit", builder="batching.pipelines.builtins.qwenimage"
+        version="v3", family="qwenimage_edit", builder="batching.pipelines.qwenimage.builtin"
     ),
-    "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.builtins.sd3"),
-    "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.builtins.flux2"),
-    "tiny-flux2-klein": BuiltinModel(version="v1", family="flux2_klein", builder="batching.pipelines.builtins.flux2"),
+    "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.sd3.builtin"),
+    "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.flux2.builtin"),
+    "tiny-flux2-klein": BuiltinModel(version="v1", family="flux2_klein", builder="batching.pipelines.flux2.builtin"),
     # trained by training/shapes/train.py (docs/shapes.md), never built here
     "shapes": BuiltinModel(
         version="v1", family="sd", shipped_folder="builtin-shapes", sizes=(128,), vocabulary="shapes"
     ),
-    # the architecture is batching/pipelines/builtins/shapes_dit.py, trained by training/shapes_dit/train.py
+    # the architecture is batching/pipelines/zimage/shapes_dit.py, trained by training/shapes_dit/train.py
     # (docs/shapes-dit.md), never built here
     "shapes-dit": BuiltinModel(  # trained at 96, 112 and 128 (best at 112 and 128, docs/shapes-dit.md)
         version="v1", family="zimage", shipped_folder="builtin-shapes-dit", sizes=(128, 112, 96), vocabulary="shapes"

@@ -60,6 +60,8 @@ def _header(data: bytes) -> tuple[dict, int]:
         header = json.loads(data[8 : 8 + header_length])
     except (UnicodeDecodeError, ValueError) as e:
         raise LoraFileError("is not a safetensors file (its header is not JSON)") from e
+    except RecursionError as e:  # safetensors' header is flat: name -> {dtype, shape, data_offsets}
+        raise LoraFileError("is not a safetensors file (its JSON header is nested too deeply)") from e
     if not isinstance(header, dict):
         raise LoraFileError("is not a safetensors file (its header is not a JSON object)")
     metadata = header.pop("__metadata__", {})

@@ -113,6 +113,9 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_TENANT_MAX_PRIORITY", Text(PAIRS.format("priority", "high, normal or low")), "",
              "the highest priority each named tenant may ask for; others: high", "api"),
     Variable("STEPWISE_MAX_BODY_BYTES", COUNT, 1024 * 1024, "larger request bodies get 413", "api"),
+    Variable("STEPWISE_MAX_FORM_PARTS", COUNT, 100,
+             "parts of a `multipart/form-data` body at most (`POST /v1/uploads`, `POST /v1/images/edits`); more get "
+             "413", "api"),
     Variable("STEPWISE_MAX_BATCH_JOBS", COUNT, 100,
              "jobs per `POST /v1/jobs/batch` (also the `maxItems` in the OpenAPI document)", "api"),
     Variable("STEPWISE_MAX_PIXELS", COUNT, None, "pixels of one image at most, for every model", "api",

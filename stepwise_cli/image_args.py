@@ -9,7 +9,7 @@ import mimetypes
 from pathlib import Path
 from typing import Any
 
-OUTPUT_FORMATS = ("png", "jpeg", "webp")  # batching.params.OUTPUT_FORMATS (the CLI stays free of the engine)
+OUTPUT_FORMATS = ("png", "jpeg", "webp")  # core.params.OUTPUT_FORMATS (the client loads no Pillow)
 INPUT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 
 

@@ -8,7 +8,9 @@ created and the key's first characters (to recognise it). `RedisKeys.api_key_ids
 its digest. A key is shown once, when it is created.
 
 The API reads the whole hash again at most once a second (`ApiKeyTable`), so a key created or
-revoked is honoured by every API process within a second, without a restart.
+revoked is honoured by every API process within a second, without a restart. A revocation is also
+published (`RedisKeys.api_key_revocations`, the key's id): the requests still open with that key,
+event streams and waits, end at once (storage.job_events).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class ApiKeyStore:
         self._redis = client
         self.keys_key = keys.api_keys
         self.ids_key = keys.api_key_ids
+        self.revocations_channel = keys.api_key_revocations
 
     def create(self, tenant: str, scope: str = "tenant") -> tuple[str, ApiKey]:
         """A new key for `tenant`: (the key itself, shown only now; its record)."""
@@ -94,8 +97,16 @@ class ApiKeyStore:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self.keys_key, digest)
             pipe.hdel(self.ids_key, record.key_id)
+            pipe.publish(self.revocations_channel, record.key_id)
             pipe.execute()
         return record
+
+    def revoked_among(self, key_ids: list[str]) -> set[str]:
+        """Which of these key ids no longer name a key (revoked)."""
+        if not key_ids:
+            return set()
+        found = cast(list, self._redis.hmget(self.ids_key, key_ids))
+        return {key_id for key_id, digest in zip(key_ids, found) if digest is None}
 
 
 def _text(value: bytes | str) -> str:

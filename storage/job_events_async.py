@@ -1,8 +1,9 @@
 """`storage.job_events` for an asyncio event loop (redis.asyncio): what `stepwise api`'s granian
 bridge uses, so a waiting request or an open event stream costs a coroutine, not a thread.
 
-One `AsyncJobEventFeed` per event loop: one pub/sub subscription that wakes the waiters of a job,
-and a small pool of connections for the reads they do then.
+One `AsyncJobEventFeed` per event loop: one pub/sub subscription that wakes the waiters of a job
+(and marks revoked those whose API key was revoked), and a small pool of connections for the reads
+they do then.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 
-from storage.job_events import POSITION_SECONDS, RECONNECT_SECONDS, JobEvent, events_from_entries
+from storage.job_events import (
+    POSITION_SECONDS,
+    RECONNECT_SECONDS,
+    JobEvent,
+    events_from_entries,
+    is_last_stream_id,
+)
 from storage.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -27,11 +34,17 @@ READ_CONNECTIONS = 16  # reads are one short round trip each; more waiters queue
 class AsyncWatch:
     """`storage.job_events.Watch` on an event loop."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, key_id: str | None = None) -> None:
         self.job_id = job_id
+        self.key_id = key_id  # a revocable key's id; None for a key from the environment
         self.news = asyncio.Event()
         self.queue_key: str | None = None
         self.position: int | None = None
+        self.is_revoked = False
+
+    def revoke(self) -> None:
+        self.is_revoked = True
+        self.news.set()
 
     def set_position(self, position: int | None) -> None:
         if position != self.position:
@@ -61,11 +74,11 @@ class AsyncJobEventFeed:
         self._tasks: list[asyncio.Task] = []
 
     @contextlib.contextmanager
-    def watch(self, job_id: str) -> Iterator[AsyncWatch]:
+    def watch(self, job_id: str, key_id: str | None = None) -> Iterator[AsyncWatch]:
         if not self._tasks:
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._listen()), loop.create_task(self._read_positions())]
-        watch = AsyncWatch(job_id)
+        watch = AsyncWatch(job_id, key_id)
         self._watches.setdefault(job_id, set()).add(watch)
         try:
             yield watch
@@ -85,15 +98,40 @@ class AsyncJobEventFeed:
             for watch in self._watches.get(job_id, ()):
                 watch.news.set()
 
+    def _revoke(self, key_id: str) -> None:
+        for watches in self._watches.values():
+            for watch in watches:
+                if watch.key_id == key_id:
+                    watch.revoke()
+
+    async def _revoked_among(self, key_ids: list[str]) -> set[str]:
+        """storage.api_keys.ApiKeyStore.revoked_among on this loop's client."""
+        if not key_ids:
+            return set()
+        found = await self.client.hmget(self.keys.api_key_ids, key_ids)
+        return {key_id for key_id, digest in zip(key_ids, found) if digest is None}
+
+    async def check_key(self, watch: AsyncWatch) -> None:
+        """Marks `watch` revoked if its key is gone already (revoked before the watch began to listen)."""
+        if watch.key_id is not None and await self._revoked_among([watch.key_id]):
+            watch.revoke()
+
     async def _listen(self) -> None:
         while True:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.keys.job_events_channel)
+                await pubsub.subscribe(self.keys.job_events_channel, self.keys.api_key_revocations)
                 self._wake(None)  # anything published while not subscribed: everyone re-reads
+                key_ids = {w.key_id for ws in self._watches.values() for w in ws if w.key_id is not None}
+                for key_id in await self._revoked_among(sorted(key_ids)):  # revoked while not subscribed
+                    self._revoke(key_id)
                 while True:
                     message: Any = await pubsub.get_message(timeout=None)
-                    if message is not None and message.get("type") == "message":
+                    if message is None or message.get("type") != "message":
+                        continue
+                    if message["channel"] == self.keys.api_key_revocations:
+                        self._revoke(message["data"])
+                    else:
                         self._wake(message["data"])
             except asyncio.CancelledError:
                 raise
@@ -122,6 +160,8 @@ class AsyncJobEventFeed:
                 watch.set_position(position)
 
     async def read_after(self, job_id: str, after: str | None) -> list[JobEvent]:
+        if after is not None and is_last_stream_id(after):
+            return []
         start = f"({after}" if after else "-"
         entries = await self.client.xrange(self.keys.job_events(job_id), min=start, max="+")
         return events_from_entries(cast(list, entries))

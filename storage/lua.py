@@ -471,6 +471,7 @@ if idem_key then
 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', deleted_key_of(ARGV[2]), state, 'EX', tonumber(ARGV[5]))
+redis.call('PUBLISH', events_channel, ARGV[2])  -- its waiters and streams read the record again: gone
 return {'deleted', state}
 """
 )

@@ -71,6 +71,11 @@ class RedisKeys:
         return f"{self.namespace}:api-key-ids"
 
     @property
+    def api_key_revocations(self) -> str:
+        """Pub/sub channel: the id of each API key just revoked (open streams and waits made with it end)."""
+        return f"{self.namespace}:api-key-revocations"
+
+    @property
     def finished_counts(self) -> str:
         return f"{self.namespace}:finished-counts"
 

@@ -269,8 +269,8 @@ function watch(card, job) {
     if (name === "started") showState(live, "running", null);
     if (["queued", "started", "progress", "preview"].includes(name)) return false;
     streams.delete(job.job_id);
-    live.replaceWith(jobCard(data)); // the end state carries the job's view
-    return true;
+    if (name !== "error") live.replaceWith(jobCard(data)); // the end state carries the job's view
+    return true; // an error (the job deleted, the key revoked): nothing more will come
   }, controller.signal).finally(() => {
     streams.delete(job.job_id);
     followSome(); // its connection is free: follow another live job

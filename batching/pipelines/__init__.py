@@ -1,4 +1,10 @@
-"""Pipeline adapters: one module per model family, each implementing `contract.PipelineAdapter`.
+"""Pipeline adapters: one folder per model family, each implementing `contract.PipelineAdapter`.
+
+`<family>/adapter.py` holds what is the family's own (prompt encoding, noise shape, the transformer
+call, where its pipeline departs from the shared parts), beside its mixed-size attention, its step
+cache and its built-in's builder. What families share is here once: `flow_matching` (sampler, initial
+latents, packing, decode), `adapter_base` (a sample's rows and their guidance), `vae`, `mixed_sizes`,
+`step_cache_rows`, `image_latents`. docs/families.md, "Adding a family", lists what a new one writes.
 
 A model's family is the family of the adapter that declares its diffusers pipeline class
 (`model_index.json`'s `_class_name`), so a checkpoint of a family the engine does not
@@ -10,16 +16,16 @@ from __future__ import annotations
 import torch
 
 from batching.pipelines.contract import PipelineAdapter
-from batching.pipelines.flux import FluxAdapter
-from batching.pipelines.flux2 import Flux2Adapter
-from batching.pipelines.flux2_klein import Flux2KleinAdapter
+from batching.pipelines.flux.adapter import FluxAdapter
+from batching.pipelines.flux2.adapter import Flux2Adapter
+from batching.pipelines.flux2.klein import Flux2KleinAdapter
 from batching.pipelines.loading import pipeline_class_name
-from batching.pipelines.qwenimage import QwenImageAdapter
-from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
-from batching.pipelines.sd3 import StableDiffusion3Adapter
-from batching.pipelines.sdxl import StableDiffusionXLAdapter
-from batching.pipelines.stable_diffusion import StableDiffusionAdapter
-from batching.pipelines.zimage import ZImageAdapter
+from batching.pipelines.qwenimage.adapter import QwenImageAdapter
+from batching.pipelines.qwenimage.edit import QwenImageEditAdapter
+from batching.pipelines.sd3.adapter import StableDiffusion3Adapter
+from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
+from batching.pipelines.stable_diffusion.sdxl import StableDiffusionXLAdapter
+from batching.pipelines.zimage.adapter import ZImageAdapter
 from core.errors import ModelLoadError
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "resolve_device", "resolve_dtype"]

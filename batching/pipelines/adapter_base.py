@@ -1,15 +1,18 @@
-"""What every family's adapter holds: the loaded pipeline, its VAE and where it runs."""
+"""What every family's adapter holds and does alike: the loaded pipeline, its VAE, where it runs, and a sample's
+rows and their guidance as the pipelines run classifier-free guidance."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 import torch
 
+from batching.pipelines.contract import Conditioning
 from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.latent_rgb import LatentRgb, latent_rgb_for
 from batching.pipelines.loading import load_pipeline
+from batching.pipelines.vae import LatentVae
 from core.families import FAMILIES
 from core.params import GenerationParams
 
@@ -26,6 +29,7 @@ class AdapterBase(ImageLatentsMixin):
     # guidance_scale is (the static-batching baseline calls the pipeline with it)
     published_latent_rgb: ClassVar[LatentRgb | None] = None  # the family's published latent-to-RGB factors, for
     # `preview_latents`' channels (batching.pipelines.latent_rgb); a model folder's own latent_rgb.json wins
+    uncond_first: ClassVar[bool] = False  # a CFG sample's rows: [uncond, cond] (SD, SDXL, SD3) or [cond, uncond]
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
@@ -34,14 +38,42 @@ class AdapterBase(ImageLatentsMixin):
         self.spec = FAMILIES[self.family]
         self.pipeline = pipeline
         self.vae = pipeline.vae
+        self.latent_vae = LatentVae(pipeline.vae)
         self.vae_scale_factor = pipeline.vae_scale_factor  # the VAE's downsampling, as the pipeline computes it
         self.latent_rgb: LatentRgb | None = self.published_latent_rgb  # `load` finds the model's own
 
+    def has_cfg(self, params: GenerationParams) -> bool:
+        """Whether the sample runs an unconditional row beside its conditional one."""
+        return self.spec.has_cfg(params.guidance_scale, params.negative_prompt)
+
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
         """The prompt, and the negative prompt when the sample runs classifier-free guidance."""
-        if self.spec.has_cfg(params.guidance_scale, params.negative_prompt):
-            return [params.prompt, params.negative_prompt]
-        return [params.prompt]
+        return [params.prompt, params.negative_prompt] if self.has_cfg(params) else [params.prompt]
+
+    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+        """The conditional row, and with CFG the unconditional one in the family's order; each with `row_extras`."""
+        extras = self.row_extras(params)
+        cond = {**encoded[params.prompt], **extras}
+        if not self.has_cfg(params):
+            return [cond]
+        uncond = {**self.unconditional(params, encoded), **extras}
+        return [uncond, cond] if self.uncond_first else [cond, uncond]
+
+    def row_extras(self, params: GenerationParams) -> Conditioning:
+        """What each of a sample's rows carries beside its prompt's conditioning (positions, guidance, sizes)."""
+        return {}
+
+    def unconditional(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> Conditioning:
+        """The unconditional row's text conditioning: the negative prompt's."""
+        return encoded[params.negative_prompt]
+
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """`uncond + scale * (cond - uncond)` of a CFG sample's rows, as the pipelines combine them; a sample of
+        one row (no CFG, or guidance embedded in the forward) steps with its row as is."""
+        if len(rows) == 1:
+            return rows
+        uncond, cond = (rows[0:1], rows[1:2]) if self.uncond_first else (rows[1:2], rows[0:1])
+        return uncond + params.guidance_scale * (cond - uncond)
 
     @classmethod
     def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:

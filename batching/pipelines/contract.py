@@ -1,8 +1,8 @@
 """The pipeline contract: what a model family's adapter gives the family-agnostic engine.
 
 The model runner, the input batch and the engine call only these methods, so everything
-that differs between families lives in the family's adapter (one module per family
-under `batching/pipelines/`): how prompts become named conditioning tensors, how a
+that differs between families lives in the family's adapter (one folder per family
+under `batching/pipelines/`, on shared bases): how prompts become named conditioning tensors, how a
 sample's initial latents are drawn (exactly as diffusers' own pipeline draws them for
 the same seed), its sampler (timesteps, sigmas, shift), how many rows a sample puts into
 a forward and how guidance combines them, the denoiser forward over a group's rows, and
@@ -34,9 +34,9 @@ part only on the rows that compute, and says which samples skipped.
 Image-to-image and inpainting samples (`batching.image_start`) also use the `ImageInputs`
 part: their init images are VAE-encoded, drawn from and noised to their first step, and
 an inpainting sample's region outside the mask is re-noised after every step. Every
-adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, so an adapter that
-subclasses `AdapterBase` overrides only what its family does differently (`draw_noise`
-always; `pack_latents`, `mask_conditioning` where the family needs them).
+adapter has it: `AdapterBase` provides it through `ImageLatentsMixin`, and each base noises
+image latents as its samplers do, so a family overrides only what it does differently
+(`pack_latents`, `mask_conditioning` where it needs them).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from PIL import Image
 
 from core.params import GenerationParams
 
@@ -66,11 +67,31 @@ class ForwardBatch:
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
 
 
+class Sampler(Protocol):
+    """A sample's own diffusers scheduler (`new_sampler`), its timesteps set. It keeps state between steps (a step
+    index, a solver's history of model outputs), so every sample has its own."""
+
+    timesteps: torch.Tensor  # [num_inference_steps]: the timestep of each step, as the sampler states it
+    order: int  # model calls per step: 1 for every sampler served
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: torch.Tensor,
+        sample: torch.Tensor,
+        *,
+        generator: torch.Generator | None,
+        return_dict: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """(next latents,) or, for samplers that estimate it, (next latents, final latents)."""
+        ...
+
+
 class RunningSample(Protocol):
     """What `model_input` reads of a running sample (the runner's `batching.sample_tensors.SampleTensors`)."""
 
     latents: torch.Tensor  # [1, *latent_shape]
-    sampler: Any  # the sample's own diffusers scheduler, its timesteps set
+    sampler: Sampler
 
     @property
     def timestep(self) -> torch.Tensor: ...  # the sampler's timestep of the sample's next step
@@ -150,7 +171,7 @@ class ImageInputs(Protocol):
         ...
 
     def noised_latents(
-        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
     ) -> torch.Tensor:
         """The image latents noised to `timestep` of the sample's sampler."""
         ...
@@ -176,7 +197,8 @@ class PipelineAdapter(ImageInputs, Protocol):
     device: torch.device
     dtype: torch.dtype
     max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
-    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder)
+    pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder); its
+    # components are the family's (mypy reads diffusers' classes as torch-less dummies: not typed further here)
 
     @property
     def latent_rgb(self) -> LatentToRgb | None:
@@ -189,11 +211,11 @@ class PipelineAdapter(ImageInputs, Protocol):
         """One conditioning per text, from one batched call of each text encoder."""
         ...
 
-    def new_sampler(self, params: GenerationParams) -> Any:
+    def new_sampler(self, params: GenerationParams) -> Sampler:
         """A fresh sampler for one sample, its timesteps set."""
         ...
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
+    def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:
         """[1, *latent_shape] noise drawn from `generator` exactly as diffusers' own pipeline draws it."""
         ...
 
@@ -219,7 +241,7 @@ class PipelineAdapter(ImageInputs, Protocol):
         """[1, *latent_shape]: what the sample's sampler steps with, from its rows' predictions."""
         ...
 
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
         """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
         with NaN or infinite pixels (the decoder fails that sample)."""
         ...

@@ -3,7 +3,7 @@
 As the families' diffusers img2img pipelines do it: the init image is VAE-encoded, each
 sample draws its latent from the encoder's distribution with its own generator (first),
 then draws its noise (second), and starts from the image latents noised to the first
-timestep it runs: `add_noise` for the UNet samplers, `scale_noise` for flow matching.
+timestep it runs (`noised_latents`: `add_noise` for the UNet samplers, `scale_noise` for flow matching).
 Inpainting keeps the same noise to re-noise the image latents at every later step
 (`batching.image_start`). A family whose latents are packed (FLUX) overrides
 `pack_latents`; one whose latents are float32 whatever the model dtype (Z-Image) sets
@@ -12,18 +12,17 @@ Inpainting keeps the same noise to re-noise the image latents at every later ste
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from batching.pipelines.vae import encode_pixels, to_latent_space
+from batching.pipelines.contract import Sampler
+from batching.pipelines.vae import LatentVae
 from core.image_inputs import InputImages
 from core.params import GenerationParams
 
 
 class ImageLatentsMixin:
-    vae: Any
+    latent_vae: LatentVae
     device: torch.device
     dtype: torch.dtype
     # The denoiser takes the mask and the masked image's latents as input channels (an inpainting UNet):
@@ -42,12 +41,12 @@ class ImageLatentsMixin:
 
     def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixels [n, 3, H, W] in [-1, 1] (samples of one size) to the VAE's (mean, std), raw layout."""
-        return encode_pixels(self.vae, pixels)
+        return self.latent_vae.encode(pixels)
 
     def image_latents(self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """[1, *latent_shape]: one sample's draw from its image's latent distribution, in denoiser space."""
         raw = mean + std * randn_tensor(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        return self.pack_latents(to_latent_space(self.vae, raw).to(self.latent_dtype))
+        return self.pack_latents(self.latent_vae.to_latent_space(raw).to(self.latent_dtype))
 
     def latent_mask(self, mask: torch.Tensor, raw_shape: torch.Size) -> torch.Tensor:
         """A [1, 1, H, W] pixel mask (1 = repaint) in the latents' layout, downsampled as diffusers' inpaint
@@ -56,13 +55,10 @@ class ImageLatentsMixin:
         return self.pack_latents(small.expand(-1, raw_shape[1], -1, -1).to(self.device, self.latent_dtype))
 
     def noised_latents(
-        self, sampler: Any, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
     ) -> torch.Tensor:
-        """The image latents noised to the sampler's current timestep (its begin index before the first step)."""
-        timesteps = timestep.reshape(1)
-        if hasattr(sampler, "scale_noise"):  # flow matching
-            return sampler.scale_noise(image_latents, timesteps, noise)
-        return sampler.add_noise(image_latents, noise, timesteps)
+        """The image latents noised to `timestep` of the sample's sampler, as the family's sampler noises them."""
+        raise NotImplementedError
 
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> dict[str, torch.Tensor]:
         """The per-row conditioning that carries a sample's mask channels (adapters with `has_mask_channels`)."""

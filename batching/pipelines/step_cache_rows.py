@@ -65,6 +65,40 @@ def _is_candidate(sample: CachedSample) -> bool:
     return state is not None and sample.may_skip and state.reference is not None and state.cached is not None
 
 
+def rows_to_run(samples: Sequence[CachedSample], skipped: Sequence[bool], num_rows: int, may_gather: bool) -> list[int]:
+    """The batch rows that run the skippable part: those that compute (`computing_rows`), gathered into a smaller
+    batch with `may_gather`; without it, every row as soon as one computes (each row's arithmetic keeps the batch
+    size: deterministic mode, per-row LoRA adapters). Empty when every sample skips."""
+    rows = computing_rows(samples, skipped, num_rows)
+    if rows and not (may_gather and len(rows) < num_rows):
+        return list(range(num_rows))
+    return rows
+
+
+def reuse_residuals(
+    samples: Sequence[CachedSample],
+    skipped: Sequence[bool],
+    features: Sequence[torch.Tensor],
+    before: torch.Tensor,
+    after: torch.Tensor,
+    lengths: Sequence[int],
+) -> None:
+    """Residual caching (FLUX.1's First-Block Cache, Z-Image's): `before` and `after` are each row's tokens
+    [rows, tokens, dim] around the skippable blocks, real for each row's first `lengths[row]`. The rows of a sample
+    that skips get `before` plus the residual those blocks added at its last full step (in `after`, in place); a
+    caching sample that computed keeps its feature and its new residual."""
+    residuals: list[torch.Tensor | None] = [None] * len(lengths)  # per row: what the skippable blocks added
+    for sample, rows, is_skip in zip(samples, sample_rows(samples), skipped):
+        for index_in_sample, row in enumerate(rows):
+            n = lengths[row]
+            if is_skip:
+                assert sample.state is not None and sample.state.cached is not None
+                after[row, :n] = before[row, :n] + sample.state.cached[index_in_sample]
+            elif sample.state is not None:
+                residuals[row] = after[row, :n] - before[row, :n]
+    keep(samples, skipped, features, residuals)
+
+
 def computing_rows(samples: Sequence[CachedSample], skipped: Sequence[bool], num_rows: int) -> list[int]:
     """Indices of the batch rows that compute: those of samples that do not skip, and any padding rows after
     the samples' (deterministic mode)."""

@@ -1,7 +1,20 @@
-"""Latents to RGB images through a pipeline's VAE, as every family's pipeline decodes them."""
+"""A pipeline's VAE between pixels and the denoiser's latent space, as the families' pipelines convert.
+
+Three kinds of latent space, told apart by the VAE's config:
+- scaled and shifted (SD, SD3, FLUX.1, Z-Image): `(raw - shift_factor) * scaling_factor`;
+- normalised per channel with a scale (SDXL VAEs that state `latents_mean`/`latents_std`):
+  `(raw - mean) * scaling_factor / std`;
+- the causal video VAEs (Qwen-Image's, Wan's: `z_dim`): latents [n, c, frames, h, w] normalised per
+  channel, `(raw - mean) / std`; an image is one frame. They keep their convolution caches on the
+  module, so they run one call at a time (`lock`): the decoder's thread decodes while the encoder's
+  thread encodes.
+FLUX.2's VAE normalises patchified latents with its batch norm's statistics: its adapter does that.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import numpy as np
@@ -9,25 +22,60 @@ import torch
 from PIL import Image
 
 
-@torch.inference_mode()
-def decode_latents(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
-    """Latents [n, c, h, w] (the VAE's layout) to n RGB images (None for one with non-finite pixels)."""
-    config = vae.config
-    latents = latents.to(vae.dtype)
-    latents_mean, latents_std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
-    if latents_mean is not None and latents_std is not None:  # SDXL VAEs that state their latent statistics
-        shape = (1, -1, 1, 1)
-        mean = torch.tensor(latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
-        std = torch.tensor(latents_std, device=latents.device, dtype=latents.dtype).view(shape)
-        return _to_images(vae, latents * std / config.scaling_factor + mean)
-    latents = latents / config.scaling_factor
-    if getattr(config, "shift_factor", None):
-        latents = latents + config.shift_factor
-    return _to_images(vae, latents)
+class LatentVae:
+    def __init__(self, vae: Any) -> None:
+        self.vae = vae
+        config = vae.config
+        self.has_frames = "z_dim" in config
+        self.lock: contextlib.AbstractContextManager = threading.Lock() if self.has_frames else contextlib.nullcontext()
+        self.mean: torch.Tensor | None = None  # per-channel statistics, [1, c, 1, 1] (with frames [1, c, 1, 1, 1])
+        self.std: torch.Tensor | None = None
+        if getattr(config, "latents_mean", None) is not None and getattr(config, "latents_std", None) is not None:
+            shape = (1, -1, 1, 1, 1) if self.has_frames else (1, -1, 1, 1)
+            self.mean = torch.tensor(config.latents_mean).view(shape).to(vae.device, vae.dtype)
+            self.std = torch.tensor(config.latents_std).view(shape).to(vae.device, vae.dtype)
 
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor) -> list[Image.Image | None]:
+        """Latents [n, c, h, w] in the denoiser's space to n RGB images (None for one with non-finite pixels)."""
+        config = self.vae.config
+        latents = latents.to(self.vae.dtype)
+        if self.has_frames:
+            assert self.mean is not None and self.std is not None
+            raw = latents.unsqueeze(2) / (1.0 / self.std) + self.mean  # [n, c, 1, h, w], as the pipelines undo it
+        elif self.mean is not None and self.std is not None:
+            raw = latents * self.std.to(latents) / config.scaling_factor + self.mean.to(latents)
+        else:
+            raw = latents / config.scaling_factor
+            if getattr(config, "shift_factor", None):
+                raw = raw + config.shift_factor
+        with self.lock:
+            pixels = self.vae.decode(raw, return_dict=False)[0]  # [n, 3, H, W] (with frames: [n, 3, 1, H, W])
+        return pixels_to_images(pixels[:, :, 0] if self.has_frames else pixels)
 
-def _to_images(vae: Any, latents: torch.Tensor) -> list[Image.Image | None]:
-    return pixels_to_images(vae.decode(latents, return_dict=False)[0])
+    @torch.inference_mode()
+    def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RGB pixels [n, 3, H, W] in [-1, 1] to the VAE's latent distribution (mean, std), each [n, c, h, w]
+        in the VAE's raw space: one encoder call for the batch; each sample draws from it with its own generator."""
+        pixels = pixels.to(self.vae.device, self.vae.dtype)
+        with self.lock:
+            distribution = self.vae.encode(pixels.unsqueeze(2) if self.has_frames else pixels).latent_dist
+        if self.has_frames:
+            return distribution.mean[:, :, 0], distribution.std[:, :, 0]
+        return distribution.mean, distribution.std
+
+    def to_latent_space(self, raw: torch.Tensor) -> torch.Tensor:
+        """A raw VAE latent to the space the denoiser works in: the inverse of `decode`'s conversion."""
+        config = self.vae.config
+        if self.has_frames:
+            assert self.mean is not None and self.std is not None
+            mean, std = (stat.to(raw.device, raw.dtype) for stat in (self.mean, self.std))
+            return (raw - mean[:, :, 0]) / std[:, :, 0] if raw.ndim == 4 else (raw - mean) / std
+        if self.mean is not None and self.std is not None:
+            return (raw - self.mean.to(raw)) * config.scaling_factor / self.std.to(raw)
+        if getattr(config, "shift_factor", None):
+            raw = raw - config.shift_factor
+        return raw * config.scaling_factor
 
 
 def pixels_to_images(pixels: torch.Tensor) -> list[Image.Image | None]:
@@ -39,25 +87,3 @@ def pixels_to_images(pixels: torch.Tensor) -> list[Image.Image | None]:
     pixels = (pixels / 2 + 0.5).clamp(0, 1)
     array = (pixels.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
     return [Image.fromarray(np.ascontiguousarray(image)) if ok else None for image, ok in zip(array, is_finite)]
-
-
-@torch.inference_mode()
-def encode_pixels(vae: Any, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RGB pixels [n, 3, H, W] in [-1, 1] to the VAE's latent distribution (mean, std), each [n, c, h, w]
-    in the VAE's raw space: one encoder call for the batch; each sample draws from it with its own generator."""
-    distribution = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist
-    return distribution.mean, distribution.std
-
-
-def to_latent_space(vae: Any, raw: torch.Tensor) -> torch.Tensor:
-    """A raw VAE latent to the space the denoiser works in: the inverse of `decode_latents`' scaling."""
-    config = vae.config
-    latents_mean, latents_std = getattr(config, "latents_mean", None), getattr(config, "latents_std", None)
-    if latents_mean is not None and latents_std is not None:
-        shape = (1, -1, 1, 1)
-        mean = torch.tensor(latents_mean, device=raw.device, dtype=raw.dtype).view(shape)
-        std = torch.tensor(latents_std, device=raw.device, dtype=raw.dtype).view(shape)
-        return (raw - mean) * config.scaling_factor / std
-    if getattr(config, "shift_factor", None):
-        raw = raw - config.shift_factor
-    return raw * config.scaling_factor

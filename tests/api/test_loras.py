@@ -16,7 +16,7 @@ from storage.settings import StorageSettings
 from tests.support.calls import auth
 from tests.support.processes import TENANT_KEYS
 
-MAX_LORA_BYTES = 4096
+MAX_LORA_BYTES = 2**19  # room for the deeply nested header below
 TRUNCATED_HEADER = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
 
 
@@ -32,8 +32,11 @@ def lora_bytes(rank: int = 2) -> bytes:
 
 def raw_safetensors(header: dict, data: bytes = b"") -> bytes:
     """A file with exactly this header, whatever it claims (safetensors' writers refuse to write lies)."""
-    encoded = json.dumps(header).encode()
-    return len(encoded).to_bytes(8, "little") + encoded + data
+    return raw_header(json.dumps(header).encode()) + data
+
+
+def raw_header(encoded: bytes) -> bytes:
+    return len(encoded).to_bytes(8, "little") + encoded
 
 
 def f32_entry(shape: list, start: int = 0, end: int | None = None) -> dict:
@@ -136,6 +139,12 @@ def test_a_missing_adapter_is_refused_at_submit_naming_it(lora_client):
         (b"\x80\x04\x95pickle data, never loaded", "is not a safetensors file"),
         (b"", "empty body"),
         (len(TRUNCATED_HEADER).to_bytes(8, "little") + TRUNCATED_HEADER, "cover 16 of its 0 data bytes"),  # no data
+        # what a probe sent: a header nested 200,000 levels deep (it was a RecursionError and a 500)
+        pytest.param(
+            raw_header(b'{"w": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
+            "header is nested too deeply",
+            id="header nested 200000 levels deep",
+        ),
     ],
 )
 def test_an_upload_that_is_not_safetensors_is_refused_and_nothing_is_stored(lora_client, body, message):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+from api.openapi import UndocumentedRoute, build_document
 from tests.support.calls import auth, submit
 from tests.support.routes import ROUTES
 
@@ -65,3 +68,26 @@ def test_the_openapi_document_has_exactly_the_paths_and_methods_the_app_routes(a
 
     documented = {(path, method) for path, item in document["paths"].items() for method in item}
     assert documented == routed - UNDOCUMENTED
+
+
+def test_a_route_that_declares_no_operation_stops_the_document_from_being_built(app):
+    @app.get("/v1/undeclared")
+    def undeclared():
+        return {}
+
+    with pytest.raises(UndocumentedRoute, match="/v1/undeclared"):
+        build_document(app, app.config["API_SETTINGS"])
+
+
+def test_each_route_answers_a_call_without_a_key_as_its_documented_security_says(client):
+    """The document's auth comes from each route's blueprint hook: no key is 401 exactly where it says a key is
+    needed, and an admin route documents 403 too."""
+    document = client.get("/openapi.json").json
+    for path, item in document["paths"].items():
+        concrete = path.replace("{job_id}", "no-such-job").replace("{name}", "no-such-adapter")
+        for method, operation in item.items():
+            needs_key = operation.get("security", document["security"]) != []
+            answer = client.open(concrete, method=method.upper())
+            assert (answer.status_code == 401) == needs_key, (path, method, answer.status_code)
+            assert ("401" in operation["responses"]) == needs_key, (path, method)
+            assert ("403" in operation["responses"]) == (path in ("/metrics", "/v1/admin/tenants")), (path, method)

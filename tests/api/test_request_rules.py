@@ -205,3 +205,26 @@ def test_a_single_submit_never_replays_a_batch_item_with_a_look_alike_key(client
     assert single.status_code == 202 and "Idempotent-Replayed" not in single.headers
     assert single.json["job_id"] not in batch_ids
     assert [r["job"]["job_id"] for r in replay.json["results"]] == batch_ids
+
+
+def many_parts_form(num_parts: int) -> tuple[bytes, str]:
+    """A multipart body of `num_parts` one-letter text parts (what a probe sent: 10,000 of them in 0.58 MB)."""
+    boundary = "probe-boundary"
+    parts = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="f{i}"\r\n\r\na\r\n'.encode() for i in range(num_parts)
+    )
+    return parts + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.parametrize("path", ["/v1/images/edits", "/v1/uploads"])
+def test_a_form_of_ten_thousand_tiny_parts_gets_413_naming_the_parts_limit_not_the_body_size(client, path):
+    body, content_type = many_parts_form(10_000)
+    assert len(body) < 1024 * 1024  # under STEPWISE_MAX_BODY_BYTES: the size was never the reason
+
+    response = client.post(path, data=body, headers={**auth(), "Content-Type": content_type})
+
+    assert response.status_code == 413
+    error = response.json["error"]
+    message = error["message"]
+    assert "more than 100 parts" in message and "STEPWISE_MAX_FORM_PARTS" in message, error
+    assert "MAX_BODY_BYTES" not in message

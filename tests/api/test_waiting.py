@@ -15,9 +15,11 @@ from httpx_sse import EventSource, ServerSentEvent, connect_sse
 from api import create_app
 from api.resources import get_settings
 from api.waiting import MAX_WAIT_SECONDS, prefer_wait
+from storage.api_keys import ApiKeyStore
 from storage.job_record import JobState
 from storage.job_store import JobStore
 from tests.support.calls import auth
+from tests.support.waiting import wait_for
 
 JOB = {"prompt": "a lighthouse", "model": "builtin:tiny", "num_inference_steps": 20}
 
@@ -197,3 +199,147 @@ def test_another_tenants_job_stream_is_missing_and_a_bad_last_event_id_is_refuse
     assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
     assert bad_id.status_code == 422 and bad_id.json()["error"]["field"] == "Last-Event-ID"
     assert nobody.status_code == 401
+
+
+@pytest.mark.parametrize("last_event_id", ["99999999999999999999-0", "1-18446744073709551616"])
+def test_a_last_event_id_beyond_what_a_stream_id_can_hold_is_refused_naming_the_header(http_client, last_event_id):
+    job_id = submit(http_client).json()["job_id"]
+
+    response = http_client.get(f"/v1/jobs/{job_id}/events", headers={**auth(), "Last-Event-ID": last_event_id})
+
+    assert response.status_code == 422  # was 200 with an empty body: an EventSource would reconnect forever
+    assert response.json()["error"]["field"] == "Last-Event-ID"
+
+
+def test_a_stream_resumed_after_the_largest_stream_id_still_ends_with_the_jobs_end_state(http_client, store):
+    job_id = submit(http_client).json()["job_id"]
+    store.request_cancel(job_id)
+
+    last = "18446744073709551615-18446744073709551615"  # Redis refuses a range after it: nothing is there
+    resume = {**auth(), "Last-Event-ID": last}
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=resume) as source:
+        events = list(source.iter_sse())
+
+    assert [event.event for event in events] == ["canceled"]
+    assert source.response.status_code == 200
+
+
+@pytest.fixture
+def revocable(store, http_client):
+    """A key kept in Redis, as `stepwise keys create` makes it, for a tenant of its own: (key, id, its store)."""
+    key_store = ApiKeyStore(store.redis, store.keys)
+    key, record = key_store.create(f"revocable-{time.monotonic_ns()}")
+    wait_for(lambda: http_client.get("/v1/jobs", headers=bearer(key)).status_code == 200, 5, "the new key to work")
+    return key, record.key_id, key_store
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_an_event_stream_open_when_its_key_is_revoked_ends_at_once_with_an_error_event(http_client, revocable):
+    key, key_id, key_store = revocable
+    job_id = http_client.post("/v1/jobs", json=JOB, headers=bearer(key)).json()["job_id"]
+
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=bearer(key)) as source:
+        events = (event for event in source.iter_sse() if event.event != "message" or event.data)
+        first = next(events)
+        key_store.revoke(key_id)
+        revoked_at = time.monotonic()
+        rest = list(events)  # to the end of the stream
+        seconds = time.monotonic() - revoked_at
+
+    assert first.event == "queued"
+    assert [event.event for event in rest] == ["error"] and seconds < 1.0, (rest, seconds)
+    assert rest[0].json()["error"]["code"] == "unauthorized" and "revoked" in rest[0].json()["error"]["message"]
+    # what a reconnecting EventSource gets (after its retry: 2 s) once the API's key table has been read again
+    wait_for(
+        lambda: http_client.get(f"/v1/jobs/{job_id}/events", headers=bearer(key)).status_code == 401,
+        2,
+        "the revoked key to be refused",
+    )
+
+
+def test_a_prefer_wait_open_when_its_key_is_revoked_answers_401_at_once(http_client, revocable):
+    key, key_id, key_store = revocable
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(submit_as(http_client, key, Prefer="wait=60")))
+    waiting.start()
+    wait_for(lambda: http_client.get("/v1/jobs", headers=bearer(key)).json()["jobs"], 10, "the waiting submit's job")
+
+    key_store.revoke(key_id)
+    revoked_at = time.monotonic()
+    waiting.join(timeout=30)
+    seconds = time.monotonic() - revoked_at
+
+    (response,) = answers
+    assert response.status_code == 401 and seconds < 1.0, (response.text, seconds)
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def submit_as(client: httpx.Client, key: str, **headers: str) -> httpx.Response:
+    return client.post("/v1/jobs", json=JOB, headers={**bearer(key), **headers})
+
+
+def test_a_prefer_wait_whose_running_job_is_deleted_meanwhile_answers_404_as_its_get_does(http_client, store):
+    before = newest_job_id(http_client)
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(submit(http_client, Prefer="wait=60")))
+    waiting.start()
+    job_id = wait_for(lambda: (newest := newest_job_id(http_client)) != before and newest, 10, "the submit's job")
+    store.take(job_id, "worker-1", 60)  # running: its delete writes no end event, only wakes the waiters
+
+    assert http_client.delete(f"/v1/jobs/{job_id}", headers=auth()).status_code == 204
+    deleted_at = time.monotonic()
+    waiting.join(timeout=30)
+    seconds = time.monotonic() - deleted_at
+
+    (response,) = answers
+    get = http_client.get(f"/v1/jobs/{job_id}", headers=auth())
+    assert response.status_code == get.status_code == 404, response.text  # was 202, a stale view and a Location
+    assert response.json() == get.json() and "Location" not in response.headers
+    assert seconds < 1.0, seconds
+
+
+def newest_job_id(client: httpx.Client) -> str | None:
+    jobs = client.get("/v1/jobs", headers=auth(), params={"limit": 1}).json()["jobs"]
+    return jobs[0]["job_id"] if jobs else None
+
+
+def test_an_openai_images_call_whose_job_is_deleted_meanwhile_gets_an_openai_shaped_404_saying_so(http_client, store):
+    before = newest_job_id(http_client)
+    answers = []
+    body = {"prompt": "a lighthouse", "model": "builtin:tiny", "size": "64x64"}
+    call = threading.Thread(
+        target=lambda: answers.append(http_client.post("/v1/images/generations", json=body, headers=auth()))
+    )
+    call.start()
+    job_id = wait_for(lambda: (newest := newest_job_id(http_client)) != before and newest, 10, "the call's job")
+    store.take(job_id, "worker-1", 60)
+
+    assert http_client.delete(f"/v1/jobs/{job_id}", headers=auth()).status_code == 204
+    call.join(timeout=30)
+
+    (response,) = answers
+    assert response.status_code == 404, response.text  # was 500 job_lost
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "job_deleted"
+    assert error["message"] == f"job {job_id} was deleted while this request waited for it"
+
+
+def test_an_event_stream_whose_job_is_deleted_ends_with_an_error_event_saying_it_is_gone(http_client, store):
+    job_id = submit(http_client).json()["job_id"]
+    store.take(job_id, "worker-1", 60)
+
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
+        events = (event for event in source.iter_sse() if event.event != "message" or event.data)
+        first = next(events)
+        http_client.delete(f"/v1/jobs/{job_id}", headers=auth())
+        deleted_at = time.monotonic()
+        rest = list(events)
+        seconds = time.monotonic() - deleted_at
+
+    assert first.event == "started"
+    assert [event.event for event in rest] == ["error"] and seconds < 1.0, (rest, seconds)
+    assert rest[0].json()["error"]["code"] == "not_found"

@@ -74,7 +74,7 @@ def test_edit_jobs_of_different_images_sizes_and_guidance_join_at_staggered_step
 
 def test_an_edit_job_equals_diffusers_own_edit_pipeline_for_the_same_seed(engines):
     from batching.builtin_model import builtin_model_path
-    from batching.pipelines.qwenimage_edit import QwenImageEditAdapter
+    from batching.pipelines.qwenimage.edit import QwenImageEditAdapter
 
     params = edit_params(negative_prompt="blurry", guidance_scale=5.0)
     image = engines["batched"].submit(params).result(timeout=300).image

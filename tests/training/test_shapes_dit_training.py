@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.builtin_model import builtin_model_path
-from batching.pipelines.builtins import shapes_dit
+from batching.pipelines.zimage import shapes_dit
 from training.shapes_dit import train
 
 

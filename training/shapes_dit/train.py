@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from batching.pipelines.builtins import shapes_dit
+from batching.pipelines.zimage import shapes_dit
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
 from core.shapes_vocabulary import all_prompts
 from training.optimization import EMA_DECAY, AveragedOptimizer

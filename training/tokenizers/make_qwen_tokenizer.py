@@ -4,7 +4,7 @@ Like Qwen2/Qwen3's own it is byte-level BPE: the 256 byte characters, merges tha
 whole words single tokens (with and without the leading-space marker `Ġ`), no BOS, and
 the chat special tokens. Its chat template renders a conversation the way Qwen3's does
 for what the Z-Image family's pipeline asks (one user message, a generation prompt, thinking enabled;
-batching/pipelines/zimage.py):
+batching/pipelines/zimage/adapter.py):
 
     <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
 

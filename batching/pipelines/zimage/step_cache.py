@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from batching.pipelines.contract import CachedSample
-from batching.pipelines.step_cache_rows import computing_rows, decide, keep, sample_rows
+from batching.pipelines.mixed_sizes import padding_mask
+from batching.pipelines.step_cache_rows import decide, reuse_residuals, rows_to_run, sample_rows
 
 PATCH_SIZE, F_PATCH_SIZE = 2, 1  # what ZImageAdapter.forward passes (the transformer's defaults)
 NUM_BLOCKS_KEPT = 0  # main blocks every row runs: 0 (TeaCache's feature) or 1 (First-Block Cache), see above
@@ -77,31 +78,21 @@ def residual_cached_forward(
         modulated = block.attention_norm1(unified) * scale_msa
         features = [modulated[row, :n] for row, n in enumerate(seqlens)]
     skipped = decide(samples, features)
-    rows = computing_rows(samples, skipped, len(seqlens))
+    rows = rows_to_run(samples, skipped, len(seqlens), may_gather)
     hidden = first.clone()  # [rows, max_seq, dim]: the last block's output, filled in below
     if rows:
-        if may_gather and len(rows) < len(seqlens):
+        if len(rows) < len(seqlens):
             width = max(seqlens[row] for row in rows)
             index = torch.tensor(rows, device=device)
             part, part_freqs = first[index, :width], freqs[index, :width]  # [computing rows, width, dim]
             part_mask = _mask([seqlens[row] for row in rows], width, device)
             part_adaln = adaln_input[index]
-        else:  # every row runs the blocks: each row's arithmetic keeps the batch size
-            rows, width = list(range(len(seqlens))), first.shape[1]
-            part, part_freqs, part_mask, part_adaln = first, freqs, mask, adaln_input
+        else:
+            width, part, part_freqs, part_mask, part_adaln = first.shape[1], first, freqs, mask, adaln_input
         for layer in model.layers[NUM_BLOCKS_KEPT:]:
             part = layer(part, part_mask, part_freqs, part_adaln)
         hidden[rows, :width] = part
-    residuals: list[torch.Tensor | None] = [None] * len(seqlens)  # per row: what blocks 1.. added
-    for sample, sample_row_range, is_skip in zip(samples, sample_rows(samples), skipped):
-        for index_in_sample, row in enumerate(sample_row_range):
-            n = seqlens[row]
-            if is_skip:
-                assert sample.state is not None and sample.state.cached is not None
-                hidden[row, :n] = first[row, :n] + sample.state.cached[index_in_sample]
-            elif sample.state is not None:
-                residuals[row] = hidden[row, :n] - first[row, :n]
-    keep(samples, skipped, features, residuals)
+    reuse_residuals(samples, skipped, features, first, hidden, seqlens)
     out = model.all_final_layer[patch](hidden, c=adaln_input)
     return model.unpatchify(list(out.unbind(dim=0)), x_size, PATCH_SIZE, F_PATCH_SIZE), skipped
 
@@ -146,9 +137,4 @@ def _refined_captions(
 
 def _mask(seqlens: list[int], width: int, device: torch.device) -> torch.Tensor | None:
     """The key mask of rows padded to `width` (None when none is padded, as the model builds it)."""
-    if all(n == width for n in seqlens):
-        return None
-    mask = torch.zeros((len(seqlens), width), dtype=torch.bool, device=device)
-    for row, n in enumerate(seqlens):
-        mask[row, :n] = True
-    return mask
+    return None if all(n == width for n in seqlens) else padding_mask(seqlens, width, device)

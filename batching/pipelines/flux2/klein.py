@@ -14,39 +14,22 @@ CFG at any scale, as its pipeline does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from batching.pipelines.contract import Conditioning
-from batching.pipelines.flux2 import Flux2Adapter
+from batching.pipelines.flux2.adapter import Flux2Adapter
 from core.params import GenerationParams
 
 
 class Flux2KleinAdapter(Flux2Adapter):
     family = "flux2_klein"
     pipeline_classes = ("Flux2KleinPipeline",)
-    max_rows_per_sample = 2
+    max_rows_per_sample = 2  # [cond, uncond], combined by the base's CFG
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.is_distilled = bool(pipeline.config.get("is_distilled", False))
 
-    def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        return [params.prompt, params.negative_prompt] if self._has_cfg(params) else [params.prompt]
-
-    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
-        (conditional,) = super().row_conditioning(params, encoded)
-        if not self._has_cfg(params):
-            return [conditional]
-        return [conditional, {**conditional, **encoded[params.negative_prompt]}]  # [cond, uncond]
-
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
-        if len(rows) == 1:
-            return rows
-        conditional, unconditional = rows[0:1], rows[1:2]
-        return unconditional + params.guidance_scale * (conditional - unconditional)  # as the pipeline combines
-
-    def _has_cfg(self, params: GenerationParams) -> bool:
-        return not self.is_distilled and self.spec.has_cfg(params.guidance_scale, params.negative_prompt)
+    def has_cfg(self, params: GenerationParams) -> bool:
+        return not self.is_distilled and super().has_cfg(params)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from batching.pipelines.contract import CachedForward, CachedSample
-from batching.pipelines.step_cache_rows import computing_rows, decide, keep, sample_rows
+from batching.pipelines.step_cache_rows import decide, keep, rows_to_run, sample_rows
 
 NUM_BLOCKS_KEPT = 2  # the first down block and the last up block: the shallow path
 
@@ -60,16 +60,15 @@ def deep_cached_forward(
     num_rows = hidden.shape[0]
     features = list(hidden)  # per row [c, h/2, w/2]: the first down block's output
     skipped = decide(samples, features)
-    rows = computing_rows(samples, skipped, num_rows)
+    rows = rows_to_run(samples, skipped, num_rows, may_gather)
     last_block = unet.up_blocks[-1]
     deep_out: list[torch.Tensor | None] = [None] * num_rows  # per row: the last up block's input
     if rows:
-        if may_gather and len(rows) < num_rows:
+        if len(rows) < num_rows:
             index = torch.tensor(rows, device=hidden.device)
             part, part_emb, part_context = hidden[index], emb[index], context[index]
             part_res = tuple(tensor[index] for tensor in shallow_res)
-        else:  # every row runs the deep path: each row's arithmetic keeps the batch size
-            rows = list(range(num_rows))
+        else:
             part, part_emb, part_context, part_res = hidden, emb, context, shallow_res
         for block in unet.down_blocks[1:]:
             part, res = _down(block, part, part_emb, part_context)

@@ -3,36 +3,34 @@
 As `ZImagePipeline` does it: the prompt is wrapped in the Qwen3 chat template, padded to
 `max_sequence_length` for the text encoder, and the penultimate hidden states of its real
 tokens (a different count per prompt) are the conditioning; latents [1, 16, h/8, w/8] are
-drawn in float32 from the sample's own generator; the sampler is flow-matching Euler; the
-transformer takes a list of latents and a list of caption features and pads them itself
+drawn in float32 from the sample's own generator; the sampler is flow-matching Euler
+(`flow_matching`); the transformer takes a list of latents and a list of caption features and pads them itself
 with attention masks. Guidance is classifier-free for any scale above 0, with the
 pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
 negated velocity. Because the transformer takes one latent per row, samples of different
 sizes share a forward: the family's key holds no size (except in deterministic mode).
 Step caching decides from the first main block's modulated input, as TeaCache, and skips
-the main blocks (`batching.pipelines.zimage_step_cache`).
+the main blocks (`batching.pipelines.zimage.step_cache`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from diffusers.utils.torch_utils import randn_tensor
 
 from batching.pipelines import published_latent_rgb as published
-from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
-from batching.pipelines.flow_matching import flow_matching_sampler
-from batching.pipelines.vae import decode_latents
-from batching.pipelines.zimage_step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
+from batching.pipelines.adapter_base import tokenize
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import FlowMatchingAdapter
+from batching.pipelines.zimage.step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's default
 
 
-class ZImageAdapter(AdapterBase):
+class ZImageAdapter(FlowMatchingAdapter):
     latent_dtype = torch.float32  # as ZImagePipeline keeps its latents
     family = "zimage"
     pipeline_classes = ("ZImagePipeline",)
@@ -41,8 +39,7 @@ class ZImageAdapter(AdapterBase):
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
-        self.transformer = pipeline.transformer
-        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage_step_cache)
+        self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage.step_cache)
         self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
@@ -62,32 +59,13 @@ class ZImageAdapter(AdapterBase):
         ).hidden_states[-2]  # [n, 512, dim]
         return [{"embeds": row[mask].to(self.dtype)} for row, mask in zip(hidden, masks)]  # [tokens_i, dim]
 
-    def new_sampler(self, params: GenerationParams) -> Any:
-        height, width = self._latent_size(params)
-        num_tokens = (height // 2) * (width // 2)
-        return flow_matching_sampler(
-            self.pipeline.scheduler.config, params.num_inference_steps, num_tokens, self.device
-        )
-
-    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
-        shape = (1, self.transformer.in_channels, *self._latent_size(params))
-        return randn_tensor(shape, generator=generator, device=self.device, dtype=torch.float32)  # [1, 16, h/8, w/8]
-
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
-        return self.draw_noise(params, generator)
-
-    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
-        if self.spec.has_cfg(params.guidance_scale):
-            return [encoded[params.prompt], encoded[params.negative_prompt]]  # [cond, uncond], as the pipeline
-        return [encoded[params.prompt]]
+    def noise_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        return (1, self.transformer.in_channels, *self.latent_grid(params))  # [1, 16, h/8, w/8]
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         """Caption features of the longest length, so every padded forward pads its captions alike."""
         dim = self.transformer.config.cap_feat_dim
         return {"embeds": torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)}
-
-    def model_input(self, sample: RunningSample) -> torch.Tensor:
-        return sample.latents
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
@@ -121,12 +99,5 @@ class ZImageAdapter(AdapterBase):
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
         cond = rows[0:1]
         if len(rows) == 2:
-            cond = cond + params.guidance_scale * (cond - rows[1:2])
+            cond = cond + params.guidance_scale * (cond - rows[1:2])  # the pipeline's own formula
         return -cond  # the transformer predicts the negated flow
-
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        return decode_latents(self.vae, latents)
-
-    def _latent_size(self, params: GenerationParams) -> tuple[int, int]:
-        """Latent height and width: the VAE's downsampling, rounded to whole 2x2 patches."""
-        return (2 * (params.height // (self.vae_scale_factor * 2)), 2 * (params.width // (self.vae_scale_factor * 2)))

@@ -14,6 +14,7 @@ from batching.builtin_models.components import (
     FLUX_LATENT_CHANNELS,
     clip_text_config,
     clip_tokenizer,
+    flux_scheduler,
     seeded,
     t5_tokenizer,
     tiny_flux_vae,
@@ -29,7 +30,7 @@ ROPE_AXES_DIMS = (4, 6, 6)  # FLUX's (16, 56, 56) scaled down; sums to the head 
 
 
 def build_pipeline(name: str):
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel
 
     tokenizer = clip_tokenizer()
@@ -54,17 +55,8 @@ def build_pipeline(name: str):
         text_encoder = CLIPTextModel(clip_text_config(tokenizer, CLIP_HIDDEN_SIZE))
     with seeded(3):
         text_encoder_2 = tiny_t5_encoder(tokenizer_2, T5_HIDDEN_SIZE)
-    scheduler = FlowMatchEulerDiscreteScheduler(  # FLUX.1-dev's scheduler config
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
     return FluxPipeline(
-        scheduler=scheduler,
+        scheduler=flux_scheduler(),
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,

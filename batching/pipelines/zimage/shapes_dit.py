@@ -11,27 +11,22 @@ The trained folder ships in `batching/assets/builtin-shapes-dit/`.
 
 from __future__ import annotations
 
-from batching.builtin_models.components import ASSETS_DIR, seeded, tiny_qwen3_config
+from batching.builtin_models.components import ASSETS_DIR, qwen_tokenizer, seeded, tiny_qwen3_config
+from batching.pipelines.zimage.builtin import FLOW_SHIFT, zimage_scheduler, zimage_transformer  # noqa: F401 (training reads FLOW_SHIFT here)
 
-QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"
 SHAPES_VAE_DIR = ASSETS_DIR / "builtin-shapes" / "vae"
 TEXT_HIDDEN_SIZE = 64  # the caption features' width (Z-Image: 2560)
 TRANSFORMER_DIM = 128
 NUM_LAYERS = 6  # main blocks: the ones a step cache skips after the first
 NUM_HEADS = 4
-ROPE_AXES_DIMS = (8, 12, 12)  # Z-Image's (32, 48, 48) scaled down; sums to the head dim
-ROPE_AXES_LENS = (1536, 512, 512)  # Z-Image's: caption/frame, height and width positions
 # builtin:shapes' latents (raw, over the training set): mean 0.100, std 2.29. The shift is stated so
 # that ZImagePipeline (which always adds the VAE's shift_factor) decodes the folder too.
 VAE_SHIFT_FACTOR = 0.1
 VAE_SCALING_FACTOR = 0.4366
-FLOW_SHIFT = 3.0  # Z-Image-Turbo's fixed shift, the same at every size
 
 
 def build_tokenizer():
-    from transformers import Qwen2Tokenizer
-
-    return Qwen2Tokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
+    return qwen_tokenizer()
 
 
 def build_text_encoder(tokenizer):
@@ -41,26 +36,7 @@ def build_text_encoder(tokenizer):
 
 
 def build_transformer(latent_channels: int):
-    from diffusers import ZImageTransformer2DModel
-
-    assert sum(ROPE_AXES_DIMS) == TRANSFORMER_DIM // NUM_HEADS
-    return ZImageTransformer2DModel(
-        all_patch_size=(2,),
-        all_f_patch_size=(1,),
-        in_channels=latent_channels,
-        dim=TRANSFORMER_DIM,
-        n_layers=NUM_LAYERS,
-        n_refiner_layers=1,
-        n_heads=NUM_HEADS,
-        n_kv_heads=NUM_HEADS,
-        norm_eps=1e-5,
-        qk_norm=True,
-        cap_feat_dim=TEXT_HIDDEN_SIZE,
-        rope_theta=256.0,
-        t_scale=1000.0,
-        axes_dims=list(ROPE_AXES_DIMS),
-        axes_lens=list(ROPE_AXES_LENS),
-    )
+    return zimage_transformer(latent_channels, TRANSFORMER_DIM, NUM_LAYERS, NUM_HEADS, TEXT_HIDDEN_SIZE)
 
 
 def build_vae():
@@ -72,9 +48,7 @@ def build_vae():
 
 
 def build_scheduler():
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=FLOW_SHIFT, use_dynamic_shifting=False)
+    return zimage_scheduler()
 
 
 def assemble(vae, text_encoder, tokenizer, transformer, scheduler):

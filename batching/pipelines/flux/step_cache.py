@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from batching.pipelines.contract import CachedSample
-from batching.pipelines.step_cache_rows import computing_rows, decide, keep, sample_rows
+from batching.pipelines.step_cache_rows import decide, reuse_residuals, rows_to_run
 
 LayoutOf = Callable[[list[int]], contextlib.AbstractContextManager]  # batch rows -> their attention layout
 
@@ -52,11 +52,9 @@ def first_block_cached_forward(
         )
     features = [first[row, :n] - hidden[row, :n] for row, n in enumerate(num_tokens)]  # per row [tokens_i, dim]
     skipped = decide(samples, features)
-    rows = computing_rows(samples, skipped, len(num_tokens))
+    rows = rows_to_run(samples, skipped, len(num_tokens), may_gather)
     out = first.clone()  # [rows, tokens, dim]: the last block's image tokens, filled in below
     if rows:
-        if not (may_gather and len(rows) < len(num_tokens)):
-            rows = all_rows  # every row runs the blocks: each row's arithmetic keeps the batch size
         index = torch.tensor(rows, device=hidden.device)
         part, part_context, part_temb = first[index], context_first[index], temb[index]
         with layout_of(rows):
@@ -65,14 +63,5 @@ def first_block_cached_forward(
                     hidden_states=part, encoder_hidden_states=part_context, temb=part_temb, image_rotary_emb=rotary
                 )
         out[index] = part
-    residuals: list[torch.Tensor | None] = [None] * len(num_tokens)  # per row: what the other blocks added
-    for sample, sample_row_range, is_skip in zip(samples, sample_rows(samples), skipped):
-        for index_in_sample, row in enumerate(sample_row_range):
-            n = num_tokens[row]
-            if is_skip:
-                assert sample.state is not None and sample.state.cached is not None
-                out[row, :n] = first[row, :n] + sample.state.cached[index_in_sample]
-            elif sample.state is not None:
-                residuals[row] = out[row, :n] - first[row, :n]
-    keep(samples, skipped, features, residuals)
+    reuse_residuals(samples, skipped, features, first, out, num_tokens)
     return model.proj_out(model.norm_out(out, temb)), skipped

@@ -151,7 +151,7 @@ def _text_encoder(tokenizer):
 def _processor(tokenizer):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from batching.pipelines.qwenimage_processor import image_processor_only
+    from batching.pipelines.qwenimage.processor import image_processor_only
 
     image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=MAX_VISION_PIXELS)
     return image_processor_only()(image_processor=image_processor, tokenizer=tokenizer)

@@ -16,10 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from batching.builtin_models.components import ASSETS_DIR, TINY_VAE_CHANNELS, seeded, tiny_qwen3_config
+from batching.builtin_models.components import (
+    ASSETS_DIR,
+    TINY_VAE_CHANNELS,
+    flux_scheduler,
+    qwen_tokenizer,
+    seeded,
+    tiny_qwen3_config,
+)
 
 MISTRAL_TOKENIZER_DIR = ASSETS_DIR / "tiny-mistral-tokenizer"
-QWEN_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-tokenizer"  # Z-Image's: Qwen3's chat template, thinking on or off
 TEXT_HIDDEN_SIZE = 16  # the text encoder's width (FLUX.2-dev: 5120)
 TEXT_LAYERS = 30  # Flux2Pipeline reads the hidden states after layers 10, 20 and 30
 KLEIN_TEXT_LAYERS = 27  # Flux2KleinPipeline: after layers 9, 18 and 27
@@ -48,7 +54,7 @@ def build_pipeline(name: str):
     with seeded(2):
         text_encoder = mistral3_text_encoder(tokenizer)
     return Flux2Pipeline(
-        scheduler=flux2_scheduler(),
+        scheduler=flux_scheduler(time_shift_type="exponential"),  # FLUX.2's
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
@@ -61,9 +67,8 @@ def build_klein_pipeline():
     without a guidance embedder (it runs true CFG), the same VAE, and a Qwen3 text encoder whose states after
     layers 9, 18 and 27 are stacked per token, on the prompt in Qwen3's chat template (thinking off)."""
     from diffusers import Flux2KleinPipeline
-    from transformers import Qwen2Tokenizer
 
-    tokenizer = Qwen2Tokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
+    tokenizer = qwen_tokenizer()
     with seeded(0):
         transformer = flux2_transformer(TEXT_HIDDEN_SIZE * NUM_TEXT_LAYERS_READ, guidance_embeds=False)
     with seeded(1):
@@ -71,7 +76,7 @@ def build_klein_pipeline():
     with seeded(2):
         text_encoder = qwen3_text_encoder(tokenizer)
     return Flux2KleinPipeline(
-        scheduler=flux2_scheduler(),
+        scheduler=flux_scheduler(time_shift_type="exponential"),  # FLUX.2's
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
@@ -124,21 +129,6 @@ def flux2_vae():
     vae.bn.running_mean.copy_(0.3 * torch.randn(num_channels))
     vae.bn.running_var.copy_(torch.empty(num_channels).uniform_(0.5, 2.0))
     return vae
-
-
-def flux2_scheduler():
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    return FlowMatchEulerDiscreteScheduler(  # FLUX.2-dev's scheduler config
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-        time_shift_type="exponential",
-    )
 
 
 def mistral3_text_encoder(tokenizer):

@@ -20,7 +20,7 @@ import torch
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
-from batching.pipelines.stable_diffusion import StableDiffusionAdapter
+from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
 from core.errors import ModelLoadError
 from core.params import GenerationParams
 
@@ -65,23 +65,22 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
         assert pooled is not None  # SDXL's second text encoder projects
         return [{"embeds": row, "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
 
-    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
+    def row_extras(self, params: GenerationParams) -> Conditioning:
         time_ids = torch.tensor(  # original size, crop top-left, target size
             [params.height, params.width, 0, 0, params.height, params.width], device=self.device, dtype=self.dtype
         )
-        cond = {**encoded[params.prompt], "time_ids": time_ids}
-        if not self.spec.has_cfg(params.guidance_scale):
-            return [cond]
-        if params.negative_prompt == "" and self.zeros_for_empty_negative:
-            uncond = {name: torch.zeros_like(tensor) for name, tensor in encoded[params.prompt].items()}
-        else:
-            uncond = dict(encoded[params.negative_prompt])
-        return [{**uncond, "time_ids": time_ids}, cond]
+        return {"time_ids": time_ids}
+
+    def unconditional(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> Conditioning:
+        if self._guides_against_zeros(params):
+            return {name: torch.zeros_like(tensor) for name, tensor in encoded[params.prompt].items()}
+        return encoded[params.negative_prompt]
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
-        if params.negative_prompt == "" and self.zeros_for_empty_negative:
-            return [params.prompt]
-        return super().texts_to_encode(params)
+        return [params.prompt] if self._guides_against_zeros(params) else super().texts_to_encode(params)
+
+    def _guides_against_zeros(self, params: GenerationParams) -> bool:
+        return params.negative_prompt == "" and self.zeros_for_empty_negative
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         pipeline = self.pipeline

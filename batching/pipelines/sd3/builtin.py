@@ -9,7 +9,7 @@ first 77 text tokens; their pooled projections, concatenated, the pooled embeddi
 T5 encoder (256 more tokens). The two CLIP encoders have different widths on purpose, so
 code that swaps or mis-concatenates them fails loudly. The VAE has SD3's 16 latent channels,
 scaling and shift; the sampler is flow-matching Euler with SD3's fixed shift of 3.
-`pos_embed_max_size` covers the largest size a job may ask (batching.params.MAX_SIZE).
+`pos_embed_max_size` covers the largest size a job may ask (core.params.MAX_SIZE).
 """
 
 from __future__ import annotations

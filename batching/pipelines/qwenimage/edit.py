@@ -11,13 +11,13 @@ own latents in the image stream, with their own rotary positions (`img_shapes` l
 both); only the row's own tokens' predictions are stepped. The sample starts from noise:
 `init_image` conditions it, it is not a starting point (`edits_init_image`), and there is
 no strength. The output's size is the job's (the pipeline's default for the image when
-the job names none: batching.params).
+the job names none: core.params).
 
 An edit job's conditioning depends on its image, so its prompts are encoded per sample
 when it starts (`image_conditioning`, on the encoder's thread, with the image decoded
 once at submit) rather than in the shared text-encoder call, each text alone as the
 pipeline encodes it. Rows of edit jobs share forwards whatever their output sizes, edit
-images and prompt lengths (mixed shapes run `qwenimage_mixed_sizes`); a model serves
+images and prompt lengths (mixed shapes run `qwenimage.attention`); a model serves
 either editing or text-to-image jobs, so edit rows never meet plain Qwen-Image rows
 (their checkpoints differ anyway).
 """
@@ -34,8 +34,8 @@ import torch
 
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.loading import load_pipeline
-from batching.pipelines.qwenimage import QwenImageAdapter
-from batching.pipelines.qwenimage_processor import image_processor_only
+from batching.pipelines.qwenimage.adapter import QwenImageAdapter
+from batching.pipelines.qwenimage.processor import image_processor_only
 from core.errors import ModelLoadError
 from core.image_inputs import InputImages
 from core.params import GenerationParams
@@ -56,7 +56,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
 
     @classmethod
     def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:
-        """The checkpoint's pipeline with its processor loaded without a video processor (qwenimage_processor)."""
+        """The checkpoint's pipeline with its processor loaded without a video processor (qwenimage.processor)."""
         import diffusers
 
         try:
@@ -117,10 +117,9 @@ class QwenImageEditAdapter(QwenImageAdapter):
                 _EDIT_LATENTS.move_to_end(key)
                 return cached
         pixels = self.pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
-        with self.vae_lock:
+        with self.latent_vae.lock:
             raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
-        std = torch.tensor(self.vae.config.latents_std).view(self.latents_mean.shape).to(raw.device, raw.dtype)
-        latents = ((raw - self.latents_mean.to(raw.dtype)) / std).to(self.dtype)  # as the pipeline normalises
+        latents = self.latent_vae.to_latent_space(raw).to(self.dtype)  # as the pipeline normalises
         latent_height, latent_width = latents.shape[-2:]
         packed = self.pack_latents(latents.view(1, self.latent_channels, latent_height, latent_width))[0]
         encoded = (packed, torch.tensor([[1, latent_height // 2, latent_width // 2]]))

@@ -4,7 +4,7 @@ A sample with classifier-free guidance puts two rows into each forward, [uncond,
 and its own guidance scale combines them afterwards; a sample without it puts one row.
 The UNet takes one timestep per row, so samples at different steps share a forward.
 `StableDiffusionXLAdapter` extends this with SDXL's added conditioning. Step caching is
-DeepCache over the UNet's deep path (`batching.pipelines.unet_step_cache`).
+DeepCache over the UNet's deep path (`batching.pipelines.stable_diffusion.step_cache`).
 
 An inpainting UNet (9 input channels, as in SD inpainting checkpoints) takes, beside the
 latents, the mask at latent size and the latents of the masked image; as diffusers'
@@ -16,20 +16,33 @@ images share a forward, and a CFG sample's two rows carry the same ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
 
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import AdapterBase, tokenize
-from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample
-from batching.pipelines.unet_step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
-from batching.pipelines.vae import decode_latents
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, RunningSample, Sampler
+from batching.pipelines.stable_diffusion.step_cache import NUM_BLOCKS_KEPT, deep_cached_forward, num_unet_blocks
 from batching.samplers import make_sampler
 from core.errors import ModelLoadError
 from core.params import GenerationParams
+
+
+class UnetSampler(Sampler, Protocol):
+    """The UNet families' samplers (`batching.samplers`) start from noise scaled by `init_noise_sigma`, scale the
+    model's input and noise an image to a timestep."""
+
+    init_noise_sigma: float
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor: ...
+
+    def add_noise(
+        self, original_samples: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class StableDiffusionAdapter(AdapterBase):
@@ -38,6 +51,7 @@ class StableDiffusionAdapter(AdapterBase):
     load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
     max_rows_per_sample = 2
     published_latent_rgb = published.SD1
+    uncond_first = True
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -51,7 +65,7 @@ class StableDiffusionAdapter(AdapterBase):
                 f"(text-to-image) or {2 * latent_channels + 1} (inpainting: latents, mask, masked-image latents)"
             )
         self.has_mask_channels = in_channels != latent_channels
-        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (unet_step_cache)
+        self.num_cache_blocks = num_unet_blocks(self.unet)  # DeepCache (stable_diffusion.step_cache)
         self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
@@ -64,8 +78,10 @@ class StableDiffusionAdapter(AdapterBase):
         embeds = text_encoder(input_ids, attention_mask=attention_mask)[0].to(self.dtype)  # [n, seq, dim]
         return [{"embeds": row} for row in embeds]
 
-    def new_sampler(self, params: GenerationParams) -> Any:
-        return make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
+    def new_sampler(self, params: GenerationParams) -> Sampler:
+        return cast(
+            Sampler, make_sampler(params.sampler, self.scheduler_config, params.num_inference_steps, self.device)
+        )
 
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = (
@@ -76,13 +92,8 @@ class StableDiffusionAdapter(AdapterBase):
         )
         return randn_tensor(shape, generator=generator, device=self.device, dtype=self.dtype)  # [1, c, h/8, w/8]
 
-    def initial_latents(self, params: GenerationParams, sampler: Any, generator: torch.Generator) -> torch.Tensor:
-        return self.draw_noise(params, generator) * sampler.init_noise_sigma
-
-    def row_conditioning(self, params: GenerationParams, encoded: Mapping[str, Conditioning]) -> list[Conditioning]:
-        if self.spec.has_cfg(params.guidance_scale):
-            return [encoded[params.negative_prompt], encoded[params.prompt]]
-        return [encoded[params.prompt]]
+    def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:
+        return self.draw_noise(params, generator) * cast(UnetSampler, sampler).init_noise_sigma
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
@@ -92,6 +103,11 @@ class StableDiffusionAdapter(AdapterBase):
             ),
             **self.mask_channels_padding(params),
         }
+
+    def noised_latents(
+        self, sampler: Sampler, image_latents: torch.Tensor, noise: torch.Tensor, timestep: torch.Tensor
+    ) -> torch.Tensor:
+        return cast(UnetSampler, sampler).add_noise(image_latents, noise, timestep.reshape(1))
 
     def mask_conditioning(self, mask: torch.Tensor, masked_image_latents: torch.Tensor) -> Conditioning:
         """An inpainting UNet's extra inputs for each of a sample's rows: its [1, 1, H, W] pixel mask (1 =
@@ -113,7 +129,7 @@ class StableDiffusionAdapter(AdapterBase):
         }
 
     def model_input(self, sample: RunningSample) -> torch.Tensor:
-        return sample.sampler.scale_model_input(sample.latents, sample.timestep)
+        return cast(UnetSampler, sample.sampler).scale_model_input(sample.latents, sample.timestep)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -150,11 +166,5 @@ class StableDiffusionAdapter(AdapterBase):
     def added_cond_kwargs(self, batch: ForwardBatch) -> dict[str, torch.Tensor] | None:
         return None
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
-        if len(rows) == 1:
-            return rows
-        uncond, cond = rows[0:1], rows[1:2]
-        return uncond + params.guidance_scale * (cond - uncond)
-
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Any]:
-        return decode_latents(self.vae, latents)
+    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
+        return self.latent_vae.decode(latents)

@@ -1,0 +1,132 @@
+"""The OpenAI images routes' request and response models (api.openai_images).
+
+The request models validate what the routes take (api.openai_fields.translate), and their JSON
+schemas are the OpenAPI document's, so the two cannot disagree. Fields stepwise shares with
+`POST /v1/jobs` (prompts, model, seed, steps, ...) use JobRequest's own rules (api.schemas).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+
+from api import schemas as S
+
+RESPONSE_FORMATS = ("b64_json", "url")
+OUTPUT_FORMATS = ("png", "jpeg", "webp")
+SIZE_PATTERN = r"^(auto|[0-9]{1,5}x[0-9]{1,5})$"  # ASCII digits: int() would also read full-width ones
+
+
+def not_streamed(value: bool) -> bool:
+    if value:
+        raise ValueError("not supported here: GET /v1/jobs/{job_id}/events streams a job's progress")
+    return value
+
+
+# false, or "false" in a form: stepwise answers once the image is there
+NoStream = Annotated[bool, AfterValidator(not_streamed), WithJsonSchema({"const": False})]
+
+
+class OpenAIImageFields(BaseModel):
+    """OpenAI's fields: translated, accepted and ignored (quality, style, user, ...), or refused where stepwise
+    cannot honour them (stream, a transparent background); stepwise's own ride along (the SDKs' extra_body).
+    Any other name is refused, as OpenAI refuses it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def whole_floats_as_ints(cls, data: Any) -> Any:
+        """JSON Schema counts 2.0 as an integer, and so does this API (as api.schemas.JobRequest)."""
+        return S.whole_floats_as_ints(data, INTEGER_FIELDS)
+
+    prompt: S.Prompt
+    model: S.ModelName | None = Field(None, description="A model a worker serves; default: STEPWISE_MODEL.")
+    n: S.NumImages | None = Field(None, description="Images (one job, seeds seed..seed+n-1).")
+    size: str | None = Field(None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT, or auto.")
+    response_format: Literal[RESPONSE_FORMATS] | None = Field(  # type: ignore[valid-type]
+        None, description="b64_json (default) or url (the job's image URL: presigned on S3, else needs the key)."
+    )
+    output_format: Literal[OUTPUT_FORMATS] | None = None  # type: ignore[valid-type]
+    output_compression: int | None = Field(None, ge=0, le=100, description="JPEG/WebP quality.")
+    background: Literal["auto", "opaque"] | None = Field(None, description="These models draw no transparency.")
+    stream: NoStream | None = Field(None, description="Not supported: use GET /v1/jobs/{job_id}/events.")
+    quality: str | None = Field(None, description="Accepted and ignored, as style, user, moderation ...")
+    style: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    moderation: str | None = None
+    complexity: str | None = None
+    input_fidelity: str | None = None
+    partial_images: int | None = None
+    seed: S.Seed | None = Field(None, description="stepwise: as in POST /v1/jobs.")
+    negative_prompt: S.NegativePrompt | None = Field(None, description="stepwise.")
+    num_inference_steps: S.Steps | None = Field(None, description="stepwise.")
+    guidance_scale: S.Guidance | None = Field(None, description="stepwise.")
+    sampler: S.Sampler | None = Field(None, description="stepwise.")
+    priority: S.Priority | None = Field(None, description="stepwise.")
+    strength: S.Strength | None = Field(None, description="stepwise, edits: the fraction of steps run.")
+    lora: S.LoraName | None = Field(None, description="stepwise: an adapter name.")
+    lora_scale: S.LoraScale | None = Field(None, description="stepwise.")
+
+
+INTEGER_FIELDS = S.integer_fields(OpenAIImageFields)
+# stepwise's own job fields, passed on as they are
+EXTENSIONS = (
+    "seed",
+    "negative_prompt",
+    "num_inference_steps",
+    "guidance_scale",
+    "sampler",
+    "priority",
+    "strength",
+    "lora",
+    "lora_scale",
+)
+
+
+class OpenAIImageGeneration(OpenAIImageFields):
+    """POST /v1/images/generations: OpenAI's fields (unknown ones are refused, as OpenAI refuses them)."""
+
+
+def without_nulls(schema: dict[str, Any]) -> None:
+    """A form's fields: a part is there with its text, or left out; no part can hold a JSON null."""
+    for field in schema["properties"].values():
+        options = [option for option in field.pop("anyOf", []) if option.get("type") != "null"]
+        if options:
+            field.update(options[0] if len(options) == 1 else {"anyOf": options})
+        if "default" in field and field["default"] is None:
+            del field["default"]
+
+
+class OpenAIImageEdit(OpenAIImageFields):
+    """POST /v1/images/edits, multipart: the image, an optional mask (transparent: edit there), and the fields."""
+
+    model_config = ConfigDict(json_schema_extra=without_nulls)
+
+    image: bytes = Field(description="PNG, JPEG or WebP.", json_schema_extra={"format": "binary"})
+    mask: bytes | None = Field(None, description="With an alpha channel.", json_schema_extra={"format": "binary"})
+
+
+class OpenAIImage(BaseModel):
+    b64_json: str | None = None
+    url: str | None = None
+
+
+class OpenAIImagesResponse(BaseModel):
+    created: int = Field(description="Unix seconds.")
+    data: list[OpenAIImage]
+    output_format: str
+    size: str
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, rate_limit_error or server_error.")
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail

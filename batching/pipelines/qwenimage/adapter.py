@@ -1,0 +1,128 @@
+"""The Qwen-Image family behind the pipeline contract (a flow-matching family: `flow_matching`).
+
+As `QwenImagePipeline` does it: the prompt goes into the pipeline's own template, the Qwen2.5-VL
+text encoder runs on it (prompts of one call padded to the longest, with their mask), and the last
+hidden states of each prompt's real tokens, less the template's system part
+(`prompt_template_encode_start_idx` tokens) and cut at 512, are its conditioning, of each prompt's
+own length; latents are drawn as [1, 1, 16, h/8, w/8] and packed into 2x2 patches,
+[1, (h/16)*(w/16), 64]. Guidance is true classifier-free guidance: `guidance_scale` is the
+pipeline's `true_cfg_scale`, run (two rows, [cond, uncond]) only above 1 with a negative prompt,
+combined as the pipeline does (CFG, then rescaled to the conditional prediction's norm per token).
+Its VAE is a causal video VAE (`batching.pipelines.vae`).
+
+Rows of every size and prompt length share a forward (the family's key holds no size outside
+deterministic mode): prompts are zero-padded with a mask, and rows of different image shapes run
+the attention of `qwenimage.attention` (per-row positions, padding keys masked); rows of one shape
+run diffusers' attention as is. The edit model (`qwenimage.edit`) extends this adapter: its rows
+carry the edit image's latents after their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from batching.pipelines import published_latent_rgb as published
+from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.flow_matching import FlowMatchingAdapter
+from batching.pipelines.mixed_sizes import pad_rows, padding_mask, unpadded
+from batching.pipelines.qwenimage import attention
+from batching.pipelines.qwenimage.attention import ImageShapes
+from core.params import GenerationParams
+
+MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline's default: prompt states past it are cut
+TOKENIZER_MAX_LENGTH = 1024  # the pipeline's tokenizer_max_length (plus the template's system part)
+
+
+class QwenImageAdapter(FlowMatchingAdapter):
+    family = "qwenimage"
+    pipeline_classes = ("QwenImagePipeline",)
+    guidance_argument = "true_cfg_scale"
+    max_rows_per_sample = 2
+    published_latent_rgb = published.WAN21
+    token_patch = 2
+
+    def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(model, pipeline, device, dtype)
+        self.latent_channels = self.transformer.config.in_channels // 4
+        self.attention = attention.install(self.transformer)
+
+    @torch.inference_mode()
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
+        if not texts:
+            return []
+        pipeline = self.pipeline
+        drop = pipeline.prompt_template_encode_start_idx
+        tokens = pipeline.tokenizer(
+            [pipeline.prompt_template_encode.format(text) for text in texts],
+            max_length=TOKENIZER_MAX_LENGTH + drop,
+            padding=True,
+            truncation=True,
+            return_tensors="pt",
+        ).to(self.device)
+        hidden = pipeline.text_encoder(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True
+        ).hidden_states[-1]  # [n, longest, dim]
+        masks = tokens.attention_mask.bool()
+        return [{"embeds": row[mask][drop:][:MAX_SEQUENCE_LENGTH].to(self.dtype)} for row, mask in zip(hidden, masks)]
+
+    def noise_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        return (1, 1, self.latent_channels, *self.latent_grid(params))  # the pipeline's: a frame axis first
+
+    def row_extras(self, params: GenerationParams) -> Conditioning:
+        return {"image_shapes": self._image_shapes(params)}
+
+    def padding_row(self, params: GenerationParams) -> Conditioning:
+        """Prompt states of the longest length, so every padded forward pads its prompts alike."""
+        dim = self.transformer.config.joint_attention_dim
+        embeds = torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)
+        return {"embeds": embeds, **self.row_extras(params)}
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        embeds = batch.conditioning["embeds"]  # [rows, longest prompt, dim], zero-padded
+        text_lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
+        shapes: list[ImageShapes] = [
+            [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
+        ]
+        latents = list(batch.latents)  # per row [tokens, 64]
+        hidden, num_tokens = pad_rows(self.image_tokens(latents, batch))  # [rows, most image tokens, 64]
+        inputs: dict[str, Any] = dict(
+            hidden_states=hidden, timestep=batch.timesteps.to(hidden.dtype) / 1000, encoder_hidden_states=embeds
+        )
+        if all(row_shapes == shapes[0] for row_shapes in shapes):  # diffusers' own attention and text mask
+            if len(set(text_lengths)) > 1:
+                inputs["encoder_hidden_states_mask"] = padding_mask(text_lengths, embeds.shape[1], self.device)
+            predictions = self.transformer(**inputs, img_shapes=shapes, return_dict=False)[0]
+        else:
+            layout = attention.row_layout(self.transformer, shapes, num_tokens, text_lengths)
+            padded_shapes = [row + _padding_shape(max(num_tokens) - n) for row, n in zip(shapes, num_tokens)]
+            with self.attention.rows(layout):
+                predictions = self.transformer(**inputs, img_shapes=padded_shapes, return_dict=False)[0]
+        outputs = unpadded(predictions, [own.shape[0] for own in latents])  # each row's own image tokens
+        return outputs if isinstance(batch.latents, list) else torch.stack(outputs)
+
+    def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
+        """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
+        return latents
+
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        """The base's CFG, rescaled to the conditional prediction's norm per token, as the pipeline does."""
+        combined = super().guided_prediction(rows, params)
+        if len(rows) == 1:
+            return combined
+        cond = rows[0:1]
+        return combined * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
+
+    def _image_shapes(self, params: GenerationParams) -> torch.Tensor:
+        """[1, 3]: the (frames, height, width) in patches of the row's image tokens, as `img_shapes` lists them."""
+        height, width = self.latent_grid(params)
+        return torch.tensor([[1, height // 2, width // 2]])
+
+
+def _padding_shape(num_tokens: int) -> ImageShapes:
+    """A shape covering `num_tokens` padding tokens, so each row's `img_shapes` sums to the padded length (the
+    transformer derives per-token timestep modulation of zero_cond_t models from it)."""
+    return [(1, 1, num_tokens)] if num_tokens else []

@@ -1,0 +1,1 @@
+"""Z-Image: the adapter, its step cache, builtin:tiny-zimage and builtin:shapes-dit's architecture."""
