@@ -116,7 +116,7 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     assert not browser.find_element(By.ID, "width").is_displayed()
     Select(browser.find_element(By.ID, "size")).select_by_value("other")
     for field, value in (("width", "96"), ("height", "64")):
-        wait_until(lambda field=field: browser.find_element(By.ID, field).is_displayed(), 5, f"the {field} field")
+        wait_until(lambda field=field: browser.find_element(By.ID, field).is_displayed(), 15, f"the {field} field")
         browser.find_element(By.ID, field).clear()
         browser.find_element(By.ID, field).send_keys(value)
 
@@ -207,7 +207,7 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
             "return d.open && img.naturalWidth && img.classList.contains('zoomed') ? [img.naturalWidth, a.href,"
             " a.download, img.getBoundingClientRect().width, getComputedStyle(img).imageRendering] : null;",
         ),
-        15,
+        30,
         "the full-size image, zoomed",
     )
     assert full[0] == 96 and full[1] == image_src and full[2] == f"stepwise-{job_id}-1.png"
@@ -270,10 +270,10 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     unknown = {"prompt": "a watercolor of a fox", "model": "builtin:shapes", "num_inference_steps": 2}
     shapes_job = http.post(f"{api.url}/v1/jobs", json=unknown, headers=auth(), timeout=10).json()  # no worker: queued
     shapes_card = f"li.job[data-job-id='{shapes_job['job_id']}']"
-    warning = wait_until(lambda: text_of(browser, f"{shapes_card} .warning"), 20, "the job's warning")  # next reread
+    warning = wait_until(lambda: text_of(browser, f"{shapes_card} .warning"), 60, "the job's warning")  # next reread
     assert "outside what builtin:shapes knows" in warning and "a <colour> <shape>" in warning
     script(browser, "document.querySelector(arguments[0] + ' button.delete').click()", shapes_card)
-    wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, shapes_card), 20, "the deleted job's card to go")
+    wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, shapes_card), 60, "the deleted job's card to go")
     assert "Deleted job" in browser.find_element(By.ID, "job-status").text
     gone = http.get(f"{api.url}/v1/jobs/{shapes_job['job_id']}", headers=auth(), timeout=10)
     assert gone.status_code == 404, gone.text
