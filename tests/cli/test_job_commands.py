@@ -127,6 +127,16 @@ def test_status_cancel_and_jobs_cover_the_api(live_api, capsys):
     assert capsys.readouterr().err.strip() == "stepwise status: job not found"
 
 
+def test_submit_and_status_say_when_the_prompt_is_outside_what_the_model_knows(live_api, capsys):
+    assert live_api.cli("submit", "a watercolor of a fox", "--model", "builtin:shapes") == 0
+    submitted = capsys.readouterr()
+    job_id = submitted.out.split()[0]
+    assert "stepwise submit: note: the prompt is outside what builtin:shapes knows" in submitted.err
+
+    assert live_api.cli("status", job_id) == 0
+    assert "  note: the prompt is outside what builtin:shapes knows" in capsys.readouterr().out
+
+
 def finish_jobs_as_a_worker_would(api: LiveApi, num_jobs: int, fail_prompt: str, stop: threading.Event) -> None:
     done: set[str] = set()
     while len(done) < num_jobs and not stop.is_set():
