@@ -68,7 +68,8 @@ class Components:
 def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     """A query model's fields as OpenAPI parameters (a query string cannot carry null)."""
     parameters = []
-    for name, schema in model.model_json_schema(mode="validation")["properties"].items():
+    document = model.model_json_schema(mode="validation")
+    for name, schema in document["properties"].items():
         options = [option for option in schema.pop("anyOf", []) if option.get("type") != "null"]
         if options:
             schema.update(options[0])
@@ -76,7 +77,13 @@ def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
             schema.pop("default", None)
         description = schema.pop("description", "")
         parameters.append(
-            {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+            {
+                "name": name,
+                "in": "query",
+                "required": name in document.get("required", ()),
+                "description": description,
+                "schema": schema,
+            }
         )
     return parameters
 

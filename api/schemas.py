@@ -488,6 +488,20 @@ class TenantTotalsList(BaseModel):
     tenants: list[TenantTotals] = Field(description="Every tenant with queued or running jobs now.")
 
 
+class ScalingQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is refused, as a body field is
+
+    model: str = Field(min_length=1, max_length=500, description="The model whose load to read, e.g. builtin:tiny.")
+
+
+class ModelLoad(BaseModel):
+    model: str
+    queued: int = Field(description="Its jobs waiting for a worker, every priority.")
+    running: int = Field(description="Its jobs a worker holds now (paused ones included).")
+    jobs: int = Field(description="queued + running: what an autoscaler divides by one worker's capacity.")
+    workers: int = Field(description="Its live workers (heartbeats).")
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 

@@ -7,12 +7,14 @@ the declared default.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 
 class SettingsError(ValueError):
@@ -116,6 +118,43 @@ class Url(Kind):
         return "a URL: " + (", ".join(schemes[:-1]) + " or " if len(schemes) > 1 else "") + schemes[-1]
 
 
+TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")  # redis-py's and Celery's names
+CERT_REQS = {"required": "required", "optional": "optional", "none": "none"}  # Celery's spellings map below
+CERT_REQS.update({f"cert_{word}": word for word in CERT_REQS})
+
+
+@dataclass(frozen=True)
+class RedisUrl(Url):
+    """A Redis URL, as redis-py and Celery both read it. `rediss://` speaks TLS; its query may name
+    `ssl_cert_reqs` (`required`, `optional`, `none`, or Celery's `CERT_REQUIRED` ...), `ssl_ca_certs` (a CA
+    file), `ssl_certfile` and `ssl_keyfile` (a client certificate). The value is the URL spelled so both
+    take it: `ssl_cert_reqs` in redis-py's words, `required` when not given (Celery's result backend
+    refuses a `rediss://` URL without it, and certificates are checked unless the URL says otherwise)."""
+
+    schemes: tuple[str, ...] = ("redis", "rediss", "unix")
+
+    def parse(self, name: str, text: str) -> str:
+        parts = urlsplit(super().parse(name, text))
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        tls = [key for key, _ in query if key in TLS_OPTIONS]
+        if parts.scheme != "rediss":
+            if tls:
+                raise SettingsError(f"{name} names {', '.join(tls)}: TLS needs a rediss:// URL (got {text!r})")
+            return text
+        options = dict(query)
+        asked = options.get("ssl_cert_reqs", "required")
+        if asked.lower() not in CERT_REQS:
+            raise SettingsError(f"{name}: ssl_cert_reqs must be required, optional or none (got {asked!r})")
+        for option in TLS_OPTIONS[1:]:
+            if option in options and not os.path.isfile(options[option]):
+                raise SettingsError(f"{name}: {option} names no readable file ({options[option]!r})")
+        options["ssl_cert_reqs"] = CERT_REQS[asked.lower()]
+        return urlunsplit(parts._replace(query=urlencode(options, safe="/:")))
+
+    def describe(self) -> str:
+        return super().describe() + " (TLS options in the query: docs/scaling.md)"
+
+
 @dataclass(frozen=True)
 class Text(Kind):
     """Text; `pattern` (a full match) is checked here, `form` is what the docs say of it. Text with a
@@ -142,6 +181,22 @@ class Variable:
     section: str  # a key of settings.table.SECTIONS: which processes read it
     default_text: str | None = None  # the default as the docs give it, where `default` alone does not say it
     example: str | None = None  # the value .env.example sets for docker compose; None: the default, commented out
+    is_secret: bool = False  # a credential: a placeholder someone could read in a published file is refused
+
+
+PLACEHOLDER_WORD = "change-me"  # what published examples (ours, and .env files copied from them) put in a secret
+PUBLISHED_SECRETS = (  # example values this project once published: anyone can read them
+    "whsec_Y2hhbmdlLW1lLWNoYW5nZS1tZS1jaGFuZ2UtbWUhIQ==",
+)
+
+
+def is_placeholder(text: str) -> bool:
+    """A secret left as an example gave it: `change-me` in it (also inside a `whsec_` secret's base64), or a
+    value this project published."""
+    decoded = ""
+    with contextlib.suppress(ValueError):
+        decoded = base64.b64decode(text.removeprefix("whsec_"), validate=True).decode("utf-8", "replace")
+    return text in PUBLISHED_SECRETS or any(PLACEHOLDER_WORD in part.lower() for part in (text, decoded))
 
 
 def read_variable(variable: Variable, default: Any = None) -> Any:
@@ -149,4 +204,9 @@ def read_variable(variable: Variable, default: Any = None) -> Any:
     text = os.environ.get(variable.name, "")
     if text == "":
         return variable.default if default is None else default
+    if variable.is_secret and is_placeholder(text):
+        raise SettingsError(
+            f"{variable.name} holds a placeholder ({PLACEHOLDER_WORD!r} or a published example): anyone can read it. "
+            f"Set a secret of your own (docs/configuration.md says how to make one)"
+        )
     return variable.kind.parse(variable.name, text)

@@ -28,16 +28,19 @@ ENV_HEAD = """\
 # Every stepwise setting (written by `python -m settings` from settings/table.py; docs/configuration.md
 # says more). Copy to .env for docker compose (`cp .env.example .env`), or export the ones you need for
 # `stepwise up`/`worker`/`api`. A line starting with `#` shows the default; uncomment it to change it.
+# The secrets (API keys, webhook secret, S3 secret, Flower's login) are empty: compose refuses to start until
+# you set them, and every stepwise process refuses a `change-me` placeholder, naming the variable.
 """
 
 ENV_TAIL = """\
 
 # --- docker compose: the S3 server's credentials, Flower ---
-# The S3 server's credentials; the API and workers sign with them.
+# The S3 server's credentials; the API and workers sign with them. Make the secret with:
+# python3 -c "import secrets; print(secrets.token_urlsafe(24))"
 S3_ACCESS_KEY_ID=stepwise
-S3_SECRET_ACCESS_KEY=change-me-s3
+S3_SECRET_ACCESS_KEY=
 # Flower's login (user:password); Flower listens on 127.0.0.1 only.
-FLOWER_BASIC_AUTH=admin:change-me-flower
+FLOWER_BASIC_AUTH=
 """
 
 

@@ -8,7 +8,7 @@ are the readers' (`storage.settings`, `api.settings`, `worker.settings`), named 
 
 from __future__ import annotations
 
-from settings.declaration import Choice, Flag, Integer, Number, Text, Url, Variable
+from settings.declaration import Choice, Flag, Integer, Number, RedisUrl, Text, Url, Variable
 
 SECTIONS = {  # section -> the heading in docs/configuration.md and .env.example
     "shared": "Shared by the API and the workers",
@@ -33,9 +33,10 @@ PAIRS = "tenant:{} pairs, comma-separated ({})"
 # fmt: off
 VARIABLES = (  # the columns line up by section; the formatter would give each argument its own line
     # shared: storage.settings.StorageSettings, and what both processes read of the model and its device
-    Variable("STEPWISE_REDIS_URL", Url(("redis", "rediss", "unix")), "redis://127.0.0.1:6379/0",
+    Variable("STEPWISE_REDIS_URL", RedisUrl(), "redis://127.0.0.1:6379/0",
              "Redis: job records, and Celery's broker and result backend", "shared",
-             default_text="`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)"),
+             default_text="the Redis of a `stepwise up` running from this folder (its `var/stepwise.json`), else "
+             "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)"),
     Variable("STEPWISE_STORAGE_URL", Url(("file", "s3")), None,
              "where images go: `file:///absolute/path` or `s3://bucket/prefix` (objects "
              "`{prefix}/{job_id}/{index}.png`)", "shared", default_text="`file://<cwd>/var/images`"),
@@ -73,7 +74,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_WEBHOOK_SECRET", Text("`whsec_<base64>` or any string (storage.webhooks)"), None,
              "Standard Webhooks signing secret, read by the worker that delivers events; unset: unsigned. Make one: "
              "python3 -c \"import base64, os; print('whsec_' + base64.b64encode(os.urandom(24)).decode())\"", "shared",
-             example="whsec_Y2hhbmdlLW1lLWNoYW5nZS1tZS1jaGFuZ2UtbWUhIQ=="),
+             example="", is_secret=True),
     Variable("STEPWISE_WEBHOOK_ALLOW_HOSTS", Text(HOSTS), "",
              "hosts webhook URLs may reach although private or loopback (e.g. `127.0.0.1,10.0.0.0/8`); checked at "
              "submit and again by the worker before each attempt", "shared", example=""),
@@ -90,13 +91,15 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     # api: api.settings.ApiSettings
     Variable("STEPWISE_API_KEYS", Text(PAIRS.format("key", "api.settings")), None,
              "tenants' API keys; a tenant may hold several (rotation). Keys made by `stepwise keys create --tenant T` "
-             "(kept hashed in Redis, effective within a second) work beside them", "api",
+             "(kept hashed in Redis, effective within a second) work beside them. Make a key: "
+             "python3 -c \"import secrets; print('sk_' + secrets.token_urlsafe(24))\"", "api",
              default_text="`stepwise api`: tenant `default`, a key generated on first start into "
              "`$STEPWISE_VAR_DIR/api-key` (mode 0600); `stepwise up`: tenant `local`, key in `var/stepwise.json`",
-             example="team-a:change-me-a,team-b:change-me-b"),
+             example="", is_secret=True),
     Variable("STEPWISE_ADMIN_API_KEYS", Text(PAIRS.format("key", "api.settings")), None,
-             "operators' keys: they also read `/metrics` and `/v1/admin/tenants`", "api",
-             default_text="none (`stepwise up`: its generated key)", example="ops:change-me-ops"),
+             "operators' keys: they also read `/metrics` and `/v1/admin/...` (tenants' totals, a model's load for an "
+             "autoscaler)", "api",
+             default_text="none (`stepwise up`: its generated key)", example="", is_secret=True),
     Variable("STEPWISE_MODELS", Text("models, comma-separated"), "",
              "models the API serves by configuration: their jobs are accepted (and queue) whatever the workers' state; "
              "the default model is one of them when it is set",
@@ -209,6 +212,11 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              default_text="`STEPWISE_JOB_LEASE_SECONDS` / 4, at least 1"),
     Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, 30.0,
              "at warm shutdown, how long running jobs may finish before they are re-queued", "worker"),
+    Variable("STEPWISE_DRAIN_SECONDS", SECONDS, 25.0,
+             "after SIGTERM, how long a worker may take to stop: it takes no new job, lets the running jobs that will "
+             "finish in time finish and hands the rest back to the queue at a step boundary. Below the time its "
+             "supervisor waits before SIGKILL (Kubernetes' terminationGracePeriodSeconds, 30 s by default; compose's "
+             "stop_grace_period)", "worker"),
     Variable("STEPWISE_REDIS_RETRY_SECONDS", SECONDS_OR_ZERO, 60.0,
              "how long a task retries its job's record reads and writes while Redis is unreachable", "worker"),
     Variable("STEPWISE_WEBHOOK_MAX_ATTEMPTS", COUNT, 8, "delivery attempts per webhook event", "worker"),
@@ -224,17 +232,23 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "cli", default_text="`./var`"),
     Variable("STEPWISE_API_URL", Url(("http", "https")), None, "where `submit`, `status`, `backfill` ... send jobs",
              "cli", default_text="what `stepwise up` saved, else `http://127.0.0.1:8000`"),
-    Variable("STEPWISE_API_KEY", Text(), None, "the key they send", "cli", default_text="what `stepwise up` saved"),
+    Variable("STEPWISE_API_KEY", Text(), None, "the key they send", "cli", default_text="what `stepwise up` saved",
+             is_secret=True),
     # compose: read by docker-compose.yml only
     Variable("STEPWISE_MODELS_DIR", Text("a folder"), "./models",
              "host folder mounted at /models in the workers (real checkpoints, HF cache)", "compose",
              example="./models"),
     Variable("STEPWISE_MODEL_2", Text(), "builtin:small", "the second worker's model (compose serves both)", "compose",
              example="builtin:small"),
-    Variable("STEPWISE_WORKER_2_GPU", Text("a GPU index"), "1", "the second worker's GPU (0 shares the first)",
-             "compose", example="1"),
+    Variable("STEPWISE_WORKER_GPU", Text("a GPU index"), "0", "the first worker's GPU", "compose"),
+    Variable("STEPWISE_WORKER_2_GPU", Text("a GPU index"), "0",
+             "the second worker's GPU: 0 shares the first GPU (both models must fit in its memory); 1 on a host "
+             "with two", "compose", example="0"),
     Variable("STEPWISE_S3_BUCKET", Text(), "stepwise", "the bucket of the compose S3 server (SeaweedFS)", "compose",
              example="stepwise"),
+    Variable("STEPWISE_S3_BIND", Text("an address of this host"), "127.0.0.1",
+             "where the compose S3 server's port 9000 is published: this host's loopback, for a client on this host "
+             "(set `STEPWISE_S3_PUBLIC_URL` to match when you publish it further, e.g. `0.0.0.0`)", "compose"),
     # tests
     Variable("STEPWISE_LOAD_JOBS", COUNT, 2000, "jobs tests/faults/test_load.py submits", "tests"),
 )

@@ -28,9 +28,9 @@ from requests.adapters import HTTPAdapter
 
 from settings import read
 from storage.job_record import TERMINAL_STATE_NAMES
+from storage.redis_location import STATE_FILE_NAME
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
-STATE_FILE_NAME = "stepwise.json"
 MAX_RETRY_AFTER_SECONDS = 60.0
 TERMINAL_STATES = TERMINAL_STATE_NAMES
 

@@ -6,7 +6,7 @@
     stepwise keys revoke KEY_OR_ID                   # by the key itself or its id
 
 It talks to Redis, not to the API (an operator's tool, like `celery inspect`): `--redis-url`, else
-STEPWISE_REDIS_URL, else the Redis that `stepwise up` saved in its var folder. Keys in
+STEPWISE_REDIS_URL, else the Redis of a `stepwise up` running from this folder (storage.redis_location). Keys in
 STEPWISE_API_KEYS and STEPWISE_ADMIN_API_KEYS keep working beside these; they are not listed.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import redis
 
-from settings import default, read_if_set
-from stepwise_cli.client import STATE_FILE_NAME, default_var_dir
+from settings import read_if_set
+from stepwise_cli.client import default_var_dir
 from storage.api_keys import ApiKeyStore
 from storage.job_store import JobStore
+from storage.redis_location import find_redis
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def redis_url(args: argparse.Namespace) -> str:
-    configured = args.redis_url or read_if_set("STEPWISE_REDIS_URL")
-    if configured:
-        return configured
-    try:
-        saved = json.loads(((args.var_dir or default_var_dir()) / STATE_FILE_NAME).read_text())
-        return str(saved["redis_url"])
-    except (OSError, ValueError, KeyError):
-        return default("STEPWISE_REDIS_URL")
+    """--redis-url, else the Redis every stepwise process finds (storage.redis_location)."""
+    return args.redis_url or find_redis(read_if_set("STEPWISE_REDIS_URL"), args.var_dir or default_var_dir()).url
 
 
 def created(seconds: float) -> str:

@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+
+from storage.redis_location import mask_password
 
 
 class ServiceError(Exception):
@@ -214,16 +215,6 @@ def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM if `stepwise up` itself is killed (Linux only)."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def mask_password(url: str) -> str:
-    """`redis://:secret@host:6379/0` -> `redis://:***@host:6379/0`; a URL without a password is unchanged."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def mask_urls(text: str) -> str:

@@ -37,7 +37,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import redis
 import requests
@@ -307,10 +306,12 @@ def run(args: argparse.Namespace) -> int:
         wait_for_worker(supervisor, redis_url, worker_name, args.startup_timeout)
 
         kept = {"redis_port": redis_port} if redis_port else {}
+        # The pid tells other processes this `up` still runs, so its Redis is the one to use (storage.redis_location).
         state_file = save_local_target(
             var_dir,
             ApiTarget(api_url, api_key.key),
             redis_url=redis_url,
+            pid=os.getpid(),
             worker_metrics_port=int(env["STEPWISE_WORKER_METRICS_PORT"]),
             service_env=service_env(env),
             **kept,
@@ -427,10 +428,10 @@ def banner(
         key_line, bearer = f"{api_key.key}    (generated; saved in {state_file})", api_key.key
     else:
         key_line, bearer = "the first key of STEPWISE_API_KEYS (not shown)", "$STEPWISE_API_KEY"
-    if urlsplit(redis_url).password:  # the user set STEPWISE_REDIS_URL: it is in their environment already
-        inspect = "celery -A worker inspect engine_stats    (with your STEPWISE_REDIS_URL)"
-    else:
-        inspect = f"STEPWISE_REDIS_URL={redis_url} celery -A worker inspect engine_stats"
+    # Celery's tools find this Redis as every stepwise command does (storage.redis_location): from the
+    # environment, else through the state file of this running `up`.
+    var_prefix = f"STEPWISE_VAR_DIR={state_file.parent} " if custom_var_dir else ""
+    inspect = f"{var_prefix}celery -A worker inspect engine_stats"
     redis_note = f"    (embedded; its port is kept in {state_file})" if keeps_redis_port else ""
     prompt = suggested_prompt(env["STEPWISE_MODEL"])
     body = json.dumps({"prompt": prompt})

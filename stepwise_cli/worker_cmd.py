@@ -2,10 +2,11 @@
 
 Options override the matching `STEPWISE_*` variables; everything else (Redis, storage,
 leases, webhooks) comes from the environment, as for `celery -A worker worker`. Where the
-environment names no Redis (STEPWISE_REDIS_URL unset) and `stepwise up` runs from the same folder,
-the worker joins that service: it takes the shared settings `up` saved in `<var>/stepwise.json`
-(Redis, storage, LoRA store, webhook secret ...; a variable that is set still wins), so
-`stepwise worker --model builtin:tiny-qwen-image-edit` beside `stepwise up` needs nothing else.
+environment names no Redis (STEPWISE_REDIS_URL unset) and a `stepwise up` runs from the same folder,
+the worker joins that service: its Redis, found as every process finds it (storage.redis_location),
+and the other shared settings `up` saved in `<var>/stepwise.json` (storage, LoRA store, webhook
+secret ...; a variable that is set still wins), so `stepwise worker --model
+builtin:tiny-qwen-image-edit` beside `stepwise up` needs nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from settings import read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, default_var_dir, load_service_env
 from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from storage.redis_location import running_up_redis
 
 OPTION_ENV = {
     "model": "STEPWISE_MODEL",
@@ -32,8 +34,8 @@ OPTION_ENV = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        f"{parser.description}. Beside `stepwise up` (started from the same folder, with no STEPWISE_REDIS_URL "
-        f"set) it joins up's service with the settings up saved in var/{STATE_FILE_NAME}: Redis, image storage, "
+        f"{parser.description}. Started from the folder a `stepwise up` runs from, with no STEPWISE_REDIS_URL "
+        f"set, it joins up's service with what up saved in var/{STATE_FILE_NAME}: Redis, image storage, "
         "LoRA store, webhook secret; a STEPWISE_* variable that is set wins. Elsewhere set at least "
         "STEPWISE_REDIS_URL and STEPWISE_STORAGE_URL (docs/operations.md)."
     )
@@ -89,24 +91,27 @@ def celery_argv(args: argparse.Namespace, concurrency: int) -> list[str]:
 
 
 def join_local_service(var_dir: Path) -> None:
-    """Take the shared settings `stepwise up` saved in `var_dir` for every variable the environment does not set,
-    when it names no Redis of its own; say where they came from."""
-    if read_if_set("STEPWISE_REDIS_URL"):
+    """When the environment names no Redis and a `stepwise up` still runs from `var_dir`'s folder (the rule
+    storage.redis_location finds its Redis by), take the other shared settings it saved for every variable the
+    environment does not set, and say so."""
+    if read_if_set("STEPWISE_REDIS_URL") or running_up_redis(var_dir / STATE_FILE_NAME) is None:
         return
     saved = load_service_env(var_dir)
-    taken = [name for name in saved if read_if_set(name) is None]
+    taken = [name for name in saved if name != "STEPWISE_REDIS_URL" and read_if_set(name) is None]
     for name in taken:
         os.environ[name] = saved[name]
     if taken:
         print(
-            f"stepwise worker: joining the service `stepwise up` saved in {var_dir / STATE_FILE_NAME} "
-            f"({', '.join(taken)})",
+            f"stepwise worker: joining the `stepwise up` that runs from here: {', '.join(taken)} from "
+            f"{var_dir / STATE_FILE_NAME}",
             file=sys.stderr,
         )
 
 
 def run(args: argparse.Namespace) -> int:
-    join_local_service(args.var_dir or default_var_dir())
+    if args.var_dir is not None:
+        os.environ["STEPWISE_VAR_DIR"] = str(args.var_dir)  # where storage.redis_location looks too
+    join_local_service(default_var_dir())
     for option, name in OPTION_ENV.items():
         value = getattr(args, option)
         if value is not None:

@@ -4,6 +4,7 @@ counts. `JobStore` (storage.job_store) inherits them; they read the Redis keys i
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import redis
@@ -14,6 +15,16 @@ from storage.job_record import TERMINAL_STATES, JobRecord, JobState, record_from
 from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
 from storage.redis_keys import RedisKeys
 from storage.tenant_listing import decode_cursor, encode_cursor, iter_tenant_records, tenant_totals
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    num_queued: int  # jobs waiting in the model's queue, over all priorities
+    num_running: int  # jobs a worker holds now (their leases), paused ones included
+
+    @property
+    def num_jobs(self) -> int:
+        return self.num_queued + self.num_running
 
 
 class JobReads:
@@ -82,6 +93,21 @@ class JobReads:
             for priority in PRIORITIES:
                 pipe.zcard(self.keys.queued_in(queue, priority))
             return dict(zip(PRIORITIES, pipe.execute()))
+
+    @_wraps_redis_errors
+    def model_load(self, queue: str) -> ModelLoad:
+        """One model's work now: its jobs queued (every priority) and running (holding a lease, paused ones
+        too). What an autoscaler reads to size the model's workers (GET /v1/admin/scaling): zero when idle."""
+        with self._redis.pipeline(transaction=True) as pipe:
+            for priority in PRIORITIES:
+                pipe.zcard(self.keys.queued_in(queue, priority))
+            pipe.zrange(self.keys.leases, 0, -1)
+            *depths, running_ids = pipe.execute()
+        with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in running_ids:
+                pipe.hget(self.job_key(job_id), "queue")
+            running_queues = pipe.execute()
+        return ModelLoad(num_queued=sum(depths), num_running=running_queues.count(queue))
 
     @_wraps_redis_errors
     def queue_depth(self) -> int:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from settings import SettingsError, default, read
+from settings import SettingsError, default, read, read_if_set
 from storage.fair_share import TenantWeights
+from storage.redis_location import find_redis
 from storage.webhooks import secret_bytes
 
 
@@ -21,6 +22,7 @@ def default_storage_url() -> str:
 @dataclass(frozen=True)
 class StorageSettings:
     redis_url: str = default("STEPWISE_REDIS_URL")
+    redis_source: str = "the default"  # where redis_url came from (storage.redis_location), for log lines
     storage_url: str = ""  # file:///path or s3://bucket/prefix; "": the local default (default_storage_url)
     s3_endpoint_url: str | None = None  # SeaweedFS or any S3-compatible server; None: AWS
     s3_public_endpoint_url: str | None = None  # the endpoint clients reach, for presigning
@@ -52,8 +54,10 @@ class StorageSettings:
                 f"(got {worker_timeout:g} and {heartbeat_interval:g}): a live worker would count as dead"
             )
         secret = read("STEPWISE_WEBHOOK_SECRET")
+        redis = find_redis(read_if_set("STEPWISE_REDIS_URL"), Path(read("STEPWISE_VAR_DIR")))
         return cls(
-            redis_url=read("STEPWISE_REDIS_URL"),
+            redis_url=redis.url,
+            redis_source=redis.source,
             storage_url=read("STEPWISE_STORAGE_URL") or default_storage_url(),
             s3_endpoint_url=read("STEPWISE_S3_ENDPOINT_URL"),
             s3_public_endpoint_url=read("STEPWISE_S3_PUBLIC_URL"),

@@ -3,15 +3,21 @@ file itself against the compose specification."""
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from settings import SECTIONS, VARIABLES, SettingsError, default
 from stepwise_cli.main import COMMANDS
+from tests.support.compose import ComposeRefusal, interpolate, read_env_file, required_variables
+from tests.support.compose import load as load_compose
+from tests.support.servers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +53,7 @@ def test_the_s3_server_is_seaweedfs_with_its_bucket_and_no_telemetry(compose):
     s3 = compose["services"]["s3"]
     assert s3["image"].startswith("chrislusf/seaweedfs:") and s3["command"][0] == "mini"
     assert "-bucket=${STEPWISE_S3_BUCKET:-stepwise}" in s3["command"]
-    assert "-master.telemetry=false" in s3["command"] and "9000:9000" in s3["ports"]
+    assert "-master.telemetry=false" in s3["command"] and s3["ports"] == ["${STEPWISE_S3_BIND:-127.0.0.1}:9000:9000"]
     assert (
         s3["environment"]["AWS_SECRET_ACCESS_KEY"] == compose["services"]["api"]["environment"]["AWS_SECRET_ACCESS_KEY"]
     )
@@ -106,14 +112,14 @@ def test_every_variable_compose_reads_is_in_env_example(compose):
     assert used <= documented, f"missing from .env.example: {sorted(used - documented)}"
 
 
-def test_the_worker_gets_longer_to_stop_than_its_shutdown_grace(compose):
-    from worker.settings import WorkerSettings
-
-    worker = compose["services"]["worker"]
-    grace = float(worker["environment"].get("STEPWISE_SHUTDOWN_GRACE", WorkerSettings.shutdown_grace))
+@pytest.mark.parametrize("service", ["worker", "worker-2"])
+def test_a_gpu_worker_gets_longer_to_stop_than_its_shutdown_grace_and_its_drain(compose, service):
+    worker = compose["services"][service]
+    stops = [float(default(name)) for name in ("STEPWISE_SHUTDOWN_GRACE", "STEPWISE_DRAIN_SECONDS")]
+    assert not {"STEPWISE_SHUTDOWN_GRACE", "STEPWISE_DRAIN_SECONDS"} & set(worker["environment"])  # .env's, if any
     match = re.fullmatch(r"(\d+)s", worker["stop_grace_period"])
 
-    assert match and int(match.group(1)) > grace + 10  # time to re-queue what outlived the grace
+    assert match and int(match.group(1)) > max(stops) + 10  # time to re-queue what outlived the grace
 
 
 @pytest.mark.parametrize("service", ["api", "worker", "flower"])
@@ -187,10 +193,11 @@ def test_make_run_installs_only_what_running_needs_and_make_test_adds_the_test_e
     assert re.search(r"^test: lint\b", makefile, flags=re.M) and re.search(r"^lint: install-test", makefile, flags=re.M)
 
 
-def test_every_setting_in_env_example_passes_the_checks_every_process_runs_at_start(monkeypatch):
+def test_every_setting_in_env_example_passes_the_checks_every_process_runs_at_start(monkeypatch, tmp_path):
     from api.settings import ApiSettings
     from worker.settings import WorkerSettings
 
+    monkeypatch.setenv("STEPWISE_VAR_DIR", str(tmp_path))  # no key in .env.example: the API makes one there
     for line in (ROOT / ".env.example").read_text().splitlines():
         name, sep, value = line.partition("=")
         if sep and not line.startswith("#") and name.startswith("STEPWISE_"):
@@ -205,3 +212,129 @@ def test_the_two_workers_serve_two_models_with_the_same_settings_otherwise(compo
     assert first["environment"]["STEPWISE_MODEL"] != second["environment"]["STEPWISE_MODEL"]
     assert first["command"] == second["command"] and first["stop_grace_period"] == second["stop_grace_period"]
     assert second["environment"]["STEPWISE_REDIS_URL"] == first["environment"]["STEPWISE_REDIS_URL"]
+
+
+# Which services read each section of settings/table.py (the stepwise processes in them); `cli`, `compose`
+# and `tests` variables are read by no container.
+READERS = {
+    "shared": {"api", "worker", "worker-2", "webhooks", "flower"},
+    "api": {"api"},
+    "server": {"api"},
+    "worker": {"worker", "worker-2", "webhooks", "flower"},  # `celery -A worker` reads every worker setting
+}
+# Set in `environment`, over .env: how the containers find each other and their GPU, not the operator's choice.
+WIRING = {
+    "STEPWISE_REDIS_URL",
+    "STEPWISE_STORAGE_URL",
+    "STEPWISE_S3_ENDPOINT_URL",
+    "STEPWISE_DEVICE",
+    "STEPWISE_CACHE_DIR",
+    "STEPWISE_WORKER_METRICS_PORT",
+    "STEPWISE_WORKER_METRICS_HOST",
+}
+ENV_EXAMPLE = read_env_file(ROOT / ".env.example")
+SECRETS = {"STEPWISE_WEBHOOK_SECRET", "S3_SECRET_ACCESS_KEY", "STEPWISE_API_KEYS", "STEPWISE_ADMIN_API_KEYS"}
+
+
+def test_the_sections_of_the_settings_table_are_all_placed():
+    assert set(READERS) | {"cli", "compose", "tests"} == set(SECTIONS)
+
+
+@pytest.mark.parametrize("variable", [v for v in VARIABLES if v.section in READERS], ids=lambda v: v.name)
+def test_every_variable_env_example_lists_reaches_the_services_that_read_it(compose, variable):
+    for name in READERS[variable.section]:
+        service = compose["services"][name]
+        set_here = service.get("environment", {}).get(variable.name)
+        if set_here is None:
+            assert ".env" in service.get("env_file", []), f"{name} gets no .env: {variable.name} never reaches it"
+        else:  # the operator's value, or wiring
+            assert f"${{{variable.name}" in str(set_here) or variable.name in WIRING, (name, variable.name, set_here)
+
+
+def test_compose_refuses_to_start_with_env_example_as_it_is_naming_each_secret_to_set():
+    text = (ROOT / "docker-compose.yml").read_text()
+    refused = set()
+    env = dict(ENV_EXAMPLE)
+    while True:  # compose names one; set it and look for the next, as an operator would
+        try:
+            interpolate(text, env)
+            break
+        except ComposeRefusal as e:
+            assert e.name in str(e).split(":", 1)[1], f"the message does not name the variable: {e}"
+            refused.add(e.name)
+            env[e.name] = "set"
+
+    assert refused == required_variables(text) == SECRETS | {"FLOWER_BASIC_AUTH"}
+    assert all(ENV_EXAMPLE[name] == "" for name in refused)  # .env.example holds no usable secret
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("STEPWISE_API_KEYS", "team-a:change-me-a,team-b:change-me-b"),
+        ("STEPWISE_ADMIN_API_KEYS", "ops:Change-Me-ops"),
+        ("STEPWISE_WEBHOOK_SECRET", "whsec_Y2hhbmdlLW1lLWNoYW5nZS1tZS1jaGFuZ2UtbWUhIQ=="),  # once in .env.example
+        ("STEPWISE_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"please-change-me-soon").decode()),
+    ],
+)
+def test_every_stepwise_process_refuses_a_placeholder_secret_naming_the_variable(monkeypatch, tmp_path, name, value):
+    from api.settings import ApiSettings
+    from worker.settings import WorkerSettings
+
+    monkeypatch.setenv("STEPWISE_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("STEPWISE_API_KEYS", "team-a:sk_a_real_one")
+    monkeypatch.setenv(name, value)
+
+    for read_settings in (ApiSettings.from_env, WorkerSettings.from_env):
+        if name == "STEPWISE_WEBHOOK_SECRET" or read_settings is ApiSettings.from_env:  # the keys: the API's
+            with pytest.raises(SettingsError, match=f"^{name} holds a placeholder"):
+                read_settings()
+
+
+def test_stepwise_api_refuses_a_change_me_key_with_one_line_naming_it(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "stepwise_cli.main", "api"],
+        cwd=tmp_path,
+        env=child_env(STEPWISE_API_KEYS="team-a:change-me-a"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 2
+    assert result.stderr.startswith("stepwise api: STEPWISE_API_KEYS holds a placeholder"), result.stderr
+    assert "change-me-a" not in result.stderr  # a secret, even a bad one, is not echoed
+
+
+def test_redis_and_s3_listen_on_the_compose_network_or_this_hosts_loopback_unless_the_operator_publishes(compose):
+    as_given = load_compose(ROOT / "docker-compose.yml", {name: "set" for name in SECRETS | {"FLOWER_BASIC_AUTH"}})
+    published = load_compose(
+        ROOT / "docker-compose.yml",
+        {**{name: "set" for name in SECRETS | {"FLOWER_BASIC_AUTH"}}, "STEPWISE_S3_BIND": "0.0.0.0"},
+    )
+
+    assert "ports" not in as_given["services"]["redis"] and "expose" not in as_given["services"]["redis"]
+    assert as_given["services"]["s3"]["ports"] == ["127.0.0.1:9000:9000"]
+    assert published["services"]["s3"]["ports"] == ["0.0.0.0:9000:9000"]
+    assert as_given["services"]["api"]["ports"] == ["8000:8000"]  # the one service meant for clients
+
+
+def test_on_a_one_gpu_host_both_workers_use_gpu_0_by_default_and_a_second_gpu_is_one_setting(compose):
+    secrets = {name: "set" for name in SECRETS | {"FLOWER_BASIC_AUTH"}}
+    one_gpu = load_compose(ROOT / "docker-compose.yml", secrets)["services"]
+    two_gpus = load_compose(ROOT / "docker-compose.yml", {**secrets, "STEPWISE_WORKER_2_GPU": "1"})["services"]
+
+    def gpus(services, name):
+        return services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+
+    assert gpus(one_gpu, "worker") == gpus(one_gpu, "worker-2") == ["0"]
+    assert gpus(two_gpus, "worker") == ["0"] and gpus(two_gpus, "worker-2") == ["1"]
+
+
+def test_flower_is_built_from_the_projects_image_with_a_current_flower_from_its_extra(compose):
+    flower = compose["services"]["flower"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    assert "image" not in flower and flower["build"]["args"]["EXTRAS"] == "[flower]"
+    assert flower["command"][:3] == ["celery", "-A", "worker"]  # the app's broker and queues
+    assert any(re.fullmatch(r"flower>=2\.2(\.\d+)?,<3", requirement) for requirement in extras["flower"])

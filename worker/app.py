@@ -13,11 +13,17 @@
 - kombu priorities on the Redis lists (high, normal, low), normal for anything sent without one;
 - task events on, for Flower;
 - kombu's Redis transport with a fix that lets the consumer reconnect after Redis restarts
-  (`worker.broker`).
+  (`worker.broker`);
+- the Redis every stepwise process finds (`storage.redis_location`: STEPWISE_REDIS_URL, else a running
+  `stepwise up`'s, else the default), which Celery's command line names on stderr
+  (`celery -A worker inspect ping` says which Redis it asked).
 """
 
 from __future__ import annotations
 
+import sys
+
+import click
 from celery import Celery
 from kombu import Exchange, Queue
 
@@ -28,6 +34,7 @@ from storage.queue_names import (
     WEBHOOK_TASK,
     celery_transport_options,
 )
+from storage.redis_location import RedisLocation
 from worker.broker import TRANSPORT
 from worker.settings import WorkerSettings
 
@@ -58,3 +65,14 @@ app.conf.update(
     accept_content=["json"],
     broker_connection_retry_on_startup=True,
 )
+
+
+def say_which_redis(location: RedisLocation) -> None:
+    """Under Celery's command line (`celery -A worker inspect ...`, which loads this module while it
+    reads `-A`), name the Redis it will talk to, on stderr so `--json` output stays parseable."""
+    context = click.get_current_context(silent=True)
+    if context is not None and context.command.name == "celery":
+        print(f"stepwise: Redis {location.describe()}", file=sys.stderr)
+
+
+say_which_redis(RedisLocation(settings.storage.redis_url, settings.storage.redis_source))

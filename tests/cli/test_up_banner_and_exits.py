@@ -61,7 +61,7 @@ def test_the_banner_prints_a_key_up_generated_and_a_local_redis_url_whole(tmp_pa
     text = make_banner(up.ApiKeyChoice("sk_generated", is_generated=True), "redis://127.0.0.1:6380/0", tmp_path)
 
     assert "sk_generated" in text and "Bearer sk_generated" in text
-    assert "STEPWISE_REDIS_URL=redis://127.0.0.1:6380/0 celery -A worker inspect engine_stats" in text
+    assert "\n    celery -A worker inspect engine_stats\n" in text  # it finds up's Redis (storage.redis_location)
 
 
 def test_a_configured_key_is_not_reported_as_generated(tmp_path, monkeypatch):

@@ -378,6 +378,37 @@ def test_the_banners_curl_hint_pasted_into_a_shell_queues_a_job(up, tmp_path):
     api_call(up, "POST", f"/v1/jobs/{job['job_id']}/cancel")  # a default-size job: leave the worker to the others
 
 
+def test_celery_in_a_new_shell_finds_the_redis_of_the_running_up_and_says_so(up):
+    celery = str(Path(sys.executable).with_name("celery"))
+    log = up.log_path.read_text()
+    hint = re.search(r"^\s+(\S.*celery -A worker inspect engine_stats)$", log, flags=re.M).group(1)
+    pasted = subprocess.run(
+        ["bash", "-c", hint.replace("celery", celery, 1)],
+        cwd=up.workdir,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
+    ping = subprocess.run(  # from up's folder, nothing exported: the state file of the running up
+        [celery, "-A", "worker", "inspect", "ping", "--json", "-t", "10"],
+        cwd=up.workdir,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert pasted.returncode == 0 and "num_running" in pasted.stdout, pasted.stdout + pasted.stderr
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    replies = json.loads(ping.stdout.strip().splitlines()[-1])
+    assert any(node.startswith(f"up{up.process.pid}@") for node in replies), replies  # up's worker, not another's
+    assert all(reply == {"ok": "pong"} for reply in replies.values()), replies
+    said = (
+        f"stepwise: Redis {up.redis_url} ({up.var_dir / 'stepwise.json'}, saved by `stepwise up`, pid {up.process.pid})"
+    )
+    assert said in ping.stderr
+
+
 def api_call(up: UpProcess, method: str, path: str, **kwargs) -> dict:
     saved = json.loads((up.var_dir / "stepwise.json").read_text())
     response = requests.request(
@@ -440,7 +471,8 @@ def test_a_second_worker_started_beside_up_finds_ups_settings_and_serves_another
             second.wait()
 
     assert done["state"] == "succeeded", done
-    assert "joining the service `stepwise up` saved in" in log_path.read_text()  # and says where it came from
+    joined = log_path.read_text()  # it says where its settings came from
+    assert "joining the `stepwise up` that runs from here: STEPWISE_STORAGE_URL" in joined, joined
     assert done["params"]["model"] == "builtin:shapes" and done["attempts"] == 1
     with Image.open(io.BytesIO(image.content)) as drawn:  # stored where up's API reads images
         assert drawn.size == (128, 128)  # builtin:shapes' size (up's builtin:tiny would draw its default too)

@@ -10,17 +10,12 @@ import time
 import pytest
 
 from storage.job_record import JobState
-from tests.support.cluster import FAST_RECOVERY, Cluster, small_params
+from tests.support.cluster import FAST_RECOVERY, small_params
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 NUM_IN_FLIGHT = 20
-
-
-def stored_images(cluster: Cluster) -> list[str]:
-    """Every PNG in the deployment's image folder, as keys relative to it."""
-    return sorted(str(path.relative_to(cluster.images)) for path in cluster.images.rglob("*.png"))
 
 
 def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_twice(folder_cluster):
@@ -49,7 +44,7 @@ def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_
     assert {r.requeue_reason for r in records} <= {"lease_expired", "worker_lost"}  # the view says why
     assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT  # each reached it once
     assert folder_cluster.store.counts_by_state()["running"] == 0
-    assert stored_images(folder_cluster) == sorted(r.image_keys[0] for r in records)
+    assert folder_cluster.stored_images() == sorted(r.image_keys[0] for r in records)
     assert recovered_in < 200, f"recovery took {recovered_in:.0f}s"
 
     # The dead worker's 20 messages come back from Redis some day; the same messages now stand in
@@ -64,7 +59,7 @@ def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_
     after = [folder_cluster.store.get(job_id) for job_id in job_ids]
     assert [(r.state, r.attempts, r.image_keys) for r in after] == [(r.state, 2, r.image_keys) for r in records]
     assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT
-    assert len(stored_images(folder_cluster)) == NUM_IN_FLIGHT
+    assert len(folder_cluster.stored_images()) == NUM_IN_FLIGHT
 
 
 def received_tasks(log_text: str) -> int:
@@ -83,7 +78,7 @@ def test_the_same_message_delivered_to_two_workers_at_once_runs_once_with_one_im
 
     assert [(r.state, r.attempts) for r in records] == [(JobState.SUCCEEDED, 1)] * len(job_ids)
     assert folder_cluster.store.counts_by_state()["succeeded"] == len(job_ids)
-    assert stored_images(folder_cluster) == sorted(r.image_keys[0] for r in records)
+    assert folder_cluster.stored_images() == sorted(r.image_keys[0] for r in records)
     logs = [worker.log_path.read_text(errors="replace") for worker in workers]
     assert all(received_tasks(text) > 0 for text in logs), "both workers should have taken messages"
     assert sum(received_tasks(text) for text in logs) == 2 * len(job_ids)

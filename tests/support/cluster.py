@@ -154,8 +154,8 @@ class Cluster:
 
     # -- jobs ---------------------------------------------------------------------------------
 
-    def create_job(self, params: dict[str, Any] | None = None, **fields: Any) -> JobRecord:
-        record, _ = self.store.create(tenant="tests", params=params or small_params(), **fields)
+    def create_job(self, params: dict[str, Any] | None = None, tenant: str = "tests", **fields: Any) -> JobRecord:
+        record, _ = self.store.create(tenant=tenant, params=params or small_params(), **fields)
         return record
 
     def enqueue(self, job_id: str, *, task_id: str | None = None) -> None:
@@ -205,6 +205,11 @@ class Cluster:
                 and self.queue_length(WEBHOOK_QUEUE) == 0
                 and client.hlen("unacked") == 0
             )
+
+    def stored_images(self) -> list[str]:
+        """Every image in the deployment's image folder, as keys relative to it (local-folder deployments)."""
+        assert self.images is not None
+        return sorted(str(path.relative_to(self.images)) for path in self.images.rglob("*.png"))
 
     def num_unacked(self) -> int:
         """Messages delivered to some worker and not acknowledged (kombu's `unacked` hash)."""

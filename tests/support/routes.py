@@ -16,6 +16,7 @@ ROUTES = {
     ("/openapi.json", "get"),
     ("/v1/models", "get"),
     ("/v1/admin/tenants", "get"),
+    ("/v1/admin/scaling", "get"),
     ("/v1/uploads", "post"),
     ("/v1/loras", "get"),
     ("/v1/loras/{name}", "put"),

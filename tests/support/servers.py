@@ -61,18 +61,62 @@ def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> Non
         process.wait()
 
 
-class RedisServer:
-    """A redis-server child process; `restart()` keeps its append-only data."""
+class TlsFiles:
+    """A certificate authority made for one test, and a server and a client certificate it signed (openssl)."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ca, self.ca_key = folder / "ca.pem", folder / "ca.key"
+        self.server, self.server_key = folder / "server.pem", folder / "server.key"
+        self.client, self.client_key = folder / "client.pem", folder / "client.key"
+        self._openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=stepwise-test-ca",
+                      "-keyout", self.ca_key, "-out", self.ca)  # fmt: skip
+        self._sign(self.server, self.server_key, "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1")
+        self._sign(self.client, self.client_key, "/CN=stepwise-client", "extendedKeyUsage=clientAuth")
+
+    def _sign(self, cert: Path, key: Path, subject: str, extension: str) -> None:
+        request = cert.with_suffix(".csr")
+        self._openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-addext", extension,
+                      "-keyout", key, "-out", request)  # fmt: skip
+        self._openssl("x509", "-req", "-in", request, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                      "-days", "2", "-copy_extensions", "copy", "-out", cert)  # fmt: skip
+
+    @staticmethod
+    def _openssl(*args: object) -> None:
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+    def client_query(self) -> str:
+        """The query of a rediss:// URL that checks the server and shows the client's certificate."""
+        return f"ssl_cert_reqs=required&ssl_ca_certs={self.ca}&ssl_certfile={self.client}&ssl_keyfile={self.client_key}"
+
+
+class RedisServer:
+    """A redis-server child process; `restart()` keeps its append-only data. With `tls`, it speaks only TLS
+    and asks every client for a certificate its authority signed (redis-server's flags as in FACTS.md)."""
+
+    def __init__(
+        self, data_dir: Path, port: int | None = None, appendonly: bool = True, tls: TlsFiles | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.tls = tls
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?{self.tls.client_query()}"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def listen_arguments(self) -> list[str]:
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return [
+            *("--port", "0", "--tls-port", str(self.port)),
+            *("--tls-cert-file", str(self.tls.server), "--tls-key-file", str(self.tls.server_key)),
+            *("--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "yes"),
+        ]
 
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server")
@@ -81,8 +125,7 @@ class RedisServer:
         self.process = subprocess.Popen(
             [
                 binary,
-                "--port",
-                str(self.port),
+                *self.listen_arguments(),
                 "--bind",
                 "127.0.0.1",
                 "--dir",

@@ -1,0 +1,122 @@
+"""Which Redis a process finds (storage.redis_location), and Redis URLs as STEPWISE_REDIS_URL takes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from settings import SettingsError, read
+from storage.redis_location import RedisLocation, find_redis
+from storage.settings import StorageSettings
+
+
+def save_state(var_dir, redis_url: str, pid: int) -> None:
+    var_dir.mkdir(parents=True, exist_ok=True)
+    (var_dir / "stepwise.json").write_text(
+        json.dumps({"api_url": "http://127.0.0.1:1", "redis_url": redis_url, "pid": pid})
+    )
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def found() -> RedisLocation:
+    """What a process started now finds (StorageSettings.from_env reads the variables)."""
+    settings = StorageSettings.from_env()
+    return RedisLocation(settings.redis_url, settings.redis_source)
+
+
+@pytest.fixture
+def var_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("STEPWISE_REDIS_URL", raising=False)
+    monkeypatch.setenv("STEPWISE_VAR_DIR", str(tmp_path / "var"))
+    return tmp_path / "var"
+
+
+def test_a_running_ups_saved_redis_is_found_when_the_environment_names_none(var_dir):
+    save_state(var_dir, "redis://127.0.0.1:6390/0", os.getpid())  # this process stands in for a running `up`
+
+    location = found()
+
+    assert location.url == "redis://127.0.0.1:6390/0" and "saved by `stepwise up`" in location.source
+    assert find_redis(None, var_dir) == location
+
+
+def test_the_environment_wins_over_a_running_ups_file(var_dir, monkeypatch):
+    save_state(var_dir, "redis://127.0.0.1:6390/0", os.getpid())
+    monkeypatch.setenv("STEPWISE_REDIS_URL", "redis://127.0.0.1:6391/2")
+
+    assert found().url == "redis://127.0.0.1:6391/2" and found().source == "STEPWISE_REDIS_URL"
+
+
+@pytest.mark.parametrize("content", ["stopped", "no pid", "not json"])
+def test_a_stopped_ups_file_or_a_broken_one_leaves_the_default(var_dir, content):
+    if content == "stopped":
+        save_state(var_dir, "redis://127.0.0.1:6390/0", dead_pid())
+    elif content == "no pid":  # written by an `up` before pids were saved: nothing says it still runs
+        var_dir.mkdir(parents=True)
+        (var_dir / "stepwise.json").write_text(json.dumps({"redis_url": "redis://127.0.0.1:6390/0"}))
+    else:
+        var_dir.mkdir(parents=True)
+        (var_dir / "stepwise.json").write_text("{")
+
+    assert found().url == "redis://127.0.0.1:6379/0" and found().source == "the default"
+
+
+def test_a_password_is_never_shown_where_the_location_is_described(var_dir, monkeypatch):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", "rediss://:s3cret@cache.example.com:6380/0")
+
+    described = found().describe()
+
+    assert "s3cret" not in described and described.startswith("rediss://:***@cache.example.com:6380/0")
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("rediss://:pw@cache:6380/0", "rediss://:pw@cache:6380/0?ssl_cert_reqs=required"),  # checked unless told
+        ("rediss://cache:6380/0?ssl_cert_reqs=CERT_NONE", "rediss://cache:6380/0?ssl_cert_reqs=none"),  # Celery's word
+        ("rediss://cache:6380/0?ssl_cert_reqs=Optional", "rediss://cache:6380/0?ssl_cert_reqs=optional"),
+    ],
+)
+def test_rediss_urls_are_spelled_so_redis_py_and_celery_both_take_them(monkeypatch, given, used):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", given)
+
+    assert read("STEPWISE_REDIS_URL") == used
+
+
+def test_tls_files_in_a_rediss_url_are_kept_and_must_exist(monkeypatch, tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("STEPWISE_REDIS_URL", f"rediss://cache:6380/0?ssl_ca_certs={ca}&ssl_certfile={ca}")
+    assert (
+        read("STEPWISE_REDIS_URL")
+        == f"rediss://cache:6380/0?ssl_ca_certs={ca}&ssl_certfile={ca}&ssl_cert_reqs=required"
+    )
+
+    monkeypatch.setenv("STEPWISE_REDIS_URL", f"rediss://cache:6380/0?ssl_keyfile={tmp_path / 'missing.key'}")
+    with pytest.raises(SettingsError, match="STEPWISE_REDIS_URL: ssl_keyfile names no readable file"):
+        read("STEPWISE_REDIS_URL")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("redis://cache:6379/0?ssl_cert_reqs=required", "TLS needs a rediss:// URL"),
+        ("rediss://cache:6380/0?ssl_cert_reqs=sometimes", "ssl_cert_reqs must be required, optional or none"),
+        ("http://cache:6379/0", "must be a URL: redis://, rediss:// or unix://"),
+    ],
+)
+def test_a_redis_url_redis_py_or_celery_would_misread_is_refused_naming_the_variable(monkeypatch, given, message):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", given)
+
+    with pytest.raises(SettingsError, match=f"STEPWISE_REDIS_URL.*{message}"):
+        read("STEPWISE_REDIS_URL")
