@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DecodeResult:
-    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image
+    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image (a video's: its frames, a list)
     failed: dict[str, str] = field(default_factory=dict)  # sample_id -> message
     seconds: float = 0.0  # wall time of the batch's decode (on the worker when async)
     num_oom_splits: int = 0
@@ -131,6 +131,8 @@ class Decoder(BesideTheLoop[DecodeResult]):
                 for sample, image in zip(chunk, images):
                     if image is None:
                         result.failed[sample.sample_id] = _not_finite_message(sample.params)
+                    elif isinstance(image, list):  # a video's frames
+                        result.images[sample.sample_id] = image
                     else:  # an inpainting job's kept region, composited here beside the loop, not on it
                         result.images[sample.sample_id] = keep_unmasked_pixels(sample.sample.images, image)
             for sample, error in outcome.failed:
@@ -140,8 +142,8 @@ class Decoder(BesideTheLoop[DecodeResult]):
         return result
 
     def _decode_chunk(self, samples: list[SampleTensors]) -> list[Any]:
-        return self.model.decode(
-            torch.cat([sample.latents for sample in samples]), [sample.params for sample in samples]
+        return list(
+            self.model.decode(torch.cat([sample.latents for sample in samples]), [sample.params for sample in samples])
         )
 
 

@@ -149,6 +149,7 @@ class DiffusionEngine:
         # Again, against the family this engine loaded: a params object altered after it was built
         # allocates nothing either, and a folder model's family is known only here.
         params.validate(self.family)
+        self.model_runner.model.check_params(params)  # what this model, beyond its family, cannot do
         if params.lora is not None and not FAMILIES[self.family].supports_lora:
             raise InvalidParamsError("lora", params.lora, f"is not supported for {self.family} models yet")
         # Decoded once, here on the caller's thread: an image that cannot be used is refused now, naming the field.

@@ -52,7 +52,11 @@ class InputBatch:
             self.timesteps[row : row + sample.num_rows] = sample.timestep
             row += sample.num_rows
         return ForwardBatch(
-            self.latents if self.latents is not None else mixed_latents, self.timesteps, self.conditioning, self.lengths
+            self.latents if self.latents is not None else mixed_latents,
+            self.timesteps,
+            self.conditioning,
+            self.lengths,
+            num_real_rows=self.num_rows if self.num_padded_rows is not None else None,
         )
 
     def split(

@@ -24,10 +24,13 @@ ProgressCallback = Callable[[int, int], None]  # (steps done, total steps), call
 @dataclass(frozen=True)
 class GenerationResult:
     job_id: str  # the job's id, as given to or returned by submit()
-    images: list[Any]  # PIL images, one per seed, in seed order
+    images: list[Any]  # PIL images, one per seed, in seed order (a video's: its first frame)
     seeds: list[int]  # seed of each image: params.seed + index
     params: GenerationParams  # the job as submitted (num_images may be > 1)
     timings: dict[str, float]  # seconds: "queue_wait" (submit to first step), "denoise" (first to last step), "decode"
+    # Each output's frames (PIL images), in seed order, as diffusers' video pipelines return them; an image (any
+    # job of num_frames 1) is one frame, the same object as in `images`.
+    frames: list[list[Any]] = field(default_factory=list)
 
     @property
     def image(self) -> Any:
@@ -60,7 +63,8 @@ class Job:
     decode_seconds: float = 0.0
     num_steps_done: int = 0  # over all its samples
     num_samples_denoised: int = 0  # samples whose last step the loop has seen
-    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image, added as they are decoded
+    images: dict[str, Any] = field(default_factory=dict)  # sample_id -> PIL image (a video's frames: a list of
+    # them), added as they are decoded
 
     @property
     def sample_ids(self) -> list[str]:
@@ -78,9 +82,12 @@ class Job:
     def result(self) -> GenerationResult:
         assert self.is_complete and self.admitted_at is not None and self.denoised_at is not None
         assert self.params.seed is not None  # GenerationParams draws one when none is given
+        outputs = [self.images[sample.sample_id] for sample in self.samples]  # a video's: its list of frames
+        frames = [output if isinstance(output, list) else [output] for output in outputs]
         return GenerationResult(
             job_id=self.job_id,
-            images=[self.images[sample.sample_id] for sample in self.samples],
+            images=[output[0] for output in frames],
+            frames=frames,
             seeds=[self.params.seed + index for index in range(len(self.samples))],
             params=self.params,
             timings={

@@ -245,7 +245,9 @@ class ModelRunner:
             with self._lora_rows(samples):
                 predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
             rows_of_samples = input_batch.split(predictions, samples)
-            guided = [self.model.guided_prediction(rows, s.params) for rows, s in zip(rows_of_samples, samples)]
+            guided = [
+                self.model.guided_prediction(rows, s.params, s.timestep) for rows, s in zip(rows_of_samples, samples)
+            ]
         except Exception:
             del self.input_batches[batch_key]
             raise
@@ -331,9 +333,9 @@ class ModelRunner:
     def _decode_batches(self, samples: list[SampleTensors]) -> list[list[SampleTensors]]:
         if self.is_deterministic:
             return [[sample] for sample in samples]
-        by_size: dict[tuple[int, int], list[SampleTensors]] = {}
+        by_size: dict[tuple[int, int, int], list[SampleTensors]] = {}  # (height, width, frames) -> its samples
         for sample in samples:
-            by_size.setdefault((sample.params.height, sample.params.width), []).append(sample)
+            by_size.setdefault((sample.params.height, sample.params.width, sample.params.num_frames), []).append(sample)
         return list(by_size.values())
 
     def _fail(self, sample: SampleTensors, message: str, output: RunnerOutput) -> None:

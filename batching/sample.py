@@ -72,7 +72,7 @@ def make_samples(
                 params=one,
                 key=CompatibilityKey.of(one, has_size=has_size, has_lora=has_lora),
                 num_steps=num_steps,
-                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt)
+                cost=family.sample_cost(one.height, one.width, one.guidance_scale, one.negative_prompt, one.num_frames)
                 + _reference_cost(family, one, images),
                 priority_rank=PRIORITIES.index(priority),
                 images=images,

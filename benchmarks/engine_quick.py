@@ -12,7 +12,7 @@ import argparse
 import time
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from core.params import SAMPLERS
+from core.families import UNET_SAMPLERS
 
 
 def run(config: EngineConfig, params_list: list[GenerationParams]) -> dict:
@@ -53,7 +53,7 @@ def main() -> None:
             num_inference_steps=args.steps,
             height=args.size,
             width=args.size,
-            sampler=SAMPLERS[i % len(SAMPLERS)],
+            sampler=UNET_SAMPLERS[i % len(UNET_SAMPLERS)],
         )
         for i in range(args.jobs)
     ]

@@ -44,6 +44,9 @@ BUILTIN_MODELS = {
     "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.sd3.builtin"),
     "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.flux2.builtin"),
     "tiny-flux2-klein": BuiltinModel(version="v1", family="flux2_klein", builder="batching.pipelines.flux2.builtin"),
+    "tiny-wan": BuiltinModel(version="v1", family="wan", builder="batching.pipelines.wan.builtin"),
+    "tiny-wan-i2v": BuiltinModel(version="v1", family="wan", builder="batching.pipelines.wan.builtin"),
+    "tiny-wan22": BuiltinModel(version="v1", family="wan", builder="batching.pipelines.wan.builtin"),
     # trained by training/shapes/train.py (docs/shapes.md), never built here
     "shapes": BuiltinModel(
         version="v1", family="sd", shipped_folder="builtin-shapes", sizes=(128,), vocabulary="shapes"

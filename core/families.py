@@ -18,6 +18,9 @@ from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
 
 UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
+# Wan's: flow-matching UniPC (UniPCMultistepScheduler with flow sigmas and `flow_shift`, what the checkpoints
+# ship) and flow-matching Euler (FlowMatchEulerDiscreteScheduler with the same shift)
+VIDEO_SAMPLERS = ("unipc", "euler")
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,10 @@ class ReferenceRules:
 @dataclass(frozen=True)
 class FamilySpec:
     name: str
-    samplers: tuple[str, ...]  # the first is the default
+    samplers: tuple[str, ...]  # the samplers its jobs may name
     size_multiple: int  # height and width: VAE downsampling x the denoiser's patch size
     default_guidance: float
+    default_sampler: str = "euler"  # the sampler of a job that names none
     default_size: int = 128  # height and width when the job names none
     default_steps: int = 20
     min_steps: int = 1  # 2 where the sampler's schedule needs two (Qwen-Image's terminal shift divides by the last)
@@ -72,7 +76,8 @@ class FamilySpec:
     # family but edit and reference models); "edit", the image an edit model changes (required: it conditions
     # every forward, and the output has its own size, by `edit_size`); "reference", an optional reference image
     # that conditions every forward (its latents join the sequence, the sample starts from noise) read by
-    # `reference_rules`; "none": not served yet.
+    # `reference_rules`; "first_frame", a video's first frame (image-to-video: it conditions every forward, the
+    # sample starts from noise; fitted to the job's size as "start" images are); "none": not served yet.
     init_image_role: str = "start"
     edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
     extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
@@ -81,13 +86,26 @@ class FamilySpec:
     # None: jobs may ask only for cache "off"
     checkpoint_sizes: tuple[int, ...] = ()  # pixels a side its real checkpoints were trained at, offered first for a
     # folder or repo model (the built-ins' own are in core.builtin_models)
+    # Video families (max_num_frames above 1); an image family's jobs are one frame and name no fps.
+    max_num_frames: int = 1  # the most frames a job may ask for
+    default_num_frames: int = 1  # of a job that names none
+    frames_per_latent: int = 1  # the VAE's temporal compression: latent frames are (num_frames - 1) / this + 1,
+    # so num_frames is a multiple of it plus one (Wan: 4k+1)
+    default_fps: int | None = None  # the frame rate of a video job that names none (a playback fact: it changes
+    # nothing the model computes)
+    expert_guidance: bool = False  # jobs may name guidance_scale_2, the low-noise expert's guidance of two-expert
+    # models (Wan 2.2 A14B; a one-expert model of the family refuses it at submit)
 
     def __post_init__(self) -> None:
         assert (self.init_image_role == "reference") == (self.reference_rules is not None), self.name
+        assert self.default_sampler in self.samplers, self.name
+        assert 1 <= self.default_num_frames <= self.max_num_frames, self.name
+        assert (self.default_num_frames - 1) % self.frames_per_latent == 0, self.name
+        assert (self.default_fps is not None) == self.is_video, self.name
 
     @property
-    def default_sampler(self) -> str:
-        return self.samplers[0] if "euler" not in self.samplers else "euler"
+    def is_video(self) -> bool:
+        return self.max_num_frames > 1
 
     def has_cfg(self, guidance_scale: float, negative_prompt: str = "") -> bool:
         """Whether a job with this guidance (and negative prompt) runs an unconditional row beside its
@@ -106,22 +124,29 @@ class FamilySpec:
         """Rows a job contributes to each denoiser forward."""
         return 2 if self.has_cfg(guidance_scale, negative_prompt) else 1
 
-    def tokens_per_row(self, height: int, width: int) -> int:
-        """Latent positions of one row (UNet: latent pixels; transformer: image tokens, and an edit image's),
-        which a forward's cost follows."""
-        return (height // self.size_multiple) * (width // self.size_multiple) + self.extra_tokens_per_row
+    def num_latent_frames(self, num_frames: int) -> int:
+        """Latent frames of a video of `num_frames` frames (one for an image)."""
+        return (num_frames - 1) // self.frames_per_latent + 1
 
-    def sample_cost(self, height: int, width: int, guidance_scale: float, negative_prompt: str = "") -> int:
+    def tokens_per_row(self, height: int, width: int, num_frames: int = 1) -> int:
+        """Latent positions of one row (UNet: latent pixels; transformer: image tokens, and an edit image's; video:
+        the tokens of every latent frame), which a forward's cost follows."""
+        grid = (height // self.size_multiple) * (width // self.size_multiple)
+        return self.num_latent_frames(num_frames) * grid + self.extra_tokens_per_row
+
+    def sample_cost(
+        self, height: int, width: int, guidance_scale: float, negative_prompt: str = "", num_frames: int = 1
+    ) -> int:
         """What one sample adds to each forward it runs in: rows x latent tokens per row (the scheduler's
-        token budget counts these)."""
-        return self.num_rows(guidance_scale, negative_prompt) * self.tokens_per_row(height, width)
+        token budget counts these: a video costs its frames x height x width in latent tokens)."""
+        return self.num_rows(guidance_scale, negative_prompt) * self.tokens_per_row(height, width, num_frames)
 
     def default_token_budget(self, max_num_seqs: int) -> int:
-        """The engine's default token budget: `max_num_seqs` samples at the family's default size and guidance
-        (with a negative prompt where guidance needs one)."""
+        """The engine's default token budget: `max_num_seqs` samples at the family's default size, frames and
+        guidance (with a negative prompt where guidance needs one)."""
         negative_prompt = "-" if self.cfg_needs_negative_prompt else ""
         return max_num_seqs * self.sample_cost(
-            self.default_size, self.default_size, self.default_guidance, negative_prompt
+            self.default_size, self.default_size, self.default_guidance, negative_prompt, self.default_num_frames
         )
 
     def edit_size(self, image_width: int, image_height: int) -> tuple[int, int]:
@@ -231,6 +256,23 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3/attention.py)
             strength_rounding="floor_start",
             checkpoint_sizes=(1024,),
+        ),
+        FamilySpec(  # Wan 2.1 / 2.2 video: CFG above 1, as WanPipeline and WanImageToVideoPipeline run it
+            name="wan",
+            samplers=VIDEO_SAMPLERS,
+            default_sampler="unipc",  # the checkpoints' own scheduler
+            size_multiple=16,  # the VAE's 8 x the 2x2 patches (Wan 2.2 TI2V-5B's VAE: 32, its adapter checks)
+            default_guidance=5.0,
+            # Rows of every size and frame count share a forward: padded tokens, per-row positions, key masks
+            # (pipelines/wan/transformer.py); a two-expert model's expert is chosen per step, not per job.
+            mixes_sizes=True,
+            init_image_role="first_frame",  # an image-to-video model's first frame (a text-to-video one refuses it)
+            supports_lora=False,
+            max_num_frames=161,  # 4 x 40 + 1: ten seconds at 16 fps (the checkpoints are trained on 81)
+            default_num_frames=33,  # two seconds at 16 fps
+            frames_per_latent=4,
+            default_fps=16,  # Wan 2.1's and Wan 2.2 A14B's (TI2V-5B's videos are 24)
+            expert_guidance=True,
         ),
     )
 }

@@ -36,6 +36,9 @@ MIN_GUIDANCE = 0.0
 MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loosest; families may ask less
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
+MAX_NUM_FRAMES = max(spec.max_num_frames for spec in FAMILIES.values())  # the loosest; families may ask less
+MAX_VIDEO_PIXELS = 161 * 1280 * 720  # frames x height x width of one video: ten seconds of 720p at 16 fps
+MAX_FPS = 120
 MAX_LORA_SCALE = 4.0
 MIN_EDIT_IMAGE_SIDE = 32  # an edit image's sides once its pipeline sizes it (a thinner one would round to none)
 OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
@@ -69,7 +72,12 @@ class GenerationParams:
     sampler: str = None  # type: ignore[assignment]  # None: "euler"
     num_images: int = 1  # N images become N samples with seeds seed..seed+N-1
     model: str = DEFAULT_MODEL
-    num_frames: int = 1
+    num_frames: int = None  # type: ignore[assignment]  # None: the family's default (1 for image families); video
+    # families take num_frames by their VAE's rule (Wan: 4k+1)
+    fps: int | None = None  # a video's frame rate (playback only); None: the family's default for video families,
+    # none for image families (and for a folder model's job, whose family is known at submit: its default then)
+    guidance_scale_2: float | None = None  # two-expert models (Wan 2.2 A14B): the low-noise expert's guidance;
+    # None: guidance_scale, as the pipeline defaults it
     lora: str | None = None  # LoRA adapter in the store (LORA_KEY_PATTERN); None: the base model
     lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
     init_image: str | None = None  # data: URI or upload id (core.image_inputs); None: text-to-image
@@ -108,6 +116,8 @@ class GenerationParams:
             "num_inference_steps": spec.default_steps,
             "guidance_scale": spec.default_guidance,
             "sampler": spec.default_sampler,
+            "num_frames": spec.default_num_frames,
+            "fps": spec.default_fps,
         }
         for name, value in defaults.items():
             if getattr(self, name) is None:
@@ -131,7 +141,8 @@ class GenerationParams:
         `family` overrides the family known from the model name: the engine passes the
         family it loaded, for models the name does not classify (a folder, a repo id).
         """
-        _validate(self, FAMILIES[family] if family else self.family_spec)
+        is_known = family is not None or (isinstance(self.model, str) and family_of_model(self.model) is not None)
+        _validate(self, FAMILIES[family] if family else self.family_spec, is_known)
 
     @property
     def family_spec(self) -> FamilySpec:
@@ -151,7 +162,7 @@ class GenerationParams:
         """Denoise steps each sample runs: all of them for text-to-image, the last `strength` fraction
         (as the family's diffusers img2img pipeline rounds it) with an init image."""
         spec = FAMILIES[family] if family else self.family_spec
-        if self.init_image is None or spec.init_image_role in ("edit", "reference"):
+        if self.init_image is None or spec.init_image_role in ("edit", "reference", "first_frame"):
             return self.num_inference_steps
         return spec.steps_to_run(self.num_inference_steps, self.strength)
 
@@ -184,7 +195,7 @@ class GenerationParams:
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(GenerationParams))  # in declaration order
 
 
-def _validate(p: GenerationParams, spec: FamilySpec) -> None:
+def _validate(p: GenerationParams, spec: FamilySpec, is_known: bool = True) -> None:
     _check_str(p, "prompt", MAX_PROMPT_CHARS, allow_empty=False)
     _check_str(p, "negative_prompt", MAX_PROMPT_CHARS, allow_empty=True)
     if p.negative_prompt and spec.guidance_kind != "cfg":
@@ -201,17 +212,25 @@ def _validate(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError("height", p.height, f"height*width must be at most {MAX_PIXELS}")
     _check_int(p, "num_inference_steps", max(MIN_STEPS, spec.min_steps), MAX_STEPS)
     _check_number(p, "guidance_scale", MIN_GUIDANCE, spec.max_guidance)
+    if p.guidance_scale_2 is not None:
+        if is_known and not spec.expert_guidance:
+            raise InvalidParamsError(
+                "guidance_scale_2", p.guidance_scale_2, f"is not supported by {spec.name} models (they have one expert)"
+            )
+        _check_number(p, "guidance_scale_2", MIN_GUIDANCE, spec.max_guidance)
     num_images = _check_int(p, "num_images", 1, MAX_NUM_IMAGES)
     if p.seed is not None:  # image i uses seed + i: the last one must fit too
         _check_int(p, "seed", 0, MAX_SEED - (num_images - 1))
-    if p.sampler not in spec.samplers:
+    if is_known and p.sampler not in spec.samplers:
         raise InvalidParamsError(
             "sampler", p.sampler, f"must be one of {', '.join(spec.samplers)} for {spec.name} models"
         )
+    if p.sampler not in SAMPLERS:  # a folder model's job: any family's, checked against its own at submit
+        raise InvalidParamsError("sampler", p.sampler, f"must be one of {', '.join(SAMPLERS)}")
     model = _check_str(p, "model", 500, allow_empty=False)
     if CONTROL_CHARACTERS.search(model):
         raise InvalidParamsError("model", model, "must not contain control characters (no model is named so)")
-    _check_int(p, "num_frames", 1, 1)
+    _validate_frames(p, spec, is_known)
     if p.lora is not None:
         _check_str(p, "lora", 200, allow_empty=False)
         if not LORA_KEY_PATTERN.fullmatch(p.lora):
@@ -233,6 +252,10 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
             check_reference(name, getattr(p, name))
     if spec.init_image_role in ("edit", "reference"):
         _validate_edit_fields(p, spec)
+    if spec.init_image_role == "first_frame" and p.init_image is not None and p.mask_image is not None:
+        raise InvalidParamsError(
+            "mask_image", "<image>", f"is not supported by {spec.name} models (init_image is the first frame)"
+        )
     if spec.init_image_role == "none" and p.init_image is not None:
         raise InvalidParamsError("init_image", "<image>", f"is not supported by {spec.name} models yet")
     if p.mask_image is not None and p.init_image is None:
@@ -242,6 +265,10 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError("strength", p.strength, "must be above 0 (0 < strength <= 1)")
     if strength != 1.0 and p.init_image is None:
         raise InvalidParamsError("strength", p.strength, "needs an init_image")
+    if strength != 1.0 and spec.init_image_role == "first_frame":
+        raise InvalidParamsError(
+            "strength", p.strength, f"must be 1 for {spec.name} models (init_image is the first frame; every step runs)"
+        )
     if (
         p.init_image is not None
         and spec.init_image_role == "start"
@@ -255,6 +282,27 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
     if p.output_format not in OUTPUT_FORMATS:
         raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(OUTPUT_FORMATS)}")
     _check_int(p, "output_quality", 1, 100)
+
+
+def _validate_frames(p: GenerationParams, spec: FamilySpec, is_known: bool) -> None:
+    """num_frames and fps by the family's rules; a model whose family is not known yet (a folder) gets the
+    loosest, and its engine checks its family's at submit."""
+    num_frames = _check_int(p, "num_frames", 1, spec.max_num_frames if is_known else MAX_NUM_FRAMES)
+    if is_known and (num_frames - 1) % spec.frames_per_latent:
+        step = spec.frames_per_latent
+        raise InvalidParamsError(
+            "num_frames",
+            num_frames,
+            f"must be a multiple of {step} plus one (1, {step + 1}, {2 * step + 1}, ...) for {spec.name} models",
+        )
+    if num_frames * p.height * p.width > MAX_VIDEO_PIXELS:
+        raise InvalidParamsError(
+            "num_frames", num_frames, f"num_frames*height*width must be at most {MAX_VIDEO_PIXELS}"
+        )
+    if p.fps is not None:
+        if is_known and not spec.is_video:
+            raise InvalidParamsError("fps", p.fps, f"is not supported by {spec.name} models (they draw images)")
+        _check_int(p, "fps", 1, MAX_FPS)
 
 
 def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
@@ -324,26 +372,29 @@ class CompatibilityKey:
     """What must match for two jobs to share one denoiser forward.
 
     Only what changes the denoiser's tensor contract or weights. Prompt, seed, step
-    count, current step, guidance scale and sampler are deliberately absent, and so is
-    the size for families whose denoiser mixes sizes in one forward (`FamilySpec.mixes_sizes`).
+    count, current step, guidance scale and sampler are deliberately absent, and so are
+    the size and frame count for families whose denoiser mixes sizes in one forward
+    (`FamilySpec.mixes_sizes`). A two-expert model's expert is not in it either: it is chosen per
+    step (by the step's timestep), so its adapter runs one forward per expert over a group's rows.
     """
 
     model: str
     height: int | None  # None: any size shares the forward
     width: int | None
-    num_frames: int = 1
+    num_frames: int | None = 1  # None: any frame count shares the forward
     lora: str | None = None
     lora_scale: float = 1.0
 
     @classmethod
     def of(cls, params: GenerationParams, *, has_size: bool = True, has_lora: bool = False) -> CompatibilityKey:
-        """The key of a sample; `has_size=False` for a family that mixes sizes (the engine knows the family);
+        """The key of a sample; `has_size=False` for a family that mixes sizes and frame counts (the engine knows
+        the family);
         `has_lora=True` keeps the adapter in the key (one adapter per group, the reference behaviour)."""
         return cls(
             model=params.model,
             height=params.height if has_size else None,
             width=params.width if has_size else None,
-            num_frames=params.num_frames,
+            num_frames=params.num_frames if has_size else None,
             lora=params.lora if has_lora else None,
             lora_scale=params.lora_scale if has_lora and params.lora else 1.0,
         )
@@ -351,7 +402,8 @@ class CompatibilityKey:
     def __str__(self) -> str:
         lora = f" lora={self.lora}@{self.lora_scale}" if self.lora else ""
         size = f"{self.width}x{self.height}" if self.height is not None else "*x*"  # any size
-        return f"{self.model} {size}x{self.num_frames}{lora}"
+        frames = self.num_frames if self.num_frames is not None else "*"
+        return f"{self.model} {size}x{frames}{lora}"
 
 
 # Finish-by deadlines. A job names `complete_by` (unix seconds in Python, RFC 3339 over HTTP) or

@@ -25,13 +25,20 @@ from batching.pipelines.qwenimage.edit import QwenImageEditAdapter
 from batching.pipelines.sd3.adapter import StableDiffusion3Adapter
 from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
 from batching.pipelines.stable_diffusion.sdxl import StableDiffusionXLAdapter
+from batching.pipelines.wan.adapter import WanAdapter
 from batching.pipelines.zimage.adapter import ZImageAdapter
 from core.errors import ModelLoadError
 
 __all__ = ["PipelineAdapter", "adapter_class", "adapter_serving", "resolve_device", "resolve_dtype"]
 
 AdapterClass = type[
-    StableDiffusionAdapter | FluxAdapter | ZImageAdapter | StableDiffusion3Adapter | QwenImageAdapter | Flux2Adapter
+    StableDiffusionAdapter
+    | FluxAdapter
+    | ZImageAdapter
+    | StableDiffusion3Adapter
+    | QwenImageAdapter
+    | Flux2Adapter
+    | WanAdapter
 ]
 ADAPTERS: tuple[AdapterClass, ...] = (
     StableDiffusionAdapter,
@@ -43,6 +50,7 @@ ADAPTERS: tuple[AdapterClass, ...] = (
     StableDiffusion3Adapter,
     Flux2Adapter,
     Flux2KleinAdapter,
+    WanAdapter,
 )
 
 

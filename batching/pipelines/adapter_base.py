@@ -39,7 +39,8 @@ class AdapterBase(ImageLatentsMixin):
         self.pipeline = pipeline
         self.vae = pipeline.vae
         self.latent_vae = LatentVae(pipeline.vae)
-        self.vae_scale_factor = pipeline.vae_scale_factor  # the VAE's downsampling, as the pipeline computes it
+        # The VAE's spatial downsampling, as the pipeline computes it (video pipelines name it per axis).
+        self.vae_scale_factor = getattr(pipeline, "vae_scale_factor_spatial", None) or pipeline.vae_scale_factor
         self.latent_rgb: LatentRgb | None = self.published_latent_rgb  # `load` finds the model's own
 
     def has_cfg(self, params: GenerationParams) -> bool:
@@ -67,13 +68,16 @@ class AdapterBase(ImageLatentsMixin):
         """The unconditional row's text conditioning: the negative prompt's."""
         return encoded[params.negative_prompt]
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
         """`uncond + scale * (cond - uncond)` of a CFG sample's rows, as the pipelines combine them; a sample of
         one row (no CFG, or guidance embedded in the forward) steps with its row as is."""
         if len(rows) == 1:
             return rows
         uncond, cond = (rows[0:1], rows[1:2]) if self.uncond_first else (rows[1:2], rows[0:1])
         return uncond + params.guidance_scale * (cond - uncond)
+
+    def check_params(self, params: GenerationParams) -> None:
+        """Nothing beyond the family's rules, unless the family's models differ (`PipelineAdapter.check_params`)."""
 
     @classmethod
     def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:

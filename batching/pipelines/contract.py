@@ -16,7 +16,7 @@ Lifecycle of a sample, as the runner drives it:
    `Conditioning` per row the sample contributes to each forward.
 3. Every step: `model_input(sample)` per sample; the input batch stacks rows (padding
    variable-length tensors, see `ForwardBatch.lengths`) and the adapter runs
-   `forward(batch)` once for the group; `guided_prediction(rows, params)` turns a
+   `forward(batch)` once for the group; `guided_prediction(rows, params, timestep)` turns a
    sample's rows into the prediction its sampler steps with.
 4. `decode(latents, params_list)` for finished samples of one size.
 
@@ -65,6 +65,8 @@ class ForwardBatch:
     timesteps: torch.Tensor  # [num_rows] float32: each row's sampler timestep, as the sampler states it
     conditioning: dict[str, torch.Tensor]  # name -> [num_rows, *shape]; first dims zero-padded where lengths differ
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
+    num_real_rows: int | None = None  # deterministic mode: rows from this index on are padding, and an adapter
+    # that splits a forward (Wan's two experts) keeps every call at the batch's row count; None: all rows are real
 
 
 class Sampler(Protocol):
@@ -237,13 +239,23 @@ class PipelineAdapter(ImageInputs, Protocol):
         `batch.latents` is a list)."""
         ...
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
-        """[1, *latent_shape]: what the sample's sampler steps with, from its rows' predictions."""
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
+        """[1, *latent_shape]: what the sample's sampler steps with, from its rows' predictions at `timestep`
+        (its sampler's timestep of this step: a two-expert Wan model guides each expert's steps with its own
+        scale)."""
         ...
 
-    def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
-        """Latents [n, *latent_shape] of samples of one size to n RGB PIL images; None in place of an image
-        with NaN or infinite pixels (the decoder fails that sample)."""
+    def check_params(self, params: GenerationParams) -> None:
+        """Raise InvalidParamsError naming the field for what this model, beyond its family's rules, cannot do
+        (a text-to-video model given a first frame, a one-expert model given guidance_scale_2)."""
+        ...
+
+    def decode(
+        self, latents: torch.Tensor, params_list: Sequence[GenerationParams]
+    ) -> Sequence[Image.Image | list[Image.Image] | None]:
+        """Latents [n, *latent_shape] of samples of one size (and frame count) to n RGB PIL images, or for a
+        video of several frames its frames (a list of them); None in place of an output with NaN or infinite
+        pixels (the decoder fails that sample)."""
         ...
 
     def preview_latents(self, latents: torch.Tensor, params: GenerationParams) -> torch.Tensor:

@@ -186,6 +186,7 @@ def fit_samples(
         width=size,
         seed=0,
         init_image=_edit_image(adapter, size),
+        num_frames=1,  # a video family's first latent frame decodes to its first frame alone (causal VAEs)
     )
     if latents is None:
         generator = torch.Generator("cpu").manual_seed(0)

@@ -5,9 +5,9 @@ Three kinds of latent space, told apart by the VAE's config:
 - normalised per channel with a scale (SDXL VAEs that state `latents_mean`/`latents_std`):
   `(raw - mean) * scaling_factor / std`;
 - the causal video VAEs (Qwen-Image's, Wan's: `z_dim`): latents [n, c, frames, h, w] normalised per
-  channel, `(raw - mean) / std`; an image is one frame. They keep their convolution caches on the
-  module, so they run one call at a time (`lock`): the decoder's thread decodes while the encoder's
-  thread encodes.
+  channel, `(raw - mean) / std`; an image is one frame, a video many (`decode_video`, `encode_video`).
+  They keep their convolution caches on the module, so they run one call at a time (`lock`): the
+  decoder's thread decodes while the encoder's thread encodes.
 FLUX.2's VAE normalises patchified latents with its batch norm's statistics: its adapter does that.
 """
 
@@ -52,6 +52,25 @@ class LatentVae:
         with self.lock:
             pixels = self.vae.decode(raw, return_dict=False)[0]  # [n, 3, H, W] (with frames: [n, 3, 1, H, W])
         return pixels_to_images(pixels[:, :, 0] if self.has_frames else pixels)
+
+    @torch.inference_mode()
+    def decode_video(self, latents: torch.Tensor) -> list[list[Image.Image] | None]:
+        """Video latents [n, c, latent frames, h, w] in the denoiser's space to each video's RGB frames (None for
+        a video with a non-finite pixel), as the video pipelines decode and post-process them."""
+        assert self.has_frames and self.mean is not None and self.std is not None
+        raw = latents.to(self.vae.dtype) / (1.0 / self.std) + self.mean
+        with self.lock:
+            pixels = self.vae.decode(raw, return_dict=False)[0]  # [n, 3, frames, H, W]
+        videos = [pixels_to_images(video.permute(1, 0, 2, 3)) for video in pixels]  # frames [frames, 3, H, W]
+        return [None if any(frame is None for frame in frames) else frames for frames in videos]  # type: ignore[misc]
+
+    @torch.inference_mode()
+    def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        """RGB video pixels [n, 3, frames, H, W] in [-1, 1] to the mode of the VAE's latent distribution,
+        [n, c, latent frames, h, w] in the VAE's raw space (what the image-to-video pipelines condition on)."""
+        assert self.has_frames
+        with self.lock:
+            return self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist.mode()
 
     @torch.inference_mode()
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,8 @@ the engine and diffusers then load like any checkpoint.
 
 `scale="tiny"` builds the same structure with narrow widths, for the CPU dry run.
 FLUX is too large to save and load within the time (12 G transformer plus a 4.7 G T5):
-the suite times its transformer alone (`flux_transformer`).
+the suite times its transformer alone (`flux_transformer`), as it times a Wan 2.1 1.3B-sized
+video transformer (`wan_transformer`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def _flux(layers: int, single_layers: int, head_dim: int, heads: int, text_width
 FLUX = {"real": _flux(19, 38, 128, 24, 4096, 768), "tiny": _flux(1, 1, 16, 2, 32, 32, axes_dims_rope=(4, 6, 6))}
 
 
+def _wan(layers: int, heads: int, head_dim: int, ffn: int, text_width: int) -> dict:
+    """A WanTransformer3DModel size: blocks, attention, MLP width and the UMT5 width it cross-attends to."""
+    return dict(
+        num_layers=layers, num_attention_heads=heads, attention_head_dim=head_dim, ffn_dim=ffn, text_dim=text_width
+    )
+
+
+# Wan 2.1 T2V 1.3B's transformer (30 blocks of 12 x 128); the 14B's is 40 blocks of 40 x 128, ffn 13824
+WAN = {"real": _wan(30, 12, 128, 8960, 4096), "tiny": _wan(2, 2, 12, 48, 32)}
+
+
 def save_pipeline(family: str, scale: str, folder: Path, device: torch.device, dtype: torch.dtype) -> Path:
     """Build `family` ("sd15" or "sdxl") at `scale` on `device` in `dtype` and save it to `folder`."""
     pipeline = _build(family, SIZES[(family, scale)], device)
@@ -99,6 +111,18 @@ def flux_transformer(scale: str, device: torch.device, dtype: torch.dtype):
     with torch.device(device):
         model = FluxTransformer2DModel(in_channels=64, guidance_embeds=True, **FLUX[scale])
     return model.to(dtype=dtype).eval().requires_grad_(False)
+
+
+def wan_transformer(scale: str, device: torch.device, dtype: torch.dtype):
+    from diffusers import WanTransformer3DModel
+
+    with torch.device(device):
+        model = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16, **WAN[scale])
+    model = model.to(dtype=dtype)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:  # float32, as from_pretrained keeps them
+        if any(key in name.split(".") for key in model._keep_in_fp32_modules):
+            tensor.data = tensor.data.float()
+    return model.eval().requires_grad_(False)
 
 
 def _numel(shape) -> int:

@@ -75,6 +75,8 @@ def write_summary(results: dict, path: Path) -> None:
             lines.append("")
     if "flux" in results:
         lines += ["## FLUX-sized transformer alone", ""] + _ceiling(results["flux"]["forward_ceiling"])
+    if "wan" in results:
+        lines += _wan(results["wan"])
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -86,3 +88,31 @@ def _ceiling(rows: list[dict]) -> list[str]:
         else:
             lines.append(f"| {row['rows']} | {row['seconds'] * 1000:.1f} | {row['rows_per_second']:.1f} |")
     return lines + [""]
+
+
+def _wan(wan: dict) -> list[str]:
+    videos = ", ".join(f"{w}x{h}x{f} ({tokens} tokens)" for (h, w, f), tokens in zip(wan["videos"], wan["tokens"]))
+    lines = ["## Wan-sized video transformer alone", "", f"Videos (width x height x frames): {videos}.", ""]
+    if "error" in wan:
+        return lines + [f"Stopped: {wan['error']}.", ""]
+    lines += [
+        "Videos of the first shape, one forward (batched) vs one forward each (serial):",
+        "",
+        "| videos | batched ms | serial ms | speedup |",
+        "|---|---|---|---|",
+    ]
+    for row in wan["uniform"]:
+        lines.append(
+            f"| {row['rows']} | {row['seconds'] * 1000:.1f} | {row['serial_seconds'] * 1000:.1f} | "
+            f"{row['speedup']:.2f}x |"
+        )
+    mixed = wan["mixed"]
+    lines += [
+        "",
+        f"One video of each shape in one forward: {mixed['seconds'] * 1000:.1f} ms, each alone "
+        f"{mixed['alone_seconds'] * 1000:.1f} ms ({mixed['speedup']:.2f}x); a mixed video's prediction differs from "
+        f"its alone one by at most {mixed['max_abs_difference']:.2e} ({mixed['relative_difference']:.2e} of the "
+        "largest value).",
+        "",
+    ]
+    return lines

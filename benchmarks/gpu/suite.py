@@ -16,7 +16,10 @@ weights built from configs by `benchmarks.gpu.models`, fp16):
   inline and beside the loop: the longest gap between two steps of a running job (max
   stall) against the median gap, and images/s.
 Then forward_ceiling of a FLUX-sized transformer alone (the whole FLUX pipeline is too
-large to build, save and load within the time). Sections run in that order while the
+large to build, save and load within the time), and a Wan 2.1 1.3B-sized video transformer
+alone: videos batched vs one forward per video (serial), and videos of mixed sizes and frame
+counts in one forward (per-row positions, key masks) vs each alone, with how far a mixed row's
+prediction lies from its alone one. Sections run in that order while the
 time budget lasts; one that does not fit is listed under "skipped", never silently left
 out. Writes gpu_results.json and gpu_summary.md to the folder.
 """
@@ -40,7 +43,7 @@ import torch
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.engine import ENCODE_OVERLAP_DEFAULT
 from benchmarks.component_times import time_forwards
-from benchmarks.gpu.models import flux_transformer, num_parameters, save_pipeline
+from benchmarks.gpu.models import flux_transformer, num_parameters, save_pipeline, wan_transformer
 from benchmarks.gpu.report import write_summary
 from benchmarks.machine import describe_machine
 from benchmarks.metrics import summarize
@@ -68,14 +71,27 @@ class Profile:
     models: tuple[ModelRun, ...]
     repeats: int
     flux_size: int
+    wan_videos: tuple[tuple[int, int, int], ...]  # (height, width, frames): the mixed rows; the first, the uniform
     rows: tuple[int, ...] = (1, 2, 4, 8, 16)
+    wan_rows: tuple[int, ...] = (1, 2, 4)
 
 
 GPU_RUNS = (ModelRun("sd15", 512, 16, 20, 8), ModelRun("sdxl", 1024, 8, 20, 8))
 DRY_RUNS = (ModelRun("sd15", 64, 2, 2, 2), ModelRun("sdxl", 64, 2, 2, 2))
 PROFILES = {
-    "gpu": Profile("cuda", "float16", "real", GPU_RUNS, repeats=3, flux_size=1024),
-    "dry-run": Profile("cpu", "float32", "tiny", DRY_RUNS, repeats=1, flux_size=64),
+    "gpu": Profile(
+        "cuda",
+        "float16",
+        "real",
+        GPU_RUNS,
+        repeats=3,
+        flux_size=1024,
+        # two seconds at 16 fps, 480p landscape and portrait, and one second at 480p and square
+        wan_videos=((480, 832, 33), (832, 480, 33), (480, 832, 17), (480, 480, 17)),
+    ),
+    "dry-run": Profile(
+        "cpu", "float32", "tiny", DRY_RUNS, repeats=1, flux_size=64, wan_videos=((64, 64, 9), (64, 96, 5), (96, 64, 13))
+    ),
 }
 
 
@@ -112,6 +128,8 @@ def run(profile: Profile, out: Path, budget: Budget) -> dict:
                 _free(profile.device)
     if budget.allows("flux.forward_ceiling"):
         results["flux"] = {"forward_ceiling": flux_ceiling(profile)}
+    if budget.allows("wan.batching"):
+        results["wan"] = wan_batching(profile)
     budget.allows("end")
     results["skipped"] = [section for section in budget.skipped if section != "end"]
     results["section_seconds"] = budget.section_seconds
@@ -378,6 +396,82 @@ def flux_ceiling(profile: Profile) -> list[dict]:
                 figures.append({"rows": rows, "seconds": None, "error": "out of memory"})
                 break
             figures.append({"rows": rows, "seconds": seconds, "rows_per_second": rows / seconds})
+    del model
+    _free(profile.device)
+    return figures
+
+
+def wan_batching(profile: Profile) -> dict:
+    """A Wan 2.1 1.3B-sized transformer alone (random weights, bf16 on a GPU), as the engine's Wan adapter runs it
+    (`batching.pipelines.wan.transformer`), 512 prompt tokens per row and the rows' own timesteps.
+    - uniform: `rows` videos of the first shape in one forward (batched) against one forward per video (serial);
+    - mixed: one video of each shape in one forward (per-row rotary tables, padding keys masked) against each
+      alone, and the largest difference of a mixed video's prediction from its alone one, absolute and relative
+      to the largest alone value."""
+    from batching.pipelines.wan.transformer import install, run_mixed, run_uniform
+
+    device = torch.device(profile.device)
+    dtype = getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
+    model = wan_transformer(profile.scale, device, dtype)
+    row_attention = install(model)
+    generator = torch.Generator("cpu").manual_seed(0)
+    text = torch.randn(1, 512, model.config.text_dim, generator=generator).to(device, dtype)
+
+    channels = model.config.in_channels
+
+    def video_latents(height: int, width: int, frames: int) -> torch.Tensor:
+        shape = (channels, (frames - 1) // 4 + 1, height // 8, width // 8)
+        return torch.randn(shape, generator=generator).to(device, dtype)
+
+    def timesteps(count: int) -> torch.Tensor:
+        return torch.linspace(950.0, 250.0, count).to(device)
+
+    videos = [video_latents(*shape) for shape in profile.wan_videos]
+    first = videos[0]
+    figures: dict = {
+        "videos": [list(shape) for shape in profile.wan_videos],
+        "tokens": [int(video[0].numel()) // 4 for video in videos],  # 1x2x2 patches of one channel
+        "uniform": [],
+    }
+    with torch.inference_mode():
+        try:
+            one = None
+            for rows in profile.wan_rows:
+                call = functools.partial(
+                    run_uniform,
+                    model,
+                    first.expand(rows, *first.shape),
+                    timesteps(rows),
+                    text.expand(rows, -1, -1),
+                    None,
+                )
+                seconds = _time(call, device, profile.repeats)
+                one = one or seconds
+                figures["uniform"].append(
+                    {"rows": rows, "seconds": seconds, "serial_seconds": rows * one, "speedup": rows * one / seconds}
+                )
+            steps = timesteps(len(videos))
+            mixed_call = functools.partial(
+                run_mixed, model, row_attention, videos, steps, text.expand(len(videos), -1, -1), None
+            )
+            alone_calls = [
+                functools.partial(run_uniform, model, video[None], steps[index : index + 1], text, None)
+                for index, video in enumerate(videos)
+            ]
+            mixed_seconds = _time(mixed_call, device, profile.repeats)
+            alone_seconds = sum(_time(call, device, profile.repeats) for call in alone_calls)
+            mixed, alone = mixed_call(), [call()[0] for call in alone_calls]
+            largest = max(float(prediction.abs().max()) for prediction in alone)
+            difference = max(float((a.float() - b.float()).abs().max()) for a, b in zip(mixed, alone))
+            figures["mixed"] = {
+                "seconds": mixed_seconds,
+                "alone_seconds": alone_seconds,
+                "speedup": alone_seconds / mixed_seconds,
+                "max_abs_difference": difference,
+                "relative_difference": difference / largest,
+            }
+        except torch.OutOfMemoryError:
+            figures["error"] = "out of memory"
     del model
     _free(profile.device)
     return figures

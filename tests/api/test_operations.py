@@ -51,7 +51,7 @@ def test_the_openapi_document_covers_every_route_with_the_engines_limits(api, ht
     assert {(path, method) for path, item in document["paths"].items() for method in item} == ROUTES
     job = document["components"]["schemas"]["JobRequest"]["properties"]
     assert job["height"]["maximum"] == 2048 and job["height"]["multipleOf"] == 8
-    assert job["sampler"]["enum"] == ["ddim", "euler", "euler_ancestral", "dpmpp_2m"]
+    assert job["sampler"]["enum"] == ["ddim", "euler", "euler_ancestral", "dpmpp_2m", "unipc"]
     assert document["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
 
 

@@ -17,8 +17,11 @@ from diffusers import (
     QwenImagePipeline,
     StableDiffusion3Pipeline,
     StableDiffusionXLPipeline,
+    WanImageToVideoPipeline,
+    WanPipeline,
     ZImagePipeline,
 )
+from PIL import Image
 
 from batching.builtin_model import (
     build_builtin_pipeline,
@@ -45,6 +48,9 @@ CASES = [
     FamilyCase("builtin:tiny-qwen-image", "qwenimage", QwenImagePipeline, 64),
     FamilyCase("builtin:tiny-sd3", "sd3", StableDiffusion3Pipeline, 64),
     FamilyCase("builtin:tiny-flux2", "flux2", Flux2Pipeline, 64),
+    FamilyCase("builtin:tiny-wan", "wan", WanPipeline, 64),
+    FamilyCase("builtin:tiny-wan-i2v", "wan", WanImageToVideoPipeline, 64),
+    FamilyCase("builtin:tiny-wan22", "wan", WanPipeline, 64),
 ]
 
 
@@ -58,13 +64,20 @@ def _weights(pipeline) -> dict[str, torch.Tensor]:
 
 
 def _generate(pipeline, case: FamilyCase, prompt: str) -> np.ndarray:
-    image = pipeline(
+    video: dict = {}  # a video pipeline's: a few frames (and a first frame), of which the first is compared
+    if case.family == "wan":
+        video = {"num_frames": 5, "output_type": "pil"}
+        if case.pipeline_class is WanImageToVideoPipeline:
+            video["image"] = Image.new("RGB", (case.size, case.size), (200, 30, 30))
+    output = pipeline(
         prompt=prompt,  # by name: Flux2Pipeline's first argument is its reference image
         num_inference_steps=4,
         height=case.size,
         width=case.size,
         generator=torch.Generator().manual_seed(7),
-    ).images[0]
+        **video,
+    )
+    image = output.frames[0][0] if video else output.images[0]
     assert image.size == (case.size, case.size)
     return np.asarray(image)
 

@@ -11,12 +11,13 @@ from training.tokenizers import (
     make_qwen_vl_tokenizer,
     make_t5_tokenizer,
     make_tokenizer,
+    make_umt5_tokenizer,
 )
 
 
 @pytest.mark.parametrize(
     "generator",
-    [make_t5_tokenizer, make_qwen_tokenizer, make_qwen_vl_tokenizer, make_mistral_tokenizer],
+    [make_t5_tokenizer, make_qwen_tokenizer, make_qwen_vl_tokenizer, make_mistral_tokenizer, make_umt5_tokenizer],
     ids=lambda module: module.__name__.rsplit(".", 1)[-1],
 )
 def test_each_shipped_tokenizer_is_what_its_script_generates(generator, tmp_path):
@@ -110,3 +111,14 @@ def test_the_tokens_a_qwen_image_pipeline_drops_are_its_template_s_system_part(p
     assert kept.removeprefix("<|vision_start|><|image_pad|><|vision_end|>") == (
         "a red fox<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_the_umt5_tokenizer_encodes_wans_recommended_negative_prompt_without_unknown_pieces():
+    tokenizer = AutoTokenizer.from_pretrained(make_umt5_tokenizer.OUT_DIR, local_files_only=True)
+
+    ids = tokenizer(make_umt5_tokenizer.WAN_NEGATIVE_PROMPT).input_ids
+
+    assert type(tokenizer).__name__ == "T5Tokenizer", "as Wan's checkpoints load UMT5's"
+    assert tokenizer.unk_token_id not in ids and ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == make_umt5_tokenizer.WAN_NEGATIVE_PROMPT
+    assert tokenizer.convert_ids_to_tokens(tokenizer("a red fox").input_ids) == ["▁a", "▁red", "▁fox", "</s>"]

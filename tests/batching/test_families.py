@@ -194,9 +194,11 @@ def test_a_folder_model_is_validated_against_its_family_at_submit():
 
 
 def test_a_checkpoint_of_an_unsupported_family_is_refused_naming_it_and_the_supported_ones(tmp_path):
-    (tmp_path / "model_index.json").write_text('{"_class_name": "WanPipeline", "_diffusers_version": "0.42.1"}')
+    (tmp_path / "model_index.json").write_text(
+        '{"_class_name": "HunyuanVideoPipeline", "_diffusers_version": "0.42.1"}'
+    )
 
-    with pytest.raises(ModelLoadError, match="WanPipeline.*FluxPipeline.*QwenImagePipeline"):
+    with pytest.raises(ModelLoadError, match="HunyuanVideoPipeline.*FluxPipeline.*QwenImagePipeline.*WanPipeline"):
         DiffusionEngine(EngineConfig(model=str(tmp_path), device="cpu"))
 
 

@@ -39,7 +39,7 @@ def _is_positive(value) -> bool:
     return isinstance(value, (int, float)) and value > 0
 
 
-def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_transformer(dry_run):
+def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_and_wan_transformers(dry_run):
     results, _ = dry_run
     assert results["skipped"] == []
     assert set(results["models"]) == {"sd15", "sdxl"}
@@ -70,6 +70,11 @@ def test_the_dry_run_measures_every_section_for_both_unet_models_and_the_flux_tr
             assert figures["max_stall_seconds"] >= figures["median_step_gap_seconds"]
         assert sum(model["parameters"].values()) > 0
     assert [row["rows"] for row in results["flux"]["forward_ceiling"]] == ROWS
+    wan = results["wan"]
+    assert [row["rows"] for row in wan["uniform"]] == [1, 2, 4]
+    assert all(_is_positive(row["seconds"]) and _is_positive(row["speedup"]) for row in wan["uniform"])
+    assert _is_positive(wan["mixed"]["seconds"]) and _is_positive(wan["mixed"]["alone_seconds"])
+    assert wan["mixed"]["relative_difference"] < 1e-4, "a mixed video row computes what it would alone"
 
 
 def test_the_dry_run_summary_shows_each_section(dry_run):
@@ -78,6 +83,7 @@ def test_the_dry_run_summary_shows_each_section(dry_run):
         "## sd15 at 64x64",
         "## sdxl at 64x64",
         "## FLUX-sized transformer alone",
+        "## Wan-sized video transformer alone",
         "| serial |",
         "| static |",
         "| default |",

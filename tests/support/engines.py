@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from batching import DiffusionEngine, GenerationParams
+from batching.job import GenerationResult
 
 DEADLINE_SECONDS = 60  # the longest a test waits for something the engine does in well under a second
 
@@ -118,7 +119,14 @@ def steps_taken_meanwhile(steps: list, more: int = 3) -> int:
 def run_staggered(
     engine: DiffusionEngine, params_list: list[GenerationParams], *, steps_between_joins: int = 1
 ) -> list:
-    """The first job starts; job i joins when the first has taken i * steps_between_joins steps."""
+    """The first job starts; job i joins when the first has taken i * steps_between_joins steps. The images."""
+    return [result.image for result in staggered_results(engine, params_list, steps_between_joins=steps_between_joins)]
+
+
+def staggered_results(
+    engine: DiffusionEngine, params_list: list[GenerationParams], *, steps_between_joins: int = 1
+) -> list[GenerationResult]:
+    """As `run_staggered`: the jobs' whole results (a video's frames too)."""
     futures = {}
     join_at_step = {i * steps_between_joins: i for i in range(1, len(params_list))}
 
@@ -131,4 +139,4 @@ def run_staggered(
     assert first.num_inference_steps > (len(params_list) - 1) * steps_between_joins
     futures[0] = engine.submit(first, on_progress=submit_next)
     futures[0].result(timeout=120)
-    return [futures[i].result(timeout=120).image for i in range(len(params_list))]
+    return [futures[i].result(timeout=120) for i in range(len(params_list))]

@@ -108,9 +108,9 @@ class QwenImageAdapter(FlowMatchingAdapter):
         """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
         return latents
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
         """The base's CFG, rescaled to the conditional prediction's norm per token, as the pipeline does."""
-        combined = super().guided_prediction(rows, params)
+        combined = super().guided_prediction(rows, params, timestep)
         if len(rows) == 1:
             return combined
         cond = rows[0:1]

@@ -96,7 +96,7 @@ class ZImageAdapter(FlowMatchingAdapter):
             return predictions
         return torch.stack(predictions)  # [rows, 16, h, w]
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
         cond = rows[0:1]
         if len(rows) == 2:
             cond = cond + params.guidance_scale * (cond - rows[1:2])  # the pipeline's own formula
