@@ -2,23 +2,35 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
+# Which PyTorch build `make install` puts in the venv. The plain pin takes what pip finds for it: from PyPI
+# on Linux x86-64 that is the CUDA build (several GB; it runs on a CPU too), on macOS and Windows a CPU
+# build, and where a local wheel stands in for the pin (these machines, CI) that wheel. For PyTorch's
+# CPU-only Linux build (about 200 MB):
+#     make run TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# or another CUDA version: TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 (pytorch.org lists them).
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+TORCH_INDEX_URL ?=
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# pip quietly: no "new version of pip" notice, and no setuptools notice that an editable install reads this folder
+QUIET_PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::UserWarning $(PIP) install --quiet
 
 .PHONY: install install-test run lint test redis-server chromium clean
 
-# What running needs: torch (a CPU build from this pin) and the project with its engine extra.
+# What running needs: torch ($(TORCH_SPEC), see above) and the project with its engine extra.
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==$(TORCH_VERSION)
-	$(PIP) install --quiet -e '.[engine]'
-	touch $(STAMP)
+	@echo "make: installing $(TORCH_SPEC)$(if $(TORCH_INDEX_URL), from $(TORCH_INDEX_URL)) and stepwise into $(VENV)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(QUIET_PIP) --upgrade pip
+	@$(QUIET_PIP) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
+	@$(QUIET_PIP) -e '.[engine]'
+	@touch $(STAMP)
 
 # What the tests need on top: pytest, moto, schemathesis, matplotlib ...
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install --quiet -e '.[engine,test]'
-	touch $(TEST_STAMP)
+	@echo "make: installing the test tools into $(VENV)"
+	@$(QUIET_PIP) -e '.[engine,test]'
+	@touch $(TEST_STAMP)
 
 install: $(STAMP)
 
@@ -38,7 +50,7 @@ chromium:
 	  { echo "could not install chromium; install it with: sudo apt-get install chromium chromium-driver"; exit 1; }; }
 
 run: install redis-server
-	$(VENV)/bin/stepwise up
+	@$(VENV)/bin/stepwise up
 
 # Lint, format and types (config in pyproject.toml): ruff over the tree, mypy over batching, storage and api.
 lint: install-test

@@ -10,6 +10,7 @@ from typing import Any
 from flask import request
 
 from api.resources import get_fleet, get_image_store, get_settings
+from core.builtin_models import prompt_warnings
 from core.params import GenerationParams
 from storage import public_urls
 from storage.job_store import JobRecord, JobState
@@ -122,6 +123,7 @@ def job_view(
         "image_url": urls[0] if urls else None,
         "image_urls": urls,
         "error": error_view(record),
+        "warnings": prompt_warnings(str(record.params.get("model", "")), str(record.params.get("prompt", ""))),
         "webhook": webhook,
         "status_url": job_url(record.job_id),
         "cancel_url": job_url(record.job_id, "/cancel"),

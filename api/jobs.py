@@ -305,6 +305,14 @@ def delete_job(job_id: str):
     return Response(status=204)
 
 
+ALREADY_ENDED = {  # what a cancel of a finished job says: "the job already succeeded"
+    JobState.SUCCEEDED: "already succeeded",
+    JobState.FAILED: "already failed",
+    JobState.CANCELED: "was already canceled",
+    JobState.EXPIRED: "already expired",
+}
+
+
 @bp.post("/<job_id>/cancel")
 @documented(
     "Cancel: a queued job at once, a running one at its next step.",
@@ -321,7 +329,7 @@ def cancel_job(job_id: str):
         new_state = store.request_cancel(job_id)
     except InvalidTransitionError as e:
         current = store.get(job_id) or record
-        raise ApiError(409, "job_finished", f"the job is already {current.state.value}; nothing to cancel") from e
+        raise ApiError(409, "job_finished", f"the job {ALREADY_ENDED[current.state]}; nothing to cancel") from e
     record = store.get(job_id) or record
     if new_state is JobState.CANCELED:
         send_canceled_webhook(record)

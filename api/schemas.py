@@ -413,6 +413,10 @@ class ModelView(BaseModel):
     last_seen: datetime
     defaults: dict[str, Any] = Field(description="What omitted fields become for this model's family.")
     limits: dict[str, Any] = Field(description="What this model's family accepts.")
+    sizes: list[int] = Field(
+        description="Square sizes (pixels a side) to offer, best first: a trained built-in's training sizes, a "
+        "checkpoint family's trained sizes; any other size its family accepts (limits) is drawn too."
+    )
     engine: dict[str, Any] = Field(description="Engine statistics summed over its live workers.")
 
 
@@ -459,6 +463,10 @@ class JobView(BaseModel):
     image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")
     image_urls: list[str] = Field(description="One URL per image, when succeeded.")
     error: JobError | None = Field(description="Why the job failed, expired or was canceled; null otherwise.")
+    warnings: list[str] = Field(
+        description="Sentences about an accepted job that will not draw what was asked: a prompt outside what a "
+        "trained built-in model knows (builtin:shapes draws only 'a <colour> <shape> on a <colour> background')."
+    )
     webhook: WebhookView | None
     status_url: str
     cancel_url: str

@@ -15,6 +15,7 @@ from api.job_view import iso_time
 from api.openapi_operations import Answer, api_errors, documented
 from api.resources import get_job_store
 from api.schemas import ModelList
+from core.families import FAMILIES, recommended_sizes
 from storage.heartbeats import ModelStatus
 
 bp = Blueprint("models", __name__, url_prefix="/v1/models")
@@ -34,6 +35,7 @@ def model_view(status: ModelStatus) -> dict[str, Any]:
         "last_seen": iso_time(status.last_seen),
         "defaults": status.defaults,
         "limits": status.limits,
+        "sizes": recommended_sizes(status.model, status.family) if status.family in FAMILIES else [],
         "engine": status.engine,
     }
 

@@ -1,7 +1,7 @@
 """Live previews: every few steps, a cheap approximate image of a sample's latents, made without the VAE.
 
 On the loop thread (`PreviewMaker.make`, from the model runner after a sample's step) the work
-is one small matmul: the family's latent-to-RGB factors (`batching.pipelines.latent_rgb`) over the
+is one or two small matmuls: the family's latent-to-RGB factors (`batching.pipelines.latent_rgb`) over the
 sample's latent grid (`preview_latents`: 1/8 or 1/16 of the image a side), rounded to bytes and
 copied to the CPU without waiting for the device (a CUDA event marks when the copy is done).
 Everything else happens on the thread that takes the `Preview` (the worker's task thread):
@@ -99,11 +99,9 @@ class PreviewMaker:
     """The loop thread's part: latents to a small RGB byte grid with the model's factors, kept on its device."""
 
     def __init__(self, model: PipelineAdapter) -> None:
-        import torch
-
         assert model.latent_rgb is not None, "a model without factors makes no previews"
         self.model = model
-        self.factors, self.bias = model.latent_rgb.tensors(model.device, torch.float32)  # [c, 3], [3]
+        self.to_rgb = model.latent_rgb.on(model.device)
         self.is_cuda = model.device.type == "cuda"
 
     def make(self, latents: torch.Tensor, params: GenerationParams) -> PreviewPixels:
@@ -112,7 +110,7 @@ class PreviewMaker:
         import torch
 
         grid = self.model.preview_latents(latents, params).float()  # [c, h, w]
-        rgb = torch.einsum("chw,cr->hwr", grid, self.factors) + self.bias  # [h, w, 3] in [-1, 1]
+        rgb = self.to_rgb(grid)  # [h, w, 3] in about [-1, 1]
         pixels = ((rgb + 1) * 127.5).clamp(0, 255).to(torch.uint8)  # [h, w, 3]
         if not self.is_cuda:
             return PreviewPixels(pixels)

@@ -3,7 +3,8 @@
 - `core.params`: a job's generation params (`GenerationParams`), their validation and limits,
   the compatibility key, priorities, finish-by deadlines;
 - `core.families`: the model families and what a job may ask of each (`FAMILIES`);
-- `core.builtin_models`: the built-in models' names, families and versions;
+- `core.builtin_models`: the built-in models' names, families, versions, trained sizes, and the note
+  on a prompt outside a trained built-in's vocabulary (`core.shapes_vocabulary`);
 - `core.image_inputs`: the rules and decoding of a job's input images;
 - `core.step_cache`: the step-cache settings a job may ask for;
 - `core.lora_files`: what a LoRA adapter file must be;

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core import shapes_vocabulary
 from core.errors import ModelLoadError
 
 BUILTIN_PREFIX = "builtin:"
@@ -24,6 +25,9 @@ class BuiltinModel:
     # saving differs from `save_pretrained`), imported only to build; None for a trained model that ships
     shipped_folder: str | None = None  # a trained model's folder in the engine's assets (batching/assets): used as
     # is, never built
+    sizes: tuple[int, ...] = ()  # a trained model's sizes (pixels a side) it was trained at, its best first; ()
+    # for random weights, which draw any size alike
+    vocabulary: str | None = None  # "shapes": it knows only core.shapes_vocabulary's prompts; None: any prompt
 
 
 BUILTIN_MODELS = {
@@ -44,10 +48,14 @@ BUILTIN_MODELS = {
     "tiny-wan-i2v": BuiltinModel(version="v1", family="wan", builder="batching.pipelines.wan.builtin"),
     "tiny-wan22": BuiltinModel(version="v1", family="wan", builder="batching.pipelines.wan.builtin"),
     # trained by training/shapes/train.py (docs/shapes.md), never built here
-    "shapes": BuiltinModel(version="v1", family="sd", shipped_folder="builtin-shapes"),
+    "shapes": BuiltinModel(
+        version="v1", family="sd", shipped_folder="builtin-shapes", sizes=(128,), vocabulary="shapes"
+    ),
     # the architecture is batching/pipelines/zimage/shapes_dit.py, trained by training/shapes_dit/train.py
     # (docs/shapes-dit.md), never built here
-    "shapes-dit": BuiltinModel(version="v1", family="zimage", shipped_folder="builtin-shapes-dit"),
+    "shapes-dit": BuiltinModel(  # trained at 96, 112 and 128 (best at 112 and 128, docs/shapes-dit.md)
+        version="v1", family="zimage", shipped_folder="builtin-shapes-dit", sizes=(128, 112, 96), vocabulary="shapes"
+    ),
 }
 
 
@@ -75,3 +83,15 @@ def builtin_family(model: str) -> str:
 def short_name(model: str) -> str:
     """`tiny` of `builtin:tiny` (a bare name stays as it is)."""
     return model.removeprefix(BUILTIN_PREFIX)
+
+
+def prompt_warnings(model: str, prompt: str) -> list[str]:
+    """Sentences for a person about a prompt the model will draw but does not know (a trained built-in's fixed
+    vocabulary); [] for every other model and prompt."""
+    entry = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
+    if entry is None or entry.vocabulary != "shapes" or shapes_vocabulary.parse_prompt(prompt) is not None:
+        return []
+    return [
+        f"the prompt is outside what {model} knows, so its picture will not follow it: the model draws only "
+        f"{shapes_vocabulary.grammar()} (two different colours)"
+    ]

@@ -84,6 +84,8 @@ class FamilySpec:
     reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
     step_cache: str | None = None  # the per-sample step cache its adapter runs (core.step_cache.STEP_CACHE_KINDS);
     # None: jobs may ask only for cache "off"
+    checkpoint_sizes: tuple[int, ...] = ()  # pixels a side its real checkpoints were trained at, offered first for a
+    # folder or repo model (the built-ins' own are in core.builtin_models)
     # Video families (max_num_frames above 1); an image family's jobs are one frame and name no fps.
     max_num_frames: int = 1  # the most frames a job may ask for
     default_num_frames: int = 1  # of a job that names none
@@ -159,8 +161,22 @@ class FamilySpec:
 FAMILIES: dict[str, FamilySpec] = {
     spec.name: spec
     for spec in (
-        FamilySpec(name="sd", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=7.5, step_cache="deep"),
-        FamilySpec(name="sdxl", samplers=UNET_SAMPLERS, size_multiple=8, default_guidance=5.0, step_cache="deep"),
+        FamilySpec(  # SD 1.x at 512, 2.x at 768
+            name="sd",
+            samplers=UNET_SAMPLERS,
+            size_multiple=8,
+            default_guidance=7.5,
+            step_cache="deep",
+            checkpoint_sizes=(512, 768),
+        ),
+        FamilySpec(
+            name="sdxl",
+            samplers=UNET_SAMPLERS,
+            size_multiple=8,
+            default_guidance=5.0,
+            step_cache="deep",
+            checkpoint_sizes=(1024,),
+        ),
         FamilySpec(  # FLUX.1-dev embeds its guidance; schnell ignores it (no guidance embedder)
             name="flux",
             samplers=FLOW_SAMPLERS,
@@ -171,6 +187,7 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux/attention.py)
             strength_rounding="floor_start",
             step_cache="first_block",
+            checkpoint_sizes=(1024, 768, 512),
         ),
         FamilySpec(  # FLUX.2-dev embeds its guidance; an init_image is a reference image (multi-reference editing)
             name="flux2",
@@ -183,6 +200,7 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2/attention.py)
             init_image_role="reference",
             reference_rules=ReferenceRules(),
+            checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # FLUX.2 [klein]: true CFG above 1 (none for step-distilled checkpoints)
             name="flux2_klein",
@@ -193,6 +211,7 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,
             init_image_role="reference",
             reference_rules=ReferenceRules(),
+            checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # its pipeline runs CFG for any guidance above 0
             name="zimage",
@@ -203,6 +222,7 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
             strength_rounding="floor_start",
             step_cache="modulated_input",
+            checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
             name="qwenimage",
@@ -213,6 +233,7 @@ FAMILIES: dict[str, FamilySpec] = {
             min_steps=2,
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
             init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
+            checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
         ),
         FamilySpec(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
             name="qwenimage_edit",
@@ -225,6 +246,7 @@ FAMILIES: dict[str, FamilySpec] = {
             init_image_role="edit",
             edit_area=1024 * 1024,
             extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
+            checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # Stable Diffusion 3: CFG above 1, as the SD families
             name="sd3",
@@ -233,6 +255,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_guidance=7.0,
             mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3/attention.py)
             strength_rounding="floor_start",
+            checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # Wan 2.1 / 2.2 video: CFG above 1, as WanPipeline and WanImageToVideoPipeline run it
             name="wan",
@@ -263,3 +286,13 @@ def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
     built_in = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
     return built_in.family if built_in else None
+
+
+def recommended_sizes(model: str, family: str) -> list[int]:
+    """Square sizes (pixels a side) to offer for `model`, best first: a trained built-in's training sizes, a
+    random-weight built-in's default size (it draws any size alike), a checkpoint's family's trained sizes."""
+    spec = FAMILIES[family]
+    built_in = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
+    if built_in is not None:
+        return list(built_in.sizes or (spec.default_size,))
+    return list(spec.checkpoint_sizes or (spec.default_size,))

@@ -103,6 +103,15 @@ def load_local_target(var_dir: Path) -> ApiTarget | None:
     return ApiTarget(url=str(data["api_url"]).rstrip("/"), key=data.get("api_key"))
 
 
+def load_service_env(var_dir: Path) -> dict[str, str]:
+    """The shared STEPWISE_* settings `stepwise up` saved for a worker joining its service; {} without one."""
+    try:
+        saved = json.loads((var_dir / STATE_FILE_NAME).read_text()).get("service_env") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(name): str(value) for name, value in saved.items() if str(name).startswith("STEPWISE_")}
+
+
 def resolve_target(args: argparse.Namespace) -> ApiTarget:
     saved = load_local_target(args.var_dir or default_var_dir())
     url = args.api_url or read("STEPWISE_API_URL") or (saved.url if saved else DEFAULT_API_URL)

@@ -2,6 +2,7 @@
 
     stepwise keys create --tenant team-a [--admin]   # prints the new key (only now) on stdout
     stepwise keys list [--json]                      # id, tenant, scope, created, the key's first characters
+                                                     # (--json: one JSON array)
     stepwise keys revoke KEY_OR_ID                   # by the key itself or its id
 
 It talks to Redis, not to the API (an operator's tool, like `celery inspect`): `--redis-url`, else
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--tenant", required=True, help="the tenant the key acts for")
     create.add_argument("--admin", action="store_true", help="an operator's key: also /metrics and /v1/admin")
     listing = actions.add_parser("list", help="list the keys kept in Redis")
-    listing.add_argument("--json", action="store_true", help="one JSON object per key")
+    listing.add_argument("--json", action="store_true", help="a JSON array, one object per key")
     revoke = actions.add_parser("revoke", help="revoke a key, given by itself or by its id")
     revoke.add_argument("key_or_id", metavar="KEY_OR_ID")
 
@@ -59,10 +60,11 @@ def run(args: argparse.Namespace) -> int:
                 f"created {record.key_id} for tenant {record.tenant} ({record.scope}); the key is shown only now\n"
             )
         elif args.action == "list":
-            for record in sorted(store.all().values(), key=lambda r: r.created_at):
-                if args.json:
-                    print(json.dumps({**record.__dict__, "created_at": created(record.created_at)}))
-                else:
+            records = sorted(store.all().values(), key=lambda r: r.created_at)
+            if args.json:
+                print(json.dumps([{**r.__dict__, "created_at": created(r.created_at)} for r in records], indent=2))
+            else:
+                for record in records:
                     print(
                         f"{record.key_id}  {record.tenant:<20}  {record.scope:<6}  {created(record.created_at)}  "
                         f"{record.shown}..."

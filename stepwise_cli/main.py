@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
+import signal
 import sys
 
 from settings import SettingsError
@@ -53,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:  # flags take their defaults from STEPWISE_* variables: a malformed one is refused in one line
         args = build_parser(argv).parse_args(argv)
-        return int(args.module.run(args) or 0)
+        status = int(args.module.run(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+        return status
+    except BrokenPipeError:
+        # `stepwise jobs | head`: the reader has what it wanted. Stop quietly, with the status a shell gives a
+        # command that SIGPIPE stopped, and point stdout at /dev/null so the exit's own flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except SettingsError as e:
         command = next((arg for arg in argv if not arg.startswith("-")), None)
         print(f"stepwise {command}: {e}" if command else f"stepwise: {e}", file=sys.stderr)

@@ -36,6 +36,7 @@ def describe(job: dict[str, Any]) -> str:
             f"  {params.get('model')}: {params.get('prompt')!r}, {params.get('width')}x"
             f"{params.get('height')}, {params.get('num_inference_steps')} steps, seed {params.get('seed')}"
         )
+    lines += [f"  note: {warning}" for warning in job.get("warnings") or []]  # e.g. a prompt the model does not know
     if job.get("timings"):
         lines.append("  timings: " + ", ".join(f"{name} {value:.2f}s" for name, value in job["timings"].items()))
     if job["state"] in FAILED_STATES:

@@ -182,12 +182,12 @@ def _submit(client: ApiClient, args: argparse.Namespace) -> int:
     accepted = client.submit_job(body)
     job_id = accepted["job_id"]
     model = (accepted.get("params") or {}).get("model", "")
-    if accepted.get("state") == "queued" and not is_served(client, model):
-        print(
-            f"stepwise submit: warning: no worker serving {model!r} has been seen recently; the job waits in "
-            "the queue until one starts (stepwise worker, or `stepwise up`)",
-            file=sys.stderr,
-        )
+    for warning in accepted.get("warnings") or []:  # e.g. a prompt outside what the model knows
+        print(f"stepwise submit: note: {warning}", file=sys.stderr)
+    if accepted.get("state") == "queued":
+        reason = unserved_reason(client.model_status(model), model)
+        if reason:
+            print(f"stepwise submit: warning: {reason}", file=sys.stderr)
     if not (args.wait or args.out):
         if args.json:
             print(json.dumps(accepted, indent=2))
@@ -213,6 +213,23 @@ def _submit(client: ApiClient, args: argparse.Namespace) -> int:
 def is_served(client: ApiClient, model: str) -> bool:
     status = client.model_status(model)
     return bool(status and status.get("available"))
+
+
+def unserved_reason(status: dict[str, Any] | None, model: str) -> str | None:
+    """Why a job for `model` waits in the queue, from its entry of GET /v1/models (heartbeats); None when a
+    worker serves it."""
+    if status and status.get("available"):
+        return None
+    if status and status.get("draining"):
+        workers = "its worker is" if status["draining"] == 1 else f"its {status['draining']} workers are"
+        return (
+            f"{workers} draining ({model!r}: an operator drained it, `celery -A worker control resume` undoes "
+            "it); the job waits in the queue until a worker takes jobs again"
+        )
+    return (
+        f"no worker serving {model!r} has been seen recently; the job waits in the queue until one starts "
+        "(stepwise worker, or `stepwise up`)"
+    )
 
 
 def wait_for_job(

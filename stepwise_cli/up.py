@@ -11,8 +11,12 @@ through the dead worker's heartbeat, `worker.dead_workers`); one that fails agai
 after starting stops everything with exit status 1, and `up` says what happened (status or signal,
 the child's last line, and that it gave up).
 
-The embedded Redis keeps its port from one `up` to the next (saved in `<var>/stepwise.json` with
-the API's URL and key), so a shell that exported STEPWISE_REDIS_URL keeps working after a restart.
+The embedded Redis and the worker's metrics endpoint keep their ports from one `up` to the next
+(saved in `<var>/stepwise.json` with the API's URL and key), so a shell that exported
+STEPWISE_REDIS_URL, or a Prometheus that scrapes the worker, keeps working after a restart. The file
+also holds the shared settings up gave its children (Redis, storage, LoRA store, webhook secret ...:
+the "shared" section of settings.table), so that `stepwise worker` started from the same folder
+joins this service (stepwise_cli.worker_cmd).
 
 Secrets: `up` prints an API key only when it generated that key itself, and shows every URL
 with its password masked (the saved state file, readable by the owner only, keeps them whole).
@@ -37,8 +41,8 @@ from pathlib import Path
 import redis
 import requests
 
-from batching.shapes.vocabulary import ShapePrompt
 from core.params import SHOWCASE_MODEL
+from core.shapes_vocabulary import ShapePrompt
 from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
@@ -117,7 +121,7 @@ def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> 
         # One person's machine: the generated key is also the operator's (/metrics, /v1/admin).
         env.setdefault("STEPWISE_ADMIN_API_KEYS", f"{LOCAL_TENANT}:{api_key}")
     env.setdefault("STEPWISE_WEBHOOK_SECRET", new_webhook_secret())
-    env.setdefault("STEPWISE_WORKER_METRICS_PORT", str(free_port()))
+    env.setdefault("STEPWISE_WORKER_METRICS_PORT", str(kept_port(None, var_dir, "worker_metrics_port")[0]))
     for option, name in (
         ("model", "STEPWISE_MODEL"),
         ("device", "STEPWISE_DEVICE"),
@@ -152,20 +156,26 @@ def choose_api_key(var_dir: Path) -> ApiKeyChoice:
 def embedded_redis_port(requested: int | None, var_dir: Path) -> tuple[int, str | None]:
     """The port of the embedded redis-server: --redis-port, else the one an earlier `up` saved (if it is free
     now), else a free one. Returns it with a note to print when the saved port could not be kept."""
+    return kept_port(requested, var_dir, "redis_port", "the embedded Redis's port")
+
+
+def kept_port(requested: int | None, var_dir: Path, key: str, what: str = "a port") -> tuple[int, str | None]:
+    """`requested`, else the port an earlier `up` saved under `key` (if it is free now), else a free one; with a
+    note to print when the saved port could not be kept."""
     if requested:
         return requested, None
-    saved = saved_redis_port(var_dir)
+    saved = saved_port(var_dir, key)
     if saved is None:
         return free_port(), None
     if port_is_free("127.0.0.1", saved):
         return saved, None
     port = free_port()
-    return port, f"the embedded Redis's port {saved} (saved in {var_dir / STATE_FILE_NAME}) is in use: using {port}"
+    return port, f"{what} {saved} (saved in {var_dir / STATE_FILE_NAME}) is in use: using {port}"
 
 
-def saved_redis_port(var_dir: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        port = int(json.loads((var_dir / STATE_FILE_NAME).read_text())["redis_port"])
+def saved_port(var_dir: Path, key: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        port = int(json.loads((var_dir / STATE_FILE_NAME).read_text())[key])
         return port if 0 < port < 65536 else None
     return None
 
@@ -298,7 +308,13 @@ def run(args: argparse.Namespace) -> int:
         kept = {"redis_port": redis_port} if redis_port else {}
         # The pid tells other processes this `up` still runs, so its Redis is the one to use (storage.redis_location).
         state_file = save_local_target(
-            var_dir, ApiTarget(api_url, api_key.key), redis_url=redis_url, pid=os.getpid(), **kept
+            var_dir,
+            ApiTarget(api_url, api_key.key),
+            redis_url=redis_url,
+            pid=os.getpid(),
+            worker_metrics_port=int(env["STEPWISE_WORKER_METRICS_PORT"]),
+            service_env=service_env(env),
+            **kept,
         )
         supervisor.say(
             banner(
@@ -323,6 +339,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all()
         supervisor.say("stopped")
+
+
+def service_env(env: dict[str, str]) -> dict[str, str]:
+    """The shared settings (settings.table's "shared" section) up gave its children: what a `stepwise worker`
+    started beside it needs to join this service, saved in the state file."""
+    from settings.table import VARIABLES
+
+    return {v.name: env[v.name] for v in VARIABLES if v.section == "shared" and env.get(v.name)}
 
 
 def start_redis(supervisor: Supervisor, binary: str, port: int, data_dir: Path, env: dict[str, str]) -> str:
@@ -352,7 +376,9 @@ def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: 
     stepwise = [sys.executable, "-m", "stepwise_cli.main"]
     worker_name = f"up{os.getpid()}@{socket.gethostname()}"
     grace = read("STEPWISE_SHUTDOWN_GRACE")  # the worker's warm shutdown, plus a margin
-    supervisor.start("worker", [*stepwise, "worker", "--hostname", worker_name], env, stop_timeout=grace + 15)
+    supervisor.start(
+        "worker", [*stepwise, "worker", "--quiet", "--hostname", worker_name], env, stop_timeout=grace + 15
+    )
     start_webhook_worker(supervisor, stepwise, env)
     supervisor.start(
         "api",
@@ -370,6 +396,7 @@ def start_webhook_worker(supervisor: Supervisor, stepwise: list[str], env: dict[
         [
             *stepwise,
             "worker",
+            "--quiet",
             "--queues",
             WEBHOOK_QUEUE,
             "--concurrency",

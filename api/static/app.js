@@ -14,7 +14,7 @@ const MAX_STREAMS = 4;
 const RECONNECT_MS = 2000;
 const PREVIEW_EVERY = 2; // steps between live previews, when the box is ticked
 const LIVE_STATES = new Set(["queued", "running"]);
-const SIZES = [128, 192, 256, 384, 512, 768, 1024];
+const OTHER_SIZE = "other"; // the size option that shows the width and height fields
 
 const images = new Map(); // image URL -> blob: URL (fetched once)
 const streams = new Map(); // job id -> AbortController of its event stream
@@ -115,12 +115,19 @@ function showModelChoices() {
   if (!model) return;
   const defaults = model.defaults || {};
   const limits = model.limits || {};
-  const multiple = limits.size_multiple || 8;
-  const fits = (size) => size % multiple === 0 && size <= (limits.max_size || 2048) && size * size <= (limits.max_pixels || Infinity);
-  const first = `${defaults.width}x${defaults.height}`;
-  const sizes = [first, ...SIZES.filter(fits).map((size) => `${size}x${size}`).filter((size) => size !== first)];
-  $("size").replaceChildren(...sizes.map((size, index) =>
-    element("option", { value: size, text: `${size.replace("x", " × ")}${index === 0 ? " (the model's default)" : ""}` })));
+  // the sizes the model was trained at (or its family's), best first, from GET /v1/models; any other is typed in
+  const sizes = (model.sizes && model.sizes.length ? model.sizes.map((size) => `${size}x${size}`)
+    : [`${defaults.width}x${defaults.height}`]);
+  $("size").replaceChildren(
+    ...sizes.map((size, index) =>
+      element("option", { value: size, text: `${size.replace("x", " × ")}${index === 0 ? " (recommended)" : ""}` })),
+    element("option", { value: OTHER_SIZE, text: "another size…" }));
+  const multiple = String(limits.size_multiple || 8);
+  for (const id of ["width", "height"]) {
+    Object.assign($(id), { step: multiple, min: multiple, max: String(limits.max_size || 2048) });
+    $(id).value = sizes[0].split("x")[id === "width" ? 0 : 1];
+  }
+  showCustomSize();
   const samplers = limits.samplers || ["euler"];
   $("sampler").replaceChildren(...samplers.map((name) => element("option", { value: name, text: name })));
   $("sampler").value = samplers.includes(defaults.sampler) ? defaults.sampler : samplers[0];
@@ -128,6 +135,21 @@ function showModelChoices() {
   if (defaults.guidance_scale != null) $("guidance").value = defaults.guidance_scale;
   $("steps").max = String(limits.max_steps || 200);
   $("guidance").max = String(limits.max_guidance || 50);
+}
+
+function showCustomSize() {
+  $("custom-size").hidden = $("size").value !== OTHER_SIZE;
+}
+
+function chooseSize(width, height) {
+  const size = `${width}x${height}`;
+  const isOffered = [...$("size").options].some((option) => option.value === size);
+  $("size").value = isOffered ? size : OTHER_SIZE;
+  if (!isOffered) {
+    $("width").value = String(width);
+    $("height").value = String(height);
+  }
+  showCustomSize();
 }
 
 // ---- submitting ----
@@ -142,7 +164,8 @@ async function uploadInitImage() {
 }
 
 async function jobRequest() {
-  const [width, height] = $("size").value.split("x").map(Number);
+  const [width, height] = $("size").value === OTHER_SIZE ? [Number($("width").value), Number($("height").value)]
+    : $("size").value.split("x").map(Number);
   const request = {
     prompt: $("prompt").value,
     height,
@@ -172,7 +195,9 @@ async function submitJob(event) {
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(await jobRequest()),
     });
-    say("job-status", `Submitted job ${job.job_id} (seed ${job.params.seed}).`, "ok");
+    const warnings = job.warnings || []; // e.g. a prompt outside what the model knows: accepted, but said
+    say("job-status", `Submitted job ${job.job_id} (seed ${job.params.seed}).${warnings.map((w) => ` Note: ${w}.`).join("")}`,
+      warnings.length ? "warning" : "ok");
     cursors = [null];
     await showJobs();
   } catch (error) {
@@ -307,6 +332,20 @@ function openViewer(src, job, index) {
   $("viewer-download").href = src;
   $("viewer-download").download = `stepwise-${job.job_id}-${index + 1}.${extension}`;
   $("viewer").showModal();
+  if ($("viewer-image").complete && $("viewer-image").naturalWidth) fitViewer(); // no load event for the same src
+}
+
+// A small image is zoomed by whole pixels to fill the view, pixelated as image viewers show them (a 128 px
+// image would otherwise be barely larger than its thumbnail); a large one is scaled down to fit by the CSS.
+function fitViewer() {
+  const image = $("viewer-image");
+  const room = { width: Math.min(window.innerWidth * 0.92, 1100) - 48, height: window.innerHeight * 0.75 };
+  const scale = Math.min(room.width / image.naturalWidth, room.height / image.naturalHeight);
+  const zoom = scale >= 2 ? Math.floor(scale) : 1;
+  image.classList.toggle("zoomed", zoom > 1);
+  image.style.width = zoom > 1 ? `${image.naturalWidth * zoom}px` : ""; // the CSSOM: the CSP allows no style attribute
+  $("viewer-scale").textContent =
+    `${image.naturalWidth} × ${image.naturalHeight} px${zoom > 1 ? `, shown ${zoom}× with square pixels` : ""}`;
 }
 
 async function cancelJob(job, button) {
@@ -317,6 +356,45 @@ async function cancelJob(job, button) {
   } catch (error) {
     button.textContent = `Not canceled: ${error.message}`;
   }
+}
+
+async function deleteJob(job, button) {
+  button.disabled = true;
+  try {
+    await api(`/v1/jobs/${job.job_id}`, { method: "DELETE" }); // a live job is canceled first, by the API
+    if (streams.has(job.job_id)) streams.get(job.job_id).abort();
+    for (const url of job.image_urls || []) {
+      if (images.has(url)) URL.revokeObjectURL(images.get(url));
+      images.delete(url);
+    }
+    document.querySelector(`li.job[data-job-id="${job.job_id}"]`)?.remove();
+    say("job-status", `Deleted job ${job.job_id} and its images.`, "ok");
+    await showJobs();
+  } catch (error) {
+    button.disabled = false;
+    button.textContent = `Not deleted: ${error.message}`;
+  }
+}
+
+// Fill the form with a job's settings and seed: the same picture again, or a variation of one setting.
+function reuseJob(job) {
+  const params = job.params || {};
+  if (models.some((model) => model.model === params.model)) {
+    $("model").value = params.model;
+    showModelChoices(); // that model's sizes and samplers, before the job's own values go in
+  }
+  const has = (id, value) => [...$(id).options].some((option) => option.value === String(value));
+  $("prompt").value = params.prompt || "";
+  $("negative-prompt").value = params.negative_prompt || "";
+  chooseSize(params.width, params.height);
+  if (has("sampler", params.sampler)) $("sampler").value = params.sampler;
+  if (params.num_inference_steps) $("steps").value = String(params.num_inference_steps);
+  if (params.guidance_scale != null) $("guidance").value = String(params.guidance_scale);
+  $("seed").value = params.seed != null ? String(params.seed) : "";
+  $("num-images").value = String(params.num_images || 1);
+  $("cache").value = has("cache", params.cache) ? String(params.cache) : "";
+  say("job-status", `The form holds job ${job.job_id}'s settings and seed ${params.seed}: change what you like, then Generate.`, "ok");
+  $("prompt").focus();
 }
 
 function jobCard(job) {
@@ -338,6 +416,7 @@ function jobCard(job) {
   );
   if (params.negative_prompt) card.append(element("p", { class: "meta", text: `not: ${params.negative_prompt}` }));
   if (job.error) card.append(element("p", { class: "meta error", text: `${job.error.code}: ${job.error.message}` }));
+  for (const warning of job.warnings || []) card.append(element("p", { class: "meta warning", text: warning }));
   const thumbs = element("div", { class: "thumbs" });
   (job.image_urls || []).forEach((url, index) => {
     const image = element("img", { alt: `image ${index + 1} of job ${job.job_id}: ${params.prompt || ""}`, width: "96", height: "96" });
@@ -349,11 +428,18 @@ function jobCard(job) {
     }).catch((error) => { image.alt = error.message; });
   });
   card.append(thumbs);
+  const actions = element("div", { class: "actions" });
   if (LIVE_STATES.has(job.state)) {
     const cancel = element("button", { type: "button", class: "cancel", text: "Cancel" });
     cancel.addEventListener("click", () => cancelJob(job, cancel));
-    card.append(cancel);
+    actions.append(cancel);
   }
+  const reuse = element("button", { type: "button", class: "reuse", text: "Reuse seed" });
+  reuse.addEventListener("click", () => reuseJob(job));
+  const remove = element("button", { type: "button", class: "delete", text: "Delete" });
+  remove.addEventListener("click", () => deleteJob(job, remove));
+  actions.append(reuse, remove);
+  card.append(actions);
   card.dataset.signature = signature(job);
   return card;
 }
@@ -481,6 +567,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("forget-key").addEventListener("click", forgetKey);
   $("job-form").addEventListener("submit", submitJob);
   $("model").addEventListener("change", showModelChoices);
+  $("size").addEventListener("change", showCustomSize);
+  $("viewer-image").addEventListener("load", fitViewer);
   $("newer-jobs").addEventListener("click", () => pageTo(-1));
   $("older-jobs").addEventListener("click", () => pageTo(1));
   $("viewer-close").addEventListener("click", () => $("viewer").close());

@@ -41,7 +41,7 @@ image latents as its samplers do, so a family overrides only what it does differ
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -100,10 +100,10 @@ class RunningSample(Protocol):
 
 
 class LatentToRgb(Protocol):
-    """A model's live-preview factors (`batching.pipelines.latent_rgb.LatentRgb`), as previews read them."""
+    """A model's live-preview map (`batching.pipelines.latent_rgb.LatentRgb`), as previews read it."""
 
-    def tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(factors [c, 3], bias [3]): RGB in [-1, 1] of a position's `preview_latents` channels."""
+    def on(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The map on `device`: a `preview_latents` grid [c, h, w] to RGB [h, w, 3] in about [-1, 1]."""
         ...
 
 

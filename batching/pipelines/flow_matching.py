@@ -4,7 +4,8 @@ diffusers pipelines do it:
 - the sampler: a `FlowMatchEulerDiscreteScheduler` per sample from the model's config, its sigmas from 1 to
   1/steps as the pipelines pass them (`sigmas`; None lets the scheduler place them, as SD3's pipeline does),
   shifted by `mu` (`shift_mu`: FLUX's `calculate_shift` of the image's token count; a scheduler without
-  dynamic shifting ignores it);
+  dynamic shifting ignores it); as `FlowMatchSampler`, which also gives live previews its estimate of the
+  final latents;
 - a sample's initial latents: standard normal noise of the pipeline's shape (`noise_shape`) drawn from the
   sample's own generator as `randn_tensor` draws it, laid out as the denoiser takes it (`pack_latents`:
   `token_patch` x `token_patch` patches as tokens, [1, tokens, c * p * p]; None keeps [1, c, h, w]);
@@ -23,12 +24,28 @@ from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 import torch
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from batching.pipelines.adapter_base import AdapterBase
 from batching.pipelines.contract import RunningSample, Sampler
 from core.params import GenerationParams
+
+
+class FlowMatchSampler(FlowMatchEulerDiscreteScheduler):
+    """diffusers' flow-matching Euler sampler that, as DDIM and Euler do, also returns its estimate of the final
+    latents (`latents - sigma * velocity`) from a tuple step: what a live preview shows (batching.previews), a
+    picture where the current latents are still mostly noise. The next latents are diffusers' own."""
+
+    def step(self, model_output: Any, timestep: Any, sample: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("return_dict", True) or kwargs.get("per_token_timesteps") is not None:
+            return super().step(model_output, timestep, sample, *args, **kwargs)
+        if self.step_index is None:
+            self._init_step_index(timestep)
+        sigma = self.sigmas[self.step_index]
+        estimate = (sample.float() - sigma * model_output.float()).to(model_output.dtype)
+        return (*super().step(model_output, timestep, sample, *args, **kwargs), estimate)
 
 
 class FlowSampler(Sampler, Protocol):
@@ -80,9 +97,7 @@ class FlowMatchingAdapter(AdapterBase):
         )
 
     def new_sampler(self, params: GenerationParams) -> Sampler:
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        sampler = FlowMatchEulerDiscreteScheduler.from_config(self.pipeline.scheduler.config)
+        sampler = FlowMatchSampler.from_config(self.pipeline.scheduler.config)
         sigmas = self.sigmas(params)
         sampler.set_timesteps(params.num_inference_steps, self.device, sigmas=sigmas, mu=self.shift_mu(params))
         sampler.set_begin_index(0)

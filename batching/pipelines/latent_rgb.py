@@ -2,10 +2,14 @@
 
 A preview is `rgb = factors^T @ latent + bias` at every position of the latent grid (each
 adapter's `preview_latents` lays a sample's latents out as that grid), in [-1, 1] as the VAE's
-pixels are. Where the factors come from, in this order (`latent_rgb_for`, at load):
+pixels are. A VAE whose colours are not linear in its latents (the shapes models' small one puts
+blue in a curve of two channels: a linear map shows a blue square on white as navy on yellow) gets
+one small hidden layer first, `silu(weights^T @ latent + bias)`, and the factors map its units.
+Where the factors come from, in this order (`latent_rgb_for`, at load):
 
 1. the model folder's `latent_rgb.json`: the built-ins write one when they are built, fitted by
-   least squares against their own VAE (`fit_latent_rgb`);
+   least squares against their own VAE (`fit_latent_rgb`); the trained shapes models' files hold a
+   hidden layer (training/shapes/latent_rgb_fit.py fits them on their own pictures);
 2. a built-in folder without one (built before previews existed): fitted at load and saved there;
 3. the family's published factors (the adapter's `published_latent_rgb`: the community's fits for
    the real SD 1.x, SDXL, SD3, FLUX.1, Qwen-Image and FLUX.2 latent spaces, as ComfyUI ships them);
@@ -41,45 +45,99 @@ FIT_RIDGE = 1e-3  # keeps a fit with many channels (FLUX.2's 128) well posed on 
 
 
 @dataclass(frozen=True)
+class HiddenLayer:
+    """`silu(weights^T @ latent + bias)` at each position: what the factors map when colours are not linear."""
+
+    weights: tuple[tuple[float, ...], ...]  # one row of num_units values per channel of `preview_latents`
+    bias: tuple[float, ...]  # num_units values
+
+    @property
+    def num_units(self) -> int:
+        return len(self.bias)
+
+
+@dataclass(frozen=True)
 class LatentRgb:
-    factors: tuple[tuple[float, float, float], ...]  # one (r, g, b) row per channel of `preview_latents`
+    factors: tuple[tuple[float, float, float], ...]  # one (r, g, b) row per channel (per hidden unit with `hidden`)
     bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
     source: str = "published"  # published, or fitted (against the model's own VAE)
+    hidden: HiddenLayer | None = None  # None: the factors map the latent channels themselves
 
     @property
     def num_channels(self) -> int:
-        return len(self.factors)
+        return len(self.hidden.weights) if self.hidden else len(self.factors)
 
-    def tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(factors [c, 3], bias [3]) on `device`."""
-        return (
-            torch.tensor(self.factors, device=device, dtype=dtype),
-            torch.tensor(self.bias, device=device, dtype=dtype),
-        )
+    def on(self, device: torch.device) -> LatentRgbMap:
+        """The map as float32 tensors on `device`, ready for a latent grid."""
+        return LatentRgbMap(self, device)
 
     def save(self, folder: Path) -> None:
-        rows = ",\n  ".join(json.dumps(list(row)) for row in self.factors)  # one channel a line
-        text = f'{{"source": "{self.source}", "bias": {json.dumps(list(self.bias))},\n "factors": [\n  {rows}\n ]}}\n'
-        (Path(folder) / FILE_NAME).write_text(text)
+        def lines(rows: Sequence[Sequence[float]]) -> str:  # one channel a line
+            return "[\n  " + ",\n  ".join(json.dumps(list(row)) for row in rows) + "\n ]"
+
+        text = f'{{"source": "{self.source}", "bias": {json.dumps(list(self.bias))},\n "factors": {lines(self.factors)}'
+        if self.hidden is not None:
+            text += f',\n "hidden_bias": {json.dumps(list(self.hidden.bias))},\n "hidden_weights": '
+            text += lines(self.hidden.weights)
+        (Path(folder) / FILE_NAME).write_text(text + "}\n")
 
     @classmethod
     def load(cls, path: Path) -> LatentRgb:
         body = json.loads(Path(path).read_text())
         factors = tuple((float(r), float(g), float(b)) for r, g, b in body["factors"])
         r, g, b = body.get("bias", (0.0, 0.0, 0.0))
-        return cls(factors, (float(r), float(g), float(b)), str(body.get("source", "fitted")))
+        hidden = None
+        if "hidden_weights" in body:
+            weights = tuple(tuple(float(value) for value in row) for row in body["hidden_weights"])
+            hidden = HiddenLayer(weights, tuple(float(value) for value in body["hidden_bias"]))
+        return cls(factors, (float(r), float(g), float(b)), str(body.get("source", "fitted")), hidden)
 
     @classmethod
-    def from_tensors(cls, factors: torch.Tensor, bias: torch.Tensor, source: str) -> LatentRgb:
-        rows = tuple((round(r, 5), round(g, 5), round(b, 5)) for r, g, b in factors.tolist())
-        r, g, b = bias.tolist()
-        return cls(rows, (round(r, 5), round(g, 5), round(b, 5)), source)
+    def from_tensors(
+        cls,
+        factors: torch.Tensor,
+        bias: torch.Tensor,
+        source: str,
+        hidden: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> LatentRgb:
+        """From factors [c or units, 3], bias [3] and a hidden layer's (weights [c, units], bias [units])."""
+
+        def rounded(values: list[float]) -> tuple[float, ...]:
+            return tuple(round(value, 5) for value in values)
+
+        rows = tuple(rounded(row) for row in factors.tolist())
+        layer = (
+            HiddenLayer(tuple(rounded(row) for row in hidden[0].tolist()), rounded(hidden[1].tolist()))
+            if hidden
+            else None
+        )
+        return cls(rows, rounded(bias.tolist()), source, layer)  # type: ignore[arg-type]  # rows of three
 
     def expanded(self, repeats: int) -> LatentRgb:
         """Each row `repeats` times, divided by `repeats`: the factors of channels patchified into `repeats`
         sub-positions (channel c * repeats + p), averaging the sub-positions (FLUX.2's 2x2 patches)."""
+        assert self.hidden is None, "published factors are linear"
         rows = tuple(tuple(value / repeats for value in row) for row in self.factors for _ in range(repeats))
         return LatentRgb(rows, self.bias, self.source)  # type: ignore[arg-type]  # rows of three
+
+
+class LatentRgbMap:
+    """A `LatentRgb` as tensors on a device: a latent grid [c, h, w] to RGB [h, w, 3] in about [-1, 1]."""
+
+    def __init__(self, latent_rgb: LatentRgb, device: torch.device) -> None:
+        def tensor(values: Any) -> torch.Tensor:
+            return torch.tensor(values, device=device, dtype=torch.float32)
+
+        self.factors, self.bias = tensor(latent_rgb.factors), tensor(latent_rgb.bias)  # [c or units, 3], [3]
+        hidden = latent_rgb.hidden
+        self.hidden = (tensor(hidden.weights), tensor(hidden.bias)) if hidden else None  # [c, units], [units]
+
+    def __call__(self, grid: torch.Tensor) -> torch.Tensor:
+        features = grid.float().permute(1, 2, 0)  # [h, w, c]
+        if self.hidden is not None:
+            weights, bias = self.hidden
+            features = torch.nn.functional.silu(features @ weights + bias)  # [h, w, units]
+        return features @ self.factors + self.bias  # [h, w, 3]
 
 
 def latent_rgb_for(adapter: PipelineAdapter, source: str) -> LatentRgb | None:
@@ -101,13 +159,26 @@ def latent_rgb_for(adapter: PipelineAdapter, source: str) -> LatentRgb | None:
     return getattr(adapter, "published_latent_rgb", None)
 
 
-@torch.inference_mode()
 def fit_latent_rgb(
     adapter: PipelineAdapter, latents: Sequence[torch.Tensor] | None = None, *, size: int = FIT_SIZE
 ) -> LatentRgb:
     """Least-squares factors from `latents` (each [1, *latent_shape] of a `size` x `size` image, in the
     denoiser's space; standard normal noise, the denoiser's own prior, unless given) to the pixels the
     model's VAE decodes from them, averaged over each latent position's patch of pixels."""
+    x, y = fit_samples(adapter, latents, size=size)
+    x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # the bias column
+    ridge = FIT_RIDGE * len(x) * torch.eye(x.shape[1], dtype=x.dtype)
+    ridge[-1, -1] = 0  # the bias is not shrunk
+    solution = torch.linalg.solve(x.T @ x + ridge, x.T @ y)  # [c + 1, 3]
+    return LatentRgb.from_tensors(solution[:-1].float(), solution[-1].float(), "fitted")
+
+
+@torch.inference_mode()
+def fit_samples(
+    adapter: PipelineAdapter, latents: Sequence[torch.Tensor] | None = None, *, size: int = FIT_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a fit learns from, as `fit_latent_rgb` describes it: (latent channels [n, c], their decoded colours
+    [n, 3] in [-1, 1]), one row per latent position, in float64."""
     params = GenerationParams(
         prompt="latent rgb fit",
         model=adapter.model,
@@ -128,13 +199,7 @@ def fit_latent_rgb(
         pooled = torch.nn.functional.adaptive_avg_pool2d(pixels[None], (grid.shape[-2], grid.shape[-1]))[0]  # [3, h, w]
         inputs.append(grid.flatten(1).T.cpu())  # [h*w, c]
         targets.append(pooled.flatten(1).T)  # [h*w, 3]
-    x = torch.cat(inputs).double()
-    y = torch.cat(targets).double()
-    x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # the bias column
-    ridge = FIT_RIDGE * len(x) * torch.eye(x.shape[1], dtype=x.dtype)
-    ridge[-1, -1] = 0  # the bias is not shrunk
-    solution = torch.linalg.solve(x.T @ x + ridge, x.T @ y)  # [c + 1, 3]
-    return LatentRgb.from_tensors(solution[:-1].float(), solution[-1].float(), "fitted")
+    return torch.cat(inputs).double(), torch.cat(targets).double()
 
 
 def _edit_image(adapter: PipelineAdapter, size: int) -> str | None:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batching.shapes.checker import check_image
-from batching.shapes.vocabulary import COLOURS, SHAPES, ShapePrompt
 from core.params import GenerationParams
+from core.shapes_vocabulary import COLOURS, SHAPES, ShapePrompt
 
 MODEL = "builtin:shapes"
 NUM_STEPS = 20

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from batching.shapes.vocabulary import COLOURS, ShapePrompt, parse_prompt
+from core.shapes_vocabulary import COLOURS, ShapePrompt, parse_prompt
 
 MAX_COLOUR_DISTANCE = 80.0  # RGB distance beyond which a pixel matches no palette colour
 MIN_BACKGROUND_BORDER_SHARE = 0.6  # of border pixels in the asked background colour

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from batching.shapes.vocabulary import COLOURS, ShapePrompt
+from core.shapes_vocabulary import COLOURS, ShapePrompt
 
 MIN_BOX_FRACTION = 0.50
 MAX_BOX_FRACTION = 0.75

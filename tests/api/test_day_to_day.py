@@ -114,7 +114,7 @@ def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_re
     works = wait_for(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 200, 10, "the new key to work")
     assert works and answer(http, ops_api, "/metrics", key).status_code == 403  # a tenant key, not an operator's
 
-    listed = [json.loads(line) for line in keys_cli(ops_api, "list", "--json").stdout.splitlines()]
+    listed = json.loads(keys_cli(ops_api, "list", "--json").stdout)  # one document: a JSON array
     (entry,) = [entry for entry in listed if entry["tenant"] == "dave"]
     assert entry["scope"] == "tenant" and key not in json.dumps(listed) and key.startswith(entry["shown"])
 
@@ -123,6 +123,22 @@ def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_re
     wait_for(lambda: answer(http, ops_api, "/v1/jobs", key).status_code == 401, 10, "the revoked key to be refused")
     assert answer(http, ops_api, "/v1/jobs", TENANT_KEYS["alice"]).status_code == 200  # environment keys still work
     assert keys_cli(ops_api, "revoke", key).returncode == 1  # already gone
+
+
+def test_a_command_whose_reader_went_away_exits_quietly_as_a_pipe_to_head_expects(ops_api):
+    assert keys_cli(ops_api, "create", "--tenant", "erin").returncode == 0  # a line to print
+    listing = subprocess.Popen(  # `stepwise keys list | head -0`: the reader is gone before the first line
+        [sys.executable, "-m", "stepwise_cli.main", "keys", "list"],
+        env=child_env(STEPWISE_REDIS_URL=ops_api.env["STEPWISE_REDIS_URL"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    listing.stdout.close()
+    stderr = listing.stderr.read()
+
+    assert listing.wait(60) == 141, stderr  # as a shell shows a command SIGPIPE stopped (128 + 13)
+    assert stderr == ""  # no BrokenPipeError traceback
 
 
 def test_an_admin_key_reads_metrics_and_every_tenants_queue_totals_and_no_series_names_a_tenant(ops_api, http, early):

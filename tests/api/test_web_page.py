@@ -130,6 +130,8 @@ def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_
 def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_list_pages_and_cancels(
     api, worker, browser, tmp_path, http
 ):
+    """Also: sizes from GET /v1/models and a typed one, the zoomed full-size view, "Reuse seed", a prompt's
+    warning and "Delete" on a job's card."""
     browser.get(f"{api.url}/")
     key_field = browser.find_element(By.ID, "api-key")
     key_field.send_keys(KEY, Keys.ENTER)  # the keyboard alone: Enter submits the key form
@@ -137,7 +139,7 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     assert browser.execute_script("return localStorage.getItem('stepwise.apiKey')") == KEY
     assert KEY not in browser.current_url
 
-    # the model list comes from GET /v1/models, and its model's default size is offered first
+    # the model list comes from GET /v1/models, with the model's recommended sizes, and any other may be typed
     wait_until(
         lambda: script(browser, "return document.querySelector('#model').value") == "builtin:tiny",
         60,
@@ -145,9 +147,15 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         seen=lambda: browser.find_element(By.ID, "engine-panel").text,
     )
     served = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
-    defaults = next(model for model in served if model["model"] == "builtin:tiny")["defaults"]
+    recommended = next(model for model in served if model["model"] == "builtin:tiny")["sizes"]
     sizes = script(browser, "return [...document.querySelectorAll('#size option')].map(o => o.value)")
-    assert sizes[0] == f"{defaults['width']}x{defaults['height']}" and "192x192" in sizes
+    assert sizes == [f"{size}x{size}" for size in recommended] + ["other"]
+    assert not browser.find_element(By.ID, "width").is_displayed()
+    Select(browser.find_element(By.ID, "size")).select_by_value("other")
+    for field, value in (("width", "96"), ("height", "64")):
+        wait_until(lambda field=field: browser.find_element(By.ID, field).is_displayed(), 15, f"the {field} field")
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
 
     # an upload the API refuses: the message says why; the next submit's message replaces it
     (tmp_path / "not-an-image.png").write_text("plain text")
@@ -193,6 +201,7 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     job = http.get(f"{api.url}/v1/jobs/{job_id}", headers=auth(), timeout=10).json()
     assert job["params"]["negative_prompt"] == "blurry" and job["params"]["sampler"] == "euler_ancestral"
     assert job["params"]["init_image"].startswith("upl_") and job["progress"]["total"] == 80
+    assert (job["params"]["width"], job["params"]["height"]) == (96, 64)  # the typed size
 
     card = f"li.job[data-job-id='{job_id}']"
     mid_job = wait_until(
@@ -232,14 +241,39 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
             browser,
             "const d = document.querySelector('#viewer'), img = document.querySelector('#viewer-image'),"
             " a = document.querySelector('#viewer-download');"
-            "return d.open && img.naturalWidth ? [img.naturalWidth, a.href, a.download] : null;",
+            "return d.open && img.naturalWidth && img.classList.contains('zoomed') ? [img.naturalWidth, a.href,"
+            " a.download, img.getBoundingClientRect().width, getComputedStyle(img).imageRendering] : null;",
         ),
-        15,
-        "the full-size image",
+        30,
+        "the full-size image, zoomed",
     )
-    assert full[0] == defaults["width"] and full[1] == image_src and full[2] == f"stepwise-{job_id}-1.png"
+    assert full[0] == 96 and full[1] == image_src and full[2] == f"stepwise-{job_id}-1.png"
+    zoom = full[3] / full[0]
+    assert zoom == int(zoom) and zoom >= 4 and full[4] == "pixelated", full  # whole pixels, sharp, filling the view
     browser.save_screenshot(str(tmp_path / "page-viewer.png"))
     browser.find_element(By.ID, "viewer-close").click()
+
+    # "Reuse seed" puts the job's settings and seed back in the form
+    for field in ("prompt", "negative-prompt", "seed", "steps", "guidance"):
+        browser.find_element(By.ID, field).clear()
+    script(browser, "document.querySelector(arguments[0] + ' button.reuse').click()", card)
+    form = script(
+        browser,
+        "return ['prompt', 'negative-prompt', 'seed', 'steps', 'guidance', 'sampler', 'size', 'width', 'height']"
+        ".map(id => document.getElementById(id).value)",
+    )
+    assert form == [
+        "a red circle on a blue background",
+        "blurry",
+        "5",
+        "100",
+        "1",
+        "euler_ancestral",
+        "other",
+        "96",
+        "64",
+    ]
+    assert browser.find_element(By.ID, "width").is_displayed()
 
     # eight newer jobs for a model no worker serves (they stay queued): the job is on the second page
     queued = [{"prompt": f"waiting {i}", "model": "builtin:small", "num_inference_steps": 2} for i in range(8)]
@@ -268,6 +302,18 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     )
     for result in batch["results"][:-1]:  # leave nothing queued behind
         http.post(f"{api.url}/v1/jobs/{result['job']['job_id']}/cancel", headers=auth(), timeout=10)
+
+    # a prompt builtin:shapes does not know is accepted, and its card says so; "Delete" removes the job
+    unknown = {"prompt": "a watercolor of a fox", "model": "builtin:shapes", "num_inference_steps": 2}
+    shapes_job = http.post(f"{api.url}/v1/jobs", json=unknown, headers=auth(), timeout=10).json()  # no worker: queued
+    shapes_card = f"li.job[data-job-id='{shapes_job['job_id']}']"
+    warning = wait_until(lambda: text_of(browser, f"{shapes_card} .warning"), 60, "the job's warning")  # next reread
+    assert "outside what builtin:shapes knows" in warning and "a <colour> <shape>" in warning
+    script(browser, "document.querySelector(arguments[0] + ' button.delete').click()", shapes_card)
+    wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, shapes_card), 60, "the deleted job's card to go")
+    assert "Deleted job" in browser.find_element(By.ID, "job-status").text
+    gone = http.get(f"{api.url}/v1/jobs/{shapes_job['job_id']}", headers=auth(), timeout=10)
+    assert gone.status_code == 404, gone.text
     engine_text = browser.find_element(By.ID, "engine-panel").text
     assert "steps/s" in engine_text
     browser.save_screenshot(str(tmp_path / "page-desktop.png"))

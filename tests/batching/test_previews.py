@@ -15,9 +15,11 @@ import torch
 from PIL import Image
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
-from batching.pipelines.latent_rgb import LatentRgb, fit_latent_rgb
+from batching.pipelines.latent_rgb import HiddenLayer, LatentRgb, fit_latent_rgb
 from batching.previews import MAX_PREVIEW_SIDE, Preview, PreviewPixels
+from batching.shapes.checker import palette_labels
 from core.errors import InvalidParamsError
+from core.shapes_vocabulary import COLOURS, parse_prompt
 from tests.support.engines import make_params, max_pixel_diff
 
 
@@ -102,9 +104,9 @@ def test_the_fit_recovers_a_vae_that_is_a_linear_map_of_its_latents():
 
     fitted = fit_latent_rgb(adapter, size=64)  # type: ignore[arg-type]  # the parts of an adapter the fit uses
 
-    factors, bias = fitted.tensors(torch.device("cpu"), torch.float32)
+    to_rgb = fitted.on(torch.device("cpu"))
     assert fitted.source == "fitted" and fitted.num_channels == 4
-    assert torch.allclose(factors, true_factors, atol=0.02) and torch.allclose(bias, true_bias, atol=0.02)
+    assert torch.allclose(to_rgb.factors, true_factors, atol=0.02) and torch.allclose(to_rgb.bias, true_bias, atol=0.02)
 
 
 def test_factors_survive_their_file(tmp_path):
@@ -115,32 +117,86 @@ def test_factors_survive_their_file(tmp_path):
     assert LatentRgb.load(tmp_path / "latent_rgb.json") == factors
 
 
+def test_a_map_with_a_hidden_layer_survives_its_file_and_maps_through_the_layer(tmp_path):
+    hidden = HiddenLayer(weights=((1.0, -1.0), (0.5, 2.0), (0.0, 1.0)), bias=(0.1, -0.2))  # 3 channels, 2 units
+    mapped = LatentRgb(((0.3, 0.2, 0.1), (-0.4, 0.5, 0.6)), (0.01, 0.02, 0.03), "fitted", hidden)
+    grid = torch.tensor([0.5, -1.0, 2.0]).reshape(3, 1, 1)  # one position
+
+    mapped.save(tmp_path)
+    rgb = LatentRgb.load(tmp_path / "latent_rgb.json").on(torch.device("cpu"))(grid)
+
+    units = torch.nn.functional.silu(torch.tensor([0.5 - 0.5 + 0.1, -0.5 - 2.0 + 2.0 - 0.2]))
+    expected = units @ torch.tensor(mapped.factors) + torch.tensor(mapped.bias)
+    assert LatentRgb.load(tmp_path / "latent_rgb.json") == mapped and mapped.num_channels == 3
+    assert torch.allclose(rgb[0, 0], expected)
+
+
+SHAPES_PROMPTS = (
+    "a red circle on a blue background",
+    "a green square on a yellow background",
+    "a blue square on a white background",  # a linear map previewed it navy on yellow
+    "a white circle on a black background",
+)
+
+
+def dominant_colours(image: Image.Image) -> tuple[str, str]:
+    """(the border's palette colour, the centre's): what a glance at a shapes picture takes in."""
+    labels = palette_labels(image.convert("RGB").resize((128, 128), Image.Resampling.BILINEAR))  # [128, 128]
+    border = np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])
+    centre = labels[56:72, 56:72].ravel()
+
+    def most_common(values: np.ndarray) -> str:
+        counts = np.bincount(values + 1, minlength=len(COLOURS) + 1)  # -1 (no palette colour) counts too
+        index = int(counts.argmax()) - 1
+        return list(COLOURS)[index] if index >= 0 else "none"
+
+    return most_common(border), most_common(centre)
+
+
 @pytest.mark.parametrize("model", ["builtin:shapes", "builtin:shapes-dit"])
-def test_the_shapes_models_previews_show_the_colours_of_the_picture_it_draws(model):
-    """The shapes models are trained: their late previews must look like their own image, not another prompt's."""
-    engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=2))
+def test_the_shapes_models_late_previews_show_the_dominant_colours_of_their_final_image(model):
+    """The shapes models are trained: a late preview must show its own image's background and shape colours
+    (the shapes-dit, a flow-matching model, previews its sampler's estimate of the final latents)."""
+    engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=len(SHAPES_PROMPTS)))
     try:
-        previews: dict[str, list[Preview]] = {"red": [], "green": []}
+        previews: dict[str, list[Preview]] = {prompt: [] for prompt in SHAPES_PROMPTS}
         futures = {
-            colour: engine.submit(
+            prompt: engine.submit(
                 GenerationParams(prompt=prompt, model=model, seed=3, num_inference_steps=20, height=128, width=128),
                 preview_every=16,
-                on_preview=previews[colour].append,
+                on_preview=previews[prompt].append,
             )
-            for colour, prompt in (
-                ("red", "a red circle on a blue background"),
-                ("green", "a green square on a yellow background"),
-            )
+            for prompt in SHAPES_PROMPTS
         }
-        images = {colour: future.result(timeout=120).image for colour, future in futures.items()}
+        images = {prompt: future.result(timeout=180).image for prompt, future in futures.items()}
     finally:
         engine.shutdown()
 
-    def distance(preview: Preview, image) -> float:
-        shown = np.asarray(preview.image(), float)
-        return float(np.abs(shown - np.asarray(image.resize(preview.image().size), float)).mean())
-
-    for colour, other in (("red", "green"), ("green", "red")):
-        (preview,) = previews[colour]
+    for prompt in SHAPES_PROMPTS:
+        (preview,) = previews[prompt]
         assert preview.step == 16
-        assert distance(preview, images[colour]) < 0.6 * distance(preview, images[other]), colour
+        asked = parse_prompt(prompt)
+        assert asked is not None and dominant_colours(images[prompt]) == (asked.background, asked.foreground), prompt
+        assert dominant_colours(preview.image()) == dominant_colours(images[prompt]), prompt
+
+
+def test_the_flow_matching_sampler_estimates_the_final_latents_and_steps_as_diffusers_does():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from batching.pipelines.flow_matching import FlowMatchSampler
+
+    ours, theirs = FlowMatchSampler(), FlowMatchEulerDiscreteScheduler()
+    for sampler in (ours, theirs):
+        sampler.set_timesteps(num_inference_steps=4)
+    generator = torch.Generator().manual_seed(0)
+    final, noise = torch.randn(1, 4, 8, 8, generator=generator), torch.randn(1, 4, 8, 8, generator=generator)
+    sigma = float(ours.sigmas[1])
+    for sampler in (ours, theirs):
+        sampler.step(noise - final, sampler.timesteps[0], noise, return_dict=False)  # to the second step
+    latents = (1 - sigma) * final + sigma * noise  # [1, 4, 8, 8], on the straight path a flow model walks
+
+    next_latents, estimate = ours.step(noise - final, ours.timesteps[1], latents, return_dict=False)
+    (expected,) = theirs.step(noise - final, theirs.timesteps[1], latents, return_dict=False)
+
+    assert torch.equal(next_latents, expected)
+    assert torch.allclose(estimate, final, atol=1e-5)

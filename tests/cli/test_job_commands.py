@@ -125,13 +125,27 @@ def test_status_cancel_and_jobs_cover_the_api(live_api, capsys):
     assert "canceled" in out and "error: the job was canceled" in out
 
     assert live_api.cli("cancel", first) == 1
-    assert "already canceled" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == "stepwise cancel: the job was already canceled; nothing to cancel"
+    live_api.store.take(second, "a-worker", 60)
+    live_api.store.finish(second, JobState.SUCCEEDED, image_keys=[f"{second}/0.png"])
+    assert live_api.cli("cancel", second) == 1
+    assert capsys.readouterr().err.strip() == "stepwise cancel: the job already succeeded; nothing to cancel"
 
     assert live_api.cli("jobs", "--state", "canceled", "--json") == 0
     assert [json.loads(line)["job_id"] for line in capsys.readouterr().out.splitlines()] == [first]
 
     assert live_api.cli("status", "no-such-job") == 2
     assert capsys.readouterr().err.strip() == "stepwise status: job not found"
+
+
+def test_submit_and_status_say_when_the_prompt_is_outside_what_the_model_knows(live_api, capsys):
+    assert live_api.cli("submit", "a watercolor of a fox", "--model", "builtin:shapes") == 0
+    submitted = capsys.readouterr()
+    job_id = submitted.out.split()[0]
+    assert "stepwise submit: note: the prompt is outside what builtin:shapes knows" in submitted.err
+
+    assert live_api.cli("status", job_id) == 0
+    assert "  note: the prompt is outside what builtin:shapes knows" in capsys.readouterr().out
 
 
 def finish_jobs_as_a_worker_would(api: LiveApi, num_jobs: int, fail_prompt: str, stop: threading.Event) -> None:

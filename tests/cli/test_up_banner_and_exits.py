@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from api.settings import ApiSettings
-from batching.shapes.vocabulary import parse_prompt
+from core.shapes_vocabulary import parse_prompt
 from stepwise_cli import up
 from stepwise_cli.client import ApiTarget, save_local_target
 from stepwise_cli.supervisor import MAX_FAST_FAILURES, ServiceError, Supervisor, mask_password, mask_urls

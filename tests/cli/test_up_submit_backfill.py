@@ -6,6 +6,7 @@ stops it with SIGTERM and checks that no process it started is left.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -320,10 +321,10 @@ def test_backfill_killed_half_way_resumes_without_duplicate_jobs(up, tmp_path):
     assert priorities == {"low"}, "a backfill's rows go in at --priority, low by default"
 
 
-def readme_block(containing: str) -> str:
-    """The README's ```sh block that contains `containing`, as a user would paste it."""
+def readme_block(containing: str, language: str = "sh") -> str:
+    """The README's ```sh (or other `language`) block that contains `containing`, as a user would paste it."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
+    blocks = re.findall(rf"```{language}\n(.*?)```", readme, flags=re.S)
     return next(block for block in blocks if containing in block)
 
 
@@ -345,6 +346,25 @@ def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):
         assert image.format == "PNG"
 
 
+def test_the_readme_openai_script_runs_as_written_in_ups_folder_and_saves_the_image(up):
+    script = readme_block("openai.OpenAI(", language="python")  # verbatim: it finds the API in var/stepwise.json
+    result = subprocess.run(
+        [sys.executable, "-"],
+        input=script,
+        cwd=up.workdir,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr + up.log()
+    saved_as = re.search(r'open\("(\S+\.png)", "wb"\)', script).group(1)
+    assert result.stdout.strip() == f"saved {saved_as}"
+    with Image.open(up.workdir / saved_as) as image:
+        assert image.format == "PNG" and image.size == (128, 128)
+
+
 def test_the_banners_curl_hint_pasted_into_a_shell_queues_a_job(up, tmp_path):
     log = up.log_path.read_text()
     hint = log[log.index("curl -H") : log.index("/v1/jobs", log.index("curl -H")) + len("/v1/jobs")]
@@ -355,7 +375,13 @@ def test_the_banners_curl_hint_pasted_into_a_shell_queues_a_job(up, tmp_path):
     assert result.returncode == 0, result
     job = json.loads(result.stdout)
     assert job["state"] == "queued", result.stdout
-    api_call(up, "POST", f"/v1/jobs/{job['job_id']}/cancel")  # a default-size job: leave the worker to the others
+    saved = json.loads((up.var_dir / "stepwise.json").read_text())
+    canceled = requests.post(  # a default-size job: leave the worker to the others (on a quiet machine it may be done)
+        f"{saved['api_url']}/v1/jobs/{job['job_id']}/cancel",
+        headers={"Authorization": f"Bearer {saved['api_key']}"},
+        timeout=10,
+    )
+    assert canceled.status_code in (200, 202, 409), canceled.text
 
 
 def test_celery_in_a_new_shell_finds_the_redis_of_the_running_up_and_says_so(up):
@@ -396,6 +422,66 @@ def api_call(up: UpProcess, method: str, path: str, **kwargs) -> dict:
     )
     assert response.status_code < 300, response.text
     return response.json()
+
+
+def test_up_prints_no_celery_banner_and_no_note_about_running_as_root(up):
+    log = up.log_path.read_text()
+
+    assert "[config]" not in log and ".> transport:" not in log  # Celery's banner, once per worker before
+    assert "running as root" not in log and "superuser privileges" not in log  # up runs as root here
+    assert "stepwise is up after" in log
+
+
+def test_a_second_worker_started_beside_up_finds_ups_settings_and_serves_another_model(up, tmp_path):
+    saved = json.loads((up.var_dir / "stepwise.json").read_text())
+    assert saved["service_env"]["STEPWISE_REDIS_URL"] == up.redis_url
+    banner_port = re.search(r"worker http://127\.0\.0\.1:(\d+)/metrics", up.log_path.read_text()).group(1)
+    assert saved["worker_metrics_port"] == int(banner_port)  # kept for the next run, as the Redis port is
+    log_path = tmp_path / "second-worker.log"
+    with log_path.open("wb") as log:  # as a user types it in up's folder: no STEPWISE_* variable set
+        second = subprocess.Popen(
+            [*STEPWISE, "worker", "--model", "builtin:shapes", "--metrics-port", "0"],
+            cwd=up.workdir,
+            env=child_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def shapes_served() -> bool:
+            assert second.poll() is None, log_path.read_text()
+            models = api_call(up, "GET", "/v1/models")["models"]
+            return any(model["model"] == "builtin:shapes" and model["available"] for model in models)
+
+        wait_for(shapes_served, STARTUP_TIMEOUT, lambda: f"the second worker's model:\n{log_path.read_text()}")
+        # few steps: the first job of a fresh worker is slow on a busy CPU, and the drawing is not the point here
+        body = {"prompt": "a red circle on a blue background", "model": "builtin:shapes", "num_inference_steps": 4}
+        job_id = api_call(up, "POST", "/v1/jobs", json=body)["job_id"]
+        done = wait_for(
+            lambda: (view := api_call(up, "GET", f"/v1/jobs/{job_id}"))["state"] not in ("queued", "running") and view,
+            240,
+            lambda: f"the shapes job to end:\n{log_path.read_text()}",
+            interval=0.5,
+        )
+        image = requests.get(
+            f"{saved['api_url']}/v1/jobs/{job_id}/image",
+            headers={"Authorization": f"Bearer {saved['api_key']}"},
+            timeout=30,
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            second.wait()
+
+    assert done["state"] == "succeeded", done
+    joined = log_path.read_text()  # it says where its settings came from
+    assert "joining the `stepwise up` that runs from here: STEPWISE_STORAGE_URL" in joined, joined
+    assert done["params"]["model"] == "builtin:shapes" and done["attempts"] == 1
+    with Image.open(io.BytesIO(image.content)) as drawn:  # stored where up's API reads images
+        assert drawn.size == (128, 128)  # builtin:shapes' size (up's builtin:tiny would draw its default too)
 
 
 def test_a_sigkilled_worker_is_restarted_and_its_job_requeued_from_its_heartbeat_within_15s(up):

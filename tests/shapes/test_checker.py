@@ -7,7 +7,7 @@ from PIL import Image
 
 from batching.shapes.checker import check_image
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
-from batching.shapes.vocabulary import SHAPES, ShapePrompt, all_prompts, parse_prompt
+from core.shapes_vocabulary import SHAPES, ShapePrompt, all_prompts, parse_prompt
 
 
 def test_every_generated_image_passes_for_its_own_prompt_at_the_smallest_and_largest_size():

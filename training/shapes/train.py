@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw, random_example
-from batching.shapes.vocabulary import all_prompts
+from core.shapes_vocabulary import all_prompts
 from training.optimization import AveragedOptimizer
 from training.shapes import model as shapes_model
 from training.shapes.latent_rgb_fit import save_latent_rgb

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from batching.pipelines.zimage import shapes_dit
 from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
-from batching.shapes.vocabulary import all_prompts
+from core.shapes_vocabulary import all_prompts
 from training.optimization import EMA_DECAY, AveragedOptimizer
 from training.shapes.latent_rgb_fit import save_latent_rgb
 

@@ -1,7 +1,8 @@
-"""The words builtin:shapes understands: colours with their RGB values, shapes, and the prompt grammar.
+"""The words builtin:shapes and builtin:shapes-dit understand: colours with their RGB values, shapes, and
+the prompt grammar.
 
-Every other module (the drawing, the checker, the trainer, the tests) reads the
-palette and the grammar from here, so a new colour or shape is one edit.
+Every other module (the drawing, the checker, the trainer, the tests, the API's note on a prompt
+outside the grammar) reads the palette and the grammar from here, so a new colour or shape is one edit.
 """
 
 from __future__ import annotations
@@ -52,3 +53,9 @@ def parse_prompt(text: str) -> ShapePrompt | None:
 def all_prompts() -> list[ShapePrompt]:
     """Every drawable combination (8 x 7 colour pairs x 3 shapes = 168), in a fixed order."""
     return [ShapePrompt(fg, shape, bg) for fg in COLOURS for bg in COLOURS if fg != bg for shape in SHAPES]
+
+
+def grammar() -> str:
+    """The grammar in one line, for a person: what to write instead of a prompt the model does not know."""
+    colours, shapes = ", ".join(COLOURS), ", ".join(SHAPES)
+    return f"a <colour> <shape> on a <colour> background, with colours {colours} and shapes {shapes}"
