@@ -65,6 +65,7 @@ class DiffusionEngine:
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
+        self._native_size = model.native_size
         self.scheduler = self._new_scheduler()
         self.book = JobBook()  # every job, the one exit, and all the state the threads share (batching.job_book)
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
@@ -95,9 +96,10 @@ class DiffusionEngine:
         self._thread.start()
 
     def _new_scheduler(self) -> Scheduler:
-        """The scheduler of this engine's config, with the family's token budget unless the config sets one
-        (at start, and again after an engine error dropped every sample)."""
-        budget = self.config.max_num_tokens or FAMILIES[self.family].default_token_budget(self.config.max_num_seqs)
+        """The scheduler of this engine's config, with the default token budget of the model it loaded unless the
+        config sets one (at start, and again after an engine error dropped every sample)."""
+        spec = FAMILIES[self.family]
+        budget = self.config.max_num_tokens or spec.default_token_budget(self.config.max_num_seqs, self._native_size)
         return Scheduler(replace(self.config.scheduler_config, max_num_tokens=budget))
 
     def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:

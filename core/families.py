@@ -141,12 +141,16 @@ class FamilySpec:
         token budget counts these: a video costs its frames x height x width in latent tokens)."""
         return self.num_rows(guidance_scale, negative_prompt) * self.tokens_per_row(height, width, num_frames)
 
-    def default_token_budget(self, max_num_seqs: int) -> int:
-        """The engine's default token budget: `max_num_seqs` samples at the family's default size, frames and
-        guidance (with a negative prompt where guidance needs one)."""
+    def default_token_budget(self, max_num_seqs: int, native_size: tuple[int, int] | None = None) -> int:
+        """The engine's default token budget: `max_num_seqs` samples at the model's native size (what its
+        checkpoint draws by default; the family's default size when not given or smaller), default frames and
+        guidance (with a negative prompt where guidance needs one). A budget from the family's small default
+        size alone would run every real-size job alone (a 512x512 SD 1.5 job costs 16x a 128x128 one)."""
         negative_prompt = "-" if self.cfg_needs_negative_prompt else ""
+        height, width = native_size or (self.default_size, self.default_size)
+        height, width = max(height, self.default_size), max(width, self.default_size)
         return max_num_seqs * self.sample_cost(
-            self.default_size, self.default_size, self.default_guidance, negative_prompt, self.default_num_frames
+            height, width, self.default_guidance, negative_prompt, self.default_num_frames
         )
 
     def edit_size(self, image_width: int, image_height: int) -> tuple[int, int]:

@@ -3,6 +3,7 @@ rows and their guidance as the pipelines run classifier-free guidance."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
@@ -42,6 +43,24 @@ class AdapterBase(ImageLatentsMixin):
         # The VAE's spatial downsampling, as the pipeline computes it (video pipelines name it per axis).
         self.vae_scale_factor = getattr(pipeline, "vae_scale_factor_spatial", None) or pipeline.vae_scale_factor
         self.latent_rgb: LatentRgb | None = self.published_latent_rgb  # `load` finds the model's own
+
+    @property
+    def native_size(self) -> tuple[int, int]:
+        """(height, width) diffusers' pipeline draws when called without a size: the defaults of its `__call__`
+        where they are numbers (Wan: 480x832), else its denoiser's sample size (or the pipeline's
+        `default_sample_size`) times the VAE's downsampling (SD 1.5: 512, SDXL and FLUX: 1024, the tiny
+        built-ins: their own small size)."""
+        parameters = inspect.signature(type(self.pipeline).__call__).parameters
+        height, width = (getattr(parameters.get(name), "default", None) for name in ("height", "width"))
+        if isinstance(height, int) and isinstance(width, int):
+            return height, width
+        denoiser = getattr(self.pipeline, "unet", None) or getattr(self.pipeline, "transformer", None)
+        sample_size = getattr(getattr(denoiser, "config", None), "sample_size", None)
+        if not isinstance(sample_size, int):
+            sample_size = getattr(self.pipeline, "default_sample_size", None)
+        if not isinstance(sample_size, int):
+            return self.spec.default_size, self.spec.default_size
+        return sample_size * self.vae_scale_factor, sample_size * self.vae_scale_factor
 
     def has_cfg(self, params: GenerationParams) -> bool:
         """Whether the sample runs an unconditional row beside its conditional one."""

@@ -207,6 +207,12 @@ class PipelineAdapter(ImageInputs, Protocol):
         """Its live previews' latent-to-RGB factors, set at load; None: no previews."""
         ...
 
+    @property
+    def native_size(self) -> tuple[int, int]:
+        """(height, width) its pipeline draws when a call names no size: what the checkpoint was made for (the
+        engine's default token budget holds `max_num_seqs` samples of this size)."""
+        ...
+
     def texts_to_encode(self, params: GenerationParams) -> list[str]: ...
 
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:

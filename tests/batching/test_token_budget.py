@@ -38,6 +38,16 @@ def test_a_sample_costs_its_rows_times_its_latent_tokens():
     assert sized_sample("x", 256).cost == 4 * SMALL, "a sample's cost is its family's, computed when it is made"
 
 
+def test_the_default_budget_holds_max_num_seqs_jobs_at_the_checkpoints_own_size():
+    # An SD 1.5 checkpoint draws 512x512: eight such jobs share a forward under the default budget (a budget of
+    # eight 128x128 jobs ran every real-size job alone on a GPU: one job per forward).
+    budget = SD.default_token_budget(8, native_size=(512, 512))
+    scheduler = make_scheduler(*(sized_sample(f"j{i}", 512) for i in range(8)), max_num_seqs=8, max_num_tokens=budget)
+    plan, _, _ = run_iteration(scheduler, FakeRunner())
+    assert sum(len(ids) for ids in plan.groups.values()) == 8
+    assert SD.default_token_budget(8, native_size=(64, 64)) == SD.default_token_budget(8), "never below the default"
+
+
 def test_a_large_sample_takes_the_budget_of_several_small_ones_and_small_ones_fill_what_is_left():
     jobs = [sized_sample("big", 192), *(sized_sample(f"small-{i}", 128) for i in range(4))]
     by_count = make_scheduler(*jobs)
@@ -144,3 +154,16 @@ def test_a_two_size_burst_runs_full_forwards_of_one_size_then_the_other():
 
     assert [len(forward) for forward in runner.forwards] == [8, 8, 8, 8], "not eight forwards of four"
     assert all(len({sample_id.split("-")[0] for sample_id in forward}) == 1 for forward in runner.forwards)
+
+
+def test_an_adapters_native_size_is_what_its_pipeline_draws_without_a_size(batched_engine):
+    import diffusers
+
+    from batching.pipelines.adapter_base import AdapterBase
+
+    adapter = batched_engine.model_runner.model
+    assert adapter.native_size == (128, 128), "builtin:tiny's UNet: sample_size 16 x 8"
+    wan = object.__new__(AdapterBase)  # only the pipeline's class is read where its __call__ names a size
+    wan.pipeline = object.__new__(diffusers.WanPipeline)
+    assert wan.native_size == (480, 832)
+    assert batched_engine.stats()["max_num_tokens"] == SD.default_token_budget(8, adapter.native_size)
