@@ -17,7 +17,7 @@ import socket
 import pytest
 import requests
 
-from api import auth
+from api import keyring
 from storage import url_policy
 from storage.url_policy import AllowList, WebhookURLError, check_webhook_url
 from tests.support.calls import auth as auth_header
@@ -182,10 +182,10 @@ def test_the_api_refuses_a_webhook_url_to_this_machine(strict_api, url):
 
 
 def test_api_keys_are_compared_in_constant_time_and_all_of_them_every_time(monkeypatch):
-    source = inspect.getsource(auth.KeyRing.caller_for)
+    source = inspect.getsource(keyring.KeyRing.caller_for)
     compared = []
-    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: compared.append(b) or a == b)
-    ring = auth.KeyRing(tuple(TENANT_KEYS.items()))
+    monkeypatch.setattr(keyring.hmac, "compare_digest", lambda a, b: compared.append(b) or a == b)
+    ring = keyring.KeyRing(tuple(TENANT_KEYS.items()))
 
     assert "hmac.compare_digest(presented, expected)" in source and "presented ==" not in source
     for presented in ("sk_test_alice", "sk_test_carol", "nobody"):
