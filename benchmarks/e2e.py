@@ -37,6 +37,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -158,7 +159,7 @@ def run_e2e(
         "max_num_seqs": size.max_num_seqs,
         "policy": "default",
     }
-    result = {
+    result: dict[str, Any] = {
         "description": (
             f"`stepwise up` with builtin:tiny, max_num_seqs {size.max_num_seqs}, default policy, "
             f"{options.num_threads} torch thread(s) in the worker; the engine-level default burst "
@@ -191,7 +192,7 @@ def _measure(
     load_start = os.getloadavg()
     jobs = _run_workload(session, url, workload)
     ok = [job for job in jobs if job["state"] == "succeeded"]
-    metrics = {"num_jobs": len(jobs), "num_succeeded": len(ok)}
+    metrics: dict[str, Any] = {"num_jobs": len(jobs), "num_succeeded": len(ok)}
     if ok:
         span = max(job["finished_at"] for job in ok) - min(job["created_at"] for job in ok)
         metrics.update(

@@ -91,8 +91,8 @@ def run_job(runtime: WorkerRuntime, message_job_id: str) -> str:
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
     job_id = record.job_id
-    if record.deadline is not None and record.started_at > record.deadline:
-        late = record.started_at - record.deadline
+    if record.deadline is not None and record.first_started_at > record.deadline:
+        late = record.first_started_at - record.deadline
         return end_job(
             runtime,
             record,
@@ -195,7 +195,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
         "queue_wait": _queue_wait(record, engine_timings),
-        "start": active.handed_over_at - record.started_at,
+        "start": active.handed_over_at - record.first_started_at,
         "engine": engine_seconds,
         "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
         "denoise": float(engine_timings.get("denoise", 0.0)),
@@ -223,7 +223,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
     """Time spent waiting for a worker (over all attempts: never an earlier attempt's run time), plus the
     engine's own wait on this attempt."""
-    queued = record.queued_seconds if record.queued_seconds is not None else record.started_at - record.created_at
+    queued = record.queued_seconds if record.queued_seconds is not None else record.first_started_at - record.created_at
     return queued + float(engine_timings.get("queue_wait", 0.0))
 
 
