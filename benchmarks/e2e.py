@@ -59,10 +59,18 @@ class UpStack:
     """`stepwise up` as a child process in its own session; stopped with SIGTERM, then killed."""
 
     def __init__(
-        self, folder: Path, *, max_num_seqs: int, num_threads: int, device: str, tree: Path | None = None
+        self,
+        folder: Path,
+        *,
+        max_num_seqs: int,
+        num_threads: int,
+        device: str,
+        tree: Path | None = None,
+        model: str = "builtin:tiny",
     ) -> None:
         """`tree`: run the project's code from this folder (another commit's files) instead of this checkout."""
         self.folder = folder
+        self.model = model
         self.tree = tree
         self.var_dir = folder / "var"
         self.log_path = folder / "up.log"
@@ -102,7 +110,7 @@ class UpStack:
             "--device",
             self.device,
             "--model",
-            "builtin:tiny",
+            self.model,
         ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

@@ -26,6 +26,7 @@ from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
 from worker.settings import OVERLAP_CHOICES, WorkerSettings
+from worker.warm_up import WarmUp, warm_up
 
 if TYPE_CHECKING:
     from batching import DiffusionEngine
@@ -56,6 +57,7 @@ class WorkerRuntime:
         self._is_idle.set()
         self.is_admitting = True
         self.is_shutting_down = False
+        self.warmed_up: WarmUp | None = None  # the warm-up job's outcome, once run (worker.warm_up)
         self.leases = LeaseKeeper(self.job_store, self.worker_id, self.lease_seconds, self._on_lease_lost)
 
     @property
@@ -112,7 +114,8 @@ class WorkerRuntime:
         return self.lora_store.resolve(tenant, name) if self.lora_store else None
 
     def load_engine(self) -> None:
-        self.engine  # noqa: B018  (builds it)
+        """Build the engine and run the warm-up job through it: a worker is ready only once warm."""
+        self.warmed_up = warm_up(self.engine, self.settings.model)
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -231,6 +234,7 @@ class WorkerRuntime:
             "worker_id": self.worker_id,
             "is_admitting": self.is_admitting,
             "is_shutting_down": self.is_shutting_down,
+            "warm_up": self.warmed_up.as_dict() if self.warmed_up is not None else None,
             "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
         }
 
