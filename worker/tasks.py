@@ -156,6 +156,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         return requeue(runtime, record, "the engine shut down")
     except Exception as e:  # one job's failure must not take the worker down
         log.exception("job %s: engine error", job_id)
+        runtime.cancel_in_engine(active)  # the watch failed (a preview that would not encode, say): stop its steps
         return end_job(
             runtime, record, JobState.FAILED, error_code="engine_error", error_message=str(e) or type(e).__name__
         )
