@@ -137,7 +137,7 @@ class WorkerRuntime:
         the lock: a slow download holds up only its own job. The job is held (and so seen by a drain) before
         the engine has it; a stop asked meanwhile is passed to the engine once it does (`stop_job`)."""
         engine = self.engine
-        active = ActiveJob(job_id)
+        active = ActiveJob(job_id, tenant)
         with self._lock:
             if not self.is_admitting:
                 return None
