@@ -69,6 +69,8 @@ def model_readiness(statuses: dict[str, ModelStatus]) -> tuple[list[dict[str, An
                 f"model {model}: no worker seen in the last {timeout:.0f}s: "
                 "its jobs are accepted and wait in the queue until one starts"
             )
+        for thread, why in (status.threads_failed if status else {}).items():
+            warnings.append(f"model {model}: a worker's engine thread {thread} stopped ({why}); restart that worker")
     if get_settings().accept_unserved_models:
         if not any(status.available for status in statuses.values()):
             warnings.append(

@@ -6,7 +6,8 @@ defaults and limits, and a snapshot of its engine's statistics. Readers group th
 by model:
 
 - a worker is *live* while its last heartbeat is younger than `worker_timeout` and it admits jobs
-  (not draining, not shutting down); a model is *available* while it has a live worker; a worker
+  (not draining, not shutting down, its engine's loop thread running); a model is *available* while it
+  has a live worker; a worker
   silent for longer is dead, and its running jobs are re-queued (`worker.leases`);
 - a model stays listed (unavailable) for `retention` seconds after its last heartbeat, so jobs
   for a model whose worker is restarting are still accepted; then its heartbeats are dropped.
@@ -32,6 +33,7 @@ ENGINE_FIELDS = (
     "images_per_second",
     "running_by_key",
     "waiting_by_key",
+    "threads_failed",  # the engine's threads that stopped: thread name -> why (empty while all is well)
 )
 _SUMMED_NUMBERS = ("num_running", "num_waiting", "steps_per_second", "images_per_second")
 _SUMMED_COUNTERS = ("jobs_per_forward", "running_by_key", "waiting_by_key")
@@ -82,6 +84,8 @@ class ModelStatus:
     defaults: dict[str, Any]
     limits: dict[str, Any]
     engine: dict[str, Any]  # summed over live workers
+    # the engine threads that stopped (thread name -> why) in workers heard from within the timeout
+    threads_failed: dict[str, str] = field(default_factory=dict)
     # jobs queued for it, per priority (filled in by JobStore.models)
     queued_by_priority: dict[str, int] = field(default_factory=dict)
 
@@ -152,6 +156,12 @@ class HeartbeatStore:
                     defaults=newest.defaults,
                     limits=newest.limits,
                     engine=summed_engine_stats([beat.engine for beat in live]),
+                    threads_failed={
+                        thread: why
+                        for beat in beats
+                        if now - beat.seen_at <= self.worker_timeout
+                        for thread, why in (beat.engine.get("threads_failed") or {}).items()
+                    },
                 )
             )
         return statuses

@@ -66,7 +66,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         family=family,
         capacity=settings.max_num_seqs,
         seen_at=time.time(),
-        is_admitting=runtime.is_admitting and not runtime.is_shutting_down,
+        is_admitting=runtime.is_admitting and not runtime.is_shutting_down and runtime.is_engine_running,
         is_draining=not runtime.is_admitting and not runtime.is_shutting_down,
         defaults=family_defaults(family),
         limits=family_limits(family),

@@ -262,6 +262,13 @@ class WorkerRuntime:
             "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
         }
 
+    @property
+    def is_engine_running(self) -> bool:
+        """False once the engine's loop thread stopped (`threads_failed`): this worker can run no job."""
+        from batching.engine import LOOP_THREAD_NAME
+
+        return self._engine is None or LOOP_THREAD_NAME not in self._engine.stats()["threads_failed"]
+
     def engine_stats_or_none(self) -> dict[str, Any] | None:
         return self._engine.stats() if self._engine is not None else None
 
