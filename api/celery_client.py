@@ -1,8 +1,8 @@
 """The API's Celery client: it only sends tasks by name and never imports the worker.
 
-Each job goes to its model's generate queue (named in its record) at its priority; its message
-is built by `api.messages` and pushed by the job store together with the record. Webhook delivery
-has its own queue, so a slow webhook receiver never delays generation.
+Jobs are not Celery messages: the job store queues each in its model's queue and wakes that model's
+workers in the same script (`storage.lua.CREATE`, `worker.feeder`). What the API sends through Celery
+is webhook deliveries, on their own queue, so a slow webhook receiver never delays generation.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 
 from celery import Celery
 
-from api.messages import GenerateMessages
 from storage.queue_names import BROKER_PRIORITY, DEFAULT_PRIORITY, WEBHOOK_QUEUE, WEBHOOK_TASK, celery_transport_options
 
 
@@ -30,7 +29,6 @@ class TaskQueue:
                 "interval_max": 0.5,
             },
         )
-        self.generate_messages = GenerateMessages(self.celery)
 
     def enqueue_webhook(self, job_id: str, event: str, webhook_id: str, payload: dict[str, Any]) -> None:
         self.celery.send_task(WEBHOOK_TASK, args=[job_id, event, webhook_id, payload], queue=WEBHOOK_QUEUE)

@@ -145,13 +145,13 @@ def queued_view(record: JobRecord, position: int | None) -> dict:
     },
 )
 def submit_job():
-    settings, store, queue = get_settings(), get_job_store(), get_task_queue()
+    settings, store = get_settings(), get_job_store()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     wait_seconds = prefer_wait(request.headers.getlist("Prefer"))
     job = validate_job(read_json(), settings, get_fleet(), g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, queue, settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
+    outcome = create_jobs(store, settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
     if isinstance(outcome, ApiError):
         raise outcome
     record = outcome.record
@@ -187,7 +187,7 @@ def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int)
     errors=api_errors(400, 413, 415, 422, 429, 503),
 )
 def submit_batch():
-    settings, store, queue = get_settings(), get_job_store(), get_task_queue()
+    settings, store = get_settings(), get_job_store()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     batch = body_of(BatchRequest)
     items = batch.jobs
@@ -227,7 +227,7 @@ def submit_batch():
             continue
         valid.append((index, job, batch_item_key(idempotency_key, index)))
     jobs = [(job, key) for _, job, key in valid]
-    outcomes = create_jobs(store, queue, settings, g.tenant, jobs, get_upload_store()) if valid else []
+    outcomes = create_jobs(store, settings, g.tenant, jobs, get_upload_store()) if valid else []
     replayed = [outcome.record for outcome in outcomes if not isinstance(outcome, ApiError) and not outcome.created]
     replayed_views = dict(zip((record.job_id for record in replayed), views_with_positions(replayed)))
     for (index, _, _), outcome in zip(valid, outcomes):

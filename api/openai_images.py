@@ -36,7 +36,6 @@ from api.resources import (
     get_job_store,
     get_lora_store,
     get_settings,
-    get_task_queue,
     get_upload_store,
 )
 from api.submission import QueueRoom, check_lora, create_jobs, validate_job
@@ -135,7 +134,7 @@ def submit_and_wait(translation: JobTranslation):
     job = validate_job(translation.job, settings, get_fleet(), g.tenant, uploads=get_upload_store())
     check_lora(job.params, g.tenant, get_lora_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, get_task_queue(), settings, g.tenant, [(job, None)], get_upload_store())[0]
+    outcome = create_jobs(store, settings, g.tenant, [(job, None)], get_upload_store())[0]
     if isinstance(outcome, ApiError):
         raise outcome
     job_id = outcome.record.job_id

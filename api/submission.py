@@ -1,4 +1,4 @@
-"""Turning one submitted job into a queued record and a Celery message.
+"""Turning one submitted job into a queued record.
 
 Validation runs in three layers: the pydantic model (types and the documented limits,
 naming the field), `GenerationParams` (the engine's own rules), and the fleet (a worker
@@ -8,8 +8,8 @@ refused anywhere (validation, a 409, a full queue, an idempotent replay) leaves 
 shared by `POST /v1/jobs` and `POST /v1/jobs/batch`.
 
 Creating jobs is one Redis round trip whatever their number: a pipeline of atomic scripts,
-each storing one record and pushing its Celery message together (`api.messages`,
-`storage.lua.CREATE`), so no job exists without its message and no message without its record.
+each storing one record and waking its model's workers in the same step (`storage.lua.CREATE`,
+`worker.feeder`): a queued job is all a worker needs to find it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api.celery_client import TaskQueue
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.fleet import Fleet
 from api.image_fields import check_images, record_params, resolve_images, sent_upload_ids
@@ -279,13 +278,12 @@ def queue_full(settings: ApiSettings, num_queued: int) -> ApiError:
 
 def create_jobs(
     store: JobStore,
-    queue: TaskQueue,
     settings: ApiSettings,
     tenant: str,
     jobs: list[tuple[ValidJob, str | None]],
     uploads: UploadStore | None,
 ) -> list[Created | ApiError]:
-    """Store the jobs with their messages, and with each its inline input images (as uploads, in the same script:
+    """Store the jobs, and with each its inline input images (as uploads, in the same script:
     records hold upload ids, and a refused job stores none). One outcome per (job, idempotency key): Created (an
     idempotent replay is not sent again) or the item's ApiError (409, 429)."""
     specs = []
@@ -308,9 +306,7 @@ def create_jobs(
                 upload_ttl_seconds=uploads.ttl_seconds if uploads is not None else 0,
             )
         )
-    outcomes = store.create_many(
-        specs, max_queued=settings.max_queue_depth, message_for=queue.generate_messages.for_record
-    )
+    outcomes = store.create_many(specs, max_queued=settings.max_queue_depth)
     return [_api_outcome(outcome, settings) for outcome in outcomes]
 
 

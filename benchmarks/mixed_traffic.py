@@ -14,8 +14,8 @@ redis-server and a real Celery worker (`celery -A worker worker`) of the code it
 - `fair-share+preemption+deadlines`: this tree, the backfill at `low` (as `stepwise backfill` sends
   it), interactive jobs with `complete_by`, preemption on.
 
-Jobs are stored and sent the way the API does (`JobStore.create_many` with each job's message pushed
-in the same script). Latency is the record's `finished_at - created_at`; an interactive job not
+Jobs are stored the way the API does (`JobStore.create_many`, which wakes the worker in the same
+script). Latency is the record's `finished_at - created_at`; an interactive job not
 finished 30 s after the stream ends counts as missing its deadline. Backfill images/s counts
 backfill jobs finished while the stream ran. Writes `results.json`, `results.md` and
 `latency_cdf.png` into `--out`.
@@ -123,9 +123,6 @@ class Deployment:
 
 def run_variant(name: str, code: Path, alone_latency: float, seconds: float, seed: int) -> dict:
     """One variant in this process; its numbers as a dict."""
-    from celery import Celery
-
-    from api.messages import GenerateMessages
     from storage.job_record import JobState
     from storage.job_store import JobStore
     from storage.new_job import NewJobSpec
@@ -135,10 +132,8 @@ def run_variant(name: str, code: Path, alone_latency: float, seconds: float, see
     uses_deadlines = name in ("alone", "fair-share+preemption+deadlines")
     backfill_priority = "low" if name == "fair-share+preemption+deadlines" else "normal"
     with tempfile.TemporaryDirectory() as folder, Deployment(Path(folder), code, preemption="preemption" in name) as up:
-        celery = Celery("bench", broker=up.url, set_as_current=False)
-        messages = GenerateMessages(celery)
         store = JobStore(up.url)
-        create = lambda specs: store.create_many(specs, message_for=messages.for_record)  # noqa: E731
+        create = store.create_many
         warm = create([NewJobSpec(tenant="warm-up", params={**PARAMS, "seed": 0})])[0].record.job_id
         while not store.get(warm).state.is_terminal:
             time.sleep(0.1)
@@ -184,7 +179,6 @@ def run_variant(name: str, code: Path, alone_latency: float, seconds: float, see
         finished = [store.get(job_id).finished_at for job_id in backfill_ids]
         in_window = sum(1 for at in finished if at is not None and started <= at <= ended)
         store.close()
-        celery.close()
     finite = [value for value in latencies if value != float("inf")]
     return {
         "variant": name,
@@ -200,19 +194,15 @@ def run_variant(name: str, code: Path, alone_latency: float, seconds: float, see
 
 def calibrate(code: Path) -> float:
     """The interactive job's latency alone on an idle worker: median of 5, one at a time."""
-    from celery import Celery
-
-    from api.messages import GenerateMessages
     from storage.job_store import JobStore
     from storage.new_job import NewJobSpec
 
     with tempfile.TemporaryDirectory() as folder, Deployment(Path(folder), code, preemption=True) as up:
-        messages = GenerateMessages(Celery("bench", broker=up.url, set_as_current=False))
         store = JobStore(up.url)
         latencies = []
         for seed in range(6):
             spec = NewJobSpec(tenant="alice", params={**PARAMS, "seed": seed})
-            job_id = store.create_many([spec], message_for=messages.for_record)[0].record.job_id
+            job_id = store.create_many([spec])[0].record.job_id
             while not (record := store.get(job_id)).state.is_terminal:
                 time.sleep(0.02)
             latencies.append(record.finished_at - record.created_at)

@@ -181,11 +181,3 @@ class JobReads:
         """Running jobs whose lease expired."""
         now = self.clock() if now is None else now
         return cast(list[str], self._redis.zrangebyscore(self.keys.leases, "-inf", repr(now)))  # decode_responses
-
-    @_wraps_redis_errors
-    def unsent_job_ids(self, created_before: float) -> list[str]:
-        """Jobs queued before then whose generate message nobody confirmed sending (`mark_sent`): their
-        creator, or the worker re-queueing them, may have died before sending it. Each is a message owed
-        to the job's queue: any message of a queue takes that queue's next job, so the entry stays when
-        another message took the job (and it is then owed to another job of the queue)."""
-        return cast(list[str], self._redis.zrangebyscore(self.keys.unsent, "-inf", repr(created_before)))

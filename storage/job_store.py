@@ -188,14 +188,12 @@ class JobStore(JobReads):
         specs: list[NewJobSpec],
         *,
         max_queued: int = 0,
-        message_for: Callable[[JobRecord], tuple[str, str]] | None = None,
     ) -> list[Created | StorageError]:
-        """Create queued jobs in one round trip (a pipeline of atomic scripts, run in order).
+        """Create queued jobs in one round trip (a pipeline of atomic scripts, run in order), each waking its
+        queue's workers in the same script (`wait_for_work`).
 
         One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
-        QueueFullError once `max_queued` jobs are queued; 0 means no limit). `message_for(record)`
-        gives (Redis list, payload) of the job's broker message, pushed atomically with the record;
-        without it the jobs wait in the unsent set until `mark_sent`."""
+        QueueFullError once `max_queued` jobs are queued; 0 means no limit)."""
         now = self.clock()
         pending = [
             (
@@ -205,18 +203,23 @@ class JobStore(JobReads):
             )
             for spec in specs
         ]
-        replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, message_for)
+        replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued)
         return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
-    def mark_sent_many(self, job_ids: list[str]) -> None:
-        if job_ids:
-            self._redis.zrem(self.keys.unsent, *job_ids)
+    def wake_workers(self, queue: str) -> None:
+        """Wake one waiting worker of `queue`, as queueing a job there does (storage.lua's wake_workers)."""
+        key = self.keys.wake(queue)
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, "1")
+            pipe.ltrim(key, 0, lua.WAKE_TOKENS - 1)
+            pipe.execute()
 
     @_wraps_redis_errors
-    def mark_sent(self, job_id: str) -> None:
-        """The job's generate message is in the broker; `unsent_job_ids` forgets it."""
-        self._redis.zrem(self.keys.unsent, job_id)
+    def wait_for_work(self, queue: str, timeout: float) -> bool:
+        """Block until a job is queued on `queue` (a wake-up token, pushed by the script that queued it) or
+        `timeout` seconds pass; True if woken. A token is one wake-up: each wakes one waiting worker."""
+        return self._redis.blpop([self.keys.wake(queue)], timeout=timeout) is not None
 
     @_wraps_redis_errors
     def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
@@ -230,9 +233,9 @@ class JobStore(JobReads):
 
     @_wraps_redis_errors
     def take_next(self, queue: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
-        """What a generate message does: atomically take the next job of `queue` (highest priority
-        first, then the fair order: storage.fair_share) queued -> running with a lease. None if no job
-        of that queue is queued."""
+        """What a worker's feeder does when its engine has room: atomically take the next job of `queue`
+        (highest priority first, then the fair order: storage.fair_share) queued -> running with a lease. None
+        if no job of that queue is queued."""
         now = self.clock()
         reply = self._take_next(args=[self.namespace, queue, worker_id, repr(now), repr(now + lease_seconds)])
         return record_from_flat(reply) if reply else None

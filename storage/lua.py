@@ -15,8 +15,9 @@ Keys, with ns the namespace:
     {ns}:fair:{queue}:{priority}      hash, that order's virtual clock ("clock", the tag taken last) and
                                       each tenant's next tag ("tenant:NAME")
     {ns}:leases                       sorted set, running job ids by lease expiry
-    {ns}:unsent                       sorted set, jobs whose generate message may not have been sent, by
-                                      when they were queued: each entry is a message owed to its queue
+    {ns}:wake:{queue}                 list, wake-up tokens for the workers of one model's queue: one is
+                                      pushed whenever a job is queued there (at most WAKE_TOKENS kept);
+                                      an idle worker blocks on it (worker.feeder)
     {ns}:finished-counts              hash, terminal state -> jobs that ever reached it
     {ns}:idem:{tenant}:{key}          hash, job_id and request_hash of an idempotent create
     {ns}:job-events:{job_id}          stream, the job's events (storage.job_events); each entry is also
@@ -47,10 +48,17 @@ def _lua_expression(key: str) -> str:
     return " .. ".join(_PLACEHOLDERS.get(part) or "'" + part.replace("'", "\\'") + "'" for part in parts)
 
 
+WAKE_TOKENS = 64  # wake-up tokens kept per queue: enough to wake every idle worker of a model at once
+
 _KEY_NAMES = f"""
 local queued_key = {_lua_expression(_KEYS.queued)}
 local leases_key = {_lua_expression(_KEYS.leases)}
-local unsent_key = {_lua_expression(_KEYS.unsent)}
+
+local function wake_workers(queue)
+  local key = {_lua_expression(_KEYS.wake(chr(4)))}
+  redis.call('LPUSH', key, '1')
+  redis.call('LTRIM', key, 0, {WAKE_TOKENS - 1})
+end
 local finished_counts_key = {_lua_expression(_KEYS.finished_counts)}
 
 local function job_key_of(job_id)
@@ -177,12 +185,9 @@ local function set_state(job_key, job_id, from_state, to_state)
 end
 
 -- Out of the queue and the lease set, counted, and kept only for ttl seconds from now on.
--- A queued job's owed message is forgiven (one job fewer needs one); a running job's is not: it may be
--- owed to another job of its queue, taken by its message meanwhile.
 local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
   if from_state == 'queued' then
     refund_share(job_key)
-    redis.call('ZREM', unsent_key, job_id)
   end
   set_state(job_key, job_id, from_state, to_state)
   redis.call('HSET', job_key, 'finished_at', now)
@@ -217,15 +222,13 @@ end
 """
 )
 
-# KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), message_list,
-# message ('' and '': none), the record's hash as a JSON list [field, value, ...] (one argument
-# instead of forty: the client packs far less), the job's share in the fair order (cost / weight), the
-# uploads' TTL in seconds, then (upload key, data URI) pairs: the job's inline input images, stored only when
-# the job is created.
+# KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), the record's hash as a
+# JSON list [field, value, ...] (one argument instead of forty: the client packs far less), the job's share in
+# the fair order (cost / weight), the uploads' TTL in seconds, then (upload key, data URI) pairs: the job's
+# inline input images, stored only when the job is created.
 # Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
 # the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
-# With a message, the job is created and its message pushed onto message_list together (the job is
-# then never unsent); without one, the job waits in the unsent set until its creator marks it sent.
+# A created job wakes its queue's workers in the same step (worker.feeder).
 CREATE = (
     _PREAMBLE
     + """
@@ -247,22 +250,18 @@ if KEYS[2] then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'job_id', job_id, 'request_hash', ARGV[3])
 end
-for i = 10, #ARGV, 2 do
-  redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', tonumber(ARGV[9]))
+for i = 8, #ARGV, 2 do
+  redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', tonumber(ARGV[7]))
 end
-redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[7])))
+redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[5])))
 if KEYS[2] then
   redis.call('HSET', KEYS[1], 'idem_redis_key', KEYS[2])
 end
 local tenant, created_at = unpack(redis.call('HMGET', KEYS[1], 'tenant', 'created_at'))
 redis.call('ZADD', tenant_index('all', tenant), created_at, job_id)
 redis.call('ZADD', tenant_index('queued', tenant), created_at, job_id)
-add_new_queued(KEYS[1], job_id, created_at, tonumber(ARGV[8]))
-if ARGV[5] ~= '' then
-  redis.call('LPUSH', ARGV[5], ARGV[6])
-else
-  redis.call('ZADD', unsent_key, created_at, job_id)
-end
+add_new_queued(KEYS[1], job_id, created_at, tonumber(ARGV[6]))
+wake_workers(redis.call('HGET', KEYS[1], 'queue'))
 return {1, redis.call('ZRANK', (fair_keys(KEYS[1])), job_id)}
 """
 )
@@ -278,7 +277,6 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
   return false
 end
 take_job(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-redis.call('ZREM', unsent_key, ARGV[2])
 return redis.call('HGETALL', KEYS[1])
 """
 )
@@ -399,8 +397,8 @@ return {'refused', state}
 )
 
 # ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or '', reason code, reason message.
-# Returns 1 if queued again, 2 if canceled instead (a cancel was requested), 0 if refused. A job queued
-# again owes its queue a message (the unsent set) until the caller marks it sent.
+# Returns 1 if queued again (its queue's workers woken), 2 if canceled instead (a cancel was requested), 0 if
+# refused.
 RELEASE = (
     _PREAMBLE
     + """
@@ -425,7 +423,7 @@ redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'reque
            'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])
 add_requeued(KEYS[1], ARGV[2], ARGV[4])
-redis.call('ZADD', unsent_key, ARGV[4], ARGV[2])
+wake_workers(redis.call('HGET', KEYS[1], 'queue'))
 emit(ARGV[2], 'event', 'queued')
 return 1
 """
@@ -464,7 +462,6 @@ if state == 'queued' then
 end
 remove_queued(KEYS[1], ARGV[2])
 redis.call('ZREM', leases_key, ARGV[2])
-redis.call('ZREM', unsent_key, ARGV[2])
 for _, name in ipairs({'all', """
     + ", ".join(f"'{state.value}'" for state in JobState)
     + """}) do

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,16 +68,12 @@ class Created:
     queue_position: int | None  # position among queued jobs of its model and priority, when created
 
 
-MessageFor = Callable[[JobRecord], tuple[str, str]]  # record -> (Redis list, broker message payload)
-
-
 def run_creates(
     client: redis.Redis,
     create_sha: str,
     keys: RedisKeys,
     pending: list[tuple[NewJobSpec, JobRecord, float]],
     max_queued: int,
-    message_for: MessageFor | None,
 ) -> list[Any]:
     """One pipeline of CREATE scripts (storage.lua), one per pending (spec, record, fair share); their raw replies.
 
@@ -94,7 +89,6 @@ def run_creates(
                 script_keys = [keys.job(record.job_id)]
                 if spec.idempotency_key is not None:
                     script_keys.append(keys.idempotency(spec.tenant, spec.idempotency_key))
-                message_list, message = message_for(record) if message_for else ("", "")
                 flat = json.dumps([item for pair in record_to_hash(record).items() for item in pair])
                 pipe.evalsha(
                     create_sha,
@@ -104,8 +98,6 @@ def run_creates(
                     record.job_id,
                     spec.request_hash or "",
                     max_queued,
-                    message_list,
-                    message,
                     flat,
                     repr(share),
                     spec.upload_ttl_seconds,

@@ -47,9 +47,9 @@ class RedisKeys:
         """The sorted set a queued record waits in (its position is its rank there)."""
         return self.queued_in(record.queue, record.priority)
 
-    @property
-    def unsent(self) -> str:
-        return f"{self.namespace}:unsent"
+    def wake(self, queue: str) -> str:
+        """List: wake-up tokens for the workers of one model's queue, one pushed per job queued (storage.lua)."""
+        return f"{self.namespace}:wake:{queue}"
 
     @property
     def leases(self) -> str:

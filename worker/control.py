@@ -9,17 +9,17 @@ and two of Celery's own, answered in the project's terms, so Celery users' habit
     celery -A worker inspect active         # the jobs each worker runs, with their progress
     celery -A worker control revoke JOB_ID  # cancel the job at its next step, wherever it runs
 
-A job is not one Celery task (a worker takes jobs from its model's queue in the project's own order),
-so Celery's `active` would list messages, not jobs, and its `revoke` would only drop a message: `active`
+A job is not a Celery task (a worker's feeder takes jobs from its model's queue in the project's own
+order), so Celery's `active` would not list it, and its `revoke` would not stop it: `active`
 lists the jobs an engine worker holds, as Celery lists tasks (plus `progress` and `tenant`), and the
 worker's other tasks as Celery does; `revoke` cancels each id that names a job as
 `POST /v1/jobs/{id}/cancel` does (a queued job at once; a running one at its next step: its own worker
 stops it at once, any other through the cancel flag within a poll interval), and hands every other id
 to Celery's own revoke.
 
-`drain` stops consuming its model's generate queue, pauses the engine's admission and sends jobs
-that have not started denoising back to the queue (another worker, or this one after
-`resume`, runs them); jobs already denoising finish. Webhook deliveries continue.
+`drain` stops the feeder taking jobs from its model's queue (`worker.feeder`), pauses the engine's
+admission and sends jobs that have not started denoising back to the queue (another worker, or this
+one after `resume`, runs them); jobs already denoising finish. Webhook deliveries continue.
 
 A worker that runs no engine (webhook delivery only) answers each of them with a plain "ok" saying
 so, not an error: a fleet-wide `celery inspect engine_stats` or `control drain` reaches it too, and

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from storage.job_record import JobRecord
 from storage.job_store import JobStore
 
 log = logging.getLogger(__name__)
@@ -31,14 +30,12 @@ class DeadWorkerWatch:
     def __init__(
         self,
         job_store: JobStore,
-        enqueue: Callable[[JobRecord], None],
         *,
         timeout: float,
         own_worker_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_store = job_store
-        self.enqueue = enqueue
         self.timeout = timeout
         self.own_worker_id = own_worker_id
         self.clock = clock
@@ -77,13 +74,9 @@ class DeadWorkerWatch:
             if holder not in dead:
                 continue
             message = f"worker {holder} sent no heartbeat for {self.timeout:.0f}s"
-            if self.job_store.release(job_id, holder, "worker_lost", message):
-                record = self.job_store.get(job_id)
-                if record is not None:
-                    self.enqueue(record)  # to the job's own queue, at its priority
-                    self.job_store.mark_sent(job_id)  # the message the release left owed (storage.lua.RELEASE)
-                    requeued.append(job_id)
-                    log.warning("job %s: re-queued: %s", job_id, message)
+            if self.job_store.release(job_id, holder, "worker_lost", message):  # wakes its queue's workers
+                requeued.append(job_id)
+                log.warning("job %s: re-queued: %s", job_id, message)
         return requeued
 
 

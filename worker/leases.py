@@ -1,22 +1,14 @@
-"""Job leases: renew the ones this worker holds; re-queue jobs whose worker died, and send jobs
-whose creator died before sending them.
+"""Job leases: renew the ones this worker holds; re-queue jobs whose worker died.
 
 A running job holds a lease that its worker's `LeaseKeeper` renews from a thread of its own,
-never from the job's task thread: that thread waits on the engine, and one long denoise step
+never from the job's thread: that thread waits on the engine, and one long denoise step
 (or a cancel waiting for that step to end) must not let the lease lapse and hand a job that
-is still running to another worker. Each worker
-runs one `LapsedLeaseSweeper`: every `STEPWISE_LEASE_SWEEP_INTERVAL` it asks the job store
-for running jobs whose lease lapsed, moves each back to `queued` (only if the lease is still
-lapsed, so a worker that just renewed keeps its job) and sends a new generate message. A
-SIGKILLed worker's jobs therefore run again within about a lease, not after the broker's
-visibility timeout; when the original message does come back, the job is no longer queued
-under it and that delivery does nothing.
-
-The same sweep sends each message owed for longer than a lease (`JobStore.unsent_job_ids`): a job
-created without its message by a creator that died before sending it, or re-queued by a worker that
-died between the release and the send, would otherwise leave its queue one message short. Any
-message takes its queue's next job (`worker.tasks`), so the owed message is sent whatever became of
-the job it was owed for; a message too many finds nothing queued and does nothing.
+is still running to another worker. Each worker runs one `LapsedLeaseSweeper`: every
+`STEPWISE_LEASE_SWEEP_INTERVAL` it asks the job store for running jobs whose lease lapsed and
+moves each back to `queued` (only if the lease is still lapsed, so a worker that just renewed keeps
+its job), which wakes its model's workers (`storage.lua.RELEASE`, `worker.feeder`). A SIGKILLed
+worker's jobs therefore run again within about a lease; its dead-worker watch
+(`worker.dead_workers`) usually re-queues them sooner, from heartbeats.
 """
 
 from __future__ import annotations
@@ -27,9 +19,7 @@ import time
 from collections.abc import Callable
 
 from storage.errors import StorageError
-from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queue_names import broker_queue_keys
 from worker.dead_workers import DeadWorkerWatch
 
 log = logging.getLogger(__name__)
@@ -41,16 +31,12 @@ class LapsedLeaseSweeper:
     def __init__(
         self,
         job_store: JobStore,
-        enqueue: Callable[[JobRecord], None],
         interval: float,
-        unsent_grace: float,
         dead_workers: DeadWorkerWatch | None = None,
         is_held_here: Callable[[str], bool] = lambda job_id: False,
     ) -> None:
         self.job_store = job_store
-        self.enqueue = enqueue
         self.interval = interval
-        self.unsent_grace = unsent_grace  # seconds a creator has to send a new job's message
         self.dead_workers = dead_workers  # checked every DEAD_WORKER_CHECK_SECONDS
         self.is_held_here = is_held_here  # job_id -> whether this process's LeaseKeeper renews its lease
         self._stopped = threading.Event()
@@ -70,7 +56,7 @@ class LapsedLeaseSweeper:
             if self.dead_workers is not None:
                 self._guarded("dead worker check", self.dead_workers.sweep)
             if time.monotonic() >= next_sweep:
-                self._guarded("lease sweep", self.sweep, self.send_unsent, self.send_to_starved_queues)
+                self._guarded("lease sweep", self.sweep)
                 next_sweep = time.monotonic() + self.interval
             self._stopped.wait(min(self.interval, DEAD_WORKER_CHECK_SECONDS))
 
@@ -94,55 +80,10 @@ class LapsedLeaseSweeper:
             if self.is_held_here(job_id):
                 log.info("job %s: its lease lapsed, but this worker holds it and renews it", job_id)
                 continue
-            if self.job_store.release_if_lapsed(job_id):
-                record = self.job_store.get(job_id)
-                if record is None:
-                    continue
-                self.enqueue(record)  # to the job's own queue, at its priority
-                self.job_store.mark_sent(job_id)
+            if self.job_store.release_if_lapsed(job_id):  # wakes its queue's workers
                 requeued.append(job_id)
                 log.warning("job %s: its worker stopped renewing the lease; re-queued", job_id)
         return requeued
-
-    def send_to_starved_queues(self) -> list[str]:
-        """One more message for each queue that has a job queued longer than a lease while no message waits
-        for it: its messages went with a worker that reserved them and died before taking a job (the broker
-        hands those back only after its visibility timeout). A message too many takes nothing. Returns
-        the queues sent to."""
-        client, keys = self.job_store.redis, self.job_store.keys
-        old_ids = client.zrangebyscore(keys.queued, "-inf", repr(self.job_store.clock() - self.unsent_grace), 0, 100)
-        starved: dict[str, JobRecord] = {}
-        for job_id in old_ids:
-            record = self.job_store.get(job_id)
-            if record is not None and record.state is JobState.QUEUED and queue_name(record) not in starved:
-                if not any(client.llen(key) for key in broker_queue_keys(queue_name(record))):
-                    starved[queue_name(record)] = record
-        for queue, record in starved.items():
-            self.enqueue(record)
-            log.warning(
-                "queue %s: job %s queued for over %.0fs and no message waits; sent one",
-                queue,
-                record.job_id,
-                self.unsent_grace,
-            )
-        return list(starved)
-
-    def send_unsent(self) -> list[str]:
-        """Send every message owed to a queue whose sender never confirmed sending it."""
-        sent = []
-        for job_id in self.job_store.unsent_job_ids(self.job_store.clock() - self.unsent_grace):
-            record = self.job_store.get(job_id)
-            if record is not None:
-                self.enqueue(record)
-                sent.append(job_id)
-                log.warning("job %s: queued for %.0fs with no message sent; sent one", job_id, self.unsent_grace)
-            self.job_store.mark_sent(job_id)
-        return sent
-
-
-def queue_name(record: JobRecord) -> str:
-    """The Celery queue of a record's model."""
-    return record.queue
 
 
 class LeaseKeeper:

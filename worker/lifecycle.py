@@ -7,11 +7,13 @@
   workers' jobs, `worker.dead_workers`), and for a local image folder the image retention sweeper
   (`worker.image_retention`). A worker that consumes only the webhook queue loads no model and
   sends no heartbeat, but sweeps too.
-- `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
-  ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
-  Celery meanwhile stops consuming and waits for the task threads.
-- `worker_shutdown`: stop the sweeper, the heartbeat (its last beat says the model lost this
-  worker) and the engine.
+- `worker_ready`: an engine worker starts its feeder, which takes jobs from its model's queue
+  (`worker.feeder`).
+- `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting (the feeder takes nothing more); re-queue
+  waiting jobs; give running ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then
+  re-queue the rest.
+- `worker_shutdown`: wait for the feeder's jobs to end, then stop the sweeper, the heartbeat (its
+  last beat says the model lost this worker) and the engine.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
 from worker import metrics
 from worker.app import generate_queue, settings
 from worker.dead_workers import DeadWorkerWatch
-from worker.generate_messages import send_generate
+from worker.feeder import Feeder
 from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _sweeper: LapsedLeaseSweeper | None = None
 _image_sweeper: ImageRetentionSweeper | None = None
+_feeder: Feeder | None = None
 
 
 def _pool_name(pool_cls: object) -> str:
@@ -84,13 +87,11 @@ def start(sender) -> None:
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
     dead_workers = DeadWorkerWatch(
-        runtime.job_store, send_generate, timeout=settings.storage.worker_timeout, own_worker_id=runtime.worker_id
+        runtime.job_store, timeout=settings.storage.worker_timeout, own_worker_id=runtime.worker_id
     )
     _sweeper = LapsedLeaseSweeper(
         runtime.job_store,
-        send_generate,
         settings.lease_sweep_interval,
-        unsent_grace=runtime.lease_seconds,
         dead_workers=dead_workers,
         is_held_here=runtime.leases.holds,
     ).start()
@@ -99,7 +100,12 @@ def start(sender) -> None:
 
 @signals.worker_ready.connect
 def on_worker_ready(**_) -> None:
+    global _feeder
     runtime = current_runtime()
+    if runtime is not None and runtime.runs_engine:
+        from worker.tasks import run_held_job
+
+        _feeder = Feeder(runtime, run_held_job).start()
     if runtime is not None:
         engine = (
             f"model {settings.model}, queue {generate_queue}, max_num_seqs {settings.max_num_seqs}"
@@ -124,6 +130,8 @@ def on_worker_shutting_down(how: str = "Warm", **_) -> None:
 
 @signals.worker_shutdown.connect
 def on_worker_shutdown(**_) -> None:
+    if _feeder is not None:  # its jobs finish, or go back to the queue, within the grace (begin_shutdown)
+        _feeder.stop(timeout=settings.shutdown_grace + 30)
     if _sweeper is not None:
         _sweeper.stop()
     if _image_sweeper is not None:

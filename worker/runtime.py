@@ -58,6 +58,7 @@ class WorkerRuntime:
         self._is_idle.set()
         self.is_admitting = True
         self.is_shutting_down = False
+        self.room_changed = threading.Event()  # set when a held job ends or admission resumes (worker.feeder)
         self.warmed_up: WarmUp | None = None  # the warm-up job's outcome, once run (worker.warm_up)
         self.leases = LeaseKeeper(self.job_store, self.worker_id, self.lease_seconds, self._on_lease_lost)
 
@@ -172,6 +173,18 @@ class WorkerRuntime:
             self._active.pop(job_id, None)
             if not self._active:
                 self._is_idle.set()
+        self.room_changed.set()
+
+    def may_take_jobs(self, num_held: int) -> bool:
+        """Whether this worker may take another job from its queue while it holds `num_held` (taken, not ended):
+        its engine runs and has room (the batch full plus a few waiting, `STEPWISE_WORKER_CONCURRENCY`), and it
+        is neither drained nor shutting down. The one place that decides it (`worker.feeder` asks)."""
+        return (
+            self.is_admitting
+            and not self.is_shutting_down
+            and num_held < self.settings.concurrency
+            and self.is_engine_running
+        )
 
     def stop_job(self, active: ActiveJob, reason: StopReason) -> None:
         """Ask the engine to stop the job at its next step boundary (or, while `submit` is still handing it
@@ -218,6 +231,7 @@ class WorkerRuntime:
             self.is_admitting = True
             if self._engine is not None:
                 self._engine.resume()
+        self.room_changed.set()
 
     def requeue_all(self) -> list[str]:
         """Send every job this worker holds back to the queue (end of the shutdown grace)."""

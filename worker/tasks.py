@@ -1,19 +1,15 @@
-"""The generate task: one job from its queued record to an end state.
+"""One job, from taken to an end state, on a thread of its own (`worker.feeder` takes it and starts it).
 
-A generate message is a ticket for its model's queue, not for one job: the job it names is the one
-whose arrival sent it (for logs and Flower), and the job it runs is the queue's next one in the
-project's own order (highest priority, then fair share across tenants: `storage.fair_share`).
-Every queued job is matched by a message, so any message may run any job of its queue.
-
-1. take the queue's next job (atomic queued -> running with a lease); with none queued (its job was
-   canceled, or taken by another message) the message does nothing, so a redelivered one is harmless;
-2. a job whose deadline passed before it started ends `expired`;
-3. submit it to this process's engine and wait, writing progress and watching for a cancel
+1. a job whose deadline passed before it started ends `expired`;
+2. submit it to this process's engine and wait, writing progress and watching for a cancel
    request (`worker.job_watch`);
-4. encode and upload the images here, on the task thread, then mark the job `succeeded`.
+3. encode and upload the images here, on the job's thread, then mark the job `succeeded`.
 
 Engine errors end the job `failed` with the engine's message. A job that drain or warm
 shutdown stops before it finishes goes back to the queue for any worker.
+
+The `stepwise.generate` Celery task is no longer how jobs arrive: a message sent to a model's queue (by an
+API from before the feeder, or by hand) only wakes that model's workers.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
 from worker.active_job import ActiveJob, StopReason
 from worker.app import app
-from worker.generate_messages import send_generate, send_ticket
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
@@ -41,19 +36,13 @@ from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
 
-STORAGE_RETRY_SECONDS = 5
 
-
-@app.task(name=GENERATE_TASK, bind=True, max_retries=None)
-def generate(self, job_id: str) -> str:
-    """`job_id`: the job whose arrival sent this message. Returns what this delivery did (for logs and Flower)."""
-    try:
-        return run_job(get_runtime(), job_id)
-    except StorageUnavailableError as e:
-        # Before the job was taken nothing changed: try the message again later. After it was
-        # taken, its lease lapses and another worker's lease sweeper re-queues it.
-        log.warning("job %s: Redis unavailable (%s); retrying in %ds", job_id, e, STORAGE_RETRY_SECONDS)
-        raise self.retry(countdown=STORAGE_RETRY_SECONDS) from e
+@app.task(name=GENERATE_TASK, ignore_result=True)
+def generate(job_id: str) -> str:
+    """A generate message (from an API before the feeder, or sent by hand): wake this model's workers."""
+    runtime = get_runtime()
+    runtime.job_store.wake_workers(runtime.settings.queue)
+    return "woke the feeders"
 
 
 def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
@@ -61,25 +50,26 @@ def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
     return retry_through_outage(runtime.settings.redis_retry_seconds, call, *args, **kwargs)
 
 
-def run_job(runtime: WorkerRuntime, message_job_id: str) -> str:
-    store = runtime.job_store
-    queue = runtime.settings.queue
-    if not runtime.is_admitting:  # drained or shutting down: leave the queue's next job to another worker
-        send_ticket(queue, message_job_id)
-        return "passed on"
-    taken = patiently(runtime, store.take_next, queue, runtime.worker_id, runtime.lease_seconds)
+def run_job(runtime: WorkerRuntime) -> str:
+    """Take this worker's queue's next job and run it on this thread (what the feeder does, one job at a time:
+    for tests and tools)."""
+    taken = patiently(
+        runtime, runtime.job_store.take_next, runtime.settings.queue, runtime.worker_id, runtime.lease_seconds
+    )
     if taken is None:
-        log.info("message of job %s: no job of its queue is queued; nothing to do", message_job_id)
-        metrics.JOBS.labels("skipped").inc()
         return "nothing queued"
+    runtime.leases.hold(taken.job_id)
+    return run_held_job(runtime, taken)
+
+
+def run_held_job(runtime: WorkerRuntime, taken: JobRecord) -> str:
+    """Run a job this worker took (its lease held) to an end state, or back to the queue."""
     job_id = taken.job_id
-    if job_id != message_job_id:
-        log.info("message of job %s: took job %s, next in its queue", message_job_id, job_id)
-    runtime.leases.hold(job_id)
     try:
         return run_taken_job(runtime, taken)
-    except StorageError:
-        raise  # the job's lease lapses and a lease sweeper re-queues it
+    except StorageError as e:  # Redis stayed away: the job's lease lapses and a lease sweeper re-queues it
+        log.warning("job %s: left to its lease (%s)", job_id, e)
+        return "left to its lease"
     except Exception as e:  # a bug must end the job readably, not leave it running
         log.exception("job %s: worker error", job_id)
         return end_job(
@@ -265,8 +255,6 @@ def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
             return "canceled"
         log.info("job %s: not re-queued (%s): another worker holds it", job_id, why)
         return "not requeued"
-    send_generate(record)
-    patiently(runtime, store.mark_sent, job_id)
     log.info("job %s: re-queued (%s)", job_id, why)
     metrics.JOBS.labels("requeued").inc()
     return "requeued"

@@ -13,7 +13,7 @@ import pytest
 
 from storage.job_record import JobRecord, JobState
 from storage.new_job import NewJobSpec
-from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, generate_queue
+from storage.queue_names import generate_queue
 from tests.support.cluster import FAST_RECOVERY, Cluster, small_params
 from tests.support.servers import RedisServer
 from tests.support.waiting import wait_for
@@ -44,13 +44,9 @@ def cluster(tmp_path_factory):
 
 
 def submit(cluster: Cluster, tenant: str, params_list: list[dict], priority: str = "normal") -> list[str]:
-    """Jobs stored together, then one message each: what the API does, in two steps."""
+    """Jobs stored together, each waking the worker: what the API does."""
     specs = [NewJobSpec(tenant=tenant, params=params, priority=priority) for params in params_list]
-    job_ids = [outcome.record.job_id for outcome in cluster.store.create_many(specs)]
-    for job_id in job_ids:
-        cluster.celery.send_task(GENERATE_TASK, args=[job_id], queue=QUEUE, priority=BROKER_PRIORITY[priority])
-    cluster.store.mark_sent_many(job_ids)
-    return job_ids
+    return [outcome.record.job_id for outcome in cluster.store.create_many(specs)]
 
 
 def records(cluster: Cluster, job_ids: list[str]) -> list[JobRecord]:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(400)
 
 TENANTS = ("red", "blue")
 NUM_JOBS = {"builtin:tiny": 150, "other": 50}  # "other": builtin:tiny's weights under another name (a folder)
+NUM_STEPS = 40  # a job lives long enough that one seen early in its run is still running when its worker dies
 STOPPING = {"STEPWISE_SHUTDOWN_GRACE": "1", "STEPWISE_DRAIN_SECONDS": "2"}  # a SIGTERMed worker stops soon
 
 
@@ -50,7 +51,7 @@ def test_a_fleet_loses_no_job_and_runs_none_twice_when_workers_are_killed_and_st
     started = time.monotonic()
     job_ids = [
         cluster.submit(
-            small_params(model=models[name], prompt=f"fleet {name} {index}", seed=index, num_inference_steps=4),
+            small_params(model=models[name], prompt=f"fleet {name} {index}", seed=index, num_inference_steps=NUM_STEPS),
             tenant=TENANTS[index % 2],
         )
         for name, count in NUM_JOBS.items()
@@ -59,14 +60,27 @@ def test_a_fleet_loses_no_job_and_runs_none_twice_when_workers_are_killed_and_st
     assert cluster.store.model_load(generate_queue("builtin:tiny")).num_jobs > 0
 
     def held_by(worker: WorkerProcess) -> list[str]:
+        """Jobs the worker runs and is far from finishing (the feeder takes jobs as soon as they are queued)."""
         records = [cluster.store.get(job_id) for job_id in job_ids]
-        return [r.job_id for r in records if r.state is JobState.RUNNING and holder_of(worker, r.worker_id)]
+        return [
+            r.job_id
+            for r in records
+            if r.state is JobState.RUNNING and holder_of(worker, r.worker_id) and r.progress_step <= NUM_STEPS // 4
+        ]
 
     def both_busy() -> list[str] | None:
         held = held_by(killed)
         return held if len(held) >= 3 and held_by(stopped) else None
 
-    killed_held = wait_for(both_busy, 120, "both doomed workers to hold running jobs", 0.05)
+    killed_held = wait_for(
+        both_busy,
+        120,
+        lambda: (
+            f"both doomed workers to hold running jobs (now {cluster.store.counts_by_state()}, "
+            f"{len(held_by(killed))} and {len(held_by(stopped))})"
+        ),
+        0.05,
+    )
     killed.stop(signal.SIGKILL)
     stopped.stop(signal.SIGTERM, timeout=60)
 

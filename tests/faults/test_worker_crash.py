@@ -1,9 +1,8 @@
-"""Workers that die or race: every job ends `succeeded` exactly once, with one image, and a late
-redelivery of an old message changes nothing."""
+"""Workers that die or race: every job ends `succeeded` exactly once, with one image, and a job whose
+wake-up was lost still reaches a worker."""
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 
@@ -33,7 +32,6 @@ def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_
 
     doomed.stop(signal.SIGKILL)
     killed_at = time.monotonic()
-    assert folder_cluster.num_unacked() == NUM_IN_FLIGHT  # Redis would hand these back only after 10 hours
     folder_cluster.start_worker("rescuer", **FAST_RECOVERY)
 
     records = [folder_cluster.wait_for_end(job_id) for job_id in job_ids]
@@ -47,59 +45,30 @@ def test_a_sigkilled_worker_with_twenty_jobs_in_flight_loses_none_and_runs_none_
     assert folder_cluster.stored_images() == sorted(r.image_keys[0] for r in records)
     assert recovered_in < 200, f"recovery took {recovered_in:.0f}s"
 
-    # The dead worker's 20 messages come back from Redis some day; the same messages now stand in
-    # for that redelivery, and must change nothing.
-    for job_id in job_ids:
-        folder_cluster.enqueue(job_id)
-    wait_for(
-        lambda: folder_cluster.queue_length() == 0 and folder_cluster.num_unacked() == NUM_IN_FLIGHT,
-        60,
-        "the redelivered messages to be consumed and acknowledged",
-    )
-    after = [folder_cluster.store.get(job_id) for job_id in job_ids]
-    assert [(r.state, r.attempts, r.image_keys) for r in after] == [(r.state, 2, r.image_keys) for r in records]
-    assert folder_cluster.store.counts_by_state()["succeeded"] == NUM_IN_FLIGHT
-    assert len(folder_cluster.stored_images()) == NUM_IN_FLIGHT
+
+def engine_jobs_finished(cluster, worker) -> int:
+    return cluster.command(worker, "engine_stats")["jobs_finished"] - 1  # less its warm-up
 
 
-def received_tasks(log_text: str) -> int:
-    return len(re.findall(r"Task stepwise\.generate\[[^\]]+\] received", log_text))
-
-
-def test_the_same_message_delivered_to_two_workers_at_once_runs_once_with_one_image(folder_cluster):
+def test_two_workers_taking_from_one_queue_run_each_job_once_with_one_image(folder_cluster):
     workers = [folder_cluster.start_worker("twin-a"), folder_cluster.start_worker("twin-b")]
-    job_ids = [folder_cluster.create_job(small_params(prompt=f"twin {i}", seed=i)).job_id for i in range(6)]
-    for job_id in job_ids:
-        folder_cluster.enqueue(job_id, task_id=job_id)
-        folder_cluster.enqueue(job_id, task_id=job_id)
+    job_ids = [
+        folder_cluster.submit(small_params(prompt=f"twin {i}", seed=i, num_inference_steps=20)) for i in range(12)
+    ]
 
     records = [folder_cluster.wait_for_end(job_id) for job_id in job_ids]
-    wait_for(folder_cluster.broker_is_idle, 60, "all twelve messages to be consumed and acknowledged")
 
     assert [(r.state, r.attempts) for r in records] == [(JobState.SUCCEEDED, 1)] * len(job_ids)
     assert folder_cluster.store.counts_by_state()["succeeded"] == len(job_ids)
     assert folder_cluster.stored_images() == sorted(r.image_keys[0] for r in records)
-    logs = [worker.log_path.read_text(errors="replace") for worker in workers]
-    assert all(received_tasks(text) > 0 for text in logs), "both workers should have taken messages"
-    assert sum(received_tasks(text) for text in logs) == 2 * len(job_ids)
-    skipped = sum(len(re.findall(r"no job of its queue is queued; nothing to do", text)) for text in logs)
-    assert skipped == len(job_ids)
+    assert sum(engine_jobs_finished(folder_cluster, worker) for worker in workers) == len(job_ids)
 
 
-def test_a_job_whose_api_died_before_sending_its_message_is_sent_by_a_worker(folder_cluster):
-    worker = folder_cluster.start_worker(**FAST_RECOVERY)
-    orphan_id = folder_cluster.create_job(small_params(prompt="never sent")).job_id  # the record, no message
-    sent_id = folder_cluster.submit(small_params(prompt="sent"))
+def test_a_job_whose_wake_up_was_lost_still_reaches_a_worker(folder_cluster):
+    record = folder_cluster.create_job(small_params(prompt="no wake-up"))
+    folder_cluster.store.redis.delete(folder_cluster.store.keys.wake(record.queue))  # as a Redis restart may lose it
 
-    # A message is a ticket for its queue, not for its job: the sent job's message takes the queue's next
-    # job, the orphan (queued first), and the message owed for the orphan, which the sweeper sends a lease
-    # after the orphan was stored, takes the sent job. Between the two, no message waits in the broker while
-    # the sent job is still queued: wait for both jobs' ends, not for the broker.
-    orphan = folder_cluster.wait_for_end(orphan_id, timeout=120)
-    sent = folder_cluster.wait_for_end(sent_id, timeout=120)
-    wait_for(folder_cluster.broker_is_idle, 30, "every message to be consumed and acknowledged")
+    folder_cluster.start_worker()
 
-    assert (orphan.state, orphan.attempts) == (JobState.SUCCEEDED, 1)
-    assert (sent.state, sent.attempts) == (JobState.SUCCEEDED, 1)
-    assert folder_cluster.store.get(sent_id).attempts == 1
-    assert worker.log_text().count("with no message sent; sent one") == 1
+    ended = folder_cluster.wait_for_end(record.job_id, timeout=120)
+    assert (ended.state, ended.attempts) == (JobState.SUCCEEDED, 1)

@@ -283,31 +283,12 @@ def test_webhook_attempts_are_appended_in_order(store):
     assert store.get("no-such-job") is None
 
 
-def test_a_job_stays_unsent_until_its_message_is_marked_sent_taken_or_ended(store, clock):
-    sent, taken, canceled, orphan = (make_job(store) for _ in range(4))
-    clock.advance(10)
-    assert set(store.unsent_job_ids(created_before=clock.now)) == {
-        sent.job_id,
-        taken.job_id,
-        canceled.job_id,
-        orphan.job_id,
-    }
-
-    store.mark_sent(sent.job_id)
-    store.take(taken.job_id, "worker-1", lease_seconds=30)
-    store.request_cancel(canceled.job_id)
-
-    assert store.unsent_job_ids(created_before=clock.now) == [orphan.job_id]
-    assert store.unsent_job_ids(created_before=clock.now - 60) == []  # younger than that
-
-
-def test_a_job_is_created_with_its_message_and_a_refused_one_with_neither(store, client):
-    queue = "test-generate"
+def test_created_jobs_wake_their_queues_workers_and_a_refused_one_wakes_none(store, client):
     specs = [NewJobSpec(tenant="acme", params={"prompt": f"fox {i}", "seed": i}) for i in range(3)]
 
-    outcomes = store.create_many(specs, max_queued=2, message_for=lambda record: (queue, f"message of {record.job_id}"))
+    outcomes = store.create_many(specs, max_queued=2)
 
-    created = [outcome.record.job_id for outcome in outcomes if isinstance(outcome, Created)]
+    created = [outcome.record for outcome in outcomes if isinstance(outcome, Created)]
     assert len(created) == 2 and isinstance(outcomes[2], QueueFullError)
-    assert sorted(client.lrange(queue, 0, -1)) == sorted(f"message of {job_id}".encode() for job_id in created)
-    assert {record.job_id for record in store.list_for_tenant("acme")[0]} == set(created), "no record of the third"
+    assert client.llen(store.keys.wake(created[0].queue)) == 2, "one wake-up per created job"
+    assert {record.job_id for record in store.list_for_tenant("acme")[0]} == {r.job_id for r in created}

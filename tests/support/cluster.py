@@ -17,7 +17,7 @@ from celery import Celery
 from core.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queue_names import BROKER_PRIORITY, GENERATE_TASK, WEBHOOK_QUEUE, broker_queue_keys, generate_queue
+from storage.queue_names import WEBHOOK_QUEUE, broker_queue_keys, generate_queue
 from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.support.servers import S3_TEST_ENV, RedisServer, child_env
 from tests.support.waiting import wait_for
@@ -158,18 +158,9 @@ class Cluster:
         record, _ = self.store.create(tenant=tenant, params=params or small_params(), **fields)
         return record
 
-    def enqueue(self, job_id: str, *, task_id: str | None = None) -> None:
-        """Send the job's message to its queue at its priority, and say so, as the API does."""
-        record = self.store.get(job_id)
-        self.celery.send_task(
-            GENERATE_TASK, args=[job_id], queue=record.queue, task_id=task_id, priority=BROKER_PRIORITY[record.priority]
-        )
-        self.store.mark_sent(job_id)
-
     def submit(self, params: dict[str, Any] | None = None, **fields: Any) -> str:
-        record = self.create_job(params, **fields)
-        self.enqueue(record.job_id)
-        return record.job_id
+        """Queue a job as the API does (its model's workers are woken by the same script)."""
+        return self.create_job(params, **fields).job_id
 
     def wait_for_end(self, job_id: str, timeout: float = JOB_TIMEOUT) -> JobRecord:
         def ended() -> JobRecord | None:

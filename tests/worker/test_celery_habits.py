@@ -15,7 +15,7 @@ def cli_replies(result) -> dict:
 
 
 def test_inspect_active_lists_a_running_job_and_revoke_cancels_it_at_its_next_step(s3_cluster, main_worker):
-    job_id = s3_cluster.submit(long_params(), tenant="alice")
+    job_id = s3_cluster.submit(long_params(height=256, width=256), tenant="alice")  # long enough for two CLI calls
     s3_cluster.wait_for_progress(job_id)
 
     replies = cli_replies(s3_cluster.celery_cli("inspect", "active", "-d", main_worker.name, "--json", "-t", "10"))
@@ -33,7 +33,7 @@ def test_inspect_active_lists_a_running_job_and_revoke_cancels_it_at_its_next_st
 
 
 def test_revoke_cancels_a_queued_job_before_it_runs(s3_cluster, main_worker):
-    queued = s3_cluster.create_job(long_params())  # no message sent: it stays queued for now
+    queued = s3_cluster.create_job(long_params(model="builtin:not-served-here"))  # no worker takes it
 
     revoked = s3_cluster.celery_cli("control", "revoke", queued.job_id, "-t", "5")
 

@@ -29,13 +29,13 @@ def store(redis_url):
         yield job_store
 
 
-def watch_of(store: JobStore, clock: FakeClock, sent: list) -> DeadWorkerWatch:
-    return DeadWorkerWatch(store, sent.append, timeout=TIMEOUT, own_worker_id="me", clock=clock)
+def watch_of(store: JobStore, clock: FakeClock) -> DeadWorkerWatch:
+    return DeadWorkerWatch(store, timeout=TIMEOUT, own_worker_id="me", clock=clock)
 
 
 def test_a_silent_workers_job_is_requeued_once_and_a_beating_workers_job_stays(store):
-    clock, sent = FakeClock(0.0), []
-    watch = watch_of(store, clock, sent)
+    clock = FakeClock(0.0)
+    watch = watch_of(store, clock)
     silent, beating = make_job(store), make_job(store)
     store.take(silent.job_id, "dead-worker", 60)
     store.take(beating.job_id, "live-worker", 60)
@@ -46,15 +46,14 @@ def test_a_silent_workers_job_is_requeued_once_and_a_beating_workers_job_stays(s
         assert requeued == ([silent.job_id] if second == TIMEOUT else []), second
         clock.advance(1)
 
-    assert [record.job_id for record in sent] == [silent.job_id]
     assert store.get(silent.job_id).state is JobState.QUEUED
     assert store.get(silent.job_id).requeue_reason == "worker_lost"
     assert store.get(beating.job_id).state is JobState.RUNNING
 
 
 def test_after_a_failed_read_every_worker_gets_a_whole_timeout_again(store, monkeypatch):
-    clock, sent = FakeClock(0.0), []
-    watch = watch_of(store, clock, sent)
+    clock = FakeClock(0.0)
+    watch = watch_of(store, clock)
     job = make_job(store)
     store.take(job.job_id, "w1", 60)
     beat(store, "w1", 100.0)
@@ -72,8 +71,8 @@ def test_after_a_failed_read_every_worker_gets_a_whole_timeout_again(store, monk
 
 
 def test_the_watch_never_judges_its_own_worker(store):
-    clock, sent = FakeClock(0.0), []
-    watch = watch_of(store, clock, sent)
+    clock = FakeClock(0.0)
+    watch = watch_of(store, clock)
     job = make_job(store)
     store.take(job.job_id, "me", 60)
     beat(store, "me", 1.0)
@@ -91,44 +90,19 @@ def test_running_holders_names_the_worker_of_each_running_job(store):
     assert queued.job_id not in running_holders(store)
 
 
-def test_a_queue_whose_messages_died_with_a_worker_gets_one_more_while_none_waits(redis_url):
-    from storage.queue_names import broker_queue_keys
-    from worker.leases import LapsedLeaseSweeper, queue_name
+def test_a_new_or_requeued_job_wakes_its_queues_waiting_worker_in_the_same_step(store):
+    """No message per job: queueing one pushes a wake-up token in its own script (storage.lua), so an idle worker
+    blocked on its queue takes it at once; a job re-queued by a worker that dies right after needs no one to
+    send anything."""
+    record = make_job(store)
+    assert store.wait_for_work(record.queue, timeout=1) is True  # the token its create pushed
+    assert store.wait_for_work(record.queue, timeout=0.1) is False  # one token per job
+    store.take(record.job_id, "w1", 30)
 
-    clock = FakeClock(time.time())
-    with JobStore(redis_url, clock=clock) as store:
-        record = make_job(store)
-        store.mark_sent(record.job_id)  # its message was delivered: to a worker that died holding it
-        sent = []
-        sweeper = LapsedLeaseSweeper(store, sent.append, interval=15, unsent_grace=60)
+    assert store.release(record.job_id, "w1", "worker_drained", "w1: admission stopped")  # then w1 dies
 
-        assert sweeper.send_to_starved_queues() == []  # queued for less than a lease
-        clock.advance(61)
-        assert sweeper.send_to_starved_queues() == [queue_name(record)]
-        assert [job.job_id for job in sent] == [record.job_id]
-
-        store.redis.lpush(broker_queue_keys(queue_name(record))[0], "a message waiting")
-        assert sweeper.send_to_starved_queues() == []  # a message waits: it will take the job
-
-
-def test_a_job_requeued_by_a_worker_that_died_before_sending_its_message_is_sent_one_a_lease_later(redis_url):
-    """The one path that leaves a queued job without its message: a re-queue (release) records the message it
-    owes, and the worker sends it after; a worker that dies in between leaves it owed, and a sweeper sends it."""
-    from worker.leases import LapsedLeaseSweeper
-
-    clock = FakeClock(time.time())
-    with JobStore(redis_url, clock=clock) as store:
-        record = make_job(store)
-        store.mark_sent(record.job_id)  # created with its message, as the API does
-        store.take(record.job_id, "w1", 30)
-        assert store.release(record.job_id, "w1", "worker_drained", "w1: admission stopped")  # then w1 dies
-        sent = []
-        sweeper = LapsedLeaseSweeper(store, sent.append, interval=15, unsent_grace=60)
-
-        assert sweeper.send_unsent() == []  # its worker may still send it
-        clock.advance(61)
-        assert sweeper.send_unsent() == [record.job_id]
-        assert [job.job_id for job in sent] == [record.job_id] and sweeper.send_unsent() == []
+    assert store.wait_for_work(record.queue, timeout=1) is True
+    assert store.take_next(record.queue, "w2", 30).job_id == record.job_id
 
 
 def test_a_lapsed_lease_this_worker_still_holds_is_not_requeued_by_its_own_sweeper(redis_url):
@@ -140,17 +114,12 @@ def test_a_lapsed_lease_this_worker_still_holds_is_not_requeued_by_its_own_sweep
     with JobStore(redis_url, clock=clock) as store:
         held, dropped = make_job(store), make_job(store)
         for record in (held, dropped):
-            store.mark_sent(record.job_id)
             store.take(record.job_id, "me", 3)
         clock.advance(10)  # both leases lapsed: the keeper was starved
-        sent = []
-        own = LapsedLeaseSweeper(
-            store, sent.append, interval=1, unsent_grace=3, is_held_here={held.job_id}.__contains__
-        )
+        own = LapsedLeaseSweeper(store, interval=1, is_held_here={held.job_id}.__contains__)
 
         assert own.sweep() == [dropped.job_id]  # no task thread holds this one here any more
         assert store.get(held.job_id).state is JobState.RUNNING and store.renew_lease(held.job_id, "me", 3)
         clock.advance(10)
-        other = LapsedLeaseSweeper(store, sent.append, interval=1, unsent_grace=3)
+        other = LapsedLeaseSweeper(store, interval=1)
         assert other.sweep() == [held.job_id]
-        assert [job.job_id for job in sent] == [dropped.job_id, held.job_id]

@@ -39,9 +39,7 @@ def api_client(redis_url, tmp_path):
     get_task_queue_of(app).close()
 
 
-def test_a_worker_whose_engine_loop_died_reports_it_and_its_model_shows_unavailable(
-    runtime, api_client, monkeypatch
-):
+def test_a_worker_whose_engine_loop_died_reports_it_and_its_model_shows_unavailable(runtime, api_client, monkeypatch):
     engine = runtime.engine
     runtime.job_store.beat(current_heartbeat(runtime))
     assert api_client.get("/v1/models", headers=auth()).json["models"][0]["available"] is True

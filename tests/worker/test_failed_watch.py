@@ -42,7 +42,7 @@ def test_a_job_whose_preview_fails_to_encode_ends_failed_and_takes_no_more_steps
     params = small_params(num_inference_steps=NUM_STEPS, height=64, width=64)
     record, _ = store.create(tenant="tests", params=params)
 
-    assert run_job(runtime, record.job_id) == "failed"
+    assert run_job(runtime) == "failed"
 
     ended = store.get(record.job_id)
     assert ended.state is JobState.FAILED and "preview encoder broke" in ended.error_message

@@ -85,7 +85,7 @@ def test_a_cancel_inside_a_step_longer_than_the_lease_ends_the_job_at_that_step_
     store = JobStore(redis_url)
     record, _ = store.create(tenant="tests", params=small_params(num_inference_steps=4))
     outcome: list[str] = []
-    task = threading.Thread(target=lambda: outcome.append(run_job(runtime, record.job_id)), daemon=True)
+    task = threading.Thread(target=lambda: outcome.append(run_job(runtime)), daemon=True)
     task.start()
     wait_for(lambda: store.get(record.job_id).state is JobState.RUNNING, 10, "the job to start")
 

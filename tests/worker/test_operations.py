@@ -27,7 +27,6 @@ def test_drain_stops_admission_while_in_flight_jobs_finish_and_resume_restarts_i
         queue_names = [q["name"] for q in s3_cluster.command(main_worker, "active_queues")]
         # The in-flight job ran to its end meanwhile: a consuming worker would have taken this one.
         assert s3_cluster.store.get(held_id).state is JobState.QUEUED
-        assert s3_cluster.queue_length() == 1
         assert stats["is_admitting"] is False and stats["is_admission_paused"] is True
         assert generate_queue("builtin:tiny") not in queue_names and "stepwise.webhooks" in queue_names
     finally:
