@@ -16,7 +16,6 @@ import pytest
 from celery import Celery
 from PIL import Image
 
-from storage.queue_names import generate_queue
 from tests.support.calls import auth, get_job, submit, wait_for_job
 from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.support.waiting import wait_for
@@ -41,13 +40,13 @@ def receiver():
 
 @contextlib.contextmanager
 def generation_paused(worker: WorkerProcess, redis_url: str):
-    """The worker stops taking generation jobs (Celery's cancel_consumer) inside the block."""
+    """The worker takes no job inside the block (`celery control drain`, then `resume`)."""
     control = Celery(broker=redis_url, set_as_current=False).control
-    control.cancel_consumer(generate_queue("builtin:tiny"), destination=[worker.name], reply=True, timeout=10)
+    control.broadcast("drain", destination=[worker.name], reply=True, timeout=10)
     try:
         yield
     finally:
-        control.add_consumer(generate_queue("builtin:tiny"), destination=[worker.name], reply=True, timeout=10)
+        control.broadcast("resume", destination=[worker.name], reply=True, timeout=10)
 
 
 def verify_signature(delivery: Delivery) -> None:
