@@ -5,7 +5,8 @@
   type) mean this worker's model queue; load the model into this process's engine, start the
   metrics exporter, the heartbeat and the lapsed lease sweeper (which also re-queues dead
   workers' jobs, `worker.dead_workers`), and for a local image folder the image retention sweeper
-  (`worker.image_retention`). A worker that consumes only the webhook queue loads no model and
+  (`worker.image_retention`), and the spool's uploader, which first takes over what a stopped worker
+  left in the spool (`worker.spool`). A worker that consumes only the webhook queue loads no model and
   sends no heartbeat, but sweeps too.
 - `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
   ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
@@ -32,11 +33,14 @@ from worker.heartbeat import start_heartbeat, stop_heartbeat
 from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
 from worker.runtime import current_runtime, start_runtime
+from worker.spool_uploader import SpoolUploader
+from worker.tasks import end_spooled_job
 
 log = logging.getLogger(__name__)
 
 _sweeper: LapsedLeaseSweeper | None = None
 _image_sweeper: ImageRetentionSweeper | None = None
+_spool_uploader: SpoolUploader | None = None
 
 
 def _pool_name(pool_cls: object) -> str:
@@ -62,7 +66,7 @@ def on_worker_init(sender, **_) -> None:
 
 
 def start(sender) -> None:
-    global _sweeper, _image_sweeper
+    global _sweeper, _image_sweeper, _spool_uploader
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:
         raise ImproperlyConfigured(
@@ -80,6 +84,8 @@ def start(sender) -> None:
         )
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
+        # Before anything is consumed: what a stopped worker left in the spool is taken over, not run again.
+        _spool_uploader = SpoolUploader(runtime, end_spooled_job).start()
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
@@ -128,6 +134,8 @@ def on_worker_shutdown(**_) -> None:
         _sweeper.stop()
     if _image_sweeper is not None:
         _image_sweeper.stop()
+    if _spool_uploader is not None:
+        _spool_uploader.stop()
     stop_heartbeat()
     runtime = current_runtime()
     if runtime is not None:

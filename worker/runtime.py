@@ -26,6 +26,7 @@ from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
 from worker.leases import LeaseKeeper
 from worker.settings import OVERLAP_CHOICES, WorkerSettings
+from worker.spool import ImageSpool, open_spool
 
 if TYPE_CHECKING:
     from batching import DiffusionEngine
@@ -47,6 +48,7 @@ class WorkerRuntime:
         self.job_store = JobStore.from_settings(settings.storage)
         self.uploads = UploadStore.beside(self.job_store)  # input images of jobs (upload ids in records)
         self._image_store: ImageStore | None = None
+        self._spool: ImageSpool | None = None
         self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None
         self._build_lock = threading.Lock()  # guards building the engine and the image store
@@ -68,6 +70,15 @@ class WorkerRuntime:
             if self._image_store is None:
                 self._image_store = open_image_store(self.settings.storage)
             return self._image_store
+
+    @property
+    def spool(self) -> ImageSpool:
+        """Finished images the image store could not take yet (worker.spool)."""
+        with self._build_lock:
+            if self._spool is None:
+                s = self.settings
+                self._spool = open_spool(s.spool_dir, self.worker_id, s.spool_max_bytes)
+            return self._spool
 
     @property
     def engine(self) -> DiffusionEngine:
@@ -115,6 +126,15 @@ class WorkerRuntime:
         self.engine  # noqa: B018  (builds it)
 
     # -- admission ---------------------------------------------------------------------------
+
+    def may_take_jobs(self) -> bool:
+        """Whether this worker may take another job from its queue: it is admitting (not drained, not shutting
+        down) and its spool has room (worker.spool). What delivers jobs asks this before taking one."""
+        return self.is_admitting and self.spool.has_room
+
+    def wait_to_take_jobs(self, timeout: float) -> bool:
+        """`may_take_jobs`, waiting up to `timeout` seconds for room in a full spool (not for a drain to end)."""
+        return self.is_admitting and self.spool.wait_for_room(timeout) and self.is_admitting
 
     def submit(
         self,
@@ -231,6 +251,8 @@ class WorkerRuntime:
             "worker_id": self.worker_id,
             "is_admitting": self.is_admitting,
             "is_shutting_down": self.is_shutting_down,
+            "may_take_jobs": self.may_take_jobs(),
+            "spool": self.spool.stats(),
             "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
         }
 
@@ -239,6 +261,8 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.leases.stop()
+        if self._spool is not None:
+            self._spool.close()  # what still waits there is taken over by the next worker that looks
         if self._engine is not None:
             self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
         self.job_store.close()
