@@ -1,11 +1,11 @@
 """The thread that empties the spool (worker.spool): uploads its jobs' images once the store answers, and
 ends each job.
 
-It tries the oldest job first; while the store fails it tries again after a backoff (RETRY_FIRST_WAIT,
-doubling up to RETRY_MAX_WAIT, so a job is stored within about that long of the store answering again)
-and updates the job's `storing` reason when it changes. There is no cap on how long it keeps trying
-but the job's own retention (`STEPWISE_JOB_TTL`): a job spooled longer than that fails
-`storage_unavailable`.
+It tries the oldest job first, then the others several at a time; while the store fails it tries
+again after a backoff (RETRY_FIRST_WAIT, doubling up to RETRY_MAX_WAIT, so a job is stored within about
+that long of the store answering again) and updates the job's `storing` reason when it changes. There
+is no cap on how long it keeps trying but the job's own retention (`STEPWISE_JOB_TTL`): a job spooled
+longer than that fails `storage_unavailable`.
 
 Before uploading it reads the job's record: a job that ended (deleted, canceled meanwhile by its
 retention) or that another worker now holds (this one lost its lease, and the job runs again there)
@@ -20,6 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from storage.errors import StorageError
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RETRY_FIRST_WAIT = 0.5  # seconds
 RETRY_MAX_WAIT = 10.0  # seconds: how long after the store is back a waiting job may still wait
+UPLOAD_THREADS = 4  # uploads at once once the store is back
 ADOPT_INTERVAL = 30.0  # seconds between looks for what stopped workers left in the spool
 
 # ends a spooled job: succeeded with its images stored (reason None), else failed for `reason`
@@ -48,6 +50,7 @@ class SpoolUploader:
         self.end_spooled_job = end_spooled_job
         self._adopted_from: dict[str, str] = {}  # job id -> the stopped worker whose spool held it, until taken over
         self._reasons: dict[str, str] = {}  # job id -> the storing reason its record shows
+        self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="stepwise-spool-upload")
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepwise-spool-uploader", daemon=True)
 
@@ -59,6 +62,7 @@ class SpoolUploader:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def adopt_orphans(self) -> None:
         try:
@@ -81,7 +85,7 @@ class SpoolUploader:
             if not self.spool.wait_for_jobs(timeout=1.0):
                 continue
             try:
-                is_stored = all(self.upload(job) for job in self.spool.waiting() if not self._stopped.is_set())
+                is_stored = self.upload_round()
             except Exception:  # the uploader must outlive any one bad job
                 log.exception("spool: upload round failed")
                 is_stored = False
@@ -89,6 +93,17 @@ class SpoolUploader:
             if num_failures:
                 wait = min(RETRY_MAX_WAIT, RETRY_FIRST_WAIT * 2 ** (num_failures - 1))
                 self._stopped.wait(wait + random.uniform(0, RETRY_FIRST_WAIT))
+
+    def upload_round(self) -> bool:
+        """The oldest job first; once it is stored, the rest UPLOAD_THREADS at a time (the backlog of a long outage
+        is stored within seconds of the store answering). False if any failed."""
+        waiting = self.spool.waiting()
+        if not waiting:
+            return True
+        first, *rest = waiting
+        if not self.upload(first):
+            return False
+        return all(self._pool.map(self.upload, rest))
 
     def upload(self, job: SpooledJob) -> bool:
         """Store one job's images and end it (or drop it). False if the store or Redis failed: try again later."""
