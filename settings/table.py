@@ -210,8 +210,9 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "`preview_every`; 0: none", "worker"),
     Variable("STEPWISE_LEASE_SWEEP_INTERVAL", SECONDS, None, "how often a worker looks for lapsed leases", "worker",
              default_text="`STEPWISE_JOB_LEASE_SECONDS` / 4, at least 1"),
-    Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, 30.0,
-             "at warm shutdown, how long running jobs may finish before they are re-queued", "worker"),
+    Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, None,
+             "caps `STEPWISE_DRAIN_SECONDS`: after SIGTERM, at most this long before every running job is handed "
+             "back (0: all of them at their next step)", "worker", default_text="no cap"),
     Variable("STEPWISE_DRAIN_SECONDS", SECONDS, 25.0,
              "after SIGTERM, how long a worker may take to stop: it takes no new job, lets the running jobs that will "
              "finish in time finish and hands the rest back to the queue at a step boundary. Below the time its "

@@ -8,9 +8,11 @@
   (`worker.image_retention`), and the spool's uploader, which first takes over what a stopped worker
   left in the spool (`worker.spool`). A worker that consumes only the webhook queue loads no model and
   sends no heartbeat, but sweeps too.
-- `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting; re-queue waiting jobs; give running
-  ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then re-queue the rest.
-  Celery meanwhile stops consuming and waits for the task threads.
+- `worker_shutting_down` (SIGTERM, Ctrl+C): the drain (`worker.drain`): stop admitting; re-queue
+  waiting jobs; let the running jobs that will finish within `STEPWISE_DRAIN_SECONDS` (at most
+  `STEPWISE_SHUTDOWN_GRACE`; none on a cold shutdown) finish and hand the rest back at their next
+  step; a second signal hands back everything at once. Celery meanwhile stops consuming and waits
+  for the task threads, then exits 0.
 - `worker_shutdown`: stop the sweeper, the heartbeat (its last beat says the model lost this
   worker) and the engine.
 """
@@ -29,7 +31,7 @@ from worker import metrics
 from worker.app import generate_queue, settings
 from worker.dead_workers import DeadWorkerWatch
 from worker.generate_messages import send_generate
-from worker.heartbeat import start_heartbeat, stop_heartbeat
+from worker.heartbeat import beat_now, start_heartbeat, stop_heartbeat
 from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
 from worker.runtime import current_runtime, start_runtime
@@ -125,7 +127,17 @@ def on_worker_ready(**_) -> None:
 def on_worker_shutting_down(how: str = "Warm", **_) -> None:
     runtime = current_runtime()
     if runtime is not None:
-        runtime.begin_shutdown(grace=settings.shutdown_grace if how == "Warm" else 0.0)
+        runtime.begin_shutdown(drain_seconds(how))
+        beat_now()  # the fleet sees at once that this worker takes no job
+
+
+def drain_seconds(how: str) -> float:
+    """How long a stopping worker lets running jobs finish: STEPWISE_DRAIN_SECONDS, at most
+    STEPWISE_SHUTDOWN_GRACE; none on a cold shutdown."""
+    if how != "Warm":
+        return 0.0
+    cap = settings.shutdown_grace
+    return settings.drain_seconds if cap is None else min(settings.drain_seconds, cap)
 
 
 @signals.worker_shutdown.connect

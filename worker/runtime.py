@@ -2,7 +2,7 @@
 
 There is one `WorkerRuntime` per worker process. The model is loaded once, when the worker
 starts (`worker.lifecycle`), and every task thread submits to the same engine, which is what
-lets their jobs share forwards. Admission (drain, resume, warm shutdown) is decided here,
+lets their jobs share forwards. Admission (drain, resume, the drain at SIGTERM: `worker.drain`) is decided here,
 under one lock, so a job is either in the engine or sent back to the queue, never neither.
 """
 
@@ -24,6 +24,7 @@ from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store
 from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
+from worker.drain import Drain
 from worker.leases import LeaseKeeper
 from worker.settings import OVERLAP_CHOICES, WorkerSettings
 from worker.spool import ImageSpool, open_spool
@@ -226,23 +227,18 @@ class WorkerRuntime:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def begin_shutdown(self, grace: float) -> None:
-        """Admit nothing new, re-queue waiting jobs, give running ones `grace` seconds and
-        re-queue what still runs after it. Returns at once (it is called in a signal handler)."""
+    def begin_shutdown(self, drain_seconds: float) -> None:
+        """The first call (SIGTERM, Ctrl+C): drain (worker.drain) for at most `drain_seconds`; any later one: hand
+        back every running job at its next step. Returns at once (it is called in a signal handler)."""
         if self.is_shutting_down:
-            if grace == 0:
-                threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
+            threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
             return
         self.is_shutting_down = True
-        threading.Thread(target=self._shutdown, args=(grace,), name="stepwise-shutdown", daemon=True).start()
+        Drain(self, drain_seconds).start()
 
-    def _shutdown(self, grace: float) -> None:
-        requeued = self.stop_admission()
-        if requeued:
-            log.info("shutdown: re-queued %d jobs that had not started", len(requeued))
-        if not self._is_idle.wait(grace):
-            remaining = self.requeue_all()
-            log.warning("shutdown: re-queued %d jobs still running after %.0fs", len(remaining), grace)
+    def wait_until_idle(self, timeout: float) -> bool:
+        """Whether no job is in the engine, waiting up to `timeout` seconds for it."""
+        return self._is_idle.wait(timeout)
 
     def stats(self) -> dict[str, Any]:
         engine_stats = self._engine.stats() if self._engine is not None else {}

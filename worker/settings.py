@@ -59,7 +59,7 @@ class WorkerSettings:
     lease_sweep_interval: float = setting(
         "STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, default("STEPWISE_JOB_LEASE_SECONDS") / 4)
     )
-    shutdown_grace: float = setting("STEPWISE_SHUTDOWN_GRACE")  # seconds running jobs get at warm shutdown
+    shutdown_grace: float | None = setting("STEPWISE_SHUTDOWN_GRACE")  # caps drain_seconds; None: no cap
     drain_seconds: float = setting("STEPWISE_DRAIN_SECONDS")  # after SIGTERM, how long the worker may take to stop
     webhook_max_attempts: int = setting("STEPWISE_WEBHOOK_MAX_ATTEMPTS")
     webhook_backoff: float = setting("STEPWISE_WEBHOOK_BACKOFF")  # first retry delay; doubles per attempt
