@@ -1,27 +1,33 @@
-"""A finished job's output images: encoded in its output format and stored in the image store, on its task thread."""
+"""A finished job's outputs: encoded in its output format (core.output_encoding) and stored in the image store, on
+its task thread. Each output, an image or a video, is one stored object under a key whose extension is its format
+(so its content type: `core.output_formats`).
+"""
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
+from core.output_encoding import encode_image, encode_video
+from core.output_formats import DEFAULT_VIDEO_FPS, VIDEO_FORMATS
 from storage.image_store import ImageStore
 
-PILLOW_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}  # GenerationParams.output_format -> Pillow's name
+__all__ = ["encode_image", "encode_outputs", "encode_video", "store_images"]
 
 
-def encode_image(image: Any, output_format: str = "png", quality: int = 90) -> bytes:
-    """PNG (lossless; quality ignored), or JPEG/WebP at `quality` (1-100)."""
-    buffer = io.BytesIO()
-    options = {} if output_format == "png" else {"quality": quality}
-    image.convert("RGB").save(buffer, format=PILLOW_FORMATS[output_format], **options)
-    return buffer.getvalue()
+def encode_outputs(result: Any) -> list[bytes]:
+    """Each output of a finished job (`GenerationResult`) in its job's output format: images, or videos of their
+    frames."""
+    params = result.params
+    if params.output_format in VIDEO_FORMATS:
+        fps = params.fps if params.fps is not None else DEFAULT_VIDEO_FPS
+        return [encode_video(frames, params.output_format, fps) for frames in result.frames]
+    return [encode_image(image, params.output_format, params.output_quality) for image in result.images]
 
 
 def store_images(
     image_store: ImageStore, job_id: str, encoded: list[bytes], seeds: list[int], model: str, output_format: str
 ) -> list[str]:
-    """Store each encoded image under its deterministic key (its extension the format); a repeated run overwrites
+    """Store each encoded output under its deterministic key (its extension the format); a repeated run overwrites
     the same keys."""
     keys = []
     for index, data in enumerate(encoded):
