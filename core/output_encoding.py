@@ -81,3 +81,13 @@ def _video_frame(image: Any, pixel_format: str) -> Any:
     argb = np.concatenate([np.full((256, 1), 255, np.uint8), rgb], axis=1)
     # pal8 takes (indices, palette), which PyAV's stubs do not declare
     return av.VideoFrame.from_ndarray([np.asarray(paletted), argb], format="pal8")  # type: ignore[arg-type]
+
+
+def encode_outputs(result: Any) -> list[bytes]:
+    """Each output of a finished job (`GenerationResult`) in its job's output format: images, or videos of their
+    frames."""
+    params = result.params
+    if params.output_format in VIDEO_FORMATS:
+        fps = params.fps if params.fps is not None else DEFAULT_VIDEO_FPS
+        return [encode_video(frames, params.output_format, fps) for frames in result.frames]
+    return [encode_image(image, params.output_format, params.output_quality) for image in result.images]

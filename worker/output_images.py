@@ -5,23 +5,10 @@ its task thread. Each output, an image or a video, is one stored object under a 
 
 from __future__ import annotations
 
-from typing import Any
-
-from core.output_encoding import encode_image, encode_video
-from core.output_formats import DEFAULT_VIDEO_FPS, VIDEO_FORMATS
+from core.output_encoding import encode_image, encode_outputs, encode_video
 from storage.image_store import ImageStore
 
 __all__ = ["encode_image", "encode_outputs", "encode_video", "store_images"]
-
-
-def encode_outputs(result: Any) -> list[bytes]:
-    """Each output of a finished job (`GenerationResult`) in its job's output format: images, or videos of their
-    frames."""
-    params = result.params
-    if params.output_format in VIDEO_FORMATS:
-        fps = params.fps if params.fps is not None else DEFAULT_VIDEO_FPS
-        return [encode_video(frames, params.output_format, fps) for frames in result.frames]
-    return [encode_image(image, params.output_format, params.output_quality) for image in result.images]
 
 
 def store_images(

@@ -52,6 +52,14 @@ def test_a_video_job_is_served_as_an_mp4_of_the_frames_size_and_fps_it_asked_for
 
     assert video.headers["Content-Type"] == "video/mp4"
     assert decoded(video.content) == (9, (96, 64), 8.0)
+    models = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
+    wan = next(model for model in models if model["model"] == "builtin:tiny-wan")
+    assert {name: wan["defaults"][name] for name in ("num_frames", "fps", "output_format")} == {
+        "num_frames": 33,
+        "fps": 16,
+        "output_format": "mp4",
+    }
+    assert (wan["limits"]["max_num_frames"], wan["limits"]["frames_per_latent"]) == (161, 4)
 
 
 def test_the_openai_client_creates_polls_downloads_lists_and_deletes_a_video_that_other_tenants_cannot_see(
