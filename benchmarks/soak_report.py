@@ -45,8 +45,8 @@ def final_views(api_url: str, tenants: dict[str, str], accepted: list) -> dict[s
                 views[job_id] = None
                 del pending[job_id]
             elif response.status_code == 200:
-                views[job_id] = response.json()
-                if views[job_id]["state"] in TERMINAL:
+                view = views[job_id] = response.json()
+                if view["state"] in TERMINAL:
                     del pending[job_id]
         if pending:
             time.sleep(2)

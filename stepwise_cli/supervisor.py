@@ -199,6 +199,7 @@ class Supervisor:
 
     def _relay(self, child: Child) -> None:
         stream = child.process.stdout
+        assert stream is not None  # every child starts with stdout=PIPE
         explained: set[str] = set()
         for raw in iter(stream.readline, b""):
             text = mask_urls(raw.decode("utf-8", "replace").rstrip())

@@ -300,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
             redis_port, note = embedded_redis_port(args.redis_port, var_dir)
             if note:
                 supervisor.say(note)
+            assert redis_binary is not None  # preflight_error refused a missing redis-server
             redis_url = start_redis(supervisor, redis_binary, redis_port, var_dir / "redis", env)
         env["STEPWISE_REDIS_URL"] = redis_url
         wait_for_redis(supervisor, redis_url, timeout=30)

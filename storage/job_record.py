@@ -73,6 +73,13 @@ class JobRecord:
     priority: str = "normal"  # high, normal or low (core.params.PRIORITIES)
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
 
+    @property
+    def first_started_at(self) -> float:
+        """When a worker first took the job: a taken job's record always has it (the take script stamps it)."""
+        if self.started_at is None:
+            raise ValueError(f"job {self.job_id} has not been taken by a worker")
+        return self.started_at
+
     def progress_view(self, total: int | None = None) -> dict[str, Any]:
         """The job's progress as clients see it (job view, event stream, progress webhooks): its own steps of its
         step count (`total`: the count to show before a worker wrote one), and, only while it runs its images one

@@ -219,7 +219,9 @@ end
 
 # KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), message_list,
 # message ('' and '': none), the record's hash as a JSON list [field, value, ...] (one argument
-# instead of forty: the client packs far less), the job's share in the fair order (cost / weight).
+# instead of forty: the client packs far less), the job's share in the fair order (cost / weight), the
+# uploads' TTL in seconds, then (upload key, data URI) pairs: the job's inline input images, stored only when
+# the job is created.
 # Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
 # the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
 # With a message, the job is created and its message pushed onto message_list together (the job is
@@ -244,6 +246,9 @@ end
 if KEYS[2] then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'job_id', job_id, 'request_hash', ARGV[3])
+end
+for i = 10, #ARGV, 2 do
+  redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', tonumber(ARGV[9]))
 end
 redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[7])))
 if KEYS[2] then

@@ -30,6 +30,7 @@ class StopReason(str, enum.Enum):
 @dataclass(slots=True)
 class ActiveJob:
     job_id: str
+    tenant: str = ""  # whose job (shown by `celery inspect active`)
     future: JobFuture | None = None  # the engine's, once submitted; its `progress` is the job's (read, never counted)
     submitted_at: float = field(default_factory=time.monotonic)  # just before the engine's submit
     handed_over_at: float = field(default_factory=time.time)  # the same moment, in unix time

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from storage.errors import StorageError
 from storage.image_store import ImageStore
@@ -231,12 +232,12 @@ class _lock_of_stopped_worker:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LOCK_FILE
-        self.file = None
+        self.file: TextIO | None = None
 
     def __enter__(self) -> bool:
         try:
-            self.file = self.path.open("a")
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.file = file = self.path.open("a")
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # held: that worker lives (or the folder went meanwhile)
             return False
         return True

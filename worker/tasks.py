@@ -96,8 +96,8 @@ def run_job(runtime: WorkerRuntime, message_job_id: str) -> str:
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
     job_id = record.job_id
-    if record.deadline is not None and record.started_at > record.deadline:
-        late = record.started_at - record.deadline
+    if record.deadline is not None and record.first_started_at > record.deadline:
+        late = record.first_started_at - record.deadline
         return end_job(
             runtime,
             record,
@@ -161,6 +161,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         return requeue(runtime, record, "the engine shut down")
     except Exception as e:  # one job's failure must not take the worker down
         log.exception("job %s: engine error", job_id)
+        runtime.cancel_in_engine(active)  # the watch failed (a preview that would not encode, say): stop its steps
         return end_job(
             runtime, record, JobState.FAILED, error_code="engine_error", error_message=str(e) or type(e).__name__
         )
@@ -192,7 +193,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
         "queue_wait": _queue_wait(record, engine_timings),
-        "start": active.handed_over_at - record.started_at,
+        "start": active.handed_over_at - record.first_started_at,
         "engine": engine_seconds,
         "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
         "denoise": float(engine_timings.get("denoise", 0.0)),
@@ -278,7 +279,7 @@ def end_spooled_job(runtime: WorkerRuntime, spooled: SpooledJob, failure: str | 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
     """Time spent waiting for a worker (over all attempts: never an earlier attempt's run time), plus the
     engine's own wait on this attempt."""
-    queued = record.queued_seconds if record.queued_seconds is not None else record.started_at - record.created_at
+    queued = record.queued_seconds if record.queued_seconds is not None else record.first_started_at - record.created_at
     return queued + float(engine_timings.get("queue_wait", 0.0))
 
 
