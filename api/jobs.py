@@ -272,8 +272,9 @@ def get_job(job_id: str):
 
 @bp.get("/<jobid:job_id>/events")
 @documented(
-    "Server-sent events: queued (with its position), started, progress, preview, then the end state with the "
-    "job's view (or an error event: the job deleted, the key revoked); then the stream ends.",
+    "Server-sent events: queued (with its position), started, progress, preview, storing (its images wait for "
+    "image storage), then the end state with the job's view (or an error event: the job deleted, the key "
+    "revoked); then the stream ends.",
     parameters=(LAST_EVENT_ID,),
     responses={
         200: Answer("text/event-stream (docs/api.md#event-stream).", content={"text/event-stream": {"schema": EVENT}})

@@ -57,8 +57,9 @@ class PacedEngine:
         image = Image.new("RGB", (params.width, params.height))
         future.set_result(GenerationResult(job_id, [image], [params.seed], params, {"denoise": total * STEP_SECONDS}))
 
-    def cancel(self, job_id: str) -> bool:
-        self.canceled.add(job_id)
+    def cancel(self, future_or_job_id: JobFuture | str) -> bool:
+        """As DiffusionEngine.cancel: the job's future (what the worker passes) or its id."""
+        self.canceled.add(getattr(future_or_job_id, "job_id", future_or_job_id))
         return True
 
     def pause(self) -> None:
