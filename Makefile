@@ -52,7 +52,7 @@ chromium:
 run: install redis-server
 	@$(VENV)/bin/stepwise up
 
-# Lint, format and types (config in pyproject.toml): ruff over the tree, mypy over batching, storage and api.
+# Lint, format and types (config in pyproject.toml): ruff over the tree, mypy over every package.
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

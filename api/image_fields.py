@@ -8,9 +8,9 @@ a 422 naming the field; a batch fetches all its items' URLs together first, with
 `remote_image_urls` and `fetch_images`, and hands each item the results); then the images
 are decoded and checked with Pillow (`core.image_inputs.input_images`: formats, byte and
 pixel limits, sizes, the mask); and the record keeps upload ids only: an inline or fetched
-image is stored as an upload of the tenant once the job passed every check, as a canonical data URI (its own MIME
-type, plain base64: whatever form of base64 or media type the caller sent, the worker reads
-one form).
+image is stored as an upload of the tenant by the script that creates the job, only if it does (so a 409, a full
+queue or an idempotent replay leaves none), as a canonical data URI (its own MIME type, plain base64: whatever
+form of base64 or media type the caller sent, the worker reads one form).
 """
 
 from __future__ import annotations
@@ -81,25 +81,24 @@ def sent_upload_ids(sent: dict[str, Any]) -> dict[str, str]:
 
 def record_params(
     params: GenerationParams, upload_ids: Mapping[str, str], tenant: str, uploads: UploadStore | None
-) -> dict[str, Any]:
-    """What the job record keeps: the params with upload ids in place of images. An image sent inline or by
-    URL is stored now as an upload of the tenant; call this once the job passed every check."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the job record keeps: the params with upload ids in place of images; and the uploads to store with
+    the job (Redis key -> data URI) for each image sent inline or by URL. Writes nothing: the script that creates
+    the job stores them, only if it does (`storage.new_job`)."""
     stored = params.to_dict()
+    new_uploads: dict[str, str] = {}
     if uploads is None:
-        return stored
+        return stored, new_uploads
     for name in IMAGE_FIELDS:
         if stored.get(name) is None:
             continue
         if name in upload_ids:
             stored[name] = upload_ids[name]
         else:
-            try:
-                stored[name] = uploads.put(tenant, canonical_data_uri(name, stored[name]))
-            except StorageError as e:
-                raise ApiError(
-                    503, "unavailable", "the job store is unavailable; retry later", headers={"Retry-After": "5"}
-                ) from e
-    return stored
+            upload_id, key = uploads.pending(tenant, stored[name])
+            new_uploads[key] = canonical_data_uri(name, stored[name])
+            stored[name] = upload_id
+    return stored, new_uploads
 
 
 def _get(uploads: UploadStore, tenant: str, upload_id: str) -> str | None:

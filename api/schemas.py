@@ -434,6 +434,8 @@ class ModelView(BaseModel):
     available: bool = Field(description="A worker serving it sent a heartbeat within STEPWISE_WORKER_TIMEOUT.")
     workers: int
     draining: int = Field(description="Workers an operator drained: heard from, but taking no job.")
+    spooling: int = Field(description="Live workers holding finished images that image storage has not taken yet.")
+    spool_full: int = Field(description="Of those, workers whose spool is full: they take no job until it drains.")
     capacity: int = Field(description="Jobs its live workers run at once (summed max_num_seqs).")
     queue_depth: int = Field(description="Jobs queued for it.")
     queued_by_priority: dict[str, int]
@@ -458,6 +460,11 @@ class Requeued(BaseModel):
     )
     message: str
     at: datetime
+
+
+class Storing(BaseModel):
+    since: datetime = Field(description="When its images went to the spool.")
+    reason: str = Field(description="Why: the image store's latest error.")
 
 
 class JobView(BaseModel):
@@ -485,8 +492,14 @@ class JobView(BaseModel):
     paused: bool = Field(
         description="Running, but set aside at a step boundary for a job that outranks it; it resumes where it was."
     )
+    storing: Storing | None = Field(
+        description="Running, its images made but waiting in its worker's spool for image storage, which failed; "
+        "it succeeds once they are stored. Null otherwise."
+    )
     params: dict[str, Any] = Field(description="The generation parameters, with the seed that was used.")
-    timings: dict[str, float] = Field(description="Seconds: queue_wait, denoise, decode, upload, total.")
+    timings: dict[str, float] = Field(
+        description="Seconds: queue_wait, denoise, decode, upload, total; storing when its images waited in the spool."
+    )
     image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")
     image_urls: list[str] = Field(description="One URL per image, when succeeded.")
     error: JobError | None = Field(description="Why the job failed, expired or was canceled; null otherwise.")
@@ -548,6 +561,8 @@ class WorkerReadiness(BaseModel):
     seen_recently: bool = Field(description="A worker sent a heartbeat within STEPWISE_WORKER_TIMEOUT and admits jobs.")
     num_workers: int
     num_draining: int = Field(description="Workers an operator drained (`celery -A worker control drain`).")
+    num_spooling: int = Field(description="Workers holding images that image storage has not taken yet.")
+    num_spool_full: int = Field(description="Workers whose spool is full: they take no job until storage is back.")
     available_models: list[str]
     last_seen: datetime | None = Field(
         description="The newest heartbeat of any worker; null if none within the retention."

@@ -3,8 +3,8 @@
 Validation runs in three layers: the pydantic model (types and the documented limits,
 naming the field), `GenerationParams` (the engine's own rules), and the fleet (a worker
 serves the model, and its family supports the fields). It only reads: an inline or fetched
-input image is stored as an upload in `create_jobs`, once every check (the adapter, the
-queue's room) has passed, so a refused job leaves nothing behind. Everything here is
+input image is stored as an upload by the script that creates its job, in the same step, so a job
+refused anywhere (validation, a 409, a full queue, an idempotent replay) leaves nothing behind. Everything here is
 shared by `POST /v1/jobs` and `POST /v1/jobs/batch`.
 
 Creating jobs is one Redis round trip whatever their number: a pipeline of atomic scripts,
@@ -285,25 +285,29 @@ def create_jobs(
     jobs: list[tuple[ValidJob, str | None]],
     uploads: UploadStore | None,
 ) -> list[Created | ApiError]:
-    """Store the jobs with their messages, their inline input images first (as uploads: records hold upload
-    ids). One outcome per (job, idempotency key): Created (an idempotent replay is not sent again) or the
-    item's ApiError (409, 429)."""
-    specs = [
-        NewJobSpec(
-            tenant=tenant,
-            params=record_params(job.params, job.upload_ids, tenant, uploads),
-            deadline=job.deadline,
-            webhook_url=job.webhook_url,
-            webhook_events=job.webhook_events,
-            idempotency_key=key,
-            request_hash=job.request_hash,
-            priority=job.priority,
-            preview_every=job.preview_every,
-            complete_by=job.complete_by,
-            cost=job.params.total_steps(),
+    """Store the jobs with their messages, and with each its inline input images (as uploads, in the same script:
+    records hold upload ids, and a refused job stores none). One outcome per (job, idempotency key): Created (an
+    idempotent replay is not sent again) or the item's ApiError (409, 429)."""
+    specs = []
+    for job, key in jobs:
+        params, new_uploads = record_params(job.params, job.upload_ids, tenant, uploads)
+        specs.append(
+            NewJobSpec(
+                tenant=tenant,
+                params=params,
+                deadline=job.deadline,
+                webhook_url=job.webhook_url,
+                webhook_events=job.webhook_events,
+                idempotency_key=key,
+                request_hash=job.request_hash,
+                priority=job.priority,
+                preview_every=job.preview_every,
+                complete_by=job.complete_by,
+                cost=job.params.total_steps(),
+                uploads=new_uploads,
+                upload_ttl_seconds=uploads.ttl_seconds if uploads is not None else 0,
+            )
         )
-        for job, key in jobs
-    ]
     outcomes = store.create_many(
         specs, max_queued=settings.max_queue_depth, message_for=queue.generate_messages.for_record
     )

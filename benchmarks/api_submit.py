@@ -173,7 +173,8 @@ def client(url: str, key: str, batch: int, start_at: float, stop_at: float, resu
     ).encode() + payload
     connection = socket.create_connection((parts.hostname, parts.port), timeout=60)
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    latencies, num_jobs, statuses = [], 0, Counter()
+    latencies: list[float] = []
+    num_jobs, statuses = 0, Counter[int]()
     pending = b""
     cpu_started = None
     while (now := time.perf_counter()) < stop_at:
@@ -222,7 +223,7 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 def measure(url: str, key: str, num_clients: int, seconds: float, batch: int = 0) -> dict:
     """`batch` 0: POST /v1/jobs; N: POST /v1/jobs/batch with N jobs per request."""
-    results = multiprocessing.Queue()
+    results: multiprocessing.Queue = multiprocessing.Queue()
     start_at = time.perf_counter() + WARM_UP_SECONDS
     stop_at = start_at + seconds
     processes = [
@@ -231,7 +232,8 @@ def measure(url: str, key: str, num_clients: int, seconds: float, batch: int = 0
     ]
     for process in processes:
         process.start()
-    latencies, num_jobs, statuses, cpu_seconds = [], 0, Counter(), 0.0
+    latencies: list[float] = []
+    num_jobs, statuses, cpu_seconds = 0, Counter[int](), 0.0
     for _ in processes:
         client_latencies, client_jobs, client_statuses, client_cpu = results.get(timeout=seconds + 120)
         cpu_seconds += client_cpu
@@ -366,7 +368,9 @@ def main() -> None:
     if args.url:
         if not args.key:
             parser.error("--url needs --key")
-        target = contextlib.nullcontext((args.url.rstrip("/"), args.key))
+        target: contextlib.AbstractContextManager[tuple[str, str]] = contextlib.nullcontext(
+            (args.url.rstrip("/"), args.key)
+        )
         where = args.url
     else:
         worker_class = args.worker_class if args.server == "gunicorn" else None

@@ -49,7 +49,7 @@ def run_variant(args: argparse.Namespace, overlap: bool) -> dict:
                 real_decode(latents, params_list)
             return real_decode(latents, params_list)
 
-        adapter.decode = costly_decode
+        adapter.decode = costly_decode  # type: ignore[method-assign]  # a slower decoder, timed
 
         def params(index: int, steps: int):
             return overlap_common.job_params(args, "a lighthouse", index, steps)

@@ -37,6 +37,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -58,10 +59,18 @@ class UpStack:
     """`stepwise up` as a child process in its own session; stopped with SIGTERM, then killed."""
 
     def __init__(
-        self, folder: Path, *, max_num_seqs: int, num_threads: int, device: str, tree: Path | None = None
+        self,
+        folder: Path,
+        *,
+        max_num_seqs: int,
+        num_threads: int,
+        device: str,
+        tree: Path | None = None,
+        model: str = "builtin:tiny",
     ) -> None:
         """`tree`: run the project's code from this folder (another commit's files) instead of this checkout."""
         self.folder = folder
+        self.model = model
         self.tree = tree
         self.var_dir = folder / "var"
         self.log_path = folder / "up.log"
@@ -101,7 +110,7 @@ class UpStack:
             "--device",
             self.device,
             "--model",
-            "builtin:tiny",
+            self.model,
         ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
@@ -158,7 +167,7 @@ def run_e2e(
         "max_num_seqs": size.max_num_seqs,
         "policy": "default",
     }
-    result = {
+    result: dict[str, Any] = {
         "description": (
             f"`stepwise up` with builtin:tiny, max_num_seqs {size.max_num_seqs}, default policy, "
             f"{options.num_threads} torch thread(s) in the worker; the engine-level default burst "
@@ -191,7 +200,7 @@ def _measure(
     load_start = os.getloadavg()
     jobs = _run_workload(session, url, workload)
     ok = [job for job in jobs if job["state"] == "succeeded"]
-    metrics = {"num_jobs": len(jobs), "num_succeeded": len(ok)}
+    metrics: dict[str, Any] = {"num_jobs": len(jobs), "num_succeeded": len(ok)}
     if ok:
         span = max(job["finished_at"] for job in ok) - min(job["created_at"] for job in ok)
         metrics.update(

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     choices = (*ADAPTERS, None)
     row_adapters = [(choices[row % len(choices)], 1.0) for row in range(args.rows)]
     peft_names = [loras.cache.internal_name(name) if name else "__base__" for name, _ in row_adapters]
-    size = 128 // model.vae_scale_factor
+    size = 128 // model.pipeline.vae_scale_factor
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(args.rows, unet.config.in_channels, size, size, generator=generator)
     timesteps = torch.linspace(900, 100, args.rows)

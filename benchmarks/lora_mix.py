@@ -20,9 +20,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ADAPTERS = ("mix-a", "mix-b", "mix-c", "mix-d")
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "rows": {"lora_mode": "rows", "max_num_seqs": 8},
     "group": {"lora_mode": "group", "max_num_seqs": 8},
     "serial": {"lora_mode": "rows", "max_num_seqs": 1},

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from benchmarks.component_times import ideal_seconds
@@ -31,7 +33,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def summarize(record: RunRecord) -> dict:
     jobs = record.jobs
-    metrics = {
+    metrics: dict[str, Any] = {
         "num_jobs": len(jobs),
         "wall_seconds": record.wall_seconds,
         "throughput_images_per_second": len(jobs) / record.wall_seconds if record.wall_seconds > 0 else None,
@@ -40,7 +42,7 @@ def summarize(record: RunRecord) -> dict:
         "mean_rows_per_forward": _mean_rows(record),
         "efficiency": None,
     }
-    if record.variant.kind == "engine" and record.trace["is_complete"]:
+    if record.variant.kind == "engine" and record.trace is not None and record.trace["is_complete"]:
         ideal = ideal_seconds(record.trace, record.forward_times)
         busy = record.engine_stats["busy_seconds"]
         metrics["efficiency"] = {

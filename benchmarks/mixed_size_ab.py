@@ -40,7 +40,7 @@ def main() -> None:
     family = FAMILIES[shape.family]
     max_num_tokens = size.max_num_seqs * max(family.sample_cost(h, w, shape.guidance_scale) for h, w in sizes)
     specs = {spec.name: spec for spec in variant_specs(size.max_num_seqs, max_num_tokens)}
-    variants = {
+    variants: dict[str, EngineVariant | StaticBatchVariant] = {
         "static": StaticBatchVariant(specs["static"], args.model, "cpu", args.threads, 0.3),
         "fifo": EngineVariant(specs["fifo"], args.model, "cpu", args.threads, 1),
         "default": EngineVariant(specs["default"], args.model, "cpu", args.threads, 1),
@@ -70,9 +70,9 @@ def main() -> None:
         f"default / fifo {median[(name, 'default')] / median[(name, 'fifo')]:.2f}x"
     )
     if len(suite) > 1:
-        for variant in variants:
-            ratio = median[(name, variant)] / median[(suite[1].name, variant)]
-            print(f"  {variant}: mixed / uniform tokens per second {ratio:.2f}x")
+        for variant_name in variants:
+            ratio = median[(name, variant_name)] / median[(suite[1].name, variant_name)]
+            print(f"  {variant_name}: mixed / uniform tokens per second {ratio:.2f}x")
 
 
 if __name__ == "__main__":

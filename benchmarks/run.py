@@ -162,7 +162,7 @@ def run_model(model: str, options: SuiteOptions, machine: dict, runs_dir: Path) 
         serial_capacity,
         static_timeout,
     )
-    variants = {
+    variants: dict[str, EngineVariant | StaticBatchVariant] = {
         "serial": serial,
         "static": StaticBatchVariant(specs["static"], model, options.device, options.num_threads, static_timeout),
         "fifo": EngineVariant(specs["fifo"], model, options.device, options.num_threads, repeats),

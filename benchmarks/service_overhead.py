@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -55,7 +56,7 @@ def p50(values: list[float]) -> float:
 
 def report(name: str, jobs: list[dict]) -> dict:
     ok = [job for job in jobs if job["state"] == "succeeded"]
-    row = {
+    row: dict[str, Any] = {
         "jobs": len(jobs),
         "succeeded": len(ok),
         "latency_ms": p50([job["latency"] for job in ok]),
@@ -102,7 +103,7 @@ def main() -> int:
         f"p50 ms over {args.rounds} rounds ({args.jobs} jobs each; Poisson at {rate:.2f}/s); "
         f"load average {min(loads):.1f}-{max(loads):.1f}"
     )
-    summary = {"rate_per_second": rate, "load_averages": loads, "trees": {}}
+    summary: dict[str, Any] = {"rate_per_second": rate, "load_averages": loads, "trees": {}}
     for name, runs in pooled.items():
         for workload, jobs in runs.items():
             summary["trees"].setdefault(name, {})[workload] = report(f"{name}, {workload}", jobs)

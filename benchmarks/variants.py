@@ -18,17 +18,21 @@ the oldest has waited `timeout` seconds. It never runs two groups at once.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
+from batching.job import JobFuture
 from benchmarks.component_times import ForwardShape, ForwardTrace, UNetRowCounter, time_forwards
 from benchmarks.workloads import Workload
 from core.families import FAMILIES
@@ -85,6 +89,16 @@ class RunRecord:
     static_groups: list[int] = field(default_factory=list)  # static: requests in each pipeline call
 
 
+def _call_with_index(callback: Callable[[Future, int], None], index: int, future: Future) -> None:
+    callback(future, index)
+
+
+def _seed_of(params: GenerationParams) -> int:
+    if params.seed is None:
+        raise ValueError("a benchmark's jobs carry their seeds, so every variant draws the same images")
+    return params.seed
+
+
 def sleep_until(deadline: float) -> None:
     remaining = deadline - time.perf_counter()
     if remaining > 0:
@@ -99,7 +113,7 @@ class EngineVariant:
             model=model,
             device=device,
             max_num_seqs=spec.max_num_seqs,
-            policy=spec.policy,
+            policy=spec.policy or "default",
             num_threads=num_threads,
             max_num_tokens=spec.max_num_tokens,
         )
@@ -118,17 +132,23 @@ class EngineVariant:
                 future.result()
 
     @property
+    def opened_engine(self) -> DiffusionEngine:
+        if self.engine is None:
+            raise RuntimeError("open() the variant before running it")
+        return self.engine
+
+    @property
     def adapter(self):
-        return self.engine.model_runner.model
+        return self.opened_engine.model_runner.model
 
     def run(self, workload: Workload) -> RunRecord:
-        engine = self.engine
+        engine = self.opened_engine
         self.trace.reset()
         before = engine.stats()
         load_start = _load_average()
         submitted: dict[int, float] = {}
         finished: dict[int, float] = {}
-        futures: dict[int, Future] = {}
+        futures: dict[int, JobFuture] = {}
         num_done = threading.Semaphore(0)  # a Future wakes result() before it runs its done callbacks
 
         def on_done(_: Future, index: int) -> None:
@@ -140,7 +160,7 @@ class EngineVariant:
             sleep_until(t0 + arrival.at_seconds)
             submitted[index] = time.perf_counter() - t0
             future = engine.submit(arrival.params, job_id=f"{workload.name}-{index}")
-            future.add_done_callback(lambda f, i=index: on_done(f, i))
+            future.add_done_callback(functools.partial(_call_with_index, on_done, index))
             futures[index] = future
         for _ in futures:
             num_done.acquire()
@@ -201,10 +221,10 @@ class StaticBatchVariant:
         self.device = device
         self.num_threads = num_threads
         self.timeout_seconds = timeout_seconds  # the oldest request waits at most this long for a full group
-        self.pipeline = None
-        self.family: str | None = None
+        self.pipeline: Any = None  # the family's diffusers pipeline, once open
+        self.family = ""
         self.guidance_argument = "guidance_scale"  # the argument of the family's pipeline that guidance_scale is
-        self.row_counter: UNetRowCounter | None = None
+        self.row_counter: UNetRowCounter | None = None  # once open
 
     def open(self, sizes: list[tuple[int, int]]) -> None:
         from batching.model_loading import model_source
@@ -224,7 +244,10 @@ class StaticBatchVariant:
 
     def run(self, workload: Workload) -> RunRecord:
         torch.set_num_threads(self.num_threads)
-        self.row_counter.reset()
+        row_counter = self.row_counter
+        if row_counter is None:
+            raise RuntimeError("open() the variant before running it")
+        row_counter.reset()
         load_start = _load_average()
         arrivals: queue.Queue[_Waiting] = queue.Queue()
         t0 = time.perf_counter()
@@ -265,7 +288,7 @@ class StaticBatchVariant:
             wall,
             load_start,
             _load_average(),
-            static_forwards=dict(sorted(self.row_counter.forwards.items())),
+            static_forwards=dict(sorted(row_counter.forwards.items())),
             static_groups=groups,
         )
 
@@ -318,7 +341,7 @@ class StaticBatchVariant:
             height=first.height,
             width=first.width,
             num_inference_steps=first.num_inference_steps,
-            generator=[torch.Generator("cpu").manual_seed(p.seed) for p in group],
+            generator=[torch.Generator("cpu").manual_seed(_seed_of(p)) for p in group],
             **{self.guidance_argument: first.guidance_scale},
             output_type="pil",
             **negative,

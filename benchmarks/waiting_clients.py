@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -32,7 +33,12 @@ import requests
 
 from benchmarks.api_submit import local_api_processes
 
-BODY = {"prompt": "a lighthouse on a cliff at dusk", "num_inference_steps": 20, "height": 128, "width": 128}
+BODY: dict[str, Any] = {
+    "prompt": "a lighthouse on a cliff at dusk",
+    "num_inference_steps": 20,
+    "height": 128,
+    "width": 128,
+}
 MAX_BATCH = 100
 
 

@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -55,6 +56,7 @@ async def waiter(mechanism: str, feed: AsyncJobEventFeed, client: aioredis.Redis
     last = "0-0"
     with feed.watch(job_id) as watch:
         while not stop.is_set():
+            entries: list[Any]  # events from the feed, or bare stream ids from XREAD
             if mechanism == "pubsub":
                 await watch.wait(5.0)
                 entries = await feed.read_after(job_id, last)
@@ -62,7 +64,7 @@ async def waiter(mechanism: str, feed: AsyncJobEventFeed, client: aioredis.Redis
                 await asyncio.sleep(POLL_SECONDS)
                 entries = await feed.read_after(job_id, last)
             else:
-                reply = await client.xread({key: last}, block=5000)
+                reply: Any = await client.xread({key: last}, block=5000)  # RESP2: [[stream, [(id, fields)]]]
                 entries = [event_id for _, items in reply for event_id, _ in items]
             now_ms = time.time() * 1000
             for entry in entries:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         params_list = []
         for index in range(8):
             height, width, frames = SHAPES[index % len(SHAPES)]
-            extra = {}
+            extra: dict[str, Any] = {}
             if "i2v" in model:
                 pixels = np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
                 buffer = io.BytesIO()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from batching import GenerationParams
 from core.families import FAMILIES
@@ -89,7 +90,7 @@ class JobShape:
 
 
 def uniform_params(shape: JobShape, index: int, **changes) -> GenerationParams:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         prompt=PROMPTS[index % len(PROMPTS)],
         negative_prompt=shape.negative_prompt,
         seed=1000 + index,

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from gunicorn import util
@@ -56,7 +58,7 @@ class ApiWorker(GeventWorker):
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        app = self.wsgi
+        app: Callable[..., Any] = self.wsgi  # type: ignore[has-type]  # gunicorn sets it untyped
 
         def wsgi(environ, start_response):
             environ[LIFT_REQUEST_TIMEOUT] = self.lift_request_timeout

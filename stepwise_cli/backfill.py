@@ -259,6 +259,7 @@ class Backfill:
         return self.results
 
     def _submit(self, row: Row) -> None:
+        assert row.body is not None  # a row without a body ended when it was read
         try:
             accepted = self.client.submit_job(row.body, idempotency_key=idempotency_key(self.run_name, row))
         except ClientError as e:

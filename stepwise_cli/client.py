@@ -152,9 +152,7 @@ class ApiClient:
             wait=_wait_retry_after_or_backoff,
             stop=tenacity.stop_after_delay(retry_seconds),
             sleep=self._sleep_unless_closed,
-            before_sleep=(
-                (lambda state: on_retry(state.outcome.exception(), state.upcoming_sleep)) if on_retry else None
-            ),
+            before_sleep=((lambda state: on_retry(_retried_error(state), state.upcoming_sleep)) if on_retry else None),
             reraise=True,
         )
 
@@ -232,6 +230,13 @@ class ApiClient:
 
 
 _backoff = tenacity.wait_exponential(multiplier=0.5, max=30) + tenacity.wait_random(0, 0.5)
+
+
+def _retried_error(retry_state: tenacity.RetryCallState) -> ClientError:
+    """The error a retry is about to answer: only `TransientError`s are retried, so one is there."""
+    error = retry_state.outcome.exception() if retry_state.outcome else None
+    assert isinstance(error, ClientError)
+    return error
 
 
 def _wait_retry_after_or_backoff(retry_state: tenacity.RetryCallState) -> float:

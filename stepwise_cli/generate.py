@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             cache=args.cache,
             num_frames=args.num_frames,
             fps=args.fps,
-            output_format=output_format_of(args.out),
+            output_format=output_format_of(args.out),  # type: ignore[arg-type]  # None: the model's default format
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)

@@ -56,6 +56,7 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def parse_deadline(text: str) -> str:
     """An RFC 3339 time with offset, or a duration from now (`90s`, `10m`, `2h`): RFC 3339 for the API."""
+    moment: datetime | None
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
     if match:
         moment = datetime.now(UTC) + timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])

@@ -219,7 +219,9 @@ end
 
 # KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), message_list,
 # message ('' and '': none), the record's hash as a JSON list [field, value, ...] (one argument
-# instead of forty: the client packs far less), the job's share in the fair order (cost / weight).
+# instead of forty: the client packs far less), the job's share in the fair order (cost / weight), the
+# uploads' TTL in seconds, then (upload key, data URI) pairs: the job's inline input images, stored only when
+# the job is created.
 # Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
 # the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
 # With a message, the job is created and its message pushed onto message_list together (the job is
@@ -244,6 +246,9 @@ end
 if KEYS[2] then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'job_id', job_id, 'request_hash', ARGV[3])
+end
+for i = 10, #ARGV, 2 do
+  redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', tonumber(ARGV[9]))
 end
 redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[7])))
 if KEYS[2] then
@@ -348,6 +353,42 @@ return 1
 """
 )
 
+# ARGV: ns, job_id, worker_id, now, reason. A running job this worker holds waits for its images to be stored
+# (worker.spool): since when (the first time) and why (the latest error). Returns 1, or 0 if not held.
+SET_STORING = (
+    _PREAMBLE
+    + """
+local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+if state ~= 'running' or holder ~= ARGV[3] then
+  return 0
+end
+redis.call('HSETNX', KEYS[1], 'storing_since', ARGV[4])
+redis.call('HSET', KEYS[1], 'storing_reason', ARGV[5])
+emit(ARGV[2], 'event', 'storing', 'reason', ARGV[5])
+return 1
+"""
+)
+
+# ARGV: ns, job_id, from_worker_id, worker_id, now, lease_expires_at. A dead worker's spooled job: running under
+# from_worker_id -> under worker_id; queued (re-queued meanwhile) -> taken. Returns HGETALL, or false.
+ADOPT = (
+    _PREAMBLE
+    + """
+local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+if state == 'queued' then
+  take_job(KEYS[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6])
+  redis.call('ZREM', unsent_key, ARGV[2])
+  return redis.call('HGETALL', KEYS[1])
+end
+if state ~= 'running' or holder ~= ARGV[3] then
+  return false
+end
+redis.call('HSET', KEYS[1], 'worker_id', ARGV[4], 'lease_expires_at', ARGV[6])
+redis.call('ZADD', leases_key, ARGV[6], ARGV[2])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
 # ARGV: ns, job_id, to_state, now, ttl, worker_id or '', num_set, field, value, ..., field_to_delete, ...
 # Returns 1 if the job moved to to_state.
 FINISH = (
@@ -415,7 +456,7 @@ if cancel == '1' then
   return 2
 end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
-redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at', 'is_paused')
+redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at', 'is_paused', 'storing_since', 'storing_reason')
 redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'requeue_reason', ARGV[7],
            'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])

@@ -38,6 +38,10 @@ class NewJobSpec:
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
     complete_by: float | None = None  # unix seconds the job should finish by (the engine schedules by it)
     cost: float | None = None  # its cost in the fair order (storage.fair_share); None: queue_cost(params)
+    # input images sent inline: Redis key -> data URI (UploadStore.pending), stored by the create script only when
+    # the job is created, expiring after upload_ttl_seconds
+    uploads: dict[str, str] = field(default_factory=dict)
+    upload_ttl_seconds: int = 0
 
     def new_record(self, job_id: str, now: float) -> JobRecord:
         assert self.tenant, "tenant must not be empty"
@@ -104,6 +108,8 @@ def run_creates(
                     message,
                     flat,
                     repr(share),
+                    spec.upload_ttl_seconds,
+                    *[item for pair in spec.uploads.items() for item in pair],
                 )
             for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
                 replies[index] = reply

@@ -9,7 +9,9 @@ the form the engine takes. Keys carry the tenant, so another tenant's lookup of 
 finds nothing: the same answer as an id that never existed or has expired.
 
 An image a job sends inline as a data URI is stored here too (as an upload of the
-job's tenant), so records never hold images.
+job's tenant), so records never hold images. Such an upload is written by the script that
+creates its job, in the same step (`pending`, `storage.new_job`): a job refused there (a 409, a
+full queue, an idempotent replay) leaves no upload behind.
 """
 
 from __future__ import annotations
@@ -35,9 +37,15 @@ class UploadStore:
     def key(self, tenant: str, upload_id: str) -> str:
         return f"{self.namespace}:upload:{quote(tenant, safe='')}:{upload_id}"
 
+    def pending(self, tenant: str, data_uri: str) -> tuple[str, str]:
+        """A new upload id for an image of `tenant`, and the Redis key under which the script that creates its
+        job stores it (with `ttl_seconds`) if, and only if, the job is created. Writes nothing."""
+        upload_id = new_upload_id()
+        return upload_id, self.key(tenant, upload_id)
+
     def put(self, tenant: str, data_uri: str) -> str:
         """Store an image (as a data URI) for `tenant`; returns its new id."""
-        upload_id = f"upl_{secrets.token_hex(16)}"
+        upload_id = new_upload_id()
         try:
             self._redis.set(self.key(tenant, upload_id), data_uri, ex=self.ttl_seconds)
         except Exception as e:
@@ -50,3 +58,7 @@ class UploadStore:
             return self._redis.get(self.key(tenant, upload_id))
         except Exception as e:
             raise StorageError(f"could not read upload: {e}") from e
+
+
+def new_upload_id() -> str:
+    return f"upl_{secrets.token_hex(16)}"

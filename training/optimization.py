@@ -36,7 +36,7 @@ class AveragedOptimizer:
 
     @property
     def lr(self) -> float:
-        return self.schedule.get_last_lr()[0]
+        return float(self.schedule.get_last_lr()[0])
 
     def step(self, loss: torch.Tensor) -> None:
         """One optimizer step on `loss`, then the averages move toward the new weights (faster early on)."""

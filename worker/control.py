@@ -4,6 +4,19 @@
     celery -A worker control drain          # stop admitting jobs (maintenance)
     celery -A worker control resume         # admit jobs again
 
+and two of Celery's own, answered in the project's terms, so Celery users' habits work on jobs:
+
+    celery -A worker inspect active         # the jobs each worker runs, with their progress
+    celery -A worker control revoke JOB_ID  # cancel the job at its next step, wherever it runs
+
+A job is not one Celery task (a worker takes jobs from its model's queue in the project's own order),
+so Celery's `active` would list messages, not jobs, and its `revoke` would only drop a message: `active`
+lists the jobs an engine worker holds, as Celery lists tasks (plus `progress` and `tenant`), and the
+worker's other tasks as Celery does; `revoke` cancels each id that names a job as
+`POST /v1/jobs/{id}/cancel` does (a queued job at once; a running one at its next step: its own worker
+stops it at once, any other through the cancel flag within a poll interval), and hands every other id
+to Celery's own revoke.
+
 `drain` stops consuming its model's generate queue, pauses the engine's admission and sends jobs
 that have not started denoising back to the queue (another worker, or this one after
 `resume`, runs them); jobs already denoising finish. Webhook deliveries continue.
@@ -16,16 +29,84 @@ nothing is wrong with it.
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
+from celery.utils.functional import maybe_list
+from celery.worker import control as celery_control
 from celery.worker.control import control_command, inspect_command
 
+from storage.errors import InvalidTransitionError, JobNotFoundError
+from storage.queue_names import GENERATE_TASK
+from worker.active_job import ActiveJob, StopReason
 from worker.app import generate_queue
 from worker.heartbeat import beat_now
-from worker.runtime import current_runtime
+from worker.runtime import WorkerRuntime, current_runtime
 
 log = logging.getLogger(__name__)
 
 NO_ENGINE = {"ok": "no engine here: this worker only delivers webhooks"}
+
+_celery_active = celery_control.active  # Celery's own, before `active` below replaces it
+_celery_revoke = celery_control.revoke
+
+
+@inspect_command(alias="dump_active")
+def active(state, safe: bool = False, **kwargs) -> list[dict[str, Any]]:
+    """The jobs this worker runs (Celery's task fields, plus progress and tenant), and its other tasks."""
+    tasks = [info for info in _celery_active(state, safe=safe, **kwargs) if info.get("name") != GENERATE_TASK]
+    runtime = current_runtime()
+    if runtime is None or not runtime.runs_engine:
+        return tasks
+    hostname = state.consumer.hostname
+    return [job_info(runtime, held, hostname) for held in runtime.active_jobs()] + tasks
+
+
+def job_info(runtime: WorkerRuntime, held: ActiveJob, hostname: str) -> dict[str, Any]:
+    """One held job, in the fields Celery's `inspect active` gives a task (Flower reads them too)."""
+    return {
+        "id": held.job_id,
+        "name": GENERATE_TASK,
+        "type": GENERATE_TASK,
+        "args": [held.job_id],
+        "kwargs": {},
+        "hostname": hostname,
+        "time_start": held.handed_over_at,
+        "acknowledged": True,
+        "delivery_info": {"routing_key": generate_queue, "priority": None, "redelivered": False},
+        "worker_pid": os.getpid(),
+        "progress": f"{held.step}/{held.total}",
+        "tenant": held.tenant,
+    }
+
+
+@control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")
+def revoke(state, task_id, terminate: bool = False, signal=None, **kwargs) -> dict[str, Any]:
+    """Cancel each id that names a job (at its next step, wherever it runs); revoke other ids as Celery does."""
+    runtime = current_runtime()
+    ids = list(maybe_list(task_id) or [])
+    canceled = [job_id for job_id in ids if runtime is not None and cancel_job(runtime, job_id)]
+    others = [task for task in ids if task not in canceled]
+    if others:
+        _celery_revoke(state, others, terminate=terminate, signal=signal, **kwargs)
+    if canceled:
+        return {"ok": f"jobs {canceled} canceled" + (f"; tasks {others} flagged as revoked" if others else "")}
+    return {"ok": f"tasks {others} flagged as revoked"}
+
+
+def cancel_job(runtime: WorkerRuntime, job_id: str) -> bool:
+    """Cancel `job_id` as the API does, and stop it here at once if this worker holds it. False: no such job."""
+    try:
+        runtime.job_store.request_cancel(job_id)
+    except JobNotFoundError:
+        return False
+    except InvalidTransitionError:  # already ended (another worker's revoke may have done it)
+        pass
+    for held in runtime.active_jobs():
+        if held.job_id == job_id:
+            runtime.stop_job(held, StopReason.CANCELED)
+            log.info("revoke: job %s stops at its next step", job_id)
+    return True
 
 
 @inspect_command()

@@ -77,6 +77,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         defaults=family_defaults(family),
         limits=family_limits(family),
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
+        spool=runtime.spool.stats(),
     )
 
 

@@ -2,8 +2,9 @@
 
 There is one `WorkerRuntime` per worker process. The model is loaded once, when the worker
 starts (`worker.lifecycle`), and every task thread submits to the same engine, which is what
-lets their jobs share forwards. Admission (drain, resume, warm shutdown) is decided here,
-under one lock, so a job is either in the engine or sent back to the queue, never neither.
+lets their jobs share forwards. Admission (drain, resume, the drain at SIGTERM: `worker.drain`) is decided here,
+under one lock, so a job is either in the engine or sent back to the queue, never neither. The lock is
+never held across I/O or the engine's submit (which decodes input images and may download a LoRA file).
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store
 from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
+from worker.drain import Drain
 from worker.leases import LeaseKeeper
 from worker.settings import OVERLAP_CHOICES, WorkerSettings
+from worker.spool import ImageSpool, open_spool
+from worker.warm_up import WarmUp, warm_up
 
 if TYPE_CHECKING:
     from batching import DiffusionEngine
@@ -47,6 +51,7 @@ class WorkerRuntime:
         self.job_store = JobStore.from_settings(settings.storage)
         self.uploads = UploadStore.beside(self.job_store)  # input images of jobs (upload ids in records)
         self._image_store: ImageStore | None = None
+        self._spool: ImageSpool | None = None
         self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None
         self._build_lock = threading.Lock()  # guards building the engine and the image store
@@ -56,6 +61,7 @@ class WorkerRuntime:
         self._is_idle.set()
         self.is_admitting = True
         self.is_shutting_down = False
+        self.warmed_up: WarmUp | None = None  # the warm-up job's outcome, once run (worker.warm_up)
         self.leases = LeaseKeeper(self.job_store, self.worker_id, self.lease_seconds, self._on_lease_lost)
 
     @property
@@ -68,6 +74,15 @@ class WorkerRuntime:
             if self._image_store is None:
                 self._image_store = open_image_store(self.settings.storage)
             return self._image_store
+
+    @property
+    def spool(self) -> ImageSpool:
+        """Finished images the image store could not take yet (worker.spool)."""
+        with self._build_lock:
+            if self._spool is None:
+                s = self.settings
+                self._spool = open_spool(s.spool_dir, self.worker_id, s.spool_max_bytes)
+            return self._spool
 
     @property
     def engine(self) -> DiffusionEngine:
@@ -112,9 +127,19 @@ class WorkerRuntime:
         return self.lora_store.resolve(tenant, name) if self.lora_store else None
 
     def load_engine(self) -> None:
-        self.engine  # noqa: B018  (builds it)
+        """Build the engine and run the warm-up job through it: a worker is ready only once warm."""
+        self.warmed_up = warm_up(self.engine, self.settings.model)
 
     # -- admission ---------------------------------------------------------------------------
+
+    def may_take_jobs(self) -> bool:
+        """Whether this worker may take another job from its queue: it is admitting (not drained, not shutting
+        down) and its spool has room (worker.spool). What delivers jobs asks this before taking one."""
+        return self.is_admitting and self.spool.has_room
+
+    def wait_to_take_jobs(self, timeout: float) -> bool:
+        """`may_take_jobs`, waiting up to `timeout` seconds for room in a full spool (not for a drain to end)."""
+        return self.is_admitting and self.spool.wait_for_room(timeout) and self.is_admitting
 
     def submit(
         self,
@@ -127,28 +152,41 @@ class WorkerRuntime:
         preview_every: int | None = None,
     ) -> ActiveJob | None:
         """Hand the job to the engine, or return None while admission is stopped. `preview_every`: the job's
-        (None: this worker's default)."""
+        (None: this worker's default).
+
+        The engine's submit decodes input images and may fetch a LoRA file from its store, so it runs outside
+        the lock: a slow download holds up only its own job. The job is held (and so seen by a drain) before
+        the engine has it; a stop asked meanwhile is passed to the engine once it does (`stop_job`)."""
         engine = self.engine
+        active = ActiveJob(job_id, tenant)
         with self._lock:
             if not self.is_admitting:
                 return None
-            active = ActiveJob(job_id)
-            try:
-                active.future = engine.submit(
-                    params,
-                    job_id=job_id,
-                    on_progress=active.on_progress,
-                    priority=priority,
-                    tenant=tenant,
-                    complete_by=complete_by,
-                    preview_every=self.settings.preview_every if preview_every is None else preview_every,
-                    on_preview=active.on_preview,
-                )
-            except EngineShutdownError:
-                return None
             self._active[job_id] = active
             self._is_idle.clear()
-            return active
+        try:
+            future = engine.submit(
+                params,
+                job_id=job_id,
+                on_progress=active.on_progress,
+                priority=priority,
+                tenant=tenant,
+                complete_by=complete_by,
+                preview_every=self.settings.preview_every if preview_every is None else preview_every,
+                on_preview=active.on_preview,
+            )
+        except EngineShutdownError:
+            self.release_active(job_id)
+            return None
+        except BaseException:
+            self.release_active(job_id)
+            raise
+        with self._lock:
+            active.future = future
+            is_stopped = active.stop_reason is not None
+        if is_stopped:  # a drain, shutdown or lost lease while the engine took it
+            engine.cancel(future)
+        return active
 
     def release_active(self, job_id: str) -> None:
         with self._lock:
@@ -157,17 +195,27 @@ class WorkerRuntime:
                 self._is_idle.set()
 
     def stop_job(self, active: ActiveJob, reason: StopReason) -> None:
-        """Ask the engine to stop the job at its next step boundary."""
-        if active.stop_reason is None:
-            active.stop_reason = reason
-        if self._engine is not None:
-            self._engine.cancel(active.job_id)
+        """Ask the engine to stop the job at its next step boundary (or, while `submit` is still handing it
+        over, as soon as the engine has it)."""
+        with self._lock:
+            if active.stop_reason is None:
+                active.stop_reason = reason
+            future = active.future
+        if future is not None:
+            self.engine.cancel(future)
+
+    def cancel_in_engine(self, active: ActiveJob) -> None:
+        """Drop the job from the engine for a reason of the worker's own (its watch failed): it takes part in no
+        forward after the one under way. Harmless for a job the engine already ended."""
+        if active.future is not None:
+            self.engine.cancel(active.future)
 
     def _on_lease_lost(self, job_id: str) -> None:
         with self._lock:
             active = self._active.get(job_id)
+            if active is not None:
+                active.stop_reason = StopReason.LEASE_LOST  # wins over a cancel: this worker must not end the job
         if active is not None:
-            active.stop_reason = StopReason.LEASE_LOST  # wins over a cancel: this worker must not end the job
             self.stop_job(active, StopReason.LEASE_LOST)
 
     def stop_admission(self) -> list[str]:
@@ -206,23 +254,18 @@ class WorkerRuntime:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def begin_shutdown(self, grace: float) -> None:
-        """Admit nothing new, re-queue waiting jobs, give running ones `grace` seconds and
-        re-queue what still runs after it. Returns at once (it is called in a signal handler)."""
+    def begin_shutdown(self, drain_seconds: float) -> None:
+        """The first call (SIGTERM, Ctrl+C): drain (worker.drain) for at most `drain_seconds`; any later one: hand
+        back every running job at its next step. Returns at once (it is called in a signal handler)."""
         if self.is_shutting_down:
-            if grace == 0:
-                threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
+            threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
             return
         self.is_shutting_down = True
-        threading.Thread(target=self._shutdown, args=(grace,), name="stepwise-shutdown", daemon=True).start()
+        Drain(self, drain_seconds).start()
 
-    def _shutdown(self, grace: float) -> None:
-        requeued = self.stop_admission()
-        if requeued:
-            log.info("shutdown: re-queued %d jobs that had not started", len(requeued))
-        if not self._is_idle.wait(grace):
-            remaining = self.requeue_all()
-            log.warning("shutdown: re-queued %d jobs still running after %.0fs", len(remaining), grace)
+    def wait_until_idle(self, timeout: float) -> bool:
+        """Whether no job is in the engine, waiting up to `timeout` seconds for it."""
+        return self._is_idle.wait(timeout)
 
     def stats(self) -> dict[str, Any]:
         engine_stats = self._engine.stats() if self._engine is not None else {}
@@ -231,6 +274,9 @@ class WorkerRuntime:
             "worker_id": self.worker_id,
             "is_admitting": self.is_admitting,
             "is_shutting_down": self.is_shutting_down,
+            "warm_up": self.warmed_up.as_dict() if self.warmed_up is not None else None,
+            "may_take_jobs": self.may_take_jobs(),
+            "spool": self.spool.stats(),
             "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
         }
 
@@ -239,6 +285,8 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.leases.stop()
+        if self._spool is not None:
+            self._spool.close()  # what still waits there is taken over by the next worker that looks
         if self._engine is not None:
             self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
         self.job_store.close()

@@ -10,7 +10,9 @@ Every queued job is matched by a message, so any message may run any job of its 
 2. a job whose deadline passed before it started ends `expired`;
 3. submit it to this process's engine and wait, writing progress and watching for a cancel
    request (`worker.job_watch`);
-4. encode and upload the images here, on the task thread, then mark the job `succeeded`.
+4. encode and upload the images here, on the task thread, then mark the job `succeeded`; if the image store
+   fails, the job stays running with its images in this worker's spool until they are stored
+   (`worker.spool`, `end_spooled_job`).
 
 Engine errors end the job `failed` with the engine's message. A job that drain or warm
 shutdown stops before it finishes goes back to the queue for any worker.
@@ -35,13 +37,15 @@ from worker.generate_messages import send_generate, send_ticket
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
-from worker.output_images import encode_outputs, store_images
+from worker.output_images import OutputImage, encode_outputs, output_images
 from worker.runtime import WorkerRuntime, get_runtime
+from worker.spool import SpooledJob
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
 
 STORAGE_RETRY_SECONDS = 5
+SPOOL_FULL_WAIT_SECONDS = 5.0  # a message waits this long for room in a full spool before passing its job on
 
 
 @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
@@ -64,8 +68,8 @@ def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
 def run_job(runtime: WorkerRuntime, message_job_id: str) -> str:
     store = runtime.job_store
     queue = runtime.settings.queue
-    if not runtime.is_admitting:  # drained or shutting down: leave the queue's next job to another worker
-        send_ticket(queue, message_job_id)
+    if not runtime.wait_to_take_jobs(SPOOL_FULL_WAIT_SECONDS):  # drained, shutting down or its spool full
+        send_ticket(queue, message_job_id)  # leave the queue's next job to another worker
         return "passed on"
     taken = patiently(runtime, store.take_next, queue, runtime.worker_id, runtime.lease_seconds)
     if taken is None:
@@ -86,13 +90,14 @@ def run_job(runtime: WorkerRuntime, message_job_id: str) -> str:
             runtime, taken, JobState.FAILED, error_code="worker_error", error_message=f"{type(e).__name__}: {e}"
         )
     finally:
-        runtime.leases.release(job_id)
+        if not runtime.spool.holds(job_id):  # a spooled job keeps its lease until its images are stored
+            runtime.leases.release(job_id)
 
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
     job_id = record.job_id
-    if record.deadline is not None and record.started_at > record.deadline:
-        late = record.started_at - record.deadline
+    if record.deadline is not None and record.first_started_at > record.deadline:
+        late = record.first_started_at - record.deadline
         return end_job(
             runtime,
             record,
@@ -156,6 +161,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         return requeue(runtime, record, "the engine shut down")
     except Exception as e:  # one job's failure must not take the worker down
         log.exception("job %s: engine error", job_id)
+        runtime.cancel_in_engine(active)  # the watch failed (a preview that would not encode, say): stop its steps
         return end_job(
             runtime, record, JobState.FAILED, error_code="engine_error", error_message=str(e) or type(e).__name__
         )
@@ -170,18 +176,10 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     try:
         encoded = encode_outputs(result)
         encode_seconds = time.perf_counter() - upload_started
-        image_keys = store_images(
+        images = output_images(
             runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format
         )
-    except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries
-        log.warning("job %s: image storage unavailable: %s", job_id, e)
-        return end_job(
-            runtime,
-            record,
-            JobState.FAILED,
-            error_code="storage_unavailable",
-            error_message=f"the image could not be stored, image storage stayed unavailable: {e}",
-        )
+        storage_error = runtime.spool.store_or_why(runtime.image_store, images)  # None: stored
     except Exception as e:
         log.exception("job %s: upload failed", job_id)
         return end_job(
@@ -195,7 +193,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
         "queue_wait": _queue_wait(record, engine_timings),
-        "start": active.handed_over_at - record.started_at,
+        "start": active.handed_over_at - record.first_started_at,
         "engine": engine_seconds,
         "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
         "denoise": float(engine_timings.get("denoise", 0.0)),
@@ -203,6 +201,17 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         "encode": encode_seconds,
         "upload": upload_seconds,
     }
+    if storage_error is not None:
+        spooled = SpooledJob(
+            job_id,
+            [image.key for image in images],
+            [image.metadata for image in images],
+            steps=active.total,
+            timings=timings,
+            spooled_at=time.time(),
+        )
+        return keep_in_spool(runtime, record, spooled, images, storage_error)
+    image_keys = [image.key for image in images]
     timings["total"] = time.time() - record.created_at
     outcome = end_job(
         runtime,
@@ -213,17 +222,64 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         progress_step=active.total,
         progress_total=active.total,
     )
+    flush_images(runtime, job_id, image_keys)
+    return outcome
+
+
+def flush_images(runtime: WorkerRuntime, job_id: str, image_keys: list[str]) -> None:
     try:
         runtime.image_store.flush(image_keys)  # after the end state: off the job's latency (storage.image_store)
     except StorageError as e:
         log.warning("job %s: %s", job_id, e)
+
+
+def keep_in_spool(
+    runtime: WorkerRuntime, record: JobRecord, spooled: SpooledJob, images: list[OutputImage], why: str
+) -> str:
+    """The image store failed: the job stays running, its images in this worker's spool (worker.spool) until the
+    spool's uploader stores them and ends it (`end_spooled_job`). Its lease stays held meanwhile."""
+    job_id = record.job_id
+    if not patiently(runtime, runtime.job_store.set_storing, job_id, runtime.worker_id, why):
+        log.warning("job %s: not spooled: this worker no longer holds it", job_id)
+        return "lease lost"
+    runtime.spool.add(spooled, images, why)
+    log.warning("job %s: image storage failed, its images wait in the spool: %s", job_id, why)
+    metrics.JOBS.labels("spooled").inc()
+    return "spooled"
+
+
+def end_spooled_job(runtime: WorkerRuntime, spooled: SpooledJob, failure: str | None) -> str:
+    """End a job whose images waited in the spool: succeeded now that they are stored (`failure` None), else
+    failed `storage_unavailable` for `failure`."""
+    record = patiently(runtime, runtime.job_store.get, spooled.job_id)
+    if record is None:
+        return "deleted"
+    cleared = {"storing_since": None, "storing_reason": None}
+    if failure is not None:
+        return end_job(
+            runtime, record, JobState.FAILED, error_code="storage_unavailable", error_message=failure, **cleared
+        )
+    timings = dict(spooled.timings)
+    timings["storing"] = max(0.0, time.time() - (record.storing_since or spooled.spooled_at))
+    timings["total"] = time.time() - record.created_at
+    outcome = end_job(
+        runtime,
+        record,
+        JobState.SUCCEEDED,
+        image_keys=spooled.image_keys,
+        timings=timings,
+        progress_step=spooled.steps,
+        progress_total=spooled.steps,
+        **cleared,
+    )
+    flush_images(runtime, spooled.job_id, spooled.image_keys)
     return outcome
 
 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
     """Time spent waiting for a worker (over all attempts: never an earlier attempt's run time), plus the
     engine's own wait on this attempt."""
-    queued = record.queued_seconds if record.queued_seconds is not None else record.started_at - record.created_at
+    queued = record.queued_seconds if record.queued_seconds is not None else record.first_started_at - record.created_at
     return queued + float(engine_timings.get("queue_wait", 0.0))
 
 

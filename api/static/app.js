@@ -267,7 +267,8 @@ function watch(card, job) {
     if (name === "preview") showPreview(live, data.image);
     if (name === "queued") showState(live, "queued", data.queue_position);
     if (name === "started") showState(live, "running", null);
-    if (["queued", "started", "progress", "preview"].includes(name)) return false;
+    if (name === "storing") showStoring(live, data.reason);
+    if (["queued", "started", "progress", "preview", "storing"].includes(name)) return false;
     streams.delete(job.job_id);
     if (name !== "error") live.replaceWith(jobCard(data)); // the end state carries the job's view
     return true; // an error (the job deleted, the key revoked): nothing more will come
@@ -301,6 +302,11 @@ function showPreview(card, image) {
     card.querySelector(".thumbs").append(preview);
   }
   preview.src = image; // a data: URI, small: an approximate image of the job so far
+}
+
+// Its images are made, but image storage failed: they wait in the worker's spool, and the job succeeds once stored.
+function showStoring(card, reason) {
+  card.querySelector(".position").textContent = ` · storing its image (storage unavailable: ${reason})`;
 }
 
 function showState(card, state, position) {
@@ -411,7 +417,8 @@ function jobCard(job) {
     element("p", { class: "meta" },
       element("span", { class: "state", text: job.state }),
       element("span", { class: "step", text: stepText(progress, params.num_images) }),
-      element("span", { class: "position", text: job.queue_position != null ? ` · queue position ${job.queue_position}` : "" })),
+      element("span", { class: "position", text: job.queue_position != null ? ` · queue position ${job.queue_position}` :
+        job.storing ? ` · storing its image (storage unavailable: ${job.storing.reason})` : "" })),
     bar,
     element("p", { class: "meta", text:
       `${params.model || ""} · ${params.width}×${params.height}${params.num_frames > 1 ? ` × ${params.num_frames} frames at ${params.fps} fps` : ""} · ${params.num_inference_steps} steps · ${params.sampler} · guidance ${params.guidance_scale} · seed ${params.seed}` }),
@@ -455,7 +462,7 @@ function jobCard(job) {
 }
 
 function signature(job) {
-  return `${job.state}:${(job.progress || {}).step}:${(job.image_urls || []).length}:${job.queue_position}`;
+  return `${job.state}:${(job.progress || {}).step}:${(job.image_urls || []).length}:${job.queue_position}:${Boolean(job.storing)}`;
 }
 
 async function showJobs() {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,7 +98,7 @@ def save_pipeline(family: str, scale: str, folder: Path, device: torch.device, d
 def num_parameters(folder: Path) -> dict[str, int]:
     from safetensors import safe_open
 
-    counts = {}
+    counts: dict[str, int] = {}
     for path in sorted(Path(folder).glob("*/*.safetensors")):
         with safe_open(str(path), "pt") as file:
             total = sum(_numel(file.get_slice(name).get_shape()) for name in file.keys())
@@ -109,7 +110,7 @@ def flux_transformer(scale: str, device: torch.device, dtype: torch.dtype):
     from diffusers import FluxTransformer2DModel
 
     with torch.device(device):
-        model = FluxTransformer2DModel(in_channels=64, guidance_embeds=True, **FLUX[scale])
+        model: Any = FluxTransformer2DModel(in_channels=64, guidance_embeds=True, **FLUX[scale])
     return model.to(dtype=dtype).eval().requires_grad_(False)
 
 
@@ -117,10 +118,10 @@ def wan_transformer(scale: str, device: torch.device, dtype: torch.dtype):
     from diffusers import WanTransformer3DModel
 
     with torch.device(device):
-        model = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16, **WAN[scale])
+        model: Any = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16, **WAN[scale])
     model = model.to(dtype=dtype)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:  # float32, as from_pretrained keeps them
-        if any(key in name.split(".") for key in model._keep_in_fp32_modules):
+        if any(key in name.split(".") for key in WanTransformer3DModel._keep_in_fp32_modules):
             tensor.data = tensor.data.float()
     return model.eval().requires_grad_(False)
 

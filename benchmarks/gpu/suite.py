@@ -37,6 +37,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -375,7 +376,7 @@ def flux_ceiling(profile: Profile) -> list[dict]:
     model = flux_transformer(profile.scale, device, dtype)
     tokens, text_tokens = (profile.flux_size // 16) ** 2, 512 if profile.scale == "real" else 8
     config = model.config
-    figures = []
+    figures: list[dict[str, Any]] = []
     with torch.inference_mode():
         for rows in profile.rows:
             inputs = dict(

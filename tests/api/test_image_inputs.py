@@ -13,9 +13,13 @@ import pytest
 from PIL import Image
 
 import core.image_inputs as image_inputs
-from tests.support.app_context import stored_params
+from api import create_app
+from api.settings import ApiSettings
+from storage.settings import StorageSettings
+from tests.support.app_context import get_task_queue_of, stored_params
 from tests.support.calls import auth
 from tests.support.pictures import JOB, data_uri, image_bytes, mask_uri
+from tests.support.processes import TENANT_KEYS
 
 
 def upload(client, data: bytes, tenant: str = "alice", content_type: str = "image/png"):
@@ -83,6 +87,38 @@ def test_a_job_refused_after_its_images_were_checked_stores_no_image(app, client
     assert refused_by_lora.status_code == 422 and refused_by_lora.json["error"]["field"] == "lora"
     assert [item["status"] for item in batch.json["results"]] == [202, 422], batch.json
     assert len(stored_upload_keys(app)) == 1, "only the accepted batch item's image is stored"
+
+
+@pytest.fixture
+def one_job_app(redis_url, tmp_path):
+    """The app with room for one queued job (STEPWISE_MAX_QUEUE_DEPTH=1), which its create script enforces."""
+    settings = ApiSettings(
+        api_keys=tuple(TENANT_KEYS.items()),
+        storage=StorageSettings(redis_url=redis_url, storage_url=tmp_path.as_uri()),
+        accept_unserved_models=True,  # no worker: the first job stays queued
+        max_queue_depth=1,
+    )
+    app = create_app({"TESTING": True, "API_SETTINGS": settings})
+    yield app
+    get_task_queue_of(app).close()
+
+
+def test_a_conflicting_replayed_or_queue_full_create_stores_no_image(one_job_app):
+    client = one_job_app.test_client()
+    body = {**JOB, "init_image": data_uri(image_bytes())}
+    first = client.post("/v1/jobs", json=body, headers={**auth(), "Idempotency-Key": "k1"})
+    assert first.status_code == 202, first.json
+    assert len(stored_upload_keys(one_job_app)) == 1
+
+    replay = client.post("/v1/jobs", json=body, headers={**auth(), "Idempotency-Key": "k1"})
+    changed = {**body, "init_image": data_uri(image_bytes(seed=2))}
+    conflict = client.post("/v1/jobs", json=changed, headers={**auth(), "Idempotency-Key": "k1"})
+    full = client.post("/v1/jobs", json=changed, headers=auth())
+
+    assert replay.json["job_id"] == first.json["job_id"], replay.json
+    assert conflict.status_code == 409, conflict.json
+    assert full.status_code == 429 and full.json["error"]["code"] == "queue_full", full.json
+    assert len(stored_upload_keys(one_job_app)) == 1, "only the accepted job's image is stored"
 
 
 def test_another_tenant_cannot_use_an_upload_and_gets_the_missing_upload_answer(client):

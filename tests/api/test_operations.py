@@ -19,6 +19,8 @@ def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_w
         "seen_recently": False,
         "num_workers": 0,
         "num_draining": 0,
+        "num_spooling": 0,
+        "num_spool_full": 0,
         "available_models": [],
         "last_seen": None,
     }

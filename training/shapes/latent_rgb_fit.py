@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def fit_hidden_layer(x: torch.Tensor, y: torch.Tensor, num_units: int = NUM_UNIT
             torch.nn.functional.mse_loss(layers(x), y).backward()
             optimizer.step()
             schedule.step()
-    hidden, out = layers[0], layers[2]
+    hidden, out = cast("torch.nn.Linear", layers[0]), cast("torch.nn.Linear", layers[2])
     return LatentRgb.from_tensors(
         out.weight.detach().T.float(),
         out.bias.detach().float(),
