@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import av
 import openai
@@ -117,3 +118,17 @@ def test_an_invalid_video_request_gets_a_400_naming_the_field(api, wan_worker, h
 
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_the_docs_python_video_example_runs_as_written(api, wan_worker, tmp_path, monkeypatch):
+    text = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    section = text[text.index("## Videos") :]
+    start = section.index("```python") + len("```python")
+    example = section[start : section.index("```", start)]
+    monkeypatch.chdir(tmp_path)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        exec(example.replace("http://127.0.0.1:8000", api.url), {"KEY": TENANT_KEYS["alice"]})  # noqa: S102
+
+    assert decoded((tmp_path / "clip.mp4").read_bytes()) == (9, (64, 64), 16.0)
