@@ -8,6 +8,8 @@ Events, each `event: NAME` with one line of JSON `data` (docs/api.md#event-strea
               the job's own steps of its step count (not summed over its images), and "current_image"
               (1-based) while it runs its images one after another
     preview   {"job_id", "step", "total", "image"}               a data URI, when the job asked for previews
+    storing   {"job_id", "reason"}                               its images are made but image storage failed:
+              they wait in its worker's spool, and the job succeeds once they are stored
     <state>   the job's view, as GET /v1/jobs/{id} gives it      succeeded, failed, canceled or expired; last
     error     {"error": {"code", "message"}}                      instead, when the job is gone (deleted:
                                                                   not_found) or the stream's API key was
@@ -37,7 +39,7 @@ SSE_HEADERS = [
     ("X-Accel-Buffering", "no"),  # proxies such as nginx: pass each event on at once
 ]
 RETRY_MS = 2000  # how long a disconnected EventSource waits before reconnecting
-EVENT_NAMES = ("queued", "started", "progress", "preview", *sorted(TERMINAL_STATE_NAMES), "error")
+EVENT_NAMES = ("queued", "started", "progress", "preview", "storing", *sorted(TERMINAL_STATE_NAMES), "error")
 # One event of the stream, as the OpenAPI document shows it (schemathesis and other tools read text/event-stream
 # as its events' fields).
 EVENT = {
@@ -119,10 +121,14 @@ class EventStreamState:
         if record.state is JobState.QUEUED:
             return with_retry([self.queued(self.last_id)])
         if record.state is JobState.RUNNING:
-            if record.progress_step <= 0:
-                return with_retry([encode("started", self.started_data(), self.last_id)])
-            progress = {"job_id": self.job_id, **record.progress_view()}
-            return with_retry([encode("started", self.started_data()), encode("progress", progress, self.last_id)])
+            events: list[tuple[str, dict[str, Any]]] = [("started", self.started_data())]
+            if record.progress_step > 0:
+                events.append(("progress", {"job_id": self.job_id, **record.progress_view()}))
+            if record.storing_since is not None:
+                events.append(("storing", {"job_id": self.job_id, "reason": record.storing_reason or ""}))
+            *before, (last_name, last_data) = events
+            outs = [encode(name, data) for name, data in before]
+            return with_retry([*outs, encode(last_name, last_data, self.last_id)])
         self.is_done = True
         return with_retry([EndOut(self.state, self.last_id)])
 
@@ -151,6 +157,9 @@ class EventStreamState:
                 self.state = "queued"
                 self.position = None  # the feed reads it again
                 outs.append(self.queued(event.event_id))
+            elif event.kind == "storing":
+                storing = {"job_id": self.job_id, "reason": event.fields.get("reason", "")}
+                outs.append(encode("storing", storing, event.event_id))
             elif event.kind in ("progress", "preview"):
                 data: dict[str, Any] = {
                     "job_id": self.job_id,

@@ -1,9 +1,11 @@
 """Liveness and readiness: /healthz answers while the process runs; /readyz checks Redis and storage.
 
 /readyz also says which models this API serves (`models`: configured or seen, as submits decide) and
-whether workers run them (`workers`, and a warning for each model without a live worker, or with a
-draining one), but does not fail for it: jobs for those models wait in their queues until a worker
-starts, and an orchestrator must not restart the API for a missing worker.
+whether workers run them (`workers`, and a warning for each model without a live worker, with a
+draining one, or with one whose spool of images waiting for storage is full), but does not fail for
+it: jobs for those models wait in their queues until a worker takes them, and an orchestrator must not
+restart the API for a missing worker. With storage down it answers 503 and still says what the
+workers do (their spools hold the images made meanwhile).
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ def model_readiness(statuses: dict[str, ModelStatus]) -> tuple[list[dict[str, An
             )
         elif num_draining:
             warnings.append(f"model {model}: {num_draining} of {num_workers + num_draining} workers are draining")
+        elif status is not None and status.spool_full:
+            warnings.append(
+                f"model {model}: {status.spool_full} of {num_workers} workers have a full spool (image storage is "
+                "failing): they take no job until storage takes their images; queued jobs wait"
+            )
         elif not num_workers:
             warnings.append(
                 f"model {model}: no worker seen in the last {timeout:.0f}s: "
@@ -94,6 +101,8 @@ def worker_readiness() -> tuple[dict[str, Any] | None, list[dict[str, Any]], lis
         "seen_recently": bool(available),
         "num_workers": sum(status.workers for status in available),
         "num_draining": sum(status.draining for status in statuses.values()),
+        "num_spooling": sum(status.spooling for status in statuses.values()),
+        "num_spool_full": sum(status.spool_full for status in statuses.values()),
         "available_models": [status.model for status in available],
         "last_seen": iso_time(max((status.last_seen for status in statuses.values()), default=None)),
     }
@@ -112,9 +121,11 @@ def readyz():
         workers, models, warnings = worker_readiness()
         return {"status": "ok", "checks": checks, "workers": workers, "models": models, "warnings": warnings}
     failing = ", ".join(name for name, ok in checks.items() if not ok)
-    body = {
+    body: dict[str, Any] = {
         "status": "unavailable",
         "checks": checks,
         "error": {"code": "unavailable", "message": f"not ready: {failing} unreachable"},
     }
+    if checks["redis"]:  # storage is down: what the workers do meanwhile (their spools)
+        body["workers"], body["models"], body["warnings"] = worker_readiness()
     return body, 503, {"Retry-After": "5"}

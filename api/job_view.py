@@ -78,6 +78,14 @@ def planned_steps(record: JobRecord, family: str | None = None) -> int:
         return int(record.params.get("num_inference_steps", 0))
 
 
+def storing_view(record: JobRecord) -> dict[str, Any] | None:
+    """While a running job's images wait in its worker's spool for the image store (worker.spool): since when and
+    why; None otherwise."""
+    if record.state is not JobState.RUNNING or record.storing_since is None:
+        return None
+    return {"since": iso_time(record.storing_since), "reason": record.storing_reason or ""}
+
+
 def is_late(record: JobRecord, now: float | None = None) -> bool:
     """Finished after its complete_by; or, not finished yet, past it or (running) estimated unable to make it."""
     if record.complete_by is None:
@@ -118,6 +126,7 @@ def job_view(
         "complete_by": iso_time(record.complete_by),
         "late": is_late(record),
         "paused": record.is_paused and record.state is JobState.RUNNING,
+        "storing": storing_view(record),
         "params": dict(sorted(record.params.items(), key=lambda item: PARAM_ORDER.get(item[0], 99))),
         "timings": record.timings,
         "image_url": urls[0] if urls else None,

@@ -174,14 +174,35 @@ class JobRequest(StrictModel):
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).",
     )
     seed: Seed | None = Field(None, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field(
-        "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler."
+    sampler: Sampler | None = Field(
+        None,
+        description="Sampler for the denoise loop (the flow-matching image families: euler only; Wan: unipc or "
+        "euler). Default: the model family's (euler; Wan: unipc).",
     )
     num_images: NumImages = Field(1, description="Images with seeds seed..seed+n-1.")
     model: ModelName = Field(  # type: ignore[assignment]
         None, description="Model to run; default: the model the service serves (STEPWISE_MODEL)."
     )
-    num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
+    num_frames: int | None = Field(
+        None,
+        ge=1,
+        le=P.MAX_NUM_FRAMES,
+        description="Video models: frames of the video, by the family's rule (Wan: 4k+1, at most "
+        f"{FAMILIES['wan'].max_num_frames}); num_frames*height*width at most {P.MAX_VIDEO_PIXELS}. Image models: 1. "
+        "Default: the model family's (Wan: 33; images: 1).",
+    )
+    fps: int | None = Field(
+        None,
+        ge=1,
+        le=P.MAX_FPS,
+        description="Video models: the video's frame rate (playback only: it changes no frame). Default: the model "
+        "family's (Wan: 16). Refused for image models.",
+    )
+    guidance_scale_2: Guidance | None = Field(
+        None,
+        description="Two-expert video models (Wan 2.2 A14B): the low-noise expert's guidance. Default: "
+        "guidance_scale. Refused for models with one expert.",
+    )
     lora: LoraName | None = Field(
         None,
         description=(
@@ -218,8 +239,14 @@ class JobRequest(StrictModel):
         description="An input image whose size differs from the job's: none (an error), stretch, or crop "
         "(cover, then center-crop).",
     )
-    output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
-    output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
+    output_format: OutputFormat | None = Field(  # type: ignore[valid-type]
+        None,
+        description="Images: png, jpeg or webp (default png). Videos (video models): mp4 (H.264, the default), webm "
+        "(VP9) or gif; a one-frame job of a video model may also be an image.",
+    )
+    output_quality: int = Field(
+        P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100); PNG and videos ignore it."
+    )
     cache: CacheSetting = Field(
         None,
         description=f"Step caching: {step_cache.CACHE_OFF}, a preset ({', '.join(step_cache.PRESET_NAMES)}: fewer "
@@ -407,6 +434,8 @@ class ModelView(BaseModel):
     available: bool = Field(description="A worker serving it sent a heartbeat within STEPWISE_WORKER_TIMEOUT.")
     workers: int
     draining: int = Field(description="Workers an operator drained: heard from, but taking no job.")
+    spooling: int = Field(description="Live workers holding finished images that image storage has not taken yet.")
+    spool_full: int = Field(description="Of those, workers whose spool is full: they take no job until it drains.")
     capacity: int = Field(description="Jobs its live workers run at once (summed max_num_seqs).")
     queue_depth: int = Field(description="Jobs queued for it.")
     queued_by_priority: dict[str, int]
@@ -431,6 +460,11 @@ class Requeued(BaseModel):
     )
     message: str
     at: datetime
+
+
+class Storing(BaseModel):
+    since: datetime = Field(description="When its images went to the spool.")
+    reason: str = Field(description="Why: the image store's latest error.")
 
 
 class JobView(BaseModel):
@@ -458,8 +492,14 @@ class JobView(BaseModel):
     paused: bool = Field(
         description="Running, but set aside at a step boundary for a job that outranks it; it resumes where it was."
     )
+    storing: Storing | None = Field(
+        description="Running, its images made but waiting in its worker's spool for image storage, which failed; "
+        "it succeeds once they are stored. Null otherwise."
+    )
     params: dict[str, Any] = Field(description="The generation parameters, with the seed that was used.")
-    timings: dict[str, float] = Field(description="Seconds: queue_wait, denoise, decode, upload, total.")
+    timings: dict[str, float] = Field(
+        description="Seconds: queue_wait, denoise, decode, upload, total; storing when its images waited in the spool."
+    )
     image_url: str | None = Field(description="The first image, when succeeded: presigned S3 URL or this API's route.")
     image_urls: list[str] = Field(description="One URL per image, when succeeded.")
     error: JobError | None = Field(description="Why the job failed, expired or was canceled; null otherwise.")
@@ -521,6 +561,8 @@ class WorkerReadiness(BaseModel):
     seen_recently: bool = Field(description="A worker sent a heartbeat within STEPWISE_WORKER_TIMEOUT and admits jobs.")
     num_workers: int
     num_draining: int = Field(description="Workers an operator drained (`celery -A worker control drain`).")
+    num_spooling: int = Field(description="Workers holding images that image storage has not taken yet.")
+    num_spool_full: int = Field(description="Workers whose spool is full: they take no job until storage is back.")
     available_models: list[str]
     last_seen: datetime | None = Field(
         description="The newest heartbeat of any worker; null if none within the retention."

@@ -29,6 +29,8 @@ def model_view(status: ModelStatus) -> dict[str, Any]:
         "available": status.available,
         "workers": status.workers,
         "draining": status.draining,
+        "spooling": status.spooling,
+        "spool_full": status.spool_full,
         "capacity": status.capacity,
         "queue_depth": status.queue_depth,
         "queued_by_priority": status.queued_by_priority,

@@ -4,6 +4,14 @@ times; then every accepted job is accounted for.
 
     nice -n 10 python -m benchmarks.soak --minutes 30 --out benchmarks/results/soak
 
+With `--storage-outage-minutes M` the S3 server is instead stopped once, for M minutes, from
+LONG_OUTAGE_START seconds in (traffic goes on throughout): finished images wait in the worker's spool
+(worker.spool), and the report says how each job accepted before storage came back ended, and how
+long after it came back (the goal: every one succeeded, within a minute):
+
+    nice -n 10 python -m benchmarks.soak --minutes 36 --rate 0.3 --faults-per-kind 0 \
+        --storage-outage-minutes 30 --out benchmarks/results/soak-storage-outage
+
 Traffic (each arrival one of): a single submit, a batch of 2-4 jobs, a submit asking to wait for the
 job (`Prefer: wait=10`; an API without waiting submits answers 202 at once), a submit canceled a
 moment later. Every submit carries an Idempotency-Key and is retried through connection errors,
@@ -44,6 +52,7 @@ from benchmarks.soak_report import account, write_report
 TENANTS = {"alice": "sk_soak_alice_0123456789", "bob": "sk_soak_bob_0123456789"}
 FAULTS = ("worker_sigkill", "redis_restart", "api_restart", "s3_stopped")
 S3_OUTAGE_SECONDS = 30.0
+LONG_OUTAGE_START = 120.0  # seconds into the soak
 RETRY_SECONDS = 120.0
 BUCKET = "soak"
 
@@ -62,6 +71,7 @@ class Fault:
     at: float  # unix seconds
     seconds: float  # how long the fault lasted (until the service was back, as seen from here)
     note: str = ""
+    storage_back_at: float | None = None  # unix seconds, when a stopped S3 server answered again
 
 
 @dataclass
@@ -101,6 +111,7 @@ class Service:
             "STEPWISE_MODEL": "builtin:tiny",
             "STEPWISE_MAX_NUM_SEQS": "8",
             "STEPWISE_SHUTDOWN_GRACE": "5",
+            "STEPWISE_SPOOL_DIR": str(self.workdir / "spool"),
             "STEPWISE_STORAGE_URL": f"s3://{BUCKET}/images",
             "STEPWISE_S3_ENDPOINT_URL": self.s3.endpoint_url,
             "AWS_ACCESS_KEY_ID": access_key,
@@ -140,8 +151,9 @@ class Service:
             return False
         return not with_worker or any(model["available"] for model in response.json().get("models", []))
 
-    def inject(self, kind: str) -> Fault:
+    def inject(self, kind: str, outage_seconds: float = S3_OUTAGE_SECONDS) -> Fault:
         started = time.time()
+        storage_back_at = None
         if kind == "worker_sigkill":
             self.child("worker").send_signal(signal.SIGKILL)
             note = "the generating worker, SIGKILL; up restarts it"
@@ -153,14 +165,15 @@ class Service:
             note = "the API, SIGTERM; up restarts it"
         else:
             self.s3.stop()
-            time.sleep(S3_OUTAGE_SECONDS)
+            time.sleep(outage_seconds)
             self.s3.start()
-            note = f"the S3 server stopped for {S3_OUTAGE_SECONDS:.0f}s"
+            storage_back_at = time.time()
+            note = f"the S3 server stopped for {outage_seconds:.0f}s"
         with_worker = kind == "worker_sigkill"
         with contextlib.suppress(TimeoutError):  # the fault takes effect (a stopping process answers a while)
             wait_until(lambda: not self.is_ready(with_worker=with_worker), 15, kind, interval=0.1)
         wait_until(lambda: self.is_ready(with_worker=True), 240, f"the service after {kind}", interval=0.25)
-        return Fault(kind, started, time.time() - started, note)
+        return Fault(kind, started, time.time() - started, note, storage_back_at)
 
     def stop(self) -> None:
         if self.up is not None and self.up.poll() is None:
@@ -272,14 +285,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.6, help="arrivals per second (a batch is one)")
     parser.add_argument("--faults-per-kind", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--storage-outage-minutes",
+        type=float,
+        default=0.0,
+        help="stop S3 once for this long (from LONG_OUTAGE_START s in) instead of the 30 s stops",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("var/soak"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/soak"))
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     seconds = args.minutes * 60
-    kinds = [kind for kind in FAULTS for _ in range(args.faults_per_kind)]
+    long_outage = args.storage_outage_minutes * 60
+    faults = [kind for kind in FAULTS if not (long_outage and kind == "s3_stopped")]
+    kinds = [kind for kind in faults for _ in range(args.faults_per_kind)]
     rng.shuffle(kinds)
-    schedule = list(zip(fault_times(rng, seconds, len(kinds)), kinds))
+    schedule = list(zip(fault_times(rng, seconds, len(kinds)), kinds)) if kinds else []
+    if long_outage:
+        if LONG_OUTAGE_START + long_outage + 60 > seconds:
+            parser.error("--minutes must leave a minute of traffic after the storage outage")
+        schedule = sorted([*schedule, (LONG_OUTAGE_START, "s3_stopped")])
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     service, ledger = Service(args.workdir.resolve()), Ledger()
@@ -291,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for offset, kind in schedule:
             time.sleep(max(0.0, started + offset - time.time()))
-            fault = service.inject(kind)
+            is_long = long_outage and kind == "s3_stopped"
+            fault = service.inject(kind, long_outage) if is_long else service.inject(kind)
             ledger.faults.append(fault)
             print(f"soak: {kind} at +{fault.at - started:.0f}s, back after {fault.seconds:.1f}s", flush=True)
         traffic.join()

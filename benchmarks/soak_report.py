@@ -116,6 +116,38 @@ def account(api_url: str, redis_url: str, tenants: dict[str, str], ledger, s3) -
         "max_attempts": max(attempts, default=0),
         "problems": problems,
         "latencies": latencies(views),
+        "ends": ends(views),
+    }
+
+
+def ends(views: dict[str, dict | None]) -> list[tuple[float, float, str, bool]]:
+    """(created_at, finished_at, end state, whether its images waited in a spool) of each ended job."""
+    points = []
+    for view in views.values():
+        if view and view["state"] in TERMINAL:
+            created, finished = timestamp(view["created_at"]), timestamp(view["finished_at"])
+            if created is not None and finished is not None:
+                points.append((created, finished, view["state"], "storing" in (view.get("timings") or {})))
+    return points
+
+
+def storage_recovery(fault, ends: list[tuple[float, float, str, bool]]) -> dict[str, Any]:
+    """How the jobs accepted before a stopped S3 server came back ended, and how long after it they finished."""
+    before = [end for end in ends if end[0] < fault.storage_back_at]
+    states: dict[str, int] = {}
+    for _, _, state, _ in before:
+        states[state] = states.get(state, 0) + 1
+    after = [finished - fault.storage_back_at for _, finished, state, _ in before if state == "succeeded"]
+    after = [seconds for seconds in after if seconds >= 0]
+    return {
+        "jobs_accepted_before_storage_was_back": len(before),
+        "their_end_states": dict(sorted(states.items())),
+        "spooled_jobs": sum(1 for *_, spooled in before if spooled),
+        "succeeded_after_storage_was_back": len(after),
+        "seconds_from_storage_back_to_their_success": {
+            **percentiles(after),
+            "max": round(max(after), 2) if after else None,
+        },
     }
 
 
@@ -139,6 +171,7 @@ def percentiles(values: list[float]) -> dict[str, float | int]:
 
 def write_report(out: Path, started: float, args, ledger, outcome: dict[str, Any]) -> Path:
     points = outcome.pop("latencies")
+    job_ends = outcome.pop("ends")
     kinds: dict[str, int] = {}
     for entry in ledger.accepted:
         kinds[entry.kind] = kinds.get(entry.kind, 0) + 1
@@ -154,11 +187,13 @@ def write_report(out: Path, started: float, args, ledger, outcome: dict[str, Any
                 "note": fault.note,
                 "latency_before": percentiles(before),
                 "latency_after": percentiles(after),
+                **({"storage_recovery": storage_recovery(fault, job_ends)} if fault.storage_back_at else {}),
             }
         )
     report = {
         "command": f"nice -n 10 python -m benchmarks.soak --minutes {args.minutes:g} --rate {args.rate:g} "
-        f"--faults-per-kind {args.faults_per_kind} --seed {args.seed}",
+        f"--faults-per-kind {args.faults_per_kind} --seed {args.seed}"
+        + (f" --storage-outage-minutes {args.storage_outage_minutes:g}" if args.storage_outage_minutes else ""),
         "machine": {**describe_machine("cpu", 1), "load_average_at_end": list(os.getloadavg())},
         "minutes": args.minutes,
         "jobs_accepted": len(ledger.accepted),
@@ -198,6 +233,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {fault['kind']} | {fault['at_seconds']} | {fault['back_after_seconds']} | "
             f"{_cell(fault['latency_before'])} | {_cell(fault['latency_after'])} |"
         )
+    for fault in report["faults"]:
+        if "storage_recovery" in fault:
+            lines += ["", f"S3 stopped at {fault['at_seconds']} s ({fault['note']}): {fault['storage_recovery']}"]
     return "\n".join(lines) + "\n"
 
 

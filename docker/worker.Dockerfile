@@ -20,7 +20,7 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv \
     && useradd --create-home --uid 10001 stepwise \
-    && mkdir -p /cache/stepwise && chown -R stepwise /cache
+    && mkdir -p /cache/stepwise /spool && chown -R stepwise /cache /spool
 ENV PATH=/opt/venv/bin:$PATH
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
@@ -29,7 +29,8 @@ COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" "$(echo /wheels/stepwise-*.whl)[engine]" && rm -rf /wheels
 USER stepwise
 WORKDIR /home/stepwise
-# Built-in models are built here once and kept on the `model-cache` volume (docker-compose.yml).
-ENV STEPWISE_CACHE_DIR=/cache/stepwise
-VOLUME ["/cache"]
+# Built-in models are built here once and kept on the `model-cache` volume (docker-compose.yml); images that
+# image storage could not take yet wait in /spool (worker/spool.py), on the `spool` volume.
+ENV STEPWISE_CACHE_DIR=/cache/stepwise STEPWISE_SPOOL_DIR=/spool
+VOLUME ["/cache", "/spool"]
 CMD ["stepwise", "worker"]

@@ -210,13 +210,21 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "`preview_every`; 0: none", "worker"),
     Variable("STEPWISE_LEASE_SWEEP_INTERVAL", SECONDS, None, "how often a worker looks for lapsed leases", "worker",
              default_text="`STEPWISE_JOB_LEASE_SECONDS` / 4, at least 1"),
-    Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, 30.0,
-             "at warm shutdown, how long running jobs may finish before they are re-queued", "worker"),
+    Variable("STEPWISE_SHUTDOWN_GRACE", SECONDS_OR_ZERO, None,
+             "caps `STEPWISE_DRAIN_SECONDS`: after SIGTERM, at most this long before every running job is handed "
+             "back (0: all of them at their next step)", "worker", default_text="no cap"),
     Variable("STEPWISE_DRAIN_SECONDS", SECONDS, 25.0,
              "after SIGTERM, how long a worker may take to stop: it takes no new job, lets the running jobs that will "
              "finish in time finish and hands the rest back to the queue at a step boundary. Below the time its "
              "supervisor waits before SIGKILL (Kubernetes' terminationGracePeriodSeconds, 30 s by default; compose's "
              "stop_grace_period)", "worker"),
+    Variable("STEPWISE_SPOOL_DIR", Text("a folder"), None,
+             "where a worker keeps finished images the image store could not take, until it takes them (the job "
+             "stays running meanwhile). A worker that restarts, or another one on the same disk, uploads what a "
+             "stopped one left there", "worker", default_text="`stepwise-spool` in the system's temporary folder"),
+    Variable("STEPWISE_SPOOL_MAX_BYTES", COUNT, 1024**3,
+             "how much the spool may hold: once it is full the worker takes no new job (they wait in the queue) "
+             "until storage takes the images back", "worker"),
     Variable("STEPWISE_REDIS_RETRY_SECONDS", SECONDS_OR_ZERO, 60.0,
              "how long a task retries its job's record reads and writes while Redis is unreachable", "worker"),
     Variable("STEPWISE_WEBHOOK_MAX_ATTEMPTS", COUNT, 8, "delivery attempts per webhook event", "worker"),

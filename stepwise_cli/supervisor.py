@@ -4,6 +4,10 @@ Each child runs in its own process group (so a stop reaches gunicorn's workers) 
 to die with `up` if `up` is killed outright. Their output comes out prefixed with the child's
 name, with every URL's password masked.
 
+`up` stops its children in reverse order with SIGTERM, each within its own stop timeout (the worker's:
+its drain, `STEPWISE_DRAIN_SECONDS`, plus a margin) before SIGKILL; a second Ctrl-C or SIGTERM is passed
+on, and the child still stopping gets SECOND_SIGNAL_SECONDS more.
+
 A child that exits on its own (killed, out of memory, crashed, even with status 0) is restarted
 after a backoff that doubles with each quick failure (1 s, 2 s, 4 s ... at most 30 s), as a process
 manager would. A child that fails MAX_FAST_FAILURES times in a row within FAST_FAILURE_SECONDS of
@@ -47,6 +51,7 @@ FAST_FAILURE_SECONDS = 10.0  # a child that exits sooner than this after startin
 MAX_FAST_FAILURES = 3  # fast failures in a row after which restarting is pointless
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
+SECOND_SIGNAL_SECONDS = 10.0  # after a second Ctrl-C or SIGTERM, how long a stopping child still gets
 
 
 @dataclass
@@ -174,7 +179,15 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.process.pid, signal.SIGTERM)  # the leader shuts its own workers down gracefully
             deadline = time.monotonic() + child.stop_timeout
-            while child.process.poll() is None and time.monotonic() < deadline and not self.kill_requested.is_set():
+            is_forwarded = False
+            while child.process.poll() is None and time.monotonic() < deadline:
+                if self.kill_requested.is_set() and not is_forwarded:
+                    # A second Ctrl-C or SIGTERM is the child's second one too: a worker hands back its running
+                    # jobs at their next step (worker.drain). Then it gets a short while more.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.process.pid, signal.SIGTERM)
+                    is_forwarded = True
+                    deadline = min(deadline, time.monotonic() + SECOND_SIGNAL_SECONDS)
                 time.sleep(0.1)
             if child.process.poll() is None:
                 self.say(f"{child.name} did not stop in time: killing it")

@@ -116,6 +116,7 @@ def new_webhook_secret() -> str:
 def child_environment(args: argparse.Namespace, var_dir: Path, api_key: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("STEPWISE_STORAGE_URL", (var_dir / "images").as_uri())
+    env.setdefault("STEPWISE_SPOOL_DIR", str(var_dir / "spool"))  # a restarted worker finds what it left there
     if not env.get("STEPWISE_API_KEYS"):
         env["STEPWISE_API_KEYS"] = f"{LOCAL_TENANT}:{api_key}"
         # One person's machine: the generated key is also the operator's (/metrics, /v1/admin).
@@ -265,6 +266,7 @@ def preflight_error(args: argparse.Namespace, redis_url: str | None, redis_binar
         return f"stepwise up: port {args.redis_port} is in use; choose another --redis-port\n"
     try:
         read("STEPWISE_SHUTDOWN_GRACE")
+        read("STEPWISE_DRAIN_SECONDS")
     except SettingsError as e:
         return f"stepwise up: {e}\n"
     return None
@@ -376,9 +378,9 @@ def start_worker_and_api(supervisor: Supervisor, args: argparse.Namespace, env: 
     """Start both (the worker loads its model meanwhile); returns the worker's Celery node name."""
     stepwise = [sys.executable, "-m", "stepwise_cli.main"]
     worker_name = f"up{os.getpid()}@{socket.gethostname()}"
-    grace = read("STEPWISE_SHUTDOWN_GRACE")  # the worker's warm shutdown, plus a margin
+    drain = read("STEPWISE_DRAIN_SECONDS")  # the worker's drain at SIGTERM (worker.drain), plus a margin
     supervisor.start(
-        "worker", [*stepwise, "worker", "--quiet", "--hostname", worker_name], env, stop_timeout=grace + 15
+        "worker", [*stepwise, "worker", "--quiet", "--hostname", worker_name], env, stop_timeout=drain + 15
     )
     start_webhook_worker(supervisor, stepwise, env)
     supervisor.start(

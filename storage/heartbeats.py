@@ -52,6 +52,8 @@ class Heartbeat:
     defaults: dict[str, Any] = field(default_factory=dict)  # the family's defaults for omitted fields
     limits: dict[str, Any] = field(default_factory=dict)  # what the family accepts (sizes, samplers, lora...)
     engine: dict[str, Any] = field(default_factory=dict)  # ENGINE_FIELDS of engine.stats()
+    # its spool (worker.spool): num_jobs, num_bytes, max_bytes, is_full (it takes no job), storage_error
+    spool: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
@@ -86,6 +88,8 @@ class ModelStatus:
     engine: dict[str, Any]  # summed over live workers
     # the engine threads that stopped (thread name -> why) in workers heard from within the timeout
     threads_failed: dict[str, str] = field(default_factory=dict)
+    spooling: int = 0  # live workers holding images the image store could not take yet (their jobs run on)
+    spool_full: int = 0  # of those, the ones whose spool is full: they take no job until storage is back
     # jobs queued for it, per priority (filled in by JobStore.models)
     queued_by_priority: dict[str, int] = field(default_factory=dict)
 
@@ -162,6 +166,8 @@ class HeartbeatStore:
                         if now - beat.seen_at <= self.worker_timeout
                         for thread, why in (beat.engine.get("threads_failed") or {}).items()
                     },
+                    spooling=sum(1 for beat in live if beat.spool.get("num_jobs")),
+                    spool_full=sum(1 for beat in live if beat.spool.get("is_full")),
                 )
             )
         return statuses

@@ -7,6 +7,7 @@ Every transition script that changes what a watcher of the job sees appends one 
     started                               TAKE (queued -> running)
     progress  step, total, current_image  SET_PROGRESS (at most once per STEPWISE_PROGRESS_INTERVAL)
     preview   step, total, image          ADD_PREVIEW (a data URI; only while running)
+    storing   reason                      SET_STORING (its images wait in its worker's spool: worker.spool)
     queued                                RELEASE (running -> queued again: drain, shutdown, a lapsed lease)
     <end state>                           FINISH, REQUEST_CANCEL, RELEASE: succeeded, failed, canceled, expired
 

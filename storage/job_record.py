@@ -63,6 +63,8 @@ class JobRecord:
     cancel_requested: bool = False
     is_paused: bool = False  # running, set aside at a step boundary for a job that outranks it (its worker says)
     is_late: bool = False  # running, and its worker estimates it cannot finish by complete_by
+    storing_since: float | None = None  # running, its images made and kept in its worker's spool since (unix s)
+    storing_reason: str | None = None  # why they wait there: the image store's error (worker.spool)
     timings: dict[str, float] = field(default_factory=dict)  # queue_wait, denoise, decode, upload, total (seconds)
     webhook_url: str | None = None
     webhook_events: list[str] = field(default_factory=list)
@@ -99,6 +101,7 @@ _FLOAT_FIELDS = frozenset(
         "lease_expires_at",
         "queued_seconds",
         "requeued_at",
+        "storing_since",
     }
 )
 _INT_FIELDS = frozenset({"progress_step", "progress_total", "progress_current_image", "attempts", "preview_every"})

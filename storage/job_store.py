@@ -131,6 +131,8 @@ class JobStore(JobReads):
         self._release = register(lua.RELEASE)
         self._add_webhook_attempt = register(lua.ADD_WEBHOOK_ATTEMPT)
         self._delete = register(lua.DELETE)
+        self._set_storing = register(lua.SET_STORING)
+        self._adopt = register(lua.ADOPT)
 
     @property
     def redis(self) -> redis.Redis:
@@ -270,6 +272,24 @@ class JobStore(JobReads):
     def add_preview(self, job_id: str, step: int, total: int, image: str) -> None:
         """Put a running job's preview (a data URI) on its event stream (storage.job_events)."""
         self._add_preview(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), image])
+
+    @_wraps_redis_errors
+    def set_storing(self, job_id: str, worker_id: str, reason: str) -> bool:
+        """A running job this worker holds has its images made but kept in the worker's spool, because the image
+        store failed with `reason` (worker.spool); it stays running until they are stored. False if this worker
+        no longer holds it."""
+        args = [self.namespace, job_id, worker_id, repr(self.clock()), reason]
+        return self._set_storing(keys=[self.job_key(job_id)], args=args) == 1
+
+    @_wraps_redis_errors
+    def adopt(self, job_id: str, from_worker_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
+        """Take over a job whose images wait in a dead worker's spool: running under `from_worker_id` (whatever
+        its lease) -> running under `worker_id` with a fresh lease; or, re-queued meanwhile, taken as `take` does.
+        None if it ended, or another worker runs it again now."""
+        now = self.clock()
+        args = [self.namespace, job_id, from_worker_id, worker_id, repr(now), repr(now + lease_seconds)]
+        reply = self._adopt(keys=[self.job_key(job_id)], args=args)
+        return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
     def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:

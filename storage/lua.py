@@ -351,6 +351,41 @@ return 1
 """
 )
 
+# ARGV: ns, job_id, worker_id, now, reason. A running job this worker holds waits for its images to be stored
+# (worker.spool): since when (the first time) and why (the latest error). Returns 1, or 0 if not held.
+SET_STORING = (
+    _PREAMBLE
+    + """
+local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+if state ~= 'running' or holder ~= ARGV[3] then
+  return 0
+end
+redis.call('HSETNX', KEYS[1], 'storing_since', ARGV[4])
+redis.call('HSET', KEYS[1], 'storing_reason', ARGV[5])
+emit(ARGV[2], 'event', 'storing', 'reason', ARGV[5])
+return 1
+"""
+)
+
+# ARGV: ns, job_id, from_worker_id, worker_id, now, lease_expires_at. A dead worker's spooled job: running under
+# from_worker_id -> under worker_id; queued (re-queued meanwhile) -> taken. Returns HGETALL, or false.
+ADOPT = (
+    _PREAMBLE
+    + """
+local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+if state == 'queued' then
+  take_job(KEYS[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6])
+  return redis.call('HGETALL', KEYS[1])
+end
+if state ~= 'running' or holder ~= ARGV[3] then
+  return false
+end
+redis.call('HSET', KEYS[1], 'worker_id', ARGV[4], 'lease_expires_at', ARGV[6])
+redis.call('ZADD', leases_key, ARGV[6], ARGV[2])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
 # ARGV: ns, job_id, to_state, now, ttl, worker_id or '', num_set, field, value, ..., field_to_delete, ...
 # Returns 1 if the job moved to to_state.
 FINISH = (
@@ -418,7 +453,7 @@ if cancel == '1' then
   return 2
 end
 set_state(KEYS[1], ARGV[2], 'running', 'queued')
-redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at', 'is_paused')
+redis.call('HDEL', KEYS[1], 'worker_id', 'lease_expires_at', 'is_paused', 'storing_since', 'storing_reason')
 redis.call('HSET', KEYS[1], 'progress_step', '0', 'requeued_at', ARGV[4], 'requeue_reason', ARGV[7],
            'requeue_message', ARGV[8])
 redis.call('ZREM', leases_key, ARGV[2])

@@ -115,7 +115,7 @@ def test_every_variable_compose_reads_is_in_env_example(compose):
 @pytest.mark.parametrize("service", ["worker", "worker-2"])
 def test_a_gpu_worker_gets_longer_to_stop_than_its_shutdown_grace_and_its_drain(compose, service):
     worker = compose["services"][service]
-    stops = [float(default(name)) for name in ("STEPWISE_SHUTDOWN_GRACE", "STEPWISE_DRAIN_SECONDS")]
+    stops = [float(default(name) or 0) for name in ("STEPWISE_SHUTDOWN_GRACE", "STEPWISE_DRAIN_SECONDS")]
     assert not {"STEPWISE_SHUTDOWN_GRACE", "STEPWISE_DRAIN_SECONDS"} & set(worker["environment"])  # .env's, if any
     match = re.fullmatch(r"(\d+)s", worker["stop_grace_period"])
 
@@ -229,6 +229,7 @@ WIRING = {
     "STEPWISE_S3_ENDPOINT_URL",
     "STEPWISE_DEVICE",
     "STEPWISE_CACHE_DIR",
+    "STEPWISE_SPOOL_DIR",
     "STEPWISE_WORKER_METRICS_PORT",
     "STEPWISE_WORKER_METRICS_HOST",
 }

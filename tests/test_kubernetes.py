@@ -217,7 +217,8 @@ def test_a_worker_gets_longer_to_stop_than_its_drain_which_fits_kubernetes_defau
     for worker in component("worker"):
         env = container_env(worker)
         grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        stops = [float(env.get(name, default(name))) for name in ("STEPWISE_DRAIN_SECONDS", "STEPWISE_SHUTDOWN_GRACE")]
+        names = ("STEPWISE_DRAIN_SECONDS", "STEPWISE_SHUTDOWN_GRACE")
+        stops = [float(env.get(name, default(name)) or 0) for name in names]
         assert grace >= max(stops) + 5, (worker["metadata"]["name"], grace, stops)
 
 

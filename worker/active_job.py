@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from batching.previews import Preview
 
 _NOT_SUBMITTED = JobProgress(step=0, total=0)
+STEP_TIME_WEIGHT = 0.3  # of the newest step in seconds_per_step
 
 
 class StopReason(str, enum.Enum):
@@ -35,6 +36,9 @@ class ActiveJob:
     handed_over_at: float = field(default_factory=time.time)  # the same moment, in unix time
     step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None
+    seconds_per_step: float | None = None  # recent seconds per step of its progress (worker.drain estimates with it)
+    paced_step: int = 0  # the progress step and monotonic time seconds_per_step was last measured at
+    paced_at: float | None = None
     preview: Preview | None = None  # the newest live preview not yet written (the loop thread replaces it)
 
     @property
@@ -56,10 +60,25 @@ class ActiveJob:
         return self.progress.has_started
 
     def on_progress(self, step: int, total: int) -> None:
-        self.step_times.append(time.monotonic())
+        now = time.monotonic()
+        self.step_times.append(now)
+        if self.paced_at is not None and step > self.paced_step:  # a moving mean: the batch it shares sets the pace
+            sample = (now - self.paced_at) / (step - self.paced_step)
+            previous = self.seconds_per_step
+            self.seconds_per_step = sample if previous is None else previous + STEP_TIME_WEIGHT * (sample - previous)
+        if self.paced_at is None or step > self.paced_step:
+            self.paced_step, self.paced_at = step, now
 
     def on_preview(self, preview: Preview) -> None:
         self.preview = preview
+
+    def seconds_to_finish(self) -> float | None:
+        """Its remaining steps at its recent pace (its images one after another count as the job's mean step moves);
+        None until that pace is measured."""
+        if self.seconds_per_step is None:
+            return None
+        progress = self.progress
+        return max(0, progress.total - progress.step) * self.seconds_per_step
 
     def take_preview(self) -> Preview | None:
         preview, self.preview = self.preview, None

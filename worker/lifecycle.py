@@ -5,15 +5,17 @@
   type) mean this worker's model queue; load the model into this process's engine, start the
   metrics exporter, the heartbeat and the lapsed lease sweeper (which also re-queues dead
   workers' jobs, `worker.dead_workers`), and for a local image folder the image retention sweeper
-  (`worker.image_retention`). A worker that consumes only the webhook queue loads no model and
+  (`worker.image_retention`), and the spool's uploader, which first takes over what a stopped worker
+  left in the spool (`worker.spool`). A worker that consumes only the webhook queue loads no model and
   sends no heartbeat, but sweeps too.
 - `worker_ready`: an engine worker starts its feeder, which takes jobs from its model's queue
   (`worker.feeder`).
-- `worker_shutting_down` (SIGTERM, Ctrl+C): stop admitting (the feeder takes nothing more); re-queue
-  waiting jobs; give running ones `STEPWISE_SHUTDOWN_GRACE` seconds (none on a cold shutdown), then
-  re-queue the rest.
+- `worker_shutting_down` (SIGTERM, Ctrl+C): the drain (`worker.drain`): stop admitting (the feeder
+  takes nothing more); re-queue waiting jobs; let the running jobs that will finish within
+  `STEPWISE_DRAIN_SECONDS` (at most `STEPWISE_SHUTDOWN_GRACE`; none on a cold shutdown) finish and
+  hand the rest back at their next step; a second signal hands back everything at once.
 - `worker_shutdown`: wait for the feeder's jobs to end, then stop the sweeper, the heartbeat (its
-  last beat says the model lost this worker) and the engine.
+  last beat says the model lost this worker) and the engine; the process exits 0.
 """
 
 from __future__ import annotations
@@ -30,16 +32,19 @@ from worker import metrics
 from worker.app import generate_queue, settings
 from worker.dead_workers import DeadWorkerWatch
 from worker.feeder import Feeder
-from worker.heartbeat import start_heartbeat, stop_heartbeat
+from worker.heartbeat import beat_now, start_heartbeat, stop_heartbeat
 from worker.image_retention import ImageRetentionSweeper
 from worker.leases import LapsedLeaseSweeper
 from worker.runtime import current_runtime, start_runtime
+from worker.spool_uploader import SpoolUploader
+from worker.tasks import end_spooled_job
 
 log = logging.getLogger(__name__)
 
 _sweeper: LapsedLeaseSweeper | None = None
 _image_sweeper: ImageRetentionSweeper | None = None
 _feeder: Feeder | None = None
+_spool_uploader: SpoolUploader | None = None
 
 
 def _pool_name(pool_cls: object) -> str:
@@ -65,7 +70,7 @@ def on_worker_init(sender, **_) -> None:
 
 
 def start(sender) -> None:
-    global _sweeper, _image_sweeper
+    global _sweeper, _image_sweeper, _spool_uploader
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:
         raise ImproperlyConfigured(
@@ -83,6 +88,8 @@ def start(sender) -> None:
         )
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
+        # Before anything is consumed: what a stopped worker left in the spool is taken over, not run again.
+        _spool_uploader = SpoolUploader(runtime, end_spooled_job).start()
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
@@ -125,17 +132,29 @@ def on_worker_ready(**_) -> None:
 def on_worker_shutting_down(how: str = "Warm", **_) -> None:
     runtime = current_runtime()
     if runtime is not None:
-        runtime.begin_shutdown(grace=settings.shutdown_grace if how == "Warm" else 0.0)
+        runtime.begin_shutdown(drain_seconds(how))
+        beat_now()  # the fleet sees at once that this worker takes no job
+
+
+def drain_seconds(how: str) -> float:
+    """How long a stopping worker lets running jobs finish: STEPWISE_DRAIN_SECONDS, at most
+    STEPWISE_SHUTDOWN_GRACE; none on a cold shutdown."""
+    if how != "Warm":
+        return 0.0
+    cap = settings.shutdown_grace
+    return settings.drain_seconds if cap is None else min(settings.drain_seconds, cap)
 
 
 @signals.worker_shutdown.connect
 def on_worker_shutdown(**_) -> None:
-    if _feeder is not None:  # its jobs finish, or go back to the queue, within the grace (begin_shutdown)
-        _feeder.stop(timeout=settings.shutdown_grace + 30)
+    if _feeder is not None:  # its jobs finish, or are handed back, within the drain (begin_shutdown)
+        _feeder.stop(timeout=drain_seconds("Warm") + 30)
     if _sweeper is not None:
         _sweeper.stop()
     if _image_sweeper is not None:
         _image_sweeper.stop()
+    if _spool_uploader is not None:
+        _spool_uploader.stop()
     stop_heartbeat()
     runtime = current_runtime()
     if runtime is not None:

@@ -2,7 +2,7 @@
 
 There is one `WorkerRuntime` per worker process. The model is loaded once, when the worker
 starts (`worker.lifecycle`), and every task thread submits to the same engine, which is what
-lets their jobs share forwards. Admission (drain, resume, warm shutdown) is decided here,
+lets their jobs share forwards. Admission (drain, resume, the drain at SIGTERM: `worker.drain`) is decided here,
 under one lock, so a job is either in the engine or sent back to the queue, never neither. The lock is
 never held across I/O or the engine's submit (which decodes input images and may download a LoRA file).
 """
@@ -25,8 +25,10 @@ from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store
 from storage.upload_store import UploadStore
 from worker.active_job import ActiveJob, StopReason
+from worker.drain import Drain
 from worker.leases import LeaseKeeper
 from worker.settings import OVERLAP_CHOICES, WorkerSettings
+from worker.spool import ImageSpool, open_spool
 from worker.warm_up import WarmUp, warm_up
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class WorkerRuntime:
         self.job_store = JobStore.from_settings(settings.storage)
         self.uploads = UploadStore.beside(self.job_store)  # input images of jobs (upload ids in records)
         self._image_store: ImageStore | None = None
+        self._spool: ImageSpool | None = None
         self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None
         self._build_lock = threading.Lock()  # guards building the engine and the image store
@@ -72,6 +75,15 @@ class WorkerRuntime:
             if self._image_store is None:
                 self._image_store = open_image_store(self.settings.storage)
             return self._image_store
+
+    @property
+    def spool(self) -> ImageSpool:
+        """Finished images the image store could not take yet (worker.spool)."""
+        with self._build_lock:
+            if self._spool is None:
+                s = self.settings
+                self._spool = open_spool(s.spool_dir, self.worker_id, s.spool_max_bytes)
+            return self._spool
 
     @property
     def engine(self) -> DiffusionEngine:
@@ -175,14 +187,16 @@ class WorkerRuntime:
                 self._is_idle.set()
         self.room_changed.set()
 
-    def may_take_jobs(self, num_held: int) -> bool:
+    def may_take_jobs(self, num_held: int = 0) -> bool:
         """Whether this worker may take another job from its queue while it holds `num_held` (taken, not ended):
-        its engine runs and has room (the batch full plus a few waiting, `STEPWISE_WORKER_CONCURRENCY`), and it
-        is neither drained nor shutting down. The one place that decides it (`worker.feeder` asks)."""
+        it is admitting (not drained, not shutting down), its engine runs and has room (the batch full plus a few
+        waiting, `STEPWISE_WORKER_CONCURRENCY`), and its spool has room (worker.spool). The one place that
+        decides it (`worker.feeder` asks before each take)."""
         return (
             self.is_admitting
             and not self.is_shutting_down
             and num_held < self.settings.concurrency
+            and self.spool.has_room
             and self.is_engine_running
         )
 
@@ -247,23 +261,18 @@ class WorkerRuntime:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def begin_shutdown(self, grace: float) -> None:
-        """Admit nothing new, re-queue waiting jobs, give running ones `grace` seconds and
-        re-queue what still runs after it. Returns at once (it is called in a signal handler)."""
+    def begin_shutdown(self, drain_seconds: float) -> None:
+        """The first call (SIGTERM, Ctrl+C): drain (worker.drain) for at most `drain_seconds`; any later one: hand
+        back every running job at its next step. Returns at once (it is called in a signal handler)."""
         if self.is_shutting_down:
-            if grace == 0:
-                threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
+            threading.Thread(target=self.requeue_all, name="stepwise-shutdown", daemon=True).start()
             return
         self.is_shutting_down = True
-        threading.Thread(target=self._shutdown, args=(grace,), name="stepwise-shutdown", daemon=True).start()
+        Drain(self, drain_seconds).start()
 
-    def _shutdown(self, grace: float) -> None:
-        requeued = self.stop_admission()
-        if requeued:
-            log.info("shutdown: re-queued %d jobs that had not started", len(requeued))
-        if not self._is_idle.wait(grace):
-            remaining = self.requeue_all()
-            log.warning("shutdown: re-queued %d jobs still running after %.0fs", len(remaining), grace)
+    def wait_until_idle(self, timeout: float) -> bool:
+        """Whether no job is in the engine, waiting up to `timeout` seconds for it."""
+        return self._is_idle.wait(timeout)
 
     def stats(self) -> dict[str, Any]:
         engine_stats = self._engine.stats() if self._engine is not None else {}
@@ -273,6 +282,8 @@ class WorkerRuntime:
             "is_admitting": self.is_admitting,
             "is_shutting_down": self.is_shutting_down,
             "warm_up": self.warmed_up.as_dict() if self.warmed_up is not None else None,
+            "may_take_jobs": self.may_take_jobs(),
+            "spool": self.spool.stats(),
             "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
         }
 
@@ -288,6 +299,8 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.leases.stop()
+        if self._spool is not None:
+            self._spool.close()  # what still waits there is taken over by the next worker that looks
         if self._engine is not None:
             self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
         self.job_store.close()

@@ -59,11 +59,13 @@ class WorkerSettings:
     lease_sweep_interval: float = setting(
         "STEPWISE_LEASE_SWEEP_INTERVAL", max(1.0, default("STEPWISE_JOB_LEASE_SECONDS") / 4)
     )
-    shutdown_grace: float = setting("STEPWISE_SHUTDOWN_GRACE")  # seconds running jobs get at warm shutdown
+    shutdown_grace: float | None = setting("STEPWISE_SHUTDOWN_GRACE")  # caps drain_seconds; None: no cap
     drain_seconds: float = setting("STEPWISE_DRAIN_SECONDS")  # after SIGTERM, how long the worker may take to stop
     webhook_max_attempts: int = setting("STEPWISE_WEBHOOK_MAX_ATTEMPTS")
     webhook_backoff: float = setting("STEPWISE_WEBHOOK_BACKOFF")  # first retry delay; doubles per attempt
     webhook_timeout: float = setting("STEPWISE_WEBHOOK_TIMEOUT")  # per attempt, seconds
+    spool_dir: str | None = setting("STEPWISE_SPOOL_DIR")  # images waiting for the image store (worker.spool)
+    spool_max_bytes: int = setting("STEPWISE_SPOOL_MAX_BYTES")  # full: the worker takes no new job
     redis_retry_seconds: float = setting("STEPWISE_REDIS_RETRY_SECONDS")  # how long a task retries its record I/O
     public_url: str | None = setting("STEPWISE_PUBLIC_URL")  # the API's base URL, for webhook payloads' URLs
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS

@@ -3,7 +3,9 @@
 1. a job whose deadline passed before it started ends `expired`;
 2. submit it to this process's engine and wait, writing progress and watching for a cancel
    request (`worker.job_watch`);
-3. encode and upload the images here, on the job's thread, then mark the job `succeeded`.
+3. encode and upload the images here, on the job's thread, then mark the job `succeeded`; if the image store
+   fails, the job stays running with its images in this worker's spool until they are stored
+   (`worker.spool`, `end_spooled_job`).
 
 Engine errors end the job `failed` with the engine's message. A job that drain or warm
 shutdown stops before it finishes goes back to the queue for any worker.
@@ -20,7 +22,7 @@ import time
 
 from core.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
 from core.params import GenerationParams
-from storage.errors import StorageError, StorageUnavailableError
+from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from storage.queue_names import GENERATE_TASK
 from storage.webhooks import EVENT_FOR_STATE
@@ -30,8 +32,9 @@ from worker.app import app
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
-from worker.output_images import encode_image, store_images
+from worker.output_images import OutputImage, encode_outputs, output_images
 from worker.runtime import WorkerRuntime, get_runtime
+from worker.spool import SpooledJob
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
@@ -76,7 +79,8 @@ def run_held_job(runtime: WorkerRuntime, taken: JobRecord) -> str:
             runtime, taken, JobState.FAILED, error_code="worker_error", error_message=f"{type(e).__name__}: {e}"
         )
     finally:
-        runtime.leases.release(job_id)
+        if not runtime.spool.holds(job_id):  # a spooled job keeps its lease until its images are stored
+            runtime.leases.release(job_id)
 
 
 def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
@@ -159,20 +163,12 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     upload_started = time.perf_counter()
     params = result.params
     try:
-        encoded = [encode_image(image, params.output_format, params.output_quality) for image in result.images]
+        encoded = encode_outputs(result)
         encode_seconds = time.perf_counter() - upload_started
-        image_keys = store_images(
+        images = output_images(
             runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format
         )
-    except StorageUnavailableError as e:  # still unreachable after STEPWISE_STORAGE_MAX_ATTEMPTS tries
-        log.warning("job %s: image storage unavailable: %s", job_id, e)
-        return end_job(
-            runtime,
-            record,
-            JobState.FAILED,
-            error_code="storage_unavailable",
-            error_message=f"the image could not be stored, image storage stayed unavailable: {e}",
-        )
+        storage_error = runtime.spool.store_or_why(runtime.image_store, images)  # None: stored
     except Exception as e:
         log.exception("job %s: upload failed", job_id)
         return end_job(
@@ -194,6 +190,17 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         "encode": encode_seconds,
         "upload": upload_seconds,
     }
+    if storage_error is not None:
+        spooled = SpooledJob(
+            job_id,
+            [image.key for image in images],
+            [image.metadata for image in images],
+            steps=active.total,
+            timings=timings,
+            spooled_at=time.time(),
+        )
+        return keep_in_spool(runtime, record, spooled, images, storage_error)
+    image_keys = [image.key for image in images]
     timings["total"] = time.time() - record.created_at
     outcome = end_job(
         runtime,
@@ -204,10 +211,57 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
         progress_step=active.total,
         progress_total=active.total,
     )
+    flush_images(runtime, job_id, image_keys)
+    return outcome
+
+
+def flush_images(runtime: WorkerRuntime, job_id: str, image_keys: list[str]) -> None:
     try:
         runtime.image_store.flush(image_keys)  # after the end state: off the job's latency (storage.image_store)
     except StorageError as e:
         log.warning("job %s: %s", job_id, e)
+
+
+def keep_in_spool(
+    runtime: WorkerRuntime, record: JobRecord, spooled: SpooledJob, images: list[OutputImage], why: str
+) -> str:
+    """The image store failed: the job stays running, its images in this worker's spool (worker.spool) until the
+    spool's uploader stores them and ends it (`end_spooled_job`). Its lease stays held meanwhile."""
+    job_id = record.job_id
+    if not patiently(runtime, runtime.job_store.set_storing, job_id, runtime.worker_id, why):
+        log.warning("job %s: not spooled: this worker no longer holds it", job_id)
+        return "lease lost"
+    runtime.spool.add(spooled, images, why)
+    log.warning("job %s: image storage failed, its images wait in the spool: %s", job_id, why)
+    metrics.JOBS.labels("spooled").inc()
+    return "spooled"
+
+
+def end_spooled_job(runtime: WorkerRuntime, spooled: SpooledJob, failure: str | None) -> str:
+    """End a job whose images waited in the spool: succeeded now that they are stored (`failure` None), else
+    failed `storage_unavailable` for `failure`."""
+    record = patiently(runtime, runtime.job_store.get, spooled.job_id)
+    if record is None:
+        return "deleted"
+    cleared = {"storing_since": None, "storing_reason": None}
+    if failure is not None:
+        return end_job(
+            runtime, record, JobState.FAILED, error_code="storage_unavailable", error_message=failure, **cleared
+        )
+    timings = dict(spooled.timings)
+    timings["storing"] = max(0.0, time.time() - (record.storing_since or spooled.spooled_at))
+    timings["total"] = time.time() - record.created_at
+    outcome = end_job(
+        runtime,
+        record,
+        JobState.SUCCEEDED,
+        image_keys=spooled.image_keys,
+        timings=timings,
+        progress_step=spooled.steps,
+        progress_total=spooled.steps,
+        **cleared,
+    )
+    flush_images(runtime, spooled.job_id, spooled.image_keys)
     return outcome
 
 

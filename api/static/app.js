@@ -267,7 +267,8 @@ function watch(card, job) {
     if (name === "preview") showPreview(live, data.image);
     if (name === "queued") showState(live, "queued", data.queue_position);
     if (name === "started") showState(live, "running", null);
-    if (["queued", "started", "progress", "preview"].includes(name)) return false;
+    if (name === "storing") showStoring(live, data.reason);
+    if (["queued", "started", "progress", "preview", "storing"].includes(name)) return false;
     streams.delete(job.job_id);
     if (name !== "error") live.replaceWith(jobCard(data)); // the end state carries the job's view
     return true; // an error (the job deleted, the key revoked): nothing more will come
@@ -301,6 +302,11 @@ function showPreview(card, image) {
     card.querySelector(".thumbs").append(preview);
   }
   preview.src = image; // a data: URI, small: an approximate image of the job so far
+}
+
+// Its images are made, but image storage failed: they wait in the worker's spool, and the job succeeds once stored.
+function showStoring(card, reason) {
+  card.querySelector(".position").textContent = ` · storing its image (storage unavailable: ${reason})`;
 }
 
 function showState(card, state, position) {
@@ -397,6 +403,8 @@ function reuseJob(job) {
   $("prompt").focus();
 }
 
+const PLAYED_FORMATS = new Set(["mp4", "webm"]); // a video job's output, played by a <video> element
+
 function jobCard(job) {
   const card = element("li", { class: `job state-${job.state}`, "data-job-id": job.job_id });
   const progress = job.progress || { step: 0, total: 0 };
@@ -409,16 +417,25 @@ function jobCard(job) {
     element("p", { class: "meta" },
       element("span", { class: "state", text: job.state }),
       element("span", { class: "step", text: stepText(progress, params.num_images) }),
-      element("span", { class: "position", text: job.queue_position != null ? ` · queue position ${job.queue_position}` : "" })),
+      element("span", { class: "position", text: job.queue_position != null ? ` · queue position ${job.queue_position}` :
+        job.storing ? ` · storing its image (storage unavailable: ${job.storing.reason})` : "" })),
     bar,
     element("p", { class: "meta", text:
-      `${params.model || ""} · ${params.width}×${params.height} · ${params.num_inference_steps} steps · ${params.sampler} · guidance ${params.guidance_scale} · seed ${params.seed}` }),
+      `${params.model || ""} · ${params.width}×${params.height}${params.num_frames > 1 ? ` × ${params.num_frames} frames at ${params.fps} fps` : ""} · ${params.num_inference_steps} steps · ${params.sampler} · guidance ${params.guidance_scale} · seed ${params.seed}` }),
   );
   if (params.negative_prompt) card.append(element("p", { class: "meta", text: `not: ${params.negative_prompt}` }));
   if (job.error) card.append(element("p", { class: "meta error", text: `${job.error.code}: ${job.error.message}` }));
   for (const warning of job.warnings || []) card.append(element("p", { class: "meta warning", text: warning }));
   const thumbs = element("div", { class: "thumbs" });
+  const isVideo = PLAYED_FORMATS.has(params.output_format); // a GIF shows as an image
   (job.image_urls || []).forEach((url, index) => {
+    if (isVideo) {
+      const video = element("video", { controls: "", loop: "", muted: "", playsinline: "", width: "192",
+        "aria-label": `video ${index + 1} of job ${job.job_id}: ${params.prompt || ""}` });
+      thumbs.append(video);
+      imageFor(url).then((src) => { video.src = src; }).catch((error) => { video.title = error.message; });
+      return;
+    }
     const image = element("img", { alt: `image ${index + 1} of job ${job.job_id}: ${params.prompt || ""}`, width: "96", height: "96" });
     const open = element("button", { type: "button", title: "full size" }, image);
     thumbs.append(open);
@@ -445,7 +462,7 @@ function jobCard(job) {
 }
 
 function signature(job) {
-  return `${job.state}:${(job.progress || {}).step}:${(job.image_urls || []).length}:${job.queue_position}`;
+  return `${job.state}:${(job.progress || {}).step}:${(job.image_urls || []).length}:${job.queue_position}:${Boolean(job.storing)}`;
 }
 
 async function showJobs() {

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from api.openapi import UndocumentedRoute, build_document
+from storage.heartbeats import Heartbeat
+from storage.job_store import JobStore
 from tests.support.calls import auth, submit
 from tests.support.routes import ROUTES
 
@@ -19,6 +22,8 @@ def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_w
         "seen_recently": False,
         "num_workers": 0,
         "num_draining": 0,
+        "num_spooling": 0,
+        "num_spool_full": 0,
         "available_models": [],
         "last_seen": None,
     }
@@ -92,3 +97,24 @@ def test_each_route_answers_a_call_without_a_key_as_its_documented_security_says
             assert ("401" in operation["responses"]) == needs_key, (path, method)
             is_admin_route = path == "/metrics" or path.startswith("/v1/admin/")
             assert ("403" in operation["responses"]) == is_admin_route, (path, method)
+
+
+def test_readyz_and_the_model_list_say_which_workers_hold_images_for_storage_and_whose_spool_is_full(client, redis_url):
+    spools = [
+        {"num_jobs": 3, "num_bytes": 40_000, "max_bytes": 1, "is_full": True, "storage_error": "S3 is down"},
+        {"num_jobs": 1, "num_bytes": 9_000, "max_bytes": 10**9, "is_full": False, "storage_error": "S3 is down"},
+    ]
+    with JobStore(redis_url) as store:
+        for index, spool in enumerate(spools):
+            store.beat(
+                Heartbeat(
+                    f"w{index}", "builtin:tiny", "stepwise.generate.builtin-tiny", "sd", 8, time.time(), spool=spool
+                )
+            )
+
+    ready = client.get("/readyz").get_json()
+    models = client.get("/v1/models", headers=auth()).get_json()["models"]
+
+    assert (ready["workers"]["num_spooling"], ready["workers"]["num_spool_full"]) == (2, 1)
+    assert any("1 of 2 workers have a full spool" in warning for warning in ready["warnings"]), ready["warnings"]
+    assert (models[0]["spooling"], models[0]["spool_full"]) == (2, 1)

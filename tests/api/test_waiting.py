@@ -343,3 +343,23 @@ def test_an_event_stream_whose_job_is_deleted_ends_with_an_error_event_saying_it
     assert first.event == "started"
     assert [event.event for event in rest] == ["error"] and seconds < 1.0, (rest, seconds)
     assert rest[0].json()["error"]["code"] == "not_found"
+
+
+def test_a_job_whose_images_wait_for_storage_says_it_is_storing_and_why_in_its_view_and_its_stream(http_client, store):
+    job_id = submit(http_client).json()["job_id"]
+    store.take(job_id, "worker-1", 60)
+    store.set_progress(job_id, 20, 20)
+    assert store.set_storing(job_id, "worker-1", "S3 upload of s3://b/images/x/0.png failed after 5 attempts")
+
+    view = http_client.get(f"/v1/jobs/{job_id}", headers=auth()).json()
+    assert view["state"] == "running" and view["image_urls"] == []
+    assert view["storing"]["reason"].startswith("S3 upload of") and view["storing"]["since"]
+    with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
+        later(
+            0.5, lambda: store.finish(job_id, JobState.SUCCEEDED, worker_id="worker-1", image_keys=[f"{job_id}/0.png"])
+        )
+        events = events_of(source)
+
+    assert [event.event for event in events] == ["started", "progress", "storing", "succeeded"]
+    assert events[2].json() == {"job_id": job_id, "reason": view["storing"]["reason"]}
+    assert events[-1].json()["storing"] is None and events[-1].json()["state"] == "succeeded"

@@ -15,7 +15,8 @@ def cli_replies(result) -> dict:
 
 
 def test_inspect_active_lists_a_running_job_and_revoke_cancels_it_at_its_next_step(s3_cluster, main_worker):
-    job_id = s3_cluster.submit(long_params(height=256, width=256), tenant="alice")  # long enough for two CLI calls
+    # 256 px: four times long_params' work per step, so it still runs after the two Celery commands start up
+    job_id = s3_cluster.submit(long_params(height=256, width=256), tenant="alice")
     s3_cluster.wait_for_progress(job_id)
 
     replies = cli_replies(s3_cluster.celery_cli("inspect", "active", "-d", main_worker.name, "--json", "-t", "10"))

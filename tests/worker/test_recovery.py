@@ -5,6 +5,7 @@ and tests/cli/test_up_submit_backfill.py (default settings: re-queued from the s
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -14,8 +15,8 @@ from tests.support.cluster import long_params, small_params
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_warm_shutdown_lets_a_running_job_finish_before_the_worker_exits(folder_cluster):
-    worker = folder_cluster.start_worker(STEPWISE_SHUTDOWN_GRACE="400")
+def test_sigterm_lets_a_running_job_that_fits_in_the_drain_finish_before_the_worker_exits(folder_cluster):
+    worker = folder_cluster.start_worker(STEPWISE_DRAIN_SECONDS="400")
     job_id = folder_cluster.submit(long_params(prompt="finish me", num_inference_steps=100))
     folder_cluster.wait_for_progress(job_id, min_step=1)
 
@@ -25,17 +26,25 @@ def test_warm_shutdown_lets_a_running_job_finish_before_the_worker_exits(folder_
     assert record.state is JobState.SUCCEEDED and record.attempts == 1
 
 
-def test_warm_shutdown_requeues_what_outlives_the_grace_period_and_another_worker_finishes_it(folder_cluster):
-    first = folder_cluster.start_worker("first", STEPWISE_SHUTDOWN_GRACE="0")
-    long_id = folder_cluster.submit(long_params())
+def test_sigterm_hands_back_at_a_step_boundary_what_would_not_finish_in_the_drain_and_another_worker_finishes_it(
+    folder_cluster,
+):
+    first = folder_cluster.start_worker("first", STEPWISE_DRAIN_SECONDS="3")
+    long_ids = [folder_cluster.submit(long_params(prompt=f"too long {i}", seed=i)) for i in range(2)]
     short_ids = [folder_cluster.submit(small_params(prompt=f"short {i}")) for i in range(2)]
-    folder_cluster.wait_for_progress(long_id, min_step=1)
+    for job_id in long_ids:
+        folder_cluster.wait_for_progress(job_id, min_step=1)
 
-    assert first.stop(signal.SIGTERM, timeout=60) == 0, first.log_tail()
-    requeued = folder_cluster.store.get(long_id)
-    assert requeued.state is JobState.QUEUED and requeued.attempts == 1
+    signaled_at = time.time()
+    assert first.stop(signal.SIGTERM, timeout=60) == 0, first.log_tail()  # exit 0, well before SIGKILL
+    for job_id in long_ids:
+        requeued = folder_cluster.store.get(job_id)
+        assert requeued.state is JobState.QUEUED and requeued.attempts == 1, folder_cluster.describe(job_id)
+        assert requeued.requeue_reason == "worker_shutdown" and requeued.requeued_at > signaled_at  # not a lapse
 
     folder_cluster.start_worker("second")
-    finished = folder_cluster.wait_for_end(long_id)
-    assert finished.state is JobState.SUCCEEDED and finished.attempts == 2
+    for job_id in long_ids:
+        finished = folder_cluster.wait_for_end(job_id)
+        assert finished.state is JobState.SUCCEEDED and finished.attempts == 2
     assert [folder_cluster.wait_for_end(job_id).state for job_id in short_ids] == [JobState.SUCCEEDED] * 2
+    assert folder_cluster.store.counts_by_state()["succeeded"] == 4  # each ended once
