@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 
 import pytest
@@ -118,3 +119,16 @@ def test_readyz_and_the_model_list_say_which_workers_hold_images_for_storage_and
     assert (ready["workers"]["num_spooling"], ready["workers"]["num_spool_full"]) == (2, 1)
     assert any("1 of 2 workers have a full spool" in warning for warning in ready["warnings"]), ready["warnings"]
     assert (models[0]["spooling"], models[0]["spool_full"]) == (2, 1)
+
+
+def test_with_image_storage_down_the_api_stays_ready_to_take_jobs_and_says_where_their_images_wait(client, tmp_path):
+    images = tmp_path / "images"
+    shutil.rmtree(images, ignore_errors=True)
+    images.write_text("the image folder is gone: a file stands at its path")
+
+    response = client.get("/readyz")
+    submitted = client.post("/v1/jobs", json={"prompt": "during the outage"}, headers=auth())
+
+    assert response.status_code == 200 and response.get_json()["checks"] == {"redis": True, "storage": False}
+    assert "images wait in the workers' spools" in response.get_json()["warnings"][0]
+    assert submitted.status_code == 202
