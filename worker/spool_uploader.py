@@ -122,7 +122,8 @@ class SpoolUploader:
         first, *rest = waiting
         if not self.upload(first):
             return False
-        return all(self._pool.map(self.upload, rest))
+        results = list(self._pool.map(self.upload, rest))  # every one done before the next round
+        return all(results)
 
     def upload(self, job: SpooledJob) -> bool:
         """Store one job's images and end it (or drop it). False if the store or Redis failed: try again later."""
