@@ -1,6 +1,7 @@
 """The spool (worker.spool): what a live worker holds is its own; what a stopped one left is adopted by
 the next worker that looks, once, with its images; the bound says when to stop taking jobs; a job deleted
-while it waits leaves it. End to end (real workers, S3 and the local folder down): tests/faults/test_storage_outage.py."""
+while it waits leaves it. End to end (real workers, S3 and the local folder down):
+tests/faults/test_storage_outage.py."""
 
 from __future__ import annotations
 
