@@ -6,7 +6,7 @@ them through the named getters of `api.resources`.
 
 Where things are: `api.job_view` turns a job record into the JSON a client sees; each route
 module is one blueprint named by its resource (`jobs`, `uploads`, `loras`, `served_models` for
-`GET /v1/models`, `openai_images`, `health`, `web`); `api.celery_client` sends tasks by name.
+`GET /v1/models`, `openai_images`, `openai_videos`, `health`, `web`); `api.celery_client` sends tasks by name.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from api import (
     loras,
     metrics,
     openai_images,
+    openai_videos,
     openapi,
     resources,
     served_models,
@@ -71,6 +72,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         openapi.bp,
         web.bp,
         openai_images.bp,
+        openai_videos.bp,
     )
     for blueprint in blueprints:
         app.register_blueprint(blueprint)

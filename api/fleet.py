@@ -91,11 +91,6 @@ class Fleet:
                 f"{field_prefix}lora: the {status.family} family served for "
                 f"{params.model!r} does not support LoRA adapters",
             )
-        if "num_frames" in limits and params.num_frames not in limits["num_frames"]:
-            raise invalid(
-                f"{field_prefix}num_frames",
-                f"{field_prefix}num_frames must be one of {limits['num_frames']} for {params.model!r}",
-            )
         if "samplers" in limits and params.sampler not in limits["samplers"]:
             raise invalid(
                 f"{field_prefix}sampler",

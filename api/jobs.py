@@ -8,6 +8,7 @@ import uuid
 
 from flask import Blueprint, Response, g, redirect, request
 from werkzeug.routing import BaseConverter
+from werkzeug.wrappers import Response as BaseResponse
 
 from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
@@ -16,7 +17,7 @@ from api.image_fields import remote_image_urls
 from api.job_view import job_url, job_view
 from api.openapi_operations import (
     BINARY,
-    IMAGE_TYPES,
+    OUTPUT_TYPES,
     Answer,
     api_errors,
     body_of,
@@ -293,7 +294,13 @@ def job_events(job_id: str):
 def delete_job(job_id: str):
     """Remove the caller's job record and its images; a queued job is canceled first, a running one stops at
     its next step (its worker finds the record gone and removes what it stored meanwhile)."""
-    record = own_job(job_id)
+    delete_own_job(own_job(job_id))
+    return Response(status=204)
+
+
+def delete_own_job(record: JobRecord) -> None:
+    """Delete the record (404 if it went meanwhile), send a queued job's canceled webhook, remove its outputs."""
+    job_id = record.job_id
     state = get_job_store().delete(job_id, DELETED_TOMBSTONE_SECONDS)
     if state is None:
         raise not_found()
@@ -303,7 +310,6 @@ def delete_job(job_id: str):
         get_image_store().delete_job_images(job_id)
     except StorageError as e:  # the record is gone; the images go at their retention (STEPWISE_IMAGE_TTL)
         log.warning("job %s deleted, but not its images: %s", job_id, e)
-    return Response(status=204)
 
 
 ALREADY_ENDED = {  # what a cancel of a finished job says: "the job already succeeded"
@@ -352,17 +358,21 @@ def send_canceled_webhook(record: JobRecord) -> None:
 
 @bp.get("/<job_id>/image")
 @documented(
-    "The image in the job's output_format (local storage) or a redirect to it (S3).",
+    "The job's output in its output_format (local storage) or a redirect to it (S3): an image, or a video job's "
+    "video (mp4, webm or gif).",
     query=ImageQuery,
     responses={
-        200: Answer("The image.", content=dict.fromkeys(IMAGE_TYPES, BINARY)),
+        200: Answer("The image or video.", content=dict.fromkeys(OUTPUT_TYPES, BINARY)),
         302: Answer("Redirect to a presigned URL.", headers={"Location": {"schema": {"type": "string"}}}),
     },
     errors=api_errors(404, 409, 422, 503),
 )
 def get_job_image(job_id: str):
-    record = own_job(job_id)
-    index = query_of(ImageQuery).index
+    return output_response(own_job(job_id), query_of(ImageQuery).index)
+
+
+def output_response(record: JobRecord, index: int) -> BaseResponse:
+    """Output `index` of a succeeded job: its bytes with their content type, or a redirect to a presigned URL."""
     if record.state is not JobState.SUCCEEDED:
         raise ApiError(409, "no_image", f"the job is {record.state.value}; its image exists once it has succeeded")
     if index >= len(record.image_keys):

@@ -1,7 +1,7 @@
 """Per-model cost limits, checked at submit so that one job cannot hold a worker for minutes.
 
-A job's cost is its pixel-steps, `num_images x height x width x steps run`: the denoiser's
-work grows with each factor, so this one number bounds how long a job keeps the engine. The
+A job's cost is its pixel-steps, `num_images x num_frames x height x width x steps run`: the denoiser's
+work grows with each factor (a video's frames too), so this one number bounds how long a job keeps the engine. The
 steps run are `num_inference_steps`, or with an init image the last `strength` fraction of
 them (what the engine runs and progress counts: `GenerationParams.total_steps`). Each model
 has two limits, `max_pixels` (of one image) and `max_pixel_steps` (of the whole job). The
@@ -31,7 +31,7 @@ LIMIT_NAMES = ("max_pixels", "max_pixel_steps")
 @dataclass(frozen=True)
 class ModelLimits:
     max_pixels: int  # height x width of one image
-    max_pixel_steps: int  # num_images x height x width x steps run, of one job
+    max_pixel_steps: int  # num_images x num_frames x height x width x steps run, of one job
 
 
 CPU_LIMITS = ModelLimits(max_pixels=512 * 512, max_pixel_steps=8 * 256 * 256 * 50)
@@ -43,7 +43,7 @@ class LimitsError(SettingsError):
 
 
 def pixel_steps(params: P.GenerationParams) -> int:
-    return params.height * params.width * params.total_steps()  # total_steps: images x steps each runs
+    return params.num_frames * params.height * params.width * params.total_steps()  # total_steps: images x steps
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,13 @@ class LimitTable:
         cost = pixel_steps(params)
         if cost > limits.max_pixel_steps:
             field_name = "num_images" if params.num_images > 1 else "num_inference_steps"
+            if params.num_frames > 1:
+                field_name = "num_frames"
             raise _over(
                 f"{field_prefix}{field_name}",
-                f"num_images x height x width x steps run (num_inference_steps, times strength with an "
-                f"init_image) = {cost} is over the limit of {limits.max_pixel_steps} for model {params.model}: "
-                f"ask for fewer images, steps or pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)",
+                f"num_images x num_frames x height x width x steps run (num_inference_steps, times strength with "
+                f"an init_image) = {cost} is over the limit of {limits.max_pixel_steps} for model {params.model}: "
+                f"ask for fewer images, frames, steps or pixels (STEPWISE_MAX_PIXEL_STEPS / STEPWISE_MODEL_LIMITS)",
             )
 
     @classmethod

@@ -70,11 +70,16 @@ def openai_error_body(status: int, message: str, *, param: str | None = None, co
 
 @bp.errorhandler(Exception)
 def openai_error(error: Exception):
+    return openai_error_answer(error, PARAM_OF_FIELD)
+
+
+def openai_error_answer(error: Exception, param_of_field: dict[str, str]):
+    """Any error in OpenAI's shape, `param` the OpenAI parameter the client sent for the stepwise field at fault."""
     api_error = to_api_error(error)
     if api_error.status == 500 and current_app.testing:
         raise error
     status, code = api_error.status, api_error.code
-    param = PARAM_OF_FIELD.get(api_error.field or "", api_error.field)
+    param = param_of_field.get(api_error.field or "", api_error.field)
     if status == 422:  # OpenAI answers 400 for any invalid request, 404 for a model it does not serve
         status, code = (404, "model_not_found") if param == "model" else (400, "invalid_value")
     if status == 401:

@@ -130,3 +130,122 @@ class OpenAIErrorDetail(BaseModel):
 
 class OpenAIError(BaseModel):
     error: OpenAIErrorDetail
+
+
+# The video routes (api.openai_videos): OpenAI's create-video fields, as the open engines serve them.
+SECONDS_PATTERN = r"^[0-9]{1,3}(\.[0-9]{1,3})?$"  # a string of seconds, as the SDKs send it ("4"), or a number
+VIDEO_STATUSES = ("queued", "in_progress", "completed", "failed")
+
+
+class OpenAIVideoFields(BaseModel):
+    """POST /v1/videos: OpenAI's fields (prompt, model, size, seconds, input_reference) and stepwise's (num_frames,
+    fps, seed, ...). Any other name is refused, as OpenAI refuses it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def whole_floats_as_ints(cls, data: Any) -> Any:
+        return S.whole_floats_as_ints(data, VIDEO_INTEGER_FIELDS)
+
+    prompt: S.Prompt
+    model: S.ModelName | None = Field(None, description="A video model a worker serves; default: STEPWISE_MODEL.")
+    size: str | None = Field(None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT, or auto (the family's).")
+    seconds: Annotated[float, Field(gt=0, le=600)] | Annotated[str, Field(pattern=SECONDS_PATTERN)] | None = Field(
+        None,
+        description="Duration: num_frames = seconds x fps, rounded to the family's rule (Wan: 4k+1 frames). "
+        "Not with num_frames. Default: the family's num_frames.",
+    )
+    num_frames: int | None = Field(None, ge=1, le=S.P.MAX_NUM_FRAMES, description="stepwise: as in POST /v1/jobs.")
+    fps: int | None = Field(None, ge=1, le=S.P.MAX_FPS, description="stepwise: frames per second.")
+    seed: S.Seed | None = Field(None, description="stepwise.")
+    negative_prompt: S.NegativePrompt | None = Field(None, description="stepwise.")
+    num_inference_steps: S.Steps | None = Field(None, description="stepwise.")
+    guidance_scale: S.Guidance | None = Field(None, description="stepwise.")
+    guidance_scale_2: S.Guidance | None = Field(None, description="stepwise: a two-expert model's low-noise guidance.")
+    sampler: S.Sampler | None = Field(None, description="stepwise.")
+    priority: S.Priority | None = Field(None, description="stepwise.")
+    input_reference: str | dict[str, str] | None = Field(
+        None,
+        description="JSON: the first frame (image-to-video models), as a data URI, an upload id or an allowed URL, "
+        'or {"image_url": ...} / {"file_id": "upl_..."}; multipart: a file part.',
+    )
+
+
+VIDEO_INTEGER_FIELDS = S.integer_fields(OpenAIVideoFields)
+VIDEO_EXTENSIONS = (  # stepwise's own job fields, passed on as they are
+    "num_frames",
+    "fps",
+    "seed",
+    "negative_prompt",
+    "num_inference_steps",
+    "guidance_scale",
+    "guidance_scale_2",
+    "sampler",
+    "priority",
+)
+
+
+class OpenAIVideoCreate(OpenAIVideoFields):
+    """POST /v1/videos as JSON."""
+
+
+class OpenAIVideoCreateForm(OpenAIVideoFields):
+    """POST /v1/videos as multipart/form-data (what the openai SDK sends): the fields as text parts, and
+    input_reference as a file part (PNG, JPEG or WebP)."""
+
+    model_config = ConfigDict(json_schema_extra=without_nulls)
+
+    input_reference: bytes | None = Field(  # type: ignore[assignment]
+        None, description="The first frame (image-to-video models).", json_schema_extra={"format": "binary"}
+    )
+
+
+class VideoErrorView(BaseModel):
+    code: str
+    message: str
+
+
+class OpenAIVideo(BaseModel):
+    id: str = Field(description="The job's id (GET /v1/jobs/{job_id} shows the job).")
+    object: Literal["video"]
+    status: Literal[VIDEO_STATUSES]  # type: ignore[valid-type]
+    progress: int = Field(description="Percent of the denoising steps done (100 once completed).")
+    created_at: int = Field(description="Unix seconds.")
+    completed_at: int | None = Field(description="Unix seconds, once it ended.")
+    error: VideoErrorView | None
+    model: str
+    prompt: str
+    size: str = Field(description="WIDTHxHEIGHT.")
+    seconds: str = Field(description="Its duration: (num_frames - 1) / fps, as the request's seconds round to.")
+    num_frames: int
+    fps: int
+    seed: int
+
+
+class OpenAIVideoList(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIVideo] = Field(description="Newest first.")
+    has_more: bool
+    first_id: str | None
+    last_id: str | None = Field(description="Pass as `after` for the next page.")
+
+
+class OpenAIVideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"]
+    deleted: bool
+
+
+class VideoListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    after: str | None = Field(None, min_length=1, max_length=128, description="`last_id` of the previous page.")
+    limit: int = Field(20, ge=1, le=100, description="Page size.")
+    order: Literal["desc"] = Field("desc", description="Newest first (the only order).")
+
+
+class VideoContentQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    variant: Literal["video"] = Field("video", description="The video (no thumbnail or spritesheet is made).")

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 from werkzeug.routing import Rule
 
-from api import jobs, loras
+from api import jobs, loras, openai_videos
 from api.auth import require_admin, require_tenant
 from api.openapi_operations import ERROR_MEANINGS, RETRY_AFTER, Answer, Operation, documented, operation_of
 from api.resources import get_openapi_document
@@ -23,7 +23,7 @@ bp = Blueprint("openapi", __name__)
 
 REF = "#/components/schemas/{model}"
 # A path argument's name -> its parameter (what the route checks it against).
-PATH_PARAMETERS = {"job_id": jobs.JOB_ID, "name": loras.LORA_NAME}
+PATH_PARAMETERS = {"job_id": jobs.JOB_ID, "name": loras.LORA_NAME, "video_id": openai_videos.VIDEO_ID}
 PATH_ARGUMENT = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 NOT_THE_JSON_API = {"static", "web.index"}  # the web page and its files
 IGNORED_METHODS = {"HEAD", "OPTIONS"}
@@ -114,14 +114,15 @@ def render(app: Flask, rule: Rule, view_name: str, operation: Operation, compone
         rendered["security"] = []
     if parameters:
         rendered["parameters"] = parameters
+    content: dict[str, Any] = {}  # a route may take JSON, a form, or either
     if operation.body is not None:
-        schema = components.ref(operation.body, "validation")
-        rendered["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
-    elif operation.form is not None:
-        schema = components.ref(operation.form, "validation")
-        rendered["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
-    elif operation.body_content is not None:
-        rendered["requestBody"] = {"required": True, "content": dict(operation.body_content)}
+        content["application/json"] = {"schema": components.ref(operation.body, "validation")}
+    if operation.form is not None:
+        content["multipart/form-data"] = {"schema": components.ref(operation.form, "validation")}
+    if not content and operation.body_content is not None:
+        content = dict(operation.body_content)
+    if content:
+        rendered["requestBody"] = {"required": True, "content": content}
     errors = dict(operation.errors)
     for status in (401,) if auth == "tenant" else (401, 403) if auth == "admin" else ():
         errors.setdefault(status, ERROR_MEANINGS[status])

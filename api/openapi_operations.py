@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from api.errors import from_validation_error
 from api.request_body import read_json
 from api.schemas import ErrorResponse
+from core.output_formats import IMAGE_FORMATS, OUTPUT_FORMATS
 
 ERROR_MEANINGS = {  # the API's own error statuses (api.errors), as the document explains them
     400: "Malformed JSON.",
@@ -45,7 +46,8 @@ ERROR_MEANINGS = {  # the API's own error statuses (api.errors), as the document
 }
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
 BINARY = {"schema": {"type": "string", "format": "binary"}}
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
+IMAGE_TYPES = tuple(IMAGE_FORMATS.values())
+OUTPUT_TYPES = tuple(dict.fromkeys(OUTPUT_FORMATS.values()))  # what a job's output is served as: images and videos
 
 
 @dataclass(frozen=True)

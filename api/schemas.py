@@ -174,14 +174,35 @@ class JobRequest(StrictModel):
         "FLUX-dev: the embedded guidance value. Default: the model family's (7.5 for SD).",
     )
     seed: Seed | None = Field(None, description="Omit for a random seed (recorded on the job).")
-    sampler: Sampler = Field(
-        "euler", description="Sampler for the denoise loop (FLUX, Z-Image: euler only). Default: euler."
+    sampler: Sampler | None = Field(
+        None,
+        description="Sampler for the denoise loop (the flow-matching image families: euler only; Wan: unipc or "
+        "euler). Default: the model family's (euler; Wan: unipc).",
     )
     num_images: NumImages = Field(1, description="Images with seeds seed..seed+n-1.")
     model: ModelName = Field(  # type: ignore[assignment]
         None, description="Model to run; default: the model the service serves (STEPWISE_MODEL)."
     )
-    num_frames: int = Field(1, ge=1, le=1, description="Reserved for video models; must be 1.")
+    num_frames: int | None = Field(
+        None,
+        ge=1,
+        le=P.MAX_NUM_FRAMES,
+        description="Video models: frames of the video, by the family's rule (Wan: 4k+1, at most "
+        f"{FAMILIES['wan'].max_num_frames}); num_frames*height*width at most {P.MAX_VIDEO_PIXELS}. Image models: 1. "
+        "Default: the model family's (Wan: 33; images: 1).",
+    )
+    fps: int | None = Field(
+        None,
+        ge=1,
+        le=P.MAX_FPS,
+        description="Video models: the video's frame rate (playback only: it changes no frame). Default: the model "
+        "family's (Wan: 16). Refused for image models.",
+    )
+    guidance_scale_2: Guidance | None = Field(
+        None,
+        description="Two-expert video models (Wan 2.2 A14B): the low-noise expert's guidance. Default: "
+        "guidance_scale. Refused for models with one expert.",
+    )
     lora: LoraName | None = Field(
         None,
         description=(
@@ -218,8 +239,14 @@ class JobRequest(StrictModel):
         description="An input image whose size differs from the job's: none (an error), stretch, or crop "
         "(cover, then center-crop).",
     )
-    output_format: OutputFormat = Field("png", description="png, jpeg or webp.")  # type: ignore[valid-type]
-    output_quality: int = Field(P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100).")
+    output_format: OutputFormat | None = Field(  # type: ignore[valid-type]
+        None,
+        description="Images: png, jpeg or webp (default png). Videos (video models): mp4 (H.264, the default), webm "
+        "(VP9) or gif; a one-frame job of a video model may also be an image.",
+    )
+    output_quality: int = Field(
+        P.DEFAULT_OUTPUT_QUALITY, ge=1, le=100, description="JPEG/WebP quality (1-100); PNG and videos ignore it."
+    )
     cache: CacheSetting = Field(
         None,
         description=f"Step caching: {step_cache.CACHE_OFF}, a preset ({', '.join(step_cache.PRESET_NAMES)}: fewer "

@@ -13,7 +13,8 @@ from flask import Blueprint, current_app, send_from_directory
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-    "img-src 'self' blob: data: https: http:; form-action 'none'; base-uri 'none'; frame-ancestors 'none'"
+    "img-src 'self' blob: data: https: http:; media-src 'self' blob: https: http:; "
+    "form-action 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 
 bp = Blueprint("web", __name__)

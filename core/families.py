@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
+from core.output_formats import DEFAULT_IMAGE_FORMAT, DEFAULT_VIDEO_FORMAT, IMAGE_FORMATS, VIDEO_FORMATS
 
 UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' own pipelines use
@@ -106,6 +107,18 @@ class FamilySpec:
     @property
     def is_video(self) -> bool:
         return self.max_num_frames > 1
+
+    @property
+    def default_output_format(self) -> str:
+        """A video family's jobs are videos (MP4), an image family's PNG images."""
+        return DEFAULT_VIDEO_FORMAT if self.is_video else DEFAULT_IMAGE_FORMAT
+
+    def output_formats(self, num_frames: int = 1) -> tuple[str, ...]:
+        """What a job of `num_frames` may be stored as: an image family's, images; a video family's, videos, and
+        a one-frame job's also images."""
+        if not self.is_video:
+            return tuple(IMAGE_FORMATS)
+        return tuple(VIDEO_FORMATS) + (tuple(IMAGE_FORMATS) if num_frames == 1 else ())
 
     def has_cfg(self, guidance_scale: float, negative_prompt: str = "") -> bool:
         """Whether a job with this guidance (and negative prompt) runs an unconditional row beside its

@@ -18,6 +18,7 @@ from typing import Any
 from core.errors import InvalidParamsError
 from core.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
 from core.image_inputs import RESIZE_MODES, check_reference, image_size, is_data_uri
+from core.output_formats import DEFAULT_IMAGE_FORMAT, DEFAULT_VIDEO_FORMAT, OUTPUT_FORMATS, VIDEO_FORMATS
 from core.step_cache import CacheSetting, check_cache
 from settings.table import DEVICE
 
@@ -41,8 +42,7 @@ MAX_VIDEO_PIXELS = 161 * 1280 * 720  # frames x height x width of one video: ten
 MAX_FPS = 120
 MAX_LORA_SCALE = 4.0
 MIN_EDIT_IMAGE_SIDE = 32  # an edit image's sides once its pipeline sizes it (a thinner one would round to none)
-OUTPUT_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}  # output_format -> MIME type
-DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG is lossless and ignores it
+DEFAULT_OUTPUT_QUALITY = 90  # JPEG/WebP quality when the job names none; PNG and the video formats ignore it
 DEFAULT_IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default; a job with a mask defaults to 1.0 (its inpaint default)
 # A LoRA adapter is `NAME` (an operator adapter) or `tenants/TENANT/NAME` (a tenant's upload, as the
 # worker resolves it); the API lets users name only `NAME`. The store holds `<key>.safetensors`.
@@ -84,7 +84,8 @@ class GenerationParams:
     mask_image: str | None = None  # white = repaint; needs init_image of the same size
     strength: float = None  # type: ignore[assignment]  # None: 0.8 with init_image, 1.0 with a mask or without images
     resize_mode: str = "none"  # core.image_inputs.RESIZE_MODES
-    output_format: str = "png"  # OUTPUT_FORMATS
+    output_format: str = None  # type: ignore[assignment]  # core.output_formats; None: png for an image, mp4 for
+    # a video (any job of a video family, or of more than one frame)
     output_quality: int = DEFAULT_OUTPUT_QUALITY  # 1..100, for jpeg and webp
     cache: CacheSetting = None  # step caching (core.step_cache): "off", a preset name or a threshold;
     # None: the engine's default (off unless the worker sets one)
@@ -122,6 +123,9 @@ class GenerationParams:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
+        if self.output_format is None:
+            is_video = spec.is_video or (isinstance(self.num_frames, int) and self.num_frames > 1)
+            object.__setattr__(self, "output_format", DEFAULT_VIDEO_FORMAT if is_video else DEFAULT_IMAGE_FORMAT)
         try:
             self.validate()
         except InvalidParamsError as e:
@@ -232,6 +236,7 @@ def _validate(p: GenerationParams, spec: FamilySpec, is_known: bool = True) -> N
     if CONTROL_CHARACTERS.search(model):
         raise InvalidParamsError("model", model, "must not contain control characters (no model is named so)")
     _validate_frames(p, spec, is_known)
+    _validate_output_format(p, spec, is_known)
     if p.lora is not None:
         _check_str(p, "lora", 200, allow_empty=False)
         if not LORA_KEY_PATTERN.fullmatch(p.lora):
@@ -280,9 +285,20 @@ def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
         )
     if p.resize_mode not in RESIZE_MODES:
         raise InvalidParamsError("resize_mode", p.resize_mode, f"must be one of {', '.join(RESIZE_MODES)}")
+    _check_int(p, "output_quality", 1, 100)
+
+
+def _validate_output_format(p: GenerationParams, spec: FamilySpec, is_known: bool) -> None:
+    """Images for an image family, videos for a video family (and images for its one-frame jobs); a folder
+    model's job any format that fits its frame count, checked against its family at submit."""
     if p.output_format not in OUTPUT_FORMATS:
         raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(OUTPUT_FORMATS)}")
-    _check_int(p, "output_quality", 1, 100)
+    allowed = spec.output_formats(p.num_frames) if is_known else tuple(OUTPUT_FORMATS)
+    if p.num_frames > 1:
+        allowed = tuple(name for name in allowed if name in VIDEO_FORMATS)
+    if p.output_format not in allowed:
+        what = f"a video of {p.num_frames} frames" if p.num_frames > 1 else f"{spec.name} models (they draw images)"
+        raise InvalidParamsError("output_format", p.output_format, f"must be one of {', '.join(allowed)} for {what}")
 
 
 def _validate_frames(p: GenerationParams, spec: FamilySpec, is_known: bool) -> None:

@@ -50,8 +50,8 @@ from stepwise_cli.submit import image_urls, job_error_message, num_images
 
 POLL_INTERVAL_SECONDS = 0.5
 MAX_FAILURES_LISTED = 20
-INT_FIELDS = frozenset({"height", "width", "num_inference_steps", "seed", "num_images", "num_frames"})
-FLOAT_FIELDS = frozenset({"guidance_scale", "lora_scale"})
+INT_FIELDS = frozenset({"height", "width", "num_inference_steps", "seed", "num_images", "num_frames", "fps"})
+FLOAT_FIELDS = frozenset({"guidance_scale", "guidance_scale_2", "lora_scale"})
 FATAL_STATUSES = frozenset({401, 403})  # every other row would fail the same way
 
 

@@ -4,6 +4,7 @@ stepwise bench                      # the full suite (10-15 minutes on 2 CPU cor
 stepwise bench --quick              # a few minutes
 stepwise bench --models builtin:tiny --no-e2e --out /tmp/bench
 stepwise bench --model builtin:tiny-flux --workloads burst --no-e2e --out /tmp/bench-flux
+stepwise bench --model builtin:tiny-wan       # a video model: videos/s side by side, and images beside a backfill
 stepwise bench --out benchmarks/results    # replace the committed results (on purpose only)
 stepwise bench --submit                # submit throughput only: BASELINE_REF's API and this tree's
 stepwise bench --suite gpu            # the prepared GPU run (benchmarks/gpu: real-size models, one CUDA device)
@@ -119,10 +120,16 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("stepwise bench: --threads must be at least 1")
     if args.submit:
         return run_submit(args)
+    models = tuple(dict.fromkeys(args.models))
+    video_models = tuple(model for model in models if is_video_model(model))
+    for model in video_models:
+        run_video(args, model)
+    if video_models and len(video_models) == len(models):
+        return 0
     options = SuiteOptions(
         out=args.out,
         size=SIZES[args.size],
-        models=tuple(dict.fromkeys(args.models)),
+        models=tuple(model for model in models if model not in video_models),
         device=args.device,
         num_threads=args.threads,
         run_e2e=args.e2e,
@@ -149,6 +156,25 @@ def run(args: argparse.Namespace) -> int:
             f"engine efficiency {_pct(ratios['engine_efficiency_default_burst'])}"
         )
     return 0
+
+
+def is_video_model(model: str) -> bool:
+    from core.families import FAMILIES, family_of_model
+
+    family = family_of_model(model)
+    return family is not None and FAMILIES[family].is_video
+
+
+def run_video(args: argparse.Namespace, model: str) -> None:
+    """benchmarks.video for a video model: its own workloads (videos per second), sized by --quick."""
+    from benchmarks import video
+
+    num_jobs, num_steps = (4, 4) if args.size in ("quick", "smoke") else (16, 20)
+    options = video.Options(model, num_jobs, num_steps, max_num_seqs=8, num_threads=args.threads, image_gap=0.25)
+    command = " ".join(["stepwise", *map(shlex.quote, sys.argv[1:])])
+    video.report(
+        options, args.out / f"video-{model.removeprefix('builtin:')}", command, rounds=1 if num_jobs < 8 else 3
+    )
 
 
 def run_gpu(args: argparse.Namespace) -> int:

@@ -1,4 +1,7 @@
-"""`stepwise generate`: one image on this machine, through the same engine the worker runs."""
+"""`stepwise generate`: one image or video on this machine, through the same engine the worker runs.
+
+The file's extension says its format: .png, .jpg/.jpeg, .webp for an image; .mp4, .webm, .gif for a video
+(`--num-frames` above 1, a video model's default)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import sys
 from pathlib import Path
 
 from core.builtin_models import builtin_names
+from core.output_formats import VIDEO_FORMATS
 from core.params import DEVICE_PATTERN, SAMPLERS, SHOWCASE_MODEL
 from core.step_cache import CACHE_OFF, cache_setting
 from core.step_cache import PRESET_NAMES as CACHE_PRESETS
@@ -28,7 +32,11 @@ FLAG_OF_FIELD = {
     "init_image": "--init-image",
     "strength": "--strength",
     "cache": "--cache",
+    "num_frames": "--num-frames",
+    "fps": "--fps",
+    "output_format": "--out",
 }
+EXTENSION_FORMATS = {"jpg": "jpeg"}  # a file extension -> its output_format, where they differ
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SD, SDXL, FLUX.1 and Z-Image models",
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("stepwise.png"), help="PNG file to write (default: stepwise.png)"
+        "--num-frames", type=int, default=None, help="video models: frames (Wan: 4k+1; default: the family's, 33)"
+    )
+    parser.add_argument("--fps", type=int, default=None, help="video models: frames per second (default: 16)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="file to write, its format by its extension: .png, .jpg, .webp, or for a video .mp4, .webm, .gif "
+        "(default: stepwise.png, or stepwise.mp4 for a video)",
     )
     parser.add_argument(
         "--preview",
@@ -117,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
             init_image=init_image,
             strength=args.strength,
             cache=args.cache,
+            num_frames=args.num_frames,
+            fps=args.fps,
+            output_format=output_format_of(args.out),  # type: ignore[arg-type]  # None: the model's default format
         )
     except InvalidParamsError as e:
         flag = FLAG_OF_FIELD.get(e.field, e.field)
@@ -126,20 +145,33 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"stepwise generate: error: --device: {problem}", file=sys.stderr)
         return 2
+    if args.out is None:
+        args.out = Path(f"stepwise.{params.output_format}")
     if not args.out.parent.is_dir():
         print(f"stepwise generate: error: --out: folder {str(args.out.parent)!r} does not exist", file=sys.stderr)
         return 2
     if args.preview is not None and args.preview_every < 1:
         print("stepwise generate: error: --preview-every: must be at least 1", file=sys.stderr)
         return 2
+    from core.output_encoding import encode_outputs
+
     try:
-        image = _generate(params, args.device, args.preview, args.preview_every)
-        image.save(args.out, format="PNG")
+        result = _generate(params, args.device, args.preview, args.preview_every)
+        args.out.write_bytes(encode_outputs(result)[0])
     except (BatchingError, OSError) as e:
         print(f"stepwise generate: error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {args.out} ({params.width}x{params.height}, seed {params.seed})")
+    frames = f", {params.num_frames} frames at {params.fps} fps" if params.output_format in VIDEO_FORMATS else ""
+    print(f"wrote {args.out} ({params.width}x{params.height}{frames}, seed {params.seed})")
     return 0
+
+
+def output_format_of(out: Path | None) -> str | None:
+    """The output format the file's extension names (None: the job's default; an unknown one is refused)."""
+    if out is None or not out.suffix:
+        return None
+    extension = out.suffix.lower().lstrip(".")
+    return EXTENSION_FORMATS.get(extension, extension)
 
 
 def device_problem(device: str) -> str | None:
@@ -196,4 +228,4 @@ def _generate(params, device: str, preview_path: Path | None = None, preview_eve
                     previews.clear()
                     latest.image().save(preview_path, format="JPEG", quality=85)
                 if image is not None:
-                    return image.image
+                    return image

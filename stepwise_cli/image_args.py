@@ -1,5 +1,5 @@
-"""The image flags `stepwise submit` and `stepwise backfill` share: --init-image, --mask, --strength and the
-output format; and the file extension of a job's images."""
+"""The image and video flags `stepwise submit` and `stepwise backfill` share: --init-image, --mask, --strength,
+--num-frames, --fps and the output format; and the file extension of a job's outputs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import mimetypes
 from pathlib import Path
 from typing import Any
 
-OUTPUT_FORMATS = ("png", "jpeg", "webp")  # core.params.OUTPUT_FORMATS (the client loads no Pillow)
+from core.output_formats import OUTPUT_FORMATS
+
 INPUT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 
 
@@ -36,7 +37,14 @@ def add_image_arguments(parser: argparse.ArgumentParser, *, format_flag: str) ->
         choices=("none", "stretch", "crop"),
         help="an image of another size than --size: none (refused), stretch or crop",
     )
-    parser.add_argument(format_flag, dest="output_format", choices=OUTPUT_FORMATS, help="image format (default png)")
+    parser.add_argument(
+        format_flag,
+        dest="output_format",
+        choices=tuple(OUTPUT_FORMATS),
+        help="png, jpeg, webp (images; default png), or mp4, webm, gif (videos; default mp4)",
+    )
+    parser.add_argument("--num-frames", type=int, help="video models: frames (Wan: 4k+1; default: the family's)")
+    parser.add_argument("--fps", type=int, help="video models: frames per second (default: the family's)")
     parser.add_argument("--quality", type=int, dest="output_quality", help="JPEG/WebP quality 1-100 (default 90)")
 
 
@@ -55,13 +63,13 @@ def image_fields(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]
             fields[name] = path
         elif path is not None:
             fields[name] = upload(path) if upload else image_file_uri(path)
-    for name in ("strength", "resize_mode", "output_format", "output_quality"):
+    for name in ("strength", "resize_mode", "output_format", "output_quality", "num_frames", "fps"):
         if getattr(args, name, None) is not None:
             fields[name] = getattr(args, name)
     return fields
 
 
 def image_extension(job: dict[str, Any]) -> str:
-    """The file extension of a job's images: its output format's."""
+    """The file extension of a job's outputs: its output format's (.mp4 for a video job)."""
     params = job.get("params") or {}
     return "." + (params.get("output_format") or "png")

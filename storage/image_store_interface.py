@@ -1,7 +1,8 @@
 """What every image store is (`ImageStore`): deterministic keys, the content type a key's extension gives, and the
 operations a backend implements (`storage.local_image_store`, `storage.s3_image_store`). Keys are
 `{prefix}/{job_id}/{index}.{format}`, so a retried upload overwrites the same object and never leaves a duplicate;
-the key's extension is the image's format (png, jpeg, webp) and the one place its content type is derived from.
+the key's extension is the output's format (png, jpeg, webp; a video's mp4, webm, gif: one object per output, its
+"image" in this store's words) and the one place its content type is derived from.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-PNG_CONTENT_TYPE = "image/png"
-CONTENT_TYPES = {"png": PNG_CONTENT_TYPE, "jpeg": "image/jpeg", "webp": "image/webp"}  # key extension -> MIME
+from core.output_formats import OUTPUT_FORMATS
+
+PNG_CONTENT_TYPE = OUTPUT_FORMATS["png"]
+CONTENT_TYPES = OUTPUT_FORMATS  # key extension -> MIME
 
 
 def content_type_of_key(key: str) -> str:

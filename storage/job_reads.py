@@ -50,14 +50,23 @@ class JobReads:
 
     @_wraps_redis_errors
     def list_for_tenant(
-        self, tenant: str, *, state: JobState | None = None, limit: int = 20, cursor: str | None = None
+        self,
+        tenant: str,
+        *,
+        state: JobState | None = None,
+        limit: int = 20,
+        cursor: str | None = None,
+        keep: Callable[[JobRecord], bool] | None = None,
     ) -> tuple[list[JobRecord], str | None]:
-        """Newest first; returns (records, next_cursor or None)."""
+        """Newest first, only the records `keep` keeps (the video routes' videos); returns (records, next_cursor
+        or None)."""
         assert limit > 0
         state = JobState(state) if state is not None else None
         after = decode_cursor(cursor) if cursor else None
         records: list[tuple[float, JobRecord]] = []
         for score, record in iter_tenant_records(self._redis, self.keys, tenant, state, after):
+            if keep is not None and not keep(record):
+                continue
             records.append((score, record))
             if len(records) > limit:
                 break

@@ -13,7 +13,7 @@ import threading
 import time
 
 from core.families import FAMILIES
-from core.params import MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS
+from core.params import MAX_FPS, MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS
 from storage.errors import StorageError
 from storage.heartbeats import Heartbeat, engine_snapshot
 from worker.runtime import WorkerRuntime
@@ -35,6 +35,9 @@ def family_defaults(family: str) -> dict:
         "num_inference_steps": spec.default_steps,
         "guidance_scale": spec.default_guidance,
         "sampler": spec.default_sampler,
+        "num_frames": spec.default_num_frames,
+        "fps": spec.default_fps,
+        "output_format": spec.default_output_format,
     }
 
 
@@ -49,7 +52,10 @@ def family_limits(family: str) -> dict:
         "max_guidance": spec.max_guidance,
         "max_num_images": MAX_NUM_IMAGES,
         "samplers": list(spec.samplers),
-        "num_frames": [1],
+        "max_num_frames": spec.max_num_frames,
+        "frames_per_latent": spec.frames_per_latent,  # num_frames is a multiple of it plus one
+        "max_fps": MAX_FPS if spec.is_video else None,
+        "output_formats": list(spec.output_formats()),
         "supports_lora": spec.supports_lora,
         "negative_prompt": spec.guidance_kind == "cfg",  # families with embedded guidance refuse one
         "init_image": spec.init_image_role,  # start (img2img/inpainting), edit, reference or none

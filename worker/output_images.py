@@ -1,31 +1,33 @@
-"""A finished job's output images: encoded in its output format and stored in the image store, on its task thread."""
+"""A finished job's outputs: encoded in its output format (core.output_encoding) and stored in the image store, on
+its task thread. Each output, an image or a video, is one stored object under a key whose extension is its format
+(so its content type: `core.output_formats`).
+"""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
-from typing import Any
 
+from core.output_encoding import encode_image, encode_outputs, encode_video
 from storage.image_store import ImageStore
 
-PILLOW_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}  # GenerationParams.output_format -> Pillow's name
+__all__ = [
+    "OutputImage",
+    "encode_image",
+    "encode_outputs",
+    "encode_video",
+    "output_images",
+    "put_images",
+    "store_images",
+]
 
 
 @dataclass
 class OutputImage:
-    """One encoded image of a job, with the key and metadata it is stored under."""
+    """One encoded output of a job (an image or a video), with the key and metadata it is stored under."""
 
     key: str
     data: bytes
     metadata: dict[str, str]
-
-
-def encode_image(image: Any, output_format: str = "png", quality: int = 90) -> bytes:
-    """PNG (lossless; quality ignored), or JPEG/WebP at `quality` (1-100)."""
-    buffer = io.BytesIO()
-    options = {} if output_format == "png" else {"quality": quality}
-    image.convert("RGB").save(buffer, format=PILLOW_FORMATS[output_format], **options)
-    return buffer.getvalue()
 
 
 def output_images(
@@ -53,4 +55,6 @@ def put_images(image_store: ImageStore, images: list[OutputImage]) -> list[str]:
 def store_images(
     image_store: ImageStore, job_id: str, encoded: list[bytes], seeds: list[int], model: str, output_format: str
 ) -> list[str]:
+    """Store each encoded output under its deterministic key (its extension the format); a repeated run overwrites
+    the same keys."""
     return put_images(image_store, output_images(image_store, job_id, encoded, seeds, model, output_format))

@@ -37,7 +37,7 @@ from worker.generate_messages import send_generate, send_ticket
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
 from worker.outage_retry import retry_through_outage
-from worker.output_images import OutputImage, encode_image, output_images
+from worker.output_images import OutputImage, encode_outputs, output_images
 from worker.runtime import WorkerRuntime, get_runtime
 from worker.spool import SpooledJob
 from worker.webhooks import emit_event
@@ -174,7 +174,7 @@ def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) 
     upload_started = time.perf_counter()
     params = result.params
     try:
-        encoded = [encode_image(image, params.output_format, params.output_quality) for image in result.images]
+        encoded = encode_outputs(result)
         encode_seconds = time.perf_counter() - upload_started
         images = output_images(
             runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import BatchingError
 from core.params import GenerationParams
-from worker.output_images import PILLOW_FORMATS, encode_image
+from worker.output_images import encode_outputs
 
 if TYPE_CHECKING:
     from batching import DiffusionEngine
@@ -40,15 +40,14 @@ class WarmUp:
 
 
 def warm_up(engine: DiffusionEngine, model: str) -> WarmUp:
-    """Run one job of `model`'s defaults through `engine`, encode its image and preview; never raises."""
+    """Run one job of `model`'s defaults through `engine`, encode its outputs and preview; never raises."""
     started = time.perf_counter()
     previews: list[Any] = []
     try:
         params = GenerationParams(model=model, prompt="warm-up", seed=0, num_inference_steps=WARM_UP_STEPS)
         future = engine.submit(params, job_id=WARM_UP_JOB_ID, preview_every=1, on_preview=previews.append)
         result = future.result(timeout=WARM_UP_TIMEOUT_SECONDS)
-        output_format = result.params.output_format if result.params.output_format in PILLOW_FORMATS else "png"
-        encode_image(result.images[0], output_format, result.params.output_quality)
+        encode_outputs(result)  # in the model's default format: PNG for images, MP4 for videos
         for preview in previews[:1]:
             preview.data_uri()
     except (BatchingError, TimeoutError) as e:  # a model that needs inputs the warm-up does not give, say

@@ -403,6 +403,8 @@ function reuseJob(job) {
   $("prompt").focus();
 }
 
+const PLAYED_FORMATS = new Set(["mp4", "webm"]); // a video job's output, played by a <video> element
+
 function jobCard(job) {
   const card = element("li", { class: `job state-${job.state}`, "data-job-id": job.job_id });
   const progress = job.progress || { step: 0, total: 0 };
@@ -419,13 +421,21 @@ function jobCard(job) {
         job.storing ? ` · storing its image (storage unavailable: ${job.storing.reason})` : "" })),
     bar,
     element("p", { class: "meta", text:
-      `${params.model || ""} · ${params.width}×${params.height} · ${params.num_inference_steps} steps · ${params.sampler} · guidance ${params.guidance_scale} · seed ${params.seed}` }),
+      `${params.model || ""} · ${params.width}×${params.height}${params.num_frames > 1 ? ` × ${params.num_frames} frames at ${params.fps} fps` : ""} · ${params.num_inference_steps} steps · ${params.sampler} · guidance ${params.guidance_scale} · seed ${params.seed}` }),
   );
   if (params.negative_prompt) card.append(element("p", { class: "meta", text: `not: ${params.negative_prompt}` }));
   if (job.error) card.append(element("p", { class: "meta error", text: `${job.error.code}: ${job.error.message}` }));
   for (const warning of job.warnings || []) card.append(element("p", { class: "meta warning", text: warning }));
   const thumbs = element("div", { class: "thumbs" });
+  const isVideo = PLAYED_FORMATS.has(params.output_format); // a GIF shows as an image
   (job.image_urls || []).forEach((url, index) => {
+    if (isVideo) {
+      const video = element("video", { controls: "", loop: "", muted: "", playsinline: "", width: "192",
+        "aria-label": `video ${index + 1} of job ${job.job_id}: ${params.prompt || ""}` });
+      thumbs.append(video);
+      imageFor(url).then((src) => { video.src = src; }).catch((error) => { video.title = error.message; });
+      return;
+    }
     const image = element("img", { alt: `image ${index + 1} of job ${job.job_id}: ${params.prompt || ""}`, width: "96", height: "96" });
     const open = element("button", { type: "button", title: "full size" }, image);
     thumbs.append(open);

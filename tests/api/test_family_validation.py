@@ -35,6 +35,33 @@ def test_a_flux_job_the_family_cannot_run_gets_422_naming_the_field(validate, fi
     assert (error.value.status, error.value.field) == (422, field)
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_frames", 8),  # 4k+1
+        ("num_frames", 165),  # over 161
+        ("fps", 0),
+        ("fps", 121),
+        ("output_format", "png"),  # an image format, for a video of 33 frames
+        ("output_format", "mov"),
+        ("sampler", "ddim"),
+    ],
+)
+def test_a_wan_job_the_family_cannot_run_gets_422_naming_the_field(validate, field, value):
+    with pytest.raises(ApiError) as error:
+        validate({"prompt": "a fox", "model": "builtin:tiny-wan", field: value})
+
+    assert (error.value.status, error.value.field) == (422, field)
+
+
+def test_a_wan_job_gets_the_family_video_defaults_and_a_one_frame_one_may_be_an_image(validate):
+    video = validate({"prompt": "a fox", "model": "builtin:tiny-wan"}).params
+    image = validate({"prompt": "a fox", "model": "builtin:tiny-wan", "num_frames": 1, "output_format": "webp"}).params
+
+    assert (video.num_frames, video.fps, video.sampler, video.output_format) == (33, 16, "unipc", "mp4")
+    assert (image.num_frames, image.output_format) == (1, "webp")
+
+
 @pytest.mark.parametrize("cache", ["fast", 0.1])
 def test_a_cache_for_a_family_without_a_step_cache_gets_422_naming_the_field(validate, cache):
     with pytest.raises(ApiError) as error:

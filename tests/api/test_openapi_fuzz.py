@@ -5,7 +5,10 @@ a request the document forbids is refused, and one it allows is accepted.
 What no schema can say is left to the API: the bytes of an image or an adapter file, whether an upload,
 an adapter or a job exists, a webhook or image URL's host, a deadline already past, a job over its
 model's cost limits, a strength that runs no step of the job's steps (a product of two fields), an OpenAI
-`size` in its model family's multiples and pixel limits (the pattern holds its form: WIDTHxHEIGHT, or auto). A
+`size` in its model family's multiples and pixel limits (the pattern holds its form: WIDTHxHEIGHT, or auto), the
+fields the document gives every family's loosest rules and the model's own family narrows (a video's
+`num_frames`, `fps`, `guidance_scale_2`, `output_format`, `sampler`, and `seconds`, which becomes frames at the
+family's rate), and whether the served model draws videos at all (`/v1/videos`, code `model_not_video`). A
 request the document allows may get a 4xx naming one of those fields (`CONTENT_FIELDS`); any other
 refusal of an allowed request fails the test.
 
@@ -39,9 +42,10 @@ MAX_EXAMPLES = 40
 # Fields whose acceptable values depend on content or state no schema holds (see the module docstring).
 CONTENT_FIELDS = re.compile(
     r"^(jobs\[\d+\]\.)?"
-    r"(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|complete_by|name|strength|size)$"
+    r"(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|complete_by|name|strength|size"
+    r"|num_frames|fps|guidance_scale_2|output_format|sampler|seconds|input_reference)$"
 )
-CONTENT_CODES = {"limit_exceeded", "not_found"}
+CONTENT_CODES = {"limit_exceeded", "not_found", "model_not_video"}
 
 
 @pytest.fixture(scope="module")

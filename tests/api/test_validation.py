@@ -58,7 +58,11 @@ INVALID_FIELDS = [
     ("model", "builtin:tiny\n"),  # no worker could serve it: the job would wait until it expired
     ("model", "a\x85b"),
     ("num_frames", 0),
-    ("num_frames", 2),
+    ("num_frames", 2),  # builtin:tiny draws images: one frame
+    ("num_frames", 9),
+    ("fps", 16),  # a video's
+    ("output_format", "mp4"),  # a video format, for an image model
+    ("output_format", "avi"),
     ("lora", ""),
     ("lora", "l" * 501),
     ("lora", 7),

@@ -19,6 +19,7 @@ from werkzeug.serving import make_server
 
 from api import create_app
 from api.settings import ApiSettings
+from core.output_encoding import encode_video
 from storage.job_store import JobState
 from storage.settings import StorageSettings
 from tests.support.calls import auth
@@ -330,3 +331,43 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         if entry["level"] == "SEVERE" and "/v1/uploads" not in entry["message"]
     ]  # the refused upload's 422 is logged by the browser
     assert errors == []
+
+
+def test_a_video_jobs_card_plays_its_mp4(browser, redis_url, tmp_path):
+    """A succeeded video job (the store plays the worker, with an MP4 encoded as the worker encodes one) shows in a
+    <video> element that the browser decodes to the video's size."""
+    settings = ApiSettings(
+        api_keys=(("alice", KEY),),
+        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
+        accept_unserved_models=True,
+    )
+    app = create_app({"API_SETTINGS": settings})
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store, images = app.extensions["stepwise.job_store"], app.extensions["stepwise.image_store"]
+    body = {"model": "builtin:tiny-wan", "prompt": "a red circle", "num_frames": 9, "height": 64, "width": 96}
+    job_id = app.test_client().post("/v1/jobs", json=body, headers=auth()).json["job_id"]
+    store.take(job_id, "fake-worker", 60)
+    key = images.key_for(job_id, 0, "mp4")
+    frames = [Image.new("RGB", (96, 64), (30 * index, 80, 160)) for index in range(9)]
+    images.put_image(key, encode_video(frames, "mp4", fps=16), {"job_id": job_id})
+    store.finish(job_id, JobState.SUCCEEDED, worker_id="fake-worker", image_keys=[key])
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_port}/")
+        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
+        video = f"li.job[data-job-id='{job_id}'] video"
+        size = wait_until(
+            lambda: script(
+                browser,
+                "const v = document.querySelector(arguments[0]); return v && v.readyState >= 1 && [v.videoWidth, "
+                "v.videoHeight]",
+                video,
+            ),
+            30,
+            "the video job's card to load its MP4",
+            seen=lambda: text_of(browser, f"li.job[data-job-id='{job_id}']"),
+        )
+        assert size == [96, 64]
+        assert "9 frames at 16 fps" in text_of(browser, f"li.job[data-job-id='{job_id}']")
+    finally:
+        server.shutdown()

@@ -402,3 +402,15 @@ def test_a_job_of_two_videos_gives_each_its_frames_and_the_second_equals_a_job_o
     assert [frames[0] for frames in result.frames] == result.images
     assert max(max_pixel_diff(a, b) for a, b in zip(result.frames[1], second.frames[0])) <= 1
     assert max_pixel_diff(result.frames[0][1], result.frames[1][1]) > 0, "two seeds, two videos"
+
+
+def test_a_video_job_previews_its_first_frame_every_n_steps_at_the_video_s_aspect(engines_by_name):
+    engine = engines_by_name(MODELS[0].name)
+    previews: list = []
+
+    engine.submit(
+        wan_params(MODELS[0], num_inference_steps=5, height=64, width=96), preview_every=2, on_preview=previews.append
+    ).result(timeout=120)
+
+    assert [preview.step for preview in previews] == [2, 4]  # not after the last: the video itself is next
+    assert previews[0].image().size == (96, 64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import av
 import pytest
 from PIL import Image
 
@@ -142,3 +143,25 @@ def test_generate_with_a_cache_preset_writes_the_image_and_a_bad_cache_exits_2_n
     err = capsys.readouterr().err
     assert "--cache" in err and "fastest" in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_generate_writes_an_mp4_of_a_video_model_with_the_frames_asked_for(tmp_path, capsys):
+    out = tmp_path / "clip.mp4"
+
+    code = main(
+        ["generate", "--model", "builtin:tiny-wan", "--prompt", "a fox", "--num-frames", "9", "--out", str(out)]
+        + ["--steps", "2", "--width", "96", "--height", "64", "--fps", "8"]
+    )
+
+    assert code == 0, capsys.readouterr().err
+    with av.open(str(out)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+        assert (len(frames), frames[0].width, frames[0].height, stream.average_rate) == (9, 96, 64, 8)
+
+
+def test_generate_refuses_an_image_file_for_a_video_naming_out(tmp_path, capsys):
+    code = main(["generate", "--model", "builtin:tiny-wan", "--prompt", "a fox", "--out", str(tmp_path / "x.png")])
+
+    assert code == 2
+    assert "--out" in capsys.readouterr().err

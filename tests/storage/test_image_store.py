@@ -77,7 +77,10 @@ def test_a_stored_png_reads_back_with_its_metadata(image_store):
     assert (info.size, info.content_type, info.metadata) == (len(data), "image/png", METADATA)
 
 
-@pytest.mark.parametrize("image_format, content_type", [("jpeg", "image/jpeg"), ("webp", "image/webp")])
+@pytest.mark.parametrize(
+    "image_format, content_type",
+    [("jpeg", "image/jpeg"), ("webp", "image/webp"), ("mp4", "video/mp4"), ("webm", "video/webm")],
+)
 def test_an_image_stored_in_another_format_has_its_content_type_on_the_stored_object(
     image_store, image_format, content_type
 ):

@@ -25,4 +25,9 @@ ROUTES = {
     ("/v1/jobs/{job_id}/events", "get"),
     ("/v1/images/generations", "post"),
     ("/v1/images/edits", "post"),
+    ("/v1/videos", "post"),
+    ("/v1/videos", "get"),
+    ("/v1/videos/{video_id}", "get"),
+    ("/v1/videos/{video_id}", "delete"),
+    ("/v1/videos/{video_id}/content", "get"),
 }
