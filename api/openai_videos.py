@@ -111,7 +111,7 @@ def translate_video_request() -> dict[str, Any]:
         if name not in OpenAIVideoFields.model_fields:
             raise invalid(name, f"Unrecognized request argument supplied: {name}")
     try:
-        video = OpenAIVideoFields.model_validate(fields, strict=image is None and is_json_type(request.mimetype))
+        video = OpenAIVideoFields.model_validate(fields, strict=is_json_type(request.mimetype))  # a form: all text
     except ValidationError as e:
         raise from_validation_error(e) from e
     job: dict[str, Any] = {"prompt": video.prompt, "output_format": DEFAULT_VIDEO_FORMAT}
