@@ -91,6 +91,17 @@ class Fleet:
                 f"{field_prefix}lora: the {status.family} family served for "
                 f"{params.model!r} does not support LoRA adapters",
             )
+        needs_init_image = limits.get("needs_init_image")  # this model beyond its family (image- or text-to-video)
+        if needs_init_image is True and params.init_image is None:
+            raise invalid(
+                f"{field_prefix}init_image",
+                f"{field_prefix}init_image is required by {params.model!r}: an image-to-video model's first frame",
+            )
+        if needs_init_image is False and params.init_image is not None:
+            raise invalid(
+                f"{field_prefix}init_image",
+                f"{field_prefix}init_image is not supported by {params.model!r}, a text-to-video model",
+            )
         if "samplers" in limits and params.sampler not in limits["samplers"]:
             raise invalid(
                 f"{field_prefix}sampler",

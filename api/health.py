@@ -1,11 +1,15 @@
 """Liveness and readiness: /healthz answers while the process runs; /readyz checks Redis and storage.
 
+Ready means this API can take jobs, which needs Redis only: with image storage down it stays ready
+(`checks.storage` false, and a warning), since jobs still run and their images wait in the workers'
+spools (worker.spool) until storage is back. An orchestrator that took the API out of service for a
+storage outage would refuse the very jobs the spool keeps.
+
 /readyz also says which models this API serves (`models`: configured or seen, as submits decide) and
 whether workers run them (`workers`, and a warning for each model without a live worker, with a
 draining one, or with one whose spool of images waiting for storage is full), but does not fail for
 it: jobs for those models wait in their queues until a worker takes them, and an orchestrator must not
-restart the API for a missing worker. With storage down it answers 503 and still says what the
-workers do (their spools hold the images made meanwhile).
+restart the API for a missing worker.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from storage.heartbeats import ModelStatus
 log = logging.getLogger(__name__)
 
 bp = Blueprint("health", __name__)
+
+STORAGE_DOWN_WARNING = (
+    "image storage is unreachable: jobs are still accepted and run, their images wait in the workers' spools "
+    "and the jobs succeed once storage is back; stored images cannot be fetched meanwhile"
+)
 
 
 @bp.get("/healthz")
@@ -117,15 +126,14 @@ def worker_readiness() -> tuple[dict[str, Any] | None, list[dict[str, Any]], lis
 )
 def readyz():
     checks = {"redis": get_job_store().ping(), "storage": storage_reachable()}
-    if all(checks.values()):
+    if checks["redis"]:
         workers, models, warnings = worker_readiness()
+        if not checks["storage"]:
+            warnings.insert(0, STORAGE_DOWN_WARNING)
         return {"status": "ok", "checks": checks, "workers": workers, "models": models, "warnings": warnings}
-    failing = ", ".join(name for name, ok in checks.items() if not ok)
-    body: dict[str, Any] = {
+    body = {
         "status": "unavailable",
         "checks": checks,
-        "error": {"code": "unavailable", "message": f"not ready: {failing} unreachable"},
+        "error": {"code": "unavailable", "message": "not ready: redis unreachable"},
     }
-    if checks["redis"]:  # storage is down: what the workers do meanwhile (their spools)
-        body["workers"], body["models"], body["warnings"] = worker_readiness()
     return body, 503, {"Retry-After": "5"}

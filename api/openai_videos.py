@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
-from api.jobs import MAX_JOB_ID_CHARS, JobIdConverter, delete_own_job, output_response
+from api.jobs import IDEMPOTENCY_KEY, MAX_JOB_ID_CHARS, JobIdConverter, delete_own_job, output_response
 from api.openai_fields import SIZE, data_uri
 from api.openai_images import OPENAI_ERRORS, openai_error_answer
 from api.openai_schemas import (
@@ -36,7 +36,7 @@ from api.openai_schemas import (
 from api.openapi_operations import BINARY, Answer, documented, parameter, query_of
 from api.request_body import is_json_type, read_form, read_json
 from api.resources import get_fleet, get_job_store, get_settings, get_task_queue, get_upload_store
-from api.submission import QueueRoom, create_jobs, validate_job
+from api.submission import QueueRoom, check_idempotency_key, create_jobs, validate_job
 from core.families import FAMILIES, family_of_model
 from core.image_inputs import MAX_IMAGE_BYTES
 from core.output_formats import DEFAULT_VIDEO_FORMAT, VIDEO_FORMATS
@@ -78,16 +78,18 @@ def openai_error(error: Exception):
     "OpenAI's create video: one job, answered at once with the queued video.",
     body=OpenAIVideoCreate,
     form=OpenAIVideoCreateForm,
-    responses={200: Answer("The video, queued.", OpenAIVideo)},
+    parameters=(IDEMPOTENCY_KEY,),
+    responses={200: Answer("The video, queued (or the original one, for a replayed Idempotency-Key).", OpenAIVideo)},
     errors=VIDEO_ERRORS,
     error_model=OpenAIError,
 )
 def create_video():
     settings, store = get_settings(), get_job_store()
+    idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     job_fields = translate_video_request()
     job = validate_job(job_fields, settings, get_fleet(), g.tenant, uploads=get_upload_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, get_task_queue(), settings, g.tenant, [(job, None)], get_upload_store())[0]
+    outcome = create_jobs(store, get_task_queue(), settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
     if isinstance(outcome, ApiError):
         raise outcome
     return video_object(outcome.record)
@@ -111,7 +113,7 @@ def translate_video_request() -> dict[str, Any]:
         if name not in OpenAIVideoFields.model_fields:
             raise invalid(name, f"Unrecognized request argument supplied: {name}")
     try:
-        video = OpenAIVideoFields.model_validate(fields, strict=image is None and is_json_type(request.mimetype))
+        video = OpenAIVideoFields.model_validate(fields, strict=is_json_type(request.mimetype))  # a form: all text
     except ValidationError as e:
         raise from_validation_error(e) from e
     job: dict[str, Any] = {"prompt": video.prompt, "output_format": DEFAULT_VIDEO_FORMAT}

@@ -580,8 +580,8 @@ class ModelReadiness(BaseModel):
 
 class Readiness(BaseModel):
     status: Literal["ok", "unavailable"] = Field(
-        description="This API can take jobs (Redis and storage reachable). "
-        "Workers do not count: jobs queue while none runs."
+        description="This API can take jobs (Redis reachable). Image storage and workers do not count: jobs queue "
+        "while no worker runs, and their images wait in the workers' spools while storage is down (a warning says so)."
     )
     checks: dict[str, bool] = Field(description="redis, storage: reachable or not.")
     workers: WorkerReadiness | None = Field(

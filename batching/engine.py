@@ -66,6 +66,7 @@ class DiffusionEngine:
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
         self._native_size = model.native_size
+        self.needs_init_image: bool | None = model.needs_init_image  # this model beyond its family (heartbeats say it)
         self.scheduler = self._new_scheduler()
         self.book = JobBook()  # every job, the one exit, and all the state the threads share (batching.job_book)
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.

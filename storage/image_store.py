@@ -22,7 +22,7 @@ def open_image_store(settings: StorageSettings, *, retry: RetryPolicy | None = N
     url = settings.storage_url
     parts = urlsplit(url)
     if parts.scheme == "file" and parts.netloc in ("", "localhost"):
-        return LocalImageStore(Path(unquote(parts.path)))
+        return LocalImageStore(Path(unquote(parts.path)), retry=retry)
     if parts.scheme == "s3" and parts.netloc:
         # Imported here: boto3 takes a noticeable time to import and local setups never need it.
         from storage.s3_image_store import S3ImageStore

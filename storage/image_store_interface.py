@@ -8,9 +8,15 @@ the key's extension is the output's format (png, jpeg, webp; a video's mp4, webm
 from __future__ import annotations
 
 import abc
+import logging
 from dataclasses import dataclass, field
 
+from tenacity import Retrying, before_sleep_log, stop_after_attempt, wait_exponential, wait_random
+from tenacity.retry import retry_base
+
 from core.output_formats import OUTPUT_FORMATS
+
+logger = logging.getLogger(__name__)
 
 PNG_CONTENT_TYPE = OUTPUT_FORMATS["png"]
 CONTENT_TYPES = OUTPUT_FORMATS  # key extension -> MIME
@@ -23,11 +29,22 @@ def content_type_of_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter for transient errors (connection errors, 5xx, throttling)."""
+    """Exponential backoff with jitter for transient errors (S3: connection errors, 5xx, throttling; the local
+    folder: any OS error), the same for both stores."""
 
     max_attempts: int = 5  # tries in all, the first one included
     initial_wait: float = 0.2  # seconds before the second try, doubling after each failure (+ up to this much jitter)
     max_wait: float = 5.0  # cap on the exponential part of one wait, in seconds
+
+    def retrying(self, retry: retry_base) -> Retrying:
+        """A tenacity runner of this policy, trying again on the errors `retry` accepts; it re-raises the last."""
+        return Retrying(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait_exponential(multiplier=self.initial_wait, max=self.max_wait) + wait_random(0, self.initial_wait),
+            retry=retry,
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+            reraise=True,
+        )
 
 
 @dataclass(frozen=True)

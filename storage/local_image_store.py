@@ -1,7 +1,9 @@
 """Images in a local folder: `{root}/{job_id}/{index}.{format}`, metadata in a `.meta.json` beside it.
 
 Every write goes to a temporary file in the same folder and is renamed into place, so a reader
-sees the old image or the new one, never half of one. A put flushes nothing to disk: the worker
+sees the old image or the new one, never half of one. A failed write is tried again under the same
+retry policy as S3's (`STEPWISE_STORAGE_MAX_ATTEMPTS`); past it the worker keeps the image in its spool
+(worker.spool). A put flushes nothing to disk: the worker
 calls `flush(keys)` right after the job's end state is written, so the disk flush (several ms a
 file, the largest part of a job's own overhead here) is off the job's latency, and it completes
 within milliseconds, well inside Redis's own once-a-second flush of the record
@@ -19,15 +21,18 @@ import tempfile
 import time
 from pathlib import Path, PurePosixPath
 
-from storage.errors import ImageNotFoundError, StorageError
-from storage.image_store_interface import ImageInfo, ImageStore, content_type_of_key
+from tenacity import retry_if_exception_type
+
+from storage.errors import ImageNotFoundError, StorageError, StorageUnavailableError
+from storage.image_store_interface import ImageInfo, ImageStore, RetryPolicy, content_type_of_key
 
 
 class LocalImageStore(ImageStore):
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, retry: RetryPolicy | None = None) -> None:
         if not root.is_absolute():
             raise ValueError(f"the local image folder must be an absolute path (got {str(root)!r})")
         self.root = root
+        self.retry = retry or RetryPolicy()
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path_for(self, key: str) -> Path:
@@ -44,12 +49,18 @@ class LocalImageStore(ImageStore):
     def put_image(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
         path = self.path_for(key)
         metadata_json = json.dumps({name: str(value) for name, value in metadata.items()}, sort_keys=True)
-        try:
+
+        def write() -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_atomically(self._metadata_path(key), metadata_json.encode())
             _write_atomically(path, data)
+
+        try:
+            self.retry.retrying(retry_if_exception_type(OSError))(write)
         except OSError as e:
-            raise StorageError(f"could not write image {key!r} under {self.root}: {e}") from e
+            raise StorageUnavailableError(
+                f"could not write image {key!r} under {self.root} after {self.retry.max_attempts} attempts: {e}"
+            ) from e
 
     def flush(self, keys: list[str]) -> None:
         folders = set()

@@ -13,14 +13,7 @@ import logging
 import boto3
 import botocore.exceptions
 from botocore.config import Config
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import retry_if_exception
 
 from storage.errors import ImageNotFoundError, StorageError, StorageUnavailableError
 from storage.image_store_interface import ImageInfo, ImageStore, RetryPolicy, content_type_of_key
@@ -91,16 +84,7 @@ class S3ImageStore(ImageStore):
             self._presigner = boto3.session.Session().client("s3", endpoint_url=public_endpoint_url, config=config)
 
     def _call(self, action: str, key: str, operation, **kwargs):
-        retrying = Retrying(
-            stop=stop_after_attempt(self.retry.max_attempts),
-            wait=(
-                wait_exponential(multiplier=self.retry.initial_wait, max=self.retry.max_wait)
-                + wait_random(0, self.retry.initial_wait)
-            ),
-            retry=retry_if_exception(is_transient),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
-            reraise=True,
-        )
+        retrying = self.retry.retrying(retry_if_exception(is_transient))
         location = f"s3://{self.bucket}/{key}"
         try:
             return retrying(operation, **kwargs)

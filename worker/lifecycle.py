@@ -90,6 +90,7 @@ def start(sender) -> None:
     if runs_engine:
         # Before anything is consumed: what a stopped worker left in the spool is taken over, not run again.
         _spool_uploader = SpoolUploader(runtime, end_spooled_job).start()
+        metrics.watch_spool(runtime.spool.stats)
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)

@@ -97,6 +97,24 @@ def _histogram(name: str, help_text: str, counts: dict[Any, int]) -> HistogramMe
     )
 
 
+class SpoolCollector:
+    """The spool (worker.spool), read when Prometheus scrapes: jobs and bytes waiting for image storage, and
+    whether it is full (the worker then takes no job)."""
+
+    def __init__(self, read_stats: Callable[[], dict[str, Any]]) -> None:
+        self.read_stats = read_stats
+
+    def collect(self):
+        stats = self.read_stats()
+        yield GaugeMetricFamily("stepwise_spool_jobs", "Jobs whose images wait for image storage", stats["num_jobs"])
+        yield GaugeMetricFamily("stepwise_spool_bytes", "Bytes of images waiting for image storage", stats["num_bytes"])
+        yield GaugeMetricFamily("stepwise_spool_full", "1 while the spool is full: no job is taken", stats["is_full"])
+
+
+def watch_spool(read_stats: Callable[[], dict[str, Any]]) -> None:
+    REGISTRY.register(SpoolCollector(read_stats))
+
+
 def start_exporter(host: str, port: int, read_stats: Callable[[], dict[str, Any] | None]) -> None:
     """Serve /metrics on host:port (port 0: off). A busy port is logged, not fatal: the worker still works."""
     REGISTRY.register(EngineCollector(read_stats))

@@ -10,7 +10,8 @@ longer than that fails `storage_unavailable`.
 Before uploading it reads the job's record: a job that ended (deleted, canceled meanwhile by its
 retention) or that another worker now holds (this one lost its lease, and the job runs again there)
 is dropped here, not stored, so a job never ends twice. Jobs a stopped worker left in a shared
-spool are taken over first (`JobStore.adopt`), at start and every ADOPT_INTERVAL.
+spool are taken over first (`JobStore.adopt`), at start and every ADOPT_INTERVAL; as often, waiting jobs
+that ended meanwhile are dropped (`drop_ended`), so a deleted job holds no room through a long outage.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class SpoolUploader:
         while not self._stopped.is_set():
             if time.monotonic() >= next_adoption:
                 self.adopt_orphans()
+                self.drop_ended()
                 next_adoption = time.monotonic() + ADOPT_INTERVAL
             if not self.spool.wait_for_jobs(timeout=1.0):
                 continue
@@ -94,6 +96,23 @@ class SpoolUploader:
                 wait = min(RETRY_MAX_WAIT, RETRY_FIRST_WAIT * 2 ** (num_failures - 1))
                 self._stopped.wait(wait + random.uniform(0, RETRY_FIRST_WAIT))
 
+    def drop_ended(self) -> list[str]:
+        """Forget the waiting jobs that ended meanwhile (deleted by their tenant, past retention) or that another
+        worker runs again, so they hold no room in the spool through a long outage; returns their ids."""
+        dropped: list[str] = []
+        for job in self.spool.waiting():
+            if job.job_id in self._adopted_from:
+                continue
+            try:
+                record = self.runtime.job_store.get(job.job_id)
+            except StorageError:  # Redis away: the next look
+                return dropped
+            if record is None or record.state is not JobState.RUNNING or record.worker_id != self.runtime.worker_id:
+                log.info("job %s: dropped from the spool: it ended or runs elsewhere", job.job_id)
+                self._forget(job.job_id)
+                dropped.append(job.job_id)
+        return dropped
+
     def upload_round(self) -> bool:
         """The oldest job first; once it is stored, the rest UPLOAD_THREADS at a time (the backlog of a long outage
         is stored within seconds of the store answering). False if any failed."""
@@ -103,7 +122,8 @@ class SpoolUploader:
         first, *rest = waiting
         if not self.upload(first):
             return False
-        return all(self._pool.map(self.upload, rest))
+        results = list(self._pool.map(self.upload, rest))  # every one done before the next round
+        return all(results)
 
     def upload(self, job: SpooledJob) -> bool:
         """Store one job's images and end it (or drop it). False if the store or Redis failed: try again later."""

@@ -30,6 +30,7 @@ class AdapterBase(ImageLatentsMixin):
     # guidance_scale is (the static-batching baseline calls the pipeline with it)
     published_latent_rgb: ClassVar[LatentRgb | None] = None  # the family's published latent-to-RGB factors, for
     # `preview_latents`' channels (batching.pipelines.latent_rgb); a model folder's own latent_rgb.json wins
+    needs_init_image: bool | None = None  # the family's rule (the contract's ImageInputs)
     uncond_first: ClassVar[bool] = False  # a CFG sample's rows: [uncond, cond] (SD, SDXL, SD3) or [cond, uncond]
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:

@@ -159,6 +159,9 @@ class ImageInputs(Protocol):
     # batching.image_start): every sample then carries them as per-row conditioning
     edits_init_image: bool  # an edit model: a sample's init_image conditions its rows (`image_conditioning`)
     # and the sample starts from noise, not from the image
+    needs_init_image: bool | None  # this model beyond its family's rule: True requires an init_image (an
+    # image-to-video model's first frame), False refuses one (a text-to-video model); None: the family's rule.
+    # Workers report it, so the API refuses such a job naming init_image instead of the worker failing it
 
     def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixels [n, 3, H, W] in [-1, 1] (images of one size) to the VAE's (mean, std), raw layout."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 
 import pytest
@@ -56,7 +57,10 @@ def test_the_openapi_document_covers_every_route_with_the_engines_limits(api, ht
     assert {(path, method) for path, item in document["paths"].items() for method in item} == ROUTES
     job = document["components"]["schemas"]["JobRequest"]["properties"]
     assert job["height"]["maximum"] == 2048 and job["height"]["multipleOf"] == 8
-    assert job["sampler"]["enum"] == ["ddim", "euler", "euler_ancestral", "dpmpp_2m", "unipc"]
+    samplers = next(option["enum"] for option in job["sampler"]["anyOf"] if "enum" in option)  # or null: the family's
+    assert samplers == ["ddim", "euler", "euler_ancestral", "dpmpp_2m", "unipc"]
+    num_frames = next(option for option in job["num_frames"]["anyOf"] if option.get("type") == "integer")
+    assert num_frames["maximum"] == 161
     assert document["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
 
 
@@ -90,6 +94,7 @@ def test_each_route_answers_a_call_without_a_key_as_its_documented_security_says
     document = client.get("/openapi.json").json
     for path, item in document["paths"].items():
         concrete = path.replace("{job_id}", "no-such-job").replace("{name}", "no-such-adapter")
+        concrete = concrete.replace("{video_id}", "no-such-video")
         for method, operation in item.items():
             needs_key = operation.get("security", document["security"]) != []
             answer = client.open(concrete, method=method.upper())
@@ -118,3 +123,16 @@ def test_readyz_and_the_model_list_say_which_workers_hold_images_for_storage_and
     assert (ready["workers"]["num_spooling"], ready["workers"]["num_spool_full"]) == (2, 1)
     assert any("1 of 2 workers have a full spool" in warning for warning in ready["warnings"]), ready["warnings"]
     assert (models[0]["spooling"], models[0]["spool_full"]) == (2, 1)
+
+
+def test_with_image_storage_down_the_api_stays_ready_to_take_jobs_and_says_where_their_images_wait(client, tmp_path):
+    images = tmp_path / "images"
+    shutil.rmtree(images, ignore_errors=True)
+    images.write_text("the image folder is gone: a file stands at its path")
+
+    response = client.get("/readyz")
+    submitted = client.post("/v1/jobs", json={"prompt": "during the outage"}, headers=auth())
+
+    assert response.status_code == 200 and response.get_json()["checks"] == {"redis": True, "storage": False}
+    assert "images wait in the workers' spools" in response.get_json()["warnings"][0]
+    assert submitted.status_code == 202

@@ -76,3 +76,16 @@ def test_an_image_job_is_not_a_video_and_a_video_s_content_waits_for_it_to_compl
     assert (content.status_code, content.get_json()["error"]["code"]) == (409, "video_not_ready")
     thumbnail = client.get(f"/v1/videos/{video['id']}/content?variant=thumbnail", headers=auth())
     assert (thumbnail.status_code, thumbnail.get_json()["error"]["param"]) == (400, "variant")
+
+
+def test_a_replayed_idempotency_key_answers_the_original_video_and_another_body_409(client):
+    body = {"prompt": "a fox", "model": "builtin:tiny-wan", "seed": 3}
+    key = {**auth(), "Idempotency-Key": "video-1"}
+
+    first = client.post("/v1/videos", json=body, headers=key)
+    again = client.post("/v1/videos", json=body, headers=key)
+    other = client.post("/v1/videos", json={**body, "seed": 4}, headers=key)
+
+    assert again.get_json()["id"] == first.get_json()["id"]
+    assert len(client.get("/v1/videos", headers=auth()).get_json()["data"]) == 1
+    assert other.status_code == 409

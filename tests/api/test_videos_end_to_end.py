@@ -10,8 +10,10 @@ from pathlib import Path
 import av
 import openai
 import pytest
+from PIL import Image
 
 from tests.support.calls import auth, submit, wait_for_job
+from tests.support.pictures import png_data_uri
 from tests.support.processes import TENANT_KEYS, WorkerProcess
 from tests.support.waiting import wait_for
 
@@ -108,6 +110,7 @@ def test_the_openai_client_creates_polls_downloads_lists_and_deletes_a_video_tha
         ({"size": "72x64"}, "size"),  # not a multiple of 16
         ({"model": "builtin:tiny"}, "model"),  # an image model
         ({"loop": True}, "loop"),
+        ({"input_reference": png_data_uri(Image.new("RGB", (96, 64), "red"))}, "input_reference"),  # text-to-video
     ],
     ids=str,
 )
@@ -118,6 +121,18 @@ def test_an_invalid_video_request_gets_a_400_naming_the_field(api, wan_worker, h
 
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_a_first_frame_for_a_text_to_video_model_is_refused_naming_init_image(api, wan_worker, http):
+    """The worker reports that its model is text-to-video (a family rule cannot tell), so the API refuses the job
+    instead of the worker failing it."""
+    image = png_data_uri(Image.new("RGB", (96, 64), "red"))
+
+    response = submit(http, api, {**CHEAP, "prompt": "a fox", "init_image": image, "height": 64, "width": 96})
+
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == "init_image"
+    assert "text-to-video" in response.json()["error"]["message"]
 
 
 def test_the_docs_python_video_example_runs_as_written(api, wan_worker, tmp_path, monkeypatch):

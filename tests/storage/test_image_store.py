@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -269,3 +270,22 @@ def test_the_local_folder_flushes_images_to_disk_on_flush_not_on_put(tmp_path, m
     store.flush(keys)
 
     assert flushed == [str(store.path_for(key)) for key in keys] + [str(store.path_for(keys[0]).parent)]
+
+
+def test_the_local_folder_retries_a_failed_write_as_s3_does_and_then_says_storage_is_unavailable(tmp_path):
+    images, data = tmp_path / "images", png_bytes()
+    store = LocalImageStore(images, retry=RetryPolicy(max_attempts=20, initial_wait=0.05, max_wait=0.2))
+    impatient = LocalImageStore(images, retry=RetryPolicy(max_attempts=2, initial_wait=0.01, max_wait=0.01))
+    images.rmdir()
+    images.write_text("the folder failed: a file stands at its path")
+    restore = threading.Timer(0.3, lambda: (images.unlink(), images.mkdir()))
+    restore.start()
+
+    store.put_image("j1/0.png", data, {"job_id": "j1"})  # rides out the failure, as an S3 upload does
+
+    restore.join()
+    assert store.get_bytes("j1/0.png") == data
+    images.rename(tmp_path / "away")
+    images.write_text("failed for good")
+    with pytest.raises(StorageUnavailableError, match="could not write image 'j2/0.png' .* after 2 attempts"):
+        impatient.put_image("j2/0.png", png_bytes(), {"job_id": "j2"})

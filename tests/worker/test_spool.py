@@ -1,13 +1,19 @@
-"""The spool's disk (worker.spool): what a live worker holds is its own; what a stopped one left is adopted by
-the next worker that looks, once, with its images; the bound says when to stop taking jobs.
-End to end (real workers, S3 and the local folder down): tests/faults/test_storage_outage.py."""
+"""The spool (worker.spool): what a live worker holds is its own; what a stopped one left is adopted by
+the next worker that looks, once, with its images; the bound says when to stop taking jobs; a job deleted
+while it waits leaves it. End to end (real workers, S3 and the local folder down):
+tests/faults/test_storage_outage.py."""
 
 from __future__ import annotations
 
 import time
 
+from storage.settings import StorageSettings
+from tests.support.cluster import small_params
 from worker.output_images import OutputImage
+from worker.runtime import WorkerRuntime
+from worker.settings import WorkerSettings
 from worker.spool import ImageSpool, SpooledJob
+from worker.spool_uploader import SpoolUploader
 
 
 def spool_one(spool: ImageSpool, job_id: str, data: bytes = b"\x89PNG fake") -> SpooledJob:
@@ -54,3 +60,22 @@ def test_the_spool_has_room_until_it_holds_its_bound_and_again_once_a_job_is_sto
     assert spool.has_room and spool.num_jobs == 1 and not (spool.folder / "job-1").exists()
     spool.remove("job-2")
     assert spool.stats() == {"num_jobs": 0, "num_bytes": 0, "max_bytes": 10, "is_full": False, "storage_error": None}
+
+
+def test_a_job_deleted_while_its_images_wait_for_storage_leaves_the_spool_at_the_next_look(redis_url, tmp_path):
+    storage = StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri())
+    runtime = WorkerRuntime(WorkerSettings(storage=storage, spool_dir=str(tmp_path / "spool")), "host:1:aaaaaa")
+    store = runtime.job_store
+    try:
+        job_ids = [store.create(tenant="tests", params=small_params(seed=seed))[0].job_id for seed in (1, 2)]
+        for job_id in job_ids:
+            store.take(job_id, runtime.worker_id, 60)
+            spool_one(runtime.spool, job_id)
+        kept, deleted = job_ids
+        store.delete(deleted, tombstone_seconds=60)
+
+        assert SpoolUploader(runtime, lambda *_: "not called").drop_ended() == [deleted]
+        assert runtime.spool.holds(kept) and not runtime.spool.holds(deleted)
+        assert not (runtime.spool.folder / deleted).exists()
+    finally:
+        runtime.close()

@@ -58,6 +58,9 @@ class WanAdapter(FlowMatchingAdapter):
         config = pipeline.config
         self.is_image_to_video = type(pipeline).__name__ == IMAGE_TO_VIDEO
         self.edits_init_image = self.is_image_to_video  # its first frame conditions every row
+        self.needs_init_image = (
+            self.is_image_to_video
+        )  # image-to-video requires its first frame; text-to-video refuses one
         self.expand_timesteps = bool(config.get("expand_timesteps"))  # TI2V-5B: a timestep per token
         if self.is_image_to_video and self.expand_timesteps:
             raise ModelLoadError(f"model {model!r}: image-to-video with per-token timesteps is not served yet")
