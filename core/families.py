@@ -113,6 +113,18 @@ class FamilySpec:
         """A video family's jobs are videos (MP4), an image family's PNG images."""
         return DEFAULT_VIDEO_FORMAT if self.is_video else DEFAULT_IMAGE_FORMAT
 
+    def field_defaults(self) -> dict[str, int | float | str | None]:
+        """What a job's omitted fields become in this family: GenerationParams fills them, workers report them."""
+        return {
+            "height": self.default_size,
+            "width": self.default_size,
+            "num_inference_steps": self.default_steps,
+            "guidance_scale": self.default_guidance,
+            "sampler": self.default_sampler,
+            "num_frames": self.default_num_frames,
+            "fps": self.default_fps,
+        }
+
     def output_formats(self, num_frames: int = 1) -> tuple[str, ...]:
         """What a job of `num_frames` may be stored as: an image family's, images; a video family's, videos, and
         a one-frame job's also images."""

@@ -111,16 +111,7 @@ class GenerationParams:
         if self.strength is None:
             only_init = self.init_image is not None and self.mask_image is None and spec.init_image_role == "start"
             object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
-        defaults = {
-            "height": spec.default_size,
-            "width": spec.default_size,
-            "num_inference_steps": spec.default_steps,
-            "guidance_scale": spec.default_guidance,
-            "sampler": spec.default_sampler,
-            "num_frames": spec.default_num_frames,
-            "fps": spec.default_fps,
-        }
-        for name, value in defaults.items():
+        for name, value in spec.field_defaults().items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         if self.output_format is None:

@@ -29,16 +29,7 @@ def engine_family(runtime: WorkerRuntime) -> str:
 def family_defaults(family: str) -> dict:
     """What an omitted field becomes for this family (core.families, as GenerationParams fills them)."""
     spec = FAMILIES[family]
-    return {
-        "height": spec.default_size,
-        "width": spec.default_size,
-        "num_inference_steps": spec.default_steps,
-        "guidance_scale": spec.default_guidance,
-        "sampler": spec.default_sampler,
-        "num_frames": spec.default_num_frames,
-        "fps": spec.default_fps,
-        "output_format": spec.default_output_format,
-    }
+    return {**spec.field_defaults(), "output_format": spec.default_output_format}
 
 
 def family_limits(family: str) -> dict:
