@@ -238,7 +238,7 @@ def submit_batch():
             results[index] = {"index": index, "status": 202, "job": queued_view(outcome.record, outcome.queue_position)}
         else:
             results[index] = {"index": index, "status": 202, "job": replayed_views[outcome.record.job_id]}
-    num_accepted = sum(1 for result in results if result["status"] == 202)
+    num_accepted = sum(1 for result in results if result is not None and result["status"] == 202)
     return {"results": results, "num_accepted": num_accepted}, 200
 
 

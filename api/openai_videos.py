@@ -35,7 +35,7 @@ from api.openai_schemas import (
 )
 from api.openapi_operations import BINARY, Answer, documented, parameter, query_of
 from api.request_body import is_json_type, read_form, read_json
-from api.resources import get_fleet, get_job_store, get_settings, get_task_queue, get_upload_store
+from api.resources import get_fleet, get_job_store, get_settings, get_upload_store
 from api.submission import QueueRoom, check_idempotency_key, create_jobs, validate_job
 from core.families import FAMILIES, family_of_model
 from core.image_inputs import MAX_IMAGE_BYTES
@@ -89,7 +89,7 @@ def create_video():
     job_fields = translate_video_request()
     job = validate_job(job_fields, settings, get_fleet(), g.tenant, uploads=get_upload_store())
     QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, get_task_queue(), settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
+    outcome = create_jobs(store, settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
     if isinstance(outcome, ApiError):
         raise outcome
     return video_object(outcome.record)

@@ -51,6 +51,7 @@ def upload_image():
         width, height = upright_size("file", image)
     except InvalidParamsError as e:
         raise from_params_error(e) from e
+    assert image.format is not None  # open_image accepts only the formats it knows
     content_type = INPUT_FORMATS[image.format]
     uploads = get_upload_store()
     try:

@@ -22,7 +22,9 @@ bp = Blueprint("web", __name__)
 
 @bp.get("/")
 def index():
-    response = send_from_directory(current_app.static_folder, "index.html", max_age=0)
+    static_folder = current_app.static_folder
+    assert static_folder is not None  # the app is made with its static folder (api.create_app)
+    response = send_from_directory(static_folder, "index.html", max_age=0)
     response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "no-referrer"

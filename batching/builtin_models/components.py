@@ -160,7 +160,7 @@ def flux_scheduler(**extra):
 
 
 def t5_tokenizer():
-    from transformers import T5TokenizerFast
+    from transformers import T5TokenizerFast  # type: ignore[attr-defined]  # exported lazily
 
     return T5TokenizerFast.from_pretrained(T5_TOKENIZER_DIR)
 

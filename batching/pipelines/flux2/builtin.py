@@ -125,9 +125,10 @@ def flux2_vae():
         norm_num_groups=16,
         sample_size=128,
     )
-    num_channels = vae.bn.num_features
-    vae.bn.running_mean.copy_(0.3 * torch.randn(num_channels))
-    vae.bn.running_var.copy_(torch.empty(num_channels).uniform_(0.5, 2.0))
+    batch_norm = vae.bn  # type: ignore[attr-defined]  # the Flux.2 VAE's latent BatchNorm, set in its __init__
+    num_channels = batch_norm.num_features
+    batch_norm.running_mean.copy_(0.3 * torch.randn(num_channels))
+    batch_norm.running_var.copy_(torch.empty(num_channels).uniform_(0.5, 2.0))
     return vae
 
 
@@ -148,7 +149,7 @@ def mistral3_text_encoder(tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    vision_config = PixtralVisionConfig(
+    vision_config = PixtralVisionConfig(  # type: ignore[call-arg]  # head_dim: a field its signature omits
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8, patch_size=8
     )
     return Mistral3ForConditionalGeneration(
