@@ -57,9 +57,12 @@ def jobs_of(http: httpx.Client, api: ApiProcess, key: str) -> list | None:
     return response.json()["jobs"] if response.status_code == 200 else None
 
 
-def revoke_once_waiting(http: httpx.Client, api: ApiProcess, key: str, key_id: str, key_store: ApiKeyStore) -> float:
-    """Revoke the key once the request waiting in another thread has made its job; returns when (monotonic)."""
-    wait_for(lambda: jobs_of(http, api, key), 20, "the waiting request's job")
+def revoke_once_waiting(
+    http: httpx.Client, api: ApiProcess, key: str, key_id: str, key_store: ApiKeyStore, errors: list | None = None
+) -> float:
+    """Revoke the key once the request waiting in another thread has made its job; returns when (monotonic).
+    `errors`: what that request raised so far, said if its job never comes."""
+    wait_for(lambda: jobs_of(http, api, key), 30, lambda: f"the waiting request's job (its errors: {errors})")
     key_store.revoke(key_id)
     return time.monotonic()
 
@@ -117,7 +120,7 @@ def test_an_open_openai_images_call_fails_authentication_within_a_second_of_its_
 
     call = threading.Thread(target=generate)
     call.start()
-    revoked_at = revoke_once_waiting(http, waiting_api, key, key_id, key_store)
+    revoked_at = revoke_once_waiting(http, waiting_api, key, key_id, key_store, errors)
     call.join(timeout=90)
     seconds = time.monotonic() - revoked_at
 
