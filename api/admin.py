@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from flask import Blueprint
 
+from api.answers import ModelLoad, TenantTotalsList
 from api.auth import require_admin
 from api.openapi_operations import Answer, api_errors, documented, query_of
 from api.resources import get_job_store
-from api.schemas import ModelLoad, ScalingQuery, TenantTotalsList
+from api.schemas import ScalingQuery
 from storage.queue_names import generate_queue
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")

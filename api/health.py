@@ -19,10 +19,10 @@ from typing import Any
 
 from flask import Blueprint
 
+from api.answers import Health, Readiness
 from api.job_view import iso_time
 from api.openapi_operations import Answer, documented
 from api.resources import get_fleet, get_image_store, get_job_store, get_settings
-from api.schemas import Health, Readiness
 from storage.errors import StorageError
 from storage.heartbeats import ModelStatus
 

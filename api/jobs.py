@@ -10,6 +10,7 @@ from flask import Blueprint, Response, g, redirect, request
 from werkzeug.routing import BaseConverter
 from werkzeug.wrappers import Response as BaseResponse
 
+from api.answers import BatchResponse, JobList, JobView
 from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
 from api.event_stream import EVENT
@@ -36,15 +37,7 @@ from api.resources import (
     get_task_queue,
     get_upload_store,
 )
-from api.schemas import (
-    BatchRequest,
-    BatchResponse,
-    ImageQuery,
-    JobList,
-    JobRequest,
-    JobView,
-    ListQuery,
-)
+from api.schemas import BatchRequest, ImageQuery, JobRequest, ListQuery
 from api.submission import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     QueueRoom,

@@ -15,11 +15,11 @@ from typing import Literal
 
 from flask import Blueprint, g, request
 
+from api.answers import LoraList, LoraView
 from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
 from api.openapi_operations import BINARY, Answer, api_errors, documented, parameter
 from api.resources import get_lora_store, get_settings
-from api.schemas import LoraList, LoraView
 from core.errors import LoraFileError
 from core.lora_files import check_lora_file
 from core.params import LORA_NAME_PATTERN

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 from flask import current_app, request
 from pydantic import BaseModel, ValidationError
 
+from api.answers import ErrorResponse
 from api.errors import from_validation_error
 from api.request_body import read_json
-from api.schemas import ErrorResponse
 from core.output_formats import IMAGE_FORMATS, OUTPUT_FORMATS
 
 ERROR_MEANINGS = {  # the API's own error statuses (api.errors), as the document explains them

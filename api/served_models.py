@@ -10,11 +10,11 @@ from typing import Any
 
 from flask import Blueprint
 
+from api.answers import ModelList
 from api.auth import require_tenant
 from api.job_view import iso_time
 from api.openapi_operations import Answer, api_errors, documented
 from api.resources import get_job_store
-from api.schemas import ModelList
 from core.families import FAMILIES, recommended_sizes
 from storage.heartbeats import ModelStatus
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from flask import Blueprint, g, request
 
+from api.answers import UploadView
 from api.auth import require_tenant
 from api.errors import ApiError, from_params_error, invalid
 from api.openapi_operations import BINARY, IMAGE_TYPES, Answer, api_errors, documented
 from api.request_body import read_form
 from api.resources import get_upload_store
-from api.schemas import UploadView
 from core.errors import InvalidParamsError
 from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri, upright_size
 from storage.errors import StorageError
