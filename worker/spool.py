@@ -73,6 +73,9 @@ class SpooledJob:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
 
 
+STAGING_PREFIX = ".new-"  # a worker's folder while it takes its lock: never adopted
+
+
 class ImageSpool:
     """This worker's spool folder, its bound, and the jobs waiting in it (oldest first)."""
 
@@ -81,9 +84,17 @@ class ImageSpool:
         self.worker_id = worker_id
         self.max_bytes = max_bytes
         self.folder = root / worker_id
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._lock_file = (self.folder / LOCK_FILE).open("a")
-        fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh worker id: nobody else holds it
+        root.mkdir(parents=True, exist_ok=True)
+        if self.folder.is_dir():  # this id's folder from before (ids are fresh per start: tools and tests)
+            self._lock_file = (self.folder / LOCK_FILE).open("a")
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            # Locked before it is visible under its name: another worker's adoption scan would otherwise find the
+            # new folder unlocked in between, take it for a stopped worker's and remove it.
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+            self._lock_file = (staging / LOCK_FILE).open("a")
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else sees it yet
+            os.rename(staging, self.folder)  # the open lock follows the folder
         self._condition = threading.Condition()
         self._waiting: collections.OrderedDict[str, SpooledJob] = collections.OrderedDict()
         self.num_bytes = 0
@@ -198,7 +209,7 @@ class ImageSpool:
         """Move each job a stopped worker left in the spool into this worker's folder; yields (that worker's id,
         the job). The caller takes the job over in the job store, or removes it (`remove`)."""
         for folder in sorted(self.root.iterdir()):
-            if folder == self.folder or not folder.is_dir():
+            if folder == self.folder or not folder.is_dir() or folder.name.startswith(STAGING_PREFIX):
                 continue
             with _lock_of_stopped_worker(folder) as is_stopped:
                 if not is_stopped:
