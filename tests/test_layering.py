@@ -4,7 +4,9 @@ Each check imports modules one by one in a new Python process and records which
 forbidden modules appear in `sys.modules` after each import, so a failure names the
 module that pulled the forbidden one in. Modules are discovered on disk with pkgutil,
 so new files are checked without editing this test. A static scan of import
-statements also catches imports made lazily inside functions.
+statements also catches imports made lazily inside functions, and finds import circles: no circle of
+project modules may hold more than MAX_CIRCLE files (a larger one ties layers together that the table keeps
+apart).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import networkx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +51,10 @@ FORBIDDEN = {
     "api": MODEL_STACK | {"batching", "worker", "training"},
     "worker": {"flask", "api", "training"},
 }
+
+# every package of the project, for the import-circle check
+PROJECT_PACKAGES = [*FORBIDDEN, "lora", "stepwise_cli", "benchmarks", "training"]
+MAX_CIRCLE = 3
 
 _PROBE = """
 import importlib, json, sys, traceback
@@ -109,7 +116,7 @@ def static_violations(package: str, forbidden: set[str], root: Path = ROOT) -> l
 
 
 def _imported_names(path: Path, module: str, root: Path) -> list[str]:
-    """Absolute names of the modules a source file imports; `from x import y` counts x, and x.y when y is a module."""
+    """Absolute names of the modules a source file imports; `from x import y` counts x.y when y is a module, else x."""
     names = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -120,12 +127,34 @@ def _imported_names(path: Path, module: str, root: Path) -> list[str]:
                 parts = module.split(".")
                 parts = parts[: len(parts) - node.level + (1 if path.name == "__init__.py" else 0)]
                 base = ".".join(parts + ([node.module] if node.module else []))
-            names.append(base)
             for alias in node.names:
                 submodule = root / Path(*base.split("."), alias.name)
-                if submodule.is_dir() or submodule.with_suffix(".py").exists():
-                    names.append(f"{base}.{alias.name}")
+                is_module = submodule.is_dir() or submodule.with_suffix(".py").exists()
+                names.append(f"{base}.{alias.name}" if is_module else base)
     return names
+
+
+def import_graph(packages: list[str], root: Path = ROOT) -> networkx.DiGraph:
+    """Project module -> the project modules it imports (lazy imports too). `from package import module` is an
+    arrow to the module, not to the package: Python runs a package's `__init__` before any module of it anyway."""
+    modules = {
+        module for package in packages if (root / package).is_dir() for module in discover_modules(package, root)
+    }
+    graph = networkx.DiGraph()
+    graph.add_nodes_from(modules)
+    for module in modules:
+        relative = Path(*module.split("."))
+        path = root / relative / "__init__.py" if (root / relative).is_dir() else root / relative.with_suffix(".py")
+        for name in _imported_names(path, module, root):
+            if name in modules and name != module:
+                graph.add_edge(module, name)
+    return graph
+
+
+def import_circles(graph: networkx.DiGraph) -> list[list[str]]:
+    """Each set of modules that import each other, round a circle (two or more), largest first."""
+    circles = [sorted(c) for c in networkx.strongly_connected_components(graph) if len(c) > 1]
+    return sorted(circles, key=len, reverse=True)
 
 
 def _packages_on_disk() -> list[str]:
@@ -156,6 +185,26 @@ def test_benchmarks_never_import_the_command_line_which_runs_them():
     """One direction between the two: `stepwise bench` imports `benchmarks`; a benchmark that needs a service
     starts it as a program (`python -m stepwise_cli.main ...`), never by importing the command line."""
     assert static_violations("benchmarks", {"stepwise_cli"}) == []
+
+
+def test_no_import_circle_holds_more_than_three_modules():
+    circles = import_circles(import_graph(PROJECT_PACKAGES))
+
+    assert [circle for circle in circles if len(circle) > MAX_CIRCLE] == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_lazy_import_and_not_one_through_a_package(tmp_path):
+    package = tmp_path / "core"
+    package.mkdir()
+    (package / "__init__.py").write_text("from core import a\n")  # a package naming its module is no circle
+    (package / "a.py").write_text("from core import b\n")
+    (package / "b.py").write_text("from core.c import thing\n")
+    (package / "c.py").write_text("thing = 1\ndef later():\n    from core import a\n")
+    (package / "d.py").write_text("import core.a\n")
+
+    circles = import_circles(import_graph(["core"], tmp_path))
+
+    assert circles == [["core.a", "core.b", "core.c"]]
 
 
 def test_the_layering_checks_name_the_module_that_imports_a_forbidden_package(tmp_path):

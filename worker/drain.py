@@ -9,7 +9,7 @@ later, SIGKILL. On the first SIGTERM (or Ctrl+C) the worker:
 2. lets a running job go on while its measured pace (`ActiveJob.seconds_to_finish`, plus FINISH_SECONDS
    for decode, encode and upload) says it ends before the deadline, less one of its steps and
    EXIT_SECONDS for handing back and exiting; any other job is stopped at its next step boundary and
-   re-queued (`worker.tasks.requeue`: `queued` again at the head of its queue, its attempt counted,
+   re-queued (`worker.job_ends.requeue`: `queued` again at the head of its queue, its attempt counted,
    reason `worker_shutdown`) for any worker. Every job is checked again each CHECK_SECONDS, so one that
    slows down is still handed back in time, and at the deadline nothing is left running;
 3. exits 0 once it holds no running job.

@@ -34,10 +34,10 @@ from worker.dead_workers import DeadWorkerWatch
 from worker.feeder import Feeder
 from worker.heartbeat import beat_now, start_heartbeat, stop_heartbeat
 from worker.image_retention import ImageRetentionSweeper
+from worker.job_ends import end_spooled_job
 from worker.leases import LapsedLeaseSweeper
 from worker.runtime import current_runtime, start_runtime
 from worker.spool_uploader import SpoolUploader
-from worker.tasks import end_spooled_job
 
 log = logging.getLogger(__name__)
 

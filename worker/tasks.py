@@ -1,14 +1,18 @@
 """One job, from taken to an end state, on a thread of its own (`worker.feeder` takes it and starts it).
 
-1. a job whose deadline passed before it started ends `expired`;
-2. submit it to this process's engine and wait, writing progress and watching for a cancel
-   request (`worker.job_watch`);
-3. encode and upload the images here, on the job's thread, then mark the job `succeeded`; if the image store
-   fails, the job stays running with its images in this worker's spool until they are stored
-   (`worker.spool`, `end_spooled_job`).
+`run_taken_job` is the job's straight line, each step once (`worker.job_steps`):
 
-Engine errors end the job `failed` with the engine's message. A job that drain or warm
-shutdown stops before it finishes goes back to the queue for any worker.
+1. a job whose deadline passed before it started ends `expired`;
+2. its parameters are read (input images, its LoRA adapter's store key);
+3. it is submitted to this process's engine, and its thread waits, writing progress and watching for a cancel
+   request (`worker.job_watch`);
+4. its outputs are encoded and stored here, on the job's thread: the job `succeeded`.
+
+A step that finds the job cannot go on raises its way out (`worker.ways_out`): the job ends (expired, invalid,
+canceled, failed in the engine or in encoding), goes back to the queue (a drain, warm shutdown or stopping
+engine), is let go (its lease lost to another worker), waits in the spool (the image store failed: it stays
+running with its images in this worker's spool until they are stored, `worker.spool`), or is left to its lease
+(Redis stayed away). `run_held_job` acts on each, in one place (`worker.job_ends`).
 
 The `stepwise.generate` Celery task is no longer how jobs arrive: a message sent to a model's queue (by an
 API from before the feeder, or by hand) only wakes that model's workers.
@@ -16,25 +20,17 @@ API from before the feeder, or by hand) only wakes that model's workers.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
 
-from core.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
-from core.params import GenerationParams
 from storage.errors import StorageError
-from storage.job_record import JobRecord, JobState
+from storage.job_record import JobRecord
 from storage.queue_names import GENERATE_TASK
-from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
-from worker.active_job import ActiveJob, StopReason
 from worker.app import app
-from worker.input_images import with_input_images
-from worker.job_watch import JobWatch
-from worker.outage_retry import retry_through_outage
-from worker.output_images import OutputImage, encode_outputs, output_images
+from worker.job_ends import end_job, keep_in_spool, patiently, requeue
+from worker.job_steps import check_deadline, params_to_run, start_in_engine, store_outputs, wait_in_engine
 from worker.runtime import WorkerRuntime, get_runtime
-from worker.spool import SpooledJob
+from worker.ways_out import BackToQueue, Ends, LeaseLost, LeftToLease, WaitsInSpool, WayOut
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
@@ -46,11 +42,6 @@ def generate(job_id: str) -> str:
     runtime = get_runtime()
     runtime.job_store.wake_workers(runtime.settings.queue)
     return "woke the feeders"
-
-
-def patiently(runtime: WorkerRuntime, call, *args, **kwargs):
-    """Record I/O that rides out a short Redis outage (`worker.outage_retry`)."""
-    return retry_through_outage(runtime.settings.redis_retry_seconds, call, *args, **kwargs)
 
 
 def run_job(runtime: WorkerRuntime) -> str:
@@ -65,250 +56,51 @@ def run_job(runtime: WorkerRuntime) -> str:
     return run_held_job(runtime, taken)
 
 
+def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> Ends:
+    """The job's straight line: how it ends if nothing stops it (each way out is raised, `worker.ways_out`)."""
+    check_deadline(record)
+    emit_event(record, "started")
+    params = params_to_run(runtime, record)
+    active = start_in_engine(runtime, record, params)
+    result = wait_in_engine(runtime, record, active)
+    return store_outputs(runtime, record, active, result)
+
+
 def run_held_job(runtime: WorkerRuntime, taken: JobRecord) -> str:
-    """Run a job this worker took (its lease held) to an end state, or back to the queue."""
+    """Run a job this worker took (its lease held) to an end state, back to the queue or into the spool, and act
+    on how it left, once. Returns what became of it (`succeeded`, `requeued`, `lease lost`, ...)."""
     job_id = taken.job_id
+    way_out: WayOut
     try:
-        return run_taken_job(runtime, taken)
-    except StorageError as e:  # Redis stayed away: the job's lease lapses and a lease sweeper re-queues it
-        log.warning("job %s: left to its lease (%s)", job_id, e)
-        return "left to its lease"
+        way_out = run_taken_job(runtime, taken)
+    except WayOut as raised:
+        way_out = raised
+    except StorageError as e:
+        way_out = LeftToLease(str(e))
     except Exception as e:  # a bug must end the job readably, not leave it running
         log.exception("job %s: worker error", job_id)
-        return end_job(
-            runtime, taken, JobState.FAILED, error_code="worker_error", error_message=f"{type(e).__name__}: {e}"
-        )
+        way_out = Ends.failed("worker_error", f"{type(e).__name__}: {e}")
+    try:
+        return take_way_out(runtime, taken, way_out)
+    except StorageError as e:
+        return take_way_out(runtime, taken, LeftToLease(str(e)))
     finally:
         if not runtime.spool.holds(job_id):  # a spooled job keeps its lease until its images are stored
             runtime.leases.release(job_id)
 
 
-def run_taken_job(runtime: WorkerRuntime, record: JobRecord) -> str:
-    job_id = record.job_id
-    if record.deadline is not None and record.first_started_at > record.deadline:
-        late = record.first_started_at - record.deadline
-        return end_job(
-            runtime,
-            record,
-            JobState.EXPIRED,
-            error_code="deadline_exceeded",
-            error_message=f"the job did not start before its deadline ({late:.1f}s late)",
-        )
-    emit_event(record, "started")
-    try:
-        params = GenerationParams.from_dict(with_input_images(record.params, record.tenant, runtime.uploads))
-    except InvalidParamsError as e:
-        return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
-    if params.lora is not None:
-        lora_key = runtime.resolve_lora(record.tenant, params.lora)
-        if lora_key is None:  # deleted since submit, or no store: the same answer as for a missing adapter
-            return end_job(
-                runtime,
-                record,
-                JobState.FAILED,
-                error_code="invalid_params",
-                error_message=f"LoRA adapter {params.lora!r} does not exist",
-            )
-        params = dataclasses.replace(params, lora=lora_key)
-    try:
-        active = runtime.submit(
-            job_id,
-            params,
-            priority=record.priority,
-            tenant=record.tenant,
-            complete_by=record.complete_by,
-            preview_every=record.preview_every,
-        )
-    except InvalidParamsError as e:  # for example a model this worker does not serve
-        return end_job(runtime, record, JobState.FAILED, error_code="invalid_params", error_message=str(e))
-    if active is None:
-        return requeue(runtime, record, "admission is stopped")
-    return run_in_engine(runtime, record, active)
-
-
-def run_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) -> str:
-    job_id = record.job_id
-    watch = JobWatch(runtime, active, record)
-    try:
-        result = watch.wait()
-    except JobCanceledError:
-        if active.stop_reason is StopReason.REQUEUE:
-            return requeue(runtime, record, "admission stopped before it finished")
-        if active.stop_reason is StopReason.LEASE_LOST:
+def take_way_out(runtime: WorkerRuntime, record: JobRecord, way_out: WayOut) -> str:
+    match way_out:
+        case Ends(state=state, fields=fields):
+            return end_job(runtime, record, state, **fields)
+        case BackToQueue(why=why):
+            return requeue(runtime, record, why)
+        case WaitsInSpool(spooled=spooled, images=images, why=why):
+            return keep_in_spool(runtime, record, spooled, images, why)
+        case LeaseLost():
             metrics.JOBS.labels("lease_lost").inc()
             return "lease lost"
-        return end_job(
-            runtime,
-            record,
-            JobState.CANCELED,
-            progress_step=active.step,
-            progress_total=active.total,
-            error_code="canceled",
-            error_message=f"canceled at step {active.step}/{active.total}",
-        )
-    except EngineShutdownError:
-        return requeue(runtime, record, "the engine shut down")
-    except Exception as e:  # one job's failure must not take the worker down
-        log.exception("job %s: engine error", job_id)
-        runtime.cancel_in_engine(active)  # the watch failed (a preview that would not encode, say): stop its steps
-        return end_job(
-            runtime, record, JobState.FAILED, error_code="engine_error", error_message=str(e) or type(e).__name__
-        )
-    finally:
-        runtime.release_active(job_id)
-
-    engine_seconds = time.monotonic() - active.submitted_at
-    engine_timings = dict(result.timings)
-    metrics.QUEUE_WAIT.observe(_queue_wait(record, engine_timings))
-    upload_started = time.perf_counter()
-    params = result.params
-    try:
-        encoded = encode_outputs(result)
-        encode_seconds = time.perf_counter() - upload_started
-        images = output_images(
-            runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format
-        )
-        storage_error = runtime.spool.store_or_why(runtime.image_store, images)  # None: stored
-    except Exception as e:
-        log.exception("job %s: upload failed", job_id)
-        return end_job(
-            runtime,
-            record,
-            JobState.FAILED,
-            error_code="upload_failed",
-            error_message=f"the image could not be stored: {e}",
-        )
-    upload_seconds = time.perf_counter() - upload_started
-    metrics.UPLOAD_SECONDS.observe(upload_seconds)
-    timings = {
-        "queue_wait": _queue_wait(record, engine_timings),
-        "start": active.handed_over_at - record.first_started_at,
-        "engine": engine_seconds,
-        "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
-        "denoise": float(engine_timings.get("denoise", 0.0)),
-        "decode": float(engine_timings.get("decode", 0.0)),
-        "encode": encode_seconds,
-        "upload": upload_seconds,
-    }
-    if storage_error is not None:
-        spooled = SpooledJob(
-            job_id,
-            [image.key for image in images],
-            [image.metadata for image in images],
-            steps=active.total,
-            timings=timings,
-            spooled_at=time.time(),
-        )
-        return keep_in_spool(runtime, record, spooled, images, storage_error)
-    image_keys = [image.key for image in images]
-    timings["total"] = time.time() - record.created_at
-    outcome = end_job(
-        runtime,
-        record,
-        JobState.SUCCEEDED,
-        image_keys=image_keys,
-        timings=timings,
-        progress_step=active.total,
-        progress_total=active.total,
-    )
-    flush_images(runtime, job_id, image_keys)
-    return outcome
-
-
-def flush_images(runtime: WorkerRuntime, job_id: str, image_keys: list[str]) -> None:
-    try:
-        runtime.image_store.flush(image_keys)  # after the end state: off the job's latency (storage.image_store)
-    except StorageError as e:
-        log.warning("job %s: %s", job_id, e)
-
-
-def keep_in_spool(
-    runtime: WorkerRuntime, record: JobRecord, spooled: SpooledJob, images: list[OutputImage], why: str
-) -> str:
-    """The image store failed: the job stays running, its images in this worker's spool (worker.spool) until the
-    spool's uploader stores them and ends it (`end_spooled_job`). Its lease stays held meanwhile."""
-    job_id = record.job_id
-    if not patiently(runtime, runtime.job_store.set_storing, job_id, runtime.worker_id, why):
-        log.warning("job %s: not spooled: this worker no longer holds it", job_id)
-        return "lease lost"
-    runtime.spool.add(spooled, images, why)
-    log.warning("job %s: image storage failed, its images wait in the spool: %s", job_id, why)
-    metrics.JOBS.labels("spooled").inc()
-    return "spooled"
-
-
-def end_spooled_job(runtime: WorkerRuntime, spooled: SpooledJob, failure: str | None) -> str:
-    """End a job whose images waited in the spool: succeeded now that they are stored (`failure` None), else
-    failed `storage_unavailable` for `failure`."""
-    record = patiently(runtime, runtime.job_store.get, spooled.job_id)
-    if record is None:
-        return "deleted"
-    cleared = {"storing_since": None, "storing_reason": None}
-    if failure is not None:
-        return end_job(
-            runtime, record, JobState.FAILED, error_code="storage_unavailable", error_message=failure, **cleared
-        )
-    timings = dict(spooled.timings)
-    timings["storing"] = max(0.0, time.time() - (record.storing_since or spooled.spooled_at))
-    timings["total"] = time.time() - record.created_at
-    outcome = end_job(
-        runtime,
-        record,
-        JobState.SUCCEEDED,
-        image_keys=spooled.image_keys,
-        timings=timings,
-        progress_step=spooled.steps,
-        progress_total=spooled.steps,
-        **cleared,
-    )
-    flush_images(runtime, spooled.job_id, spooled.image_keys)
-    return outcome
-
-
-def _queue_wait(record: JobRecord, engine_timings: dict) -> float:
-    """Time spent waiting for a worker (over all attempts: never an earlier attempt's run time), plus the
-    engine's own wait on this attempt."""
-    queued = record.queued_seconds if record.queued_seconds is not None else record.first_started_at - record.created_at
-    return queued + float(engine_timings.get("queue_wait", 0.0))
-
-
-def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
-    """Record the job's end state (only if this worker still holds it) and announce it."""
-    runtime.leases.release(record.job_id)  # the end state replaces the lease
-    if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
-        if patiently(runtime, runtime.job_store.was_deleted, record.job_id):
-            runtime.image_store.delete_job_images(record.job_id)  # what it stored before it learned it
-            log.info("job %s: deleted by its tenant while it ran; its images removed", record.job_id)
-            return "deleted"
-        log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
-        metrics.JOBS.labels("lease_lost").inc()
-        return "lease lost"
-    metrics.JOBS.labels(state.value).inc()
-    metrics.JOB_SECONDS.observe(max(0.0, time.time() - record.created_at))
-    if state is not JobState.SUCCEEDED:
-        log.info("job %s: %s (%s)", record.job_id, state.value, fields.get("error_message", ""))
-    event = EVENT_FOR_STATE.get(state.value) if state.is_terminal else None
-    if event is not None:
-        shown = {name: fields[name] for name in ("image_keys", "error_code", "error_message") if name in fields}
-        emit_event(dataclasses.replace(record, state=state, **shown), event)
-    return state.value
-
-
-def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
-    """Put a job this worker holds back in its queue, at its priority, for any worker."""
-    runtime.leases.release(record.job_id)
-    store = runtime.job_store
-    job_id = record.job_id
-    reason = "worker_shutdown" if runtime.is_shutting_down else "worker_drained"
-    message = f"{runtime.worker_id}: {why}"
-    if not patiently(runtime, store.release, job_id, runtime.worker_id, reason, message):
-        record = patiently(runtime, store.get, job_id)
-        if record is not None and record.state is JobState.CANCELED:  # a cancel request won over the re-queue
-            metrics.JOBS.labels("canceled").inc()
-            emit_event(record, "canceled")
-            return "canceled"
-        log.info("job %s: not re-queued (%s): another worker holds it", job_id, why)
-        return "not requeued"
-    log.info("job %s: re-queued (%s)", job_id, why)
-    metrics.JOBS.labels("requeued").inc()
-    return "requeued"
+        case LeftToLease(why=why):
+            log.warning("job %s: left to its lease (%s)", record.job_id, why)
+            return "left to its lease"
+    raise TypeError(f"not a way out: {way_out!r}")
