@@ -1,5 +1,6 @@
-"""Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder,
-the tiny Qwen3 text encoder's config, the T5 tokenizer and encoder, SD 1.x's DDIM schedule.
+"""Parts several built-ins share: seeded construction, the tiny VAE, the causal video VAEs' weight spread, the CLIP
+tokenizer and text encoder, the tiny Qwen3 text encoder's config, the T5 tokenizer and encoder, SD 1.x's DDIM
+schedule.
 
 Every module is constructed right after `torch.manual_seed` inside a forked RNG, so a
 built-in's weights depend on its seeds only, never on what ran before in the process.
@@ -110,6 +111,19 @@ def tiny_flux_vae():
         scaling_factor=FLUX_VAE_SCALING_FACTOR,
         shift_factor=FLUX_VAE_SHIFT_FACTOR,
     )
+
+
+def spread_conv_weights(vae) -> None:
+    """Redraw a causal 3D VAE's convolution weights (Qwen-Image's, Wan's) with std 1/sqrt(fan-in over the one frame
+    they see), so the toy's pictures follow its latents: with PyTorch's default init such a small VAE draws nearly
+    the same picture for any latents (and encodes any image to nearly the same latents)."""
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        for weight in (param for name, param in vae.named_parameters() if param.dim() == 5 and "weight" in name):
+            weight.normal_(0.0, 1.0 / math.sqrt(weight.shape[1] * weight.shape[3] * weight.shape[4]))
 
 
 def sd_ddim_scheduler(**overrides):

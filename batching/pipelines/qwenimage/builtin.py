@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batching.builtin_models.components import ASSETS_DIR, seeded
+from batching.builtin_models.components import ASSETS_DIR, seeded, spread_conv_weights
 
 QWEN_VL_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-vl-tokenizer"
 LATENT_CHANNELS = 16
@@ -64,7 +64,7 @@ def build_pipeline(name: str):
             num_res_blocks=0,  # the decoder still has one per level; the encoder sees ~1M-pixel edit images
             temperal_downsample=[False, True, True],
         )
-        _spread_conv_weights(vae)
+        spread_conv_weights(vae)
     with seeded(2):
         text_encoder = _text_encoder(tokenizer)
     scheduler = FlowMatchEulerDiscreteScheduler(  # Qwen-Image's scheduler config
@@ -99,19 +99,6 @@ def save_pipeline(pipeline, folder) -> None:
     if "processor" in index:
         index["processor"] = ["transformers", "Qwen2VLProcessor"]
         index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-
-
-def _spread_conv_weights(vae) -> None:
-    """Redraw the VAE's convolution weights with std 1/sqrt(fan-in over the one frame they see), so the toy's
-    pictures follow its latents: with PyTorch's default init this small causal 3D VAE draws nearly the same
-    picture for any latents (and encodes any image to nearly the same latents)."""
-    import math
-
-    import torch
-
-    with torch.no_grad():
-        for weight in (param for name, param in vae.named_parameters() if param.dim() == 5 and "weight" in name):
-            weight.normal_(0.0, 1.0 / math.sqrt(weight.shape[1] * weight.shape[3] * weight.shape[4]))
 
 
 def _text_encoder(tokenizer):
