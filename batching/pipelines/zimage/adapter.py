@@ -44,13 +44,7 @@ class ZImageAdapter(FlowMatchingAdapter):
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         tokenizer = self.pipeline.tokenizer
-        templated = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
-            )
-            for text in texts
-        ]
-        tokens = tokenize(tokenizer, templated, MAX_SEQUENCE_LENGTH)
+        tokens = tokenize(tokenizer, chat_prompts(tokenizer, texts), MAX_SEQUENCE_LENGTH)
         input_ids = tokens.input_ids.to(self.device)  # [n, 512]
         masks = tokens.attention_mask.to(self.device).bool()  # [n, 512]
         hidden = self.pipeline.text_encoder(
@@ -97,3 +91,13 @@ class ZImageAdapter(FlowMatchingAdapter):
         if len(rows) == 2:
             cond = cond + params.guidance_scale * (cond - rows[1:2])  # the pipeline's own formula
         return -cond  # the transformer predicts the negated flow
+
+
+def chat_prompts(tokenizer: Any, texts: Sequence[str]) -> list[str]:
+    """Each prompt in Qwen3's chat template, as ZImagePipeline wraps it (builtin:shapes-dit's training too)."""
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
+        )
+        for text in texts
+    ]
