@@ -79,9 +79,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
         width, height = self.spec.edit_size(image.width, image.height)
         resized = self.pipeline.image_processor.resize(image, height, width)  # what the VL encoder sees
         image_latents, image_shape = self._edit_latents(params.init_image, resized, height, width)
-        texts = [params.prompt]
-        if self.spec.has_cfg(params.guidance_scale, params.negative_prompt):
-            texts.append(params.negative_prompt)  # [cond, uncond]
+        texts = super().texts_to_encode(params)  # [cond, uncond]
         shapes = torch.cat([self._image_shapes(params), image_shape])  # [2, 3]: the row's image, the edit image
         return [
             {"embeds": self._encode_with_image(text, resized), "image_latents": image_latents, "image_shapes": shapes}
