@@ -1,5 +1,6 @@
-"""Parts several built-ins share: seeded construction, the tiny VAE, the CLIP tokenizer and text encoder,
-the tiny Qwen3 text encoder's config, the T5 tokenizer and encoder, SD 1.x's DDIM schedule.
+"""Parts several built-ins share: seeded construction, the tiny VAE, the causal video VAEs' weight spread, the CLIP
+tokenizer and text encoders, the tiny Qwen3 text encoder's config, the T5 tokenizer and encoder, SD 1.x's DDIM
+schedule.
 
 Every module is constructed right after `torch.manual_seed` inside a forked RNG, so a
 built-in's weights depend on its seeds only, never on what ran before in the process.
@@ -56,6 +57,16 @@ def clip_text_config(
     )
 
 
+def clip_text_encoder(tokenizer, hidden_size: int, projection_dim: int | None = None):
+    """A small CLIP text encoder (`clip_text_config`) for `tokenizer`; with `projection_dim`, one that projects its
+    pooled output (SDXL's second encoder, SD3's two)."""
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    if projection_dim is None:
+        return CLIPTextModel(clip_text_config(tokenizer, hidden_size))
+    return CLIPTextModelWithProjection(clip_text_config(tokenizer, hidden_size, projection_dim=projection_dim))
+
+
 def tiny_qwen3_config(
     tokenizer,
     hidden_size: int,
@@ -110,6 +121,34 @@ def tiny_flux_vae():
         scaling_factor=FLUX_VAE_SCALING_FACTOR,
         shift_factor=FLUX_VAE_SHIFT_FACTOR,
     )
+
+
+def spread_conv_weights(vae) -> None:
+    """Redraw a causal 3D VAE's convolution weights (Qwen-Image's, Wan's) with std 1/sqrt(fan-in over the one frame
+    they see), so the toy's pictures follow its latents: with PyTorch's default init such a small VAE draws nearly
+    the same picture for any latents (and encodes any image to nearly the same latents)."""
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        for weight in (param for name, param in vae.named_parameters() if param.dim() == 5 and "weight" in name):
+            weight.normal_(0.0, 1.0 / math.sqrt(weight.shape[1] * weight.shape[3] * weight.shape[4]))
+
+
+def tiny_causal_vae(vae_class, base_dim: int, z_dim: int, num_res_blocks: int, **layout):
+    """A causal 3D VAE of `vae_class` (Qwen-Image's, Wan's) at toy size: four levels of `base_dim` channels, three
+    downsamplings, the last two also in time; its weights spread (`spread_conv_weights`)."""
+    vae = vae_class(
+        base_dim=base_dim,
+        z_dim=z_dim,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=num_res_blocks,
+        temperal_downsample=[False, True, True],
+        **layout,
+    )
+    spread_conv_weights(vae)
+    return vae
 
 
 def sd_ddim_scheduler(**overrides):

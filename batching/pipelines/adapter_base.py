@@ -63,6 +63,12 @@ class AdapterBase(ImageLatentsMixin):
             return self.spec.default_size, self.spec.default_size
         return sample_size * self.vae_scale_factor, sample_size * self.vae_scale_factor
 
+    @property
+    def max_rows_per_sample(self) -> int:
+        """Rows a sample puts into a forward at most: with CFG an unconditional one beside its conditional one, one
+        where the family embeds its guidance."""
+        return 2 if self.spec.guidance_kind == "cfg" else 1
+
     def has_cfg(self, params: GenerationParams) -> bool:
         """Whether the sample runs an unconditional row beside its conditional one."""
         return self.spec.has_cfg(params.guidance_scale, params.negative_prompt)
@@ -94,7 +100,15 @@ class AdapterBase(ImageLatentsMixin):
         if len(rows) == 1:
             return rows
         uncond, cond = (rows[0:1], rows[1:2]) if self.uncond_first else (rows[1:2], rows[0:1])
-        return uncond + params.guidance_scale * (cond - uncond)
+        return uncond + self.guidance_scale(params, timestep) * (cond - uncond)
+
+    def guidance_scale(self, params: GenerationParams, timestep: torch.Tensor) -> float:
+        """The scale a CFG sample's rows combine with at `timestep`: the job's `guidance_scale`."""
+        return params.guidance_scale
+
+    def zeros(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A zero tensor on the adapter's device, in its dtype unless told: a padding row's conditioning."""
+        return torch.zeros(shape, device=self.device, dtype=dtype or self.dtype)
 
     def check_params(self, params: GenerationParams) -> None:
         """Nothing beyond the family's rules, unless the family's models differ (`PipelineAdapter.check_params`)."""
@@ -119,13 +133,32 @@ class AdapterBase(ImageLatentsMixin):
         return adapter
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int | None = None) -> Any:
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int | None = None, padding: str = "max_length") -> Any:
     """`texts` padded and truncated to `max_length` (the tokenizer's own maximum unless told), as the diffusers
-    pipelines tokenize prompts: a BatchEncoding of [n, max_length] tensors."""
+    pipelines tokenize prompts: a BatchEncoding of [n, max_length] tensors (with `padding="longest"`, padded to
+    the longest text instead)."""
     return tokenizer(
         list(texts),
-        padding="max_length",
+        padding=padding,
         max_length=max_length or tokenizer.model_max_length,
         truncation=True,
         return_tensors="pt",
     )
+
+
+def clip_prompt_states(
+    encoders: Sequence[tuple[Any, Any]], texts: Sequence[str], device: torch.device, max_length: int | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The CLIP text encoders' outputs as SDXL's and SD3's pipelines read them, one call per (tokenizer, encoder)
+    (a missing one skipped): each encoder's penultimate hidden states [n, tokens, width], and the projected pooled
+    outputs [n, projection_dim] of those with a projection."""
+    states, pooled = [], []
+    for tokenizer, text_encoder in encoders:
+        if tokenizer is None or text_encoder is None:
+            continue
+        input_ids = tokenize(tokenizer, texts, max_length).input_ids.to(device)  # [n, 77]
+        output = text_encoder(input_ids, output_hidden_states=True)
+        if output[0].ndim == 2:
+            pooled.append(output[0])  # CLIPTextModelWithProjection's text embeds
+        states.append(output.hidden_states[-2])
+    return states, pooled

@@ -68,6 +68,15 @@ class ForwardBatch:
     num_real_rows: int | None = None  # deterministic mode: rows from this index on are padding, and an adapter
     # that splits a forward (Wan's two experts) keeps every call at the batch's row count; None: all rows are real
 
+    def row_lengths(self, name: str) -> list[int]:
+        """Each row's true first-dim length of conditioning `name` (its padded length where no row was padded)."""
+        padded = self.conditioning[name]
+        return self.lengths.get(name) or [padded.shape[1]] * padded.shape[0]
+
+    def like_latents(self, predictions: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        """Each row's prediction as `forward` returns them: a list when the rows' latents came as one, else stacked."""
+        return list(predictions) if isinstance(self.latents, list) else torch.stack(list(predictions))
+
 
 class Sampler(Protocol):
     """A sample's own diffusers scheduler (`new_sampler`), its timesteps set. It keeps state between steps (a step
@@ -201,9 +210,14 @@ class PipelineAdapter(ImageInputs, Protocol):
     model: str  # the name jobs ask for: "builtin:tiny", a folder, or a repo id
     device: torch.device
     dtype: torch.dtype
-    max_rows_per_sample: int  # deterministic mode pads every forward to max_num_seqs times this
     pipeline: Any  # the diffusers pipeline it wraps (LoRA adapters load onto its denoiser and text encoder); its
     # components are the family's (mypy reads diffusers' classes as torch-less dummies: not typed further here)
+
+    @property
+    def max_rows_per_sample(self) -> int:
+        """Rows a sample puts into a forward at most (deterministic mode pads every forward to max_num_seqs times
+        this)."""
+        ...
 
     @property
     def latent_rgb(self) -> LatentToRgb | None:

@@ -1,5 +1,5 @@
-"""What the flow-matching transformer families share (FLUX.1, FLUX.2, SD3, Z-Image, Qwen-Image), done as their
-diffusers pipelines do it:
+"""What the flow-matching transformer families share (FLUX.1, FLUX.2, SD3, Z-Image, Qwen-Image; Wan, with its own
+samplers), done as their diffusers pipelines do it:
 
 - the sampler: a `FlowMatchEulerDiscreteScheduler` per sample from the model's config, its sigmas from 1 to
   1/steps as the pipelines pass them (`sigmas`; None lets the scheduler place them, as SD3's pipeline does),
@@ -8,7 +8,8 @@ diffusers pipelines do it:
   final latents;
 - a sample's initial latents: standard normal noise of the pipeline's shape (`noise_shape`) drawn from the
   sample's own generator as `randn_tensor` draws it, laid out as the denoiser takes it (`pack_latents`:
-  `token_patch` x `token_patch` patches as tokens, [1, tokens, c * p * p]; None keeps [1, c, h, w]);
+  `token_patch` x `token_patch` patches as tokens, [1, tokens, c * p * p]; None keeps them as drawn, [1, c, h, w]
+  or a video's [1, c, frames, h, w]);
 - the transformer's input is the latents as they are (`model_input`), and its guidance is the base's
   (`AdapterBase.row_conditioning`, `guided_prediction`);
 - decode: the latents unpacked (`unpack_latents`) through the VAE (`batching.pipelines.vae`).
@@ -74,10 +75,15 @@ class FlowMatchingAdapter(AdapterBase):
         unit = self.vae_scale_factor * patch
         return patch * (params.height // unit), patch * (params.width // unit)
 
+    def token_grid(self, params: GenerationParams) -> tuple[int, int]:
+        """Rows and columns of the image's 2x2 patches of latents (the packed families' tokens)."""
+        height, width = self.latent_grid(params)
+        return height // 2, width // 2
+
     def num_image_tokens(self, params: GenerationParams) -> int:
         """The image's 2x2 patches of latents: the token count the sampler's shift follows."""
-        height, width = self.latent_grid(params)
-        return (height // 2) * (width // 2)
+        height, width = self.token_grid(params)
+        return height * width
 
     def sigmas(self, params: GenerationParams) -> np.ndarray | None:
         if self.pipeline.scheduler.config.get("use_flow_sigmas"):
@@ -106,6 +112,8 @@ class FlowMatchingAdapter(AdapterBase):
     def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
         shape = self.noise_shape(params)
         noise = randn_tensor(shape, generator=generator, device=self.device, dtype=self.latent_dtype)
+        if self.token_patch is None:
+            return noise  # [1, c, h, w], or a video's [1, c, frames, h, w]
         return self.pack_latents(noise.view(1, -1, *shape[-2:]))  # a video VAE's one frame joins the channels
 
     def initial_latents(self, params: GenerationParams, sampler: Sampler, generator: torch.Generator) -> torch.Tensor:

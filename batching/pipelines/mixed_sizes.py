@@ -130,6 +130,14 @@ class JointAttention:
         return _project_out(attn, image_out), text_out
 
 
+def install_joint_attention(transformer: Any, uniform: Any, *, text_first: bool = True) -> RowAttention:
+    """`JointAttention` around diffusers' processor `uniform` on every attention module of an MMDiT transformer;
+    the returned `rows(layout)` activates it."""
+    row_attention = RowAttention()
+    transformer.set_attn_processor(JointAttention(row_attention, uniform, text_first=text_first))
+    return row_attention
+
+
 def _heads(attn: Any, hidden: torch.Tensor, *projections: Any) -> list[torch.Tensor]:
     return [projection(hidden).unflatten(-1, (attn.heads, -1)) for projection in projections]
 
@@ -158,6 +166,22 @@ def pad_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
 def unpadded(predictions: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
     """Each row's prediction for its own first `lengths[row]` tokens."""
     return [row[:length] for row, length in zip(predictions, lengths)]
+
+
+def padded_tokens(latents: torch.Tensor | list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """A forward's latent tokens as [rows, max tokens, dim] and each row's token count: rows that came as a list
+    (sizes differ) zero-padded to the longest (`pad_rows`), a tensor as it is."""
+    if isinstance(latents, list):
+        return pad_rows(latents)
+    return latents, [latents.shape[1]] * latents.shape[0]
+
+
+def own_tokens(
+    latents: torch.Tensor | list[torch.Tensor], predictions: torch.Tensor, lengths: Sequence[int]
+) -> torch.Tensor | list[torch.Tensor]:
+    """The predictions of a forward over `padded_tokens(latents)` as its rows came: each row's own tokens (a list)
+    when they came as a list, else the tensor as it is."""
+    return unpadded(predictions, lengths) if isinstance(latents, list) else predictions
 
 
 class LayoutCache:

@@ -5,7 +5,7 @@ Three kinds of latent space, told apart by the VAE's config:
 - normalised per channel with a scale (SDXL VAEs that state `latents_mean`/`latents_std`):
   `(raw - mean) * scaling_factor / std`;
 - the causal video VAEs (Qwen-Image's, Wan's: `z_dim`): latents [n, c, frames, h, w] normalised per
-  channel, `(raw - mean) / std`; an image is one frame, a video many (`decode_video`, `encode_video`).
+  channel, `(raw - mean) / std`; an image is one frame, a video many (`decode_video`, `encode_mode`).
   They keep their convolution caches on the module, so they run one call at a time (`lock`): the
   decoder's thread decodes while the encoder's thread encodes.
 FLUX.2's VAE normalises patchified latents with its batch norm's statistics: its adapter does that.
@@ -65,10 +65,9 @@ class LatentVae:
         return [None if any(frame is None for frame in frames) else frames for frames in videos]  # type: ignore[misc]
 
     @torch.inference_mode()
-    def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
-        """RGB video pixels [n, 3, frames, H, W] in [-1, 1] to the mode of the VAE's latent distribution,
-        [n, c, latent frames, h, w] in the VAE's raw space (what the image-to-video pipelines condition on)."""
-        assert self.has_frames
+    def encode_mode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """RGB pixels [n, 3, H, W] (a video VAE's: [n, 3, frames, H, W]) in [-1, 1] to the mode of the VAE's latent
+        distribution, in the VAE's raw space: what the edit and image-to-video pipelines condition on."""
         with self.lock:
             return self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist.mode()
 

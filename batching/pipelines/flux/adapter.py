@@ -25,7 +25,7 @@ from batching.pipelines.contract import CachedForward, CachedSample, Conditionin
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.flux import attention
 from batching.pipelines.flux.step_cache import LayoutOf, first_block_cached_forward
-from batching.pipelines.mixed_sizes import LayoutCache, pad_rows, unpadded
+from batching.pipelines.mixed_sizes import LayoutCache, own_tokens, padded_tokens
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
@@ -34,7 +34,6 @@ MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
 class FluxAdapter(FlowMatchingAdapter):
     family = "flux"
     pipeline_classes = ("FluxPipeline",)
-    max_rows_per_sample = 1
     published_latent_rgb = published.FLUX1
     token_patch = 2
 
@@ -65,11 +64,10 @@ class FluxAdapter(FlowMatchingAdapter):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         config = self.transformer.config
-        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
-            "embeds": torch.zeros(MAX_SEQUENCE_LENGTH, config.joint_attention_dim, **zeros),
-            "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
-            "guidance": torch.tensor(0.0, device=self.device),
+            "embeds": self.zeros(MAX_SEQUENCE_LENGTH, config.joint_attention_dim),
+            "pooled": self.zeros(config.pooled_projection_dim),
+            "guidance": self.zeros(dtype=torch.float32),
             "image_ids": self._image_ids(params),
         }
 
@@ -87,7 +85,7 @@ class FluxAdapter(FlowMatchingAdapter):
                 img_ids=inputs["img_ids"],  # the rows' own positions, when they differ, come from the layout
                 return_dict=False,
             )[0]
-        return _own_tokens(batch, predictions, num_tokens)
+        return own_tokens(batch.latents, predictions, num_tokens)
 
     @torch.inference_mode()
     def forward_cached(
@@ -98,15 +96,12 @@ class FluxAdapter(FlowMatchingAdapter):
         predictions, skipped = first_block_cached_forward(
             self.transformer, latents, num_tokens, inputs, samples, layout_of, may_gather=may_gather
         )
-        return CachedForward(_own_tokens(batch, predictions, num_tokens), skipped)
+        return CachedForward(own_tokens(batch.latents, predictions, num_tokens), skipped)
 
     def _transformer_inputs(self, batch: ForwardBatch) -> tuple[torch.Tensor, list[int], dict[str, Any]]:
         embeds = batch.conditioning["embeds"]  # [rows, 512, t5_dim]
         image_ids = batch.conditioning["image_ids"]  # [rows, max tokens, 3], zero-padded
-        if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
-            latents, num_tokens = pad_rows(batch.latents)  # [rows, max tokens, 64]
-        else:
-            num_tokens, latents = [batch.latents.shape[1]] * batch.latents.shape[0], batch.latents
+        latents, num_tokens = padded_tokens(batch.latents)  # [rows, max tokens, 64]
         inputs = {
             "timestep": batch.timesteps.to(latents.dtype) / 1000,
             "guidance": batch.conditioning["guidance"] if self.has_guidance_embeds else None,
@@ -137,13 +132,4 @@ class FluxAdapter(FlowMatchingAdapter):
 
     def _image_ids(self, params: GenerationParams) -> torch.Tensor:
         """[tokens, 3] positions of the packed latent tokens: (0, row, column)."""
-        height, width = (size // 2 for size in self.latent_grid(params))
-        ids = torch.zeros(height, width, 3)
-        ids[..., 1] += torch.arange(height)[:, None]
-        ids[..., 2] += torch.arange(width)[None, :]
-        return ids.reshape(height * width, 3).to(self.device, self.dtype)
-
-
-def _own_tokens(batch: ForwardBatch, predictions: torch.Tensor, num_tokens: list[int]):
-    """Each row's prediction for its own image tokens (a list, as the rows came, when their sizes differ)."""
-    return unpadded(predictions, num_tokens) if isinstance(batch.latents, list) else predictions
+        return attention.position_ids(0, *self.token_grid(params)).to(self.device, self.dtype)

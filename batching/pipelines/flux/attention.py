@@ -4,7 +4,7 @@
 tokens are zero-padded to the group's longest; every attention module (double-stream blocks:
 text tokens first; single-stream blocks: the text already joined) rotates each row by its own
 ids and masks the padding keys. FLUX.2 shares the rotary layout (interleaved real and imaginary
-pairs; its ids have four axes), so it builds its layouts here too.
+pairs; its ids have four axes), so it builds its layouts and position ids here too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.mixed_sizes import JointAttention, RowAttention, RowLayout, padding_mask
+from batching.pipelines.mixed_sizes import RowAttention, RowLayout, install_joint_attention, padding_mask
 
 
 def install(transformer: Any) -> RowAttention:
@@ -23,9 +23,7 @@ def install(transformer: Any) -> RowAttention:
     # (tests/test_layering.py keeps batching modules from loading that when imported).
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
-    row_attention = RowAttention()
-    transformer.set_attn_processor(JointAttention(row_attention, FluxAttnProcessor()))
-    return row_attention
+    return install_joint_attention(transformer, FluxAttnProcessor())
 
 
 def row_layout(transformer: Any, text_ids: torch.Tensor, image_ids: torch.Tensor, num_image_tokens: list[int]):
@@ -37,6 +35,13 @@ def row_layout(transformer: Any, text_ids: torch.Tensor, image_ids: torch.Tensor
     text_keys = torch.ones(len(num_image_tokens), text_ids.shape[0], dtype=torch.bool, device=image_ids.device)
     image_keys = padding_mask(num_image_tokens, image_ids.shape[1], image_ids.device)
     return RowLayout(torch.cat([text_keys, image_keys], dim=1), functools.partial(rotate, cos=cos, sin=sin))
+
+
+def position_ids(time: int, height: int, width: int, *length: int) -> torch.Tensor:
+    """[height * width (* length), axes] float32 position ids (time, row, column[, index]) of a grid of tokens,
+    row-major as the FLUX pipelines build them (FLUX.2's have the fourth axis)."""
+    axes = (torch.tensor([time]), torch.arange(height), torch.arange(width), *(torch.arange(n) for n in length))
+    return torch.cartesian_prod(*axes).float()
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from batching.builtin_models.components import (
     FLUX_LATENT_CHANNELS,
-    clip_text_config,
+    clip_text_encoder,
     clip_tokenizer,
     flux_scheduler,
     seeded,
@@ -31,7 +31,6 @@ ROPE_AXES_DIMS = (4, 6, 6)  # FLUX's (16, 56, 56) scaled down; sums to the head 
 
 def build_pipeline(name: str):
     from diffusers import FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextModel
 
     tokenizer = clip_tokenizer()
     tokenizer_2 = t5_tokenizer()
@@ -52,7 +51,7 @@ def build_pipeline(name: str):
     with seeded(1):
         vae = tiny_flux_vae()
     with seeded(2):
-        text_encoder = CLIPTextModel(clip_text_config(tokenizer, CLIP_HIDDEN_SIZE))
+        text_encoder = clip_text_encoder(tokenizer, CLIP_HIDDEN_SIZE)
     with seeded(3):
         text_encoder_2 = tiny_t5_encoder(tokenizer_2, T5_HIDDEN_SIZE)
     return FluxPipeline(

@@ -22,7 +22,6 @@ agree runs diffusers' attention as is.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +31,10 @@ from PIL import Image
 
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.encoded_images import EncodedImages
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.flux import attention as flux_attention
+from batching.pipelines.flux.attention import position_ids
 from batching.pipelines.flux2 import attention
 from batching.pipelines.mixed_sizes import LayoutCache, pad_rows, unpadded
 from batching.pipelines.vae import pixels_to_images
@@ -48,7 +49,6 @@ NUM_CACHED_REFERENCES = 4  # encoded reference images kept
 class Flux2Adapter(FlowMatchingAdapter):
     family = "flux2"
     pipeline_classes = ("Flux2Pipeline",)
-    max_rows_per_sample = 1
     published_latent_rgb = published.FLUX2
     edits_init_image = True  # a reference image: image_conditioning, and the sample starts from noise
     token_patch = 1  # its latents are drawn 2x2-patchified already
@@ -59,9 +59,9 @@ class Flux2Adapter(FlowMatchingAdapter):
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.attention = attention.install(self.transformer)
         self.layouts = LayoutCache()
-        self.text_ids = _position_ids(0, 1, 1, MAX_SEQUENCE_LENGTH).to(device)  # [512, 4]: (0, 0, 0, token)
+        self.text_ids = position_ids(0, 1, 1, MAX_SEQUENCE_LENGTH).to(device)  # [512, 4]: (0, 0, 0, token)
         # init_image -> its tokens [r, c] and ids [r, 4] (the job's images share them; so do retries)
-        self._references: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._references: EncodedImages[tuple[torch.Tensor, torch.Tensor]] = EncodedImages(NUM_CACHED_REFERENCES)
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -71,7 +71,7 @@ class Flux2Adapter(FlowMatchingAdapter):
         return [{"embeds": row.to(self.dtype)} for row in embeds]
 
     def noise_shape(self, params: GenerationParams) -> tuple[int, ...]:
-        return (1, self.num_channels, *self._token_grid(params))
+        return (1, self.num_channels, *self.token_grid(params))
 
     def shift_mu(self, params: GenerationParams) -> float:
         from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
@@ -80,18 +80,21 @@ class Flux2Adapter(FlowMatchingAdapter):
 
     def row_extras(self, params: GenerationParams) -> Conditioning:
         guidance = torch.tensor(float(params.guidance_scale), device=self.device, dtype=torch.float32)
-        no_reference = torch.zeros(0, self.num_channels, device=self.device, dtype=self.dtype)
-        return {"guidance": guidance, "reference": no_reference, "image_ids": self._image_ids(params)}
+        return {
+            "guidance": guidance,
+            "reference": self.zeros(0, self.num_channels),
+            "image_ids": self._image_ids(params),
+        }
 
     def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning:
         """The reference image's tokens [r, c], and the row's image ids: the noise tokens', then the reference's."""
-        reference, reference_ids = self._reference(params, images.init)
+        assert params.init_image is not None
+        reference, reference_ids = self._references.get(params.init_image, lambda: self._encode_reference(images.init))
         return {"reference": reference, "image_ids": torch.cat([self._image_ids(params), reference_ids])}
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
-        joint_dim = self.transformer.config.joint_attention_dim
-        embeds = torch.zeros(MAX_SEQUENCE_LENGTH, joint_dim, device=self.device, dtype=self.dtype)
-        return {**self.row_extras(params), "embeds": embeds, "guidance": torch.tensor(0.0, device=self.device)}
+        embeds = self.zeros(MAX_SEQUENCE_LENGTH, self.transformer.config.joint_attention_dim)
+        return {**self.row_extras(params), "embeds": embeds, "guidance": self.zeros(dtype=torch.float32)}
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
@@ -99,7 +102,7 @@ class Flux2Adapter(FlowMatchingAdapter):
         image_ids = conditioning["image_ids"]  # [rows, max tokens, 4], zero-padded
         references = conditioning["reference"]  # [rows, max reference tokens, c], zero-padded
         num_rows = image_ids.shape[0]
-        reference_lengths = batch.lengths.get("reference") or [references.shape[1]] * num_rows
+        reference_lengths = batch.row_lengths("reference")
         if isinstance(batch.latents, list):
             rows = [torch.cat([own, ref[:n]]) for own, ref, n in zip(batch.latents, references, reference_lengths)]
             hidden, num_tokens = pad_rows(rows)  # [rows, max tokens, c]
@@ -134,29 +137,18 @@ class Flux2Adapter(FlowMatchingAdapter):
         raw = raw.reshape(num, channels, 2 * height, 2 * width)
         return pixels_to_images(self.vae.decode(raw, return_dict=False)[0])
 
-    def _reference(self, params: GenerationParams, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """The init image's tokens [r, c] and their ids [r, 4], as the pipeline encodes a reference image."""
-        assert params.init_image is not None
-        encoded = self._references.get(params.init_image)
-        if encoded is None:
-            encoded = self._encode_reference(image)
-            self._references[params.init_image] = encoded
-            while len(self._references) > NUM_CACHED_REFERENCES:
-                self._references.popitem(last=False)
-        self._references.move_to_end(params.init_image)
-        return encoded
-
     @torch.inference_mode()
     def _encode_reference(self, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`image`: RGB, scaled and cropped as the pipeline prepares a reference (core.image_inputs)."""
+        """The tokens [r, c] and ids [r, 4] of `image` (RGB, scaled and cropped as the pipeline prepares a
+        reference: core.image_inputs), as the pipeline encodes a reference image."""
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
-        raw = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist.mode()  # [1, c/4, h, w]
+        raw = self.latent_vae.encode_mode(pixels)  # [1, c/4, h, w]
         _, channels, height, width = raw.shape
         patches = raw.view(1, channels, height // 2, 2, width // 2, 2).permute(0, 1, 3, 5, 2, 4)
         patches = patches.reshape(1, channels * 4, height // 2, width // 2)
         mean, std = self._batch_norm_statistics(patches)
         tokens = self.pack_latents((patches - mean) / std)[0]  # [r, c]
-        ids = _position_ids(REFERENCE_TIME_STEP, height // 2, width // 2, 1)  # (10, row, column, 0)
+        ids = position_ids(REFERENCE_TIME_STEP, height // 2, width // 2, 1)  # (10, row, column, 0)
         return tokens.to(self.device, self.dtype), ids.to(self.device)
 
     def _batch_norm_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,15 +164,4 @@ class Flux2Adapter(FlowMatchingAdapter):
 
     def _image_ids(self, params: GenerationParams) -> torch.Tensor:
         """[tokens, 4] positions of the noise tokens: (0, row, column, 0)."""
-        return _position_ids(0, *self._token_grid(params), 1).to(self.device)
-
-    def _token_grid(self, params: GenerationParams) -> tuple[int, int]:
-        """Rows and columns of the image's tokens: the VAE's downsampling, then 2x2 patches."""
-        height, width = self.latent_grid(params)
-        return height // 2, width // 2
-
-
-def _position_ids(time: int, height: int, width: int, length: int) -> torch.Tensor:
-    """[height * width * length, 4] float32 ids (time, row, column, index), row-major as the pipeline builds them."""
-    axes = (torch.tensor([time]), torch.arange(height), torch.arange(width), torch.arange(length))
-    return torch.cartesian_prod(*axes).float()
+        return position_ids(0, *self.token_grid(params), 1).to(self.device)

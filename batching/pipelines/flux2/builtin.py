@@ -41,48 +41,33 @@ ATTENTION_GAIN = 3.0
 
 
 def build_pipeline(name: str):
-    if name == "tiny-flux2-klein":
-        return build_klein_pipeline()
-    from diffusers import Flux2Pipeline
+    """builtin:tiny-flux2, or builtin:tiny-flux2-klein: FLUX.2 [klein] (base, not step-distilled) at toy size, the
+    same transformer without a guidance embedder (it runs true CFG), the same VAE, and a Qwen3 text encoder whose
+    states after layers 9, 18 and 27 are stacked per token, on the prompt in Qwen3's chat template (thinking off)."""
+    from diffusers import Flux2KleinPipeline, Flux2Pipeline
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(MISTRAL_TOKENIZER_DIR, local_files_only=True)
+    is_klein = name == "tiny-flux2-klein"
+    if is_klein:
+        tokenizer = qwen_tokenizer()
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(MISTRAL_TOKENIZER_DIR, local_files_only=True)
     with seeded(0):
-        transformer = flux2_transformer(TEXT_HIDDEN_SIZE * NUM_TEXT_LAYERS_READ, guidance_embeds=True)
+        transformer = flux2_transformer(TEXT_HIDDEN_SIZE * NUM_TEXT_LAYERS_READ, guidance_embeds=not is_klein)
     with seeded(1):
         vae = flux2_vae()
     with seeded(2):
-        text_encoder = mistral3_text_encoder(tokenizer)
-    return Flux2Pipeline(
+        text_encoder = qwen3_text_encoder(tokenizer) if is_klein else mistral3_text_encoder(tokenizer)
+    components = dict(
         scheduler=flux_scheduler(time_shift_type="exponential"),  # FLUX.2's
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
         transformer=transformer.eval(),
     )
-
-
-def build_klein_pipeline():
-    """builtin:tiny-flux2-klein: FLUX.2 [klein] (base, not step-distilled) at toy size: the same transformer
-    without a guidance embedder (it runs true CFG), the same VAE, and a Qwen3 text encoder whose states after
-    layers 9, 18 and 27 are stacked per token, on the prompt in Qwen3's chat template (thinking off)."""
-    from diffusers import Flux2KleinPipeline
-
-    tokenizer = qwen_tokenizer()
-    with seeded(0):
-        transformer = flux2_transformer(TEXT_HIDDEN_SIZE * NUM_TEXT_LAYERS_READ, guidance_embeds=False)
-    with seeded(1):
-        vae = flux2_vae()
-    with seeded(2):
-        text_encoder = qwen3_text_encoder(tokenizer)
-    return Flux2KleinPipeline(
-        scheduler=flux_scheduler(time_shift_type="exponential"),  # FLUX.2's
-        vae=vae.eval(),
-        text_encoder=text_encoder.eval(),
-        tokenizer=tokenizer,
-        transformer=transformer.eval(),
-        is_distilled=False,
-    )
+    if is_klein:
+        return Flux2KleinPipeline(**components, is_distilled=False)
+    return Flux2Pipeline(**components)
 
 
 def flux2_transformer(joint_attention_dim: int, *, guidance_embeds: bool):

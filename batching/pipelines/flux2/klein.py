@@ -25,7 +25,6 @@ from core.params import GenerationParams
 class Flux2KleinAdapter(Flux2Adapter):
     family = "flux2_klein"
     pipeline_classes = ("Flux2KleinPipeline",)
-    max_rows_per_sample = 2  # [cond, uncond], combined by the base's CFG
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)

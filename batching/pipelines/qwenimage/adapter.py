@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from batching.pipelines import published_latent_rgb as published
+from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.mixed_sizes import pad_rows, padding_mask, unpadded
@@ -40,7 +41,6 @@ class QwenImageAdapter(FlowMatchingAdapter):
     family = "qwenimage"
     pipeline_classes = ("QwenImagePipeline",)
     guidance_argument = "true_cfg_scale"
-    max_rows_per_sample = 2
     published_latent_rgb = published.WAN21
     token_patch = 2
 
@@ -55,13 +55,8 @@ class QwenImageAdapter(FlowMatchingAdapter):
             return []
         pipeline = self.pipeline
         drop = pipeline.prompt_template_encode_start_idx
-        tokens = pipeline.tokenizer(
-            [pipeline.prompt_template_encode.format(text) for text in texts],
-            max_length=TOKENIZER_MAX_LENGTH + drop,
-            padding=True,
-            truncation=True,
-            return_tensors="pt",
-        ).to(self.device)
+        templated = [pipeline.prompt_template_encode.format(text) for text in texts]
+        tokens = tokenize(pipeline.tokenizer, templated, TOKENIZER_MAX_LENGTH + drop, padding="longest").to(self.device)
         hidden = pipeline.text_encoder(
             input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True
         ).hidden_states[-1]  # [n, longest, dim]
@@ -76,14 +71,13 @@ class QwenImageAdapter(FlowMatchingAdapter):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         """Prompt states of the longest length, so every padded forward pads its prompts alike."""
-        dim = self.transformer.config.joint_attention_dim
-        embeds = torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)
+        embeds = self.zeros(MAX_SEQUENCE_LENGTH, self.transformer.config.joint_attention_dim)
         return {"embeds": embeds, **self.row_extras(params)}
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, longest prompt, dim], zero-padded
-        text_lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
+        text_lengths = batch.row_lengths("embeds")
         shapes: list[ImageShapes] = [
             [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
         ]
@@ -101,8 +95,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
             padded_shapes = [row + _padding_shape(max(num_tokens) - n) for row, n in zip(shapes, num_tokens)]
             with self.attention.rows(layout):
                 predictions = self.transformer(**inputs, img_shapes=padded_shapes, return_dict=False)[0]
-        outputs = unpadded(predictions, [own.shape[0] for own in latents])  # each row's own image tokens
-        return outputs if isinstance(batch.latents, list) else torch.stack(outputs)
+        return batch.like_latents(unpadded(predictions, [own.shape[0] for own in latents]))  # rows' own image tokens
 
     def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
         """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
@@ -118,8 +111,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
 
     def _image_shapes(self, params: GenerationParams) -> torch.Tensor:
         """[1, 3]: the (frames, height, width) in patches of the row's image tokens, as `img_shapes` lists them."""
-        height, width = self.latent_grid(params)
-        return torch.tensor([[1, height // 2, width // 2]])
+        return torch.tensor([[1, *self.token_grid(params)]])
 
 
 def _padding_shape(num_tokens: int) -> ImageShapes:

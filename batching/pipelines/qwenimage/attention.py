@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.mixed_sizes import JointAttention, RowAttention, RowLayout, padding_mask
+from batching.pipelines.mixed_sizes import RowAttention, RowLayout, install_joint_attention, padding_mask
 
 ImageShapes = list[tuple[int, int, int]]  # one row's (frames, height, width) in latent patches, as img_shapes
 
@@ -26,9 +26,7 @@ def install(transformer: Any) -> RowAttention:
     """Mixed-shape processors on every block of a Qwen-Image transformer; `rows(layout)` activates them."""
     from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
-    row_attention = RowAttention()
-    transformer.set_attn_processor(JointAttention(row_attention, QwenDoubleStreamAttnProcessor2_0()))
-    return row_attention
+    return install_joint_attention(transformer, QwenDoubleStreamAttnProcessor2_0())
 
 
 def row_layout(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batching.builtin_models.components import ASSETS_DIR, seeded
+from batching.builtin_models.components import ASSETS_DIR, seeded, tiny_causal_vae
 
 QWEN_VL_TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen-vl-tokenizer"
 LATENT_CHANNELS = 16
@@ -57,14 +57,12 @@ def build_pipeline(name: str):
             axes_dims_rope=ROPE_AXES_DIMS,
         )
     with seeded(1):
-        vae = AutoencoderKLQwenImage(  # Qwen-Image's layout and latent statistics (the class defaults)
-            base_dim=VAE_BASE_DIM,
-            z_dim=LATENT_CHANNELS,
-            dim_mult=[1, 1, 1, 1],
+        vae = tiny_causal_vae(  # Qwen-Image's latent statistics (the class defaults)
+            AutoencoderKLQwenImage,
+            VAE_BASE_DIM,
+            LATENT_CHANNELS,
             num_res_blocks=0,  # the decoder still has one per level; the encoder sees ~1M-pixel edit images
-            temperal_downsample=[False, True, True],
         )
-        _spread_conv_weights(vae)
     with seeded(2):
         text_encoder = _text_encoder(tokenizer)
     scheduler = FlowMatchEulerDiscreteScheduler(  # Qwen-Image's scheduler config
@@ -80,10 +78,10 @@ def build_pipeline(name: str):
     )
     components = dict(
         scheduler=scheduler,
-        vae=vae.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy classes
+        vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        transformer=transformer.eval(),  # type: ignore[attr-defined]
+        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
     )
     if name == "tiny-qwen-image-edit":
         return QwenImageEditPipeline(processor=_processor(tokenizer), **components)
@@ -99,19 +97,6 @@ def save_pipeline(pipeline, folder) -> None:
     if "processor" in index:
         index["processor"] = ["transformers", "Qwen2VLProcessor"]
         index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-
-
-def _spread_conv_weights(vae) -> None:
-    """Redraw the VAE's convolution weights with std 1/sqrt(fan-in over the one frame they see), so the toy's
-    pictures follow its latents: with PyTorch's default init this small causal 3D VAE draws nearly the same
-    picture for any latents (and encodes any image to nearly the same latents)."""
-    import math
-
-    import torch
-
-    with torch.no_grad():
-        for weight in (param for name, param in vae.named_parameters() if param.dim() == 5 and "weight" in name):
-            weight.normal_(0.0, 1.0 / math.sqrt(weight.shape[1] * weight.shape[3] * weight.shape[4]))
 
 
 def _text_encoder(tokenizer):

@@ -25,14 +25,13 @@ either editing or text-to-image jobs, so edit rows never meet plain Qwen-Image r
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.encoded_images import EncodedImages
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.qwenimage.adapter import QwenImageAdapter
 from batching.pipelines.qwenimage.processor import image_processor_only
@@ -45,8 +44,7 @@ PADDING_TEXT_LENGTH = 512  # a deterministic-mode padding row's prompt states (r
 NUM_CACHED_IMAGES = 8  # edit images whose VAE latents are kept (a job's images, or edits of one picture, share them)
 # (model, device, dtype, image and size) -> its latents and img_shapes entry; one per process, as engines of one
 # model in one process (a worker has one) load the same VAE, whose encoding no adapter or job changes
-_EDIT_LATENTS: OrderedDict[tuple[str, str, str, str], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-_EDIT_LATENTS_LOCK = threading.Lock()
+_EDIT_LATENTS: EncodedImages[tuple[torch.Tensor, torch.Tensor]] = EncodedImages(NUM_CACHED_IMAGES)
 
 
 class QwenImageEditAdapter(QwenImageAdapter):
@@ -81,9 +79,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
         width, height = self.spec.edit_size(image.width, image.height)
         resized = self.pipeline.image_processor.resize(image, height, width)  # what the VL encoder sees
         image_latents, image_shape = self._edit_latents(params.init_image, resized, height, width)
-        texts = [params.prompt]
-        if self.spec.has_cfg(params.guidance_scale, params.negative_prompt):
-            texts.append(params.negative_prompt)  # [cond, uncond]
+        texts = super().texts_to_encode(params)  # [cond, uncond]
         shapes = torch.cat([self._image_shapes(params), image_shape])  # [2, 3]: the row's image, the edit image
         return [
             {"embeds": self._encode_with_image(text, resized), "image_latents": image_latents, "image_shapes": shapes}
@@ -111,34 +107,26 @@ class QwenImageEditAdapter(QwenImageAdapter):
         the image."""
         image_key = hashlib.sha256(f"{width}x{height}:{reference}".encode()).hexdigest()
         key = (self.model, str(self.device), str(self.dtype), image_key)
-        with _EDIT_LATENTS_LOCK:
-            cached = _EDIT_LATENTS.get(key)
-            if cached is not None:
-                _EDIT_LATENTS.move_to_end(key)
-                return cached
+        return _EDIT_LATENTS.get(key, lambda: self._encode_edit_image(resized, height, width))
+
+    def _encode_edit_image(self, resized: Any, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         pixels = self.pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
-        with self.latent_vae.lock:
-            raw = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()  # [1, 16, 1, h, w]
+        raw = self.latent_vae.encode_mode(pixels)  # [1, 16, 1, h, w]
         latents = self.latent_vae.to_latent_space(raw).to(self.dtype)  # as the pipeline normalises
         latent_height, latent_width = latents.shape[-2:]
         packed = self.pack_latents(latents.view(1, self.latent_channels, latent_height, latent_width))[0]
-        encoded = (packed, torch.tensor([[1, latent_height // 2, latent_width // 2]]))
-        with _EDIT_LATENTS_LOCK:
-            _EDIT_LATENTS[key] = encoded
-            while len(_EDIT_LATENTS) > NUM_CACHED_IMAGES:
-                _EDIT_LATENTS.popitem(last=False)
-        return encoded
+        return packed, torch.tensor([[1, latent_height // 2, latent_width // 2]])
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         dim = self.transformer.config.joint_attention_dim
         side = round((self.spec.edit_area**0.5) / (self.vae_scale_factor * 2))  # a square edit image, in patches
         return {
-            "embeds": torch.zeros(PADDING_TEXT_LENGTH, dim, device=self.device, dtype=self.dtype),
-            "image_latents": torch.zeros(side * side, 4 * self.latent_channels, device=self.device, dtype=self.dtype),
+            "embeds": self.zeros(PADDING_TEXT_LENGTH, dim),
+            "image_latents": self.zeros(side * side, 4 * self.latent_channels),
             "image_shapes": torch.cat([self._image_shapes(params), torch.tensor([[1, side, side]])]),
         }
 
     def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
         image_latents = batch.conditioning["image_latents"]  # [rows, most edit-image tokens, 64], zero-padded
-        lengths = batch.lengths.get("image_latents") or [image_latents.shape[1]] * len(latents)
+        lengths = batch.row_lengths("image_latents")
         return [torch.cat([own, edit[:length]]) for own, edit, length in zip(latents, image_latents, lengths)]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from batching.pipelines import published_latent_rgb as published
-from batching.pipelines.adapter_base import tokenize
+from batching.pipelines.adapter_base import clip_prompt_states, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.sd3 import attention
@@ -38,7 +38,6 @@ MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default T5 length
 class StableDiffusion3Adapter(FlowMatchingAdapter):
     family = "sd3"
     pipeline_classes = ("StableDiffusion3Pipeline",)
-    max_rows_per_sample = 2
     published_latent_rgb = published.SD3
     uncond_first = True
     default_max_shift = 1.16  # StableDiffusion3Pipeline's
@@ -54,15 +53,8 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         pipeline = self.pipeline
-        clip_states, clip_pooled = [], []
-        for tokenizer, text_encoder in (
-            (pipeline.tokenizer, pipeline.text_encoder),
-            (pipeline.tokenizer_2, pipeline.text_encoder_2),
-        ):
-            input_ids = tokenize(tokenizer, texts, pipeline.tokenizer_max_length).input_ids.to(self.device)  # [n, 77]
-            output = text_encoder(input_ids, output_hidden_states=True)
-            clip_pooled.append(output[0])  # [n, projection_dim]: the projected pooled output
-            clip_states.append(output.hidden_states[-2])  # [n, 77, width]
+        encoders = [(pipeline.tokenizer, pipeline.text_encoder), (pipeline.tokenizer_2, pipeline.text_encoder_2)]
+        clip_states, clip_pooled = clip_prompt_states(encoders, texts, self.device, pipeline.tokenizer_max_length)
         t5_states = self._t5_states(texts)  # [n, 256, t5_width]
         clip = torch.cat(clip_states, dim=-1)  # [n, 77, width_1 + width_2]
         clip = torch.nn.functional.pad(clip, (0, t5_states.shape[-1] - clip.shape[-1]))
@@ -73,8 +65,7 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
     def _t5_states(self, texts: Sequence[str]) -> torch.Tensor:
         pipeline = self.pipeline
         if pipeline.text_encoder_3 is None:  # loaded without T5 (`text_encoder_3=None`): the pipeline uses zeros
-            width = self.transformer.config.joint_attention_dim
-            return torch.zeros(len(texts), MAX_SEQUENCE_LENGTH, width, device=self.device, dtype=self.dtype)
+            return self.zeros(len(texts), MAX_SEQUENCE_LENGTH, self.transformer.config.joint_attention_dim)
         input_ids = tokenize(pipeline.tokenizer_3, texts, MAX_SEQUENCE_LENGTH).input_ids.to(self.device)
         return pipeline.text_encoder_3(input_ids)[0]
 
@@ -91,10 +82,9 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
     def padding_row(self, params: GenerationParams) -> Conditioning:
         config = self.transformer.config
         num_text_tokens = self.pipeline.tokenizer_max_length + MAX_SEQUENCE_LENGTH
-        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
-            "embeds": torch.zeros(num_text_tokens, config.joint_attention_dim, **zeros),
-            "pooled": torch.zeros(config.pooled_projection_dim, **zeros),
+            "embeds": self.zeros(num_text_tokens, config.joint_attention_dim),
+            "pooled": self.zeros(config.pooled_projection_dim),
         }
 
     @torch.inference_mode()

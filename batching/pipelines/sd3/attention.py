@@ -18,16 +18,14 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.mixed_sizes import JointAttention, RowAttention, RowLayout, pad_rows, padding_mask
+from batching.pipelines.mixed_sizes import RowAttention, RowLayout, install_joint_attention, pad_rows, padding_mask
 
 
 def install(transformer: Any) -> RowAttention:
     """Mixed-size processors on every attention module of an SD3 transformer; `rows(layout)` activates them."""
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-    row_attention = RowAttention()
-    transformer.set_attn_processor(JointAttention(row_attention, JointAttnProcessor2_0(), text_first=False))
-    return row_attention
+    return install_joint_attention(transformer, JointAttnProcessor2_0(), text_first=False)
 
 
 def mixed_size_forward(

@@ -15,7 +15,7 @@ scaling and shift; the sampler is flow-matching Euler with SD3's fixed shift of 
 from __future__ import annotations
 
 from batching.builtin_models.components import (
-    clip_text_config,
+    clip_text_encoder,
     clip_tokenizer,
     seeded,
     t5_tokenizer,
@@ -34,7 +34,6 @@ POS_EMBED_MAX_SIZE = 128  # patches per side: 128 * 2 * 8 = 2048 pixels
 
 def build_pipeline(name: str):
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-    from transformers import CLIPTextModelWithProjection
 
     tokenizer = clip_tokenizer()
     tokenizer_3 = t5_tokenizer()
@@ -63,13 +62,9 @@ def build_pipeline(name: str):
             shift_factor=VAE_SHIFT_FACTOR,
         )
     with seeded(2):
-        text_encoder = CLIPTextModelWithProjection(
-            clip_text_config(tokenizer, CLIP_HIDDEN_SIZE, projection_dim=CLIP_HIDDEN_SIZE)
-        )
+        text_encoder = clip_text_encoder(tokenizer, CLIP_HIDDEN_SIZE, projection_dim=CLIP_HIDDEN_SIZE)
     with seeded(3):
-        text_encoder_2 = CLIPTextModelWithProjection(
-            clip_text_config(tokenizer, CLIP_2_HIDDEN_SIZE, projection_dim=CLIP_2_HIDDEN_SIZE)
-        )
+        text_encoder_2 = clip_text_encoder(tokenizer, CLIP_2_HIDDEN_SIZE, projection_dim=CLIP_2_HIDDEN_SIZE)
     with seeded(4):
         text_encoder_3 = tiny_t5_encoder(tokenizer_3, T5_HIDDEN_SIZE)
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)  # SD3's scheduler config

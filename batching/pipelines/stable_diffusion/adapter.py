@@ -49,7 +49,6 @@ class StableDiffusionAdapter(AdapterBase):
     family = "sd"
     pipeline_classes = ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")  # 4- or 9-channel UNet
     load_options = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
-    max_rows_per_sample = 2
     published_latent_rgb = published.SD1
     uncond_first = True
 
@@ -98,9 +97,7 @@ class StableDiffusionAdapter(AdapterBase):
     def padding_row(self, params: GenerationParams) -> Conditioning:
         tokenizer, text_encoder = self.pipeline.tokenizer, self.pipeline.text_encoder
         return {
-            "embeds": torch.zeros(
-                tokenizer.model_max_length, text_encoder.config.hidden_size, device=self.device, dtype=self.dtype
-            ),
+            "embeds": self.zeros(tokenizer.model_max_length, text_encoder.config.hidden_size),
             **self.mask_channels_padding(params),
         }
 
@@ -122,10 +119,9 @@ class StableDiffusionAdapter(AdapterBase):
         if not self.has_mask_channels:
             return {}
         latent_size = (params.height // self.vae_scale_factor, params.width // self.vae_scale_factor)
-        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
-            "mask": torch.zeros(1, *latent_size, **zeros),
-            "masked_image_latents": torch.zeros(self.vae.config.latent_channels, *latent_size, **zeros),
+            "mask": self.zeros(1, *latent_size),
+            "masked_image_latents": self.zeros(self.vae.config.latent_channels, *latent_size),
         }
 
     def model_input(self, sample: RunningSample) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batching.builtin_models.components import (
-    clip_text_config,
+    clip_text_encoder,
     clip_tokenizer,
     sd_ddim_scheduler,
     seeded,
@@ -36,7 +36,6 @@ SIZES = {
 
 def build_pipeline(name: str):
     from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextModel
 
     size = SIZES[name]
     tokenizer = clip_tokenizer()
@@ -57,7 +56,7 @@ def build_pipeline(name: str):
     with seeded(1):
         vae = tiny_vae(latent_channels=4)
     with seeded(2):
-        text_encoder = CLIPTextModel(clip_text_config(tokenizer, size.text_hidden_size))
+        text_encoder = clip_text_encoder(tokenizer, size.text_hidden_size)
     scheduler = sd_ddim_scheduler()  # Stable Diffusion 1.x's training schedule
     pipeline_class = StableDiffusionInpaintPipeline if size.unet_in_channels == 9 else StableDiffusionPipeline
     return pipeline_class(

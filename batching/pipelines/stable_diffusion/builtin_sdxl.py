@@ -9,7 +9,7 @@ Both use the project's tiny CLIP tokenizer.
 
 from __future__ import annotations
 
-from batching.builtin_models.components import clip_text_config, clip_tokenizer, seeded, tiny_vae
+from batching.builtin_models.components import clip_text_encoder, clip_tokenizer, seeded, tiny_vae
 
 TEXT_HIDDEN_SIZE = 32  # text_encoder (CLIP ViT-L's role)
 TEXT_2_HIDDEN_SIZE = 64  # text_encoder_2 (OpenCLIP bigG's role)
@@ -21,7 +21,6 @@ VAE_SCALING_FACTOR = 0.13025  # SDXL's VAE
 
 def build_pipeline(name: str):
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     tokenizer = clip_tokenizer()
     with seeded(0):
@@ -45,11 +44,9 @@ def build_pipeline(name: str):
     with seeded(1):
         vae = tiny_vae(latent_channels=4, scaling_factor=VAE_SCALING_FACTOR)
     with seeded(2):
-        text_encoder = CLIPTextModel(clip_text_config(tokenizer, TEXT_HIDDEN_SIZE))
+        text_encoder = clip_text_encoder(tokenizer, TEXT_HIDDEN_SIZE)
     with seeded(3):
-        text_encoder_2 = CLIPTextModelWithProjection(
-            clip_text_config(tokenizer, TEXT_2_HIDDEN_SIZE, projection_dim=TEXT_2_PROJECTION_DIM)
-        )
+        text_encoder_2 = clip_text_encoder(tokenizer, TEXT_2_HIDDEN_SIZE, projection_dim=TEXT_2_PROJECTION_DIM)
     scheduler = EulerDiscreteScheduler(  # SDXL base 1.0's scheduler config
         num_train_timesteps=1000,
         beta_start=0.00085,

@@ -13,12 +13,11 @@ given.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
 from batching.pipelines import published_latent_rgb as published
-from batching.pipelines.adapter_base import tokenize
+from batching.pipelines.adapter_base import clip_prompt_states
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
 from core.errors import ModelLoadError
@@ -49,21 +48,11 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         pipeline = self.pipeline
-        per_token, pooled = [], None
-        for tokenizer, text_encoder in (
-            (pipeline.tokenizer, pipeline.text_encoder),
-            (pipeline.tokenizer_2, pipeline.text_encoder_2),
-        ):
-            if tokenizer is None or text_encoder is None:
-                continue
-            input_ids = tokenize(tokenizer, texts).input_ids.to(self.device)  # [n, seq]
-            output = text_encoder(input_ids, output_hidden_states=True)
-            if pooled is None and output[0].ndim == 2:
-                pooled = output[0]  # [n, projection_dim]: the projecting encoder's text embeds
-            per_token.append(output.hidden_states[-2])  # [n, seq, width]
+        encoders = [(pipeline.tokenizer, pipeline.text_encoder), (pipeline.tokenizer_2, pipeline.text_encoder_2)]
+        per_token, pooled = clip_prompt_states(encoders, texts, self.device)
         embeds = torch.cat(per_token, dim=-1).to(self.dtype)  # [n, seq, width_1 + width_2]
-        assert pooled is not None  # SDXL's second text encoder projects
-        return [{"embeds": row, "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled)]
+        assert pooled  # SDXL's second text encoder projects: its text embeds are the pooled embedding
+        return [{"embeds": row, "pooled": pool.to(self.dtype)} for row, pool in zip(embeds, pooled[0])]
 
     def row_extras(self, params: GenerationParams) -> Conditioning:
         time_ids = torch.tensor(  # original size, crop top-left, target size
@@ -85,11 +74,10 @@ class StableDiffusionXLAdapter(StableDiffusionAdapter):
     def padding_row(self, params: GenerationParams) -> Conditioning:
         pipeline = self.pipeline
         width = pipeline.text_encoder.config.hidden_size + pipeline.text_encoder_2.config.hidden_size
-        zeros: dict[str, Any] = dict(device=self.device, dtype=self.dtype)
         return {
-            "embeds": torch.zeros(pipeline.tokenizer_2.model_max_length, width, **zeros),
-            "pooled": torch.zeros(pipeline.text_encoder_2.config.projection_dim, **zeros),
-            "time_ids": torch.zeros(6, **zeros),
+            "embeds": self.zeros(pipeline.tokenizer_2.model_max_length, width),
+            "pooled": self.zeros(pipeline.text_encoder_2.config.projection_dim),
+            "time_ids": self.zeros(6),
             **self.mask_channels_padding(params),
         }
 

@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 
 from batching.pipelines import published_latent_rgb as published
+from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch, Sampler
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.loading import load_pipeline, pipeline_class_name
@@ -50,8 +51,8 @@ IMAGE_TO_VIDEO = "WanImageToVideoPipeline"
 class WanAdapter(FlowMatchingAdapter):
     family = "wan"
     pipeline_classes = ("WanPipeline", IMAGE_TO_VIDEO)
-    max_rows_per_sample = 2
     published_latent_rgb = published.WAN21  # Wan 2.1's VAE (16 channels); none for Wan 2.2 TI2V-5B's 48
+    latent_dtype = torch.float32  # the pipelines draw and step the latents in float32 whatever the model's dtype
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
@@ -91,10 +92,6 @@ class WanAdapter(FlowMatchingAdapter):
         pipeline_class = getattr(diffusers, pipeline_class_name(model, source))
         return load_pipeline(pipeline_class, model, source, device, dtype)
 
-    @property
-    def latent_dtype(self) -> torch.dtype:
-        return torch.float32  # the pipelines draw and step the latents in float32 whatever the model's dtype
-
     def check_params(self, params: GenerationParams) -> None:
         if self.is_image_to_video and params.init_image is None:
             raise InvalidParamsError("init_image", None, "is required by image-to-video models: the first frame")
@@ -119,15 +116,7 @@ class WanAdapter(FlowMatchingAdapter):
         if not texts:
             return []
         pipeline = self.pipeline
-        tokens = pipeline.tokenizer(
-            [prompt_clean(text) for text in texts],
-            padding="max_length",
-            max_length=MAX_SEQUENCE_LENGTH,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
-        )
+        tokens = tokenize(pipeline.tokenizer, [prompt_clean(text) for text in texts], MAX_SEQUENCE_LENGTH)
         lengths = tokens.attention_mask.gt(0).sum(dim=1).tolist()  # each text's own tokens
         hidden = pipeline.text_encoder(
             tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
@@ -149,22 +138,14 @@ class WanAdapter(FlowMatchingAdapter):
         scale = self.vae_scale_factor
         return (1, self.latent_channels, num_latent_frames, params.height // scale, params.width // scale)
 
-    def draw_noise(self, params: GenerationParams, generator: torch.Generator) -> torch.Tensor:
-        from diffusers.utils.torch_utils import randn_tensor
-
-        return randn_tensor(self.noise_shape(params), generator=generator, device=self.device, dtype=torch.float32)
-
     def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning:
         """An image-to-video sample's first frame, as every one of its rows carries it (`wan.image`)."""
         assert self.first_frame is not None, "text-to-video models refuse init_image at submit"
         return self.first_frame.conditioning(params, images.init)
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
-        dtype = self.transformer.dtype
         row = {
-            "embeds": torch.zeros(
-                MAX_SEQUENCE_LENGTH, self.transformer.config.text_dim, device=self.device, dtype=dtype
-            )
+            "embeds": self.zeros(MAX_SEQUENCE_LENGTH, self.transformer.config.text_dim, dtype=self.transformer.dtype)
         }
         if self.first_frame is not None:
             row.update(self.first_frame.padding(self.noise_shape(params), self.transformer.dtype))
@@ -186,19 +167,14 @@ class WanAdapter(FlowMatchingAdapter):
             for row, prediction in zip(rows, predictions):
                 if row >= num_real or row_experts[row] == expert:
                     outputs[row] = prediction
-        predictions = [outputs[row] for row in range(num_rows)]
-        return predictions if isinstance(batch.latents, list) else torch.stack(predictions)
+        return batch.like_latents([outputs[row] for row in range(num_rows)])
 
-    def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
-        """`uncond + scale * (cond - uncond)` as the pipelines combine [cond, uncond]; the low-noise expert's
-        steps of a two-expert model guide with `guidance_scale_2` where the job names it."""
-        if len(rows) == 1:
-            return rows
-        scale = params.guidance_scale
+    def guidance_scale(self, params: GenerationParams, timestep: torch.Tensor) -> float:
+        """The low-noise expert's steps of a two-expert model guide with `guidance_scale_2` where the job names it,
+        as the pipeline does."""
         if params.guidance_scale_2 is not None and self._expert_of(float(timestep)) == 1:
-            scale = params.guidance_scale_2
-        cond, uncond = rows[0:1], rows[1:2]
-        return uncond + scale * (cond - uncond)
+            return params.guidance_scale_2
+        return params.guidance_scale
 
     def decode(  # type: ignore[override]  # the flow-matching base decodes images; Wan, videos' frames too
         self, latents: torch.Tensor, params_list: Sequence[GenerationParams]

@@ -18,12 +18,12 @@ last few are kept (a video's VAE encode is the costly part).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from batching.pipelines.contract import Conditioning
+from batching.pipelines.encoded_images import EncodedImages
 from batching.pipelines.vae import LatentVae
 from core.params import GenerationParams
 
@@ -42,20 +42,13 @@ class FirstFrame:
         self.mask_channels = pipeline.vae_scale_factor_temporal  # the mask's channels: a latent frame's frames
         transformer = pipeline.transformer or pipeline.transformer_2
         self.has_image_embeds = pipeline.image_encoder is not None and transformer.config.image_dim is not None
-        self._cache: OrderedDict[tuple, Conditioning] = OrderedDict()  # read and written by the encoder alone
+        self._encoded: EncodedImages[Conditioning] = EncodedImages(NUM_CACHED)
 
     def conditioning(self, params: GenerationParams, image: Any) -> Conditioning:
         """What each of the sample's rows carries: its condition tokens, and its image embeds where the model has
         an image encoder (shared, read-only, by the samples of one image and shape)."""
         key = (hashlib.sha256(image.tobytes()).hexdigest(), image.size, params.height, params.width, params.num_frames)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        row = self._encode(params, image)
-        self._cache[key] = row
-        if len(self._cache) > NUM_CACHED:
-            self._cache.popitem(last=False)
-        return row
+        return self._encoded.get(key, lambda: self._encode(params, image))
 
     @torch.inference_mode()
     def _encode(self, params: GenerationParams, image: Any) -> Conditioning:
@@ -64,7 +57,7 @@ class FirstFrame:
         pixels = pixels.to(self.device, dtype=torch.float32)  # [1, 3, H, W] in [-1, 1]
         blank = pixels.new_zeros(1, 3, params.num_frames - 1, params.height, params.width)
         video = torch.cat([pixels.unsqueeze(2), blank], dim=2)  # [1, 3, frames, H, W]
-        latents = self.latent_vae.encode_video(video).to(self.device, torch.float32)  # [1, z, f, h, w], raw
+        latents = self.latent_vae.encode_mode(video).to(self.device, torch.float32)  # [1, z, f, h, w], raw
         latents = (latents - self.latents_mean) * self.latents_std_inverse
         mask = torch.zeros(1, self.mask_channels, *latents.shape[2:], device=self.device)
         mask[:, :, 0] = 1  # the first latent frame is the given image

@@ -34,7 +34,6 @@ class ZImageAdapter(FlowMatchingAdapter):
     latent_dtype = torch.float32  # as ZImagePipeline keeps its latents
     family = "zimage"
     pipeline_classes = ("ZImagePipeline",)
-    max_rows_per_sample = 2
     published_latent_rgb = published.FLUX1
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -45,13 +44,7 @@ class ZImageAdapter(FlowMatchingAdapter):
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
         tokenizer = self.pipeline.tokenizer
-        templated = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
-            )
-            for text in texts
-        ]
-        tokens = tokenize(tokenizer, templated, MAX_SEQUENCE_LENGTH)
+        tokens = tokenize(tokenizer, chat_prompts(tokenizer, texts), MAX_SEQUENCE_LENGTH)
         input_ids = tokens.input_ids.to(self.device)  # [n, 512]
         masks = tokens.attention_mask.to(self.device).bool()  # [n, 512]
         hidden = self.pipeline.text_encoder(
@@ -64,8 +57,7 @@ class ZImageAdapter(FlowMatchingAdapter):
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         """Caption features of the longest length, so every padded forward pads its captions alike."""
-        dim = self.transformer.config.cap_feat_dim
-        return {"embeds": torch.zeros(MAX_SEQUENCE_LENGTH, dim, device=self.device, dtype=self.dtype)}
+        return {"embeds": self.zeros(MAX_SEQUENCE_LENGTH, self.transformer.config.cap_feat_dim)}
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
@@ -84,20 +76,28 @@ class ZImageAdapter(FlowMatchingAdapter):
 
     def _transformer_inputs(self, batch: ForwardBatch) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
         embeds = batch.conditioning["embeds"]  # [rows, max_tokens, dim]
-        lengths = batch.lengths.get("embeds") or [embeds.shape[1]] * embeds.shape[0]
+        lengths = batch.row_lengths("embeds")
         dtype = self.transformer.dtype
         latents = [row.to(dtype).unsqueeze(1) for row in batch.latents]  # per row [16, 1, h, w]: one frame
         captions = [row[:length] for row, length in zip(embeds, lengths)]
         return latents, (1000 - batch.timesteps) / 1000, captions
 
     def _predictions(self, batch: ForwardBatch, outputs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
-        predictions = [output.float().squeeze(1) for output in outputs]  # per row [16, h, w]
-        if isinstance(batch.latents, list):  # rows of different sizes: the transformer padded them with masks
-            return predictions
-        return torch.stack(predictions)  # [rows, 16, h, w]
+        """Per row [16, h, w] (rows of different sizes: the transformer padded them with masks)."""
+        return batch.like_latents([output.float().squeeze(1) for output in outputs])
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
         cond = rows[0:1]
         if len(rows) == 2:
             cond = cond + params.guidance_scale * (cond - rows[1:2])  # the pipeline's own formula
         return -cond  # the transformer predicts the negated flow
+
+
+def chat_prompts(tokenizer: Any, texts: Sequence[str]) -> list[str]:
+    """Each prompt in Qwen3's chat template, as ZImagePipeline wraps it (builtin:shapes-dit's training too)."""
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
+        )
+        for text in texts
+    ]

@@ -65,13 +65,9 @@ def assemble(vae, text_encoder, tokenizer, transformer, scheduler):
 
 def caption_token_ids(tokenizer, texts):
     """Each prompt in Qwen3's chat template, as token ids without padding (as ZImagePipeline templates it)."""
-    templated = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=True
-        )
-        for text in texts
-    ]
-    return [tokenizer(text, return_tensors="pt").input_ids[0] for text in templated]  # per prompt [tokens_i]
+    from batching.pipelines.zimage.adapter import chat_prompts
+
+    return [tokenizer(text, return_tensors="pt").input_ids[0] for text in chat_prompts(tokenizer, texts)]
 
 
 def caption_features(text_encoder, token_ids):

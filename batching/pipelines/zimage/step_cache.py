@@ -81,17 +81,11 @@ def residual_cached_forward(
     rows = rows_to_run(samples, skipped, len(seqlens), may_gather)
     hidden = first.clone()  # [rows, max_seq, dim]: the last block's output, filled in below
     if rows:
-        if len(rows) < len(seqlens):
-            width = max(seqlens[row] for row in rows)
-            index = torch.tensor(rows, device=device)
-            part, part_freqs = first[index, :width], freqs[index, :width]  # [computing rows, width, dim]
-            part_mask = _mask([seqlens[row] for row in rows], width, device)
-            part_adaln = adaln_input[index]
-        else:
-            width, part, part_freqs, part_mask, part_adaln = first.shape[1], first, freqs, mask, adaln_input
+        part, part_freqs, part_mask = _gathered(rows, seqlens, first, freqs, mask)  # [computing rows, width, dim]
+        part_adaln = adaln_input if len(rows) == len(seqlens) else adaln_input[rows]
         for layer in model.layers[NUM_BLOCKS_KEPT:]:
             part = layer(part, part_mask, part_freqs, part_adaln)
-        hidden[rows, :width] = part
+        hidden[rows, : part.shape[1]] = part
     reuse_residuals(samples, skipped, features, first, hidden, seqlens)
     out = model.all_final_layer[patch](hidden, c=adaln_input)
     return model.unpatchify(list(out.unbind(dim=0)), x_size, PATCH_SIZE, F_PATCH_SIZE), skipped
@@ -114,18 +108,12 @@ def _refined_captions(
         constants += kept if kept is not None else [None] * sample.num_rows
     constants += [None] * (len(cap_seqlens) - len(constants))  # deterministic padding rows
     rows = [row for row, constant in enumerate(constants) if constant is None]
-    if rows and len(rows) < len(cap_seqlens):
-        width = max(cap_seqlens[row] for row in rows)
-        index = torch.tensor(rows, device=cap_feats.device)
-        part, part_freqs = cap_feats[index, :width], cap_freqs[index, :width]
-        part_mask = _mask([cap_seqlens[row] for row in rows], width, cap_feats.device)
-    else:
-        width, part, part_freqs, part_mask = cap_feats.shape[1], cap_feats, cap_freqs, cap_mask
     if rows:
+        part, part_freqs, part_mask = _gathered(rows, cap_seqlens, cap_feats, cap_freqs, cap_mask)
         for layer in model.context_refiner:
             part = layer(part, part_mask, part_freqs)
         cap_feats = cap_feats.clone()
-        cap_feats[rows, :width] = part
+        cap_feats[rows, : part.shape[1]] = part
     for row, constant in enumerate(constants):
         if constant is not None:
             cap_feats[row, : cap_seqlens[row]] = constant
@@ -133,6 +121,18 @@ def _refined_captions(
         if sample.state is not None and sample.state.constant is None:
             sample.state.constant = [cap_feats[row, : cap_seqlens[row]].clone() for row in sample_row_range]
     return cap_feats
+
+
+def _gathered(
+    rows: list[int], seqlens: list[int], tokens: torch.Tensor, freqs: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The `rows` of a padded sequence batch (its tokens and rotary tables [rows, width, ...], and its key mask),
+    trimmed to their longest row: the batch as it is when `rows` are all its rows."""
+    if len(rows) == len(seqlens):
+        return tokens, freqs, mask
+    width = max(seqlens[row] for row in rows)
+    index = torch.tensor(rows, device=tokens.device)
+    return tokens[index, :width], freqs[index, :width], _mask([seqlens[row] for row in rows], width, tokens.device)
 
 
 def _mask(seqlens: list[int], width: int, device: torch.device) -> torch.Tensor | None:
