@@ -18,7 +18,7 @@ import pytest
 
 from batching.builtin_model import builtin_model_path
 from storage.job_events import JobEventLog
-from storage.job_record import JobState
+from storage.job_record import JobRecord, JobState, record_from_hash
 from storage.queue_names import generate_queue
 from tests.support.cluster import FAST_RECOVERY, small_params
 from tests.support.processes import WorkerProcess
@@ -59,26 +59,35 @@ def test_a_fleet_loses_no_job_and_runs_none_twice_when_workers_are_killed_and_st
     ]
     assert cluster.store.model_load(generate_queue("builtin:tiny")).num_jobs > 0
 
-    def held_by(worker: WorkerProcess) -> list[str]:
+    def held_by(worker: WorkerProcess, records: list[JobRecord]) -> list[str]:
         """Jobs the worker runs and is far from finishing (the feeder takes jobs as soon as they are queued)."""
-        records = [cluster.store.get(job_id) for job_id in job_ids]
         return [
             r.job_id
             for r in records
             if r.state is JobState.RUNNING and holder_of(worker, r.worker_id) and r.progress_step <= NUM_STEPS // 4
         ]
 
+    def records_now() -> list[JobRecord]:
+        """Every job's record, read in one round trip: what the doomed workers hold is read the instant before they
+        are stopped (200 reads one by one took long enough on a loaded machine for those jobs to finish first)."""
+        with cluster.store.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(cluster.store.job_key(job_id))
+            return [record_from_hash(mapping) for mapping in pipe.execute()]
+
     def both_busy() -> list[str] | None:
-        held = held_by(killed)
-        return held if len(held) >= 3 and held_by(stopped) else None
+        records = records_now()
+        held = held_by(killed, records)
+        return held if len(held) >= 3 and held_by(stopped, records) else None
+
+    def how_busy() -> str:
+        records = records_now()
+        return f"{len(held_by(killed, records))} and {len(held_by(stopped, records))}"
 
     killed_held = wait_for(
         both_busy,
         120,
-        lambda: (
-            f"both doomed workers to hold running jobs (now {cluster.store.counts_by_state()}, "
-            f"{len(held_by(killed))} and {len(held_by(stopped))})"
-        ),
+        lambda: f"both doomed workers to hold running jobs (now {cluster.store.counts_by_state()}, {how_busy()})",
         0.05,
     )
     killed.stop(signal.SIGKILL)
