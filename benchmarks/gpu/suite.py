@@ -15,8 +15,8 @@ weights built from configs by `benchmarks.gpu.models`, fp16):
 - encode_overlap: jobs arriving one per step of a running job, their prompts encoded
   inline and beside the loop: the longest gap between two steps of a running job (max
   stall) against the median gap, and images/s.
-Then forward_ceiling of a FLUX-sized transformer alone (the whole FLUX pipeline is too
-large to build, save and load within the time), and a Wan 2.1 1.3B-sized video transformer
+Then (`benchmarks.gpu.transformers_alone`) forward_ceiling of a FLUX-sized transformer alone (the
+whole FLUX pipeline is too large to build, save and load within the time), and a Wan 2.1 1.3B-sized video transformer
 alone: videos batched vs one forward per video (serial), and videos of mixed sizes and frame
 counts in one forward (per-row positions, key masks) vs each alone, with how far a mixed row's
 prediction lies from its alone one. Sections run in that order while the
@@ -27,8 +27,6 @@ out. Writes gpu_results.json and gpu_summary.md to the folder.
 from __future__ import annotations
 
 import argparse
-import functools
-import gc
 import json
 import logging
 import os
@@ -37,15 +35,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.engine import ENCODE_OVERLAP_DEFAULT
 from benchmarks.component_times import time_forwards
-from benchmarks.gpu.models import flux_transformer, num_parameters, save_pipeline, wan_transformer
+from benchmarks.gpu.models import num_parameters, save_pipeline
 from benchmarks.gpu.report import write_summary
+from benchmarks.gpu.transformers_alone import flux_ceiling, free_device, wan_batching
 from benchmarks.machine import describe_machine
 from benchmarks.metrics import summarize
 from benchmarks.variants import EngineVariant, StaticBatchVariant, VariantSpec
@@ -126,7 +124,7 @@ def run(profile: Profile, out: Path, budget: Budget) -> dict:
         for model_run in profile.models:
             if budget.allows(model_run.name):
                 results["models"][model_run.name] = run_model(profile, model_run, Path(scratch), budget)
-                _free(profile.device)
+                free_device(profile.device)
     if budget.allows("flux.forward_ceiling"):
         results["flux"] = {"forward_ceiling": flux_ceiling(profile)}
     if budget.allows("wan.batching"):
@@ -260,7 +258,7 @@ def throughput(engines: _Engines, model: str, model_run: ModelRun) -> dict:
         if name == "static":
             variant.close()  # frees its pipeline before the next engine loads
             del engines.variants[name]
-            _free(engines.profile.device)
+            free_device(engines.profile.device)
     return figures
 
 
@@ -369,133 +367,6 @@ def arrivals_while_running(engine: DiffusionEngine, model: str, model_run: Model
     }
 
 
-def flux_ceiling(profile: Profile) -> list[dict]:
-    """The FLUX-sized transformer alone at `flux_size`, 512 text tokens, guidance-distilled (one row per image)."""
-    device = torch.device(profile.device)
-    dtype = getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
-    model = flux_transformer(profile.scale, device, dtype)
-    tokens, text_tokens = (profile.flux_size // 16) ** 2, 512 if profile.scale == "real" else 8
-    config = model.config
-    figures: list[dict[str, Any]] = []
-    with torch.inference_mode():
-        for rows in profile.rows:
-            inputs = dict(
-                hidden_states=torch.randn(rows, tokens, config.in_channels, device=device, dtype=dtype),
-                encoder_hidden_states=torch.randn(
-                    rows, text_tokens, config.joint_attention_dim, device=device, dtype=dtype
-                ),
-                pooled_projections=torch.randn(rows, config.pooled_projection_dim, device=device, dtype=dtype),
-                timestep=torch.full((rows,), 0.5, device=device, dtype=dtype),
-                guidance=torch.full((rows,), 3.5, device=device, dtype=dtype),
-                img_ids=torch.zeros(tokens, 3, device=device, dtype=dtype),
-                txt_ids=torch.zeros(text_tokens, 3, device=device, dtype=dtype),
-                return_dict=False,
-            )
-            try:
-                seconds = _time(functools.partial(model, **inputs), device, profile.repeats)
-            except torch.OutOfMemoryError:
-                figures.append({"rows": rows, "seconds": None, "error": "out of memory"})
-                break
-            figures.append({"rows": rows, "seconds": seconds, "rows_per_second": rows / seconds})
-    del model
-    _free(profile.device)
-    return figures
-
-
-def wan_batching(profile: Profile) -> dict:
-    """A Wan 2.1 1.3B-sized transformer alone (random weights, bf16 on a GPU), as the engine's Wan adapter runs it
-    (`batching.pipelines.wan.transformer`), 512 prompt tokens per row and the rows' own timesteps.
-    - uniform: `rows` videos of the first shape in one forward (batched) against one forward per video (serial);
-    - mixed: one video of each shape in one forward (per-row rotary tables, padding keys masked) against each
-      alone, and the largest difference of a mixed video's prediction from its alone one, absolute and relative
-      to the largest alone value."""
-    from batching.pipelines.wan.transformer import install, run_mixed, run_uniform
-
-    device = torch.device(profile.device)
-    dtype = getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
-    model = wan_transformer(profile.scale, device, dtype)
-    row_attention = install(model)
-    generator = torch.Generator("cpu").manual_seed(0)
-    text = torch.randn(1, 512, model.config.text_dim, generator=generator).to(device, dtype)
-
-    channels = model.config.in_channels
-
-    def video_latents(height: int, width: int, frames: int) -> torch.Tensor:
-        shape = (channels, (frames - 1) // 4 + 1, height // 8, width // 8)
-        return torch.randn(shape, generator=generator).to(device, dtype)
-
-    def timesteps(count: int) -> torch.Tensor:
-        return torch.linspace(950.0, 250.0, count).to(device)
-
-    videos = [video_latents(*shape) for shape in profile.wan_videos]
-    first = videos[0]
-    figures: dict = {
-        "videos": [list(shape) for shape in profile.wan_videos],
-        "tokens": [int(video[0].numel()) // 4 for video in videos],  # 1x2x2 patches of one channel
-        "uniform": [],
-    }
-    with torch.inference_mode():
-        try:
-            one = None
-            for rows in profile.wan_rows:
-                call = functools.partial(
-                    run_uniform,
-                    model,
-                    first.expand(rows, *first.shape),
-                    timesteps(rows),
-                    text.expand(rows, -1, -1),
-                    None,
-                )
-                seconds = _time(call, device, profile.repeats)
-                one = one or seconds
-                figures["uniform"].append(
-                    {"rows": rows, "seconds": seconds, "serial_seconds": rows * one, "speedup": rows * one / seconds}
-                )
-            steps = timesteps(len(videos))
-            mixed_call = functools.partial(
-                run_mixed, model, row_attention, videos, steps, text.expand(len(videos), -1, -1), None
-            )
-            alone_calls = [
-                functools.partial(run_uniform, model, video[None], steps[index : index + 1], text, None)
-                for index, video in enumerate(videos)
-            ]
-            mixed_seconds = _time(mixed_call, device, profile.repeats)
-            alone_seconds = sum(_time(call, device, profile.repeats) for call in alone_calls)
-            mixed, alone = mixed_call(), [call()[0] for call in alone_calls]
-            largest = max(float(prediction.abs().max()) for prediction in alone)
-            difference = max(float((a.float() - b.float()).abs().max()) for a, b in zip(mixed, alone))
-            figures["mixed"] = {
-                "seconds": mixed_seconds,
-                "alone_seconds": alone_seconds,
-                "speedup": alone_seconds / mixed_seconds,
-                "max_abs_difference": difference,
-                "relative_difference": difference / largest,
-            }
-        except torch.OutOfMemoryError:
-            figures["error"] = "out of memory"
-    del model
-    _free(profile.device)
-    return figures
-
-
-def _time(call, device: torch.device, repeats: int) -> float:
-    call()  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            call()
-            end.record()
-            end.synchronize()
-            seconds.append(begin.elapsed_time(end) / 1000)
-        else:
-            start = time.perf_counter()
-            call()
-            seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
-
-
 def _max_diff(results_a: list, results_b: list) -> int:
     import numpy as np
 
@@ -503,12 +374,6 @@ def _max_diff(results_a: list, results_b: list) -> int:
         int(np.abs(np.asarray(a.image, dtype=np.int16) - np.asarray(b.image, dtype=np.int16)).max())
         for a, b in zip(results_a, results_b)
     )
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
