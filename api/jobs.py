@@ -10,11 +10,12 @@ from flask import Blueprint, Response, g, redirect, request
 from werkzeug.routing import BaseConverter
 from werkzeug.wrappers import Response as BaseResponse
 
+from api import submission
 from api.answers import BatchResponse, JobList, JobView
 from api.auth import require_tenant
 from api.errors import ApiError, invalid, not_found
 from api.event_stream import EVENT
-from api.image_fields import remote_image_urls
+from api.job_validation import MAX_IDEMPOTENCY_KEY_CHARS, batch_item_key, check_idempotency_key
 from api.job_view import job_url, job_view
 from api.openapi_operations import (
     BINARY,
@@ -26,29 +27,10 @@ from api.openapi_operations import (
     parameter,
     query_of,
 )
-from api.remote_images import fetch_images
 from api.request_body import read_json
-from api.resources import (
-    get_fleet,
-    get_image_store,
-    get_job_store,
-    get_lora_store,
-    get_settings,
-    get_task_queue,
-    get_upload_store,
-)
+from api.resources import get_fleet, get_image_store, get_job_store, get_settings, get_task_queue
 from api.schemas import BatchRequest, ImageQuery, JobRequest, ListQuery
-from api.submission import (
-    MAX_IDEMPOTENCY_KEY_CHARS,
-    QueueRoom,
-    batch_item_key,
-    check_idempotency_key,
-    check_lora,
-    check_webhooks,
-    create_jobs,
-    validate_job,
-    webhook_url_of,
-)
+from api.submission import JobSubmit, Submitted
 from api.waiting import (
     LAST_EVENT_ID,
     PREFER,
@@ -89,7 +71,7 @@ IDEMPOTENCY_KEY = parameter(
     "header",
     "Retries with the same key and body return the original job; the same key with another body gets 409.",
     MAX_IDEMPOTENCY_KEY_CHARS,
-    pattern=r"^[ -~]*[!-~][ -~]*$",  # printable ASCII, not only spaces (api.submission.check_idempotency_key)
+    pattern=r"^[ -~]*[!-~][ -~]*$",  # printable ASCII, not only spaces (api.job_validation.check_idempotency_key)
     required=False,
 )
 LOCATION = {"Location": {"description": "The job's URL.", "schema": {"type": "string"}}}
@@ -139,33 +121,28 @@ def queued_view(record: JobRecord, position: int | None) -> dict:
     },
 )
 def submit_job():
-    settings, store = get_settings(), get_job_store()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     wait_seconds = prefer_wait(request.headers.getlist("Prefer"))
-    job = validate_job(read_json(), settings, get_fleet(), g.tenant, uploads=get_upload_store())
-    check_lora(job.params, g.tenant, get_lora_store())
-    QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
-    if isinstance(outcome, ApiError):
-        raise outcome
-    record = outcome.record
-    headers = {"Location": job_url(record.job_id)}
-    if not outcome.created:
-        headers["Idempotent-Replayed"] = "true"
+    submitted = submission.submit_job(read_json(), idempotency_key)
     if wait_seconds is not None:
-        return waited(record.job_id, wait_seconds, lambda has_ended: waited_answer(record, headers, wait_seconds))
-    if not outcome.created:
-        return view_with_position(record), 202, headers
-    return queued_view(record, outcome.queue_position), 202, headers
+        return waited(submitted.record.job_id, wait_seconds, lambda has_ended: waited_answer(submitted, wait_seconds))
+    return submitted_view(submitted), 202, submitted.headers()
 
 
-def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int):
+def submitted_view(submitted: Submitted) -> dict:
+    """A submitted job's view: a new one with the position its create returned, a replay as it is now."""
+    if submitted.created:
+        return queued_view(submitted.record, submitted.queue_position)
+    return view_with_position(submitted.record)
+
+
+def waited_answer(submitted: Submitted, wait_seconds: int):
     """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location); 404 if it was
     deleted meanwhile, as its GET answers then."""
-    current = get_job_store().get(record.job_id)
+    current = get_job_store().get(submitted.record.job_id)
     if current is None:
         raise not_found()
-    applied = {**headers, "Preference-Applied": f"wait={wait_seconds}"}
+    applied = {**submitted.headers(), "Preference-Applied": f"wait={wait_seconds}"}
     if current.state.is_terminal:
         applied.pop("Location")
         return json_rendered(200, view_with_position(current), list(applied.items()))
@@ -181,58 +158,33 @@ def waited_answer(record: JobRecord, headers: dict[str, str], wait_seconds: int)
     errors=api_errors(400, 413, 415, 422, 429, 503),
 )
 def submit_batch():
-    settings, store = get_settings(), get_job_store()
+    settings = get_settings()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     batch = body_of(BatchRequest)
     items = batch.jobs
     if len(items) > settings.max_batch_jobs:
         raise invalid("jobs", f"jobs: at most {settings.max_batch_jobs} jobs per batch (got {len(items)})")
-    room = QueueRoom.read(store, settings, g.tenant)
-    room.check_depths()  # nothing fits: the whole batch gets 429, as POST /v1/jobs would
-    # all items' image URLs at once, by one deadline: a batch of slow URLs costs one deadline, not one each
-    fetched = fetch_images(
-        [url for index, item in enumerate(items) for url in remote_image_urls(item, f"jobs[{index}].")],
-        settings.image_url_hosts,
-        seconds=settings.image_url_timeout_seconds,
+    outcomes = submission.submit_jobs(
+        [
+            JobSubmit(item, batch_item_key(idempotency_key, index), field_prefix=f"jobs[{index}].")
+            for index, item in enumerate(items)
+        ],
+        default_priority=batch.priority,
     )
-    # likewise their webhook URLs: each distinct host looked up once, 8 at a time, by one deadline of its own
-    checked_webhooks = check_webhooks([url for item in items if (url := webhook_url_of(item)) is not None], settings)
-    results: list[dict | None] = [None] * len(items)
-    valid = []  # (index, job, item idempotency key)
-    for index, item in enumerate(items):
-        try:
-            job = validate_job(
-                item,
-                settings,
-                get_fleet(),
-                g.tenant,
-                uploads=get_upload_store(),
-                field_prefix=f"jobs[{index}].",
-                default_priority=batch.priority,
-                fetched_images=fetched,
-                checked_webhooks=checked_webhooks,
-            )
-            check_lora(job.params, g.tenant, get_lora_store(), f"jobs[{index}].")
-            room.take_one()
-        except ApiError as e:
-            if e.status >= 500:
-                raise
-            results[index] = {"index": index, "status": e.status, "error": e.body()["error"]}
-            continue
-        valid.append((index, job, batch_item_key(idempotency_key, index)))
-    jobs = [(job, key) for _, job, key in valid]
-    outcomes = create_jobs(store, settings, g.tenant, jobs, get_upload_store()) if valid else []
-    replayed = [outcome.record for outcome in outcomes if not isinstance(outcome, ApiError) and not outcome.created]
+    refused = [outcome for outcome in outcomes if isinstance(outcome, ApiError)]
+    if refused and len(refused) == len(outcomes) and all(error.status == 429 for error in refused):
+        raise refused[0]  # nothing fits: the whole batch gets 429, as POST /v1/jobs would
+    replayed = [outcome.record for outcome in outcomes if isinstance(outcome, Submitted) and not outcome.created]
     replayed_views = dict(zip((record.job_id for record in replayed), views_with_positions(replayed)))
-    for (index, _, _), outcome in zip(valid, outcomes):
+    results = []
+    for index, outcome in enumerate(outcomes):
         if isinstance(outcome, ApiError):
-            results[index] = {"index": index, "status": outcome.status, "error": outcome.body()["error"]}
+            results.append({"index": index, "status": outcome.status, "error": outcome.body()["error"]})
         elif outcome.created:
-            results[index] = {"index": index, "status": 202, "job": queued_view(outcome.record, outcome.queue_position)}
+            results.append({"index": index, "status": 202, "job": queued_view(outcome.record, outcome.queue_position)})
         else:
-            results[index] = {"index": index, "status": 202, "job": replayed_views[outcome.record.job_id]}
-    num_accepted = sum(1 for result in results if result is not None and result["status"] == 202)
-    return {"results": results, "num_accepted": num_accepted}, 200
+            results.append({"index": index, "status": 202, "job": replayed_views[outcome.record.job_id]})
+    return {"results": results, "num_accepted": len(outcomes) - len(refused)}, 200
 
 
 @bp.get("")

@@ -3,7 +3,7 @@
 Generations arrive as JSON, edits as a multipart form whose values are all strings; both are
 validated by the OpenAI request model the OpenAPI document shows (api.openai_schemas: JSON
 strictly, a form's text as the numbers it spells), then translated. Unknown names are refused as
-OpenAI refuses them; what the job's own validation checks (api.submission.validate_job) it checks
+OpenAI refuses them; what the job's own validation checks (api.job_validation.validate_job) it checks
 there, so the rules are the same as `POST /v1/jobs`'s.
 """
 

@@ -2,7 +2,7 @@
 
 What chat front-ends and the official `openai` SDKs speak, over the same API keys, validation,
 limits, queue and priorities as `POST /v1/jobs`: a request becomes one job (`n` images are its
-`num_images`) through the same code (api.submission), then the call waits for the job like
+`num_images`) through the one submit path (api.submission), then the call waits for the job like
 `Prefer: wait` (up to STEPWISE_IMAGES_WAIT_SECONDS, without holding a request thread: api.live)
 and answers `{"created", "data": [{"b64_json"} or {"url"}], "output_format", "size"}`, or an error
 in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` (docs/api.md#openai-images-api).
@@ -21,7 +21,7 @@ import base64
 import time
 from typing import Any
 
-from flask import Blueprint, current_app, g, request
+from flask import Blueprint, current_app, request
 
 from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
@@ -30,15 +30,8 @@ from api.openai_fields import JobTranslation, edit_images, translate
 from api.openai_schemas import OpenAIError, OpenAIImageEdit, OpenAIImageGeneration, OpenAIImagesResponse
 from api.openapi_operations import Answer, documented
 from api.request_body import read_form, read_json
-from api.resources import (
-    get_fleet,
-    get_image_store,
-    get_job_store,
-    get_lora_store,
-    get_settings,
-    get_upload_store,
-)
-from api.submission import QueueRoom, check_lora, create_jobs, validate_job
+from api.resources import get_image_store, get_job_store, get_settings
+from api.submission import submit_job
 from api.waiting import Rendered, json_rendered, waited
 from core.image_inputs import MAX_IMAGE_BYTES
 from storage.job_record import JobRecord, JobState
@@ -135,15 +128,9 @@ def openai_image_edits():
 
 
 def submit_and_wait(translation: JobTranslation):
-    settings, store = get_settings(), get_job_store()
-    job = validate_job(translation.job, settings, get_fleet(), g.tenant, uploads=get_upload_store())
-    check_lora(job.params, g.tenant, get_lora_store())
-    QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, settings, g.tenant, [(job, None)], get_upload_store())[0]
-    if isinstance(outcome, ApiError):
-        raise outcome
-    job_id = outcome.record.job_id
-    return waited(job_id, settings.images_wait_seconds, lambda has_ended: answer(job_id, translation, has_ended))
+    job_id = submit_job(translation.job).record.job_id
+    seconds = get_settings().images_wait_seconds
+    return waited(job_id, seconds, lambda has_ended: answer(job_id, translation, has_ended))
 
 
 def answer(job_id: str, translation: JobTranslation, has_ended: bool) -> Rendered:

@@ -3,7 +3,7 @@
 
 A video is a job whose output is a video (a video model's job, `output_format` mp4, webm or gif): its id is the job's
 id, so `GET /v1/jobs/{job_id}` and its event stream show it too. A create request becomes one job through the same
-code as `POST /v1/jobs` (api.submission: keys, tenants, validation, limits, quotas, priorities) and is answered at
+path as `POST /v1/jobs` (api.submission: keys, tenants, validation, limits, quotas, priorities) and is answered at
 once with the queued video; its MP4 is at `/content` once `completed`. Fields: OpenAI's (`prompt`, `model`, `size`
 WxH, `seconds`, `input_reference`: the first frame of an image-to-video model) and stepwise's (`num_frames`, `fps`,
 `seed`, ...). JSON or multipart (what the `openai` SDK sends). Errors have OpenAI's shape, `param` naming the field.
@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
+from api.job_validation import check_idempotency_key
 from api.jobs import IDEMPOTENCY_KEY, MAX_JOB_ID_CHARS, JobIdConverter, delete_own_job, output_response
 from api.openai_fields import SIZE, data_uri
 from api.openai_images import OPENAI_ERRORS, openai_error_answer
@@ -35,8 +36,8 @@ from api.openai_schemas import (
 )
 from api.openapi_operations import BINARY, Answer, documented, parameter, query_of
 from api.request_body import is_json_type, read_form, read_json
-from api.resources import get_fleet, get_job_store, get_settings, get_upload_store
-from api.submission import QueueRoom, check_idempotency_key, create_jobs, validate_job
+from api.resources import get_fleet, get_job_store, get_settings
+from api.submission import submit_job
 from core.families import FAMILIES, family_of_model
 from core.image_inputs import MAX_IMAGE_BYTES
 from core.output_formats import DEFAULT_VIDEO_FORMAT, VIDEO_FORMATS
@@ -84,15 +85,8 @@ def openai_error(error: Exception):
     error_model=OpenAIError,
 )
 def create_video():
-    settings, store = get_settings(), get_job_store()
     idempotency_key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    job_fields = translate_video_request()
-    job = validate_job(job_fields, settings, get_fleet(), g.tenant, uploads=get_upload_store())
-    QueueRoom.read(store, settings, g.tenant, global_depth=False).take_one()
-    outcome = create_jobs(store, settings, g.tenant, [(job, idempotency_key)], get_upload_store())[0]
-    if isinstance(outcome, ApiError):
-        raise outcome
-    return video_object(outcome.record)
+    return video_object(submit_job(translate_video_request(), idempotency_key).record)
 
 
 def translate_video_request() -> dict[str, Any]:

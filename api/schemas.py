@@ -69,7 +69,7 @@ NumImages = Annotated[int, Field(ge=1, le=P.MAX_NUM_IMAGES)]
 Steps = Annotated[int, Field(ge=P.MIN_STEPS, le=P.MAX_STEPS)]
 Guidance = Annotated[float, Field(ge=P.MIN_GUIDANCE, le=P.MAX_GUIDANCE)]
 Strength = Annotated[float, Field(gt=0, le=1)]
-LoraName = Annotated[  # checked by api.submission.check_lora
+LoraName = Annotated[  # checked by api.job_validation.check_lora
     str, Field(min_length=1, max_length=100, json_schema_extra={"pattern": f"^{P.LORA_NAME_PATTERN.pattern}$"})
 ]
 LoraScale = Annotated[float, Field(ge=-P.MAX_LORA_SCALE, le=P.MAX_LORA_SCALE)]
@@ -130,7 +130,7 @@ def needs(field: str, other: str, *, unless: list[Any] | None = None) -> dict[st
     }
 
 
-# Fields that need another (core.params, api.submission), for the OpenAPI document.
+# Fields that need another (core.params, api.job_validation), for the OpenAPI document.
 JOB_DEPENDENCIES = {
     "mask_image": needs("mask_image", "init_image"),
     "strength": needs("strength", "init_image", unless=[1]),

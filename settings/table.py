@@ -112,7 +112,8 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "one tenant's queued jobs at most, so one tenant cannot fill the queue for all (429 `tenant_queue_full`); "
              "0: no cap", "api", example="1000"),
     Variable("STEPWISE_TENANT_JOBS_PER_MINUTE", COUNT_OR_ZERO, 0,
-             "jobs one tenant may submit per wall-clock minute (429 `rate_limited`); 0: no cap", "api"),
+             "jobs one tenant may create per wall-clock minute (429 `rate_limited`; an idempotent replay counts "
+             "none); 0: no cap", "api"),
     Variable("STEPWISE_TENANT_MAX_PRIORITY", Text(PAIRS.format("priority", "high, normal or low")), "",
              "the highest priority each named tenant may ask for; others: high", "api"),
     Variable("STEPWISE_MAX_BODY_BYTES", COUNT, 1024 * 1024, "larger request bodies get 413", "api"),

@@ -146,22 +146,6 @@ class JobReads:
         return self._redis.zcard(self.keys.tenant_index(tenant, JobState.QUEUED))
 
     @_wraps_redis_errors
-    def reserve_submit_slot(self, tenant: str, per_minute: int) -> float | None:
-        """Count one submission against the tenant's fixed one-minute window. Returns None when it
-        fits, else the seconds until the window ends (the slot is given back)."""
-        now = self.clock()
-        window = int(now // 60)
-        key = self.keys.submit_rate(tenant, window)
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, 120)
-            count, _ = pipe.execute()
-        if count <= per_minute:
-            return None
-        self._redis.decr(key)
-        return (window + 1) * 60 - now
-
-    @_wraps_redis_errors
     def tenant_totals(self) -> dict[str, dict[str, int]]:
         """tenant -> its queued and running jobs now (storage.tenant_listing.tenant_totals)."""
         return tenant_totals(self._redis, self.keys)

@@ -43,16 +43,28 @@ from storage.job_record import (
     encode_field,
     record_from_flat,
 )
-from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
+from storage.new_job import (
+    Created,
+    CreateLimits,
+    NewJobSpec,
+    QueueFullError,
+    RateLimitedError,
+    TenantQueueFullError,
+    create_outcome,
+    run_creates,
+)
 from storage.queue_names import DEFAULT_PRIORITY
 from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
 from storage.redis_keys import RedisKeys
 from storage.settings import StorageSettings
 
 __all__ = [
+    "CreateLimits",
     "Created",
     "NewJobSpec",
     "QueueFullError",
+    "RateLimitedError",
+    "TenantQueueFullError",
     "IdempotencyConflictError",
     "InvalidCursorError",
     "InvalidTransitionError",
@@ -81,6 +93,7 @@ FINISH_FIELDS = RECORD_FIELDS - {
     "requeue_message",
 }
 MAX_CONNECTIONS = 100  # per process, as redis-py's default pool
+NO_LIMITS = CreateLimits()
 
 
 class JobStore(JobReads):
@@ -189,13 +202,14 @@ class JobStore(JobReads):
         self,
         specs: list[NewJobSpec],
         *,
-        max_queued: int = 0,
+        limits: CreateLimits = NO_LIMITS,
     ) -> list[Created | StorageError]:
         """Create queued jobs in one round trip (a pipeline of atomic scripts, run in order), each waking its
         queue's workers in the same script (`wait_for_work`).
 
-        One outcome per spec: `Created`, or the error for that job (IdempotencyConflictError, or
-        QueueFullError once `max_queued` jobs are queued; 0 means no limit)."""
+        One outcome per spec: `Created` (a new job, or an idempotent replay's earlier one), or the error for
+        that job: IdempotencyConflictError, or the limit it met (QueueFullError, TenantQueueFullError,
+        RateLimitedError: `CreateLimits`)."""
         now = self.clock()
         pending = [
             (
@@ -205,8 +219,8 @@ class JobStore(JobReads):
             )
             for spec in specs
         ]
-        replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued)
-        return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
+        replies = run_creates(self._redis, self._create.sha, self.keys, pending, limits, int(now // 60))
+        return [create_outcome(spec, record, reply, now) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
     def wake_workers(self, queue: str) -> None:

@@ -47,14 +47,34 @@ if max_queued > 0 then
     return {2, num_queued}
   end
 end
+local record = cjson.decode(ARGV[5])
+local tenant_max_queued, rate_key, per_minute = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+if tenant_max_queued > 0 then
+  local tenant
+  for i = 1, #record, 2 do
+    if record[i] == 'tenant' then tenant = record[i + 1] end
+  end
+  local num_tenant_queued = redis.call('ZCARD', tenant_index('queued', tenant))
+  if num_tenant_queued >= tenant_max_queued then
+    return {3, num_tenant_queued}
+  end
+end
+if per_minute > 0 then
+  local num_submitted = tonumber(redis.call('GET', rate_key) or '0')
+  if num_submitted >= per_minute then
+    return {4, num_submitted}
+  end
+  redis.call('INCR', rate_key)
+  redis.call('EXPIRE', rate_key, 120)
+end
 if KEYS[2] then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'job_id', job_id, 'request_hash', ARGV[3])
 end
-for i = 8, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', tonumber(ARGV[7]))
 end
-redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[5])))
+redis.call('HSET', KEYS[1], unpack(record))
 if KEYS[2] then
   redis.call('HSET', KEYS[1], 'idem_redis_key', KEYS[2])
 end

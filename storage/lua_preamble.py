@@ -223,10 +223,13 @@ end
 
 # KEYS: job, [idempotency]. ARGV: ns, job_id, request_hash, max_queued (0: no limit), the record's hash as a
 # JSON list [field, value, ...] (one argument instead of forty: the client packs far less), the job's share in
-# the fair order (cost / weight), the uploads' TTL in seconds, then (upload key, data URI) pairs: the job's
-# inline input images, stored only when the job is created.
+# the fair order (cost / weight), the uploads' TTL in seconds, the tenant's max queued jobs (0: no limit), the
+# tenant's submit counter of this minute and its limit (0: no limit), then (upload key, data URI) pairs: the
+# job's inline input images, stored only when the job is created.
 # Returns {1, position in its queue and priority} when created, {0, stored_request_hash, HGETALL of
-# the earlier job} for an idempotent replay, or {2, number queued} when max_queued jobs are queued.
-# A created job wakes its queue's workers in the same step (worker.feeder).
+# the earlier job} for an idempotent replay, {2, number queued} when max_queued jobs are queued, {3, number the
+# tenant has queued} at the tenant's limit, or {4, jobs the tenant submitted this minute} at its rate limit. A
+# replay is answered before any limit is read, and only a created job counts against the rate: a replay never
+# uses up a submit. A created job wakes its queue's workers in the same step (worker.feeder).
 
 PREAMBLE = _PREAMBLE  # what every script starts with: ns, the key names, the helpers above

@@ -24,6 +24,34 @@ class QueueFullError(StorageError):
         self.num_queued = num_queued
 
 
+class TenantQueueFullError(StorageError):
+    """The tenant has as many jobs queued as it may (the API's STEPWISE_TENANT_MAX_QUEUED)."""
+
+    def __init__(self, num_queued: int) -> None:
+        super().__init__(f"the tenant has {num_queued} jobs queued")
+        self.num_queued = num_queued
+
+
+class RateLimitedError(StorageError):
+    """The tenant created as many jobs this wall-clock minute as it may (the API's STEPWISE_TENANT_JOBS_PER_MINUTE)."""
+
+    def __init__(self, num_submitted: int, retry_after: float) -> None:
+        super().__init__(f"the tenant submitted {num_submitted} jobs this minute")
+        self.num_submitted = num_submitted
+        self.retry_after = retry_after  # seconds until the minute ends
+
+
+@dataclass(frozen=True)
+class CreateLimits:
+    """What a create may not go past, checked by the CREATE script itself, job by job, after an idempotent
+    replay is answered: so a batch takes what fits, concurrent creates cannot overshoot, and a replay is
+    never refused by a limit nor counted against one. 0: no limit."""
+
+    max_queued: int = 0  # jobs queued in all (STEPWISE_MAX_QUEUE_DEPTH)
+    tenant_max_queued: int = 0  # jobs the tenant has queued (STEPWISE_TENANT_MAX_QUEUED)
+    tenant_jobs_per_minute: int = 0  # jobs the tenant creates per wall-clock minute (STEPWISE_TENANT_JOBS_PER_MINUTE)
+
+
 @dataclass(frozen=True)
 class NewJobSpec:
     tenant: str
@@ -73,9 +101,11 @@ def run_creates(
     create_sha: str,
     keys: RedisKeys,
     pending: list[tuple[NewJobSpec, JobRecord, float]],
-    max_queued: int,
+    limits: CreateLimits,
+    minute: int,
 ) -> list[Any]:
     """One pipeline of CREATE scripts (storage.lua), one per pending (spec, record, fair share); their raw replies.
+    `minute` is the wall-clock minute (unix seconds // 60) whose submits the rate limit counts.
 
     EVALSHA goes straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
     round trip to every pipeline. After a Redis restart (scripts gone) the script is loaded and
@@ -97,10 +127,13 @@ def run_creates(
                     keys.namespace,
                     record.job_id,
                     spec.request_hash or "",
-                    max_queued,
+                    limits.max_queued,
                     flat,
                     repr(share),
                     spec.upload_ttl_seconds,
+                    limits.tenant_max_queued,
+                    keys.submit_rate(spec.tenant, minute),
+                    limits.tenant_jobs_per_minute,
                     *[item for pair in spec.uploads.items() for item in pair],
                 )
             for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
@@ -115,12 +148,16 @@ def run_creates(
     return replies
 
 
-def create_outcome(spec: NewJobSpec, record: JobRecord, reply: list) -> Created | StorageError:
-    """A CREATE reply -> what became of the job."""
+def create_outcome(spec: NewJobSpec, record: JobRecord, reply: list, now: float) -> Created | StorageError:
+    """A CREATE reply -> what became of the job (`now`: the time the rate limit's minute was taken from)."""
     if reply[0] == 1:
         return Created(record, True, int(reply[1]))
     if reply[0] == 2:
         return QueueFullError(int(reply[1]))
+    if reply[0] == 3:
+        return TenantQueueFullError(int(reply[1]))
+    if reply[0] == 4:
+        return RateLimitedError(int(reply[1]), (now // 60 + 1) * 60 - now)
     _, stored_hash, earlier = reply
     if stored_hash != (spec.request_hash or ""):
         return IdempotencyConflictError(

@@ -192,6 +192,40 @@ def test_a_tenant_over_its_jobs_per_minute_gets_429_with_retry_after_and_others_
     assert submit(client, tenant="bob").status_code == 202
 
 
+def test_replays_of_one_idempotency_key_never_use_up_the_tenants_jobs_per_minute(make_client, redis_url):
+    """Six POSTs with one Idempotency-Key at STEPWISE_TENANT_JOBS_PER_MINUTE=4 once answered 202, 202, 202, 429,
+    429, 429, and the next new job got 429: a replay reserved a slot before the create found the key."""
+    client = make_client(tenant_jobs_per_minute=4)
+
+    replays = [submit(client, **{"Idempotency-Key": "same"}) for _ in range(6)]
+    batch_replays = [batch(client, [BODY, BODY], **{"Idempotency-Key": "batch"}) for _ in range(3)]
+    new_job = submit(client, {**BODY, "seed": 2})
+    over = submit(client, {**BODY, "seed": 3})
+
+    assert [r.status_code for r in replays] == [202] * 6
+    assert {r.json["job_id"] for r in replays} == {replays[0].json["job_id"]}
+    assert all(r.headers["Idempotent-Replayed"] == "true" for r in replays[1:])
+    assert [[item["status"] for item in r.json["results"]] for r in batch_replays] == [[202, 202]] * 3
+    assert new_job.status_code == 202, new_job.json  # the fourth job this minute
+    assert over.status_code == 429 and over.json["error"]["code"] == "rate_limited"
+    assert JobStore(redis_url).queue_depth() == 4
+
+
+def test_every_route_that_creates_jobs_counts_against_the_same_rate_limit(make_client):
+    """One submit path: jobs, batch items, OpenAI images and videos take the same tenant's slots."""
+    client = make_client(tenant_jobs_per_minute=3, images_wait_seconds=0.1)
+
+    job = submit(client)
+    item = batch(client, [BODY])
+    video = client.post("/v1/videos", json={"prompt": "a fox", "model": "builtin:tiny-wan"}, headers=auth())
+    image = client.post("/v1/images/generations", json={"prompt": "a fox"}, headers=auth())
+
+    assert job.status_code == 202 and item.json["results"][0]["status"] == 202
+    assert video.status_code == 200, video.json
+    assert image.status_code == 429, image.json
+    assert image.json["error"]["code"] == "rate_limited" and "Retry-After" in image.headers
+
+
 # -- idempotency key spaces -----------------------------------------------------------------
 
 

@@ -7,7 +7,17 @@ import threading
 import pytest
 import redis
 
-from storage.job_store import Created, InvalidTransitionError, JobNotFoundError, JobState, JobStore, QueueFullError
+from storage.job_store import (
+    Created,
+    CreateLimits,
+    InvalidTransitionError,
+    JobNotFoundError,
+    JobState,
+    JobStore,
+    QueueFullError,
+    RateLimitedError,
+    TenantQueueFullError,
+)
 from storage.new_job import NewJobSpec
 from tests.support.job_factories import make_job
 
@@ -286,9 +296,31 @@ def test_webhook_attempts_are_appended_in_order(store):
 def test_created_jobs_wake_their_queues_workers_and_a_refused_one_wakes_none(store, client):
     specs = [NewJobSpec(tenant="acme", params={"prompt": f"fox {i}", "seed": i}) for i in range(3)]
 
-    outcomes = store.create_many(specs, max_queued=2)
+    outcomes = store.create_many(specs, limits=CreateLimits(max_queued=2))
 
     created = [outcome.record for outcome in outcomes if isinstance(outcome, Created)]
     assert len(created) == 2 and isinstance(outcomes[2], QueueFullError)
     assert client.llen(store.keys.wake(created[0].queue)) == 2, "one wake-up per created job"
     assert {record.job_id for record in store.list_for_tenant("acme")[0]} == {r.job_id for r in created}
+
+
+def test_a_tenants_limits_are_checked_job_by_job_in_the_create_and_a_replay_meets_none(store):
+    limits = CreateLimits(tenant_max_queued=3, tenant_jobs_per_minute=2)
+    first = NewJobSpec(tenant="acme", params={"prompt": "fox"}, idempotency_key="k", request_hash="h")
+
+    outcomes = store.create_many(
+        [first, first, first, NewJobSpec(tenant="acme", params={"prompt": "owl"})], limits=limits
+    )
+    more = store.create_many([NewJobSpec(tenant="acme", params={"prompt": "elk"})] * 2, limits=limits)
+
+    created, replay, replay_again, second = outcomes
+    assert created.created and not replay.created and not replay_again.created, "replays take no slot"
+    assert replay.record.job_id == created.record.job_id
+    assert second.created
+    assert isinstance(more[0], RateLimitedError) and 0 < more[0].retry_after <= 60
+    assert store.create_many([first], limits=limits)[0].record.job_id == created.record.job_id, "a replay at the rate"
+    tenant_full = store.create_many([NewJobSpec(tenant="acme", params={"prompt": "elk"})], limits=CreateLimits(2))
+    assert isinstance(tenant_full[0], QueueFullError)
+    other = CreateLimits(tenant_max_queued=2)
+    assert isinstance(store.create_many([NewJobSpec(tenant="acme", params={})], limits=other)[0], TenantQueueFullError)
+    assert store.create_many([NewJobSpec(tenant="bob", params={})], limits=other)[0].created
