@@ -76,7 +76,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "python3 -c \"import base64, os; print('whsec_' + base64.b64encode(os.urandom(24)).decode())\"", "shared",
              example="", is_secret=True),
     Variable("STEPWISE_WEBHOOK_ALLOW_HOSTS", Text(HOSTS), "",
-             "hosts webhook URLs may reach although private or loopback (e.g. `127.0.0.1,10.0.0.0/8`); checked at "
+             "hosts webhook URLs may reach although not globally routable (e.g. `127.0.0.1,10.0.0.0/8`); checked at "
              "submit and again by the worker before each attempt", "shared", example=""),
     Variable("STEPWISE_PUBLIC_URL", Url(("http", "https")), None,
              "base of `status_url`, `cancel_url` and image routes in job views and webhook payloads, e.g. "
@@ -134,7 +134,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "once each, 8 at a time); a host not resolved by then gets a 422", "api"),
     Variable("STEPWISE_IMAGE_URL_HOSTS", Text(HOSTS), "",
              "hosts `init_image` / `mask_image` URLs may name (e.g. `images.example.com,10.20.0.0/16`; the API fetches "
-             "them at submit); a listed name must still resolve to public addresses unless a listed range holds them; "
+             "them at submit); a listed name must still resolve to global addresses unless a listed range holds them; "
              "empty: no URL is fetched", "api"),
     Variable("STEPWISE_IMAGE_URL_TIMEOUT_SECONDS", SECONDS, 10.0,
              "one deadline for all of a request's image URLs (a batch's too, fetched 8 at once): name lookups to last "

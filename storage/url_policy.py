@@ -1,13 +1,13 @@
 """Which URLs stepwise may call: webhooks it POSTs to and input images it fetches.
 
-One address rule for both: no loopback, private, link-local or metadata addresses (IPv6
-forms that embed such an IPv4 address included) unless the operator's allow list names
-them. Webhooks: any host, allow list `STEPWISE_WEBHOOK_ALLOW_HOSTS` (host names or CIDR
-ranges), checked by the API at submit and by the worker before every delivery attempt (a
-DNS name may resolve differently later), which connects to the addresses it checked
-(`webhook_addresses`; redirects are not followed). Input images
+One address rule for both: only globally routable unicast addresses (an allow list:
+`storage.global_addresses`; IPv4 spelled as one number or in octal or hex parts is read as the
+address it is), unless the operator's allow list names them. Webhooks: any host, allow list
+`STEPWISE_WEBHOOK_ALLOW_HOSTS` (host names or CIDR ranges), checked by the API at submit and by
+the worker before every delivery attempt (a DNS name may resolve differently later), which
+connects to the addresses it checked (`webhook_addresses`; redirects are not followed). Input images
 (`init_image` / `mask_image` URLs): only hosts listed in `STEPWISE_IMAGE_URL_HOSTS`, by name
-or as an address in a listed range; a listed name's addresses must still be public unless
+or as an address in a listed range; a listed name's addresses must still be global unless
 a listed range holds them, and the fetcher connects to the addresses checked here, so a
 name cannot re-resolve elsewhere between check and fetch (`api.remote_images`).
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from settings import default
+from storage.global_addresses import Address, BadIPv4Spelling, ipv4_spelling, why_not_global
 
 NUM_LOOKUP_THREADS = 64  # name lookups with a deadline in flight at once, per process
 LOOKUPS_PER_REQUEST = 8  # of them, one request's webhook checks at once (its image fetches: 8 at once too)
@@ -80,48 +81,6 @@ class AllowList:
 
     def allows_address(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         return any(address in network for network in self.networks)
-
-
-NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
-NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215, with RFC 6052's /48 layout
-
-
-def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries traffic to, for the forms that embed one:
-    IPv4-mapped (::ffff:a.b.c.d), 6to4 (2002::/16), Teredo (2001::/32, the client) and NAT64."""
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address.teredo is not None:
-        return address.teredo[1]
-    value = int(address)
-    if address in NAT64_WELL_KNOWN:
-        return ipaddress.IPv4Address(value & 0xFFFFFFFF)
-    if address in NAT64_LOCAL_USE:  # bits 48-63 hold the first half, bits 64-71 are the reserved u-octet
-        return ipaddress.IPv4Address(((value >> 64) & 0xFFFF) << 16 | ((value >> 40) & 0xFFFF))
-    return None
-
-
-def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address):
-        inner = embedded_ipv4(address)
-        if inner is not None and not _is_public(inner):
-            return False
-        if address.ipv4_mapped is not None:
-            return True
-    return not (
-        address.is_private
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-        or not address.is_global
-    )
-
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def check_webhook_url(
@@ -235,6 +194,10 @@ def _split(url: str, error: type[URLPolicyError]) -> tuple[str, int]:
     if not host:
         raise error("must name a host")
     try:
+        _literal(host)
+    except BadIPv4Spelling as e:
+        raise error(f"names no valid host: {e}") from e
+    try:
         port = parts.port
     except ValueError as e:
         raise error("has an invalid port") from e
@@ -244,10 +207,11 @@ def _split(url: str, error: type[URLPolicyError]) -> tuple[str, int]:
 
 
 def _literal(host: str) -> Address | None:
+    """The address a host spells (also IPv4 as one number, or in octal or hex parts), else None for a name."""
     try:
         return ipaddress.ip_address(host)
     except ValueError:
-        return None
+        return ipv4_spelling(host)
 
 
 def _addresses(
@@ -299,8 +263,11 @@ def _addresses_of(infos: LookupAnswer) -> list[Address]:
 
 
 def _check_addresses(addresses: list[Address], allow: AllowList, error: type[URLPolicyError], setting: str) -> None:
+    """Refuse unless every address is globally routable unicast (storage.global_addresses) or allow-listed."""
     for address in addresses:
-        if not _is_public(address) and not allow.allows_address(address):
+        why = why_not_global(address)
+        if why is not None and not allow.allows_address(address):
             raise error(
-                f"resolves to {address}, a private, loopback, link-local or metadata address (allow it with {setting})"
+                f"resolves to {address}, which is not a globally routable unicast address ({why}); "
+                f"allow it with {setting}"
             )
