@@ -38,7 +38,7 @@ from api.keyring import KeyRing
 from api.settings import ApiSettings
 from storage.api_keys import ApiKeyStore, ApiKeyTable
 from storage.image_store import open_image_store
-from storage.job_events import JobEventFeed, JobEventLog
+from storage.job_events import JobEventLog
 from storage.job_store import JobStore
 from storage.lora_store import open_lora_store
 from storage.upload_store import UploadStore
@@ -91,6 +91,5 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         task_queue=TaskQueue(settings.storage.redis_url),
         openapi_document=openapi.build_document(app, settings),  # from the routes registered above
         job_events=JobEventLog(job_store.redis, job_store.keys),
-        job_event_feed=JobEventFeed(settings.storage.redis_url, job_store.keys),
     )
     return app

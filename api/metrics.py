@@ -5,8 +5,8 @@ count every tenant's jobs. No series carries a tenant's name unless the operator
 (STEPWISE_METRICS_TENANT_LABELS: `stepwise_tenant_jobs{tenant, state}`).
 
 Job counts are read from Redis at scrape time, so every API process reports the same
-numbers. Request metrics live in each process; under `stepwise api` (several gunicorn
-workers) PROMETHEUS_MULTIPROC_DIR is set and a scrape aggregates all workers.
+numbers. Request metrics live in each process; under `stepwise api` (several granian
+worker processes) PROMETHEUS_MULTIPROC_DIR is set and a scrape aggregates all workers.
 """
 
 from __future__ import annotations

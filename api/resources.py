@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from api.keyring import KeyRing
     from api.settings import ApiSettings
     from storage.image_store import ImageStore
-    from storage.job_events import JobEventFeed, JobEventLog
+    from storage.job_events import JobEventLog
     from storage.job_store import JobStore
     from storage.lora_store import LoraStore
     from storage.upload_store import UploadStore
@@ -32,7 +32,6 @@ _KEYS = (
     "task_queue",
     "openapi_document",
     "job_events",
-    "job_event_feed",
 )
 
 
@@ -76,11 +75,6 @@ def get_openapi_document() -> dict[str, Any]:
 
 def get_job_events() -> JobEventLog:
     return current_app.extensions["stepwise.job_events"]
-
-
-def get_job_event_feed() -> JobEventFeed:
-    """Wakes this process's waiting requests (its thread starts on first use, after any fork)."""
-    return current_app.extensions["stepwise.job_event_feed"]
 
 
 def get_lora_store() -> LoraStore | None:

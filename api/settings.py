@@ -76,7 +76,7 @@ def parse_models(text: str) -> tuple[str, ...]:
 def local_dev_key(path: Path) -> str:
     """The key of the single local tenant when STEPWISE_API_KEYS is unset.
 
-    Generated once and kept in a 0600 file, so every gunicorn worker and every restart
+    Generated once and kept in a 0600 file, so every API worker process and every restart
     agrees on it without a well-known default key ever being accepted.
     """
     try:

@@ -1,4 +1,4 @@
-"""The WSGI entry point: `gunicorn 'api.wsgi:app'` (what `stepwise api` serves)."""
+"""The WSGI app `stepwise api` serves (through the granian bridge, stepwise_cli.api_rsgi)."""
 
 from api import create_app
 

@@ -1,7 +1,6 @@
 """Submit throughput of `stepwise api`: POST /v1/jobs and POST /v1/jobs/batch, jobs per second.
 
-    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100] [--server granian|gunicorn]
-                                    [--worker-class gevent|gthread]
+    python -m benchmarks.api_submit [--clients 8] [--seconds 10] [--batch 100]
     python -m benchmarks.api_submit --compare 9e3133e        # today's tree and REF's, side by side
     python -m benchmarks.api_submit --url http://127.0.0.1:8000 --key KEY   # an API already running
 
@@ -49,12 +48,10 @@ def local_api(
     num_workers: int | None,
     num_threads: int,
     tree: Path = ROOT,
-    server: str | None = None,
-    worker_class: str | None = None,
 ):
-    """redis-server + `stepwise api --server SERVER [--worker-class CLASS]` of the source tree `tree` on free
-    ports; yields (url, key). None leaves an option to that tree's default."""
-    with local_api_processes(num_workers, num_threads, tree, server, worker_class) as started:
+    """redis-server + `stepwise api` of the source tree `tree` (its own default server) on free ports; yields
+    (url, key). num_workers None leaves the number to that tree's default."""
+    with local_api_processes(num_workers, num_threads, tree) as started:
         yield started.url, started.key
 
 
@@ -71,8 +68,6 @@ def local_api_processes(
     num_workers: int | None,
     num_threads: int,
     tree: Path = ROOT,
-    server: str | None = None,
-    worker_class: str | None = None,
     **env_overrides: str,
 ):
     """`local_api`, yielding a LocalApi; `env_overrides` are STEPWISE_* settings of the API."""
@@ -126,8 +121,6 @@ def local_api_processes(
                     *(["--workers", str(num_workers)] if num_workers else []),
                     "--threads",
                     str(num_threads),
-                    *(["--server", server] if server else []),
-                    *(["--worker-class", worker_class] if worker_class else []),
                 ],
                 cwd=tree,
                 env=env,
@@ -256,22 +249,14 @@ def measure(url: str, key: str, num_clients: int, seconds: float, batch: int = 0
     }
 
 
-VARIANTS = (("ref", "gunicorn"), ("this tree", "gunicorn"), ("this tree", "granian"))
-
-
 def compare(ref: str, num_threads: int, num_clients: int, seconds: float, batch: int, rounds: int) -> dict:
-    """REF's API (gunicorn) and this tree's with each server, all up at once and measured in turn,
-    round after round. Each server gets its default number of workers."""
-    names = [f"{ref if tree == 'ref' else tree} ({server})" for tree, server in VARIANTS]
+    """REF's API and this tree's (each with its own default server and number of workers), both up at once and
+    measured in turn, round after round."""
+    names = [ref, "this tree"]
     runs: dict[str, dict[str, list[dict]]] = {name: {"single": [], "batch": []} for name in names}
     with contextlib.ExitStack() as stack:
         old_tree = stack.enter_context(source_tree(ref))
-        targets = [
-            stack.enter_context(
-                local_api(None, num_threads, old_tree if tree == "ref" else ROOT, None if tree == "ref" else server)
-            )
-            for tree, server in VARIANTS
-        ]
+        targets = [stack.enter_context(local_api(None, num_threads, tree)) for tree in (old_tree, ROOT)]
         for _ in range(rounds):
             for name, (url, key) in zip(names, targets):
                 runs[name]["single"].append(measure(url, key, num_clients, seconds))
@@ -335,30 +320,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="client processes, one connection each")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured duration of each run")
     parser.add_argument("--batch", type=int, default=100, help="jobs per POST /v1/jobs/batch (0: skip batches)")
-    parser.add_argument("--workers", type=int, default=None, help="workers of the started API (default: the server's)")
-    parser.add_argument(
-        "--server",
-        choices=("granian", "gunicorn"),
-        default="granian",
-        help="server of the started API (default: granian, as `stepwise api`)",
-    )
-    parser.add_argument(
-        "--worker-class",
-        choices=("gevent", "gthread"),
-        default="gevent",
-        help="with --server gunicorn: worker class of the started API (default: gevent, as `stepwise api`)",
-    )
+    parser.add_argument("--workers", type=int, default=None, help="workers of the started API (default: its own)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker process of the started API")
     parser.add_argument(
         "--compare",
         metavar="REF",
-        help="run git REF's API and this tree's (gunicorn and granian) in turn, and print ratios",
+        help="run git REF's API and this tree's in turn, and print ratios",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds with --compare")
     parser.add_argument("--json", type=Path, help="write the results to this file")
     args = parser.parse_args()
 
-    num_workers = args.workers  # None: the started `stepwise api` picks its server's default
+    num_workers = args.workers  # None: the started `stepwise api` picks its default
     if args.compare:
         summary = compare(args.compare, args.threads, args.clients, args.seconds, args.batch, args.rounds)
         print_comparison(summary)
@@ -373,13 +346,8 @@ def main() -> None:
         )
         where = args.url
     else:
-        worker_class = args.worker_class if args.server == "gunicorn" else None
-        target = local_api(num_workers, args.threads, server=args.server, worker_class=worker_class)
-        where = (
-            f"stepwise api --server {args.server} --workers {num_workers or 'default'} --threads {args.threads}"
-            + (f" --worker-class {worker_class}" if worker_class else "")
-            + " (started here)"
-        )
+        target = local_api(num_workers, args.threads)
+        where = f"stepwise api --workers {num_workers or 'default'} --threads {args.threads} (started here)"
     with target as (url, key):
         results = [measure(url, key, args.clients, args.seconds)]
         if args.batch:

@@ -1,7 +1,7 @@
 """How the API serves health checks and authenticated clients while slow clients hold sockets.
 
-    python -m benchmarks.slow_clients --server granian --num-slow 50 --mode headers
-    python -m benchmarks.slow_clients --server gunicorn --worker-class gevent --num-slow 50 --mode body
+    python -m benchmarks.slow_clients --num-slow 50 --mode headers
+    python -m benchmarks.slow_clients --num-slow 50 --mode body
 
 Starts its own redis-server and `stepwise api` on loopback, opens `--num-slow` connections
 that send their request head (`headers`) or body (`body` without an API key, `auth-body`
@@ -120,9 +120,6 @@ def measure(args: argparse.Namespace) -> dict:
             str(api_port),
             "--workers",
             str(args.workers),
-            "--server",
-            args.server,
-            *(["--worker-class", args.worker_class] if args.server == "gunicorn" else []),
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -167,8 +164,6 @@ def measure(args: argparse.Namespace) -> dict:
         }
 
     return {
-        "server": args.server,
-        "worker_class": args.worker_class if args.server == "gunicorn" else None,
         "workers": args.workers,
         "mode": args.mode,
         "num_slow": args.num_slow,
@@ -182,8 +177,6 @@ def measure(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian")
-    parser.add_argument("--worker-class", choices=("gevent", "gthread"), default="gevent", help="gunicorn only")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--mode", choices=("headers", "body", "auth-body", "auth-upload"), default="headers")
     parser.add_argument("--num-slow", type=int, default=50)

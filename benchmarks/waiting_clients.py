@@ -1,7 +1,6 @@
 """How `stepwise api` answers health checks while hundreds of clients wait on jobs.
 
-    python -m benchmarks.waiting_clients [--server granian|gunicorn] [--waits 500] [--streams 500] [--probes 300]
-    python -m benchmarks.waiting_clients --all       # both servers, one after the other, one JSON line each
+    python -m benchmarks.waiting_clients [--waits 500] [--streams 500] [--probes 300]
 
 Starts its own redis-server and `stepwise api` on loopback (no worker: jobs stay queued), then
 holds `--waits` `POST /v1/jobs` requests with `Prefer: wait=60` and `--streams` open
@@ -189,8 +188,8 @@ def num_threads(pid: int) -> int:
     return sum(len(os.listdir(f"/proc/{p}/task")) for p in process_tree(pid) if os.path.exists(f"/proc/{p}/task"))
 
 
-def measure(server: str, num_waits: int, num_streams: int, num_probes: int) -> dict:
-    with local_api_processes(2, 4, server=server, STEPWISE_API_MAX_CONNECTIONS="4000") as started:
+def measure(num_waits: int, num_streams: int, num_probes: int) -> dict:
+    with local_api_processes(2, 4, STEPWISE_API_MAX_CONNECTIONS="4000") as started:
         url, key, api_pid = started.url, started.key, started.api_pid
         client = redis.Redis.from_url(started.redis_url)
 
@@ -210,7 +209,6 @@ def measure(server: str, num_waits: int, num_streams: int, num_probes: int) -> d
             threads_busy, connections_busy = num_threads(api_pid), api_clients()
             early = held.num_answered_early
         return {
-            "server": server,
             "api_workers": 2,
             "threads_per_worker": 4,
             "waits": num_waits,
@@ -226,14 +224,11 @@ def measure(server: str, num_waits: int, num_streams: int, num_probes: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian")
-    parser.add_argument("--all", action="store_true", help="both servers")
     parser.add_argument("--waits", type=int, default=500)
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--probes", type=int, default=300)
     args = parser.parse_args()
-    for server in ("granian", "gunicorn") if args.all else (args.server,):
-        print(json.dumps(measure(server, args.waits, args.streams, args.probes)), flush=True)
+    print(json.dumps(measure(args.waits, args.streams, args.probes)), flush=True)
 
 
 if __name__ == "__main__":

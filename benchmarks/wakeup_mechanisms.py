@@ -7,7 +7,7 @@ while another process appends one entry per job `--events-per-second` times a se
 job store's real SET_PROGRESS script (pipelined). Each mechanism runs in its own waiting process
 against its own redis-server, one after another:
 
-- `pubsub`: what stepwise uses (storage.job_events_async): one subscription per process wakes the
+- `pubsub`: what stepwise uses (storage.job_event_feed): one subscription per process wakes the
   waiter of the job named in the message, which then reads its stream (XRANGE after its last id);
 - `poll`: each waiter reads its stream every 250 ms, no subscription;
 - `xread`: each waiter blocks in XREAD on its own connection.
@@ -35,7 +35,7 @@ import redis
 import redis.asyncio as aioredis
 
 from benchmarks.local_services import free_port, wait_until
-from storage.job_events_async import AsyncJobEventFeed
+from storage.job_event_feed import JobEventFeed
 from storage.job_store import JobStore
 
 POLL_SECONDS = 0.25
@@ -51,7 +51,7 @@ def write_events(store: JobStore, job_ids: list[str], rate: float, stop: threadi
             pipe.execute()
 
 
-async def waiter(mechanism: str, feed: AsyncJobEventFeed, client: aioredis.Redis, job_id: str, latencies, stop):
+async def waiter(mechanism: str, feed: JobEventFeed, client: aioredis.Redis, job_id: str, latencies, stop):
     key = feed.keys.job_events(job_id)
     last = "0-0"
     with feed.watch(job_id) as watch:
@@ -76,7 +76,7 @@ async def waiter(mechanism: str, feed: AsyncJobEventFeed, client: aioredis.Redis
 def run_mechanism(mechanism: str, redis_url: str, job_ids: list[str], seconds: float, ready, out) -> None:
     async def main() -> dict:
         store = JobStore(redis_url)
-        feed = AsyncJobEventFeed(redis_url, store.keys)
+        feed = JobEventFeed(redis_url, store.keys)
         client = aioredis.Redis.from_url(redis_url, decode_responses=True, max_connections=len(job_ids) + 10)
         latencies: list[float] = []
         stop = asyncio.Event()

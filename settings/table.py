@@ -149,19 +149,14 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     # server: stepwise_cli.api_cmd and the processes it starts
     Variable("STEPWISE_API_HOST", Text(), "127.0.0.1", "the default of `stepwise api --host`", "server"),
     Variable("STEPWISE_API_PORT", PORT, 8000, "the default of `stepwise api --port`", "server"),
-    Variable("STEPWISE_API_SERVER", Choice(("granian", "gunicorn")), "granian",
-             "the HTTP server of `stepwise api`: granian (one process per usable CPU, 2 to 8, bodies read on the event "
-             "loop before the app runs) or gunicorn (gevent workers, 2 x CPUs + 1); both apply the timeouts below",
-             "server"),
     Variable("STEPWISE_API_THREADS", COUNT, 4,
              "app threads per API process: the default of `stepwise api --threads`", "server"),
     Variable("STEPWISE_API_HEADER_TIMEOUT", SECONDS, 10.0,
-             "seconds a request head may take to arrive (gunicorn: whole seconds, also the keep-alive idle time)",
-             "server"),
+             "seconds a request head may take to arrive", "server"),
     Variable("STEPWISE_API_REQUEST_TIMEOUT", SECONDS, 30.0,
-             "seconds a request body may take to arrive (gunicorn: to read and answer the request)", "server"),
+             "seconds a request body may take to arrive", "server"),
     Variable("STEPWISE_API_MAX_CONNECTIONS", COUNT, 1000,
-             "per API process: requests in progress (granian) or connections (gunicorn); more wait", "server"),
+             "per API process: requests in progress (granian's backpressure); more wait", "server"),
     # worker: worker.settings.WorkerSettings and the engine it builds
     Variable("STEPWISE_MAX_NUM_SEQS", COUNT, 8, "the engine's running capacity in images; 1: no batching", "worker",
              example="8"),

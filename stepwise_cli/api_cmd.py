@@ -1,39 +1,29 @@
 """`stepwise api`: serve the HTTP API, one app per worker process.
 
-The default server is granian (Rust HTTP, one process per core) serving the WSGI app through
+The server is granian (Rust HTTP, one process per core) serving the WSGI app through
 `stepwise_cli.api_rsgi`, which reads each request body on granian's event loop before the app
 runs on a thread: slow clients cost a buffer, never a thread, and head and body have read
-deadlines (docs/api.md; docs/scaling.md has the slow-client measurement). It
-takes more submits per second than gunicorn on 2 cores (docs/api.md#throughput).
-
-`--server gunicorn` runs gunicorn with gevent workers (`stepwise_cli.api_worker`, the same
-deadlines and a connection limit, and JSON bodies for the requests gunicorn refuses itself);
-`--worker-class gthread` remains for comparison.
+deadlines; requests that wait on a job wait there too, as coroutines. Chosen over gunicorn (gevent)
+by the waiting- and slow-client benchmarks (docs/api.md#the-server).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import sys
 import tempfile
-from typing import Any
 
-from settings import declared, default, read
+from settings import read
 
-SERVERS = declared("STEPWISE_API_SERVER").kind.options  # type: ignore[attr-defined]  # a Choice
-DEFAULT_SERVER = default("STEPWISE_API_SERVER")
 # No query string, referer or Basic-auth user: clients put keys there by mistake.
-GUNICORN_ACCESS_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s"'
 GRANIAN_ACCESS_FORMAT = '%(addr)s [%(time)s] "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).1fms'
 
 
-def default_workers(server: str = DEFAULT_SERVER) -> int:
-    if server == "granian":  # a Rust event loop per process: one process per usable core, 2 to 8
-        return min(max(len(os.sched_getaffinity(0)), 2), 8)
-    return min(2 * (os.cpu_count() or 1) + 1, 8)
+def default_workers() -> int:
+    """A Rust event loop per process: one process per usable core, 2 to 8."""
+    return min(max(len(os.sched_getaffinity(0)), 2), 8)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,27 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="port (default: $STEPWISE_API_PORT or 8000)",
     )
     parser.add_argument(
-        "--server",
-        default=read("STEPWISE_API_SERVER"),
-        help="granian or gunicorn (default: $STEPWISE_API_SERVER or granian)",
-    )
-    parser.add_argument(
         "--workers",
         type=int,
         default=None,
-        help="worker processes (default: granian one per usable CPU, 2 to 8; gunicorn 2 x CPUs + 1, at most 8)",
+        help="worker processes (default: one per usable CPU, 2 to 8)",
     )
     parser.add_argument(
         "--threads",
         type=int,
         default=read("STEPWISE_API_THREADS"),
-        help="app threads per granian process or gunicorn gthread worker (default: $STEPWISE_API_THREADS or 4)",
-    )
-    parser.add_argument(
-        "--worker-class",
-        choices=("gevent", "gthread"),
-        default="gevent",
-        help="with --server gunicorn: worker class (default: gevent, which slow clients cannot starve)",
+        help="app threads per worker process (default: $STEPWISE_API_THREADS or 4)",
     )
     parser.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
@@ -84,20 +63,7 @@ def prepare_metrics_dir() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.server not in SERVERS:
-        print(
-            f"stepwise api: STEPWISE_API_SERVER must be one of {', '.join(SERVERS)} (got {args.server!r})",
-            file=sys.stderr,
-        )
-        return 2
-    is_gevent = args.server == "gunicorn" and args.worker_class == "gevent"
-    if is_gevent:
-        # Before anything imports ssl or socket users (gunicorn, redis, boto3): patched late,
-        # gevent warns that ssl may misbehave. The workers fork from this process.
-        from gevent import monkey
-
-        monkey.patch_all()
-    args.workers = args.workers or default_workers(args.server)
+    args.workers = args.workers or default_workers()
     metrics_dir = prepare_metrics_dir()  # before anything imports prometheus_client
 
     from api.settings import ApiSettings, SettingsError
@@ -106,29 +72,19 @@ def run(args: argparse.Namespace) -> int:
         settings = ApiSettings.from_env()  # fail here, once, rather than in every worker
     except (SettingsError, ValueError) as e:
         print(f"stepwise api: {e}", file=sys.stderr, flush=True)
-        if is_gevent:  # a normal exit would print gevent's finalizer noise after the one line
-            os._exit(2)
         return 2
-    max_connections = read("STEPWISE_API_MAX_CONNECTIONS")
     tenants = sorted({tenant for tenant, _ in settings.api_keys})
-    if args.server == "granian":
-        shape = f"granian, {args.workers} workers x {args.threads} threads"
-    else:
-        each = f"{max_connections} connections" if is_gevent else f"{args.threads} threads"
-        shape = f"{args.workers} {args.worker_class} workers x {each}"
+    shape = f"granian, {args.workers} workers x {args.threads} threads"
     print(f"stepwise api: http://{args.host}:{args.port} ({shape}), tenants: {', '.join(tenants)}", file=sys.stderr)
     try:
-        if args.server == "granian":
-            serve_granian(args, max_connections=max_connections)
-        else:
-            serve_gunicorn(args, is_gevent=is_gevent, max_connections=max_connections)
+        serve(args)
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
-def serve_granian(args: argparse.Namespace, *, max_connections: int) -> None:
+def serve(args: argparse.Namespace) -> None:
     from granian.constants import Interfaces
     from granian.http import HTTP1Settings
     from granian.server import Server
@@ -141,50 +97,9 @@ def serve_granian(args: argparse.Namespace, *, max_connections: int) -> None:
         port=args.port,
         interface=Interfaces.RSGI,
         workers=args.workers,
-        backpressure=max_connections,
+        backpressure=read("STEPWISE_API_MAX_CONNECTIONS"),
         http1_settings=HTTP1Settings(header_read_timeout=max(1, round(header_timeout * 1000))),
         log_access=args.access_log,
         log_access_format=GRANIAN_ACCESS_FORMAT,
         respawn_failed_workers=True,
     ).serve()
-
-
-def serve_gunicorn(args: argparse.Namespace, *, is_gevent: bool, max_connections: int) -> None:
-    from gunicorn.app.base import BaseApplication
-
-    from stepwise_cli.api_worker import ApiWorker
-
-    header_timeout = math.ceil(read("STEPWISE_API_HEADER_TIMEOUT"))  # whole seconds: gunicorn keepalive is an int
-    ApiWorker.request_timeout = read("STEPWISE_API_REQUEST_TIMEOUT")  # inherited by forked workers
-
-    def child_exit(server: Any, worker: Any) -> None:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(worker.pid)
-
-    class ApiServer(BaseApplication):
-        def load_config(self) -> None:
-            options = {
-                "bind": f"{args.host}:{args.port}",
-                "workers": args.workers,
-                "threads": args.threads,
-                "worker_class": "stepwise_cli.api_worker.ApiWorker" if is_gevent else "gthread",
-                "worker_connections": max_connections,
-                # gevent: the whole request head must arrive within this (also the keep-alive idle time)
-                "keepalive": header_timeout if is_gevent else 2,
-                "accesslog": "-" if args.access_log else None,
-                "access_log_format": GUNICORN_ACCESS_FORMAT,
-                "errorlog": "-",
-                "child_exit": child_exit,
-                "proc_name": "stepwise-api",
-                "limit_request_line": 8190,  # gunicorn's maximum: long listing cursors and image URLs fit
-            }
-            for name, value in options.items():
-                self.cfg.set(name, value)
-
-        def load(self) -> Any:
-            from api import create_app
-
-            return create_app()
-
-    ApiServer().run()

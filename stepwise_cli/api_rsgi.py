@@ -1,4 +1,4 @@
-"""The app `stepwise api --server granian` serves: the WSGI app behind a body-buffering RSGI adapter.
+"""The app `stepwise api` serves with granian: the WSGI app behind a body-buffering RSGI adapter.
 
 Why not granian's own WSGI interface: it calls the app as soon as the request head is in, and
 the app then reads the body from one of the process's few Python threads. A client that sends
@@ -44,11 +44,11 @@ from typing import Any
 from granian.rsgi import HTTPProtocol, Scope
 from werkzeug.exceptions import ClientDisconnected, RequestTimeout
 
-from api.live import LiveBody, async_feed
+from api.live import LiveBody, new_feed
 from api.request_body import is_json_type
 from api.wsgi import app as wsgi_app
 from settings import read
-from storage.job_events_async import AsyncJobEventFeed
+from storage.job_event_feed import JobEventFeed
 
 Headers = list[tuple[str, str]]
 # Header names a WSGI environ keeps without the HTTP_ prefix.
@@ -130,14 +130,14 @@ class BufferedWsgi:
         threads: int,
         request_timeout: float,
         max_body: int | None,
-        feed_factory: Callable[[], AsyncJobEventFeed],
+        feed_factory: Callable[[], JobEventFeed],
     ) -> None:
         self.wsgi = wsgi
         self.threads = threads
         self.request_timeout = request_timeout
         self.max_body = max_body
         self.feed_factory = feed_factory
-        self.feed: AsyncJobEventFeed | None = None
+        self.feed: JobEventFeed | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.streaming_pool: ThreadPoolExecutor | None = None
 
@@ -207,7 +207,7 @@ class BufferedWsgi:
         if isinstance(answer, LiveBody):  # it waits on a job: here, on the loop, not on the thread
             if self.feed is None:
                 self.feed = self.feed_factory()
-            await answer.serve_rsgi(protocol, self.feed, self.offload)
+            await answer.serve(protocol, self.feed, self.offload)
             return
         status, headers, content = answer
         protocol.response_bytes(status, headers, content)
@@ -252,7 +252,7 @@ class BufferedWsgi:
             environ[key] = f"{environ[key]},{value}" if key in environ else value
         # granian keeps the name of a header whose value is not visible ASCII (UTF-8, say) but drops the value.
         # Such a header reaches the app empty, as sent but unreadable, rather than not at all: an Idempotency-Key
-        # that vanished would let a retry create a second job (gunicorn passes the bytes; the app answers 422).
+        # that vanished would let a retry create a second job (the app answers 422 for an empty one).
         for name in set(scope.headers.keys()).difference(name for name, _ in items).difference(UNREADABLE_DROPPED):
             environ.setdefault(UNPREFIXED.get(name) or "HTTP_" + name.upper().replace("-", "_"), "")
         if body:  # buffered and de-chunked: its length is known (a body left unread keeps the declared one)
@@ -288,5 +288,5 @@ app = BufferedWsgi(
     threads=read("STEPWISE_API_THREADS"),
     request_timeout=read("STEPWISE_API_REQUEST_TIMEOUT"),
     max_body=wsgi_app.config.get("MAX_CONTENT_LENGTH"),
-    feed_factory=lambda: async_feed(wsgi_app),
+    feed_factory=lambda: new_feed(wsgi_app),
 )

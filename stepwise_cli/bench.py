@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--submit",
         action="store_true",
         help="only measure submit throughput (POST /v1/jobs and /batch, no worker), this tree's API "
-        "with granian and gunicorn against --baseline's, alternating in one run",
+        "against --baseline's, alternating in one run",
     )
     parser.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline API (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="with --submit: alternating rounds (default 3)")

@@ -18,7 +18,7 @@ from settings import SettingsError
 COMMANDS = {
     "generate": ("stepwise_cli.generate", "generate one image locally (no Redis)"),
     "up": ("stepwise_cli.up", "run everything on this machine with embedded defaults"),
-    "api": ("stepwise_cli.api_cmd", "serve the HTTP API (granian or gunicorn)"),
+    "api": ("stepwise_cli.api_cmd", "serve the HTTP API (granian)"),
     "worker": ("stepwise_cli.worker_cmd", "run a GPU worker (Celery, threads pool)"),
     "submit": ("stepwise_cli.submit", "submit a job to the API and optionally wait for it"),
     "status": ("stepwise_cli.status", "show a job: state, progress, image URLs or error"),

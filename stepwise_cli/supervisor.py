@@ -1,6 +1,6 @@
 """The supervisor of `stepwise up`: starts children, relays their output, restarts one that dies.
 
-Each child runs in its own process group (so a stop reaches gunicorn's workers) and is told
+Each child runs in its own process group (so a stop reaches granian's worker processes) and is told
 to die with `up` if `up` is killed outright. Their output comes out prefixed with the child's
 name, with every URL's password masked.
 

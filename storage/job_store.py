@@ -115,7 +115,7 @@ class JobStore(JobReads):
         self.tenant_weights = tenant_weights or TenantWeights()  # the fair order's weights (storage.fair_share)
         # Short timeouts and few reconnect attempts: a Redis outage should reach the API as a
         # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
-        # concurrent callers than connections (greenlets under gevent) waits for one, where
+        # concurrent callers than connections (app threads) waits for one, where
         # redis-py's default pool would fail the call ("Too many connections").
         pool = redis.BlockingConnectionPool.from_url(
             redis_url,

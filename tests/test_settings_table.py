@@ -132,7 +132,7 @@ def test_the_table_refuses_bad_text_naming_the_variable_and_takes_unset_or_empty
         ("STEPWISE_MODEL_RETENTION", "-1"),
         ("STEPWISE_WORKER_TIMEOUT", "inf"),
         ("STEPWISE_API_PORT", "http"),
-        ("STEPWISE_API_SERVER", "uwsgi"),
+        ("STEPWISE_POLICY", "lifo"),
         ("STEPWISE_API_URL", "localhost:8000"),
         ("STEPWISE_LORA_CACHE_ADAPTERS", "0"),
     ]:

@@ -1,7 +1,8 @@
 """A revoked API key ends what it opened: over real HTTP against `stepwise api` (granian, where waits and
-streams run on the event loop: storage.job_events_async), with no worker, so every job stays queued and
+streams run on the event loop: storage.job_event_feed), with no worker, so every job stays queued and
 every wait stays open until the key is revoked. Keys are made as `stepwise keys create` makes them. The
-same for the WSGI path (gunicorn's gevent workers) is in tests/api/test_waiting.py."""
+same in process (the same coroutines, each on an event loop of its own: api.live_wsgi) is in
+tests/api/test_waiting.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Waiting clients cost the API no request thread: with 500 `Prefer: wait` submits and 500 open event
-streams held, `/healthz` still answers every probe quickly, on both servers `stepwise api` runs
-(granian through the RSGI bridge, gunicorn with gevent workers), each with 2 processes x 4 threads.
+streams held, `/healthz` still answers every probe quickly (`stepwise api`: granian through the RSGI
+bridge, 2 processes x 4 threads).
 
 The load is benchmarks/waiting_clients.py's (its numbers, p99 included, are in docs/api.md); here
 the bound is what a health checker notices: every probe answered, none slower than a second (a
@@ -8,9 +8,6 @@ waiting request holding a thread would leave the 8 threads taken, and probes una
 """
 
 from __future__ import annotations
-
-import os
-import signal
 
 import pytest
 import redis
@@ -22,37 +19,22 @@ from tests.support.processes import TENANT_KEYS, ApiProcess
 NUM_WAITS = 500
 NUM_STREAMS = 500
 PROBE_TIMEOUT_SECONDS = 1.0  # what a health checker such as Kubernetes' waits by default
-SERVERS = ("granian", "gunicorn")
 
 
 @pytest.fixture(scope="module")
-def servers(module_redis, storage_url, tmp_path_factory):
-    """Both servers on one Redis, started side by side."""
-    apis = {
-        name: ApiProcess(
-            tmp_path_factory.mktemp(name),
-            module_redis.url,
-            storage_url,
-            server=name,
-            STEPWISE_API_MAX_CONNECTIONS="4000",  # 1,000 held clients may all land on one of the 2 processes
-        )
-        for name in SERVERS
-    }
-    for api in apis.values():
-        api.launch()
-    for api in apis.values():
-        api.wait_ready()
-    yield apis
-    for api in apis.values():
-        if api.process is not None and api.process.poll() is None:
-            os.kill(api.process.pid, signal.SIGINT)  # the server's quick shutdown (the group's TERM is slower)
-    for api in apis.values():
-        api.stop()
+def server(module_redis, storage_url, tmp_path_factory):
+    api = ApiProcess(
+        tmp_path_factory.mktemp("api"),
+        module_redis.url,
+        storage_url,
+        STEPWISE_API_MAX_CONNECTIONS="4000",  # 1,000 held clients may all land on one of the 2 processes
+    ).start()
+    yield api
+    api.stop()
 
 
-@pytest.mark.parametrize("name", SERVERS)
-def test_500_waiting_submits_and_500_event_streams_leave_healthz_answering(servers, name, module_redis):
-    server, client = servers[name], redis.Redis.from_url(module_redis.url)
+def test_500_waiting_submits_and_500_event_streams_leave_healthz_answering(server, module_redis):
+    client = redis.Redis.from_url(module_redis.url)
     with hold_waiting_clients(
         server.url,
         TENANT_KEYS["alice"],

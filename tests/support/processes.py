@@ -1,4 +1,4 @@
-"""Real processes for the tests: `stepwise api` (its default server) and the one worker process class, which
+"""Real processes for the tests: `stepwise api` and the one worker process class, which
 the API tests start themselves and the worker tests' `Cluster` starts for them."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Self
 
 import requests
 
-from stepwise_cli.api_cmd import DEFAULT_SERVER
 from tests.support.servers import child_env, free_port
 from tests.support.waiting import wait_for
 
@@ -91,7 +90,7 @@ class ChildProcess:
 
 
 class ApiProcess(ChildProcess):
-    """`stepwise api` on a free loopback port, with its default server unless `server` names one."""
+    """`stepwise api` on a free loopback port."""
 
     def __init__(
         self,
@@ -101,11 +100,9 @@ class ApiProcess(ChildProcess):
         *,
         workers: int = 2,
         access_log: bool = False,
-        server: str | None = None,
         **env_overrides: str,
     ) -> None:
         self.port = free_port()
-        self.server = server or DEFAULT_SERVER
         defaults = {
             "STEPWISE_REDIS_URL": redis_url,
             "STEPWISE_STORAGE_URL": storage_url,
@@ -117,7 +114,6 @@ class ApiProcess(ChildProcess):
             # Most API tests run without a worker: jobs for builtin:tiny queue as they would for an
             # autoscaled fleet. tests/api/test_fleet.py runs with the default (refuse unserved models).
             "STEPWISE_ACCEPT_UNSERVED_MODELS": "true",
-            **({"STEPWISE_API_SERVER": server} if server else {}),
         }
         env = child_env(**{**defaults, **env_overrides})  # the test's settings win
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -1,9 +1,21 @@
-"""`storage.job_events` for an asyncio event loop (redis.asyncio): what `stepwise api`'s granian
-bridge uses, so a waiting request or an open event stream costs a coroutine, not a thread.
+"""Waking the API's waiters when a job's event stream grows, on an asyncio event loop (redis.asyncio).
 
-One `AsyncJobEventFeed` per event loop: one pub/sub subscription that wakes the waiters of a job
-(and marks revoked those whose API key was revoked), and a small pool of connections for the reads
-they do then.
+What `stepwise api`'s granian bridge (stepwise_cli.api_rsgi) runs, so a waiting request or an open
+event stream costs a coroutine, not a thread: one `JobEventFeed` per event loop, that is one pub/sub
+subscription on `{ns}:job-events` per API process however many requests wait, and a small pool of
+connections for the reads they do then. Messages are only wake-ups: a waiter always re-reads the
+job's stream (storage.job_events), so a message lost while the subscription reconnects costs
+latency, never an event (waiters also re-read on a timer).
+
+The same subscription hears API key revocations (storage.api_keys): a waiter that names the key it
+came with (`watch(job_id, key_id)`) is marked revoked and woken, so an open stream or wait ends
+within moments of `stepwise keys revoke`, at no cost while idle. A revocation missed while the
+subscription was down is found when it is back (every watched key is looked up then), and one just
+before a watch began by the lookup `check_key` makes at its start.
+
+A waiter that cares about its job's queue position sets `queue_key` (the sorted set the job waits
+in): the feed reads the positions of all such waiters together, once per POSITION_SECONDS, and
+wakes those whose `position` moved.
 """
 
 from __future__ import annotations
@@ -17,22 +29,20 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 
-from storage.job_events import (
-    POSITION_SECONDS,
-    RECONNECT_SECONDS,
-    JobEvent,
-    events_from_entries,
-    is_last_stream_id,
-)
+from storage.job_events import JobEvent, events_from_entries, is_last_stream_id
 from storage.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
 
 READ_CONNECTIONS = 16  # reads are one short round trip each; more waiters queue for a connection
+RECONNECT_SECONDS = 1.0
+POSITION_SECONDS = 1.0  # how often the feed reads the queue positions its waiters follow
+LISTEN_SECONDS = 1.0  # the subscription looks up from its messages this often (to notice a close)
+CLOSE_SECONDS = 2.0  # a cancel can be swallowed inside a connect: close waits for its tasks this long at most
 
 
-class AsyncWatch:
-    """`storage.job_events.Watch` on an event loop."""
+class Watch:
+    """One waiter's view of a job's notifications; `wait` returns True once news came (then re-read)."""
 
     def __init__(self, job_id: str, key_id: str | None = None) -> None:
         self.job_id = job_id
@@ -62,7 +72,7 @@ class AsyncWatch:
         return True
 
 
-class AsyncJobEventFeed:
+class JobEventFeed:
     def __init__(self, redis_url: str, keys: RedisKeys) -> None:
         self.keys = keys
         self.client = aioredis.Redis(
@@ -70,15 +80,16 @@ class AsyncJobEventFeed:
                 redis_url, decode_responses=True, max_connections=READ_CONNECTIONS, timeout=10, socket_connect_timeout=2
             )
         )
-        self._watches: dict[str, set[AsyncWatch]] = {}
+        self._watches: dict[str, set[Watch]] = {}
         self._tasks: list[asyncio.Task] = []
+        self._is_closed = False
 
     @contextlib.contextmanager
-    def watch(self, job_id: str, key_id: str | None = None) -> Iterator[AsyncWatch]:
+    def watch(self, job_id: str, key_id: str | None = None) -> Iterator[Watch]:
         if not self._tasks:
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._listen()), loop.create_task(self._read_positions())]
-        watch = AsyncWatch(job_id, key_id)
+        watch = Watch(job_id, key_id)
         self._watches.setdefault(job_id, set()).add(watch)
         try:
             yield watch
@@ -111,13 +122,13 @@ class AsyncJobEventFeed:
         found = await self.client.hmget(self.keys.api_key_ids, key_ids)
         return {key_id for key_id, digest in zip(key_ids, found) if digest is None}
 
-    async def check_key(self, watch: AsyncWatch) -> None:
+    async def check_key(self, watch: Watch) -> None:
         """Marks `watch` revoked if its key is gone already (revoked before the watch began to listen)."""
         if watch.key_id is not None and await self._revoked_among([watch.key_id]):
             watch.revoke()
 
     async def _listen(self) -> None:
-        while True:
+        while not self._is_closed:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.keys.job_events_channel, self.keys.api_key_revocations)
@@ -125,8 +136,8 @@ class AsyncJobEventFeed:
                 key_ids = {w.key_id for ws in self._watches.values() for w in ws if w.key_id is not None}
                 for key_id in await self._revoked_among(sorted(key_ids)):  # revoked while not subscribed
                     self._revoke(key_id)
-                while True:
-                    message: Any = await pubsub.get_message(timeout=None)
+                while not self._is_closed:
+                    message: Any = await pubsub.get_message(timeout=LISTEN_SECONDS)
                     if message is None or message.get("type") != "message":
                         continue
                     if message["channel"] == self.keys.api_key_revocations:
@@ -135,7 +146,9 @@ class AsyncJobEventFeed:
                         self._wake(message["data"])
             except asyncio.CancelledError:
                 raise
-            except (redis.RedisError, OSError) as e:
+            except (redis.RedisError, OSError) as e:  # OSError: a cancel during a connect can come out as a timeout
+                if self._is_closed:
+                    break
                 log.warning("job events: subscription lost (%s); reconnecting", e)
                 await asyncio.sleep(RECONNECT_SECONDS)
             finally:
@@ -143,7 +156,7 @@ class AsyncJobEventFeed:
                     await pubsub.aclose()
 
     async def _read_positions(self) -> None:
-        while True:
+        while not self._is_closed:
             await asyncio.sleep(POSITION_SECONDS)
             following = [w for ws in self._watches.values() for w in ws if w.queue_key is not None]
             if not following:
@@ -170,8 +183,11 @@ class AsyncJobEventFeed:
         return cast(str | None, await self.client.hget(self.keys.job(job_id), "state"))
 
     async def close(self) -> None:
+        """Stop listening and close the connections, within about CLOSE_SECONDS."""
+        self._is_closed = True
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self.client.aclose()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CLOSE_SECONDS)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.aclose(), CLOSE_SECONDS)
