@@ -14,6 +14,9 @@ Events, each `event: NAME` with one line of JSON `data` (docs/api.md#event-strea
     error     {"error": {"code", "message"}}                      instead, when the job is gone (deleted:
                                                                   not_found) or the stream's API key was
                                                                   revoked (unauthorized); last
+    reconnect {"job_id", "reason"}, with `retry:`                 instead, when this API process shuts down
+                                                                  (SIGTERM): the client reconnects (to another
+                                                                  replica) with Last-Event-ID; last
 
 Events from the job's stream (storage.job_events) carry its entry id as `id`, so a client that
 reconnects with `Last-Event-ID` gets exactly what it missed. A fresh connection first gets the
@@ -39,7 +42,17 @@ SSE_HEADERS = [
     ("X-Accel-Buffering", "no"),  # proxies such as nginx: pass each event on at once
 ]
 RETRY_MS = 2000  # how long a disconnected EventSource waits before reconnecting
-EVENT_NAMES = ("queued", "started", "progress", "preview", "storing", *sorted(TERMINAL_STATE_NAMES), "error")
+SHUTDOWN_RETRY_MS = 500  # the same, when the stream ended because this API process shuts down
+EVENT_NAMES = (
+    "queued",
+    "started",
+    "progress",
+    "preview",
+    "storing",
+    *sorted(TERMINAL_STATE_NAMES),
+    "error",
+    "reconnect",
+)
 # One event of the stream, as the OpenAPI document shows it (schemathesis and other tools read text/event-stream
 # as its events' fields).
 EVENT = {
@@ -202,6 +215,14 @@ class EventStreamState:
         """The key that opened the stream was revoked: it ends, saying why (a reconnection gets 401)."""
         self.is_done = True
         return [error_event(revoked_key_error())]
+
+    def on_shutdown(self) -> list[Out]:
+        """This API process is shutting down: the stream ends, telling the client to reconnect soon. No `id`, so
+        a client's Last-Event-ID stays the last event it got, and the stream it reconnects to resumes there."""
+        self.is_done = True
+        reason = "this API process is shutting down: reconnect (with Last-Event-ID) to follow the job on"
+        event = encode("reconnect", {"job_id": self.job_id, "reason": reason})
+        return [b"retry: %d\n" % SHUTDOWN_RETRY_MS + event]
 
     def keepalive(self) -> bytes:
         return b": keep-alive\n\n"

@@ -125,7 +125,7 @@ def submit_job():
     wait_seconds = prefer_wait(request.headers.getlist("Prefer"))
     submitted = submission.submit_job(read_json(), idempotency_key)
     if wait_seconds is not None:
-        return waited(submitted.record.job_id, wait_seconds, lambda has_ended: waited_answer(submitted, wait_seconds))
+        return waited(submitted.record.job_id, wait_seconds, lambda end: waited_answer(submitted, wait_seconds))
     return submitted_view(submitted), 202, submitted.headers()
 
 
@@ -137,8 +137,8 @@ def submitted_view(submitted: Submitted) -> dict:
 
 
 def waited_answer(submitted: Submitted, wait_seconds: int):
-    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location); 404 if it was
-    deleted meanwhile, as its GET answers then."""
+    """After a `Prefer: wait`: 200 with the ended job, or 202 with it as it is now (and Location: the wait ran
+    out, or this process is shutting down); 404 if it was deleted meanwhile, as its GET answers then."""
     current = get_job_store().get(submitted.record.job_id)
     if current is None:
         raise not_found()

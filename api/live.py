@@ -53,6 +53,7 @@ class WaitEnd(enum.Enum):
     ENDED = "ended"  # the job ended (or its record is gone)
     TIMED_OUT = "timed_out"  # the wait ran out first (or Redis failed: the answer says what the record says)
     REVOKED = "revoked"  # the request's API key was revoked
+    CLOSING = "closing"  # this API process is shutting down: answer with the job as it is now
 
 
 def refuse_revoked() -> NoReturn:
@@ -105,9 +106,10 @@ class LiveBody:
 
 
 class JobWait(LiveBody):
-    """Waits until the job ends or `seconds` pass, then answers `render(has_ended)`; 401 once its key is revoked."""
+    """Waits until the job ends, `seconds` pass or the process shuts down, then answers `render(how it ended)`;
+    401 once its key is revoked."""
 
-    def __init__(self, job_id: str, seconds: float, render: Callable[[bool], Rendered], **kwargs: Any) -> None:
+    def __init__(self, job_id: str, seconds: float, render: Callable[[WaitEnd], Rendered], **kwargs: Any) -> None:
         super().__init__(job_id, **kwargs)
         self.deadline = self.started + seconds
         self.render = render
@@ -115,7 +117,7 @@ class JobWait(LiveBody):
     def answer(self, end: WaitEnd) -> Rendered:
         if end is WaitEnd.REVOKED:
             return self.in_request(refuse_revoked)
-        return self.in_request(self.render, end is WaitEnd.ENDED)
+        return self.in_request(self.render, end)
 
     async def serve(self, protocol: RsgiProtocol, feed: JobEventFeed, offload: Offload) -> None:
         end = await self.wait(protocol, feed)
@@ -133,6 +135,8 @@ class JobWait(LiveBody):
                 while not gone.done():
                     if watch.is_revoked:
                         return WaitEnd.REVOKED
+                    if watch.is_closing:
+                        return WaitEnd.CLOSING
                     state = await feed.state_of(self.job_id)
                     if state is None or state in TERMINAL_STATE_NAMES:
                         return WaitEnd.ENDED
@@ -150,7 +154,7 @@ class JobWait(LiveBody):
 
 class JobEventStream(LiveBody):
     """`text/event-stream` of one job until its end state, or an `error` event once the job is gone or its
-    key is revoked (api.event_stream says what is sent)."""
+    key is revoked, or a `reconnect` event when this process shuts down (api.event_stream says what is sent)."""
 
     def __init__(
         self, state: EventStreamState, resume_after: str | None, render_end: Callable[[], Rendered], **kwargs: Any
@@ -195,6 +199,9 @@ class JobEventStream(LiveBody):
                         break
                     if watch.is_revoked:
                         await send(state.on_revoked())
+                        break
+                    if watch.is_closing:
+                        await send(state.on_shutdown())
                         break
                     now = time.monotonic()
                     is_recheck = state.is_recheck_due(now)

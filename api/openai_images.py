@@ -26,6 +26,7 @@ from flask import Blueprint, current_app, request
 from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
 from api.job_view import image_urls, job_url
+from api.live import WaitEnd
 from api.openai_fields import JobTranslation, edit_images, translate
 from api.openai_schemas import OpenAIError, OpenAIImageEdit, OpenAIImageGeneration, OpenAIImagesResponse
 from api.openapi_operations import Answer, documented
@@ -89,7 +90,8 @@ OPENAI_ERRORS = {
     415: "Not JSON (generations) or not multipart (edits).",
     429: "The queue or the tenant's quota is full.",
     500: "The job failed.",
-    503: "Redis, storage or the queue is unavailable.",
+    503: "Redis, storage or the queue is unavailable, or this API process is shutting down while the call waited "
+    "(shutting_down: the job goes on, Location).",
     504: "The job did not end within STEPWISE_IMAGES_WAIT_SECONDS; it goes on (Location).",
 }
 IMAGES = {200: Answer("The images.", OpenAIImagesResponse)}
@@ -130,10 +132,10 @@ def openai_image_edits():
 def submit_and_wait(translation: JobTranslation):
     job_id = submit_job(translation.job).record.job_id
     seconds = get_settings().images_wait_seconds
-    return waited(job_id, seconds, lambda has_ended: answer(job_id, translation, has_ended))
+    return waited(job_id, seconds, lambda end: answer(job_id, translation, end))
 
 
-def answer(job_id: str, translation: JobTranslation, has_ended: bool) -> Rendered:
+def answer(job_id: str, translation: JobTranslation, end: WaitEnd) -> Rendered:
     store = get_job_store()
     record = store.get(job_id)
     if record is None:  # deleted (DELETE /v1/jobs/{id}) while this call waited: as GET /v1/jobs/{id} says, 404
@@ -142,12 +144,13 @@ def answer(job_id: str, translation: JobTranslation, has_ended: bool) -> Rendere
     if record.state is JobState.SUCCEEDED:
         return json_rendered(200, images_response(record, translation.response_format), [])
     where = [("Location", job_url(job_id))]
+    goes_on = f"job {job_id} goes on: GET /v1/jobs/{job_id} (or its /events) shows when it is done"
+    if not record.state.is_terminal and end is WaitEnd.CLOSING:
+        message = f"this API process is shutting down before the image was ready; {goes_on}"
+        return error_rendered(503, message, code="shutting_down", headers=where)
     if not record.state.is_terminal:
         seconds = get_settings().images_wait_seconds
-        message = (
-            f"the image was not ready within {seconds:g}s (STEPWISE_IMAGES_WAIT_SECONDS); job {job_id} goes on: "
-            f"GET /v1/jobs/{job_id} (or its /events) shows when it is done"
-        )
+        message = f"the image was not ready within {seconds:g}s (STEPWISE_IMAGES_WAIT_SECONDS); {goes_on}"
         return error_rendered(504, message, code="timeout", headers=where)
     message = f"job {job_id} {record.state.value}: {record.error_message or record.error_code or ''}".rstrip(": ")
     if record.state is JobState.FAILED and record.error_code == "invalid_params":

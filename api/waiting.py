@@ -14,7 +14,7 @@ from flask import current_app, request
 
 from api.errors import ApiError, invalid
 from api.event_stream import EventStreamState
-from api.live import Headers, JobEventStream, JobWait, LiveResponse, Rendered
+from api.live import Headers, JobEventStream, JobWait, LiveResponse, Rendered, WaitEnd
 from api.resources import get_job_events, get_settings
 from storage.job_events import EVENT_ID
 from storage.job_record import JobRecord, JobState
@@ -74,8 +74,9 @@ def json_rendered(status: int, body: object, headers: Headers) -> Rendered:
     return status, [("Content-Type", "application/json"), *headers], data
 
 
-def waited(job_id: str, seconds: float, render: Callable[[bool], Rendered]) -> LiveResponse:
-    """Wait up to `seconds` for the job to end, then answer `render(has_ended)` (in this request's context)."""
+def waited(job_id: str, seconds: float, render: Callable[[WaitEnd], Rendered]) -> LiveResponse:
+    """Wait up to `seconds` for the job to end (or this process to shut down), then answer `render(how the wait
+    ended)` in this request's context."""
     return LiveResponse(
         lambda environ, start_response, extra: JobWait(
             job_id, seconds, render, environ=environ, start_response=start_response, extra=extra

@@ -155,6 +155,10 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "seconds a request head may take to arrive", "server"),
     Variable("STEPWISE_API_REQUEST_TIMEOUT", SECONDS, 30.0,
              "seconds a request body may take to arrive", "server"),
+    Variable("STEPWISE_API_DRAIN_SECONDS", SECONDS, 20.0,
+             "after SIGTERM, how long `stepwise api` gives the requests in flight before it exits: event streams "
+             "end at once with a `reconnect` event, `Prefer: wait` and OpenAI images waits at once with the job as "
+             "it is; below Kubernetes' 30 s terminationGracePeriodSeconds", "server"),
     Variable("STEPWISE_API_MAX_CONNECTIONS", COUNT, 1000,
              "per API process: requests in progress (granian's backpressure); more wait", "server"),
     # worker: worker.settings.WorkerSettings and the engine it builds

@@ -10,6 +10,7 @@ by the waiting- and slow-client benchmarks (docs/api.md#the-server).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from granian.constants import Interfaces
+    from granian.constants import Interfaces, Loops
     from granian.http import HTTP1Settings
     from granian.server import Server
 
@@ -96,10 +97,13 @@ def serve(args: argparse.Namespace) -> None:
         address=args.host,
         port=args.port,
         interface=Interfaces.RSGI,
+        loop=Loops.asyncio,  # stepwise_cli.api_rsgi hears SIGTERM beside granian through asyncio's wakeup fd
         workers=args.workers,
         backpressure=read("STEPWISE_API_MAX_CONNECTIONS"),
         http1_settings=HTTP1Settings(header_read_timeout=max(1, round(header_timeout * 1000))),
         log_access=args.access_log,
         log_access_format=GRANIAN_ACCESS_FORMAT,
         respawn_failed_workers=True,
+        # a worker still up a second after its drain (stepwise_cli.api_rsgi) is killed: the exit stays bounded
+        workers_kill_timeout=math.ceil(read("STEPWISE_API_DRAIN_SECONDS")) + 1,
     ).serve()

@@ -27,6 +27,10 @@ on a job (`Prefer: wait`, the OpenAI images routes, event streams: `api.live`): 
 LiveBody, whose wait runs here on the event loop, woken by one Redis subscription per process, so
 hundreds of waiting clients cost coroutines, not threads; only the final render borrows a thread.
 The app threads per process come from `STEPWISE_API_THREADS`, which `stepwise api --threads` sets.
+
+On SIGTERM granian stops accepting connections and calls `__rsgi_del__`, which drains (`drain`): waits
+and event streams end at once, each with an answer a client can act on, the other requests in flight
+get `STEPWISE_API_DRAIN_SECONDS`, and the process exits within that bound (docs/api.md#shutdown).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import asyncio
 import concurrent.futures
 import io
 import json
+import logging
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -49,6 +55,8 @@ from api.request_body import is_json_type
 from api.wsgi import app as wsgi_app
 from settings import read
 from storage.job_event_feed import JobEventFeed
+
+log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str]]
 # Header names a WSGI environ keeps without the HTTP_ prefix.
@@ -131,28 +139,59 @@ class BufferedWsgi:
         request_timeout: float,
         max_body: int | None,
         feed_factory: Callable[[], JobEventFeed],
+        drain_seconds: float,
     ) -> None:
         self.wsgi = wsgi
         self.threads = threads
         self.request_timeout = request_timeout
         self.max_body = max_body
         self.feed_factory = feed_factory
+        self.drain_seconds = drain_seconds
         self.feed: JobEventFeed | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.streaming_pool: ThreadPoolExecutor | None = None
+        self.num_in_flight = 0  # requests between their start and their answer (drain waits for them)
+        self.draining: asyncio.Future[None] | None = None
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stepwise-api")
         # Requests whose body the app reads itself wait on their clients: their own threads, so
         # a slow upload can hold up only other large uploads, never health checks or submits.
         self.streaming_pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stepwise-api-upload")
+        # granian tells its app of a SIGTERM only once every connection has closed (__rsgi_del__), and an open
+        # event stream never closes by itself: hear the signal too. granian's own handler still runs (asyncio
+        # dispatches it from the wakeup fd the C-level handler writes to; this is the Python-level handler).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: loop.call_soon_threadsafe(self.begin_drain))
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.feed is not None:
-            loop.run_until_complete(self.feed.close())
+        """granian calls this once its connections have closed after a SIGTERM (or SIGINT): finish the drain, then
+        let go of everything."""
+        self.begin_drain()
+        assert self.draining is not None
+        loop.run_until_complete(self.draining)
         for pool in (self.pool, self.streaming_pool):
             if pool is not None:
-                pool.shutdown(wait=True)
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def begin_drain(self) -> None:
+        if self.draining is None:
+            self.draining = asyncio.ensure_future(self.drain())
+
+    async def drain(self) -> None:
+        """The API's own drain: every request that waits on a job ends now (an event stream with a `reconnect`
+        event, a wait with the job as it is now), and the other requests in flight get until
+        STEPWISE_API_DRAIN_SECONDS to be answered; then the feed closes. granian kills a worker still up a
+        second later (`stepwise api` sets its workers_kill_timeout)."""
+        deadline = time.monotonic() + self.drain_seconds
+        if self.feed is not None:
+            self.feed.end_watches()
+        while self.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.num_in_flight:
+            log.warning("stepwise api: %d requests still in flight after the drain; leaving them", self.num_in_flight)
+        if self.feed is not None:
+            await self.feed.close()
 
     async def offload(self, call: Callable[..., Any], *args: Any) -> Any:
         """Run `call(*args)` on an app thread (a LiveBody's final render)."""
@@ -161,6 +200,13 @@ class BufferedWsgi:
     async def __rsgi__(self, scope: Scope, protocol: HTTPProtocol) -> None:
         if scope.proto != "http":  # websockets: the API has none
             return
+        self.num_in_flight += 1
+        try:
+            await self.answer(scope, protocol)
+        finally:
+            self.num_in_flight -= 1
+
+    async def answer(self, scope: Scope, protocol: HTTPProtocol) -> None:
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.request_timeout
         declared = scope.headers.get("content-length")
@@ -289,4 +335,5 @@ app = BufferedWsgi(
     request_timeout=read("STEPWISE_API_REQUEST_TIMEOUT"),
     max_body=wsgi_app.config.get("MAX_CONTENT_LENGTH"),
     feed_factory=lambda: new_feed(wsgi_app),
+    drain_seconds=read("STEPWISE_API_DRAIN_SECONDS"),
 )

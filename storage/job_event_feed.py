@@ -51,9 +51,14 @@ class Watch:
         self.queue_key: str | None = None
         self.position: int | None = None
         self.is_revoked = False
+        self.is_closing = False  # this API process is shutting down: end now (JobEventFeed.end_watches)
 
     def revoke(self) -> None:
         self.is_revoked = True
+        self.news.set()
+
+    def close(self) -> None:
+        self.is_closing = True
         self.news.set()
 
     def set_position(self, position: int | None) -> None:
@@ -83,6 +88,7 @@ class JobEventFeed:
         self._watches: dict[str, set[Watch]] = {}
         self._tasks: list[asyncio.Task] = []
         self._is_closed = False
+        self._is_ending_watches = False
 
     @contextlib.contextmanager
     def watch(self, job_id: str, key_id: str | None = None) -> Iterator[Watch]:
@@ -90,6 +96,8 @@ class JobEventFeed:
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._listen()), loop.create_task(self._read_positions())]
         watch = Watch(job_id, key_id)
+        if self._is_ending_watches:
+            watch.close()
         self._watches.setdefault(job_id, set()).add(watch)
         try:
             yield watch
@@ -181,6 +189,13 @@ class JobEventFeed:
 
     async def state_of(self, job_id: str) -> str | None:
         return cast(str | None, await self.client.hget(self.keys.job(job_id), "state"))
+
+    def end_watches(self) -> None:
+        """The process is shutting down: mark every watch, and every one begun from now on, closing, and wake it."""
+        self._is_ending_watches = True
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.close()
 
     async def close(self) -> None:
         """Stop listening and close the connections, within about CLOSE_SECONDS."""
