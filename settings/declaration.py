@@ -7,8 +7,6 @@ the declared default.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import math
 import os
 import re
@@ -16,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-
-class SettingsError(ValueError):
-    """A `STEPWISE_*` variable holds a value its process cannot take; the message names the variable."""
+from settings.errors import SettingsError
+from settings.placeholders import check_secret
 
 
 class Kind:
@@ -181,22 +178,9 @@ class Variable:
     section: str  # a key of settings.table.SECTIONS: which processes read it
     default_text: str | None = None  # the default as the docs give it, where `default` alone does not say it
     example: str | None = None  # the value .env.example sets for docker compose; None: the default, commented out
-    is_secret: bool = False  # a credential: a placeholder someone could read in a published file is refused
-
-
-PLACEHOLDER_WORD = "change-me"  # what published examples (ours, and .env files copied from them) put in a secret
-PUBLISHED_SECRETS = (  # example values this project once published: anyone can read them
-    "whsec_Y2hhbmdlLW1lLWNoYW5nZS1tZS1jaGFuZ2UtbWUhIQ==",
-)
-
-
-def is_placeholder(text: str) -> bool:
-    """A secret left as an example gave it: `change-me` in it (also inside a `whsec_` secret's base64), or a
-    value this project published."""
-    decoded = ""
-    with contextlib.suppress(ValueError):
-        decoded = base64.b64decode(text.removeprefix("whsec_"), validate=True).decode("utf-8", "replace")
-    return text in PUBLISHED_SECRETS or any(PLACEHOLDER_WORD in part.lower() for part in (text, decoded))
+    # a credential (of a URL: its password): a placeholder someone could read in a published file is refused
+    # (settings.placeholders)
+    is_secret: bool = False
 
 
 def read_variable(variable: Variable, default: Any = None) -> Any:
@@ -204,9 +188,6 @@ def read_variable(variable: Variable, default: Any = None) -> Any:
     text = os.environ.get(variable.name, "")
     if text == "":
         return variable.default if default is None else default
-    if variable.is_secret and is_placeholder(text):
-        raise SettingsError(
-            f"{variable.name} holds a placeholder ({PLACEHOLDER_WORD!r} or a published example): anyone can read it. "
-            f"Set a secret of your own (docs/configuration.md says how to make one)"
-        )
+    if variable.is_secret:
+        check_secret(variable.name, text)
     return variable.kind.parse(variable.name, text)

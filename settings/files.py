@@ -29,7 +29,8 @@ ENV_HEAD = """\
 # says more). Copy to .env for docker compose (`cp .env.example .env`), or export the ones you need for
 # `stepwise up`/`worker`/`api`. A line starting with `#` shows the default; uncomment it to change it.
 # The secrets (API keys, webhook secret, S3 secret, Flower's login) are empty: compose refuses to start until
-# you set them, and every stepwise process refuses a `change-me` placeholder, naming the variable.
+# you set them, and every stepwise process refuses a placeholder (change-me, changeme, replace-me ...) in a
+# secret (also a Redis URL's password and the AWS_* keys), naming the variable.
 """
 
 ENV_TAIL = """\

@@ -36,7 +36,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_REDIS_URL", RedisUrl(), "redis://127.0.0.1:6379/0",
              "Redis: job records, and Celery's broker and result backend", "shared",
              default_text="the Redis of a `stepwise up` running from this folder (its `var/stepwise.json`), else "
-             "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)"),
+             "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)", is_secret=True),
     Variable("STEPWISE_STORAGE_URL", Url(("file", "s3")), None,
              "where images go: `file:///absolute/path` or `s3://bucket/prefix` (objects "
              "`{prefix}/{job_id}/{index}.png`)", "shared", default_text="`file://<cwd>/var/images`"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from settings import SettingsError, default, read, read_if_set
+from settings.placeholders import check_foreign_secrets
 from storage.fair_share import TenantWeights
 from storage.redis_location import find_redis
 from storage.webhooks import secret_bytes
@@ -44,7 +45,9 @@ class StorageSettings:
 
     @classmethod
     def from_env(cls) -> StorageSettings:
-        """Every value checked here, so a process refuses a bad setting at start with a message naming it."""
+        """Every value checked here, so a process refuses a bad setting at start with a message naming it (the
+        S3 credentials boto3 reads too: settings.placeholders)."""
+        check_foreign_secrets()
         job_ttl_seconds = read("STEPWISE_JOB_TTL")
         heartbeat_interval = read("STEPWISE_HEARTBEAT_INTERVAL")
         worker_timeout = read("STEPWISE_WORKER_TIMEOUT")

@@ -148,7 +148,7 @@ def test_presigned_urls_name_the_public_s3_endpoint_not_the_compose_host_name(co
     env = compose["services"]["api"]["environment"]
     assert env["STEPWISE_S3_PUBLIC_URL"].startswith("${STEPWISE_S3_PUBLIC_URL:-http://localhost:9000")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stepwise")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "change-me-s3")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3-test-secret")
     settings = StorageSettings(
         storage_url="s3://stepwise/images",
         s3_endpoint_url=env["STEPWISE_S3_ENDPOINT_URL"],

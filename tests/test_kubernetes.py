@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from settings import BY_NAME, default
-from settings.declaration import is_placeholder
+from settings.placeholders import is_placeholder
 from stepwise_cli.main import COMMANDS
 from tests.support.routes import ROUTES
 
