@@ -5,9 +5,10 @@ STEPWISE_MODEL_RETENTION (or any model, with STEPWISE_ACCEPT_UNSERVED_MODELS): a
 jobs are taken whatever the workers' state, and wait in its queue until one runs. Heartbeats
 decide only availability, ETAs and GET /v1/models. Submits and /readyz both ask `accepts`, so they
 say the same. A job for a model not accepted is refused, and so is a field the model's family does
-not support. A queued job's view gets its ETA inputs from it. The list is read from Redis at most once
-per `ttl` per process (and once more when a job names a model the cached list lacks, so a worker
-that just started is seen at once), which keeps the submit path at one Redis round trip.
+not support, or the model itself (its workers report the family's `model_fields` it cannot use). A
+queued job's view gets its ETA inputs from it. The list is read from Redis at most once per `ttl` per
+process (and once more when a job names a model the cached list lacks, so a worker that just started is
+seen at once), which keeps the submit path at one Redis round trip.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from api.errors import from_params_error, invalid
 from api.settings import ApiSettings
 from core.errors import InvalidParamsError
-from core.families import FAMILIES
+from core.families import FAMILIES, family_of_model
 from core.params import PRIORITIES, GenerationParams
 from storage.heartbeats import ModelStatus
 from storage.job_record import JobRecord
@@ -58,6 +59,11 @@ class Fleet:
         status = self.models().get(model)
         return status.family if status is not None and status.family in FAMILIES else None
 
+    def family_for(self, model: str) -> str | None:
+        """The family a worker serves `model` with, else a built-in's own; None for a folder or repo model no
+        worker has served yet."""
+        return self.family_of(model) or family_of_model(model)
+
     def served_models(self, statuses: dict[str, ModelStatus] | None = None) -> list[str]:
         """The configured models and those a worker served within the retention, sorted."""
         seen = self.models() if statuses is None else statuses
@@ -91,16 +97,15 @@ class Fleet:
                 f"{field_prefix}lora: the {status.family} family served for "
                 f"{params.model!r} does not support LoRA adapters",
             )
-        needs_init_image = limits.get("needs_init_image")  # this model beyond its family (image- or text-to-video)
-        if needs_init_image is True and params.init_image is None:
+        # what this model, beyond its family, cannot use (core.families' model_fields): the engine's own rule
+        for name in limits.get("unusable_fields", ()):
+            if getattr(params, name, None) is not None:
+                refusal = FAMILIES[status.family].model_field_refusal(name, params.model)
+                raise invalid(f"{field_prefix}{name}", f"{field_prefix}{name} {refusal}")
+        if limits.get("needs_init_image") is True and params.init_image is None:  # an image-to-video model
             raise invalid(
                 f"{field_prefix}init_image",
                 f"{field_prefix}init_image is required by {params.model!r}: an image-to-video model's first frame",
-            )
-        if needs_init_image is False and params.init_image is not None:
-            raise invalid(
-                f"{field_prefix}init_image",
-                f"{field_prefix}init_image is not supported by {params.model!r}, a text-to-video model",
             )
         if "samplers" in limits and params.sampler not in limits["samplers"]:
             raise invalid(

@@ -44,6 +44,7 @@ from storage.errors import (
     ImageNotFoundError,
     InvalidCursorError,
     InvalidTransitionError,
+    JobStoringError,
     StorageError,
 )
 from storage.image_store import content_type_of_key
@@ -272,13 +273,24 @@ ALREADY_ENDED = {  # what a cancel of a finished job says: "the job already succ
         200: Answer("Canceled.", JobView),
         202: Answer("Cancel requested; the running job stops at its next step.", JobView),
     },
-    errors=api_errors(404, 409, 503),
+    errors={
+        **api_errors(404, 503),
+        409: "Nothing to cancel: the job ended (job_finished), or its images are made and wait for image storage "
+        "(job_storing: it succeeds once they are stored).",
+    },
 )
 def cancel_job(job_id: str):
     store = get_job_store()
     record = own_job(job_id)
     try:
         new_state = store.request_cancel(job_id)
+    except JobStoringError as e:
+        raise ApiError(
+            409,
+            "job_storing",
+            "the job cannot be canceled: its images are made and wait in its worker's spool for image storage, "
+            "and it succeeds once they are stored (DELETE /v1/jobs/{job_id} removes it and its images)",
+        ) from e
     except InvalidTransitionError as e:
         current = store.get(job_id) or record
         raise ApiError(409, "job_finished", f"the job {ALREADY_ENDED[current.state]}; nothing to cancel") from e

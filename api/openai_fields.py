@@ -20,6 +20,7 @@ from werkzeug.datastructures import FileStorage, MultiDict
 from api.errors import ApiError, from_params_error, from_validation_error, invalid
 from api.openai_schemas import EXTENSIONS, OpenAIImageFields
 from core.errors import InvalidParamsError
+from core.families import FAMILIES
 from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
 
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
@@ -62,6 +63,18 @@ def translate(fields: Any, *, images: dict[str, str], is_form: bool = False) -> 
         if value is not None:
             job[name] = value
     return JobTranslation(job, request.response_format or "b64_json")
+
+
+def check_model_kind(model: str, family: str | None, *, wants_video: bool) -> None:
+    """The images routes draw images and /v1/videos makes videos: a model of the other kind gets 400 naming
+    `model` and the route that serves it (a video model's MP4 in `b64_json` helps no images client)."""
+    if family is None or FAMILIES[family].is_video == wants_video:
+        return
+    if wants_video:
+        message = f"model {model!r} draws images ({family} family): POST /v1/images/generations"
+        raise ApiError(400, "model_not_video", message, field="model")
+    message = f"model {model!r} makes videos ({family} family): POST /v1/videos"
+    raise ApiError(400, "model_not_image", message, field="model")
 
 
 def edit_images(files: MultiDict[str, FileStorage]) -> dict[str, str]:

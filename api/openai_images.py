@@ -27,11 +27,11 @@ from api.auth import require_tenant
 from api.errors import ApiError, to_api_error
 from api.job_view import image_urls, job_url
 from api.live import WaitEnd
-from api.openai_fields import JobTranslation, edit_images, translate
+from api.openai_fields import JobTranslation, check_model_kind, edit_images, translate
 from api.openai_schemas import OpenAIError, OpenAIImageEdit, OpenAIImageGeneration, OpenAIImagesResponse
 from api.openapi_operations import Answer, documented
 from api.request_body import read_form, read_json
-from api.resources import get_image_store, get_job_store, get_settings
+from api.resources import get_fleet, get_image_store, get_job_store, get_settings
 from api.submission import submit_job
 from api.waiting import Rendered, json_rendered, waited
 from core.image_inputs import MAX_IMAGE_BYTES
@@ -82,7 +82,8 @@ def openai_error_answer(error: Exception, param_of_field: dict[str, str]):
 
 
 OPENAI_ERRORS = {
-    400: "Invalid request (OpenAI's shape; `param` names the field).",
+    400: "Invalid request (OpenAI's shape; `param` names the field); a video model: code model_not_image "
+    "(POST /v1/videos makes videos).",
     401: "Missing or invalid API key, or it was revoked while the call waited.",
     404: "No worker serves the model (code model_not_found), or the job was deleted while the call waited "
     "(job_deleted).",
@@ -130,8 +131,11 @@ def openai_image_edits():
 
 
 def submit_and_wait(translation: JobTranslation):
+    settings = get_settings()
+    model = translation.job.get("model", settings.default_model)
+    check_model_kind(model, get_fleet().family_for(model), wants_video=False)
     job_id = submit_job(translation.job).record.job_id
-    seconds = get_settings().images_wait_seconds
+    seconds = settings.images_wait_seconds
     return waited(job_id, seconds, lambda end: answer(job_id, translation, end))
 
 

@@ -7,9 +7,10 @@ schemas are the OpenAPI document's, so the two cannot disagree. Fields stepwise 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from api import schemas as S
 
@@ -134,7 +135,35 @@ class OpenAIError(BaseModel):
 
 # The video routes (api.openai_videos): OpenAI's create-video fields, as the open engines serve them.
 SECONDS_PATTERN = r"^[0-9]{1,3}(\.[0-9]{1,3})?$"  # a string of seconds, as the SDKs send it ("4"), or a number
+MAX_SECONDS = 600
 VIDEO_STATUSES = ("queued", "in_progress", "completed", "failed")
+
+
+def seconds_from_text(value: Any) -> Any:
+    """`seconds` is one number, sent as a JSON number or as the text the SDKs send ("4"): the text becomes the
+    number here, so "0" and 0 meet the same rule and a refusal names `seconds`, not a branch of a union."""
+    if isinstance(value, bool):
+        raise ValueError('must be a number of seconds, such as 4 or "4"')
+    if isinstance(value, str):
+        if not re.fullmatch(SECONDS_PATTERN, value):
+            raise ValueError('must be a number of seconds, such as 4 or "4" (at most 3 decimals)')
+        return float(value)
+    return value
+
+
+Seconds = Annotated[
+    float,
+    BeforeValidator(seconds_from_text),
+    Field(gt=0, le=MAX_SECONDS),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS},
+                {"type": "string", "pattern": SECONDS_PATTERN},
+            ]
+        }
+    ),
+]
 
 
 class OpenAIVideoFields(BaseModel):
@@ -151,7 +180,7 @@ class OpenAIVideoFields(BaseModel):
     prompt: S.Prompt
     model: S.ModelName | None = Field(None, description="A video model a worker serves; default: STEPWISE_MODEL.")
     size: str | None = Field(None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT, or auto (the family's).")
-    seconds: Annotated[float, Field(gt=0, le=600)] | Annotated[str, Field(pattern=SECONDS_PATTERN)] | None = Field(
+    seconds: Seconds | None = Field(
         None,
         description="Duration: num_frames = seconds x fps, rounded to the family's rule (Wan: 4k+1 frames). "
         "Not with num_frames. Default: the family's num_frames.",

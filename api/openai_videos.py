@@ -20,7 +20,7 @@ from api.auth import require_tenant
 from api.errors import ApiError, from_validation_error, invalid, not_found
 from api.job_validation import check_idempotency_key
 from api.jobs import IDEMPOTENCY_KEY, MAX_JOB_ID_CHARS, JobIdConverter, delete_own_job, output_response
-from api.openai_fields import SIZE, data_uri
+from api.openai_fields import SIZE, check_model_kind, data_uri
 from api.openai_images import OPENAI_ERRORS, openai_error_answer
 from api.openai_schemas import (
     VIDEO_EXTENSIONS,
@@ -38,7 +38,7 @@ from api.openapi_operations import BINARY, Answer, documented, parameter, query_
 from api.request_body import is_json_type, read_form, read_json
 from api.resources import get_fleet, get_job_store, get_settings
 from api.submission import submit_job
-from core.families import FAMILIES, family_of_model
+from core.families import FAMILIES
 from core.image_inputs import MAX_IMAGE_BYTES
 from core.output_formats import DEFAULT_VIDEO_FORMAT, VIDEO_FORMATS
 from storage.errors import InvalidCursorError
@@ -62,7 +62,13 @@ STATUS_OF_STATE = {
     JobState.EXPIRED: "failed",
 }
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
-VIDEO_ERRORS = {**OPENAI_ERRORS, 404: "No such video for this key, or no worker serves the model (model_not_found)."}
+VIDEO_ERRORS = {
+    **OPENAI_ERRORS,
+    400: "Invalid request (OpenAI's shape; `param` names the field); an image model: code model_not_video "
+    "(POST /v1/images/generations draws images).",
+    404: "No such video for this key, or no worker serves the model (model_not_found).",
+    503: "Redis, storage or the queue is unavailable.",
+}
 del VIDEO_ERRORS[500], VIDEO_ERRORS[504]  # nothing waits here
 
 
@@ -114,10 +120,8 @@ def translate_video_request() -> dict[str, Any]:
     if video.model is not None:
         job["model"] = video.model
     model = job.get("model", get_settings().default_model)
-    family = get_fleet().family_of(model) or family_of_model(model)
-    if family is not None and not FAMILIES[family].is_video:
-        message = f"model {model!r} draws images ({family} family): POST /v1/images/generations"
-        raise ApiError(400, "model_not_video", message, field="model")
+    family = get_fleet().family_for(model)
+    check_model_kind(model, family, wants_video=True)
     match = SIZE.fullmatch(video.size or "")
     if match is not None:
         job["width"], job["height"] = int(match.group(1)), int(match.group(2))

@@ -67,6 +67,7 @@ class DiffusionEngine:
         self.family: str = model.family
         self._native_size = model.native_size
         self.needs_init_image: bool | None = model.needs_init_image  # this model beyond its family (heartbeats say it)
+        self.unusable_fields: frozenset[str] = model.unusable_fields  # its family's fields it cannot use (the same)
         self.scheduler = self._new_scheduler()
         self.book = JobBook()  # every job, the one exit, and all the state the threads share (batching.job_book)
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.

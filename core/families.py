@@ -12,7 +12,7 @@ are driven lives in its adapter, under `batching/pipelines/`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
 from core.output_formats import DEFAULT_IMAGE_FORMAT, DEFAULT_VIDEO_FORMAT, IMAGE_FORMATS, VIDEO_FORMATS
@@ -94,8 +94,10 @@ class FamilySpec:
     # so num_frames is a multiple of it plus one (Wan: 4k+1)
     default_fps: int | None = None  # the frame rate of a video job that names none (a playback fact: it changes
     # nothing the model computes)
-    expert_guidance: bool = False  # jobs may name guidance_scale_2, the low-noise expert's guidance of two-expert
-    # models (Wan 2.2 A14B; a one-expert model of the family refuses it at submit)
+    # Job fields only some models of the family can use -> which models (the refusal says so). Each model's
+    # adapter names those it cannot use (`unusable_fields`), its workers' heartbeats carry them, and the API
+    # refuses such a field at submit naming it (api.fleet), as the engine does: one rule for every such field.
+    model_fields: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert (self.init_image_role == "reference") == (self.reference_rules is not None), self.name
@@ -107,6 +109,10 @@ class FamilySpec:
     @property
     def is_video(self) -> bool:
         return self.max_num_frames > 1
+
+    def model_field_refusal(self, name: str, model: str) -> str:
+        """Why `model`, one of this family's models that cannot use field `name`, refuses it."""
+        return f"is not supported by {model!r}: only {self.model_fields.get(name, 'other models')} of the family use it"
 
     @property
     def default_output_format(self) -> str:
@@ -301,7 +307,10 @@ FAMILIES: dict[str, FamilySpec] = {
             default_num_frames=33,  # two seconds at 16 fps
             frames_per_latent=4,
             default_fps=16,  # Wan 2.1's and Wan 2.2 A14B's (TI2V-5B's videos are 24)
-            expert_guidance=True,
+            model_fields={
+                "guidance_scale_2": "two-expert models (Wan 2.2 A14B: the low-noise expert's guidance)",
+                "init_image": "image-to-video models (WanImageToVideoPipeline: the first frame)",
+            },
         ),
     )
 }

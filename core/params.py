@@ -189,6 +189,7 @@ class GenerationParams:
 
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(GenerationParams))  # in declaration order
+assert all(set(spec.model_fields) <= set(_FIELD_NAMES) for spec in FAMILIES.values())
 
 
 def _validate(p: GenerationParams, spec: FamilySpec, is_known: bool = True) -> None:
@@ -209,7 +210,7 @@ def _validate(p: GenerationParams, spec: FamilySpec, is_known: bool = True) -> N
     _check_int(p, "num_inference_steps", max(MIN_STEPS, spec.min_steps), MAX_STEPS)
     _check_number(p, "guidance_scale", MIN_GUIDANCE, spec.max_guidance)
     if p.guidance_scale_2 is not None:
-        if is_known and not spec.expert_guidance:
+        if is_known and "guidance_scale_2" not in spec.model_fields:
             raise InvalidParamsError(
                 "guidance_scale_2", p.guidance_scale_2, f"is not supported by {spec.name} models (they have one expert)"
             )

@@ -19,6 +19,11 @@ class InvalidTransitionError(StorageError):
     """The job is not in a state that allows this transition (for example it is terminal)."""
 
 
+class JobStoringError(InvalidTransitionError):
+    """A cancel that comes too late: the job's images are made and wait in its worker's spool for the image store
+    (worker.spool); it ends succeeded once they are stored."""
+
+
 class JobNotFoundError(StorageError):
     """No record for this job id (never created, or expired after its TTL)."""
 

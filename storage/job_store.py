@@ -28,6 +28,7 @@ from storage.errors import (
     InvalidCursorError,
     InvalidTransitionError,
     JobNotFoundError,
+    JobStoringError,
     StorageError,
     StorageUnavailableError,
 )
@@ -338,8 +339,9 @@ class JobStore(JobReads):
     @_wraps_redis_errors
     def request_cancel(self, job_id: str) -> JobState:
         """Queued -> canceled at once; running -> cancel_requested flag (the worker stops it at the
-        next step boundary). Raises InvalidTransitionError if terminal, JobNotFoundError if there is
-        no such job. Returns the new state."""
+        next step boundary). Raises InvalidTransitionError if terminal, JobStoringError if its images are
+        made and wait in its worker's spool (nothing is left to stop), JobNotFoundError if there is no such
+        job. Returns the new state."""
         outcome, state = self._request_cancel(
             keys=[self.job_key(job_id)], args=[self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds]
         )
@@ -347,6 +349,8 @@ class JobStore(JobReads):
             raise JobNotFoundError(f"no job {job_id!r}")
         if outcome == "refused":
             raise InvalidTransitionError(f"job {job_id!r} is already {state}; it cannot be canceled")
+        if outcome == "storing":
+            raise JobStoringError(f"job {job_id!r} has made its images; they wait for the image store")
         return JobState(state)
 
     @_wraps_redis_errors

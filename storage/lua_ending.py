@@ -31,7 +31,8 @@ return 1
 )
 
 # ARGV: ns, job_id, now, ttl. Returns {outcome, state}: outcome is 'canceled' (was queued),
-# 'flagged' (running; the worker stops it), 'refused' (terminal) or 'missing'.
+# 'flagged' (running; the worker stops it), 'storing' (running, its images made and waiting in its worker's
+# spool: nothing is left to stop, it succeeds once they are stored), 'refused' (terminal) or 'missing'.
 REQUEST_CANCEL = (
     _PREAMBLE
     + """
@@ -44,6 +45,9 @@ if state == 'queued' then
   return {'canceled', 'canceled'}
 end
 if state == 'running' then
+  if redis.call('HEXISTS', KEYS[1], 'storing_since') == 1 then
+    return {'storing', 'running'}
+  end
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
   return {'flagged', 'running'}
 end

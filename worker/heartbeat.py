@@ -66,7 +66,11 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         is_admitting=runtime.is_admitting and not runtime.is_shutting_down and runtime.is_engine_running,
         is_draining=not runtime.is_admitting and not runtime.is_shutting_down,
         defaults=family_defaults(family),
-        limits={**family_limits(family), "needs_init_image": runtime.engine.needs_init_image},
+        limits={
+            **family_limits(family),
+            "needs_init_image": runtime.engine.needs_init_image,
+            "unusable_fields": sorted(runtime.engine.unusable_fields),
+        },
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
         spool=runtime.spool.stats(),
     )

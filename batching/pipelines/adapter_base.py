@@ -14,6 +14,7 @@ from batching.pipelines.image_latents import ImageLatentsMixin
 from batching.pipelines.latent_rgb import LatentRgb, latent_rgb_for
 from batching.pipelines.loading import load_pipeline
 from batching.pipelines.vae import LatentVae
+from core.errors import InvalidParamsError
 from core.families import FAMILIES
 from core.params import GenerationParams
 
@@ -31,6 +32,7 @@ class AdapterBase(ImageLatentsMixin):
     published_latent_rgb: ClassVar[LatentRgb | None] = None  # the family's published latent-to-RGB factors, for
     # `preview_latents`' channels (batching.pipelines.latent_rgb); a model folder's own latent_rgb.json wins
     needs_init_image: bool | None = None  # the family's rule (the contract's ImageInputs)
+    unusable_fields: frozenset[str] = frozenset()  # of the family's model_fields, those this model cannot use
     uncond_first: ClassVar[bool] = False  # a CFG sample's rows: [uncond, cond] (SD, SDXL, SD3) or [cond, uncond]
 
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -111,7 +113,12 @@ class AdapterBase(ImageLatentsMixin):
         return torch.zeros(shape, device=self.device, dtype=dtype or self.dtype)
 
     def check_params(self, params: GenerationParams) -> None:
-        """Nothing beyond the family's rules, unless the family's models differ (`PipelineAdapter.check_params`)."""
+        """Refuse a field this model cannot use (`unusable_fields`; `PipelineAdapter.check_params`)."""
+        for name in sorted(self.unusable_fields):
+            value = getattr(params, name)
+            if value is not None:
+                refusal = self.spec.model_field_refusal(name, self.model)
+                raise InvalidParamsError(name, "<image>" if name.endswith("image") else value, refusal)
 
     @classmethod
     def load_pipeline(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> Any:

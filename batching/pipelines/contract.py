@@ -171,6 +171,9 @@ class ImageInputs(Protocol):
     needs_init_image: bool | None  # this model beyond its family's rule: True requires an init_image (an
     # image-to-video model's first frame), False refuses one (a text-to-video model); None: the family's rule.
     # Workers report it, so the API refuses such a job naming init_image instead of the worker failing it
+    unusable_fields: frozenset[str]  # of its family's `model_fields` (core.families), those this model cannot use
+    # (a text-to-video model's init_image, a one-expert model's guidance_scale_2): check_params refuses them, and
+    # workers report them, so the API refuses them at submit by the same rule
 
     def encode_images(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixels [n, 3, H, W] in [-1, 1] (images of one size) to the VAE's (mean, std), raw layout."""
@@ -269,8 +272,9 @@ class PipelineAdapter(ImageInputs, Protocol):
         ...
 
     def check_params(self, params: GenerationParams) -> None:
-        """Raise InvalidParamsError naming the field for what this model, beyond its family's rules, cannot do
-        (a text-to-video model given a first frame, a one-expert model given guidance_scale_2)."""
+        """Raise InvalidParamsError naming the field for what this model, beyond its family's rules, cannot do: a
+        field of `unusable_fields` (a text-to-video model given a first frame, a one-expert model given
+        guidance_scale_2), or what its checkpoint needs (an image-to-video model's first frame)."""
         ...
 
     def decode(

@@ -8,9 +8,9 @@ model's cost limits, a strength that runs no step of the job's steps (a product 
 `size` in its model family's multiples and pixel limits (the pattern holds its form: WIDTHxHEIGHT, or auto), the
 fields the document gives every family's loosest rules and the model's own family narrows (a video's
 `num_frames`, `fps`, `guidance_scale_2`, `output_format`, `sampler`, and `seconds`, which becomes frames at the
-family's rate), and whether the served model draws videos at all (`/v1/videos`, code `model_not_video`). A
-request the document allows may get a 4xx naming one of those fields (`CONTENT_FIELDS`); any other
-refusal of an allowed request fails the test.
+family's rate), and whether the served model draws videos at all (`/v1/videos`, code `model_not_video`; the images
+routes, `model_not_image`). A request the document allows may get a 4xx naming one of those fields
+(`CONTENT_FIELDS`); any other refusal of an allowed request fails the test.
 
 The fuzzed API runs with a resolver that never leaves this machine (tests/api/offline_site): the
 webhook and image URLs the fuzzer writes name any host. Strategies come from `operation.as_strategy()`
@@ -45,7 +45,7 @@ CONTENT_FIELDS = re.compile(
     r"(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|complete_by|name|strength|size"
     r"|num_frames|fps|guidance_scale_2|output_format|sampler|seconds|input_reference)$"
 )
-CONTENT_CODES = {"limit_exceeded", "not_found", "model_not_video"}
+CONTENT_CODES = {"limit_exceeded", "not_found", "model_not_video", "model_not_image"}
 
 
 @pytest.fixture(scope="module")

@@ -324,6 +324,22 @@ def test_a_model_refuses_at_submit_what_only_its_checkpoint_cannot_do(engines_by
     assert error.value.field == field
 
 
+@pytest.mark.parametrize(
+    "model, unusable",
+    [
+        ("builtin:tiny-wan", {"init_image", "guidance_scale_2"}),  # text-to-video, one expert
+        ("builtin:tiny-wan-i2v", {"guidance_scale_2"}),  # image-to-video, one expert
+        ("builtin:tiny-wan22", {"init_image"}),  # text-to-video, two experts
+    ],
+)
+def test_each_model_names_the_family_fields_it_cannot_use_for_its_workers_to_report(engines_by_name, model, unusable):
+    """What the API refuses at submit by the same rule (api.fleet): the family's model_fields a model lacks."""
+    engine = engines_by_name(model)
+
+    assert engine.unusable_fields == unusable
+    assert unusable <= set(FAMILIES["wan"].model_fields)
+
+
 @pytest.fixture(scope="module")
 def engines_by_name():
     built: dict[str, DiffusionEngine] = {}

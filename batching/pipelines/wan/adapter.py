@@ -59,9 +59,7 @@ class WanAdapter(FlowMatchingAdapter):
         config = pipeline.config
         self.is_image_to_video = type(pipeline).__name__ == IMAGE_TO_VIDEO
         self.edits_init_image = self.is_image_to_video  # its first frame conditions every row
-        self.needs_init_image = (
-            self.is_image_to_video
-        )  # image-to-video requires its first frame; text-to-video refuses one
+        self.needs_init_image = self.is_image_to_video  # image-to-video requires its first frame
         self.expand_timesteps = bool(config.get("expand_timesteps"))  # TI2V-5B: a timestep per token
         if self.is_image_to_video and self.expand_timesteps:
             raise ModelLoadError(f"model {model!r}: image-to-video with per-token timesteps is not served yet")
@@ -70,6 +68,9 @@ class WanAdapter(FlowMatchingAdapter):
         if getattr(pipeline, "transformer_2", None) is not None and config.get("boundary_ratio") is not None:
             self.experts.append(pipeline.transformer_2)
             self.boundary_timestep = config.boundary_ratio * pipeline.scheduler.config.num_train_timesteps
+        self.unusable_fields = frozenset(
+            {"init_image"} if not self.is_image_to_video else set()  # text-to-video: no first frame
+        ) | frozenset({"guidance_scale_2"} if self.boundary_timestep is None else set())  # one expert
         self.row_attention = [transformer.install(expert) for expert in self.experts]
         self.latent_channels = self.vae.config.z_dim
         self.frames_per_latent = pipeline.vae_scale_factor_temporal
@@ -93,16 +94,9 @@ class WanAdapter(FlowMatchingAdapter):
         return load_pipeline(pipeline_class, model, source, device, dtype)
 
     def check_params(self, params: GenerationParams) -> None:
+        super().check_params(params)  # a text-to-video model's first frame, a one-expert model's guidance_scale_2
         if self.is_image_to_video and params.init_image is None:
             raise InvalidParamsError("init_image", None, "is required by image-to-video models: the first frame")
-        if not self.is_image_to_video and params.init_image is not None:
-            raise InvalidParamsError(
-                "init_image", "<image>", f"is not supported by text-to-video models ({IMAGE_TO_VIDEO} models take it)"
-            )
-        if params.guidance_scale_2 is not None and self.boundary_timestep is None:
-            raise InvalidParamsError(
-                "guidance_scale_2", params.guidance_scale_2, "is only for two-expert models (Wan 2.2 A14B)"
-            )
         unit = self.vae_scale_factor * self.patch_size[1]  # Wan 2.2 TI2V-5B's VAE: 16 x 2
         for name in ("height", "width"):
             if getattr(params, name) % unit:
