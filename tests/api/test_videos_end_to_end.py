@@ -123,16 +123,20 @@ def test_an_invalid_video_request_gets_a_400_naming_the_field(api, wan_worker, h
     assert response.json()["error"]["param"] == param
 
 
-def test_a_first_frame_for_a_text_to_video_model_is_refused_naming_init_image(api, wan_worker, http):
-    """The worker reports that its model is text-to-video (a family rule cannot tell), so the API refuses the job
-    instead of the worker failing it."""
+def test_fields_its_model_cannot_use_are_refused_at_submit_naming_them(api, wan_worker, http):
+    """The worker reports the family's model fields its model lacks (a family rule cannot tell: it is text-to-video
+    with one expert), so the API refuses the job instead of the worker failing it."""
     image = png_data_uri(Image.new("RGB", (96, 64), "red"))
 
-    response = submit(http, api, {**CHEAP, "prompt": "a fox", "init_image": image, "height": 64, "width": 96})
+    first_frame = submit(http, api, {**CHEAP, "prompt": "a fox", "init_image": image, "height": 64, "width": 96})
+    second_guidance = submit(http, api, {**CHEAP, "prompt": "a fox", "guidance_scale_2": 3.0})
 
-    assert response.status_code == 422, response.text
-    assert response.json()["error"]["field"] == "init_image"
-    assert "text-to-video" in response.json()["error"]["message"]
+    assert first_frame.status_code == 422, first_frame.text
+    assert first_frame.json()["error"]["field"] == "init_image"
+    assert "only image-to-video models" in first_frame.json()["error"]["message"]
+    assert second_guidance.status_code == 422, second_guidance.text
+    assert second_guidance.json()["error"]["field"] == "guidance_scale_2"
+    assert "only two-expert models" in second_guidance.json()["error"]["message"]
 
 
 def test_the_docs_python_video_example_runs_as_written(api, wan_worker, tmp_path, monkeypatch):
