@@ -42,6 +42,7 @@ import redis
 
 from storage.api_keys import ApiKeyStore
 from storage.job_record import TERMINAL_STATE_NAMES, JobRecord, record_from_hash
+from storage.redis_clients import close_redis, open_redis
 from storage.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class JobEventFeed:
         self.redis_url = redis_url
         self.channel = keys.job_events_channel
         self.revocations_channel = keys.api_key_revocations
-        self._reads = redis.Redis.from_url(redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
+        self._reads = open_redis(redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
         self.key_store = ApiKeyStore(self._reads, keys)
         self._watches: dict[str, set[Watch]] = {}
         self._lock = threading.Lock()
@@ -232,7 +233,7 @@ class JobEventFeed:
             self._revoke(key_id)
 
     def _listen(self) -> None:
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_connect_timeout=2)
+        client = open_redis(self.redis_url, decode_responses=True, socket_connect_timeout=2)
         is_idle = is_failing = False
         while not is_idle:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
@@ -256,10 +257,10 @@ class JobEventFeed:
                 is_idle = self._is_idle()
             finally:
                 pubsub.close()
-        client.close()
+        close_redis(client)
 
     def _read_positions(self) -> None:
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
+        client = open_redis(self.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
         while not self._is_stopping.wait(POSITION_SECONDS) and not self._is_idle():
             with self._lock:
                 following = [w for ws in self._watches.values() for w in ws if w.queue_key is not None]
@@ -275,8 +276,8 @@ class JobEventFeed:
                 continue
             for watch, position in zip(following, positions):
                 watch.set_position(position)
-        client.close()
+        close_redis(client)
 
     def close(self) -> None:
         self._is_stopping.set()
-        self._reads.close()
+        close_redis(self._reads)

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import redis
-import redis.asyncio as aioredis
 
 from storage.job_events import (
     POSITION_SECONDS,
@@ -24,6 +23,7 @@ from storage.job_events import (
     events_from_entries,
     is_last_stream_id,
 )
+from storage.redis_clients import aclose_redis, open_async_redis
 from storage.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,12 @@ class AsyncWatch:
 class AsyncJobEventFeed:
     def __init__(self, redis_url: str, keys: RedisKeys) -> None:
         self.keys = keys
-        self.client = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
-                redis_url, decode_responses=True, max_connections=READ_CONNECTIONS, timeout=10, socket_connect_timeout=2
-            )
+        self.client = open_async_redis(
+            redis_url,
+            decode_responses=True,
+            max_connections=READ_CONNECTIONS,
+            pool_timeout=10,
+            socket_connect_timeout=2,
         )
         self._watches: dict[str, set[AsyncWatch]] = {}
         self._tasks: list[asyncio.Task] = []
@@ -174,4 +176,4 @@ class AsyncJobEventFeed:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self.client.aclose()
+        await aclose_redis(self.client)

@@ -22,6 +22,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from settings import default
 from storage import lua
 from storage.errors import (
     IdempotencyConflictError,
@@ -45,8 +46,10 @@ from storage.job_record import (
 )
 from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
 from storage.queue_names import DEFAULT_PRIORITY
+from storage.redis_clients import close_redis, describe_redis, open_redis
 from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
 from storage.redis_keys import RedisKeys
+from storage.replica_wait import ReplicaWait
 from storage.settings import StorageSettings
 
 __all__ = [
@@ -94,6 +97,7 @@ class JobStore(JobReads):
         worker_timeout: float = 10.0,
         model_retention: float = 3600.0,
         tenant_weights: TenantWeights | None = None,
+        replica_wait_seconds: float = default("STEPWISE_REDIS_REPLICA_WAIT"),
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
@@ -104,18 +108,19 @@ class JobStore(JobReads):
         # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
         # concurrent callers than connections (greenlets under gevent) waits for one, where
         # redis-py's default pool would fail the call ("Too many connections").
-        pool = redis.BlockingConnectionPool.from_url(
+        # With Sentinel, a connection finds the master through the sentinels (storage.redis_clients).
+        self._redis = open_redis(
             redis_url,
             max_connections=MAX_CONNECTIONS,
-            timeout=5,
+            pool_timeout=5,
             decode_responses=True,
             socket_connect_timeout=2,
             socket_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
-        self._redis = redis.Redis(connection_pool=pool)
-        kwargs = self._redis.get_connection_kwargs()
-        self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        self.redis_location = describe_redis(redis_url)
+        # Creates, cancels and deletes are acknowledged once a replica has them (storage.replica_wait).
+        self.replica_wait = ReplicaWait(self._redis, replica_wait_seconds)
         self._heartbeats = HeartbeatStore(
             self._redis, self.keys.workers, worker_timeout=worker_timeout, retention=model_retention
         )
@@ -147,6 +152,7 @@ class JobStore(JobReads):
             worker_timeout=settings.worker_timeout,
             model_retention=settings.model_retention,
             tenant_weights=settings.tenant_weights,
+            replica_wait_seconds=settings.redis_replica_wait,
         )
 
     # Transitions.
@@ -205,7 +211,7 @@ class JobStore(JobReads):
             )
             for spec in specs
         ]
-        replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued)
+        replies = run_creates(self._redis, self._create.sha, self.keys, pending, max_queued, self.replica_wait)
         return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
@@ -326,9 +332,8 @@ class JobStore(JobReads):
         """Queued -> canceled at once; running -> cancel_requested flag (the worker stops it at the
         next step boundary). Raises InvalidTransitionError if terminal, JobNotFoundError if there is
         no such job. Returns the new state."""
-        outcome, state = self._request_cancel(
-            keys=[self.job_key(job_id)], args=[self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds]
-        )
+        args = [self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds]
+        outcome, state = self.replica_wait.run_script(self._request_cancel, [self.job_key(job_id)], args)
         if outcome == "missing":
             raise JobNotFoundError(f"no job {job_id!r}")
         if outcome == "refused":
@@ -367,10 +372,8 @@ class JobStore(JobReads):
         state before, or None if there is no such job. A worker still running it finds the record gone and
         `was_deleted` true for `tombstone_seconds`, and removes the images it stored meanwhile."""
         now = self.clock()
-        outcome, state = self._delete(
-            keys=[self.job_key(job_id)],
-            args=[self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds],
-        )
+        args = [self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds]
+        outcome, state = self.replica_wait.run_script(self._delete, [self.job_key(job_id)], args)
         return JobState(state) if outcome == "deleted" else None
 
     @_wraps_redis_errors
@@ -397,7 +400,7 @@ class JobStore(JobReads):
         return cast(str | None, self._redis.get(self.keys.progress_webhook(job_id)))
 
     def close(self) -> None:
-        self._redis.close()
+        close_redis(self._redis)
 
     def __enter__(self) -> JobStore:
         return self
