@@ -87,7 +87,7 @@ def run_creates(
     replies: list[Any] = [None] * len(pending)
     todo = list(range(len(pending)))
     for _ in range(2):
-        with client.pipeline(transaction=False) as pipe:
+        with client.pipeline(transaction=False) as pipe, replica_wait.forgetting_on_error():
             for index in todo:
                 spec, record, share = pending[index]
                 script_keys = [keys.job(record.job_id)]

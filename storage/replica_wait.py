@@ -9,14 +9,15 @@ confirmed in time raises `ReplicaUnconfirmedError` (the API answers 503; the wri
 
 Whether the master has replicas is `INFO replication`'s online replicas, read at most once per
 REPLICAS_CACHE_SECONDS per store: a Redis without replicas (one server, or a new master whose old one is gone)
-waits for nothing. A wait that times out reads it again at the next write.
+waits for nothing. A wait that times out, or a write that failed, reads it again at the next write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -66,21 +67,35 @@ class ReplicaWait:
         pipe.execute_command("WAIT", 1, int(self.timeout_seconds * 1000))
         return True
 
+    def forget(self) -> None:
+        """Read the replicas again at the next write: one may have gone, or the master changed (a failover)."""
+        with self._lock:
+            self._replicas = None
+
     def check(self, num_confirmed: int) -> None:
         if int(num_confirmed) >= 1:
             return
-        with self._lock:
-            self._replicas = None  # a replica may have gone: ask again
+        self.forget()
         raise ReplicaUnconfirmedError(
             f"Redis: no replica confirmed the write within {self.timeout_seconds:g}s (STEPWISE_REDIS_REPLICA_WAIT); "
             "it is not acknowledged, since a failover now could lose it"
         )
 
+    @contextlib.contextmanager
+    def forgetting_on_error(self) -> Iterator[None]:
+        """Around a write: a Redis error (a connection lost in a failover, say) makes the next write read the
+        replicas again, so that a new master without replicas is not asked to WAIT for one."""
+        try:
+            yield
+        except redis.exceptions.RedisError:
+            self.forget()
+            raise
+
     def run_script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """`script(keys, args)`, then WAIT on the same connection when it should: the script's reply. A NOSCRIPT
         (after a restart or a failover: scripts are not replicated) loads the script and runs it once more."""
         for attempt in range(2):
-            with self._redis.pipeline(transaction=False) as pipe:
+            with self._redis.pipeline(transaction=False) as pipe, self.forgetting_on_error():
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
                 waits = self.queue_wait(pipe)
                 replies = pipe.execute(raise_on_error=False)

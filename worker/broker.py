@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from kombu.transport import redis
+from kombu.transport import TRANSPORT_ALIASES, redis
 
 from settings.sentinel_url import is_sentinel_url
 
@@ -59,5 +59,12 @@ SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
 
 
 def transport_for(redis_url: str) -> str:
-    """Celery's `broker_transport` for STEPWISE_REDIS_URL: the Sentinel one for a `sentinel://` URL."""
-    return SENTINEL_TRANSPORT if is_sentinel_url(redis_url) else TRANSPORT
+    """Celery's `broker_transport` for STEPWISE_REDIS_URL: the Sentinel one for a `sentinel://` URL.
+
+    For Sentinel, the `sentinel://` scheme is also made to name it in this process: when a connection fails,
+    kombu switches to the URL's next `sentinel://` part and takes the transport from its scheme again, which
+    would drop `broker_transport` and with it the fix above after the first failover."""
+    if not is_sentinel_url(redis_url):
+        return TRANSPORT
+    TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT  # before any connection resolved it (kombu caches that)
+    return SENTINEL_TRANSPORT
