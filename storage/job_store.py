@@ -122,7 +122,7 @@ class JobStore(JobReads):
         # Creates, cancels and deletes are acknowledged once a replica has them (storage.replica_wait).
         self.replica_wait = ReplicaWait(self._redis, replica_wait_seconds)
         self._heartbeats = HeartbeatStore(
-            self._redis, self.keys.workers, worker_timeout=worker_timeout, retention=model_retention
+            self._redis, self.keys, worker_timeout=worker_timeout, retention=model_retention
         )
         register = self._redis.register_script
         self._create = register(lua.CREATE)
