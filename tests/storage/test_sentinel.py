@@ -6,8 +6,10 @@ The end-to-end failover with an API and a worker is tests/faults/test_sentinel_f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -33,8 +35,34 @@ PARAMS = {"prompt": "a fox", "model": "builtin:tiny"}
 QUEUE = generate_queue("builtin:tiny")
 
 
-def sentinel_store(cluster: SentinelCluster, **options) -> JobStore:
-    return JobStore(with_sentinel_master(cluster.url, MASTER_NAME), **options)
+class AsyncWatcher:
+    """A watch of an AsyncJobEventFeed (what `stepwise api`'s event streams use), on an event loop of its own
+    thread, driven from the test."""
+
+    def __init__(self, url: str, store: JobStore, job_id: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.watching = contextlib.ExitStack()
+
+        async def start():
+            self.feed = AsyncJobEventFeed(url, store.keys)
+            return self.watching.enter_context(self.feed.watch(job_id))
+
+        self.watch = self._run(start())
+
+    def _run(self, coroutine, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def wait(self, timeout: float) -> bool:
+        return self._run(self.watch.wait(timeout), timeout + 5)
+
+    def close(self) -> None:
+        async def stop():
+            self.watching.close()
+            await self.feed.close()
+
+        self._run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def test_a_store_follows_a_failover_keeping_what_a_replica_confirmed_and_loading_its_scripts_again(tmp_path):
@@ -47,16 +75,21 @@ def test_a_store_follows_a_failover_keeping_what_a_replica_confirmed_and_loading
         running = store.take_next(QUEUE, "w1", 60)
         assert running is not None
         old_port = cluster.master.port
+        async_watch = AsyncWatcher(url, store, running.job_id)
         with feed.watch(running.job_id) as watch:
-            time.sleep(0.5)  # the feed's subscription is on the master now
+            time.sleep(0.5)  # both feeds' subscriptions are on the master now
             cluster.kill_master()  # with no time for anything unconfirmed to reach the replica
             new_master = cluster.wait_for_failover(old_port)
 
             # Everything acknowledged survived; scripts (not replicated in Redis 7) are loaded again on use.
             assert all(store.get(job_id) is not None for job_id in created)
             assert store.renew_lease(running.job_id, "w1", 60)
+            for waiter in (watch, async_watch):  # each feed, resubscribed, wakes its waiters to read again
+                assert waiter.wait(10), f"{type(waiter).__name__}: no wake-up after the failover"
             store.set_progress(running.job_id, 1, 4)
-            assert watch.wait(10), "the event feed did not resubscribe on the new master"
+            for waiter in (watch, async_watch):  # and then hears the new master's news
+                assert waiter.wait(10), f"{type(waiter).__name__}: the new master's news did not arrive"
+        async_watch.close()
         assert store.create(tenant="t", params=PARAMS)[1]  # no replica left: nothing to wait for
         assert store.take_next(QUEUE, "w1", 60) is not None
         assert store.finish(running.job_id, JobState.SUCCEEDED, worker_id="w1")
