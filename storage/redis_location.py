@@ -1,6 +1,7 @@
 """Which Redis a process uses, found the same way by every stepwise process and by `celery -A worker ...`:
 
-1. `STEPWISE_REDIS_URL`, when it is set;
+1. `STEPWISE_REDIS_URL`, when it is set (a `sentinel://` URL with STEPWISE_REDIS_SENTINEL_MASTER's name folded
+   in: `with_sentinel_master`; storage.redis_clients connects by it);
 2. else the Redis of a `stepwise up` still running from this folder: `up` saves its Redis URL and its
    process id in `<STEPWISE_VAR_DIR>/stepwise.json` (the state file, which also holds the API's URL and
    key for `stepwise submit`), and the URL counts while that process lives;
