@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from core.errors import InvalidParamsError
-from storage.errors import JobNotFoundError, StorageUnavailableError
+from storage.errors import JobNotFoundError, RedisUnavailableError, StorageUnavailableError
+from storage.redis_errors import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,15 @@ def to_api_error(error: Exception) -> ApiError:
         return ApiError(error.code, code, message)
     if isinstance(error, JobNotFoundError):
         return not_found()
+    if isinstance(error, RedisUnavailableError) or is_unavailable(error):  # also a store's unwrapped Redis error
+        log.warning("Redis unavailable: %s: %s", type(error).__name__, error)
+        return ApiError(
+            503,
+            "unavailable",
+            "Redis is unavailable (down, or failing over to a replica); retry later (a job with the same "
+            "Idempotency-Key, so that a retry cannot make two)",
+            headers={"Retry-After": "2"},
+        )
     if isinstance(error, (StorageUnavailableError, BrokerError)):
         log.warning("dependency unavailable: %s: %s", type(error).__name__, error)
         return ApiError(

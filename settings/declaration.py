@@ -16,6 +16,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from settings.errors import SettingsError
 from settings.placeholders import check_secret
+from settings.redis_tls import TLS_OPTIONS, checked_tls_options
+from settings.sentinel_url import SCHEMES as SENTINEL_SCHEMES
+from settings.sentinel_url import SentinelUrl, is_sentinel_url
 
 
 class Kind:
@@ -115,22 +118,24 @@ class Url(Kind):
         return "a URL: " + (", ".join(schemes[:-1]) + " or " if len(schemes) > 1 else "") + schemes[-1]
 
 
-TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")  # redis-py's and Celery's names
-CERT_REQS = {"required": "required", "optional": "optional", "none": "none"}  # Celery's spellings map below
-CERT_REQS.update({f"cert_{word}": word for word in CERT_REQS})
-
-
 @dataclass(frozen=True)
 class RedisUrl(Url):
     """A Redis URL, as redis-py and Celery both read it. `rediss://` speaks TLS; its query may name
     `ssl_cert_reqs` (`required`, `optional`, `none`, or Celery's `CERT_REQUIRED` ...), `ssl_ca_certs` (a CA
     file), `ssl_certfile` and `ssl_keyfile` (a client certificate). The value is the URL spelled so both
     take it: `ssl_cert_reqs` in redis-py's words, `required` when not given (Celery's result backend
-    refuses a `rediss://` URL without it, and certificates are checked unless the URL says otherwise)."""
+    refuses a `rediss://` URL without it, and certificates are checked unless the URL says otherwise).
+    `sentinel://` (Celery's form, `sentinels://` over TLS) names the sentinels that find the master
+    (settings.sentinel_url); its value is the URL as `SentinelUrl.to_text` spells it."""
 
-    schemes: tuple[str, ...] = ("redis", "rediss", "unix")
+    schemes: tuple[str, ...] = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
 
     def parse(self, name: str, text: str) -> str:
+        if is_sentinel_url(text):
+            try:
+                return SentinelUrl.parse(name, text).to_text()
+            except ValueError as e:
+                raise SettingsError(str(e)) from None
         parts = urlsplit(super().parse(name, text))
         query = parse_qsl(parts.query, keep_blank_values=True)
         tls = [key for key, _ in query if key in TLS_OPTIONS]
@@ -138,18 +143,14 @@ class RedisUrl(Url):
             if tls:
                 raise SettingsError(f"{name} names {', '.join(tls)}: TLS needs a rediss:// URL (got {text!r})")
             return text
-        options = dict(query)
-        asked = options.get("ssl_cert_reqs", "required")
-        if asked.lower() not in CERT_REQS:
-            raise SettingsError(f"{name}: ssl_cert_reqs must be required, optional or none (got {asked!r})")
-        for option in TLS_OPTIONS[1:]:
-            if option in options and not os.path.isfile(options[option]):
-                raise SettingsError(f"{name}: {option} names no readable file ({options[option]!r})")
-        options["ssl_cert_reqs"] = CERT_REQS[asked.lower()]
+        try:
+            options = checked_tls_options(name, dict(query))
+        except ValueError as e:
+            raise SettingsError(str(e)) from None
         return urlunsplit(parts._replace(query=urlencode(options, safe="/:")))
 
     def describe(self) -> str:
-        return super().describe() + " (TLS options in the query: docs/scaling.md)"
+        return super().describe() + " (TLS options in the query, and Sentinel: docs/scaling.md)"
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,18 @@ PAIRS = "tenant:{} pairs, comma-separated ({})"
 VARIABLES = (  # the columns line up by section; the formatter would give each argument its own line
     # shared: storage.settings.StorageSettings, and what both processes read of the model and its device
     Variable("STEPWISE_REDIS_URL", RedisUrl(), "redis://127.0.0.1:6379/0",
-             "Redis: job records, and Celery's broker and result backend", "shared",
+             "Redis: job records, and Celery's broker and result backend; `redis://`, `rediss://` (TLS), or the "
+             "sentinels that find the master, in Celery's form `sentinel://host:port;sentinel://host:port/DB` "
+             "(docs/scaling.md)", "shared",
              default_text="the Redis of a `stepwise up` running from this folder (its `var/stepwise.json`), else "
              "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)", is_secret=True),
+    Variable("STEPWISE_REDIS_SENTINEL_MASTER", Text("a name", pattern=r"[^\s;/?#&=]+"), None,
+             "the master's name the sentinels know (`sentinel monitor NAME ...`), when STEPWISE_REDIS_URL is a "
+             "`sentinel://` URL (docs/scaling.md)", "shared"),
+    Variable("STEPWISE_REDIS_REPLICA_WAIT", SECONDS_OR_ZERO, 1.0,
+             "while the master has replicas, a write a client is told succeeded (a job created, canceled or "
+             "deleted; a key created or revoked) waits up to this long for one replica to confirm it, else the "
+             "API answers 503 (docs/guarantees.md); 0: no wait", "shared"),
     Variable("STEPWISE_STORAGE_URL", Url(("file", "s3")), None,
              "where images go: `file:///absolute/path` or `s3://bucket/prefix` (objects "
              "`{prefix}/{job_id}/{index}.png`)", "shared", default_text="`file://<cwd>/var/images`"),

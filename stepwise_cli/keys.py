@@ -20,9 +20,10 @@ from pathlib import Path
 
 import redis
 
-from settings import read_if_set
+from settings import read, read_if_set
 from stepwise_cli.client import default_var_dir
 from storage.api_keys import ApiKeyStore
+from storage.errors import StorageUnavailableError
 from storage.job_store import JobStore
 from storage.redis_location import find_redis
 
@@ -41,8 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def redis_url(args: argparse.Namespace) -> str:
-    """--redis-url, else the Redis every stepwise process finds (storage.redis_location)."""
-    return args.redis_url or find_redis(read_if_set("STEPWISE_REDIS_URL"), args.var_dir or default_var_dir()).url
+    """--redis-url, else the Redis every stepwise process finds (storage.redis_location); a Sentinel URL with the
+    master STEPWISE_REDIS_SENTINEL_MASTER names."""
+    configured = args.redis_url or read_if_set("STEPWISE_REDIS_URL")
+    master = read_if_set("STEPWISE_REDIS_SENTINEL_MASTER")
+    return find_redis(configured, args.var_dir or default_var_dir(), master).url
 
 
 def created(seconds: float) -> str:
@@ -50,8 +54,8 @@ def created(seconds: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    job_store = JobStore(redis_url(args))
-    store = ApiKeyStore(job_store.redis, job_store.keys)
+    job_store = JobStore(redis_url(args), replica_wait_seconds=read("STEPWISE_REDIS_REPLICA_WAIT"))
+    store = ApiKeyStore(job_store.redis, job_store.keys, job_store.replica_wait)  # kept once a replica has it
     try:
         if args.action == "create":
             key, record = store.create(args.tenant, "admin" if args.admin else "tenant")
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         sys.stderr.write(f"stepwise keys: {e}\n")
         return 2
-    except redis.RedisError as e:
+    except (redis.RedisError, StorageUnavailableError) as e:
         sys.stderr.write(f"stepwise keys: cannot reach Redis: {e}\n")
         return 1
     finally:

@@ -47,6 +47,8 @@ from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
 from storage.queue_names import WEBHOOK_QUEUE
+from storage.redis_clients import celery_redis_config, close_redis, open_redis
+from storage.redis_location import with_sentinel_master
 
 LOCAL_TENANT = "local"
 REDIS_MISSING = """\
@@ -210,7 +212,7 @@ def settings_error(env: dict[str, str]) -> str | None:
 
 
 def wait_for_redis(supervisor: Supervisor, url: str, timeout: float) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    client = open_redis(url, socket_connect_timeout=1)  # a Sentinel URL's master too (storage.redis_clients)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -224,7 +226,7 @@ def wait_for_redis(supervisor: Supervisor, url: str, timeout: float) -> None:
                     ) from e
             supervisor.sleep(0.1)
     finally:
-        client.close()
+        close_redis(client)
 
 
 def wait_for_api(supervisor: Supervisor, api_url: str, timeout: float) -> None:
@@ -242,7 +244,8 @@ def wait_for_worker(supervisor: Supervisor, redis_url: str, worker_name: str, ti
     """The worker answers a Celery ping once its consumer runs, which is after its model loaded."""
     from celery import Celery
 
-    app = Celery("stepwise-up", broker=redis_url)
+    app = Celery("stepwise-up", set_as_current=False)
+    app.conf.update(celery_redis_config(redis_url, broker_transport_options={}))
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -275,6 +278,8 @@ def preflight_error(args: argparse.Namespace, redis_url: str | None, redis_binar
 def run(args: argparse.Namespace) -> int:
     var_dir = (args.var_dir or default_var_dir()).resolve()
     redis_url = read_if_set("STEPWISE_REDIS_URL")
+    if redis_url:  # a Sentinel URL carries its master's name (saved so in the state file)
+        redis_url = with_sentinel_master(redis_url, read_if_set("STEPWISE_REDIS_SENTINEL_MASTER"))
     redis_binary = shutil.which("redis-server")
     error = preflight_error(args, redis_url, redis_binary)
     if error:

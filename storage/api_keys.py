@@ -26,8 +26,10 @@ from typing import cast
 
 import redis
 
-from storage.errors import StorageUnavailableError
+from settings import default
+from storage.errors import RedisUnavailableError
 from storage.redis_keys import RedisKeys
+from storage.replica_wait import ReplicaWait
 
 SCOPES = ("tenant", "admin")  # admin: also /metrics and every tenant's queue totals
 KEY_PREFIX = "sk_"
@@ -53,12 +55,30 @@ class ApiKey:
         return self.scope == "admin"
 
 
+# Creating and revoking a key are each one script, so that they are atomic and a replica's confirmation can
+# follow on the same connection (storage.replica_wait: a key revoked stays revoked through a failover).
+CREATE_KEY = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[1])
+return 1
+"""
+REVOKE_KEY = """
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2])
+return 1
+"""
+
+
 class ApiKeyStore:
-    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+    def __init__(self, client: redis.Redis, keys: RedisKeys, replica_wait: ReplicaWait | None = None) -> None:
         self._redis = client
         self.keys_key = keys.api_keys
         self.ids_key = keys.api_key_ids
         self.revocations_channel = keys.api_key_revocations
+        self.replica_wait = replica_wait or ReplicaWait(client, default("STEPWISE_REDIS_REPLICA_WAIT"))
+        self._create_key = client.register_script(CREATE_KEY)
+        self._revoke_key = client.register_script(REVOKE_KEY)
 
     def create(self, tenant: str, scope: str = "tenant") -> tuple[str, ApiKey]:
         """A new key for `tenant`: (the key itself, shown only now; its record)."""
@@ -68,11 +88,8 @@ class ApiKeyStore:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)} (got {scope!r})")
         key = KEY_PREFIX + secrets.token_urlsafe(24)
         record = ApiKey(ID_PREFIX + secrets.token_hex(6), tenant, scope, time.time(), key[:SHOWN_CHARS])
-        digest = digest_of(key)
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys_key, digest, json.dumps(asdict(record)))
-            pipe.hset(self.ids_key, record.key_id, digest)
-            pipe.execute()
+        args = [digest_of(key), json.dumps(asdict(record)), record.key_id]
+        self.replica_wait.run_script(self._create_key, [self.keys_key, self.ids_key], args)
         return key, record
 
     def all(self) -> dict[str, ApiKey]:
@@ -94,11 +111,8 @@ class ApiKeyStore:
         if text is None:
             return None
         record = ApiKey(**json.loads(text))
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(self.keys_key, digest)
-            pipe.hdel(self.ids_key, record.key_id)
-            pipe.publish(self.revocations_channel, record.key_id)
-            pipe.execute()
+        args = [digest, record.key_id, self.revocations_channel]
+        self.replica_wait.run_script(self._revoke_key, [self.keys_key, self.ids_key], args)
         return record
 
     def revoked_among(self, key_ids: list[str]) -> set[str]:
@@ -115,7 +129,7 @@ def _text(value: bytes | str) -> str:
 
 class ApiKeyTable:
     """Every key of an ApiKeyStore by digest, read again at most once per `refresh_seconds`. If a refresh
-    fails the keys read before stay in force; with none read yet, `lookup` raises StorageUnavailableError."""
+    fails the keys read before stay in force; with none read yet, `lookup` raises RedisUnavailableError."""
 
     def __init__(
         self, store: ApiKeyStore, refresh_seconds: float = REFRESH_SECONDS, clock: Callable[[], float] = time.monotonic
@@ -138,7 +152,7 @@ class ApiKeyTable:
                     self._read_at = self.clock()
                 except redis.exceptions.RedisError as e:
                     if self._keys is None:
-                        raise StorageUnavailableError(f"cannot read the API keys from Redis: {e}") from e
+                        raise RedisUnavailableError(f"cannot read the API keys from Redis: {e}") from e
                     self._read_at = self.clock()  # keep the keys read before; try again in a second
             assert self._keys is not None
             return self._keys

@@ -11,6 +11,10 @@ class StorageUnavailableError(StorageError):
     """Redis or the image store could not be reached (after retries); the API answers 503."""
 
 
+class RedisUnavailableError(StorageUnavailableError):
+    """Redis could not be reached (down, failing over to a replica, loading), or could not keep a write."""
+
+
 class IdempotencyConflictError(StorageError):
     """The idempotency key was used before with a different request body."""
 

@@ -2,8 +2,9 @@
 
 Every engine worker writes its heartbeat, a small JSON object, into one hash (`{ns}:workers`,
 field = worker id) every few seconds: its model, the model's family, capacity, the family's
-defaults and limits, and a snapshot of its engine's statistics. Readers group the heartbeats
-by model:
+defaults and limits, and a snapshot of its engine's statistics. Its `seen_at` alone goes beside it
+(`{ns}:workers-seen`), for the dead-worker watches, which read every worker's each second. Readers
+group the heartbeats by model:
 
 - a worker is *live* while its last heartbeat is younger than `worker_timeout` and it admits jobs
   (not draining, not shutting down, its engine's loop thread running); a model is *available* while it
@@ -23,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 import redis
+
+from storage.redis_keys import RedisKeys
 
 # The engine statistics a heartbeat carries (the rest of engine.stats() stays in the worker).
 ENGINE_FIELDS = (
@@ -112,14 +115,39 @@ def summed_engine_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class HeartbeatStore:
-    def __init__(self, client: redis.Redis, key: str, *, worker_timeout: float, retention: float) -> None:
+    def __init__(self, client: redis.Redis, keys: RedisKeys, *, worker_timeout: float, retention: float) -> None:
         self._redis = client
-        self.key = key
+        self.key = keys.workers
+        self.seen_key = keys.workers_seen
         self.worker_timeout = worker_timeout
         self.retention = retention
 
     def beat(self, heartbeat: Heartbeat) -> None:
-        self._redis.hset(self.key, heartbeat.worker_id, heartbeat.to_json())
+        """The heartbeat, and its seen_at alone beside it (one round trip): every worker's dead-worker watch reads
+        all workers' seen_at each second, so what it reads must stay a few bytes per worker, not a heartbeat
+        (a fleet of N workers would read N heartbeats N times a second: benchmarks/fleet.py)."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.key, heartbeat.worker_id, heartbeat.to_json())
+            pipe.hset(self.seen_key, heartbeat.worker_id, repr(heartbeat.seen_at))
+            pipe.execute()
+
+    def seen_at_by_worker(self, now: float) -> dict[str, float]:
+        """Worker id -> its latest heartbeat's seen_at, for heartbeats younger than the retention (worker.dead_workers);
+        older ones are deleted on the way, as `heartbeats` does."""
+        stored = cast(dict[str, str], self._redis.hgetall(self.seen_key))  # decode_responses=True
+        seen, expired = {}, []
+        for worker_id, text in stored.items():
+            try:
+                seen_at = float(text)
+            except ValueError:
+                seen_at = float("-inf")  # a foreign entry is dropped, never fatal
+            if now - seen_at > self.retention:
+                expired.append(worker_id)
+            else:
+                seen[worker_id] = seen_at
+        if expired:
+            self._forget(expired)
+        return seen
 
     def heartbeats(self, now: float) -> list[Heartbeat]:
         """Heartbeats younger than the retention; older ones are deleted on the way."""
@@ -132,8 +160,14 @@ class HeartbeatStore:
             else:
                 beats.append(beat)
         if expired:
-            self._redis.hdel(self.key, *expired)
+            self._forget(expired)
         return beats
+
+    def _forget(self, worker_ids: list[str]) -> None:
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hdel(self.key, *worker_ids)
+            pipe.hdel(self.seen_key, *worker_ids)
+            pipe.execute()
 
     def is_live(self, beat: Heartbeat, now: float) -> bool:
         return beat.is_admitting and now - beat.seen_at <= self.worker_timeout

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import redis
-import redis.asyncio as aioredis
 
 from storage.job_events import JobEvent, events_from_entries, is_last_stream_id
+from storage.redis_clients import aclose_redis, open_async_redis
 from storage.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,12 @@ class Watch:
 class JobEventFeed:
     def __init__(self, redis_url: str, keys: RedisKeys) -> None:
         self.keys = keys
-        self.client = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
-                redis_url, decode_responses=True, max_connections=READ_CONNECTIONS, timeout=10, socket_connect_timeout=2
-            )
+        self.client = open_async_redis(
+            redis_url,
+            decode_responses=True,
+            max_connections=READ_CONNECTIONS,
+            pool_timeout=10,
+            socket_connect_timeout=2,
         )
         self._watches: dict[str, set[Watch]] = {}
         self._tasks: list[asyncio.Task] = []
@@ -205,4 +207,4 @@ class JobEventFeed:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=CLOSE_SECONDS)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.aclose(), CLOSE_SECONDS)
+            await asyncio.wait_for(aclose_redis(self.client), CLOSE_SECONDS)

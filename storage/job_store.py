@@ -22,6 +22,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from settings import default
 from storage import lua
 from storage.errors import (
     IdempotencyConflictError,
@@ -55,8 +56,10 @@ from storage.new_job import (
     run_creates,
 )
 from storage.queue_names import DEFAULT_PRIORITY
+from storage.redis_clients import close_redis, describe_redis, open_redis
 from storage.redis_errors import wraps_redis_errors as _wraps_redis_errors
 from storage.redis_keys import RedisKeys
+from storage.replica_wait import ReplicaWait
 from storage.settings import StorageSettings
 
 __all__ = [
@@ -108,6 +111,7 @@ class JobStore(JobReads):
         worker_timeout: float = 10.0,
         model_retention: float = 3600.0,
         tenant_weights: TenantWeights | None = None,
+        replica_wait_seconds: float = default("STEPWISE_REDIS_REPLICA_WAIT"),
     ) -> None:
         self.job_ttl_seconds = job_ttl_seconds
         self.namespace = namespace
@@ -118,20 +122,21 @@ class JobStore(JobReads):
         # quick 503, not as a request hanging for half a minute. A blocking pool: a burst of more
         # concurrent callers than connections (app threads) waits for one, where
         # redis-py's default pool would fail the call ("Too many connections").
-        pool = redis.BlockingConnectionPool.from_url(
+        # With Sentinel, a connection finds the master through the sentinels (storage.redis_clients).
+        self._redis = open_redis(
             redis_url,
             max_connections=MAX_CONNECTIONS,
-            timeout=5,
+            pool_timeout=5,
             decode_responses=True,
             socket_connect_timeout=2,
             socket_timeout=5,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
-        self._redis = redis.Redis(connection_pool=pool)
-        kwargs = self._redis.get_connection_kwargs()
-        self.redis_location = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        self.redis_location = describe_redis(redis_url)
+        # Creates, cancels and deletes are acknowledged once a replica has them (storage.replica_wait).
+        self.replica_wait = ReplicaWait(self._redis, replica_wait_seconds)
         self._heartbeats = HeartbeatStore(
-            self._redis, self.keys.workers, worker_timeout=worker_timeout, retention=model_retention
+            self._redis, self.keys, worker_timeout=worker_timeout, retention=model_retention
         )
         register = self._redis.register_script
         self._create = register(lua.CREATE)
@@ -161,6 +166,7 @@ class JobStore(JobReads):
             worker_timeout=settings.worker_timeout,
             model_retention=settings.model_retention,
             tenant_weights=settings.tenant_weights,
+            replica_wait_seconds=settings.redis_replica_wait,
         )
 
     # Transitions.
@@ -220,7 +226,9 @@ class JobStore(JobReads):
             )
             for spec in specs
         ]
-        replies = run_creates(self._redis, self._create.sha, self.keys, pending, limits, int(now // 60))
+        replies = run_creates(
+            self._redis, self._create.sha, self.keys, pending, limits, int(now // 60), self.replica_wait
+        )
         return [create_outcome(spec, record, reply, now) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
@@ -342,9 +350,8 @@ class JobStore(JobReads):
         next step boundary). Raises InvalidTransitionError if terminal, JobStoringError if its images are
         made and wait in its worker's spool (nothing is left to stop), JobNotFoundError if there is no such
         job. Returns the new state."""
-        outcome, state = self._request_cancel(
-            keys=[self.job_key(job_id)], args=[self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds]
-        )
+        args = [self.namespace, job_id, repr(self.clock()), self.job_ttl_seconds]
+        outcome, state = self.replica_wait.run_script(self._request_cancel, [self.job_key(job_id)], args)
         if outcome == "missing":
             raise JobNotFoundError(f"no job {job_id!r}")
         if outcome == "refused":
@@ -385,10 +392,8 @@ class JobStore(JobReads):
         state before, or None if there is no such job. A worker still running it finds the record gone and
         `was_deleted` true for `tombstone_seconds`, and removes the images it stored meanwhile."""
         now = self.clock()
-        outcome, state = self._delete(
-            keys=[self.job_key(job_id)],
-            args=[self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds],
-        )
+        args = [self.namespace, job_id, repr(now), self.job_ttl_seconds, tombstone_seconds]
+        outcome, state = self.replica_wait.run_script(self._delete, [self.job_key(job_id)], args)
         return JobState(state) if outcome == "deleted" else None
 
     @_wraps_redis_errors
@@ -415,7 +420,7 @@ class JobStore(JobReads):
         return cast(str | None, self._redis.get(self.keys.progress_webhook(job_id)))
 
     def close(self) -> None:
-        self._redis.close()
+        close_redis(self._redis)
 
     def __enter__(self) -> JobStore:
         return self

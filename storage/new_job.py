@@ -14,6 +14,7 @@ from storage.errors import IdempotencyConflictError, StorageError
 from storage.job_record import JobRecord, JobState, record_from_flat, record_to_hash
 from storage.queue_names import DEFAULT_PRIORITY, generate_queue
 from storage.redis_keys import RedisKeys
+from storage.replica_wait import ReplicaWait
 
 
 class QueueFullError(StorageError):
@@ -103,17 +104,20 @@ def run_creates(
     pending: list[tuple[NewJobSpec, JobRecord, float]],
     limits: CreateLimits,
     minute: int,
+    replica_wait: ReplicaWait,
 ) -> list[Any]:
     """One pipeline of CREATE scripts (storage.lua), one per pending (spec, record, fair share); their raw replies.
     `minute` is the wall-clock minute (unix seconds // 60) whose submits the rate limit counts.
 
     EVALSHA goes straight into the pipeline: redis-py's Script objects would add a SCRIPT EXISTS
-    round trip to every pipeline. After a Redis restart (scripts gone) the script is loaded and
-    the jobs that got NOSCRIPT (so did not run) run again; no job runs twice."""
+    round trip to every pipeline. After a Redis restart or a failover (scripts gone) the script is
+    loaded and the jobs that got NOSCRIPT (so did not run) run again; no job runs twice. While the
+    master has replicas the pipeline ends with WAIT: the jobs are acknowledged once a replica has them
+    (storage.replica_wait), else ReplicaUnconfirmedError."""
     replies: list[Any] = [None] * len(pending)
     todo = list(range(len(pending)))
     for _ in range(2):
-        with client.pipeline(transaction=False) as pipe:
+        with client.pipeline(transaction=False) as pipe, replica_wait.forgetting_on_error():
             for index in todo:
                 spec, record, share = pending[index]
                 script_keys = [keys.job(record.job_id)]
@@ -136,7 +140,9 @@ def run_creates(
                     limits.tenant_jobs_per_minute,
                     *[item for pair in spec.uploads.items() for item in pair],
                 )
-            for index, reply in zip(todo, pipe.execute(raise_on_error=False)):
+            waits = replica_wait.queue_wait(pipe)
+            executed = pipe.execute(raise_on_error=False)
+            for index, reply in zip(todo, executed):
                 replies[index] = reply
         todo = [index for index in todo if isinstance(replies[index], redis.exceptions.NoScriptError)]
         if not todo:
@@ -145,6 +151,10 @@ def run_creates(
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
+    if waits:  # the last pipeline's WAIT: it came after every job's write
+        if isinstance(executed[-1], Exception):
+            raise executed[-1]
+        replica_wait.check(executed[-1])
     return replies
 
 

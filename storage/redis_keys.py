@@ -61,6 +61,12 @@ class RedisKeys:
         return f"{self.namespace}:workers"
 
     @property
+    def workers_seen(self) -> str:
+        """Hash: worker id -> its latest heartbeat's seen_at alone, what every worker's dead-worker watch reads
+        each second (storage.heartbeats)."""
+        return f"{self.namespace}:workers-seen"
+
+    @property
     def api_keys(self) -> str:
         """Hash: SHA-256 digest of an API key -> its record (storage.api_keys)."""
         return f"{self.namespace}:api-keys"

@@ -1,6 +1,7 @@
 """Which Redis a process uses, found the same way by every stepwise process and by `celery -A worker ...`:
 
-1. `STEPWISE_REDIS_URL`, when it is set;
+1. `STEPWISE_REDIS_URL`, when it is set (a `sentinel://` URL with STEPWISE_REDIS_SENTINEL_MASTER's name folded
+   in: `with_sentinel_master`; storage.redis_clients connects by it);
 2. else the Redis of a `stepwise up` still running from this folder: `up` saves its Redis URL and its
    process id in `<STEPWISE_VAR_DIR>/stepwise.json` (the state file, which also holds the API's URL and
    key for `stepwise submit`), and the URL counts while that process lives;
@@ -15,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from settings import declared, default
+from settings import SettingsError, declared, default
+from settings.sentinel_url import SentinelUrl, is_sentinel_url
 
 STATE_FILE_NAME = "stepwise.json"
 
@@ -34,15 +36,40 @@ class RedisLocation:
         return f"{mask_password(self.url)} ({self.source})"
 
 
-def find_redis(configured: str | None, var_dir: Path) -> RedisLocation:
-    """`configured`: STEPWISE_REDIS_URL's checked value when it is set; `var_dir`: STEPWISE_VAR_DIR's."""
+def find_redis(configured: str | None, var_dir: Path, sentinel_master: str | None = None) -> RedisLocation:
+    """`configured`: STEPWISE_REDIS_URL's checked value when it is set; `var_dir`: STEPWISE_VAR_DIR's;
+    `sentinel_master`: STEPWISE_REDIS_SENTINEL_MASTER's, which a `sentinel://` URL needs (folded into it)."""
     if configured:
-        return RedisLocation(configured, "STEPWISE_REDIS_URL")
+        return RedisLocation(with_sentinel_master(configured, sentinel_master), "STEPWISE_REDIS_URL")
     state_file = (var_dir / STATE_FILE_NAME).absolute()
     saved = running_up_redis(state_file)
     if saved is not None:
         return saved
     return RedisLocation(default("STEPWISE_REDIS_URL"), "the default")
+
+
+def with_sentinel_master(url: str, master: str | None) -> str:
+    """A `sentinel://` URL with the master's name in it (`master_name` in its query), so that the one string
+    carries all a client needs, through `stepwise up`'s state file and `--redis-url` too. The name comes from
+    STEPWISE_REDIS_SENTINEL_MASTER or the URL itself; both may give it if they agree."""
+    if not is_sentinel_url(url):
+        if master:
+            raise SettingsError(
+                f"STEPWISE_REDIS_SENTINEL_MASTER is set ({master!r}), but the Redis URL is not a sentinel:// URL "
+                f"({mask_password(url)}): unset it, or give the sentinels"
+            )
+        return url
+    sentinel = SentinelUrl.parse("STEPWISE_REDIS_URL", url)
+    if master and sentinel.master_name and master != sentinel.master_name:
+        raise SettingsError(
+            f"STEPWISE_REDIS_SENTINEL_MASTER ({master!r}) and the URL's master_name ({sentinel.master_name!r}) differ"
+        )
+    if not (master or sentinel.master_name):
+        raise SettingsError(
+            "STEPWISE_REDIS_URL is a Sentinel URL: STEPWISE_REDIS_SENTINEL_MASTER must name the master "
+            "(the name in the sentinels' `sentinel monitor NAME host port quorum`)"
+        )
+    return replace(sentinel, master_name=master or sentinel.master_name).to_text()
 
 
 def running_up_redis(state_file: Path) -> RedisLocation | None:
@@ -69,7 +96,16 @@ def is_running(pid: int) -> bool:
 
 
 def mask_password(url: str) -> str:
-    """`redis://:secret@host:6379/0` -> `redis://:***@host:6379/0`; a URL without a password is unchanged."""
+    """`redis://:secret@host:6379/0` -> `redis://:***@host:6379/0`; a URL without a password is unchanged. A
+    Sentinel URL's passwords (the master's, the sentinels' `sentinel_password`) are masked alike."""
+    if is_sentinel_url(url):
+        sentinel = SentinelUrl.parse("a Redis URL", url)
+        masked = replace(
+            sentinel,
+            password="***" if sentinel.password else "",
+            sentinel_password="***" if sentinel.sentinel_password else "",
+        )
+        return masked.to_text().replace("%2A%2A%2A", "***")
     parts = urlsplit(url)
     if not parts.password:
         return url

@@ -24,6 +24,8 @@ def default_storage_url() -> str:
 class StorageSettings:
     redis_url: str = default("STEPWISE_REDIS_URL")
     redis_source: str = "the default"  # where redis_url came from (storage.redis_location), for log lines
+    # seconds an acknowledged write waits for a replica's confirmation while the master has replicas; 0: none
+    redis_replica_wait: float = default("STEPWISE_REDIS_REPLICA_WAIT")
     storage_url: str = ""  # file:///path or s3://bucket/prefix; "": the local default (default_storage_url)
     s3_endpoint_url: str | None = None  # SeaweedFS or any S3-compatible server; None: AWS
     s3_public_endpoint_url: str | None = None  # the endpoint clients reach, for presigning
@@ -57,10 +59,13 @@ class StorageSettings:
                 f"(got {worker_timeout:g} and {heartbeat_interval:g}): a live worker would count as dead"
             )
         secret = read("STEPWISE_WEBHOOK_SECRET")
-        redis = find_redis(read_if_set("STEPWISE_REDIS_URL"), Path(read("STEPWISE_VAR_DIR")))
+        redis = find_redis(
+            read_if_set("STEPWISE_REDIS_URL"), Path(read("STEPWISE_VAR_DIR")), read("STEPWISE_REDIS_SENTINEL_MASTER")
+        )
         return cls(
             redis_url=redis.url,
             redis_source=redis.source,
+            redis_replica_wait=read("STEPWISE_REDIS_REPLICA_WAIT"),
             storage_url=read("STEPWISE_STORAGE_URL") or default_storage_url(),
             s3_endpoint_url=read("STEPWISE_S3_ENDPOINT_URL"),
             s3_public_endpoint_url=read("STEPWISE_S3_PUBLIC_URL"),

@@ -12,8 +12,8 @@
   queue and the webhook queue; `-Q stepwise.generate` names its model's queue (`worker.lifecycle`);
 - kombu priorities on the Redis lists (high, normal, low), normal for anything sent without one;
 - task events on, for Flower;
-- kombu's Redis transport with a fix that lets the consumer reconnect after Redis restarts
-  (`worker.broker`);
+- kombu's Redis transport (its Sentinel transport for a `sentinel://` URL, `storage.redis_clients`) with a fix
+  that lets the consumer reconnect after Redis restarts or fails over (`worker.broker`);
 - the Redis every stepwise process finds (`storage.redis_location`: STEPWISE_REDIS_URL, else a running
   `stepwise up`'s, else the default), which Celery's command line names on stderr
   (`celery -A worker inspect ping` says which Redis it asked).
@@ -34,23 +34,28 @@ from storage.queue_names import (
     WEBHOOK_TASK,
     celery_transport_options,
 )
+from storage.redis_clients import celery_redis_config
 from storage.redis_location import RedisLocation
-from worker.broker import TRANSPORT
+from worker.broker import transport_for
 from worker.settings import WorkerSettings
 
 settings = WorkerSettings.from_env()
 generate_queue = settings.queue
 
-app = Celery("stepwise", broker=settings.storage.redis_url, backend=settings.storage.redis_url)
+redis_config = celery_redis_config(
+    settings.storage.redis_url,
+    broker_transport_options={"visibility_timeout": settings.visibility_timeout, **celery_transport_options()},
+    result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
+)
+app = Celery("stepwise", broker=redis_config.pop("broker_url"), backend=redis_config.pop("result_backend"))
 app.conf.update(
-    broker_transport=TRANSPORT,  # kombu's Redis transport, reconnecting after Redis restarts
+    **redis_config,  # the transport options, and with Sentinel the master's name and TLS
+    broker_transport=transport_for(settings.storage.redis_url),  # kombu's Redis transport, reconnecting after restarts
     worker_pool="threads",
     worker_concurrency=settings.concurrency,
     worker_prefetch_multiplier=1,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    broker_transport_options={"visibility_timeout": settings.visibility_timeout, **celery_transport_options()},
-    result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
     worker_send_task_events=True,
     task_send_sent_event=True,
     task_ignore_result=True,  # the job record is the result; nothing reads Celery's

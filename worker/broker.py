@@ -1,4 +1,5 @@
-"""The Redis broker transport the worker uses: kombu's, with one fix for reconnecting.
+"""The Redis broker transport the worker uses: kombu's (its Sentinel one for a `sentinel://` URL), with one fix
+for reconnecting.
 
 When the connection to Redis drops, Celery's consumer (5.7) first detaches the connection's
 transport (`collect()`) and then closes the connection. Closing its channel tries to put the
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import logging
 
-from kombu.transport import redis
+from kombu.transport import TRANSPORT_ALIASES, redis
+
+from settings.sentinel_url import is_sentinel_url
 
 log = logging.getLogger(__name__)
 
@@ -43,4 +46,25 @@ class Transport(redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, redis.SentinelChannel):  # the same fix, on kombu's Sentinel channel
+    pass
+
+
+class SentinelTransport(redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 TRANSPORT = f"{__name__}:Transport"
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
+
+
+def transport_for(redis_url: str) -> str:
+    """Celery's `broker_transport` for STEPWISE_REDIS_URL: the Sentinel one for a `sentinel://` URL.
+
+    For Sentinel, the `sentinel://` scheme is also made to name it in this process: when a connection fails,
+    kombu switches to the URL's next `sentinel://` part and takes the transport from its scheme again, which
+    would drop `broker_transport` and with it the fix above after the first failover."""
+    if not is_sentinel_url(redis_url):
+        return TRANSPORT
+    TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT  # before any connection resolved it (kombu caches that)
+    return SENTINEL_TRANSPORT

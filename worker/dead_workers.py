@@ -40,15 +40,20 @@ class DeadWorkerWatch:
         self.own_worker_id = own_worker_id
         self.clock = clock
         self._unchanged: dict[str, tuple[float, float]] = {}  # worker id -> (its seen_at, when this watch saw it first)
+        # Dead workers whose jobs this watch has re-queued already: a worker stays dead (its heartbeat listed)
+        # for the retention, an hour, and reading every running job's holder each second for that long, in
+        # every worker, would cost Redis what the fleet's size squared times its running jobs does.
+        self._swept: set[str] = set()
 
     def forget(self) -> None:
         """After a failed read: what was seen before may be stale, so start watching afresh."""
         self._unchanged.clear()
+        self._swept.clear()
 
     def dead_worker_ids(self) -> set[str]:
         """Workers whose heartbeat this watch has seen unchanged for at least the timeout."""
         now = self.clock()
-        beats = {beat.worker_id: beat.seen_at for beat in self.job_store.heartbeat_store.heartbeats(time.time())}
+        beats = self.job_store.heartbeat_store.seen_at_by_worker(time.time())  # a few bytes each (storage.heartbeats)
         for worker_id in set(self._unchanged) - set(beats):
             del self._unchanged[worker_id]
         dead = set()
@@ -65,18 +70,20 @@ class DeadWorkerWatch:
         forgetting what it saw) when Redis cannot be read."""
         try:
             dead = self.dead_worker_ids() - {self.own_worker_id}
-            holders = running_holders(self.job_store) if dead else {}
+            self._swept &= dead  # one that beat again is alive: if it dies again, its jobs are looked at again
+            holders = running_holders(self.job_store) if dead - self._swept else {}
+            requeued = []
+            for job_id, holder in holders.items():
+                if holder not in dead:
+                    continue
+                message = f"worker {holder} sent no heartbeat for {self.timeout:.0f}s"
+                if self.job_store.release(job_id, holder, "worker_lost", message):  # wakes its queue's workers
+                    requeued.append(job_id)
+                    log.warning("job %s: re-queued: %s", job_id, message)
         except Exception:
             self.forget()
             raise
-        requeued = []
-        for job_id, holder in holders.items():
-            if holder not in dead:
-                continue
-            message = f"worker {holder} sent no heartbeat for {self.timeout:.0f}s"
-            if self.job_store.release(job_id, holder, "worker_lost", message):  # wakes its queue's workers
-                requeued.append(job_id)
-                log.warning("job %s: re-queued: %s", job_id, message)
+        self._swept |= dead
         return requeued
 
 

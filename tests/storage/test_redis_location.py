@@ -36,6 +36,7 @@ def found() -> RedisLocation:
 @pytest.fixture
 def var_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("STEPWISE_REDIS_URL", raising=False)
+    monkeypatch.delenv("STEPWISE_REDIS_SENTINEL_MASTER", raising=False)
     monkeypatch.setenv("STEPWISE_VAR_DIR", str(tmp_path / "var"))
     return tmp_path / "var"
 
@@ -112,7 +113,7 @@ def test_tls_files_in_a_rediss_url_are_kept_and_must_exist(monkeypatch, tmp_path
     [
         ("redis://cache:6379/0?ssl_cert_reqs=required", "TLS needs a rediss:// URL"),
         ("rediss://cache:6380/0?ssl_cert_reqs=sometimes", "ssl_cert_reqs must be required, optional or none"),
-        ("http://cache:6379/0", "must be a URL: redis://, rediss:// or unix://"),
+        ("http://cache:6379/0", "must be a URL: redis://, rediss://, unix://, sentinel:// or sentinels://"),
     ],
 )
 def test_a_redis_url_redis_py_or_celery_would_misread_is_refused_naming_the_variable(monkeypatch, given, message):
@@ -120,3 +121,84 @@ def test_a_redis_url_redis_py_or_celery_would_misread_is_refused_naming_the_vari
 
     with pytest.raises(SettingsError, match=f"STEPWISE_REDIS_URL.*{message}"):
         read("STEPWISE_REDIS_URL")
+
+
+SENTINELS = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3"
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        (f"{SENTINELS}/2", "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3:26379/2"),
+        (SENTINELS, "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3:26379/0"),
+        ("sentinel://:pw@h1:1;sentinel://:pw@h2:2/1", "sentinel://:pw@h1:1;sentinel://h2:2/1"),  # the master's
+    ],
+)
+def test_celerys_sentinel_form_is_taken_with_its_default_port_and_database(monkeypatch, given, used):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", given)
+
+    assert read("STEPWISE_REDIS_URL") == used
+
+
+def test_the_master_named_apart_is_folded_into_the_url_every_process_and_up_pass_on(var_dir, monkeypatch):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", f"{SENTINELS}/0")
+    monkeypatch.setenv("STEPWISE_REDIS_SENTINEL_MASTER", "mymaster")
+
+    location = found()
+
+    assert location.url.endswith("/0?master_name=mymaster")
+    save_state(var_dir, location.url, os.getpid())  # what a `stepwise up` started with it saves
+    monkeypatch.delenv("STEPWISE_REDIS_URL")
+    monkeypatch.delenv("STEPWISE_REDIS_SENTINEL_MASTER")
+    assert found().url == location.url
+
+
+@pytest.mark.parametrize(
+    ("url", "master", "message"),
+    [
+        (SENTINELS, None, "STEPWISE_REDIS_SENTINEL_MASTER must name the master"),
+        (f"{SENTINELS}/0?master_name=a", "b", r"STEPWISE_REDIS_SENTINEL_MASTER \('b'\) and the URL's master_name"),
+        ("redis://cache:6379/0", "mymaster", "the Redis URL is not a sentinel:// URL"),
+    ],
+)
+def test_a_sentinel_master_missing_or_contradicted_is_refused_naming_the_variable(
+    var_dir, monkeypatch, url, master, message
+):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", url)
+    if master:
+        monkeypatch.setenv("STEPWISE_REDIS_SENTINEL_MASTER", master)
+
+    with pytest.raises(SettingsError, match=message):
+        found()
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("sentinel://h1:26379;redis://h2:6379/0", "each part of a Sentinel URL is sentinel://host:port"),
+        ("sentinel://h1:26379/1;sentinel://h2:26379/2", "its parts name two databases"),
+        ("sentinel://h1:26379;sentinels://h2:26379", "its parts name two schemes"),
+        ("sentinel://h1:26379/0?ssl_cert_reqs=none", "TLS needs a sentinels:// URL"),
+        ("sentinel://h1:26379/0?socket_timeout=3", "a Sentinel URL takes master_name, sentinel_password"),
+        ("sentinel://h1:port/0", "has no valid port"),
+    ],
+)
+def test_a_sentinel_url_no_client_could_use_is_refused_naming_the_variable(monkeypatch, given, message):
+    monkeypatch.setenv("STEPWISE_REDIS_URL", given)
+
+    with pytest.raises(SettingsError, match=f"STEPWISE_REDIS_URL.*{message}"):
+        read("STEPWISE_REDIS_URL")
+
+
+def test_a_sentinel_urls_passwords_are_never_shown(var_dir, monkeypatch, tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    url = f"sentinels://:m4ster@h1:26379;sentinels://h2:26379/0?sentinel_password=s3nt&ssl_ca_certs={ca}"
+    monkeypatch.setenv("STEPWISE_REDIS_URL", url)
+    monkeypatch.setenv("STEPWISE_REDIS_SENTINEL_MASTER", "mymaster")
+
+    described = found().describe()
+
+    assert "m4ster" not in described and "s3nt" not in described
+    assert described.startswith("sentinels://:***@h1:26379;sentinels://h2:26379/0?master_name=mymaster")
+    assert "sentinel_password=***" in described and "ssl_cert_reqs=required" in described  # TLS checked by default

@@ -95,12 +95,18 @@ class RedisServer:
     and asks every client for a certificate its authority signed (redis-server's flags as in FACTS.md)."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, appendonly: bool = True, tls: TlsFiles | None = None
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        appendonly: bool = True,
+        tls: TlsFiles | None = None,
+        extra_arguments: tuple[str, ...] = (),  # more redis-server flags (a replica's --replicaof)
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.appendonly = appendonly
         self.tls = tls
+        self.extra_arguments = extra_arguments
         self.process: subprocess.Popen | None = None
 
     @property
@@ -140,6 +146,7 @@ class RedisServer:
                 "no",
                 "--logfile",
                 str(self.data_dir / "redis.log"),
+                *self.extra_arguments,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

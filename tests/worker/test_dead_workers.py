@@ -60,7 +60,9 @@ def test_after_a_failed_read_every_worker_gets_a_whole_timeout_again(store, monk
     watch.sweep()
     clock.advance(TIMEOUT - 1)
     with monkeypatch.context() as patched:  # Redis away for a moment, as in a restart
-        patched.setattr(store.heartbeat_store, "heartbeats", lambda now: (_ for _ in ()).throw(ConnectionError("down")))
+        patched.setattr(
+            store.heartbeat_store, "seen_at_by_worker", lambda now: (_ for _ in ()).throw(ConnectionError("down"))
+        )
         with pytest.raises(ConnectionError):
             watch.sweep()
     clock.advance(2)
@@ -68,6 +70,26 @@ def test_after_a_failed_read_every_worker_gets_a_whole_timeout_again(store, monk
     assert watch.sweep() == []  # silent for more than the timeout, but not watched that long since
     clock.advance(TIMEOUT)
     assert watch.sweep() == [job.job_id]
+
+
+def test_a_worker_that_comes_back_and_dies_again_loses_its_new_jobs_too(store):
+    clock = FakeClock(0.0)
+    watch = watch_of(store, clock)
+    first, second = make_job(store), make_job(store)
+    store.take(first.job_id, "flaky", 60)
+    beat(store, "flaky", 100.0)
+    watch.sweep()
+    clock.advance(TIMEOUT)
+    assert watch.sweep() == [first.job_id]
+    clock.advance(1)
+    assert watch.sweep() == []  # still dead, nothing more of its to re-queue
+
+    beat(store, "flaky", 200.0)  # it was only stalled: it beats again, and takes a job
+    store.take(second.job_id, "flaky", 60)
+    watch.sweep()
+    clock.advance(TIMEOUT)
+
+    assert watch.sweep() == [second.job_id]
 
 
 def test_the_watch_never_judges_its_own_worker(store):
