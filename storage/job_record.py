@@ -27,6 +27,21 @@ class JobState(str, enum.Enum):
         return self not in (JobState.QUEUED, JobState.RUNNING)
 
 
+HOLDER_SEPARATOR = "#"
+
+
+def holder_token(worker_id: str, attempt: int) -> str:
+    """The lease holder of one attempt at a job: `worker_id#attempt`. Every write a worker makes as the job's holder
+    (renew, storing, end, re-queue) carries it, so an attempt the job was taken away from (re-queued behind its
+    worker's back, then taken again, even by the same worker) can write nothing (storage.lua_preamble's holder_of)."""
+    return f"{worker_id}{HOLDER_SEPARATOR}{attempt}"
+
+
+def worker_of(holder: str) -> str:
+    """The worker id in a holder token (worker ids may hold '#' themselves: the attempt is after the last)."""
+    return holder.rpartition(HOLDER_SEPARATOR)[0]
+
+
 # Why a running job went back to the queue (JobRecord.requeue_reason).
 REQUEUE_REASONS = ("worker_lost", "lease_expired", "worker_shutdown", "worker_drained")
 
@@ -58,7 +73,7 @@ class JobRecord:
     requeued_at: float | None = None  # the latest time the job went back to the queue (None: never)
     requeue_reason: str | None = None  # why, as a code: worker_lost, lease_expired, worker_shutdown, worker_drained
     requeue_message: str | None = None  # why, in words
-    worker_id: str | None = None  # holder while running
+    worker_id: str | None = None  # the worker holding it while running (its attempt: `holder`)
     lease_expires_at: float | None = None  # running job's lease (renewed by its worker)
     cancel_requested: bool = False
     is_paused: bool = False  # running, set aside at a step boundary for a job that outranks it (its worker says)
@@ -72,6 +87,12 @@ class JobRecord:
     idempotency_key: str | None = None
     priority: str = "normal"  # high, normal or low (core.params.PRIORITIES)
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
+
+    @property
+    def holder(self) -> str | None:
+        """The lease holder of the running attempt (`holder_token`), derived from worker_id and attempts as the
+        Lua scripts derive it; None unless a worker holds the job."""
+        return holder_token(self.worker_id, self.attempts) if self.worker_id else None
 
     @property
     def first_started_at(self) -> float:

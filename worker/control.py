@@ -38,9 +38,9 @@ from celery.worker.control import control_command, inspect_command
 
 from storage.errors import InvalidTransitionError, JobNotFoundError
 from storage.queue_names import GENERATE_TASK
-from worker.active_job import ActiveJob, StopReason
 from worker.app import generate_queue
 from worker.heartbeat import beat_now
+from worker.held_job import HeldJob, StopReason
 from worker.runtime import WorkerRuntime, current_runtime
 
 log = logging.getLogger(__name__)
@@ -59,10 +59,10 @@ def active(state, safe: bool = False, **kwargs) -> list[dict[str, Any]]:
     if runtime is None or not runtime.runs_engine:
         return tasks
     hostname = state.consumer.hostname
-    return [job_info(runtime, held, hostname) for held in runtime.active_jobs()] + tasks
+    return [job_info(runtime, held, hostname) for held in runtime.held.all()] + tasks
 
 
-def job_info(runtime: WorkerRuntime, held: ActiveJob, hostname: str) -> dict[str, Any]:
+def job_info(runtime: WorkerRuntime, held: HeldJob, hostname: str) -> dict[str, Any]:
     """One held job, in the fields Celery's `inspect active` gives a task (Flower reads them too)."""
     return {
         "id": held.job_id,
@@ -71,12 +71,14 @@ def job_info(runtime: WorkerRuntime, held: ActiveJob, hostname: str) -> dict[str
         "args": [held.job_id],
         "kwargs": {},
         "hostname": hostname,
-        "time_start": held.handed_over_at,
+        "time_start": held.taken_at,
         "acknowledged": True,
         "delivery_info": {"routing_key": generate_queue, "priority": None, "redelivered": False},
         "worker_pid": os.getpid(),
         "progress": f"{held.step}/{held.total}",
         "tenant": held.tenant,
+        "stage": held.stage.value,  # taken, in_engine, storing, spooled or ending (worker.held_job)
+        "attempt": held.attempt,
     }
 
 
@@ -102,10 +104,10 @@ def cancel_job(runtime: WorkerRuntime, job_id: str) -> bool:
         return False
     except InvalidTransitionError:  # already ended (another worker's revoke may have done it)
         pass
-    for held in runtime.active_jobs():
-        if held.job_id == job_id:
-            runtime.stop_job(held, StopReason.CANCELED)
-            log.info("revoke: job %s stops at its next step", job_id)
+    held = runtime.held.get(job_id)
+    if held is not None:
+        runtime.stop_job(held, StopReason.CANCELED)
+        log.info("revoke: job %s stops at its next step", job_id)
     return True
 
 
@@ -131,7 +133,7 @@ def drain(state) -> dict:
     return {
         "ok": "draining",
         "requeued_job_ids": requeued,
-        "running_job_ids": [active.job_id for active in runtime.active_jobs()],
+        "running_job_ids": [held.job_id for held in runtime.held.before_or_in_engine()],
     }
 
 

@@ -68,7 +68,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         defaults=family_defaults(family),
         limits={**family_limits(family), "needs_init_image": runtime.engine.needs_init_image},
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
-        spool=runtime.spool.stats(),
+        spool=runtime.spool_stats(),
     )
 
 

@@ -90,7 +90,7 @@ def start(sender) -> None:
     if runs_engine:
         # Before anything is consumed: what a stopped worker left in the spool is taken over, not run again.
         _spool_uploader = SpoolUploader(runtime, end_spooled_job).start()
-        metrics.watch_spool(runtime.spool.stats)
+        metrics.watch_spool(runtime.spool_stats)
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
@@ -101,7 +101,7 @@ def start(sender) -> None:
         runtime.job_store,
         settings.lease_sweep_interval,
         dead_workers=dead_workers,
-        is_held_here=runtime.leases.holds,
+        is_held_here=runtime.held.holds,
     ).start()
     _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)
 

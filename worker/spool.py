@@ -2,10 +2,12 @@
 
 A finished image is the most expensive thing the service makes, so a storage outage (S3 unreachable
 after its retries, a read-only or full image folder) must not throw it away. When an upload fails,
-the job's task thread writes its images here and the job stays `running`, its record saying since
+the job's thread writes its images here and the job stays `running`, its record saying since
 when and why (`JobStore.set_storing`); `worker.spool_uploader` uploads them once the store answers
 again and ends the job `succeeded`, once, as any job ends. While anything waits here the store is
 taken to be down: new images come straight here instead of each waiting out the store's retries.
+Which jobs wait here is the held-jobs book's to say (`worker.held_jobs`, `Stage.SPOOLED`); this module
+is the disk.
 
 Layout, `STEPWISE_SPOOL_DIR`:
 
@@ -14,34 +16,28 @@ Layout, `STEPWISE_SPOOL_DIR`:
     {spool_dir}/{worker_id}/{job_id}/job.json          written last: a folder without it was cut short
 
 A folder whose lock can be taken belongs to a worker that stopped: the worker that takes the lock
-adopts its jobs (moves them into its own folder, then `JobStore.adopt`), at its start and every
-`ADOPT_INTERVAL` (a spool on shared disk). A job whose spool is lost with its machine is never
-reported succeeded without its image: its lease lapses and it runs again.
+adopts its jobs (`orphans`: each is taken over in the job store, `JobStore.adopt`, then moved into its
+own folder), at its start and every `ADOPT_INTERVAL` (a spool on shared disk). A job whose spool is lost
+with its machine is never reported succeeded without its image: its lease lapses and it runs again.
 
-The bound, `STEPWISE_SPOOL_MAX_BYTES`: once the spool holds that much, `has_room` is False and the
-worker takes no new job; jobs already running still finish into it, so it can exceed the bound by
-their images. Images are not flushed to disk here (a killed process loses nothing the OS holds; a
-machine that loses power re-runs the job).
+The bound, `STEPWISE_SPOOL_MAX_BYTES`, is the runtime's (`WorkerRuntime.has_spool_room`). Images are not
+flushed to disk here (a killed process loses nothing the OS holds; a machine that loses power re-runs the job).
 """
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import logging
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from storage.errors import StorageError
-from storage.image_store import ImageStore
-from worker.output_images import OutputImage, put_images
+from worker.output_images import OutputImage
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +50,7 @@ class SpooledJob:
     """What ending a spooled job needs besides its record: written to job.json, read back on adoption."""
 
     job_id: str
+    holder: str  # the attempt that spooled it (`worker_id#attempt`): an adopter takes the job over from it
     image_keys: list[str]
     metadata: list[dict[str, str]]  # one per image, as stored with it
     steps: int  # the job's step count (its progress at the end)
@@ -76,13 +73,21 @@ class SpooledJob:
 STAGING_PREFIX = ".new-"  # a worker's folder while it takes its lock: never adopted
 
 
-class ImageSpool:
-    """This worker's spool folder, its bound, and the jobs waiting in it (oldest first)."""
+@dataclass
+class Orphan:
+    """A job a stopped worker left in the spool, found by `ImageSpool.orphans`."""
 
-    def __init__(self, root: Path, worker_id: str, max_bytes: int) -> None:
+    folder: Path  # its job folder, in the stopped worker's folder
+    stopped_worker_id: str
+    job: SpooledJob
+
+
+class ImageSpool:
+    """This worker's spool folder, and what stopped workers left beside it."""
+
+    def __init__(self, root: Path, worker_id: str) -> None:
         self.root = root
         self.worker_id = worker_id
-        self.max_bytes = max_bytes
         self.folder = root / worker_id
         root.mkdir(parents=True, exist_ok=True)
         if self.folder.is_dir():  # this id's folder from before (ids are fresh per start: tools and tests)
@@ -95,56 +100,7 @@ class ImageSpool:
             self._lock_file = (staging / LOCK_FILE).open("a")
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else sees it yet
             os.rename(staging, self.folder)  # the open lock follows the folder
-        self._condition = threading.Condition()
-        self._waiting: collections.OrderedDict[str, SpooledJob] = collections.OrderedDict()
-        self.num_bytes = 0
         self.last_error: str | None = None  # the image store's latest error while jobs wait
-
-    # what the task threads and the admission check ask
-
-    @property
-    def num_jobs(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def has_room(self) -> bool:
-        return self.num_bytes < self.max_bytes
-
-    @property
-    def is_backlogged(self) -> bool:
-        """Jobs wait here: the store failed lately, so new images come straight here."""
-        return bool(self._waiting)
-
-    def holds(self, job_id: str) -> bool:
-        return job_id in self._waiting
-
-    def store_or_why(self, image_store: ImageStore, images: list[OutputImage]) -> str | None:
-        """Put the images in the store; None if stored, else why not (then they belong in the spool). While jobs
-        wait here the store is not tried: it failed lately, and the uploader finds out when it is back."""
-        last_error = self.last_error
-        if self.is_backlogged:
-            return f"waiting behind {self.num_jobs} spooled jobs for image storage: {last_error}"
-        try:
-            put_images(image_store, images)
-        except StorageError as e:
-            return str(e) or type(e).__name__
-        return None
-
-    def wait_for_room(self, timeout: float) -> bool:
-        with self._condition:
-            return self._condition.wait_for(lambda: self.has_room, timeout)
-
-    def stats(self) -> dict[str, object]:
-        """What engine_stats and the heartbeat say of it."""
-        return {
-            "num_jobs": self.num_jobs,
-            "num_bytes": self.num_bytes,
-            "max_bytes": self.max_bytes,
-            "is_full": not self.has_room,
-            "storage_error": self.last_error if self._waiting else None,
-        }
-
-    # writing and removing
 
     def add(self, job: SpooledJob, images: list[OutputImage], why: str) -> None:
         """Keep the job's images until the store takes them. If the spool's own disk fails too, they are kept
@@ -162,24 +118,10 @@ class ImageSpool:
             log.error("job %s: the spool %s cannot take its images either (%s): kept in memory", job.job_id, folder, e)
             shutil.rmtree(folder, ignore_errors=True)
             job.in_memory = [image.data for image in images]
-        with self._condition:
-            self.last_error = why
-            self._add_waiting(job)
-
-    def _add_waiting(self, job: SpooledJob) -> None:
-        self._waiting[job.job_id] = job
-        self.num_bytes += job.num_bytes
-        self._condition.notify_all()
+        self.last_error = why
 
     def remove(self, job_id: str) -> None:
-        """The job's images are stored (or no longer wanted): forget them."""
-        with self._condition:
-            job = self._waiting.pop(job_id, None)
-            if job is not None:
-                self.num_bytes -= job.num_bytes
-            if not self._waiting:
-                self.last_error = None
-            self._condition.notify_all()
+        """The job's images are stored (or no longer wanted): remove them."""
         shutil.rmtree(self.folder / job_id, ignore_errors=True)
 
     def note_error(self, why: str) -> None:
@@ -194,20 +136,11 @@ class ImageSpool:
         parts = zip(job.image_keys, data, job.metadata, strict=True)
         return [OutputImage(key, item, metadata) for key, item, metadata in parts]
 
-    def waiting(self) -> list[SpooledJob]:
-        """The jobs waiting, oldest first."""
-        with self._condition:
-            return list(self._waiting.values())
-
-    def wait_for_jobs(self, timeout: float) -> bool:
-        with self._condition:
-            return self._condition.wait_for(lambda: bool(self._waiting), timeout)
-
     # what stopped workers left
 
-    def adopt_orphans(self) -> Iterator[tuple[str, SpooledJob]]:
-        """Move each job a stopped worker left in the spool into this worker's folder; yields (that worker's id,
-        the job). The caller takes the job over in the job store, or removes it (`remove`)."""
+    def orphans(self) -> Iterator[Orphan]:
+        """Each job a stopped worker left in the spool, its worker's lock held while the caller handles it (takes it
+        over and `move_here`, or `discard`s it). A stopped worker's folder goes once nothing is left in it."""
         for folder in sorted(self.root.iterdir()):
             if folder == self.folder or not folder.is_dir() or folder.name.startswith(STAGING_PREFIX):
                 continue
@@ -215,23 +148,28 @@ class ImageSpool:
                 if not is_stopped:
                     continue
                 for job_folder in sorted(folder.iterdir()):
-                    job = self._move_here(job_folder)
+                    job = self._read_left(job_folder)
                     if job is not None:
-                        yield folder.name, job
-                shutil.rmtree(folder, ignore_errors=True)
+                        yield Orphan(job_folder, folder.name, job)
+                if not [path for path in folder.iterdir() if path.name != LOCK_FILE]:
+                    shutil.rmtree(folder, ignore_errors=True)
 
-    def _move_here(self, job_folder: Path) -> SpooledJob | None:
+    def _read_left(self, job_folder: Path) -> SpooledJob | None:
         if not job_folder.is_dir():
             return None
         try:
-            job = SpooledJob.from_json((job_folder / JOB_FILE).read_text())
-            os.replace(job_folder, self.folder / job.job_id)
+            return SpooledJob.from_json((job_folder / JOB_FILE).read_text())
         except (OSError, ValueError, TypeError, KeyError) as e:  # cut short before job.json, or torn
             log.warning("spool: dropping %s, left incomplete by a stopped worker (%s)", job_folder, e)
+            shutil.rmtree(job_folder, ignore_errors=True)
             return None
-        with self._condition:
-            self._add_waiting(job)
-        return job
+
+    def move_here(self, orphan: Orphan) -> None:
+        """Into this worker's folder (raises OSError)."""
+        os.replace(orphan.folder, self.folder / orphan.job.job_id)
+
+    def discard(self, orphan: Orphan) -> None:
+        shutil.rmtree(orphan.folder, ignore_errors=True)
 
     def close(self) -> None:
         """Release the lock: what is left here is adopted by the next worker that looks."""
@@ -267,6 +205,6 @@ def default_spool_dir() -> Path:
     return Path(tempfile.gettempdir()) / "stepwise-spool"
 
 
-def open_spool(spool_dir: str | None, worker_id: str, max_bytes: int) -> ImageSpool:
+def open_spool(spool_dir: str | None, worker_id: str) -> ImageSpool:
     root = Path(spool_dir).expanduser().resolve() if spool_dir else default_spool_dir()
-    return ImageSpool(root, worker_id, max_bytes)
+    return ImageSpool(root, worker_id)

@@ -116,6 +116,7 @@ class Cluster:
         via_stepwise: bool = False,
         wait: bool = True,
         stepwise_args: tuple[str, ...] = (),
+        queues: str = "stepwise.generate,stepwise.webhooks",
         **env: str,
     ) -> WorkerProcess:
         """`celery -A worker worker` with no pool, concurrency or prefetch flags (the app's defaults
@@ -125,6 +126,7 @@ class Cluster:
             self.redis.url,
             self.storage_env["STEPWISE_STORAGE_URL"],
             label=f"worker-{label or f'w{len(self.workers) + 1}'}",
+            queues=queues,
             pool=None,
             via_stepwise=via_stepwise,
             stepwise_args=stepwise_args,
