@@ -3,7 +3,8 @@
 While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
 the job's Redis I/O there, never on the engine loop thread: it encodes and writes the newest live
 preview, if the job asked for them (a small JPEG data URI on the job's event stream; one older
-than progress already written is dropped, so the stream's steps never go back), writes progress
+than progress already written is dropped, so the stream's steps never go back, and one that cannot
+be encoded is dropped and logged: a preview never costs the job), writes progress
 (at most once per `STEPWISE_PROGRESS_INTERVAL`; the record's progress also goes on the job's event stream),
 queues a `progress` webhook when the job asked for one (at most once per second), and notices a
 cancel request recorded by the API and passes it to the engine, which stops the job at its next
@@ -74,10 +75,19 @@ class JobWatch:
             self.runtime.stop_job(held, StopReason.CANCELED)
 
     def write_preview(self) -> None:
+        """The newest preview on the job's event stream. One that cannot be encoded costs that preview, never the
+        job (the engine's rule for a preview it cannot make): it is dropped and logged."""
         preview = self.held.take_preview()
         if preview is None or preview.step < self.written_step:
             return
-        image = preview.data_uri()  # here, off the engine loop: waits for the device's copy, resizes, encodes
+        try:
+            image = preview.data_uri()  # here, off the engine loop: waits for the device's copy, resizes, encodes
+        except Exception as e:
+            job_id, why = self.held.job_id, f"{type(e).__name__}: {e}"
+            log.warning(
+                "job %s: its preview at step %d could not be encoded and was dropped (%s)", job_id, preview.step, why
+            )
+            return
         self.runtime.job_store.add_preview(self.held.job_id, preview.step, preview.total, image)
 
     def write_progress(self, now: float, *, force: bool = False) -> None:

@@ -7,17 +7,18 @@ With real processes and SIGSTOP: tests/worker/test_frozen_worker.py."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
 from tests.support.cluster import small_params
-from tests.support.job_factories import take_job
+from tests.support.job_factories import FakeClock, take_job
 from tests.support.waiting import wait_for
 from worker.held_job import Stage, StopReason
 from worker.held_jobs import HeldJobs
-from worker.tasks import run_held_job
+from worker.tasks import run_held_job, run_job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,3 +90,20 @@ def test_a_job_re_queued_behind_its_running_workers_back_and_taken_again_there_s
     assert (ended.state, ended.attempts, ended.requeue_reason) == (JobState.SUCCEEDED, 2, "worker_lost")
     assert ended.image_keys == [f"{record.job_id}/0.png"] and not paced_runtime.held.holds(record.job_id)
     store.close()
+
+
+def test_timings_start_is_this_attempts_from_its_take_not_from_the_first_attempts(paced_runtime, redis_url):
+    """A job first taken an hour ago by a worker that died, re-queued, and run here: its `start` (take to engine)
+    counts this attempt only."""
+    an_hour_ago = FakeClock(time.time() - 3600)
+    with JobStore(redis_url, clock=an_hour_ago) as then:
+        record, _ = then.create(tenant="tests", params=small_params(num_inference_steps=2))
+        first = take_job(then, record.job_id, "a-worker-that-died")
+        assert then.release(record.job_id, first.holder, "worker_lost", "it died")
+
+    assert run_job(paced_runtime) == "succeeded"
+
+    with JobStore(redis_url) as store:
+        ended = store.get(record.job_id)
+    assert ended.attempts == 2 and ended.started_at < time.time() - 3000  # the first start, as a view shows it
+    assert 0 <= ended.timings["start"] < 60, ended.timings

@@ -9,11 +9,11 @@ import threading
 import pytest
 
 from batching import DiffusionEngine, EngineConfig
+from benchmarks.random_loras import make_lora
 from core.errors import JobCanceledError, JobFailedError
 from storage.settings import StorageSettings
 from tests.support.engines import make_params
 from tests.support.held_jobs import hold
-from tests.support.loras import make_lora
 from worker.held_job import StopReason
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings

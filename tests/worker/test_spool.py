@@ -4,14 +4,18 @@ leaves it. End to end (real workers, S3 and the local folder down): tests/faults
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from storage.job_record import JobRecord, JobState
+from storage.job_store import JobStore
 from storage.settings import StorageSettings
 from tests.support.cluster import small_params
 from tests.support.job_factories import take_job
+from tests.support.waiting import wait_for
+from worker.job_ends import end_spooled_job
 from worker.output_images import OutputImage
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
@@ -110,3 +114,44 @@ def test_a_job_deleted_while_its_images_wait_for_storage_leaves_the_spool_at_the
     assert runtime.held.holds(kept) and not runtime.held.holds(deleted)
     assert not (runtime.spool.folder / deleted).exists()
     assert store.get(kept).state is JobState.RUNNING
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_workers_spooled_job_is_stored_and_ended_while_this_workers_model_still_loads(
+    redis_url, tmp_path, monkeypatch
+):
+    """The uploader starts before the model loads and takes over what a stopped worker left: a model load of
+    minutes (a large checkpoint) must not hold those images back (the engine's build has a lock of its own)."""
+    images = tmp_path / "images"
+    storage = StorageSettings(redis_url=redis_url, storage_url=images.as_uri())
+    settings = WorkerSettings(storage=storage, spool_dir=str(tmp_path / "spool"))
+    store = JobStore(redis_url)
+    record, _ = store.create(tenant="tests", params=small_params())
+    taken = take_job(store, record.job_id, "host:1:stopped")
+    left = ImageSpool(tmp_path / "spool", "host:1:stopped")
+    job, outputs = spooled_job(record.job_id, taken.holder or "", b"the image")
+    left.add(job, outputs, "S3 is down")
+    left.close()  # that worker stopped
+    runtime = WorkerRuntime(settings, "host:2:starting")
+    is_loading, may_load = threading.Event(), threading.Event()
+
+    def slow_model_load():
+        is_loading.set()
+        may_load.wait(60)
+        raise RuntimeError("this test's model never loads")
+
+    monkeypatch.setattr(runtime, "_build_engine", slow_model_load)
+    loader = threading.Thread(target=lambda: pytest.raises(RuntimeError, lambda: runtime.engine), daemon=True)
+    loader.start()
+    assert is_loading.wait(10)
+    uploader = SpoolUploader(runtime, end_spooled_job).start()
+    try:
+        ended = wait_for(lambda: (r := store.get(record.job_id)).state.is_terminal and r, 20, "the job to end")
+
+        assert (ended.state, ended.attempts) == (JobState.SUCCEEDED, 1) and loader.is_alive()
+        assert (images / ended.image_keys[0]).read_bytes() == b"the image"
+    finally:
+        may_load.set()
+        uploader.stop()
+        runtime.close()
+        store.close()
