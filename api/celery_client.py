@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from storage.queue_names import BROKER_PRIORITY, DEFAULT_PRIORITY, WEBHOOK_QUEUE, WEBHOOK_TASK, celery_transport_options
+from storage.queue_names import WEBHOOK_QUEUE, WEBHOOK_TASK
 
 
 class TaskQueue:
@@ -19,8 +19,6 @@ class TaskQueue:
         self.celery = Celery("stepwise-api", broker=broker_url, set_as_current=False)
         self.celery.conf.update(
             broker_connection_timeout=3,
-            broker_transport_options=celery_transport_options(),
-            task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
             task_send_sent_event=True,  # Flower shows webhook deliveries from the moment they are queued
             task_publish_retry_policy={
                 "max_retries": 2,

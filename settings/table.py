@@ -34,7 +34,8 @@ PAIRS = "tenant:{} pairs, comma-separated ({})"
 VARIABLES = (  # the columns line up by section; the formatter would give each argument its own line
     # shared: storage.settings.StorageSettings, and what both processes read of the model and its device
     Variable("STEPWISE_REDIS_URL", RedisUrl(), "redis://127.0.0.1:6379/0",
-             "Redis: job records, and Celery's broker and result backend", "shared",
+             "Redis: job records and their queues, and Celery's broker (webhook deliveries, the workers' commands)",
+             "shared",
              default_text="the Redis of a `stepwise up` running from this folder (its `var/stepwise.json`), else "
              "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)"),
     Variable("STEPWISE_STORAGE_URL", Url(("file", "s3")), None,
@@ -191,10 +192,13 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_LORA_CACHE_BYTES", COUNT, 2 * 2**30, "their summed file sizes at most (LRU)", "worker"),
     Variable("STEPWISE_CACHE_DIR", Text("a folder"), None, "where the built-in models are built and cached",
              "worker", default_text="`~/.cache/stepwise`"),
-    Variable("STEPWISE_WORKER_CONCURRENCY", COUNT, None, "task threads per worker", "worker",
+    Variable("STEPWISE_WORKER_CONCURRENCY", COUNT, None,
+             "jobs a worker holds at once: the running batch plus a few waiting in its engine (a webhook-only "
+             "worker: deliveries at once)", "worker",
              default_text="max_num_seqs + max(2, max_num_seqs // 2)"),
     Variable("STEPWISE_VISIBILITY_TIMEOUT", COUNT, 7200,
-             "seconds before Redis redelivers an unacknowledged message: longer than the longest job", "worker",
+             "seconds before Redis hands a webhook delivery whose worker died to another worker (jobs are not "
+             "messages: a dead worker's jobs come back through their leases)", "worker",
              example="7200"),
     Variable("STEPWISE_WORKER_METRICS_PORT", PORT, 9101,
              "the worker's Prometheus port; 0: none. A busy port is logged, not fatal", "worker"),
@@ -202,7 +206,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "the address the exporter listens on; it has no authentication, so `0.0.0.0` (compose sets it, "
              "publishing no port) is an explicit choice", "worker"),
     Variable("STEPWISE_WORKER_POLL_INTERVAL", SECONDS, 0.2,
-             "seconds between a task thread's checks of its job (cancel flag, lease)", "worker"),
+             "seconds between a job thread's checks of its job (cancel flag, progress, previews)", "worker"),
     Variable("STEPWISE_PROGRESS_INTERVAL", SECONDS, 0.5,
              "at most one progress write per job per this many seconds", "worker"),
     Variable("STEPWISE_PREVIEW_EVERY", COUNT_OR_ZERO, 0,
@@ -226,7 +230,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "how much the spool may hold: once it is full the worker takes no new job (they wait in the queue) "
              "until storage takes the images back", "worker"),
     Variable("STEPWISE_REDIS_RETRY_SECONDS", SECONDS_OR_ZERO, 60.0,
-             "how long a task retries its job's record reads and writes while Redis is unreachable", "worker"),
+             "how long a job's thread retries its record reads and writes while Redis is unreachable", "worker"),
     Variable("STEPWISE_WEBHOOK_MAX_ATTEMPTS", COUNT, 8, "delivery attempts per webhook event", "worker"),
     Variable("STEPWISE_WEBHOOK_BACKOFF", SECONDS_OR_ZERO, 2.0,
              "seconds before the first retry; doubles per attempt (capped at an hour and at half the visibility "

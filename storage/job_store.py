@@ -1,9 +1,10 @@
 """Job records in Redis: one hash per job, atomic state transitions, per-tenant index.
 
 Every transition is one Lua script (see lua.py), so it is atomic and safe to repeat: nothing
-leaves a terminal state, two workers cannot both take a job, and a worker that lost its lease
-cannot finish a job another worker now holds. Terminal records expire after
-`job_ttl_seconds`; index entries that outlive their record are dropped when a listing meets them.
+leaves a terminal state, two workers cannot both take a job, and an attempt that lost its lease
+cannot write as the job's holder: each attempt's holder token is `worker_id#attempt` (`JobRecord.holder`),
+so not even its own worker, having taken the job again, can end it through the stale attempt. Terminal records
+expire after `job_ttl_seconds`; index entries that outlive their record are dropped when a listing meets them.
 
 `counts_by_state()` is O(1): queued and running are the sizes of the queue and lease sets (jobs
 now in that state); the terminal states are totals of jobs that ever reached them, since their
@@ -121,7 +122,6 @@ class JobStore(JobReads):
         )
         register = self._redis.register_script
         self._create = register(lua.CREATE)
-        self._take = register(lua.TAKE)
         self._take_next = register(lua.TAKE_NEXT)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
@@ -209,29 +209,10 @@ class JobStore(JobReads):
         return [create_outcome(spec, record, reply) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
-    def wake_workers(self, queue: str) -> None:
-        """Wake one waiting worker of `queue`, as queueing a job there does (storage.lua's wake_workers)."""
-        key = self.keys.wake(queue)
-        with self._redis.pipeline(transaction=False) as pipe:
-            pipe.lpush(key, "1")
-            pipe.ltrim(key, 0, lua.WAKE_TOKENS - 1)
-            pipe.execute()
-
-    @_wraps_redis_errors
     def wait_for_work(self, queue: str, timeout: float) -> bool:
         """Block until a job is queued on `queue` (a wake-up token, pushed by the script that queued it) or
         `timeout` seconds pass; True if woken. A token is one wake-up: each wakes one waiting worker."""
         return self._redis.blpop([self.keys.wake(queue)], timeout=timeout) is not None
-
-    @_wraps_redis_errors
-    def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
-        """Atomically queued -> running (attempts+1, started_at, lease). None if the job is not
-        queued (terminal, or another worker holds it)."""
-        now = self.clock()
-        reply = self._take(
-            keys=[self.job_key(job_id)], args=[self.namespace, job_id, worker_id, repr(now), repr(now + lease_seconds)]
-        )
-        return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
     def take_next(self, queue: str, worker_id: str, lease_seconds: int) -> JobRecord | None:

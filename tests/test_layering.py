@@ -30,8 +30,6 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.admission",
     "batching.builtin_model",
     "batching.builtin_models.folders",
-    "batching.errors",
-    "batching.params",
     "batching.plan",
     "batching.scheduler",
     "batching.settings",

@@ -11,11 +11,11 @@ and two of Celery's own, answered in the project's terms, so Celery users' habit
 
 A job is not a Celery task (a worker's feeder takes jobs from its model's queue in the project's own
 order), so Celery's `active` would not list it, and its `revoke` would not stop it: `active`
-lists the jobs an engine worker holds, as Celery lists tasks (plus `progress` and `tenant`), and the
-worker's other tasks as Celery does; `revoke` cancels each id that names a job as
-`POST /v1/jobs/{id}/cancel` does (a queued job at once; a running one at its next step: its own worker
-stops it at once, any other through the cancel flag within a poll interval), and hands every other id
-to Celery's own revoke.
+lists the jobs an engine worker holds (its held-jobs book, `worker.held_jobs`), as Celery lists tasks (plus
+`progress`, `tenant`, `stage` and `attempt`), and the worker's webhook deliveries as Celery does; `revoke`
+cancels each id that names a job as `POST /v1/jobs/{id}/cancel` does (a queued job at once; a running one at
+its next step: its own worker stops it at once, any other through the cancel flag within a poll interval), and
+hands every other id to Celery's own revoke.
 
 `drain` stops the feeder taking jobs from its model's queue (`worker.feeder`), pauses the engine's
 admission and sends jobs that have not started denoising back to the queue (another worker, or this
@@ -37,8 +37,7 @@ from celery.worker import control as celery_control
 from celery.worker.control import control_command, inspect_command
 
 from storage.errors import InvalidTransitionError, JobNotFoundError
-from storage.queue_names import GENERATE_TASK
-from worker.app import generate_queue
+from worker.app import settings
 from worker.heartbeat import beat_now
 from worker.held_job import HeldJob, StopReason
 from worker.runtime import WorkerRuntime, current_runtime
@@ -46,6 +45,7 @@ from worker.runtime import WorkerRuntime, current_runtime
 log = logging.getLogger(__name__)
 
 NO_ENGINE = {"ok": "no engine here: this worker only delivers webhooks"}
+JOB_NAME = "stepwise.job"  # a held job's `name` in `inspect active` (no Celery task runs it: a job thread does)
 
 _celery_active = celery_control.active  # Celery's own, before `active` below replaces it
 _celery_revoke = celery_control.revoke
@@ -53,8 +53,9 @@ _celery_revoke = celery_control.revoke
 
 @inspect_command(alias="dump_active")
 def active(state, safe: bool = False, **kwargs) -> list[dict[str, Any]]:
-    """The jobs this worker runs (Celery's task fields, plus progress and tenant), and its other tasks."""
-    tasks = [info for info in _celery_active(state, safe=safe, **kwargs) if info.get("name") != GENERATE_TASK]
+    """The jobs this worker holds (Celery's task fields, plus progress, tenant, stage and attempt), and its
+    tasks (webhook deliveries)."""
+    tasks = _celery_active(state, safe=safe, **kwargs)
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
         return tasks
@@ -66,14 +67,14 @@ def job_info(runtime: WorkerRuntime, held: HeldJob, hostname: str) -> dict[str, 
     """One held job, in the fields Celery's `inspect active` gives a task (Flower reads them too)."""
     return {
         "id": held.job_id,
-        "name": GENERATE_TASK,
-        "type": GENERATE_TASK,
+        "name": JOB_NAME,
+        "type": JOB_NAME,
         "args": [held.job_id],
         "kwargs": {},
         "hostname": hostname,
         "time_start": held.taken_at,
         "acknowledged": True,
-        "delivery_info": {"routing_key": generate_queue, "priority": None, "redelivered": False},
+        "delivery_info": {"routing_key": settings.queue, "priority": None, "redelivered": False},  # its model's
         "worker_pid": os.getpid(),
         "progress": f"{held.step}/{held.total}",
         "tenant": held.tenant,
@@ -126,7 +127,6 @@ def drain(state) -> dict:
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
         return dict(NO_ENGINE)
-    state.consumer.call_soon(state.consumer.cancel_task_queue, generate_queue)
     requeued = runtime.stop_admission()
     beat_now()
     log.info("drain: stopped admitting jobs; re-queued %d that had not started", len(requeued))
@@ -146,7 +146,6 @@ def resume(state) -> dict:
     if runtime.is_shutting_down:
         return {"error": "this worker is shutting down"}
     runtime.resume_admission()
-    state.consumer.call_soon(state.consumer.add_task_queue, generate_queue)
     beat_now()
     log.info("resume: admitting jobs again")
     return {"ok": "admitting"}

@@ -1,6 +1,6 @@
-"""A task thread's wait for its job's result.
+"""A job thread's wait for its job's result.
 
-While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
+While the engine works, the job's thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
 the job's Redis I/O there, never on the engine loop thread: it encodes and writes the newest live
 preview, if the job asked for them (a small JPEG data URI on the job's event stream; one older
 than progress already written is dropped, so the stream's steps never go back, and one that cannot

@@ -300,7 +300,7 @@ class WorkerRuntime:
         if self._spool is not None:
             self._spool.close()  # what still waits there is taken over by the next worker that looks
         if self._engine is not None:
-            self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
+            self._engine.shutdown(abort=True)  # job threads are done by now; nothing should be left
         self.job_store.close()
 
 

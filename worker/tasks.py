@@ -1,4 +1,5 @@
-"""One job, from taken to an end state, on a thread of its own (`worker.feeder` takes it and starts it).
+"""One job, from taken to an end state, on a thread of its own (`worker.feeder` takes it, holds it in the worker's
+book, `worker.held_jobs`, and starts it).
 
 `run_taken_job` is the job's straight line, each step once (`worker.job_steps`):
 
@@ -12,10 +13,7 @@ A step that finds the job cannot go on raises its way out (`worker.ways_out`): t
 canceled, failed in the engine or in encoding), goes back to the queue (a drain, warm shutdown or stopping
 engine), is let go (its lease lost to another worker), waits in the spool (the image store failed: it stays
 running with its images in this worker's spool until they are stored, `worker.spool`), or is left to its lease
-(Redis stayed away). `run_held_job` acts on each, in one place (`worker.job_ends`).
-
-The `stepwise.generate` Celery task is no longer how jobs arrive: a message sent to a model's queue (by an
-API from before the feeder, or by hand) only wakes that model's workers.
+(Redis stayed away). `run_held_job` acts on each, in one place (`worker.job_ends`), then lets the job go.
 """
 
 from __future__ import annotations
@@ -24,25 +22,15 @@ import logging
 
 from storage.errors import StorageError
 from storage.job_record import JobRecord
-from storage.queue_names import GENERATE_TASK
 from worker import metrics
-from worker.app import app
 from worker.held_job import HeldJob, Stage
 from worker.job_ends import end_job, keep_in_spool, patiently, requeue
 from worker.job_steps import check_deadline, params_to_run, start_in_engine, store_outputs, wait_in_engine
-from worker.runtime import WorkerRuntime, get_runtime
+from worker.runtime import WorkerRuntime
 from worker.ways_out import BackToQueue, Ends, LeaseLost, LeftToLease, WaitsInSpool, WayOut
 from worker.webhooks import emit_event
 
 log = logging.getLogger(__name__)
-
-
-@app.task(name=GENERATE_TASK, ignore_result=True)
-def generate(job_id: str) -> str:
-    """A generate message (from an API before the feeder, or sent by hand): wake this model's workers."""
-    runtime = get_runtime()
-    runtime.job_store.wake_workers(runtime.settings.queue)
-    return "woke the feeders"
 
 
 def run_job(runtime: WorkerRuntime) -> str:

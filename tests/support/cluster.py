@@ -17,7 +17,7 @@ from celery import Celery
 from core.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queue_names import WEBHOOK_QUEUE, broker_queue_keys, generate_queue
+from storage.queue_names import WEBHOOK_QUEUE
 from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.support.servers import S3_TEST_ENV, RedisServer, child_env
 from tests.support.waiting import wait_for
@@ -47,12 +47,10 @@ def s3_client(endpoint_url: str):
     )
 
 
-# Leases of a few seconds so a dead worker's jobs come back quickly, and a broker visibility
-# timeout of ten hours, so nothing in these tests can be rescued by Redis redelivering a message.
+# Leases of a few seconds so a dead worker's jobs come back quickly.
 FAST_RECOVERY = {
     "STEPWISE_JOB_LEASE_SECONDS": "3",
     "STEPWISE_LEASE_SWEEP_INTERVAL": "0.5",
-    "STEPWISE_VISIBILITY_TIMEOUT": "36000",
 }
 
 JOB_TIMEOUT = 240.0  # a busy shared 2-core machine runs these jobs 30 times slower than an idle one
@@ -190,29 +188,16 @@ class Cluster:
             return "no record"
         return f"{record.state.value}, step {record.progress_step}/{record.progress_total}, attempts {record.attempts}"
 
-    def broker_is_idle(self, models: tuple[str, ...] = ("builtin:tiny",)) -> bool:
-        """No message waits in a stepwise queue and none is delivered but unacknowledged."""
+    def broker_is_idle(self) -> bool:
+        """No webhook delivery waits in its queue and none is delivered but unacknowledged (the only Celery
+        messages: jobs are not)."""
         with redis.Redis.from_url(self.redis.url) as client:
-            return (
-                all(self.queue_length(generate_queue(model)) == 0 for model in models)
-                and self.queue_length(WEBHOOK_QUEUE) == 0
-                and client.hlen("unacked") == 0
-            )
+            return client.llen(WEBHOOK_QUEUE) == 0 and client.hlen("unacked") == 0
 
     def stored_images(self) -> list[str]:
         """Every image in the deployment's image folder, as keys relative to it (local-folder deployments)."""
         assert self.images is not None
         return sorted(str(path.relative_to(self.images)) for path in self.images.rglob("*.png"))
-
-    def num_unacked(self) -> int:
-        """Messages delivered to some worker and not acknowledged (kombu's `unacked` hash)."""
-        with redis.Redis.from_url(self.redis.url) as client:
-            return client.hlen("unacked")
-
-    def queue_length(self, queue: str = generate_queue("builtin:tiny")) -> int:
-        """Messages waiting in `queue`, over its priority lists."""
-        with redis.Redis.from_url(self.redis.url) as client:
-            return sum(client.llen(key) for key in broker_queue_keys(queue))
 
     # -- Celery's tools -----------------------------------------------------------------------
 
