@@ -225,7 +225,9 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_SPOOL_DIR", Text("a folder"), None,
              "where a worker keeps finished images the image store could not take, until it takes them (the job "
              "stays running meanwhile). A worker that restarts, or another one on the same disk, uploads what a "
-             "stopped one left there", "worker", default_text="`stepwise-spool` in the system's temporary folder"),
+             "stopped one left there. It must be this user's and writable by no other user (a worker refuses any "
+             "other)", "worker", default_text="`stepwise/spool` in this user's state folder (`$XDG_STATE_HOME`, "
+             "else `~/.local/state`)"),
     Variable("STEPWISE_SPOOL_MAX_BYTES", COUNT, 1024**3,
              "how much the spool may hold: once it is full the worker takes no new job (they wait in the queue) "
              "until storage takes the images back", "worker"),

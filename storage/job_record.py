@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import json
+import re
+import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,6 +27,18 @@ class JobState(str, enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self not in (JobState.QUEUED, JobState.RUNNING)
+
+
+JOB_ID_PATTERN = re.compile(r"[0-9a-f]{32}")  # what new_job_id makes: nothing else names a job
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def is_job_id(text: str) -> bool:
+    """Whether `text` has the shape of a job id (32 lowercase hex digits): never a path, never empty."""
+    return JOB_ID_PATTERN.fullmatch(text) is not None
 
 
 HOLDER_SEPARATOR = "#"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -42,6 +41,7 @@ from storage.job_record import (
     JobRecord,
     JobState,
     encode_field,
+    new_job_id,
     record_from_flat,
 )
 from storage.new_job import Created, NewJobSpec, QueueFullError, create_outcome, run_creates
@@ -200,7 +200,7 @@ class JobStore(JobReads):
         pending = [
             (
                 spec,
-                spec.new_record(uuid.uuid4().hex, now),
+                spec.new_record(new_job_id(), now),
                 self.tenant_weights.share(spec.tenant, queue_cost(spec.params) if spec.cost is None else spec.cost),
             )
             for spec in specs

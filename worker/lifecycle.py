@@ -74,6 +74,7 @@ def on_worker_init(sender, **_) -> None:
 
 def start(sender) -> None:
     global _sweeper, _image_sweeper, _spool_uploader
+    log_from_the_start(sender)
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:
         raise ImproperlyConfigured(
@@ -105,6 +106,14 @@ def start(sender) -> None:
         is_held_here=runtime.held.holds,
     ).start()
     _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)
+
+
+def log_from_the_start(sender) -> None:
+    """Celery sets up its logging only after `worker_init`; set it up now (Celery's own setup, which then does
+    nothing the second time), so what the start does is logged: the spool's adoptions, the model's load."""
+    setup_logging = getattr(sender, "setup_logging", None)  # celery.apps.worker.Worker's, under the command line
+    if setup_logging is not None:
+        setup_logging()
 
 
 @signals.worker_ready.connect

@@ -31,6 +31,7 @@ from storage.job_record import JobRecord, JobState
 from worker import metrics
 from worker.held_job import HeldJob, StopReason
 from worker.output_images import put_images
+from worker.spool import Orphan, SpooledJob
 
 if TYPE_CHECKING:
     from worker.runtime import WorkerRuntime
@@ -67,30 +68,66 @@ class SpoolUploader:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def adopt_orphans(self) -> list[str]:
-        """Take over, and hold here, each job a stopped worker left in the spool that the attempt which spooled it
-        still holds; drop the others. A Redis error leaves the rest where they are, for the next look. Returns
-        the ids taken over."""
-        runtime = self.runtime
+        """Take over, and hold here, each job a stopped worker left in the spool (`ImageSpool.orphans` checked its
+        folder) whose images are stored under its own keys and whose record says the attempt that spooled it still
+        holds it; drop the others. A Redis error leaves the rest where they are, for the next look. Returns the ids
+        taken over; each adoption is logged."""
         adopted: list[str] = []
         try:
             for orphan in self.spool.orphans():
-                job = orphan.job
                 try:
-                    record = runtime.job_store.adopt(job.job_id, job.holder, runtime.worker_id, runtime.lease_seconds)
+                    if self._adopt(orphan):
+                        adopted.append(orphan.job.job_id)
                 except StorageError as e:
                     log.warning("spool: not taking over what stopped workers left yet (%s); trying again later", e)
                     break
-                if record is None:
-                    log.info("job %s: left in a stopped worker's spool, but it ended or runs again", job.job_id)
-                    self.spool.discard(orphan)
-                    continue
-                self.spool.move_here(orphan)
-                runtime.held.take(record, spooled=job)
-                adopted.append(job.job_id)
-                log.info("job %s: taken over from stopped worker %s's spool", job.job_id, orphan.stopped_worker_id)
-        except OSError as e:  # a job taken over but not moved is let go: its lease lapses and it runs again
-            log.warning("spool: could not take over what stopped workers left in %s: %s", self.spool.root, e)
+        except OSError as e:
+            log.warning("spool: could not look for what stopped workers left in %s: %s", self.spool.root, e)
         return adopted
+
+    def _adopt(self, orphan: Orphan) -> bool:
+        runtime, job = self.runtime, orphan.job
+        if job.image_keys != self._own_keys(job):
+            log.warning("spool: removing %s: its images are not stored under its job's keys", orphan.folder)
+            self.spool.discard(orphan)
+            return False
+        record = runtime.job_store.adopt(job.job_id, job.holder, runtime.worker_id, runtime.lease_seconds)
+        if record is None:
+            log.warning(
+                "spool: removing %s: job %s is not held by %s, the attempt of stopped worker %s that spooled it "
+                "(it ended, or went back to the queue)",
+                orphan.folder,
+                job.job_id,
+                job.holder,
+                orphan.stopped_worker_id,
+            )
+            self.spool.discard(orphan)
+            return False
+        try:
+            self.spool.move_here(orphan)
+        except OSError as e:  # taken over but not moved: not held here, so its lease lapses and it runs again
+            log.error("job %s: taken over from %s's spool but not moved here (%s)", job.job_id, orphan.folder, e)
+            return False
+        runtime.held.take(record, spooled=job)
+        log.info(
+            "job %s: adopted from stopped worker %s's spool (%d images, %d bytes): its images are stored from here",
+            job.job_id,
+            orphan.stopped_worker_id,
+            len(job.image_keys),
+            job.num_bytes,
+        )
+        return True
+
+    def _own_keys(self, job: SpooledJob) -> list[str] | None:
+        """The keys the image store gives this job's images, in their formats (None: a format it does not store):
+        a stopped worker's job.json may name no other, or its images would replace another job's."""
+        try:
+            return [
+                self.runtime.image_store.key_for(job.job_id, index, key.rsplit(".", 1)[-1])
+                for index, key in enumerate(job.image_keys)
+            ]
+        except ValueError:
+            return None
 
     def _run(self) -> None:
         num_failures = 0

@@ -221,6 +221,19 @@ class Cluster:
         raise AssertionError(f"{worker.name} did not answer {name}:\n{worker.log_tail()}")
 
 
+def local_folder_cluster(root: Path, **env: str) -> Cluster:
+    """A deployment in `root`: its own redis-server, images in `root/images`, the test workers' settings plus
+    `env`. The caller stops it (`stop_all`, then `redis.stop()`)."""
+    images = root / "images"
+    return Cluster(
+        RedisServer(root / "redis").start(),
+        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
+        root,
+        extra_env={**TEST_WORKER_ENV, **env},
+        images=images,
+    )
+
+
 def engine_stats_from_cli(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
     result = cluster.celery_cli("inspect", "engine_stats", "-d", worker.name, "--json", "-t", "10")
     assert result.returncode == 0, result.stdout + result.stderr

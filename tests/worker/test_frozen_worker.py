@@ -22,9 +22,8 @@ from collections.abc import Iterator
 import pytest
 
 from storage.job_record import JobRecord, JobState
-from tests.support.cluster import TEST_WORKER_ENV, Cluster, long_params
+from tests.support.cluster import Cluster, local_folder_cluster, long_params
 from tests.support.processes import WorkerProcess
-from tests.support.servers import RedisServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -37,14 +36,8 @@ NEVER = "3600"
 @pytest.fixture(scope="module")
 def frozen_cluster(tmp_path_factory) -> Iterator[Cluster]:
     """Own Redis, a local image folder, and one engine worker (`frozen_cluster.main`) that the tests freeze."""
-    root = tmp_path_factory.mktemp("frozen-worker")
-    images = root / "images"
-    cluster = Cluster(
-        RedisServer(root / "redis").start(),
-        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
-        root,
-        extra_env={**TEST_WORKER_ENV, "STEPWISE_JOB_LEASE_SECONDS": str(LEASE_SECONDS)},
-        images=images,
+    cluster = local_folder_cluster(
+        tmp_path_factory.mktemp("frozen-worker"), STEPWISE_JOB_LEASE_SECONDS=str(LEASE_SECONDS)
     )
     try:
         cluster.main = cluster.start_worker("frozen", queues="stepwise.generate")

@@ -4,12 +4,15 @@ leaves it. End to end (real workers, S3 and the local folder down): tests/faults
 
 from __future__ import annotations
 
+import stat
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from storage.job_record import JobRecord, JobState
+from storage.job_record import JobRecord, JobState, new_job_id
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
 from tests.support.cluster import small_params
@@ -19,20 +22,21 @@ from worker.job_ends import end_spooled_job
 from worker.output_images import OutputImage
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
-from worker.spool import ImageSpool, SpooledJob
+from worker.spool import ImageSpool, SpooledJob, default_spool_dir
 from worker.spool_uploader import SpoolUploader
 
 
 def spooled_job(job_id: str, holder: str, data: bytes) -> tuple[SpooledJob, list[OutputImage]]:
-    image = OutputImage(f"images/{job_id}/0.png", data, {"job_id": job_id, "index": "0", "seed": "7"})
+    image = OutputImage(f"{job_id}/0.png", data, {"job_id": job_id, "index": "0", "seed": "7"})
     job = SpooledJob(
         job_id, holder, [image.key], [image.metadata], steps=4, timings={"denoise": 0.1}, spooled_at=time.time()
     )
     return job, [image]
 
 
-def spool_one(spool: ImageSpool, job_id: str, data: bytes = b"\x89PNG fake", holder: str = "w#1") -> SpooledJob:
-    job, images = spooled_job(job_id, holder, data)
+def spool_one(spool: ImageSpool, job_id: str, data: bytes = b"\x89PNG fake") -> SpooledJob:
+    """As that spool's worker spools its first attempt at `job_id`."""
+    job, images = spooled_job(job_id, f"{spool.worker_id}#1", data)
     spool.add(job, images, "S3 is down")
     return job
 
@@ -55,14 +59,19 @@ def hold_spooled(runtime: WorkerRuntime, record: JobRecord, data: bytes) -> None
 
 def test_a_live_workers_spool_is_left_alone_and_a_stopped_ones_jobs_are_found_once_with_their_images(tmp_path):
     first = ImageSpool(tmp_path, "host:1:aaaaaa")
-    spool_one(first, "job-1", b"the image")
+    job_id = new_job_id()
+    spool_one(first, job_id, b"the image")
     other = ImageSpool(tmp_path, "host:2:bbbbbb")
     third = ImageSpool(tmp_path, "host:3:cccccc")
 
     assert list(other.orphans()) == []  # its worker lives (holds its lock)
     first.close()  # as a killed process's lock goes with it
     for orphan in other.orphans():
-        assert (orphan.stopped_worker_id, orphan.job.job_id, orphan.job.holder) == ("host:1:aaaaaa", "job-1", "w#1")
+        assert (orphan.stopped_worker_id, orphan.job.job_id, orphan.job.holder) == (
+            "host:1:aaaaaa",
+            job_id,
+            "host:1:aaaaaa#1",
+        )
         other.move_here(orphan)
 
     assert [image.data for image in other.images_of(orphan.job)] == [b"the image"]
@@ -72,11 +81,13 @@ def test_a_live_workers_spool_is_left_alone_and_a_stopped_ones_jobs_are_found_on
 
 def test_a_job_cut_short_before_its_description_was_written_is_dropped_not_adopted(tmp_path):
     first = ImageSpool(tmp_path, "host:1:aaaaaa")
-    (first.folder / "job-torn").mkdir()
-    (first.folder / "job-torn" / "0.png").write_bytes(b"half")
+    torn = first.folder / new_job_id()
+    torn.mkdir()
+    (torn / "0.png").write_bytes(b"half")
     first.close()
 
     assert list(ImageSpool(tmp_path, "host:2:bbbbbb").orphans()) == []
+    assert not torn.exists()
 
 
 def test_the_spool_has_room_until_it_holds_its_bound_and_again_once_a_job_is_stored(runtime):
@@ -155,3 +166,21 @@ def test_a_stopped_workers_spooled_job_is_stored_and_ended_while_this_workers_mo
         uploader.stop()
         runtime.close()
         store.close()
+
+
+def test_a_new_spool_is_owner_only_and_the_default_one_is_this_users_not_a_folder_every_user_can_write(
+    tmp_path, monkeypatch
+):
+    spool = ImageSpool(tmp_path / "new" / "spool", "host:1:aaaaaa")
+    job_id = new_job_id()
+    spool_one(spool, job_id)
+
+    assert stat.S_IMODE((tmp_path / "new" / "spool").stat().st_mode) == 0o700
+    assert stat.S_IMODE(spool.folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE((spool.folder / job_id).stat().st_mode) == 0o700
+    assert {stat.S_IMODE(path.stat().st_mode) for path in (spool.folder / job_id).iterdir()} == {0o600}
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert default_spool_dir() == Path.home() / ".local" / "state" / "stepwise" / "spool"
+    assert Path(tempfile.gettempdir()) not in default_spool_dir().parents
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert default_spool_dir() == tmp_path / "state" / "stepwise" / "spool"
