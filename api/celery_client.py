@@ -11,18 +11,17 @@ from typing import Any
 
 from celery import Celery
 
-from storage.queue_names import BROKER_PRIORITY, DEFAULT_PRIORITY, WEBHOOK_QUEUE, WEBHOOK_TASK, celery_transport_options
+from storage.queue_names import WEBHOOK_QUEUE, WEBHOOK_TASK
 from storage.redis_clients import celery_redis_config
 
 
 class TaskQueue:
     def __init__(self, broker_url: str) -> None:
-        redis_config = celery_redis_config(broker_url, broker_transport_options=celery_transport_options())
+        redis_config = celery_redis_config(broker_url, broker_transport_options={})
         self.celery = Celery("stepwise-api", broker=redis_config.pop("broker_url"), set_as_current=False)
         self.celery.conf.update(
             **redis_config,  # the transport options, and with Sentinel the master's name and TLS
             broker_connection_timeout=3,
-            task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
             task_send_sent_event=True,  # Flower shows webhook deliveries from the moment they are queued
             task_publish_retry_policy={
                 "max_retries": 2,

@@ -4,7 +4,7 @@ On the loop thread (`PreviewMaker.make`, from the model runner after a sample's 
 is one or two small matmuls: the family's latent-to-RGB factors (`batching.pipelines.latent_rgb`) over the
 sample's latent grid (`preview_latents`: 1/8 or 1/16 of the image a side), rounded to bytes and
 copied to the CPU without waiting for the device (a CUDA event marks when the copy is done).
-Everything else happens on the thread that takes the `Preview` (the worker's task thread):
+Everything else happens on the thread that takes the `Preview` (the worker's job thread):
 waiting for the copy, resizing to at most `MAX_PREVIEW_SIDE` pixels on the long side, encoding,
 and the data URI. A sample's denoise path reads nothing back: its image is the same with
 previews on or off. Imports torch only to make previews (the engine module imports this one).

@@ -26,7 +26,7 @@ class Sample:
     key: CompatibilityKey  # samples of one key share a forward
     num_steps: int  # denoise steps it runs: all of them, or the last `strength` fraction with an init image
     cost: int  # tokens it adds to each forward while running (FamilySpec.sample_cost, and a reference image's)
-    priority_rank: int = 1  # its job's priority, an index in batching.params.PRIORITIES: 0 high, 1 normal, 2 low
+    priority_rank: int = 1  # its job's priority, an index in core.params.PRIORITIES: 0 high, 1 normal, 2 low
     images: InputImages | None = None  # its job's init image and mask, decoded once at submit; None: text-to-image
     tenant: str = ""  # its job's tenant: admission prefers tenants with fewer running samples (batching.preemption)
     complete_by: float | None = None  # unix seconds its job should finish by: least slack first (batching.preemption)

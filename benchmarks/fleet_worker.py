@@ -1,9 +1,10 @@
 """One simulated worker of `benchmarks.fleet`: the worker's own Redis pieces around a timed stand-in for the engine.
 
-Real, unchanged: the feeder (`worker.feeder.Feeder`: `JobStore.take_next`, the model's wake-up list), the lease
-keeper (`worker.leases.LeaseKeeper`), the lapsed lease sweeper and its dead-worker watch
-(`worker.leases.LapsedLeaseSweeper`, `worker.dead_workers.DeadWorkerWatch`), a heartbeat as `worker.heartbeat`
-builds it every STEPWISE_HEARTBEAT_INTERVAL (`JobStore.beat`), and the end script (`JobStore.finish`).
+Real, unchanged: the feeder (`worker.feeder.Feeder`: `JobStore.take_next`, the model's wake-up list), the book of
+held jobs (`worker.held_jobs.HeldJobs`), the lease keeper (`worker.leases.LeaseKeeper`), the lapsed lease sweeper
+and its dead-worker watch (`worker.leases.LapsedLeaseSweeper`, `worker.dead_workers.DeadWorkerWatch`), a heartbeat
+as `worker.heartbeat` builds it every STEPWISE_HEARTBEAT_INTERVAL (`JobStore.beat`), and the end script
+(`JobStore.finish`).
 
 A stand-in: the engine and the job's thread. A job "runs" for its drawn number of seconds, and its thread does the
 Redis I/O `worker.job_watch` does meanwhile: every STEPWISE_WORKER_POLL_INTERVAL a cancel check, and progress at
@@ -25,6 +26,8 @@ from storage.job_store import JobStore
 from worker.dead_workers import DeadWorkerWatch
 from worker.feeder import Feeder
 from worker.heartbeat import family_defaults, family_limits
+from worker.held_job import HeldJob
+from worker.held_jobs import HeldJobs
 from worker.leases import LapsedLeaseSweeper, LeaseKeeper
 
 MODEL, FAMILY = "builtin:tiny", "sd"
@@ -107,9 +110,9 @@ class MeteredJobStore(JobStore):
         self._note("wait_for_work")
         return super().wait_for_work(queue, timeout)
 
-    def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool:
+    def renew_lease(self, job_id: str, holder: str, lease_seconds: int) -> bool:
         self._note("renew_lease")
-        return super().renew_lease(job_id, worker_id, lease_seconds)
+        return super().renew_lease(job_id, holder, lease_seconds)
 
     def set_progress(self, job_id: str, step: int, total: int, **flags: Any) -> None:
         self._note("set_progress")
@@ -119,9 +122,9 @@ class MeteredJobStore(JobStore):
         self._note("is_cancel_requested")
         return super().is_cancel_requested(job_id)
 
-    def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:
+    def finish(self, job_id: str, state: JobState, *, holder: str | None = None, **fields: Any) -> bool:
         self._note("finish")
-        return super().finish(job_id, state, worker_id=worker_id, **fields)
+        return super().finish(job_id, state, holder=holder, **fields)
 
     def beat(self, heartbeat: Heartbeat) -> None:
         self._note("beat")
@@ -145,15 +148,16 @@ class SimulatedWorker:
         self.settings = SimpleNamespace(queue=queue)
         self.lease_seconds = timing.lease_seconds
         self.room_changed = threading.Event()
-        self.leases = LeaseKeeper(self.store, worker_id, timing.lease_seconds, on_lost=lambda job_id: None)
+        self.held = HeldJobs(on_change=self.room_changed.set)  # the worker's book of held jobs, as the runtime's
+        self.leases = LeaseKeeper(self.store, self.held, timing.lease_seconds, on_lost=lambda job_id, holder: None)
         watch = DeadWorkerWatch(self.store, timeout=timing.worker_timeout, own_worker_id=worker_id)
-        self.sweeper = LapsedLeaseSweeper(self.store, timing.sweep_interval, watch, self.leases.holds)
+        self.sweeper = LapsedLeaseSweeper(self.store, timing.sweep_interval, watch, self.held.holds)
         # This object stands in for the runtime: the part of it the feeder reads (may_take_jobs, room_changed, ...).
         self.feeder = Feeder(self, run_stand_in)  # type: ignore[arg-type]
         self._beats = threading.Thread(target=self._beat, name=f"beat-{worker_id}", daemon=True)
 
-    def may_take_jobs(self, num_held: int) -> bool:
-        return not self.stopping.is_set() and num_held < self.timing.capacity
+    def may_take_jobs(self) -> bool:
+        return not self.stopping.is_set() and self.held.num_running < self.timing.capacity
 
     def heartbeat(self) -> Heartbeat:
         return worker_heartbeat(self.worker_id, self.settings.queue, self.timing.capacity, time.time())
@@ -179,7 +183,7 @@ class SimulatedWorker:
         self.store.close()
 
 
-def run_stand_in(worker: SimulatedWorker, record: JobRecord) -> None:
+def run_stand_in(worker: SimulatedWorker, held: HeldJob, record: JobRecord) -> None:
     """The engine's stand-in, with the job thread's Redis I/O (see the module docstring)."""
     timing, store = worker.timing, worker.store
     seconds = random.Random(record.job_id).uniform(0.75, 1.25) * timing.job_seconds
@@ -191,6 +195,6 @@ def run_stand_in(worker: SimulatedWorker, record: JobRecord) -> None:
         if time.monotonic() - last_progress >= timing.progress_interval:
             store.set_progress(record.job_id, min(timing.steps, int(timing.steps * elapsed / seconds)), timing.steps)
             last_progress = time.monotonic()
-    store.finish(record.job_id, JobState.SUCCEEDED, worker_id=worker.worker_id, image_keys=[f"{record.job_id}/0.png"])
+    store.finish(record.job_id, JobState.SUCCEEDED, holder=held.holder, image_keys=[f"{record.job_id}/0.png"])
     worker.log.ends.append(time.time())
-    worker.leases.release(record.job_id)
+    worker.held.let_go(held)  # after the end is written, as worker.job_ends does

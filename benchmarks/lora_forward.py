@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from batching.lora.row_deltas import is_lora_layer
     from batching.lora.store import LoraSource
     from batching.model_loading import load_model
-    from tests.support.loras import make_lora
+    from benchmarks.random_loras import make_lora
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model, "cpu", "float32")

@@ -8,7 +8,7 @@ Variants, each in its own process (torch threads of two variants in one process 
   runs up to `max_num_groups` groups per iteration, one forward each).
 - serial: one job at a time (`max_num_seqs=1`).
 Each process first runs one job per adapter (loads them, warms up), then times the burst from the
-first submit to the last image. Random-weight adapters from `tests.support.loras`.
+first submit to the last image. Random-weight adapters from `benchmarks.random_loras`.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_variant(args.variant, args.store, args)))
         return 0
 
-    from tests.support.loras import make_lora
+    from benchmarks.random_loras import make_lora
 
     with tempfile.TemporaryDirectory() as folder:
         for seed, adapter in enumerate(ADAPTERS):

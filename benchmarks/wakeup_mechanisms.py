@@ -127,7 +127,7 @@ def measure(mechanism: str, num_waiters: int, seconds: float, rate: float) -> di
         job_ids = []
         for index in range(num_waiters):
             record, _ = store.create(tenant="bench", params={"prompt": f"job {index}", "model": "builtin:tiny"})
-            store.take(record.job_id, "bench-worker", 3600)
+            store.take_next(record.queue, "bench-worker", 3600)  # the one queued job: this one
             store.set_progress(record.job_id, 0, 10_000)  # also loads the script the writer pipelines
             job_ids.append(record.job_id)
         results: multiprocessing.Queue = multiprocessing.Queue()

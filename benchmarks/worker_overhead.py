@@ -2,10 +2,9 @@
 
     python -m benchmarks.worker_overhead [--jobs 16] [--steps 20] [--size 128] [--storage file|s3]
 
-Runs the generate task's own code (`worker.tasks.run_job`) for each job on a pool of task
-threads in this process, against a redis-server it starts and a local folder or moto's S3
-server over HTTP, with one engine (builtin:tiny on the CPU unless STEPWISE_DEVICE says
-otherwise). Celery's message transport is left out: it is the same for any task. Every
+Runs the worker's own code for a job (`worker.tasks.run_job`: take, hold, run, end) for each job on a pool of
+threads in this process, as the feeder's job threads do, against a redis-server it starts and a local folder or
+moto's S3 server over HTTP, with one engine (builtin:tiny on the CPU unless STEPWISE_DEVICE says otherwise). Every
 JobStore call is timed and charged to its job; the rest comes from the timings the worker
 itself stamps on the record (`start`, `engine`, `encode`, `upload`), so it measures the
 code that runs, not a copy of it.

@@ -2,8 +2,7 @@
 
 A job's params are checked here (`core.params`) by the API, the worker and the engine alike, so
 the error they raise lives here too, beside the errors the engine raises that its callers catch
-(the worker, the command line, a Python user of `batching.DiffusionEngine`). `batching.errors`
-re-exports them under their old names.
+(the worker, the command line, a Python user of `batching.DiffusionEngine`, which `batching` hands them to).
 """
 
 

@@ -1,7 +1,7 @@
 """Encoding a job's outputs as files: images with Pillow, videos with PyAV (FFmpeg).
 
 MP4 is H.264 (yuv420p, the moov atom first so browsers play it while it loads), WebM is VP9, GIF has an adaptive
-palette per frame. The worker encodes on its task threads (worker.output_images), `stepwise generate` on the
+palette per frame. The worker encodes on its job threads (worker.output_images), `stepwise generate` on the
 command line. PyAV (the engine extra) is imported when a video is encoded: the API never does.
 """
 

@@ -3,7 +3,7 @@
 Everything that reaches the engine, the worker or the API passes through
 `GenerationParams`, so the rules below are the only rules. Each violation raises
 `InvalidParamsError` naming the field and the bad value. Torch-free: the API, storage,
-the worker and the engine all read it (`batching.params` re-exports it for the engine's users).
+the worker and the engine all read it (`from batching import GenerationParams` hands it to the engine's users).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv \
     && useradd --create-home --uid 10001 stepwise \
-    && mkdir -p /cache/stepwise /spool && chown -R stepwise /cache /spool
+    && mkdir -p /cache/stepwise /spool && chown -R stepwise /cache /spool && chmod 700 /spool
 ENV PATH=/opt/venv/bin:$PATH
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple

@@ -34,9 +34,9 @@ PAIRS = "tenant:{} pairs, comma-separated ({})"
 VARIABLES = (  # the columns line up by section; the formatter would give each argument its own line
     # shared: storage.settings.StorageSettings, and what both processes read of the model and its device
     Variable("STEPWISE_REDIS_URL", RedisUrl(), "redis://127.0.0.1:6379/0",
-             "Redis: job records, and Celery's broker and result backend; `redis://`, `rediss://` (TLS), or the "
-             "sentinels that find the master, in Celery's form `sentinel://host:port;sentinel://host:port/DB` "
-             "(docs/scaling.md)", "shared",
+             "Redis: job records and their queues, and Celery's broker (webhook deliveries, the workers' commands); "
+             "`redis://`, `rediss://` (TLS), or the sentinels that find the master, in Celery's form "
+             "`sentinel://host:port;sentinel://host:port/DB` (docs/scaling.md)", "shared",
              default_text="the Redis of a `stepwise up` running from this folder (its `var/stepwise.json`), else "
              "`redis://127.0.0.1:6379/0` (`stepwise up`: its own redis-server)", is_secret=True),
     Variable("STEPWISE_REDIS_SENTINEL_MASTER", Text("a name", pattern=r"[^\s;/?#&=]+"), None,
@@ -200,10 +200,13 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_LORA_CACHE_BYTES", COUNT, 2 * 2**30, "their summed file sizes at most (LRU)", "worker"),
     Variable("STEPWISE_CACHE_DIR", Text("a folder"), None, "where the built-in models are built and cached",
              "worker", default_text="`~/.cache/stepwise`"),
-    Variable("STEPWISE_WORKER_CONCURRENCY", COUNT, None, "task threads per worker", "worker",
+    Variable("STEPWISE_WORKER_CONCURRENCY", COUNT, None,
+             "jobs a worker holds at once: the running batch plus a few waiting in its engine (a webhook-only "
+             "worker: deliveries at once)", "worker",
              default_text="max_num_seqs + max(2, max_num_seqs // 2)"),
     Variable("STEPWISE_VISIBILITY_TIMEOUT", COUNT, 7200,
-             "seconds before Redis redelivers an unacknowledged message: longer than the longest job", "worker",
+             "seconds before Redis hands a webhook delivery whose worker died to another worker (jobs are not "
+             "messages: a dead worker's jobs come back through their leases)", "worker",
              example="7200"),
     Variable("STEPWISE_WORKER_METRICS_PORT", PORT, 9101,
              "the worker's Prometheus port; 0: none. A busy port is logged, not fatal", "worker"),
@@ -211,7 +214,7 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "the address the exporter listens on; it has no authentication, so `0.0.0.0` (compose sets it, "
              "publishing no port) is an explicit choice", "worker"),
     Variable("STEPWISE_WORKER_POLL_INTERVAL", SECONDS, 0.2,
-             "seconds between a task thread's checks of its job (cancel flag, lease)", "worker"),
+             "seconds between a job thread's checks of its job (cancel flag, progress, previews)", "worker"),
     Variable("STEPWISE_PROGRESS_INTERVAL", SECONDS, 0.5,
              "at most one progress write per job per this many seconds", "worker"),
     Variable("STEPWISE_PREVIEW_EVERY", COUNT_OR_ZERO, 0,
@@ -230,12 +233,14 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
     Variable("STEPWISE_SPOOL_DIR", Text("a folder"), None,
              "where a worker keeps finished images the image store could not take, until it takes them (the job "
              "stays running meanwhile). A worker that restarts, or another one on the same disk, uploads what a "
-             "stopped one left there", "worker", default_text="`stepwise-spool` in the system's temporary folder"),
+             "stopped one left there. It must be this user's and writable by no other user (a worker refuses any "
+             "other)", "worker", default_text="`stepwise/spool` in this user's state folder (`$XDG_STATE_HOME`, "
+             "else `~/.local/state`)"),
     Variable("STEPWISE_SPOOL_MAX_BYTES", COUNT, 1024**3,
              "how much the spool may hold: once it is full the worker takes no new job (they wait in the queue) "
              "until storage takes the images back", "worker"),
     Variable("STEPWISE_REDIS_RETRY_SECONDS", SECONDS_OR_ZERO, 60.0,
-             "how long a task retries its job's record reads and writes while Redis is unreachable", "worker"),
+             "how long a job's thread retries its record reads and writes while Redis is unreachable", "worker"),
     Variable("STEPWISE_WEBHOOK_MAX_ATTEMPTS", COUNT, 8, "delivery attempts per webhook event", "worker"),
     Variable("STEPWISE_WEBHOOK_BACKOFF", SECONDS_OR_ZERO, 2.0,
              "seconds before the first retry; doubles per attempt (capped at an hour and at half the visibility "

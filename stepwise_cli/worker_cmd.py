@@ -19,7 +19,7 @@ from pathlib import Path
 
 from settings import read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, default_var_dir, load_service_env
-from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from storage.queue_names import ENGINE_ROLE, WEBHOOK_QUEUE
 from storage.redis_location import running_up_redis
 
 OPTION_ENV = {
@@ -46,15 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency",
         type=int,
-        help="task threads (default: max-num-seqs plus a few waiting, $STEPWISE_WORKER_CONCURRENCY)",
+        help="jobs held at once (default: max-num-seqs plus a few waiting in the engine, "
+        "$STEPWISE_WORKER_CONCURRENCY); in a webhook-only worker, deliveries at once",
     )
     parser.add_argument(
         "--metrics-port", type=int, help="Prometheus port, 0 for none (default: $STEPWISE_WORKER_METRICS_PORT or 9101)"
     )
     parser.add_argument(
         "--queues",
-        default=GENERATE_QUEUE_ALIAS,
-        help="queues to consume (default: %(default)s, which means the served model's own queue). "
+        default=ENGINE_ROLE,
+        help="what the worker does (default: %(default)s: it loads the model and takes that model's jobs). "
         f"Webhooks are delivered by a worker of their own, `--queues {WEBHOOK_QUEUE}`, which "
         "loads no model, so a slow receiver never holds a thread generation needs",
     )

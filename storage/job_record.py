@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import json
+import re
+import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,6 +27,33 @@ class JobState(str, enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self not in (JobState.QUEUED, JobState.RUNNING)
+
+
+JOB_ID_PATTERN = re.compile(r"[0-9a-f]{32}")  # what new_job_id makes: nothing else names a job
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def is_job_id(text: str) -> bool:
+    """Whether `text` has the shape of a job id (32 lowercase hex digits): never a path, never empty."""
+    return JOB_ID_PATTERN.fullmatch(text) is not None
+
+
+HOLDER_SEPARATOR = "#"
+
+
+def holder_token(worker_id: str, attempt: int) -> str:
+    """The lease holder of one attempt at a job: `worker_id#attempt`. Every write a worker makes as the job's holder
+    (renew, storing, end, re-queue) carries it, so an attempt the job was taken away from (re-queued behind its
+    worker's back, then taken again, even by the same worker) can write nothing (storage.lua_preamble's holder_of)."""
+    return f"{worker_id}{HOLDER_SEPARATOR}{attempt}"
+
+
+def worker_of(holder: str) -> str:
+    """The worker id in a holder token (worker ids may hold '#' themselves: the attempt is after the last)."""
+    return holder.rpartition(HOLDER_SEPARATOR)[0]
 
 
 # Why a running job went back to the queue (JobRecord.requeue_reason).
@@ -58,7 +87,7 @@ class JobRecord:
     requeued_at: float | None = None  # the latest time the job went back to the queue (None: never)
     requeue_reason: str | None = None  # why, as a code: worker_lost, lease_expired, worker_shutdown, worker_drained
     requeue_message: str | None = None  # why, in words
-    worker_id: str | None = None  # holder while running
+    worker_id: str | None = None  # the worker holding it while running (its attempt: `holder`)
     lease_expires_at: float | None = None  # running job's lease (renewed by its worker)
     cancel_requested: bool = False
     is_paused: bool = False  # running, set aside at a step boundary for a job that outranks it (its worker says)
@@ -72,6 +101,12 @@ class JobRecord:
     idempotency_key: str | None = None
     priority: str = "normal"  # high, normal or low (core.params.PRIORITIES)
     preview_every: int | None = None  # a preview every this many steps (0: none); None: the worker's default
+
+    @property
+    def holder(self) -> str | None:
+        """The lease holder of the running attempt (`holder_token`), derived from worker_id and attempts as the
+        Lua scripts derive it; None unless a worker holds the job."""
+        return holder_token(self.worker_id, self.attempts) if self.worker_id else None
 
     @property
     def first_started_at(self) -> float:

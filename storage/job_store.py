@@ -1,9 +1,10 @@
 """Job records in Redis: one hash per job, atomic state transitions, per-tenant index.
 
 Every transition is one Lua script (see lua.py), so it is atomic and safe to repeat: nothing
-leaves a terminal state, two workers cannot both take a job, and a worker that lost its lease
-cannot finish a job another worker now holds. Terminal records expire after
-`job_ttl_seconds`; index entries that outlive their record are dropped when a listing meets them.
+leaves a terminal state, two workers cannot both take a job, and an attempt that lost its lease
+cannot write as the job's holder: each attempt's holder token is `worker_id#attempt` (`JobRecord.holder`),
+so not even its own worker, having taken the job again, can end it through the stale attempt. Terminal records
+expire after `job_ttl_seconds`; index entries that outlive their record are dropped when a listing meets them.
 
 `counts_by_state()` is O(1): queued and running are the sizes of the queue and lease sets (jobs
 now in that state); the terminal states are totals of jobs that ever reached them, since their
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -43,6 +43,7 @@ from storage.job_record import (
     JobRecord,
     JobState,
     encode_field,
+    new_job_id,
     record_from_flat,
 )
 from storage.new_job import (
@@ -140,7 +141,6 @@ class JobStore(JobReads):
         )
         register = self._redis.register_script
         self._create = register(lua.CREATE)
-        self._take = register(lua.TAKE)
         self._take_next = register(lua.TAKE_NEXT)
         self._renew_lease = register(lua.RENEW_LEASE)
         self._set_progress = register(lua.SET_PROGRESS)
@@ -221,7 +221,7 @@ class JobStore(JobReads):
         pending = [
             (
                 spec,
-                spec.new_record(uuid.uuid4().hex, now),
+                spec.new_record(new_job_id(), now),
                 self.tenant_weights.share(spec.tenant, queue_cost(spec.params) if spec.cost is None else spec.cost),
             )
             for spec in specs
@@ -232,29 +232,10 @@ class JobStore(JobReads):
         return [create_outcome(spec, record, reply, now) for (spec, record, _), reply in zip(pending, replies)]
 
     @_wraps_redis_errors
-    def wake_workers(self, queue: str) -> None:
-        """Wake one waiting worker of `queue`, as queueing a job there does (storage.lua's wake_workers)."""
-        key = self.keys.wake(queue)
-        with self._redis.pipeline(transaction=False) as pipe:
-            pipe.lpush(key, "1")
-            pipe.ltrim(key, 0, lua.WAKE_TOKENS - 1)
-            pipe.execute()
-
-    @_wraps_redis_errors
     def wait_for_work(self, queue: str, timeout: float) -> bool:
         """Block until a job is queued on `queue` (a wake-up token, pushed by the script that queued it) or
         `timeout` seconds pass; True if woken. A token is one wake-up: each wakes one waiting worker."""
         return self._redis.blpop([self.keys.wake(queue)], timeout=timeout) is not None
-
-    @_wraps_redis_errors
-    def take(self, job_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
-        """Atomically queued -> running (attempts+1, started_at, lease). None if the job is not
-        queued (terminal, or another worker holds it)."""
-        now = self.clock()
-        reply = self._take(
-            keys=[self.job_key(job_id)], args=[self.namespace, job_id, worker_id, repr(now), repr(now + lease_seconds)]
-        )
-        return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
     def take_next(self, queue: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
@@ -266,12 +247,11 @@ class JobStore(JobReads):
         return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
-    def renew_lease(self, job_id: str, worker_id: str, lease_seconds: int) -> bool:
-        """Extend the lease of a job this worker holds; False if it no longer holds it."""
+    def renew_lease(self, job_id: str, holder: str, lease_seconds: int) -> bool:
+        """Extend the lease of a job `holder` (an attempt: `JobRecord.holder`) holds; False if it no longer holds it."""
         expires_at = self.clock() + lease_seconds
         return (
-            self._renew_lease(keys=[self.job_key(job_id)], args=[self.namespace, job_id, worker_id, repr(expires_at)])
-            == 1
+            self._renew_lease(keys=[self.job_key(job_id)], args=[self.namespace, job_id, holder, repr(expires_at)]) == 1
         )
 
     @_wraps_redis_errors
@@ -297,28 +277,28 @@ class JobStore(JobReads):
         self._add_preview(keys=[self.job_key(job_id)], args=[self.namespace, job_id, int(step), int(total), image])
 
     @_wraps_redis_errors
-    def set_storing(self, job_id: str, worker_id: str, reason: str) -> bool:
-        """A running job this worker holds has its images made but kept in the worker's spool, because the image
-        store failed with `reason` (worker.spool); it stays running until they are stored. False if this worker
+    def set_storing(self, job_id: str, holder: str, reason: str) -> bool:
+        """A running job `holder` holds has its images made but kept in the worker's spool, because the image
+        store failed with `reason` (worker.spool); it stays running until they are stored. False if that attempt
         no longer holds it."""
-        args = [self.namespace, job_id, worker_id, repr(self.clock()), reason]
+        args = [self.namespace, job_id, holder, repr(self.clock()), reason]
         return self._set_storing(keys=[self.job_key(job_id)], args=args) == 1
 
     @_wraps_redis_errors
-    def adopt(self, job_id: str, from_worker_id: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
-        """Take over a job whose images wait in a dead worker's spool: running under `from_worker_id` (whatever
-        its lease) -> running under `worker_id` with a fresh lease; or, re-queued meanwhile, taken as `take` does.
-        None if it ended, or another worker runs it again now."""
+    def adopt(self, job_id: str, from_holder: str, worker_id: str, lease_seconds: int) -> JobRecord | None:
+        """Take over a job whose images wait in a stopped worker's spool: still held by the attempt that spooled it,
+        `from_holder` (whatever its lease) -> held by `worker_id` (the same attempt) with a fresh lease. None if that
+        attempt no longer holds it (it ended, or went back to the queue and may run elsewhere)."""
         now = self.clock()
-        args = [self.namespace, job_id, from_worker_id, worker_id, repr(now), repr(now + lease_seconds)]
+        args = [self.namespace, job_id, from_holder, worker_id, repr(now), repr(now + lease_seconds)]
         reply = self._adopt(keys=[self.job_key(job_id)], args=args)
         return record_from_flat(reply) if reply else None
 
     @_wraps_redis_errors
-    def finish(self, job_id: str, state: JobState, *, worker_id: str | None = None, **fields: Any) -> bool:
+    def finish(self, job_id: str, state: JobState, *, holder: str | None = None, **fields: Any) -> bool:
         """Atomically move a non-terminal job to a terminal state with extra fields (image_keys,
         timings, error_code, error_message). Refused (False) if already terminal, or, when
-        worker_id is given, if that worker does not hold the job now."""
+        `holder` (an attempt: `JobRecord.holder`) is given, if that attempt does not hold the job now."""
         state = JobState(state)
         if not state.is_terminal:
             raise ValueError(f"finish() needs a terminal state, got {state.value!r}")
@@ -336,7 +316,7 @@ class JobStore(JobReads):
                 state.value,
                 repr(self.clock()),
                 self.job_ttl_seconds,
-                worker_id or "",
+                holder or "",
                 len(to_set),
                 *to_set,
                 *to_delete,
@@ -361,15 +341,14 @@ class JobStore(JobReads):
         return JobState(state)
 
     @_wraps_redis_errors
-    def release(self, job_id: str, worker_id: str, reason: str = "worker_shutdown", message: str = "") -> bool:
-        """Running -> queued again (warm shutdown, drain, or a dead holder), at the head of its queue;
-        the caller sends a message and marks it sent.
-        Attempts and the first started_at are kept, progress restarts, and the record says why
-        (`reason`, one of REQUEUE_REASONS, and `message`). False if `worker_id` does not hold the job
+    def release(self, job_id: str, holder: str, reason: str = "worker_shutdown", message: str = "") -> bool:
+        """Running -> queued again (warm shutdown, drain, or a dead holder), at the head of its queue, waking its
+        queue's workers. Attempts and the first started_at are kept, progress restarts, and the record says why
+        (`reason`, one of REQUEUE_REASONS, and `message`). False if the attempt `holder` does not hold the job
         (so two callers cannot both re-queue it), or if a cancel was requested: then the job becomes
-        canceled and must not be re-enqueued."""
+        canceled and must not be queued again."""
         assert reason in REQUEUE_REASONS, reason
-        return self._release_script(job_id, worker_id=worker_id, lapsed_at=None, reason=reason, message=message) == 1
+        return self._release_script(job_id, holder=holder, lapsed_at=None, reason=reason, message=message) == 1
 
     @_wraps_redis_errors
     def release_if_lapsed(self, job_id: str, now: float | None = None) -> bool:
@@ -377,13 +356,13 @@ class JobStore(JobReads):
         reaper cannot take a job away from a worker that renewed its lease in the meantime."""
         now = self.clock() if now is None else now
         message = "its worker stopped renewing the job's lease"
-        return self._release_script(job_id, worker_id=None, lapsed_at=now, reason="lease_expired", message=message) == 1
+        return self._release_script(job_id, holder=None, lapsed_at=now, reason="lease_expired", message=message) == 1
 
     def _release_script(
-        self, job_id: str, *, worker_id: str | None, lapsed_at: float | None, reason: str, message: str
+        self, job_id: str, *, holder: str | None, lapsed_at: float | None, reason: str, message: str
     ) -> int:
         lapsed = "" if lapsed_at is None else repr(lapsed_at)
-        args: list[str | int] = [self.namespace, job_id, worker_id or "", repr(self.clock()), self.job_ttl_seconds]
+        args: list[str | int] = [self.namespace, job_id, holder or "", repr(self.clock()), self.job_ttl_seconds]
         return self._release(keys=[self.job_key(job_id)], args=[*args, lapsed, reason, message])
 
     @_wraps_redis_errors

@@ -25,7 +25,6 @@ __all__ = [
     "REQUEST_CANCEL",
     "SET_PROGRESS",
     "SET_STORING",
-    "TAKE",
     "TAKE_NEXT",
     "WAKE_TOKENS",
 ]
@@ -87,25 +86,10 @@ return {1, redis.call('ZRANK', (fair_keys(KEYS[1])), job_id)}
 """
 )
 
-# ARGV: ns, job_id, worker_id, now, lease_expires_at. Returns HGETALL, or false if not queued.
-# started_at is the first start (a re-queued job keeps it); queued_seconds adds the time since the
-# job was (re)queued, so the run time of an earlier attempt never counts as waiting.
-# Taking one job by its id, without a message (tests, tools): its owed message, if any, is forgiven.
-TAKE = (
-    _PREAMBLE
-    + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
-  return false
-end
-take_job(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-return redis.call('HGETALL', KEYS[1])
-"""
-)
-
-# ARGV: ns, queue, worker_id, now, lease_expires_at. What a generate message does: take the queue's next
-# job, highest priority first and within one priority the smallest fair-share tag. Returns HGETALL, or
-# false when nothing of that queue is queued. An index entry whose record is not queued (none should
-# exist) is dropped on the way.
+# ARGV: ns, queue, worker_id, now, lease_expires_at. What a worker's feeder does: take the queue's next job,
+# highest priority first and within one priority the smallest fair-share tag (its holder is then
+# worker_id#attempts: storage.lua_preamble's holder_of). Returns HGETALL, or false when nothing of that queue
+# is queued. An index entry whose record is not queued (none should exist) is dropped on the way.
 TAKE_NEXT = (
     _PREAMBLE
     + """

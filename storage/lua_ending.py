@@ -6,16 +6,16 @@ from __future__ import annotations
 from storage.job_record import JobState
 from storage.lua_preamble import PREAMBLE as _PREAMBLE
 
-# ARGV: ns, job_id, to_state, now, ttl, worker_id or '', num_set, field, value, ..., field_to_delete, ...
+# ARGV: ns, job_id, to_state, now, ttl, holder or '', num_set, field, value, ..., field_to_delete, ...
 # Returns 1 if the job moved to to_state.
 FINISH = (
     _PREAMBLE
     + """
-local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
+local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'queued' and state ~= 'running' then
   return 0
 end
-if ARGV[6] ~= '' and (state ~= 'running' or holder ~= ARGV[6]) then
+if ARGV[6] ~= '' and holder_of(KEYS[1]) ~= ARGV[6] then
   return 0
 end
 local num_set = tonumber(ARGV[7])
@@ -55,18 +55,17 @@ return {'refused', state}
 """
 )
 
-# ARGV: ns, job_id, worker_id or '', now, ttl, lapsed_at or '', reason code, reason message.
+# ARGV: ns, job_id, holder or '', now, ttl, lapsed_at or '', reason code, reason message.
 # Returns 1 if queued again (its queue's workers woken), 2 if canceled instead (a cancel was requested), 0 if
 # refused.
 RELEASE = (
     _PREAMBLE
     + """
-local state, holder, lease, cancel = unpack(redis.call(
-  'HMGET', KEYS[1], 'state', 'worker_id', 'lease_expires_at', 'cancel_requested'))
+local state, lease, cancel = unpack(redis.call('HMGET', KEYS[1], 'state', 'lease_expires_at', 'cancel_requested'))
 if state ~= 'running' then
   return 0
 end
-if ARGV[3] ~= '' and holder ~= ARGV[3] then
+if ARGV[3] ~= '' and holder_of(KEYS[1]) ~= ARGV[3] then
   return 0
 end
 if ARGV[6] ~= '' and lease and tonumber(lease) > tonumber(ARGV[6]) then

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from typing import cast
 
 from storage.job_events import EVENT_LOG_MAX_ENTRIES, EVENT_LOG_SECONDS, EVENT_LOG_SECONDS_AFTER_END
-from storage.job_record import JobState
+from storage.job_record import HOLDER_SEPARATOR, JobState
 from storage.redis_keys import RedisKeys
 
 # Key names are spelled once, in RedisKeys: the scripts get them as Lua expressions over their `ns`, built by
@@ -200,6 +200,18 @@ local function finish_job(job_key, job_id, from_state, to_state, now, ttl)
     redis.call('EXPIRE', idem_key, ttl)
   end
   emit_end(job_id, to_state)
+end
+
+-- The lease holder of the running attempt, worker_id#attempts (storage.job_record.holder_token), or nil if no
+-- worker holds the job: what every write of a holder is checked against, so a stale attempt writes nothing.
+local function holder_of(job_key)
+  local state, worker_id, attempts = unpack(redis.call('HMGET', job_key, 'state', 'worker_id', 'attempts'))
+  if state ~= 'running' or not worker_id then
+    return nil
+  end
+  return worker_id .. '"""
+    + HOLDER_SEPARATOR
+    + """' .. (attempts or '0')
 end
 
 -- Queued -> running with a lease. started_at is the first start (a re-queued job keeps it); queued_seconds

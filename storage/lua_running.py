@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from storage.lua_preamble import PREAMBLE as _PREAMBLE
 
-# ARGV: ns, job_id, worker_id, lease_expires_at. Returns 1 if renewed.
+# ARGV: ns, job_id, holder, lease_expires_at. Returns 1 if renewed.
 RENEW_LEASE = (
     _PREAMBLE
     + """
-local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
-if state ~= 'running' or holder ~= ARGV[3] then
+if holder_of(KEYS[1]) ~= ARGV[3] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[4])
@@ -46,13 +45,12 @@ return 1
 """
 )
 
-# ARGV: ns, job_id, worker_id, now, reason. A running job this worker holds waits for its images to be stored
+# ARGV: ns, job_id, holder, now, reason. A running job this attempt holds waits for its images to be stored
 # (worker.spool): since when (the first time) and why (the latest error). Returns 1, or 0 if not held.
 SET_STORING = (
     _PREAMBLE
     + """
-local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
-if state ~= 'running' or holder ~= ARGV[3] then
+if holder_of(KEYS[1]) ~= ARGV[3] then
   return 0
 end
 redis.call('HSETNX', KEYS[1], 'storing_since', ARGV[4])
@@ -62,17 +60,13 @@ return 1
 """
 )
 
-# ARGV: ns, job_id, from_worker_id, worker_id, now, lease_expires_at. A dead worker's spooled job: running under
-# from_worker_id -> under worker_id; queued (re-queued meanwhile) -> taken. Returns HGETALL, or false.
+# ARGV: ns, job_id, from_holder, worker_id, now, lease_expires_at. A stopped worker's spooled job, still held by the
+# attempt that spooled it (from_holder), is held by worker_id from now on (the same attempt: nothing runs again).
+# Returns HGETALL, or false if that attempt no longer holds it (it ended, or was re-queued and may run elsewhere).
 ADOPT = (
     _PREAMBLE
     + """
-local state, holder = unpack(redis.call('HMGET', KEYS[1], 'state', 'worker_id'))
-if state == 'queued' then
-  take_job(KEYS[1], ARGV[2], ARGV[4], ARGV[5], ARGV[6])
-  return redis.call('HGETALL', KEYS[1])
-end
-if state ~= 'running' or holder ~= ARGV[3] then
+if holder_of(KEYS[1]) ~= ARGV[3] then
   return false
 end
 redis.call('HSET', KEYS[1], 'worker_id', ARGV[4], 'lease_expires_at', ARGV[6])

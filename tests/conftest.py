@@ -7,7 +7,7 @@ import pytest
 import redis
 import requests
 
-from tests.support.cluster import TEST_WORKER_ENV, Cluster
+from tests.support.cluster import Cluster, local_folder_cluster
 from tests.support.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
 
 
@@ -84,14 +84,7 @@ def http():
 @pytest.fixture
 def folder_cluster(tmp_path) -> Cluster:
     """A deployment of this test's own (worker and fault tests), storing images in a local folder."""
-    images = tmp_path / "images"
-    cluster = Cluster(
-        RedisServer(tmp_path / "redis").start(),
-        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
-        tmp_path,
-        extra_env=dict(TEST_WORKER_ENV),
-        images=images,
-    )
+    cluster = local_folder_cluster(tmp_path)
     yield cluster
     cluster.stop_all()
     cluster.redis.stop()

@@ -4,9 +4,10 @@ run from another folder with nothing of the checkout on the path. The built-ins 
 models' trained weights), the page's files and everything else the service reads must come from the
 installed package.
 
-SLOW, by design: about a minute and a half here for the module (installing takes about 45 s: torch from pip's
+SLOW, by design: about two and a half minutes here for the module (installing takes about 45 s: torch from pip's
 local CPU build, `pip install torch==2.13.0` as `make run` does, the rest from pip's cache, no byte-compiling;
-then a built-in built from scratch and `stepwise up` to ready). One environment serves the module.
+then a built-in built from scratch, a LoRA benchmark (about 45 s on a busy machine) and `stepwise up` to ready).
+One environment serves the module.
 """
 
 from __future__ import annotations
@@ -101,6 +102,17 @@ def test_generate_draws_a_built_in_built_from_the_installed_assets(installed):
     with Image.open(out) as image:
         assert image.size == (64, 64)
     assert (installed.cache / "builtin-tiny-v1").is_dir()  # built just now, from the package's tokenizer assets
+
+
+def test_a_lora_benchmark_runs_from_the_installed_package_with_its_random_adapters(installed):
+    """The LoRA benchmarks once imported `tests.support`, which the wheel does not ship; their random adapters now
+    come from `benchmarks.random_loras`. The quicker of the two runs here (lora_mix's three engine processes took
+    minutes from a fresh install on a busy machine); that no shipped package imports `tests` at all, lazily or not,
+    is tests/test_layering.py's."""
+    forward = installed.run("python", "-m", "benchmarks.lora_forward", "--rows", "5", "--repeats", "1")
+
+    assert forward.returncode == 0, forward.stdout + forward.stderr
+    assert "largest difference, per-row deltas vs PEFT: " in forward.stdout
 
 
 def test_stepwise_up_from_another_folder_becomes_ready_serves_the_page_and_draws_a_shape(installed):

@@ -16,6 +16,7 @@ import json
 import pkgutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import networkx
@@ -29,8 +30,6 @@ TORCH_FREE_BATCHING_MODULES = [
     "batching.admission",
     "batching.builtin_model",
     "batching.builtin_models.folders",
-    "batching.errors",
-    "batching.params",
     "batching.plan",
     "batching.scheduler",
     "batching.settings",
@@ -185,6 +184,16 @@ def test_benchmarks_never_import_the_command_line_which_runs_them():
     """One direction between the two: `stepwise bench` imports `benchmarks`; a benchmark that needs a service
     starts it as a program (`python -m stepwise_cli.main ...`), never by importing the command line."""
     assert static_violations("benchmarks", {"stepwise_cli"}) == []
+
+
+def test_no_package_the_wheel_ships_imports_the_tests_which_it_does_not():
+    """`tests/` is not in the wheel (pyproject's package list), so a benchmark that imported `tests.support` failed
+    from an installed wheel. Run from one: tests/test_installed_wheel.py."""
+    included = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = sorted(pattern.rstrip("*") for pattern in included)
+
+    assert "benchmarks" in shipped and "tests" not in shipped
+    assert [violation for package in shipped for violation in static_violations(package, {"tests"})] == []
 
 
 def test_no_import_circle_holds_more_than_three_modules():

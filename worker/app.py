@@ -1,16 +1,18 @@
 """The Celery app, configured so that `celery -A worker worker` is right for a GPU worker.
 
-- threads pool: every task thread of the process shares one engine, so jobs batch together
-  (prefork would load the model per child; solo runs one job at a time and cannot answer
-  `inspect` while it runs);
-- concurrency from `max_num_seqs`: the batch full plus a few jobs waiting in the engine;
-- prefetch multiplier 1 and late acknowledgement with rejection on worker loss: a message
-  leaves Redis only after its job reached an end, and a worker holds no more than it runs;
-- a visibility timeout longer than the longest job, so Redis does not redeliver running work
-  (a dead worker's jobs come back sooner through job leases, see `worker.leases`);
-- one generate queue per model (`storage.queue_names`): this worker's task queues are its model's
-  queue and the webhook queue; `-Q stepwise.generate` names its model's queue (`worker.lifecycle`);
-- kombu priorities on the Redis lists (high, normal, low), normal for anything sent without one;
+Jobs are not Celery tasks: an engine worker's feeder takes its model's jobs from their queue in Redis and runs
+each on a thread of its own (`worker.feeder`). The worker is a Celery worker for Celery's tools (`celery -A
+worker inspect ...`, `control ...`, `control revoke JOB_ID`: `worker.control`) and for webhook deliveries, the
+one task it runs:
+
+- threads pool: one process, so every job thread shares one engine and its jobs batch together (prefork would
+  load the model per child; solo cannot answer `inspect` while it works);
+- `-Q stepwise.generate` (`storage.queue_names.ENGINE_ROLE`; also what no `-Q` at all includes) makes it an
+  engine worker; it consumes no Celery queue for that (`worker.lifecycle`). `-Q stepwise.webhooks` makes it
+  deliver webhooks, on as many Celery threads as `STEPWISE_WORKER_CONCURRENCY`;
+- prefetch multiplier 1 and late acknowledgement with rejection on worker loss: a delivery's message leaves
+  Redis only after its attempt ended, and `STEPWISE_VISIBILITY_TIMEOUT` is how long Redis waits before it
+  redelivers one whose worker died (`worker.webhooks`);
 - task events on, for Flower;
 - kombu's Redis transport (its Sentinel transport for a `sentinel://` URL, `storage.redis_clients`) with a fix
   that lets the consumer reconnect after Redis restarts or fails over (`worker.broker`);
@@ -27,24 +29,17 @@ import click
 from celery import Celery
 from kombu import Exchange, Queue
 
-from storage.queue_names import (
-    BROKER_PRIORITY,
-    DEFAULT_PRIORITY,
-    WEBHOOK_QUEUE,
-    WEBHOOK_TASK,
-    celery_transport_options,
-)
+from storage.queue_names import ENGINE_ROLE, WEBHOOK_QUEUE, WEBHOOK_TASK
 from storage.redis_clients import celery_redis_config
 from storage.redis_location import RedisLocation
 from worker.broker import transport_for
 from worker.settings import WorkerSettings
 
 settings = WorkerSettings.from_env()
-generate_queue = settings.queue
 
 redis_config = celery_redis_config(
     settings.storage.redis_url,
-    broker_transport_options={"visibility_timeout": settings.visibility_timeout, **celery_transport_options()},
+    broker_transport_options={"visibility_timeout": settings.visibility_timeout},
     result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
 )
 app = Celery("stepwise", broker=redis_config.pop("broker_url"), backend=redis_config.pop("result_backend"))
@@ -60,11 +55,10 @@ app.conf.update(
     task_send_sent_event=True,
     task_ignore_result=True,  # the job record is the result; nothing reads Celery's
     task_queues=(
-        Queue(generate_queue, Exchange(generate_queue), routing_key=generate_queue),
+        Queue(ENGINE_ROLE),  # selects the engine role at start, then deselected: nothing is sent to it
         Queue(WEBHOOK_QUEUE, Exchange(WEBHOOK_QUEUE), routing_key=WEBHOOK_QUEUE),
     ),
-    task_default_queue=generate_queue,
-    task_default_priority=BROKER_PRIORITY[DEFAULT_PRIORITY],
+    task_default_queue=WEBHOOK_QUEUE,
     task_routes={WEBHOOK_TASK: {"queue": WEBHOOK_QUEUE}},
     task_serializer="json",
     accept_content=["json"],

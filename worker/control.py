@@ -11,11 +11,11 @@ and two of Celery's own, answered in the project's terms, so Celery users' habit
 
 A job is not a Celery task (a worker's feeder takes jobs from its model's queue in the project's own
 order), so Celery's `active` would not list it, and its `revoke` would not stop it: `active`
-lists the jobs an engine worker holds, as Celery lists tasks (plus `progress` and `tenant`), and the
-worker's other tasks as Celery does; `revoke` cancels each id that names a job as
-`POST /v1/jobs/{id}/cancel` does (a queued job at once; a running one at its next step: its own worker
-stops it at once, any other through the cancel flag within a poll interval), and hands every other id
-to Celery's own revoke.
+lists the jobs an engine worker holds (its held-jobs book, `worker.held_jobs`), as Celery lists tasks (plus
+`progress`, `tenant`, `stage` and `attempt`), and the worker's webhook deliveries as Celery does; `revoke`
+cancels each id that names a job as `POST /v1/jobs/{id}/cancel` does (a queued job at once; a running one at
+its next step: its own worker stops it at once, any other through the cancel flag within a poll interval), and
+hands every other id to Celery's own revoke.
 
 `drain` stops the feeder taking jobs from its model's queue (`worker.feeder`), pauses the engine's
 admission and sends jobs that have not started denoising back to the queue (another worker, or this
@@ -37,15 +37,15 @@ from celery.worker import control as celery_control
 from celery.worker.control import control_command, inspect_command
 
 from storage.errors import InvalidTransitionError, JobNotFoundError
-from storage.queue_names import GENERATE_TASK
-from worker.active_job import ActiveJob, StopReason
-from worker.app import generate_queue
+from worker.app import settings
 from worker.heartbeat import beat_now
+from worker.held_job import HeldJob, StopReason
 from worker.runtime import WorkerRuntime, current_runtime
 
 log = logging.getLogger(__name__)
 
 NO_ENGINE = {"ok": "no engine here: this worker only delivers webhooks"}
+JOB_NAME = "stepwise.job"  # a held job's `name` in `inspect active` (no Celery task runs it: a job thread does)
 
 _celery_active = celery_control.active  # Celery's own, before `active` below replaces it
 _celery_revoke = celery_control.revoke
@@ -53,30 +53,33 @@ _celery_revoke = celery_control.revoke
 
 @inspect_command(alias="dump_active")
 def active(state, safe: bool = False, **kwargs) -> list[dict[str, Any]]:
-    """The jobs this worker runs (Celery's task fields, plus progress and tenant), and its other tasks."""
-    tasks = [info for info in _celery_active(state, safe=safe, **kwargs) if info.get("name") != GENERATE_TASK]
+    """The jobs this worker holds (Celery's task fields, plus progress, tenant, stage and attempt), and its
+    tasks (webhook deliveries)."""
+    tasks = _celery_active(state, safe=safe, **kwargs)
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
         return tasks
     hostname = state.consumer.hostname
-    return [job_info(runtime, held, hostname) for held in runtime.active_jobs()] + tasks
+    return [job_info(runtime, held, hostname) for held in runtime.held.all()] + tasks
 
 
-def job_info(runtime: WorkerRuntime, held: ActiveJob, hostname: str) -> dict[str, Any]:
+def job_info(runtime: WorkerRuntime, held: HeldJob, hostname: str) -> dict[str, Any]:
     """One held job, in the fields Celery's `inspect active` gives a task (Flower reads them too)."""
     return {
         "id": held.job_id,
-        "name": GENERATE_TASK,
-        "type": GENERATE_TASK,
+        "name": JOB_NAME,
+        "type": JOB_NAME,
         "args": [held.job_id],
         "kwargs": {},
         "hostname": hostname,
-        "time_start": held.handed_over_at,
+        "time_start": held.taken_at,
         "acknowledged": True,
-        "delivery_info": {"routing_key": generate_queue, "priority": None, "redelivered": False},
+        "delivery_info": {"routing_key": settings.queue, "priority": None, "redelivered": False},  # its model's
         "worker_pid": os.getpid(),
         "progress": f"{held.step}/{held.total}",
         "tenant": held.tenant,
+        "stage": held.stage.value,  # taken, in_engine, storing, spooled or ending (worker.held_job)
+        "attempt": held.attempt,
     }
 
 
@@ -102,10 +105,10 @@ def cancel_job(runtime: WorkerRuntime, job_id: str) -> bool:
         return False
     except InvalidTransitionError:  # already ended (another worker's revoke may have done it)
         pass
-    for held in runtime.active_jobs():
-        if held.job_id == job_id:
-            runtime.stop_job(held, StopReason.CANCELED)
-            log.info("revoke: job %s stops at its next step", job_id)
+    held = runtime.held.get(job_id)
+    if held is not None:
+        runtime.stop_job(held, StopReason.CANCELED)
+        log.info("revoke: job %s stops at its next step", job_id)
     return True
 
 
@@ -124,14 +127,13 @@ def drain(state) -> dict:
     runtime = current_runtime()
     if runtime is None or not runtime.runs_engine:
         return dict(NO_ENGINE)
-    state.consumer.call_soon(state.consumer.cancel_task_queue, generate_queue)
     requeued = runtime.stop_admission()
     beat_now()
     log.info("drain: stopped admitting jobs; re-queued %d that had not started", len(requeued))
     return {
         "ok": "draining",
         "requeued_job_ids": requeued,
-        "running_job_ids": [active.job_id for active in runtime.active_jobs()],
+        "running_job_ids": [held.job_id for held in runtime.held.before_or_in_engine()],
     }
 
 
@@ -144,7 +146,6 @@ def resume(state) -> dict:
     if runtime.is_shutting_down:
         return {"error": "this worker is shutting down"}
     runtime.resume_admission()
-    state.consumer.call_soon(state.consumer.add_task_queue, generate_queue)
     beat_now()
     log.info("resume: admitting jobs again")
     return {"ok": "admitting"}

@@ -9,9 +9,10 @@ lapses (STEPWISE_JOB_LEASE_SECONDS, a minute).
 The watch judges by what it saw itself, on its own monotonic clock, never by the heartbeat's age
 alone: after a Redis outage every heartbeat is old, and after a failed read the watch forgets what it
 saw, so no worker counts as dead before it stayed silent for a whole timeout while Redis answered.
-Clocks of other hosts do not matter either. A job is released only from the worker that holds it
-(`JobStore.release`), so two watches cannot both re-queue it; a worker wrongly judged dead has its
-next lease renewal refused and drops the job (`worker.leases.LeaseKeeper`), so it never ends twice.
+Clocks of other hosts do not matter either. A job is released only from the attempt that holds it
+(`JobStore.release` with its holder token), so two watches cannot both re-queue it; a worker wrongly judged dead
+(frozen, not dead) finds its attempt's writes refused: it stops that attempt, or, if it took the job again itself,
+the new attempt joins the one still running (`worker.held_jobs`), so the job never runs twice or ends twice.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+from storage.job_record import holder_token, worker_of
 from storage.job_store import JobStore
 
 log = logging.getLogger(__name__)
@@ -74,9 +76,10 @@ class DeadWorkerWatch:
             holders = running_holders(self.job_store) if dead - self._swept else {}
             requeued = []
             for job_id, holder in holders.items():
-                if holder not in dead:
+                worker_id = worker_of(holder)
+                if worker_id not in dead:
                     continue
-                message = f"worker {holder} sent no heartbeat for {self.timeout:.0f}s"
+                message = f"worker {worker_id} sent no heartbeat for {self.timeout:.0f}s"
                 if self.job_store.release(job_id, holder, "worker_lost", message):  # wakes its queue's workers
                     requeued.append(job_id)
                     log.warning("job %s: re-queued: %s", job_id, message)
@@ -88,13 +91,18 @@ class DeadWorkerWatch:
 
 
 def running_holders(store: JobStore) -> dict[str, str]:
-    """Running job id -> the worker id holding it (one round trip for the ids, one for the holders)."""
+    """Running job id -> the attempt holding it, `worker_id#attempt` (one round trip for the ids, one for the
+    holders): the watch re-queues the attempt it judged, never one taken since."""
     client = store.redis
     job_ids = cast(list[str], client.zrange(store.keys.leases, 0, -1))
     if not job_ids:
         return {}
     with client.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.hget(store.job_key(job_id), "worker_id")
-        holders = pipe.execute()
-    return {job_id: holder for job_id, holder in zip(job_ids, holders) if holder}
+            pipe.hmget(store.job_key(job_id), "worker_id", "attempts")
+        replies = pipe.execute()
+    return {
+        job_id: holder_token(worker_id, int(attempts or 0))
+        for job_id, (worker_id, attempts) in zip(job_ids, replies)
+        if worker_id
+    }

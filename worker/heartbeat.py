@@ -72,7 +72,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
             "unusable_fields": sorted(runtime.engine.unusable_fields),
         },
         engine=engine_snapshot(runtime.engine_stats_or_none() or {}),
-        spool=runtime.spool.stats(),
+        spool=runtime.spool_stats(),
     )
 
 

@@ -1,8 +1,9 @@
 """What a worker writes when a job it holds leaves it: an end state, back to the queue, or into the spool.
 
 `worker.tasks.run_held_job` calls these for a taken job's way out (`worker.ways_out`), and the spool's uploader
-calls `end_spooled_job` once a spooled job's images are stored. Each writes only while this worker still holds
-the job (the Redis scripts check), so a job ends once.
+calls `end_spooled_job` once a spooled job's images are stored. Each writes with the attempt's holder token, so
+only while this attempt still holds the job (the Redis scripts check): a job ends once. The job is let go (its
+lease no longer renewed) only after its way out is written (`worker.held_jobs`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from storage.webhooks import EVENT_FOR_STATE
 from worker import metrics
+from worker.held_job import HeldJob
 from worker.outage_retry import retry_through_outage
 from worker.output_images import OutputImage
 from worker.runtime import WorkerRuntime
@@ -32,16 +34,15 @@ def patiently(runtime: WorkerRuntime, call: Callable[..., T], *args, **kwargs) -
     return retry_through_outage(runtime.settings.redis_retry_seconds, call, *args, **kwargs)
 
 
-def end_job(runtime: WorkerRuntime, record: JobRecord, state: JobState, **fields) -> str:
-    """Record the job's end state (only if this worker still holds it) and announce it. A job that succeeded has
+def end_job(runtime: WorkerRuntime, held: HeldJob, record: JobRecord, state: JobState, **fields) -> str:
+    """Record the job's end state (only if this attempt still holds it) and announce it. A job that succeeded has
     its images flushed to disk afterwards (the local image folder; off the job's latency: storage.image_store)."""
-    runtime.leases.release(record.job_id)  # the end state replaces the lease
-    if not patiently(runtime, runtime.job_store.finish, record.job_id, state, worker_id=runtime.worker_id, **fields):
+    if not patiently(runtime, runtime.job_store.finish, record.job_id, state, holder=held.holder, **fields):
         if patiently(runtime, runtime.job_store.was_deleted, record.job_id):
             runtime.image_store.delete_job_images(record.job_id)  # what it stored before it learned it
             log.info("job %s: deleted by its tenant while it ran; its images removed", record.job_id)
             return "deleted"
-        log.warning("job %s: not marked %s: this worker no longer holds it", record.job_id, state.value)
+        log.warning("job %s: not marked %s: attempt %d no longer holds it", record.job_id, state.value, held.attempt)
         metrics.JOBS.labels("lease_lost").inc()
         return "lease lost"
     metrics.JOBS.labels(state.value).inc()
@@ -64,14 +65,13 @@ def _flush_images(runtime: WorkerRuntime, job_id: str, image_keys: list[str]) ->
         log.warning("job %s: %s", job_id, e)
 
 
-def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
+def requeue(runtime: WorkerRuntime, held: HeldJob, record: JobRecord, why: str) -> str:
     """Put a job this worker holds back in its queue, at its priority, for any worker."""
-    runtime.leases.release(record.job_id)
     store = runtime.job_store
     job_id = record.job_id
     reason = "worker_shutdown" if runtime.is_shutting_down else "worker_drained"
     message = f"{runtime.worker_id}: {why}"
-    if not patiently(runtime, store.release, job_id, runtime.worker_id, reason, message):
+    if not patiently(runtime, store.release, job_id, held.holder, reason, message):
         now = patiently(runtime, store.get, job_id)
         if now is not None and now.state is JobState.CANCELED:  # a cancel request won over the re-queue
             metrics.JOBS.labels("canceled").inc()
@@ -85,36 +85,53 @@ def requeue(runtime: WorkerRuntime, record: JobRecord, why: str) -> str:
 
 
 def keep_in_spool(
-    runtime: WorkerRuntime, record: JobRecord, spooled: SpooledJob, images: list[OutputImage], why: str
+    runtime: WorkerRuntime, held: HeldJob, record: JobRecord, spooled: SpooledJob, images: list[OutputImage], why: str
 ) -> str:
     """The image store failed: the job stays running, its images in this worker's spool (worker.spool) until the
-    spool's uploader stores them and ends it (`end_spooled_job`). Its lease stays held meanwhile."""
+    spool's uploader stores them and ends it (`end_spooled_job`). It stays held meanwhile (its lease renewed)."""
     job_id = record.job_id
-    if not patiently(runtime, runtime.job_store.set_storing, job_id, runtime.worker_id, why):
-        log.warning("job %s: not spooled: this worker no longer holds it", job_id)
+    if not patiently(runtime, runtime.job_store.set_storing, job_id, held.holder, why):
+        log.warning("job %s: not spooled: attempt %d no longer holds it", job_id, held.attempt)
         return "lease lost"
     runtime.spool.add(spooled, images, why)
+    runtime.held.spool(held, spooled)
     log.warning("job %s: image storage failed, its images wait in the spool: %s", job_id, why)
     metrics.JOBS.labels("spooled").inc()
     return "spooled"
 
 
-def end_spooled_job(runtime: WorkerRuntime, spooled: SpooledJob, failure: str | None) -> str:
+def end_spooled_job(runtime: WorkerRuntime, held: HeldJob, failure: str | None) -> str:
     """End a job whose images waited in the spool: succeeded now that they are stored (`failure` None), else
-    failed `storage_unavailable` for `failure`."""
+    failed `storage_unavailable` for `failure`; then let it go. A Redis error leaves it waiting in the spool (the
+    uploader tries again)."""
+    assert held.spooled is not None
+    spooled = held.spooled
+    runtime.held.begin_ending(held)
+    try:
+        outcome = _end_spooled(runtime, held, spooled, failure)
+    except StorageError:
+        runtime.held.spool(held, spooled)
+        raise
+    runtime.spool.remove(held.job_id)
+    runtime.held.let_go(held)
+    return outcome
+
+
+def _end_spooled(runtime: WorkerRuntime, held: HeldJob, spooled: SpooledJob, failure: str | None) -> str:
     record = patiently(runtime, runtime.job_store.get, spooled.job_id)
     if record is None:
         return "deleted"
     cleared = {"storing_since": None, "storing_reason": None}
     if failure is not None:
         return end_job(
-            runtime, record, JobState.FAILED, error_code="storage_unavailable", error_message=failure, **cleared
+            runtime, held, record, JobState.FAILED, error_code="storage_unavailable", error_message=failure, **cleared
         )
     timings = dict(spooled.timings)
     timings["storing"] = max(0.0, time.time() - (record.storing_since or spooled.spooled_at))
     timings["total"] = time.time() - record.created_at
     return end_job(
         runtime,
+        held,
         record,
         JobState.SUCCEEDED,
         image_keys=spooled.image_keys,

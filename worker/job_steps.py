@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from core.errors import EngineShutdownError, InvalidParamsError, JobCanceledError
 from core.params import GenerationParams
+from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState
 from worker import metrics
-from worker.active_job import ActiveJob, StopReason
+from worker.held_job import HeldJob, StopReason
 from worker.input_images import with_input_images
 from worker.job_watch import JobWatch
-from worker.output_images import encode_outputs, output_images
+from worker.output_images import OutputImage, encode_outputs, output_images, put_images
 from worker.runtime import WorkerRuntime
 from worker.spool import SpooledJob
 from worker.ways_out import BackToQueue, Ends, LeaseLost, WaitsInSpool, WayOut
@@ -51,54 +52,48 @@ def params_to_run(runtime: WorkerRuntime, record: JobRecord) -> GenerationParams
     return dataclasses.replace(params, lora=lora_key)
 
 
-def start_in_engine(runtime: WorkerRuntime, record: JobRecord, params: GenerationParams) -> ActiveJob:
+def start_in_engine(runtime: WorkerRuntime, held: HeldJob, record: JobRecord, params: GenerationParams) -> None:
     try:
-        active = runtime.submit(
-            record.job_id,
-            params,
-            priority=record.priority,
-            tenant=record.tenant,
-            complete_by=record.complete_by,
-            preview_every=record.preview_every,
+        is_started = runtime.submit(
+            held, params, priority=record.priority, complete_by=record.complete_by, preview_every=record.preview_every
         )
     except InvalidParamsError as e:  # for example a model this worker does not serve
         raise Ends.failed("invalid_params", str(e)) from e
-    if active is None:
-        raise BackToQueue("admission is stopped")
-    return active
+    if not is_started:
+        raise BackToQueue("admission is stopped") if held.stop_reason is None else _why_stopped(held)
 
 
-def wait_in_engine(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob) -> GenerationResult:
+def wait_in_engine(runtime: WorkerRuntime, held: HeldJob, record: JobRecord) -> GenerationResult:
     """The engine's result, while the job's watch writes its progress and previews and passes on a cancel."""
     try:
-        return JobWatch(runtime, active, record).wait()
+        return JobWatch(runtime, held, record).wait()
     except JobCanceledError as e:
-        raise _why_stopped(active) from e
+        raise _why_stopped(held) from e
     except EngineShutdownError as e:
         raise BackToQueue("the engine shut down") from e
     except Exception as e:  # one job's failure must not take the worker down
         log.exception("job %s: engine error", record.job_id)
-        runtime.cancel_in_engine(active)  # the watch failed (a preview that would not encode, say): stop its steps
+        runtime.cancel_in_engine(held)  # the watch failed (a write raised what it should not, say): stop its steps
         raise Ends.failed("engine_error", str(e) or type(e).__name__) from e
     finally:
-        runtime.release_active(record.job_id)
+        runtime.held.leave_engine(held)
 
 
-def _why_stopped(active: ActiveJob) -> WayOut:
-    if active.stop_reason is StopReason.REQUEUE:
+def _why_stopped(held: HeldJob) -> WayOut:
+    if held.stop_reason is StopReason.REQUEUE:
         return BackToQueue("admission stopped before it finished")
-    if active.stop_reason is StopReason.LEASE_LOST:
+    if held.stop_reason is StopReason.LEASE_LOST:
         return LeaseLost()
-    progress = {"progress_step": active.step, "progress_total": active.total}
-    message = f"canceled at step {active.step}/{active.total}"
+    progress = {"progress_step": held.step, "progress_total": held.total}
+    message = f"canceled at step {held.step}/{held.total}"
     return Ends(JobState.CANCELED, {**progress, "error_code": "canceled", "error_message": message})
 
 
-def store_outputs(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob, result: GenerationResult) -> Ends:
+def store_outputs(runtime: WorkerRuntime, held: HeldJob, record: JobRecord, result: GenerationResult) -> Ends:
     """Encode the job's outputs and put them in the image store: the job's success, with its images and timings.
     If the store fails, its images go to the spool instead (`WaitsInSpool`)."""
     job_id = record.job_id
-    engine_seconds = time.monotonic() - active.submitted_at
+    engine_seconds = time.monotonic() - held.submitted_at
     engine_timings = dict(result.timings)
     queue_wait = _queue_wait(record, engine_timings)
     metrics.QUEUE_WAIT.observe(queue_wait)
@@ -110,7 +105,7 @@ def store_outputs(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob, 
         images = output_images(
             runtime.image_store, job_id, encoded, list(result.seeds), params.model, params.output_format
         )
-        storage_error = runtime.spool.store_or_why(runtime.image_store, images)  # None: stored
+        storage_error = store_or_why(runtime, images)  # None: stored
     except Exception as e:
         log.exception("job %s: upload failed", job_id)
         raise Ends.failed("upload_failed", f"the image could not be stored: {e}") from e
@@ -118,7 +113,7 @@ def store_outputs(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob, 
     metrics.UPLOAD_SECONDS.observe(upload_seconds)
     timings = {
         "queue_wait": queue_wait,
-        "start": active.handed_over_at - record.first_started_at,
+        "start": held.handed_over_at - held.taken_at,  # this attempt's: from its take to the engine
         "engine": engine_seconds,
         "engine_wait": float(engine_timings.get("queue_wait", 0.0)),
         "denoise": float(engine_timings.get("denoise", 0.0)),
@@ -129,11 +124,27 @@ def store_outputs(runtime: WorkerRuntime, record: JobRecord, active: ActiveJob, 
     image_keys = [image.key for image in images]
     if storage_error is not None:
         metadata = [image.metadata for image in images]
-        spooled = SpooledJob(job_id, image_keys, metadata, steps=active.total, timings=timings, spooled_at=time.time())
+        spooled = SpooledJob(
+            job_id, held.holder, image_keys, metadata, steps=held.total, timings=timings, spooled_at=time.time()
+        )
         raise WaitsInSpool(spooled, images, storage_error)
     timings["total"] = time.time() - record.created_at
-    progress = {"progress_step": active.total, "progress_total": active.total}
+    progress = {"progress_step": held.total, "progress_total": held.total}
     return Ends(JobState.SUCCEEDED, {"image_keys": image_keys, "timings": timings, **progress})
+
+
+def store_or_why(runtime: WorkerRuntime, images: list[OutputImage]) -> str | None:
+    """Put the images in the store; None if stored, else why not (then they belong in the spool). While jobs
+    wait in the spool the store is not tried: it failed lately, and the spool's uploader finds out when it is
+    back."""
+    num_spooled = len(runtime.held.spooled())
+    if num_spooled:
+        return f"waiting behind {num_spooled} spooled jobs for image storage: {runtime.spool.last_error}"
+    try:
+        put_images(runtime.image_store, images)
+    except StorageError as e:
+        return str(e) or type(e).__name__
+    return None
 
 
 def _queue_wait(record: JobRecord, engine_timings: dict) -> float:

@@ -1,9 +1,10 @@
-"""A task thread's wait for its job's result.
+"""A job thread's wait for its job's result.
 
-While the engine works, the task thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
+While the engine works, the job's thread wakes every `STEPWISE_WORKER_POLL_INTERVAL` and does
 the job's Redis I/O there, never on the engine loop thread: it encodes and writes the newest live
 preview, if the job asked for them (a small JPEG data URI on the job's event stream; one older
-than progress already written is dropped, so the stream's steps never go back), writes progress
+than progress already written is dropped, so the stream's steps never go back, and one that cannot
+be encoded is dropped and logged: a preview never costs the job), writes progress
 (at most once per `STEPWISE_PROGRESS_INTERVAL`; the record's progress also goes on the job's event stream),
 queues a `progress` webhook when the job asked for one (at most once per second), and notices a
 cancel request recorded by the API and passes it to the engine, which stops the job at its next
@@ -23,7 +24,7 @@ from storage.errors import StorageError
 from storage.job_record import JobRecord
 from storage.webhooks import PROGRESS_SECONDS
 from worker import metrics
-from worker.active_job import ActiveJob, StopReason
+from worker.held_job import HeldJob, StopReason
 from worker.runtime import WorkerRuntime
 from worker.webhooks import emit_event
 
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class JobWatch:
-    def __init__(self, runtime: WorkerRuntime, active: ActiveJob, record: JobRecord) -> None:
+    def __init__(self, runtime: WorkerRuntime, held: HeldJob, record: JobRecord) -> None:
         self.runtime = runtime
-        self.active = active
+        self.held = held
         self.record = record
         self.wants_progress_webhooks = "progress" in record.webhook_events
         self.written_step = 0
@@ -45,47 +46,56 @@ class JobWatch:
 
     def wait(self) -> Any:
         """The engine's result; raises what the engine's future raises."""
-        assert self.active.future is not None
+        assert self.held.future is not None
         while True:
             try:
-                return self.active.future.result(timeout=self.runtime.settings.poll_interval)
+                return self.held.future.result(timeout=self.runtime.settings.poll_interval)
             except FutureTimeout:
                 pass
             try:
                 self.tick(time.monotonic())
             except StorageError as e:  # Redis trouble must not end a job the engine is running
                 if not self.is_store_failing:
-                    log.warning("job %s: could not update its record (%s); retrying", self.active.job_id, e)
+                    log.warning("job %s: could not update its record (%s); retrying", self.held.job_id, e)
                 self.is_store_failing = True
             else:
                 if self.is_store_failing:
-                    log.info("job %s: its record can be updated again", self.active.job_id)
+                    log.info("job %s: its record can be updated again", self.held.job_id)
                 self.is_store_failing = False
 
     def tick(self, now: float) -> None:
-        active = self.active
-        for interval in active.take_step_intervals():
+        held = self.held
+        for interval in held.take_step_intervals():
             metrics.STEP_LATENCY.observe(interval)
         self.write_preview()
         self.write_progress(now)
         store = self.runtime.job_store
-        if active.stop_reason is None and store.is_cancel_requested(active.job_id):
-            log.info("job %s: cancel requested; stopping at the next step", active.job_id)
-            self.runtime.stop_job(active, StopReason.CANCELED)
+        if held.stop_reason is None and store.is_cancel_requested(held.job_id):
+            log.info("job %s: cancel requested; stopping at the next step", held.job_id)
+            self.runtime.stop_job(held, StopReason.CANCELED)
 
     def write_preview(self) -> None:
-        preview = self.active.take_preview()
+        """The newest preview on the job's event stream. One that cannot be encoded costs that preview, never the
+        job (the engine's rule for a preview it cannot make): it is dropped and logged."""
+        preview = self.held.take_preview()
         if preview is None or preview.step < self.written_step:
             return
-        image = preview.data_uri()  # here, off the engine loop: waits for the device's copy, resizes, encodes
-        self.runtime.job_store.add_preview(self.active.job_id, preview.step, preview.total, image)
+        try:
+            image = preview.data_uri()  # here, off the engine loop: waits for the device's copy, resizes, encodes
+        except Exception as e:
+            job_id, why = self.held.job_id, f"{type(e).__name__}: {e}"
+            log.warning(
+                "job %s: its preview at step %d could not be encoded and was dropped (%s)", job_id, preview.step, why
+            )
+            return
+        self.runtime.job_store.add_preview(self.held.job_id, preview.step, preview.total, image)
 
     def write_progress(self, now: float, *, force: bool = False) -> None:
         """Progress, and whether the engine has the job paused or estimates it late (a change of those is
         written at once: a paused job reports no steps)."""
-        progress = self.active.progress  # the job's own steps, as the engine derives them
+        progress = self.held.progress  # the job's own steps, as the engine derives them
         step, total, current_image = progress.step, progress.total, progress.current_image
-        future = self.active.future
+        future = self.held.future
         flags = (future.is_paused, future.is_late) if future is not None else (False, False)
         if (step, current_image) == (self.written_step, self.written_image) and flags == self.written_flags:
             return
@@ -93,7 +103,7 @@ class JobWatch:
         if not is_due and flags == self.written_flags:
             return
         self.runtime.job_store.set_progress(
-            self.active.job_id, step, total, current_image=current_image, is_paused=flags[0], is_late=flags[1]
+            self.held.job_id, step, total, current_image=current_image, is_paused=flags[0], is_late=flags[1]
         )
         self.written_step = step
         self.written_image = current_image

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from storage.errors import StorageError
 from storage.job_store import JobStore
 from worker.dead_workers import DeadWorkerWatch
+from worker.held_jobs import HeldJobs
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class LapsedLeaseSweeper:
         self.job_store = job_store
         self.interval = interval
         self.dead_workers = dead_workers  # checked every DEAD_WORKER_CHECK_SECONDS
-        self.is_held_here = is_held_here  # job_id -> whether this process's LeaseKeeper renews its lease
+        self.is_held_here = is_held_here  # job_id -> whether this worker holds it (renews its lease)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepwise-lease-sweeper", daemon=True)
 
@@ -73,8 +74,8 @@ class LapsedLeaseSweeper:
         """Re-queue every job whose lease lapsed, except those this worker holds; returns their ids.
 
         This worker is alive (its sweeper runs), and its keeper renews what it holds without waiting on
-        the engine: a lease of its own that lapsed was renewed late (a starved process, Redis away), not
-        lost, and re-queueing it would only run the job again and throw this run away."""
+        the engine, until the job's end is written: a lease of its own that lapsed was renewed late (a starved
+        process, Redis away), not lost, and re-queueing it would only run the job again and throw this run away."""
         requeued = []
         for job_id in self.job_store.lapsed_job_ids():
             if self.is_held_here(job_id):
@@ -87,34 +88,21 @@ class LapsedLeaseSweeper:
 
 
 class LeaseKeeper:
-    """Renews, every third of a lease, the lease of each job this worker holds (from taking the
-    job until its end state is written). A renewal the store refuses means another worker took
-    the job over: `on_lost(job_id)` lets the job go here."""
+    """Renews, every third of a lease, the lease of each job this worker holds (`worker.held_jobs`: from the take
+    until its end or re-queue is written), each with its attempt's holder token. A renewal the store refuses means
+    that attempt no longer holds the job (another process re-queued it, another worker took it): `on_lost(job_id,
+    holder)` stops it here, unless the book took the job again meanwhile (its new attempt renews)."""
 
     def __init__(
-        self, job_store: JobStore, worker_id: str, lease_seconds: float, on_lost: Callable[[str], None]
+        self, job_store: JobStore, held: HeldJobs, lease_seconds: float, on_lost: Callable[[str, str], None]
     ) -> None:
         self.job_store = job_store
-        self.worker_id = worker_id
+        self.held = held
         self.lease_seconds = lease_seconds
         self.on_lost = on_lost
-        self._held: set[str] = set()
-        self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepwise-lease-keeper", daemon=True)
         self._thread.start()
-
-    def hold(self, job_id: str) -> None:
-        with self._lock:
-            self._held.add(job_id)
-
-    def holds(self, job_id: str) -> bool:
-        with self._lock:
-            return job_id in self._held
-
-    def release(self, job_id: str) -> None:
-        with self._lock:
-            self._held.discard(job_id)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -128,18 +116,11 @@ class LeaseKeeper:
                 log.exception("lease renewal failed")
 
     def renew_all(self) -> None:
-        with self._lock:
-            held = sorted(self._held)
-        for job_id in held:
+        for job_id, holder in self.held.holders():
             try:
-                is_renewed = self.job_store.renew_lease(job_id, self.worker_id, self.lease_seconds)
+                is_renewed = self.job_store.renew_lease(job_id, holder, self.lease_seconds)
             except StorageError as e:  # Redis away: try again at the next round, well within the lease
                 log.warning("job %s: could not renew its lease (%s); retrying", job_id, e)
                 continue
-            with self._lock:
-                is_still_held = job_id in self._held
-                if not is_renewed:
-                    self._held.discard(job_id)
-            if not is_renewed and is_still_held:
-                log.warning("job %s: lease lost to another worker; dropping it here", job_id)
-                self.on_lost(job_id)
+            if not is_renewed:
+                self.on_lost(job_id, holder)

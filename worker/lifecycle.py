@@ -1,8 +1,8 @@
 """Worker process start and stop, hooked to Celery's worker signals.
 
 - `worker_init` (once, in the worker's main process, before it consumes anything): check the
-  pool; make `-Q stepwise.generate` (the name before per-model queues, still what operators
-  type) mean this worker's model queue; load the model into this process's engine, start the
+  pool; take `-Q stepwise.generate` (or no `-Q`) as the engine role, which consumes no Celery queue;
+  for an engine worker: load the model into this process's engine, start the
   metrics exporter, the heartbeat and the lapsed lease sweeper (which also re-queues dead
   workers' jobs, `worker.dead_workers`), and for a local image folder the image retention sweeper
   (`worker.image_retention`), and the spool's uploader, which first takes over what a stopped worker
@@ -27,9 +27,9 @@ import traceback
 from celery import signals
 from celery.exceptions import ImproperlyConfigured
 
-from storage.queue_names import GENERATE_QUEUE_ALIAS, WEBHOOK_QUEUE
+from storage.queue_names import ENGINE_ROLE, WEBHOOK_QUEUE
 from worker import metrics
-from worker.app import generate_queue, settings
+from worker.app import settings
 from worker.dead_workers import DeadWorkerWatch
 from worker.feeder import Feeder
 from worker.heartbeat import beat_now, start_heartbeat, stop_heartbeat
@@ -51,10 +51,13 @@ def _pool_name(pool_cls: object) -> str:
     return pool_cls if isinstance(pool_cls, str) else f"{getattr(pool_cls, '__module__', '')}"
 
 
-def use_model_queue(queues) -> None:
-    if GENERATE_QUEUE_ALIAS in queues.consume_from:
-        queues.deselect([GENERATE_QUEUE_ALIAS])
-        queues.select_add(generate_queue)
+def take_engine_role(queues) -> bool:
+    """Whether this worker runs an engine (`-Q` named `stepwise.generate`, or no `-Q`): its jobs come from its
+    model's queue through its feeder, not from Celery, so the role's name is consumed as no queue."""
+    if ENGINE_ROLE not in queues.consume_from:
+        return False
+    queues.deselect([ENGINE_ROLE])
+    return True
 
 
 @signals.worker_init.connect
@@ -71,26 +74,25 @@ def on_worker_init(sender, **_) -> None:
 
 def start(sender) -> None:
     global _sweeper, _image_sweeper, _spool_uploader
+    log_from_the_start(sender)
     pool = _pool_name(sender.pool_cls)
     if "thread" not in pool:
         raise ImproperlyConfigured(
             f"stepwise workers need the threads pool (got {pool!r}): every job of a process must share "
             "its one engine to batch. Drop -P/--pool, or pass --pool threads."
         )
-    use_model_queue(sender.app.amqp.queues)
-    consumed = sender.app.amqp.queues.consume_from
-    runs_engine = generate_queue in consumed
-    if runs_engine and WEBHOOK_QUEUE in consumed:
+    runs_engine = take_engine_role(sender.app.amqp.queues)
+    if runs_engine and WEBHOOK_QUEUE in sender.app.amqp.queues.consume_from:
         log.warning(
-            "this worker delivers webhooks on the task threads its jobs need: a slow receiver can delay "
-            "generation. Deliver them from a worker of their own: stepwise worker --queues %s",
+            "this worker delivers webhooks in the process that generates: many slow receivers take CPU and "
+            "connections from it. Deliver them from a worker of their own: stepwise worker --queues %s",
             WEBHOOK_QUEUE,
         )
     runtime = start_runtime(settings, sender.hostname, runs_engine=runs_engine)
     if runs_engine:
         # Before anything is consumed: what a stopped worker left in the spool is taken over, not run again.
         _spool_uploader = SpoolUploader(runtime, end_spooled_job).start()
-        metrics.watch_spool(runtime.spool.stats)
+        metrics.watch_spool(runtime.spool_stats)
         runtime.load_engine()
         start_heartbeat(runtime, settings.storage.heartbeat_interval)
     metrics.start_exporter(settings.metrics_host, settings.metrics_port, runtime.engine_stats_or_none)
@@ -101,9 +103,17 @@ def start(sender) -> None:
         runtime.job_store,
         settings.lease_sweep_interval,
         dead_workers=dead_workers,
-        is_held_here=runtime.leases.holds,
+        is_held_here=runtime.held.holds,
     ).start()
     _image_sweeper = ImageRetentionSweeper.for_store(runtime.image_store, settings.storage.image_ttl_seconds)
+
+
+def log_from_the_start(sender) -> None:
+    """Celery sets up its logging only after `worker_init`; set it up now (Celery's own setup, which then does
+    nothing the second time), so what the start does is logged: the spool's adoptions, the model's load."""
+    setup_logging = getattr(sender, "setup_logging", None)  # celery.apps.worker.Worker's, under the command line
+    if setup_logging is not None:
+        setup_logging()
 
 
 @signals.worker_ready.connect
@@ -116,16 +126,13 @@ def on_worker_ready(**_) -> None:
         _feeder = Feeder(runtime, run_held_job).start()
     if runtime is not None:
         engine = (
-            f"model {settings.model}, queue {generate_queue}, max_num_seqs {settings.max_num_seqs}"
+            f"model {settings.model}, queue {settings.queue}, max_num_seqs {settings.max_num_seqs}, "
+            f"{settings.concurrency} jobs held at once"
             if runtime.runs_engine
             else "no engine"
         )
         log.info(
-            "stepwise worker %s ready (%s, %d task threads, metrics port %s)",
-            runtime.worker_id,
-            engine,
-            settings.concurrency,
-            settings.metrics_port or "off",
+            "stepwise worker %s ready (%s, metrics port %s)", runtime.worker_id, engine, settings.metrics_port or "off"
         )
 
 

@@ -3,7 +3,7 @@
 The exporter has no authentication, so it listens on `STEPWISE_WORKER_METRICS_HOST`, 127.0.0.1
 unless a deployment exposes it on purpose (compose sets 0.0.0.0 for Prometheus on its network).
 
-Job-level metrics are observed on task threads. Engine metrics (rows per forward, running
+Job-level metrics are observed on job threads. Engine metrics (rows per forward, running
 and waiting jobs, steps per second) are read from `engine.stats()` when Prometheus scrapes,
 so the engine loop thread does no metrics work at all.
 """

@@ -1,9 +1,9 @@
-"""Riding out a short Redis outage on a task thread.
+"""Riding out a short Redis outage on a job's thread.
 
-A job that has finished denoising must not be thrown away because Redis restarted at that moment,
-and a message must not be dropped because its record could not be read. The task thread's record
-I/O (load, take, finish, re-queue) is retried with backoff for up to `STEPWISE_REDIS_RETRY_SECONDS`;
-only after that does the error reach the task (and the job's lease, or the broker, brings it back).
+A job that has finished denoising must not be thrown away because Redis restarted at that moment. The
+job thread's record I/O (take, finish, re-queue, spooling) is retried with backoff for up to
+`STEPWISE_REDIS_RETRY_SECONDS`; only after that does the error reach the job's straight line, which leaves
+the job to its lease (a lease sweeper re-queues it).
 The API does not wait like this: it answers 503 at once and the client retries.
 """
 

@@ -1,5 +1,5 @@
 """A finished job's outputs: encoded in its output format (core.output_encoding) and stored in the image store, on
-its task thread. Each output, an image or a video, is one stored object under a key whose extension is its format
+its job's thread. Each output, an image or a video, is one stored object under a key whose extension is its format
 (so its content type: `core.output_formats`).
 """
 

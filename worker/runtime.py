@@ -1,10 +1,12 @@
-"""One worker process's shared state: its engine, its stores and the jobs it holds.
+"""One worker process's shared state: its engine, its stores and the book of the jobs it holds.
 
 There is one `WorkerRuntime` per worker process. The model is loaded once, when the worker
-starts (`worker.lifecycle`), and every task thread submits to the same engine, which is what
-lets their jobs share forwards. Admission (drain, resume, the drain at SIGTERM: `worker.drain`) is decided here,
-under one lock, so a job is either in the engine or sent back to the queue, never neither. The lock is
-never held across I/O or the engine's submit (which decodes input images and may download a LoRA file).
+starts (`worker.lifecycle`), and every job thread submits to the same engine, which is what
+lets their jobs share forwards. The jobs it holds are in one book (`worker.held_jobs`). Admission (drain, resume,
+the drain at SIGTERM: `worker.drain`) is decided here, under one lock, so a job is either in the engine or sent
+back to the queue, never neither. No lock is held across I/O or the engine's submit (which decodes input images
+and may download a LoRA file), and the engine's build has a lock of its own: the image store and the spool never
+wait for a model to load.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from storage.image_store import ImageStore, open_image_store
 from storage.job_store import JobStore
 from storage.lora_store import LoraStore, open_lora_store
 from storage.upload_store import UploadStore
-from worker.active_job import ActiveJob, StopReason
 from worker.drain import Drain
+from worker.held_job import HeldJob, Stage, StopReason
+from worker.held_jobs import HeldJobs
 from worker.leases import LeaseKeeper
 from worker.settings import OVERLAP_CHOICES, WorkerSettings
 from worker.spool import ImageSpool, open_spool
@@ -54,16 +57,15 @@ class WorkerRuntime:
         self._spool: ImageSpool | None = None
         self.lora_store: LoraStore | None = open_lora_store(settings.storage)
         self._engine: DiffusionEngine | None = None
-        self._build_lock = threading.Lock()  # guards building the engine and the image store
-        self._lock = threading.Lock()  # guards admission and the held jobs
-        self._active: dict[str, ActiveJob] = {}
-        self._is_idle = threading.Event()  # set while no job is held
-        self._is_idle.set()
+        self._engine_lock = threading.Lock()  # guards building the engine (a model load: minutes)
+        self._stores_lock = threading.Lock()  # guards opening the image store and the spool
+        self._lock = threading.Lock()  # guards admission
         self.is_admitting = True
         self.is_shutting_down = False
-        self.room_changed = threading.Event()  # set when a held job ends or admission resumes (worker.feeder)
+        self.room_changed = threading.Event()  # set when a held job leaves the engine or goes (worker.feeder)
+        self.held = HeldJobs(on_change=self.room_changed.set)  # every job this worker holds (worker.held_jobs)
         self.warmed_up: WarmUp | None = None  # the warm-up job's outcome, once run (worker.warm_up)
-        self.leases = LeaseKeeper(self.job_store, self.worker_id, self.lease_seconds, self._on_lease_lost)
+        self.leases = LeaseKeeper(self.job_store, self.held, self.lease_seconds, self._on_lease_lost)
 
     @property
     def lease_seconds(self) -> int:
@@ -71,7 +73,7 @@ class WorkerRuntime:
 
     @property
     def image_store(self) -> ImageStore:
-        with self._build_lock:
+        with self._stores_lock:
             if self._image_store is None:
                 self._image_store = open_image_store(self.settings.storage)
             return self._image_store
@@ -79,15 +81,14 @@ class WorkerRuntime:
     @property
     def spool(self) -> ImageSpool:
         """Finished images the image store could not take yet (worker.spool)."""
-        with self._build_lock:
+        with self._stores_lock:
             if self._spool is None:
-                s = self.settings
-                self._spool = open_spool(s.spool_dir, self.worker_id, s.spool_max_bytes)
+                self._spool = open_spool(self.settings.spool_dir, self.worker_id)
             return self._spool
 
     @property
     def engine(self) -> DiffusionEngine:
-        with self._build_lock:
+        with self._engine_lock:
             if self._engine is None:
                 self._engine = self._build_engine()
             return self._engine
@@ -135,94 +136,96 @@ class WorkerRuntime:
 
     def submit(
         self,
-        job_id: str,
+        held: HeldJob,
         params: GenerationParams,
         priority: str = "normal",
         *,
-        tenant: str = "",
         complete_by: float | None = None,
         preview_every: int | None = None,
-    ) -> ActiveJob | None:
-        """Hand the job to the engine, or return None while admission is stopped. `preview_every`: the job's
-        (None: this worker's default).
+    ) -> bool:
+        """Hand the job to the engine; False if it was stopped first or admission is stopped (its `stop_reason`
+        says which, None for the latter). `preview_every`: the job's (None: this worker's default).
 
         The engine's submit decodes input images and may fetch a LoRA file from its store, so it runs outside
         the lock: a slow download holds up only its own job. The job is held (and so seen by a drain) before
         the engine has it; a stop asked meanwhile is passed to the engine once it does (`stop_job`)."""
+        self.held.wait_for_predecessor(held)
         engine = self.engine
-        active = ActiveJob(job_id, tenant)
         with self._lock:
-            if not self.is_admitting:
-                return None
-            self._active[job_id] = active
-            self._is_idle.clear()
+            if not self.is_admitting or not self.held.enter_engine(held):
+                return False
         try:
             future = engine.submit(
                 params,
-                job_id=job_id,
-                on_progress=active.on_progress,
+                job_id=held.job_id,
+                on_progress=held.on_progress,
                 priority=priority,
-                tenant=tenant,
+                tenant=held.tenant,
                 complete_by=complete_by,
                 preview_every=self.settings.preview_every if preview_every is None else preview_every,
-                on_preview=active.on_preview,
+                on_preview=held.on_preview,
             )
         except EngineShutdownError:
-            self.release_active(job_id)
-            return None
+            self.held.leave_engine(held)
+            return False
         except BaseException:
-            self.release_active(job_id)
+            self.held.leave_engine(held)
             raise
-        with self._lock:
-            active.future = future
-            is_stopped = active.stop_reason is not None
-        if is_stopped:  # a drain, shutdown or lost lease while the engine took it
+        if self.held.set_future(held, future):  # a drain, shutdown or lost lease while the engine took it
             engine.cancel(future)
-        return active
+        return True
 
-    def release_active(self, job_id: str) -> None:
-        with self._lock:
-            self._active.pop(job_id, None)
-            if not self._active:
-                self._is_idle.set()
-        self.room_changed.set()
-
-    def may_take_jobs(self, num_held: int = 0) -> bool:
-        """Whether this worker may take another job from its queue while it holds `num_held` (taken, not ended):
-        it is admitting (not drained, not shutting down), its engine runs and has room (the batch full plus a few
-        waiting, `STEPWISE_WORKER_CONCURRENCY`), and its spool has room (worker.spool). The one place that
-        decides it (`worker.feeder` asks before each take)."""
+    def may_take_jobs(self) -> bool:
+        """Whether this worker may take another job from its queue: it is admitting (not drained, not shutting
+        down), its engine runs, it runs fewer jobs than `STEPWISE_WORKER_CONCURRENCY` (the batch full plus a few
+        waiting in the engine), and its spool has room (worker.spool). The one place that decides it
+        (`worker.feeder` asks before each take)."""
         return (
             self.is_admitting
             and not self.is_shutting_down
-            and num_held < self.settings.concurrency
-            and self.spool.has_room
+            and self.held.num_running < self.settings.concurrency
+            and self.has_spool_room
             and self.is_engine_running
         )
 
-    def stop_job(self, active: ActiveJob, reason: StopReason) -> None:
+    @property
+    def has_spool_room(self) -> bool:
+        """The spool holds less than `STEPWISE_SPOOL_MAX_BYTES`. Jobs already running still finish into it, so it
+        can exceed the bound by their images."""
+        return self.held.spooled_bytes() < self.settings.spool_max_bytes
+
+    def spool_stats(self) -> dict[str, object]:
+        """What engine_stats, the heartbeat and the metrics say of the spool."""
+        spooled = self.held.spooled()
+        num_bytes = sum(held.spooled.num_bytes for held in spooled if held.spooled is not None)
+        return {
+            "num_jobs": len(spooled),
+            "num_bytes": num_bytes,
+            "max_bytes": self.settings.spool_max_bytes,
+            "is_full": num_bytes >= self.settings.spool_max_bytes,
+            "storage_error": self.spool.last_error if spooled else None,
+        }
+
+    def stop_job(self, held: HeldJob, reason: StopReason) -> None:
         """Ask the engine to stop the job at its next step boundary (or, while `submit` is still handing it
         over, as soon as the engine has it)."""
-        with self._lock:
-            if active.stop_reason is None:
-                active.stop_reason = reason
-            future = active.future
+        future = self.held.stop(held, reason)
         if future is not None:
             self.engine.cancel(future)
 
-    def cancel_in_engine(self, active: ActiveJob) -> None:
+    def cancel_in_engine(self, held: HeldJob) -> None:
         """Drop the job from the engine for a reason of the worker's own (its watch failed): it takes part in no
         forward after the one under way. Harmless for a job the engine already ended."""
-        if active.future is not None:
-            self.engine.cancel(active.future)
+        if held.future is not None:
+            self.engine.cancel(held.future)
 
-    def _on_lease_lost(self, job_id: str) -> None:
-        with self._lock:
-            active = self._active.get(job_id)
-            if active is not None:
-                active.stop_reason = StopReason.LEASE_LOST  # wins over a cancel: this worker must not end the job
-        if active is not None:
-            self.stop_job(active, StopReason.LEASE_LOST)
+    def _on_lease_lost(self, job_id: str, holder: str) -> None:
+        held = self.held.lose(job_id, holder)
+        if held is None:  # taken again here meanwhile (its new attempt renews), or let go
+            return
+        log.warning("job %s: attempt %d no longer holds it; stopping it here", job_id, held.attempt)
+        if held.future is not None:
+            self.engine.cancel(held.future)
 
     def stop_admission(self) -> list[str]:
         """Stop admitting jobs; send back to the queue those that have not started denoising.
@@ -233,10 +236,10 @@ class WorkerRuntime:
             self.is_admitting = False
             if self._engine is not None:
                 self._engine.pause()
-            waiting = [active for active in self._active.values() if not active.has_started_denoising]
-        for active in waiting:
-            self.stop_job(active, StopReason.REQUEUE)
-        return [active.job_id for active in waiting]
+            waiting = [held for held in self.held.before_or_in_engine() if not held.has_started_denoising]
+        for held in waiting:
+            self.stop_job(held, StopReason.REQUEUE)
+        return [held.job_id for held in waiting]
 
     def resume_admission(self) -> None:
         with self._lock:
@@ -249,15 +252,10 @@ class WorkerRuntime:
 
     def requeue_all(self) -> list[str]:
         """Send every job this worker holds back to the queue (end of the shutdown grace)."""
-        with self._lock:
-            held = list(self._active.values())
-        for active in held:
-            self.stop_job(active, StopReason.REQUEUE)
-        return [active.job_id for active in held]
-
-    def active_jobs(self) -> list[ActiveJob]:
-        with self._lock:
-            return list(self._active.values())
+        held_jobs = self.held.before_or_in_engine()
+        for held in held_jobs:
+            self.stop_job(held, StopReason.REQUEUE)
+        return [held.job_id for held in held_jobs]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -271,8 +269,8 @@ class WorkerRuntime:
         Drain(self, drain_seconds).start()
 
     def wait_until_idle(self, timeout: float) -> bool:
-        """Whether no job is in the engine, waiting up to `timeout` seconds for it."""
-        return self._is_idle.wait(timeout)
+        """Whether no job is before or in the engine, waiting up to `timeout` seconds for it."""
+        return self.held.wait_until_idle(timeout)
 
     def stats(self) -> dict[str, Any]:
         engine_stats = self._engine.stats() if self._engine is not None else {}
@@ -283,8 +281,8 @@ class WorkerRuntime:
             "is_shutting_down": self.is_shutting_down,
             "warm_up": self.warmed_up.as_dict() if self.warmed_up is not None else None,
             "may_take_jobs": self.may_take_jobs(),
-            "spool": self.spool.stats(),
-            "held_jobs": {active.job_id: f"{active.step}/{active.total}" for active in self.active_jobs()},
+            "spool": self.spool_stats(),
+            "held_jobs": {held.job_id: held_progress(held) for held in self.held.all()},
         }
 
     @property
@@ -302,8 +300,16 @@ class WorkerRuntime:
         if self._spool is not None:
             self._spool.close()  # what still waits there is taken over by the next worker that looks
         if self._engine is not None:
-            self._engine.shutdown(abort=True)  # task threads are done by now; nothing should be left
+            self._engine.shutdown(abort=True)  # job threads are done by now; nothing should be left
         self.job_store.close()
+
+
+def held_progress(held: HeldJob) -> str:
+    """`step/total`, and the stage when the engine is done with it: `20/20 (spooled)`."""
+    if held.spooled is not None:
+        return f"{held.spooled.steps}/{held.spooled.steps} ({held.stage.value})"
+    progress = f"{held.step}/{held.total}"
+    return progress if held.stage in (Stage.TAKEN, Stage.IN_ENGINE) else f"{progress} ({held.stage.value})"
 
 
 _runtime: WorkerRuntime | None = None

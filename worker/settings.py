@@ -2,7 +2,7 @@
 
 Storage settings (Redis, image store, job lease) live in `storage.settings` and are shared with the
 API. Each field below names its variable; the table holds its default, kind and check, and the
-defaults that depend on other settings (task threads, the lease sweep) are derived in `from_env`.
+defaults that depend on other settings (jobs held at once, the lease sweep) are derived in `from_env`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from storage.url_policy import AllowList
 
 
 def default_concurrency(max_num_seqs: int) -> int:
-    """Task threads: enough to fill the batch plus a few waiting in the engine, so the
+    """Jobs held at once: enough to fill the batch plus a few waiting in the engine, so the
     scheduler can pick compatible jobs from behind an incompatible one."""
     return max_num_seqs + max(2, max_num_seqs // 2)
 
@@ -47,12 +47,13 @@ class WorkerSettings:
     lora_mode: str = setting("STEPWISE_LORA_MODE")  # rows (different adapters share a forward) or group
     lora_cache_adapters: int = setting("STEPWISE_LORA_CACHE_ADAPTERS")  # adapters kept loaded (LRU)
     lora_cache_bytes: int = setting("STEPWISE_LORA_CACHE_BYTES")  # their summed file sizes (LRU)
-    # task threads; from max_num_seqs when unset
+    # jobs held at once (a thread each; a webhook-only worker: Celery threads); from max_num_seqs when unset
     concurrency: int = setting("STEPWISE_WORKER_CONCURRENCY", default_concurrency(default("STEPWISE_MAX_NUM_SEQS")))
-    visibility_timeout: int = setting("STEPWISE_VISIBILITY_TIMEOUT")  # seconds before Redis redelivers a message
+    # seconds before Redis redelivers a webhook delivery whose worker died (jobs are not messages)
+    visibility_timeout: int = setting("STEPWISE_VISIBILITY_TIMEOUT")
     metrics_port: int = setting("STEPWISE_WORKER_METRICS_PORT")  # Prometheus exporter; 0 turns it off
     metrics_host: str = setting("STEPWISE_WORKER_METRICS_HOST")  # the exporter has no auth; 0.0.0.0 exposes it
-    poll_interval: float = setting("STEPWISE_WORKER_POLL_INTERVAL")  # how often a task checks its cancel flag
+    poll_interval: float = setting("STEPWISE_WORKER_POLL_INTERVAL")  # how often a job's thread checks its job
     progress_interval: float = setting("STEPWISE_PROGRESS_INTERVAL")  # at most one progress write per interval
     preview_every: int = setting("STEPWISE_PREVIEW_EVERY")  # previews of jobs that give no preview_every; 0: none
     # how often to look for lapsed leases; a quarter of the lease when unset
@@ -66,7 +67,7 @@ class WorkerSettings:
     webhook_timeout: float = setting("STEPWISE_WEBHOOK_TIMEOUT")  # per attempt, seconds
     spool_dir: str | None = setting("STEPWISE_SPOOL_DIR")  # images waiting for the image store (worker.spool)
     spool_max_bytes: int = setting("STEPWISE_SPOOL_MAX_BYTES")  # full: the worker takes no new job
-    redis_retry_seconds: float = setting("STEPWISE_REDIS_RETRY_SECONDS")  # how long a task retries its record I/O
+    redis_retry_seconds: float = setting("STEPWISE_REDIS_RETRY_SECONDS")  # how long a job retries its record I/O
     public_url: str | None = setting("STEPWISE_PUBLIC_URL")  # the API's base URL, for webhook payloads' URLs
     webhook_allow: AllowList = field(default_factory=AllowList)  # STEPWISE_WEBHOOK_ALLOW_HOSTS
 

@@ -12,5 +12,5 @@
 - `text_encoder`: an adapter's text-encoder weights (SD), injected with PEFT directly.
 - `engine_loras.EngineLoras`: the engine's facade over the above (fetch, prepare, rows, encoding).
 
-Torch is imported by `cache` and `row_deltas` only. Random-weight test adapters: `tests.support.loras`.
+Torch is imported by `cache` and `row_deltas` only. Random-weight test adapters: `benchmarks.random_loras`.
 """

@@ -16,6 +16,7 @@ from storage.heartbeats import Heartbeat
 from storage.job_store import JobStore
 from storage.queue_names import generate_queue
 from tests.support.calls import auth
+from tests.support.job_factories import take_job
 from tests.support.pictures import data_uri, image_bytes
 from worker.heartbeat import family_limits
 
@@ -100,9 +101,9 @@ def test_zero_seconds_as_text_and_as_a_number_get_the_same_answer(client):
 def test_a_cancel_that_comes_after_the_images_are_made_answers_409_saying_why(client, redis_url):
     job_id = client.post("/v1/jobs", json={"prompt": "a fox"}, headers=auth()).get_json()["job_id"]
     with JobStore(redis_url) as store:
-        store.take(job_id, "worker-1", 60)
+        holder = take_job(store, job_id, "worker-1", 60).holder
         store.set_progress(job_id, 20, 20)
-        assert store.set_storing(job_id, "worker-1", "S3 upload of s3://b/x/0.png failed after 5 attempts")
+        assert store.set_storing(job_id, holder, "S3 upload of s3://b/x/0.png failed after 5 attempts")
 
         response = client.post(f"/v1/jobs/{job_id}/cancel", headers=auth())
 
@@ -116,7 +117,7 @@ def test_a_cancel_that_comes_after_the_images_are_made_answers_409_saying_why(cl
 def test_a_cancel_of_a_running_job_still_asks_it_to_stop(client, redis_url):
     job_id = client.post("/v1/jobs", json={"prompt": "a fox"}, headers=auth()).get_json()["job_id"]
     with JobStore(redis_url) as store:
-        store.take(job_id, "worker-1", 60)
+        take_job(store, job_id, "worker-1", 60)
 
         response = client.post(f"/v1/jobs/{job_id}/cancel", headers=auth())
 

@@ -13,6 +13,7 @@ from api.resources import get_job_store, get_task_queue
 from api.settings import ApiSettings
 from storage.fair_share import TenantWeights
 from storage.settings import StorageSettings
+from tests.support.job_factories import take_job
 
 KEYS = {"bulk": "sk_fair_bulk", "alice": "sk_fair_alice"}
 BODY = {"prompt": "a paper boat", "seed": 1, "num_inference_steps": 2, "model": "builtin:tiny"}
@@ -106,13 +107,13 @@ def test_a_running_job_shows_paused_and_late_as_its_worker_reports_and_late_stay
     job = submit(client, "alice", slo_seconds=0.3).json
     view = lambda: client.get(f"/v1/jobs/{job['job_id']}", headers=headers("alice")).json  # noqa: E731
     with JobStore(redis_url) as store:
-        store.take(job["job_id"], "w1", 30)
+        holder = take_job(store, job["job_id"]).holder
         store.set_progress(job["job_id"], 1, 2, is_paused=True, is_late=True)
         assert (view()["state"], view()["paused"], view()["late"]) == ("running", True, True)
         store.set_progress(job["job_id"], 2, 2)
         assert view()["paused"] is False
         while time.time() <= when(job["complete_by"]):
             time.sleep(0.05)
-        store.finish(job["job_id"], JobState.SUCCEEDED, worker_id="w1")
+        store.finish(job["job_id"], JobState.SUCCEEDED, holder=holder)
     finished = view()
     assert finished["state"] == "succeeded" and finished["late"] is True and finished["paused"] is False

@@ -16,6 +16,7 @@ from storage.heartbeats import Heartbeat
 from storage.job_store import JobState, JobStore
 from storage.webhooks import build_payload
 from tests.support.calls import auth
+from tests.support.job_factories import take_job
 from tests.support.pictures import init_picture, png_data_uri
 
 DEADLINE_SECONDS = 10.0
@@ -33,13 +34,13 @@ def test_a_two_image_jobs_view_and_progress_webhook_count_its_own_steps(client, 
 
     assert view(client, job_id)["progress"] == {"step": 0, "total": 8}, "queued: the job's step count, not 16"
     with JobStore(redis_url) as store:
-        store.take(job_id, "w1", 30)
+        holder = take_job(store, job_id).holder
         store.set_progress(job_id, 5, 8, current_image=2)  # as a worker running its images one after another
         running = view(client, job_id)
         payload = build_payload(store.get(job_id), "progress", status_url="http://127.0.0.1/x")
         store.set_progress(job_id, 6, 8)  # its images run together again
         together = view(client, job_id)
-        store.finish(job_id, JobState.SUCCEEDED, worker_id="w1", progress_step=8, progress_total=8)
+        store.finish(job_id, JobState.SUCCEEDED, holder=holder, progress_step=8, progress_total=8)
 
     assert running["progress"] == {"step": 5, "total": 8, "current_image": 2}
     assert payload["data"]["progress"] == {"step": 5, "total": 8, "current_image": 2}

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save
 
+from benchmarks.random_loras import make_lora
 from tests.support.calls import auth, submit, wait_for_job
-from tests.support.loras import make_lora
 from tests.support.processes import ApiProcess, WorkerProcess
 
 JOB = {"prompt": "a red fox in snow", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 64}

@@ -10,6 +10,7 @@ from api.limits import CPU_LIMITS, GPU_LIMITS, LimitTable, ModelLimits
 from api.settings import ApiSettings, read_limits
 from storage.job_store import JobState, JobStore
 from storage.settings import StorageSettings
+from tests.support.job_factories import take_job
 
 KEY = "sk_first_hour_test_key_0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -119,12 +120,12 @@ def test_the_first_hour_oversized_job_is_refused_but_the_tour_jobs_fit_the_cpu_l
 def test_every_canceled_job_view_carries_an_error_object(make_app):
     app = make_app()
     client = app.test_client()
-    queued = client.post("/v1/jobs", json={"prompt": "stop me"}, headers=AUTH).json
     running = client.post("/v1/jobs", json={"prompt": "stop me later"}, headers=AUTH).json
+    queued = client.post("/v1/jobs", json={"prompt": "stop me"}, headers=AUTH).json
     store = store_of(app)
-    assert store.take(running["job_id"], "worker-1", 60) is not None
+    holder = take_job(store, running["job_id"], "worker-1").holder
     store.request_cancel(running["job_id"])
-    store.finish(running["job_id"], JobState.CANCELED, worker_id="worker-1")  # a worker that gives no reason
+    store.finish(running["job_id"], JobState.CANCELED, holder=holder)  # a worker that gives no reason
 
     canceled_queued = client.post(f"/v1/jobs/{queued['job_id']}/cancel", headers=AUTH).json
     canceled_running = client.get(f"/v1/jobs/{running['job_id']}", headers=AUTH).json

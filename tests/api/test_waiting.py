@@ -19,6 +19,7 @@ from storage.api_keys import ApiKeyStore
 from storage.job_record import JobState
 from storage.job_store import JobStore
 from tests.support.calls import auth
+from tests.support.job_factories import take_job
 from tests.support.waiting import wait_for
 
 JOB = {"prompt": "a lighthouse", "model": "builtin:tiny", "num_inference_steps": 20}
@@ -71,11 +72,11 @@ def events_of(source: EventSource) -> list[ServerSentEvent]:
 
 def run_to_success(store: JobStore, job_id: str) -> list:
     return [
-        lambda: store.take(job_id, "worker-1", 60),
+        lambda: take_job(store, job_id, "worker-1"),
         lambda: store.set_progress(job_id, 5, 20),
         lambda: store.add_preview(job_id, 8, 20, "data:image/webp;base64,UklGRg=="),
         lambda: store.set_progress(job_id, 10, 20),
-        lambda: store.finish(job_id, JobState.SUCCEEDED, worker_id="worker-1", image_keys=[f"{job_id}/0.png"]),
+        lambda: store.finish(job_id, JobState.SUCCEEDED, holder="worker-1#1", image_keys=[f"{job_id}/0.png"]),
     ]
 
 
@@ -288,7 +289,7 @@ def test_a_prefer_wait_whose_running_job_is_deleted_meanwhile_answers_404_as_its
     waiting = threading.Thread(target=lambda: answers.append(submit(http_client, Prefer="wait=60")))
     waiting.start()
     job_id = wait_for(lambda: (newest := newest_job_id(http_client)) != before and newest, 10, "the submit's job")
-    store.take(job_id, "worker-1", 60)  # running: its delete writes no end event, only wakes the waiters
+    take_job(store, job_id, "worker-1")  # running: its delete writes no end event, only wakes the waiters
 
     assert http_client.delete(f"/v1/jobs/{job_id}", headers=auth()).status_code == 204
     deleted_at = time.monotonic()
@@ -316,7 +317,7 @@ def test_an_openai_images_call_whose_job_is_deleted_meanwhile_gets_an_openai_sha
     )
     call.start()
     job_id = wait_for(lambda: (newest := newest_job_id(http_client)) != before and newest, 10, "the call's job")
-    store.take(job_id, "worker-1", 60)
+    take_job(store, job_id, "worker-1")
 
     assert http_client.delete(f"/v1/jobs/{job_id}", headers=auth()).status_code == 204
     call.join(timeout=30)
@@ -330,7 +331,7 @@ def test_an_openai_images_call_whose_job_is_deleted_meanwhile_gets_an_openai_sha
 
 def test_an_event_stream_whose_job_is_deleted_ends_with_an_error_event_saying_it_is_gone(http_client, store):
     job_id = submit(http_client).json()["job_id"]
-    store.take(job_id, "worker-1", 60)
+    take_job(store, job_id, "worker-1")
 
     with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
         events = (event for event in source.iter_sse() if event.event != "message" or event.data)
@@ -347,17 +348,15 @@ def test_an_event_stream_whose_job_is_deleted_ends_with_an_error_event_saying_it
 
 def test_a_job_whose_images_wait_for_storage_says_it_is_storing_and_why_in_its_view_and_its_stream(http_client, store):
     job_id = submit(http_client).json()["job_id"]
-    store.take(job_id, "worker-1", 60)
+    holder = take_job(store, job_id, "worker-1").holder
     store.set_progress(job_id, 20, 20)
-    assert store.set_storing(job_id, "worker-1", "S3 upload of s3://b/images/x/0.png failed after 5 attempts")
+    assert store.set_storing(job_id, holder, "S3 upload of s3://b/images/x/0.png failed after 5 attempts")
 
     view = http_client.get(f"/v1/jobs/{job_id}", headers=auth()).json()
     assert view["state"] == "running" and view["image_urls"] == []
     assert view["storing"]["reason"].startswith("S3 upload of") and view["storing"]["since"]
     with connect_sse(http_client, "GET", f"/v1/jobs/{job_id}/events", headers=auth()) as source:
-        later(
-            0.5, lambda: store.finish(job_id, JobState.SUCCEEDED, worker_id="worker-1", image_keys=[f"{job_id}/0.png"])
-        )
+        later(0.5, lambda: store.finish(job_id, JobState.SUCCEEDED, holder=holder, image_keys=[f"{job_id}/0.png"]))
         events = events_of(source)
 
     assert [event.event for event in events] == ["started", "progress", "storing", "succeeded"]

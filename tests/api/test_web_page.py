@@ -23,6 +23,7 @@ from core.output_encoding import encode_video
 from storage.job_store import JobState
 from storage.settings import StorageSettings
 from tests.support.calls import auth
+from tests.support.job_factories import take_job
 from tests.support.processes import TENANT_KEYS
 from tests.support.waiting import wait_for
 
@@ -109,10 +110,9 @@ def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_
     client = app.test_client()
     body = {"prompt": "a red circle", "num_images": 2, "num_inference_steps": 8, "height": 64, "width": 64}
     canceled, running = (client.post("/v1/jobs", json=body, headers=auth()).json["job_id"] for _ in range(2))
-    for job_id in (canceled, running):
-        store.take(job_id, "fake-worker", 60)
+    holders = {job_id: take_job(store, job_id, "fake-worker").holder for job_id in (canceled, running)}
     store.set_progress(running, 5, 8, current_image=2)  # as a worker running its images one after another
-    store.finish(canceled, JobState.CANCELED, worker_id="fake-worker", progress_step=3, progress_total=8)
+    store.finish(canceled, JobState.CANCELED, holder=holders[canceled], progress_step=3, progress_total=8)
     try:
         browser.get(f"http://127.0.0.1:{server.server_port}/")
         browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
@@ -348,11 +348,11 @@ def test_a_video_jobs_card_plays_its_mp4(browser, redis_url, tmp_path):
     store, images = app.extensions["stepwise.job_store"], app.extensions["stepwise.image_store"]
     body = {"model": "builtin:tiny-wan", "prompt": "a red circle", "num_frames": 9, "height": 64, "width": 96}
     job_id = app.test_client().post("/v1/jobs", json=body, headers=auth()).json["job_id"]
-    store.take(job_id, "fake-worker", 60)
+    holder = take_job(store, job_id, "fake-worker").holder
     key = images.key_for(job_id, 0, "mp4")
     frames = [Image.new("RGB", (96, 64), (30 * index, 80, 160)) for index in range(9)]
     images.put_image(key, encode_video(frames, "mp4", fps=16), {"job_id": job_id})
-    store.finish(job_id, JobState.SUCCEEDED, worker_id="fake-worker", image_keys=[key])
+    store.finish(job_id, JobState.SUCCEEDED, holder=holder, image_keys=[key])
     try:
         browser.get(f"http://127.0.0.1:{server.server_port}/")
         browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)

@@ -209,7 +209,7 @@ def test_shutdown_with_abort_fails_unfinished_jobs(fresh_engine):
 
 def test_importing_batching_does_not_import_torch_or_service_packages():
     code = (
-        "import sys, batching, batching.params, batching.scheduler, batching.plan\n"
+        "import sys, batching, batching.scheduler, batching.plan\n"
         "from batching import EngineConfig, GenerationParams, GenerationResult\n"
         "loaded = [m for m in ('torch', 'diffusers', 'flask', 'celery', 'redis', 'boto3') if m in sys.modules]\n"
         "assert not loaded, loaded\n"

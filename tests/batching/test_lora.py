@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from batching import DiffusionEngine, EngineConfig, JobFailedError
+from benchmarks.random_loras import make_lora
 from tests.support.engines import make_params, max_pixel_diff, own_pipeline, own_pipeline_image, run_alone
-from tests.support.loras import make_lora
 
 ADAPTERS = ("style-a", "style-b")
 # Adapters this strong change a tiny built-in's image by tens of levels, so a row's delta leaking to a batch

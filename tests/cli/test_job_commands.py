@@ -22,6 +22,7 @@ from stepwise_cli.main import main
 from storage.job_store import JobState
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
+from tests.support.job_factories import take_job
 
 KEY = "sk_cli_test_key_0123456789abcdef"
 
@@ -100,7 +101,7 @@ def test_status_shows_a_multi_image_jobs_own_steps_and_the_image_it_is_on(live_a
     assert live_api.cli("status", job_id) == 0
     assert capsys.readouterr().out.startswith(f"{job_id}  queued  step 0/8\n"), "its own steps, not 16"
 
-    live_api.store.take(job_id, "fake-worker", 60)
+    take_job(live_api.store, job_id, "fake-worker")
     live_api.store.set_progress(job_id, 5, 8, current_image=2)  # its images run one after another
     assert live_api.cli("status", job_id) == 0
     assert capsys.readouterr().out.startswith(f"{job_id}  running  step 5/8, image 2 of 2\n")
@@ -126,7 +127,7 @@ def test_status_cancel_and_jobs_cover_the_api(live_api, capsys):
 
     assert live_api.cli("cancel", first) == 1
     assert capsys.readouterr().err.strip() == "stepwise cancel: the job was already canceled; nothing to cancel"
-    live_api.store.take(second, "a-worker", 60)
+    take_job(live_api.store, second, "a-worker")
     live_api.store.finish(second, JobState.SUCCEEDED, image_keys=[f"{second}/0.png"])
     assert live_api.cli("cancel", second) == 1
     assert capsys.readouterr().err.strip() == "stepwise cancel: the job already succeeded; nothing to cancel"
@@ -152,13 +153,13 @@ def finish_jobs_as_a_worker_would(api: LiveApi, num_jobs: int, fail_prompt: str,
     done: set[str] = set()
     while len(done) < num_jobs and not stop.is_set():
         records, _ = api.store.list_for_tenant("local", state=JobState.QUEUED, limit=100)
-        for record in records:
-            api.store.take(record.job_id, "fake-worker", 60)
-            if record.params["prompt"] == fail_prompt:
-                api.store.finish(record.job_id, JobState.FAILED, error_code="engine_error", error_message="boom")
-            else:
-                api.store.finish(record.job_id, JobState.SUCCEEDED, image_keys=[f"{record.job_id}/0.png"])
-            done.add(record.job_id)
+        for queue in {record.queue for record in records}:
+            while (taken := api.store.take_next(queue, "fake-worker", 60)) is not None:
+                if taken.params["prompt"] == fail_prompt:
+                    api.store.finish(taken.job_id, JobState.FAILED, error_code="engine_error", error_message="boom")
+                else:
+                    api.store.finish(taken.job_id, JobState.SUCCEEDED, image_keys=[f"{taken.job_id}/0.png"])
+                done.add(taken.job_id)
         time.sleep(0.05)
 
 

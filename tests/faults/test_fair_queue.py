@@ -14,8 +14,7 @@ import pytest
 from storage.job_record import JobRecord, JobState
 from storage.new_job import NewJobSpec
 from storage.queue_names import generate_queue
-from tests.support.cluster import FAST_RECOVERY, Cluster, small_params
-from tests.support.servers import RedisServer
+from tests.support.cluster import FAST_RECOVERY, Cluster, local_folder_cluster, small_params
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,17 +25,7 @@ QUEUE = generate_queue("builtin:tiny")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tests.support.cluster import TEST_WORKER_ENV
-
-    root = tmp_path_factory.mktemp("fair-queue")
-    images = root / "images"
-    deployment = Cluster(
-        RedisServer(root / "redis").start(),
-        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
-        root,
-        extra_env={**TEST_WORKER_ENV, **FAST_RECOVERY, **ONE_AT_A_TIME},
-        images=images,
-    )
+    deployment = local_folder_cluster(tmp_path_factory.mktemp("fair-queue"), **FAST_RECOVERY, **ONE_AT_A_TIME)
     deployment.main = deployment.start_worker("fair")
     yield deployment
     deployment.stop_all()

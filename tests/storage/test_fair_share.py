@@ -89,7 +89,7 @@ def test_a_re_queued_job_goes_back_to_the_head_of_its_queue(store):
     [first] = take(store, 1)
     others = queue_jobs(store, "alice", 2)
 
-    assert store.release(first, "w1")
+    assert store.release(first, "w1#1")
 
     assert positions(store, [first])[first] == 0
     assert take(store, 1) == [first]
@@ -114,7 +114,7 @@ def test_positions_stay_the_take_order_as_jobs_are_taken_canceled_and_re_queued(
     job_ids = queue_jobs(store, "bulk", 8) + queue_jobs(store, "alice", 4) + queue_jobs(store, "bob", 2)
     taken = take(store, 3)
     store.request_cancel(job_ids[5])
-    store.release(taken[1], "w1")
+    store.release(taken[1], "w1#1")
     queued = [job_id for job_id in job_ids if store.get(job_id).state is JobState.QUEUED]
 
     reported = positions(store, queued)
@@ -142,7 +142,7 @@ def test_positions_read_together_count_a_job_re_queued_after_its_record_was_read
     [victim, *waiting] = queue_jobs(store, "bulk", 4)
     assert take(store, 1) == [victim]
     records = [store.get(job_id) for job_id in [victim, *waiting]]  # the victim's says running
-    assert store.release(victim, "w1", reason="worker_lost")  # back at the head of the queue
+    assert store.release(victim, "w1#1", reason="worker_lost")  # back at the head of the queue
 
     reported = dict(zip([victim, *waiting], store.queue_positions(records)))
 

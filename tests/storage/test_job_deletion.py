@@ -9,7 +9,7 @@ import time
 from storage.job_store import JobState
 from storage.local_image_store import LocalImageStore
 from storage.s3_image_store import S3ImageStore
-from tests.support.job_factories import make_job
+from tests.support.job_factories import make_job, take_job
 
 
 def test_a_queued_job_is_canceled_then_removed_with_its_index_entries(store):
@@ -27,13 +27,13 @@ def test_a_queued_job_is_canceled_then_removed_with_its_index_entries(store):
 
 def test_a_running_jobs_worker_sees_it_deleted_and_canceled(store):
     record = make_job(store)
-    store.take(record.job_id, "w1", 30)
+    holder = take_job(store, record.job_id).holder
 
     assert store.delete(record.job_id, tombstone_seconds=60) is JobState.RUNNING
 
     assert store.counts_by_state()["running"] == 0
     assert store.is_cancel_requested(record.job_id) and store.was_deleted(record.job_id)
-    assert store.finish(record.job_id, JobState.SUCCEEDED, worker_id="w1") is False
+    assert store.finish(record.job_id, JobState.SUCCEEDED, holder=holder) is False
     assert not store.was_deleted(make_job(store).job_id)
 
 

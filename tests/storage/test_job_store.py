@@ -13,7 +13,7 @@ from storage.job_store import (
     JobStore,
     StorageUnavailableError,
 )
-from tests.support.job_factories import make_job
+from tests.support.job_factories import make_job, take_job
 
 
 def list_all_pages(store: JobStore, tenant: str, **kwargs) -> list[list[str]]:
@@ -110,14 +110,13 @@ def test_a_job_created_while_paging_does_not_shift_the_next_page(store, clock):
 
 
 def test_listing_filters_by_state(store, clock):
-    queued = make_job(store)
-    clock.advance(1)
     running = make_job(store)
     clock.advance(1)
     done = make_job(store)
-    store.take(running.job_id, "w1", 30)
-    store.take(done.job_id, "w1", 30)
-    store.finish(done.job_id, JobState.SUCCEEDED, worker_id="w1")
+    clock.advance(1)
+    queued = make_job(store)
+    take_job(store, running.job_id)
+    store.finish(done.job_id, JobState.SUCCEEDED, holder=take_job(store, done.job_id).holder)
 
     def listed(state):
         return [r.job_id for r in store.list_for_tenant("acme", state=state)[0]]
@@ -126,7 +125,7 @@ def test_listing_filters_by_state(store, clock):
     assert listed(JobState.RUNNING) == [running.job_id]
     assert listed(JobState.SUCCEEDED) == [done.job_id]
     assert listed(JobState.FAILED) == []
-    assert listed(None) == [done.job_id, running.job_id, queued.job_id]
+    assert listed(None) == [queued.job_id, done.job_id, running.job_id]  # newest first
 
 
 def test_a_tenant_lists_only_its_own_jobs(store, clock):
@@ -211,9 +210,9 @@ def test_redis_down_raises_storage_unavailable_and_recovers_after_restart(own_re
     with pytest.raises(StorageUnavailableError):
         store.create(tenant="acme", params={})
     with pytest.raises(StorageUnavailableError):
-        store.take(record.job_id, "w1", 30)
+        store.take_next(record.queue, "w1", 30)
 
     own_redis.start()
     assert store.ping() is True
-    assert store.take(record.job_id, "w1", 30).state is JobState.RUNNING
+    assert take_job(store, record.job_id).state is JobState.RUNNING
     store.close()

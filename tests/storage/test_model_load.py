@@ -37,8 +37,8 @@ def test_the_load_falls_to_zero_as_jobs_end_whichever_way_they_end(store):
     requeued = store.take_next(TINY, "w1", 60)
     assert load(store, TINY) == (2, 2)
 
-    store.finish(running.job_id, JobState.SUCCEEDED, worker_id="w1")
-    store.release(requeued.job_id, "w1")  # back in the queue: counted as queued again
+    store.finish(running.job_id, JobState.SUCCEEDED, holder=running.holder)
+    store.release(requeued.job_id, requeued.holder)  # back in the queue: counted as queued again
     assert load(store, TINY) == (3, 0)
     for job_id in job_ids:
         if job_id != running.job_id:

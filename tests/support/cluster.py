@@ -17,7 +17,7 @@ from celery import Celery
 from core.params import GenerationParams
 from storage.job_record import JobRecord, JobState
 from storage.job_store import JobStore
-from storage.queue_names import WEBHOOK_QUEUE, broker_queue_keys, generate_queue
+from storage.queue_names import WEBHOOK_QUEUE
 from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.support.servers import S3_TEST_ENV, RedisServer, child_env
 from tests.support.waiting import wait_for
@@ -47,12 +47,10 @@ def s3_client(endpoint_url: str):
     )
 
 
-# Leases of a few seconds so a dead worker's jobs come back quickly, and a broker visibility
-# timeout of ten hours, so nothing in these tests can be rescued by Redis redelivering a message.
+# Leases of a few seconds so a dead worker's jobs come back quickly.
 FAST_RECOVERY = {
     "STEPWISE_JOB_LEASE_SECONDS": "3",
     "STEPWISE_LEASE_SWEEP_INTERVAL": "0.5",
-    "STEPWISE_VISIBILITY_TIMEOUT": "36000",
 }
 
 JOB_TIMEOUT = 240.0  # a busy shared 2-core machine runs these jobs 30 times slower than an idle one
@@ -116,6 +114,7 @@ class Cluster:
         via_stepwise: bool = False,
         wait: bool = True,
         stepwise_args: tuple[str, ...] = (),
+        queues: str = "stepwise.generate,stepwise.webhooks",
         **env: str,
     ) -> WorkerProcess:
         """`celery -A worker worker` with no pool, concurrency or prefetch flags (the app's defaults
@@ -125,6 +124,7 @@ class Cluster:
             self.redis.url,
             self.storage_env["STEPWISE_STORAGE_URL"],
             label=f"worker-{label or f'w{len(self.workers) + 1}'}",
+            queues=queues,
             pool=None,
             via_stepwise=via_stepwise,
             stepwise_args=stepwise_args,
@@ -188,29 +188,16 @@ class Cluster:
             return "no record"
         return f"{record.state.value}, step {record.progress_step}/{record.progress_total}, attempts {record.attempts}"
 
-    def broker_is_idle(self, models: tuple[str, ...] = ("builtin:tiny",)) -> bool:
-        """No message waits in a stepwise queue and none is delivered but unacknowledged."""
+    def broker_is_idle(self) -> bool:
+        """No webhook delivery waits in its queue and none is delivered but unacknowledged (the only Celery
+        messages: jobs are not)."""
         with redis.Redis.from_url(self.redis.url) as client:
-            return (
-                all(self.queue_length(generate_queue(model)) == 0 for model in models)
-                and self.queue_length(WEBHOOK_QUEUE) == 0
-                and client.hlen("unacked") == 0
-            )
+            return client.llen(WEBHOOK_QUEUE) == 0 and client.hlen("unacked") == 0
 
     def stored_images(self) -> list[str]:
         """Every image in the deployment's image folder, as keys relative to it (local-folder deployments)."""
         assert self.images is not None
         return sorted(str(path.relative_to(self.images)) for path in self.images.rglob("*.png"))
-
-    def num_unacked(self) -> int:
-        """Messages delivered to some worker and not acknowledged (kombu's `unacked` hash)."""
-        with redis.Redis.from_url(self.redis.url) as client:
-            return client.hlen("unacked")
-
-    def queue_length(self, queue: str = generate_queue("builtin:tiny")) -> int:
-        """Messages waiting in `queue`, over its priority lists."""
-        with redis.Redis.from_url(self.redis.url) as client:
-            return sum(client.llen(key) for key in broker_queue_keys(queue))
 
     # -- Celery's tools -----------------------------------------------------------------------
 
@@ -232,6 +219,19 @@ class Cluster:
             if worker.name in reply:
                 return reply[worker.name]
         raise AssertionError(f"{worker.name} did not answer {name}:\n{worker.log_tail()}")
+
+
+def local_folder_cluster(root: Path, **env: str) -> Cluster:
+    """A deployment in `root`: its own redis-server, images in `root/images`, the test workers' settings plus
+    `env`. The caller stops it (`stop_all`, then `redis.stop()`)."""
+    images = root / "images"
+    return Cluster(
+        RedisServer(root / "redis").start(),
+        {"STEPWISE_STORAGE_URL": images.resolve().as_uri()},
+        root,
+        extra_env={**TEST_WORKER_ENV, **env},
+        images=images,
+    )
 
 
 def engine_stats_from_cli(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:

@@ -22,3 +22,13 @@ def make_job(store: JobStore, tenant: str = "acme", prompt: str = "a red fox", *
     record, created = store.create(tenant=tenant, params={"prompt": prompt, "seed": 7}, **kwargs)
     assert created
     return record
+
+
+def take_job(store: JobStore, job_id: str, worker_id: str = "w1", lease_seconds: int = 30) -> JobRecord:
+    """Take `job_id` as a worker's feeder does, `take_next` on its queue, where it must be the next job. Returns the
+    running record: its `holder` (`worker_id#attempt`) is what that worker's writes carry."""
+    record = store.get(job_id)
+    assert record is not None, f"no job {job_id}"
+    taken = store.take_next(record.queue, worker_id, lease_seconds)
+    assert taken is not None and taken.job_id == job_id, f"job {job_id} was not next in its queue"
+    return taken

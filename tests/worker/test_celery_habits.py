@@ -21,7 +21,12 @@ def test_inspect_active_lists_a_running_job_and_revoke_cancels_it_at_its_next_st
 
     replies = cli_replies(s3_cluster.celery_cli("inspect", "active", "-d", main_worker.name, "--json", "-t", "10"))
     (listed,) = [job for job in replies[main_worker.name] if job["id"] == job_id]
-    assert listed["name"] == "stepwise.generate" and listed["tenant"] == "alice", listed
+    assert (listed["name"], listed["tenant"], listed["stage"], listed["attempt"]) == (
+        "stepwise.job",
+        "alice",
+        "in_engine",
+        1,
+    )
     step, total = map(int, listed["progress"].split("/"))
     assert 0 < step < total == 200
 

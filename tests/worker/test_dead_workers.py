@@ -9,7 +9,7 @@ import pytest
 
 from storage.heartbeats import Heartbeat
 from storage.job_store import JobState, JobStore
-from tests.support.job_factories import FakeClock, make_job
+from tests.support.job_factories import FakeClock, make_job, take_job
 from worker.dead_workers import DeadWorkerWatch, running_holders
 
 TIMEOUT = 10.0
@@ -37,8 +37,8 @@ def test_a_silent_workers_job_is_requeued_once_and_a_beating_workers_job_stays(s
     clock = FakeClock(0.0)
     watch = watch_of(store, clock)
     silent, beating = make_job(store), make_job(store)
-    store.take(silent.job_id, "dead-worker", 60)
-    store.take(beating.job_id, "live-worker", 60)
+    take_job(store, silent.job_id, "dead-worker", 60)
+    take_job(store, beating.job_id, "live-worker", 60)
     beat(store, "dead-worker", 100.0)
     for second in range(12):
         beat(store, "live-worker", 100.0 + second)
@@ -55,7 +55,7 @@ def test_after_a_failed_read_every_worker_gets_a_whole_timeout_again(store, monk
     clock = FakeClock(0.0)
     watch = watch_of(store, clock)
     job = make_job(store)
-    store.take(job.job_id, "w1", 60)
+    take_job(store, job.job_id, "w1", 60)
     beat(store, "w1", 100.0)
     watch.sweep()
     clock.advance(TIMEOUT - 1)
@@ -76,7 +76,7 @@ def test_a_worker_that_comes_back_and_dies_again_loses_its_new_jobs_too(store):
     clock = FakeClock(0.0)
     watch = watch_of(store, clock)
     first, second = make_job(store), make_job(store)
-    store.take(first.job_id, "flaky", 60)
+    take_job(store, first.job_id, "flaky", 60)
     beat(store, "flaky", 100.0)
     watch.sweep()
     clock.advance(TIMEOUT)
@@ -85,7 +85,7 @@ def test_a_worker_that_comes_back_and_dies_again_loses_its_new_jobs_too(store):
     assert watch.sweep() == []  # still dead, nothing more of its to re-queue
 
     beat(store, "flaky", 200.0)  # it was only stalled: it beats again, and takes a job
-    store.take(second.job_id, "flaky", 60)
+    take_job(store, second.job_id, "flaky", 60)
     watch.sweep()
     clock.advance(TIMEOUT)
 
@@ -96,7 +96,7 @@ def test_the_watch_never_judges_its_own_worker(store):
     clock = FakeClock(0.0)
     watch = watch_of(store, clock)
     job = make_job(store)
-    store.take(job.job_id, "me", 60)
+    take_job(store, job.job_id, "me", 60)
     beat(store, "me", 1.0)
     watch.sweep()
     clock.advance(TIMEOUT * 3)
@@ -104,12 +104,30 @@ def test_the_watch_never_judges_its_own_worker(store):
     assert watch.sweep() == [] and store.get(job.job_id).state is JobState.RUNNING
 
 
-def test_running_holders_names_the_worker_of_each_running_job(store):
+def test_running_holders_names_the_attempt_holding_each_running_job(store):
     running, queued = make_job(store), make_job(store)
-    store.take(running.job_id, "w1", 30)
+    take_job(store, running.job_id, "w1")
 
-    assert running_holders(store) == {running.job_id: "w1"}
+    assert running_holders(store) == {running.job_id: "w1#1"}
     assert queued.job_id not in running_holders(store)
+
+
+def test_a_watch_re_queues_only_the_attempt_it_judged_not_one_the_revived_worker_took_since(store):
+    """A worker frozen past the timeout is judged dead; if it wakes and takes the job again before the watch acts on
+    what it read, the release names the old attempt and is refused."""
+    clock = FakeClock(0.0)
+    watch = watch_of(store, clock)
+    job = make_job(store)
+    first = take_job(store, job.job_id, "frozen")
+    beat(store, "frozen", 100.0)
+    watch.sweep()
+    clock.advance(TIMEOUT)
+    assert watch.sweep() == [job.job_id]  # judged dead: its attempt 1 goes back to the queue
+    second = take_job(store, job.job_id, "frozen")  # it woke and took the job again: attempt 2
+
+    assert (first.holder, second.holder) == ("frozen#1", "frozen#2")
+    assert store.release(job.job_id, first.holder, "worker_lost") is False  # what a watch that read before does
+    assert store.get(job.job_id).state is JobState.RUNNING and store.get(job.job_id).holder == "frozen#2"
 
 
 def test_a_new_or_requeued_job_wakes_its_queues_waiting_worker_in_the_same_step(store):
@@ -119,9 +137,9 @@ def test_a_new_or_requeued_job_wakes_its_queues_waiting_worker_in_the_same_step(
     record = make_job(store)
     assert store.wait_for_work(record.queue, timeout=1) is True  # the token its create pushed
     assert store.wait_for_work(record.queue, timeout=0.1) is False  # one token per job
-    store.take(record.job_id, "w1", 30)
+    taken = take_job(store, record.job_id, "w1")
 
-    assert store.release(record.job_id, "w1", "worker_drained", "w1: admission stopped")  # then w1 dies
+    assert store.release(record.job_id, taken.holder, "worker_drained", "w1: admission stopped")  # then w1 dies
 
     assert store.wait_for_work(record.queue, timeout=1) is True
     assert store.take_next(record.queue, "w2", 30).job_id == record.job_id
@@ -136,12 +154,12 @@ def test_a_lapsed_lease_this_worker_still_holds_is_not_requeued_by_its_own_sweep
     with JobStore(redis_url, clock=clock) as store:
         held, dropped = make_job(store), make_job(store)
         for record in (held, dropped):
-            store.take(record.job_id, "me", 3)
+            take_job(store, record.job_id, "me", 3)
         clock.advance(10)  # both leases lapsed: the keeper was starved
         own = LapsedLeaseSweeper(store, interval=1, is_held_here={held.job_id}.__contains__)
 
         assert own.sweep() == [dropped.job_id]  # no task thread holds this one here any more
-        assert store.get(held.job_id).state is JobState.RUNNING and store.renew_lease(held.job_id, "me", 3)
+        assert store.get(held.job_id).state is JobState.RUNNING and store.renew_lease(held.job_id, "me#1", 3)
         clock.advance(10)
         other = LapsedLeaseSweeper(store, interval=1)
         assert other.sweep() == [held.job_id]

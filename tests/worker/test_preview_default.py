@@ -8,6 +8,7 @@ import pytest
 from batching.job import JobFuture, JobProgress
 from core.params import GenerationParams
 from storage.settings import StorageSettings
+from tests.support.held_jobs import hold
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
@@ -41,7 +42,9 @@ def runtime(redis_url, tmp_path):
 def test_a_job_without_preview_every_gets_the_workers_and_one_with_it_its_own(runtime, asked, made):
     params = GenerationParams(prompt="a red fox", height=64, width=64, num_inference_steps=4, seed=1)
 
-    active = runtime.submit(f"job-{asked}", params, preview_every=asked)
+    held = hold(runtime, f"job-{asked}")
+
+    assert runtime.submit(held, params, preview_every=asked)
 
     (call,) = runtime._engine.calls
-    assert call["preview_every"] == made and call["on_preview"] == active.on_preview
+    assert call["preview_every"] == made and call["on_preview"] == held.on_preview

@@ -1,5 +1,5 @@
 """Workers stopping gracefully: no job is lost and none runs twice to completion. A killed worker's jobs:
-tests/faults/test_worker_crash.py (lapsed leases, 20 jobs, a redelivered message that changes nothing)
+tests/faults/test_worker_crash.py (lapsed leases, 20 jobs; a lost wake-up)
 and tests/cli/up/test_workers_and_signals.py (default settings: re-queued from the silent heartbeat)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The worker's shared state is never held across the engine's submit: one job's slow LoRA download or
-image decode does not hold up another task thread, a release or a lost lease; a drain that comes while
+image decode does not hold up another job's thread, a let-go or a lost lease; a drain that comes while
 the engine is still taking a job stops that job once the engine has it."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import threading
 import pytest
 
 from batching import DiffusionEngine, EngineConfig
+from benchmarks.random_loras import make_lora
 from core.errors import JobCanceledError, JobFailedError
 from storage.settings import StorageSettings
 from tests.support.engines import make_params
-from tests.support.loras import make_lora
-from worker.active_job import StopReason
+from tests.support.held_jobs import hold
+from worker.held_job import StopReason
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
@@ -60,46 +61,49 @@ def in_thread(call, *args):
 
 
 def start_slow_submit(runtime: WorkerRuntime, store: SlowLoraStore):
-    thread, results = in_thread(runtime.submit, "slow-lora", make_params(lora="big-adapter", num_inference_steps=2))
+    held = hold(runtime, "slow-lora")
+    thread, results = in_thread(runtime.submit, held, make_params(lora="big-adapter", num_inference_steps=2))
     assert store.is_fetching.wait(BOUND_SECONDS), "the slow submit reached its LoRA fetch"
-    return thread, results
+    return thread, held
 
 
 @pytest.mark.timeout(120)
 def test_a_submit_stuck_in_a_lora_fetch_does_not_delay_another_submit_a_release_or_a_lost_lease(runtime, store):
-    slow, slow_result = start_slow_submit(runtime, store)
+    slow, slow_held = start_slow_submit(runtime, store)
 
-    quick, quick_result = in_thread(runtime.submit, "quick", make_params(num_inference_steps=200))
+    quick_held = hold(runtime, "quick")
+    quick, quick_result = in_thread(runtime.submit, quick_held, make_params(num_inference_steps=200))
     quick.join(BOUND_SECONDS)
-    assert not quick.is_alive() and quick_result[0] is not None, "another task thread's submit went through"
-    released, _ = in_thread(runtime.release_active, "some-ended-job")
-    released.join(BOUND_SECONDS)
-    assert not released.is_alive(), "release_active went through"
-    lost, _ = in_thread(runtime._on_lease_lost, "quick")
+    assert not quick.is_alive() and quick_result == [True], "another job thread's submit went through"
+    ended = hold(runtime, "some-ended-job")
+    let_go, _ = in_thread(runtime.held.let_go, ended)
+    let_go.join(BOUND_SECONDS)
+    assert not let_go.is_alive(), "a let-go went through"
+    lost, _ = in_thread(runtime._on_lease_lost, "quick", quick_held.holder)
     lost.join(BOUND_SECONDS)
     assert not lost.is_alive(), "the lease keeper's lease-lost path went through"
     with pytest.raises(JobCanceledError):
-        quick_result[0].future.result(BOUND_SECONDS)
+        quick_held.future.result(BOUND_SECONDS)
     assert slow.is_alive() and not store.may_return.is_set(), "all of it while the fetch was still under way"
 
     store.may_return.set()
     slow.join(BOUND_SECONDS)
     with pytest.raises(JobFailedError, match="big-adapter"):
-        slow_result[0].future.result(BOUND_SECONDS)
+        slow_held.future.result(BOUND_SECONDS)
 
 
 @pytest.mark.timeout(120)
 def test_a_drain_while_the_engine_takes_a_job_stops_that_job_once_the_engine_has_it(runtime, store, tmp_path):
     store.content = make_lora("builtin:tiny", tmp_path / "big-adapter.safetensors").read_bytes()
-    slow, slow_result = start_slow_submit(runtime, store)
+    slow, held = start_slow_submit(runtime, store)
 
     requeued = runtime.stop_admission()
 
     assert requeued == ["slow-lora"], "the job being handed over is held, and goes back to the queue"
     store.may_return.set()
     slow.join(BOUND_SECONDS)
-    active = slow_result[0]
-    assert active.stop_reason is StopReason.REQUEUE
+    assert held.stop_reason is StopReason.REQUEUE
     with pytest.raises(JobCanceledError):  # not left waiting in the paused engine
-        active.future.result(BOUND_SECONDS)
-    assert runtime.submit("after-drain", make_params()) is None
+        held.future.result(BOUND_SECONDS)
+    after = hold(runtime, "after-drain")
+    assert runtime.submit(after, make_params()) is False and after.future is None

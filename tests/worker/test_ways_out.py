@@ -58,7 +58,7 @@ def test_a_bug_in_the_task_before_the_engine_ends_the_job_failed_naming_it(runti
     ended = store.get(record.job_id)
     assert (ended.state, ended.error_code) == (JobState.FAILED, "worker_error")
     assert "KeyError" in ended.error_message and "a field the task did not expect" in ended.error_message
-    assert not runtime.leases.holds(record.job_id)
+    assert not runtime.held.holds(record.job_id)
     assert engine.stats()["forwards"] == forwards  # it never reached the engine
 
 
@@ -75,7 +75,7 @@ def test_an_output_that_cannot_be_encoded_ends_the_job_failed_and_stores_nothing
     assert (ended.state, ended.error_code) == (JobState.FAILED, "upload_failed")
     assert "no encoder for this output" in ended.error_message
     assert ended.image_keys == [] and not list(tmp_path.rglob("*.png"))
-    assert not runtime.leases.holds(record.job_id)
+    assert not runtime.held.holds(record.job_id)
 
 
 def test_a_job_whose_end_cannot_be_written_is_left_running_to_its_lease_not_failed(runtime, store, monkeypatch):
@@ -90,4 +90,4 @@ def test_a_job_whose_end_cannot_be_written_is_left_running_to_its_lease_not_fail
 
     now = store.get(record.job_id)
     assert now.state is JobState.RUNNING and now.worker_id == runtime.worker_id  # a lease sweeper re-queues it
-    assert not runtime.leases.holds(record.job_id)  # no longer renewed: its lease lapses
+    assert not runtime.held.holds(record.job_id)  # no longer renewed: its lease lapses

@@ -93,8 +93,8 @@ def palette_as_previewed(adapter: PipelineAdapter, fitted: LatentRgb) -> dict[st
     """Each palette colour: (as drawn, as the map previews a flat picture of it) in 0-255."""
     from PIL import Image
 
-    from batching.params import GenerationParams
     from batching.pipelines.latent_rgb import encoded_latents
+    from core.params import GenerationParams
     from core.shapes_vocabulary import COLOURS
 
     params = GenerationParams(prompt="latent rgb fit", model=adapter.model, height=SIZE, width=SIZE, seed=0)

@@ -1,12 +1,16 @@
-"""What a worker knows about a job while the engine has it.
+"""One job a worker holds, from its take to its let-go (`worker.held_jobs` keeps them all): which attempt it is, the
+holder token its writes carry, its stage, its thread, and, while the engine runs it, its engine future and what the
+engine reports of it.
 
-The engine calls `on_progress` and `on_preview` on its loop thread, so those methods only store
-what they get; the job's task thread reads it, encodes previews and does the Redis writes.
+The engine calls `on_progress` and `on_preview` on its loop thread, so those methods only store what they get; the
+job's thread reads it, encodes previews and does the Redis writes. Every other field is changed by the book, under
+its lock.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -16,26 +20,47 @@ from batching.job import JobProgress
 if TYPE_CHECKING:
     from batching.job import JobFuture
     from batching.previews import Preview
+    from worker.spool import SpooledJob
 
 _NOT_SUBMITTED = JobProgress(step=0, total=0)
 STEP_TIME_WEIGHT = 0.3  # of the newest step in seconds_per_step
 
 
+class Stage(str, enum.Enum):
+    TAKEN = "taken"  # its lease held; its parameters are being read (or it waits for an earlier attempt to go)
+    IN_ENGINE = "in_engine"  # handed to the engine (or being handed over): it denoises, or waits there
+    STORING = "storing"  # the engine is done with it: its outputs are encoded and stored
+    SPOOLED = "spooled"  # its images wait in the spool for the image store (the spool's uploader holds it)
+    ENDING = "ending"  # its end, re-queue or spooling is being written: no later take of it joins this attempt
+
+
+RUNNING_STAGES = (Stage.TAKEN, Stage.IN_ENGINE, Stage.STORING, Stage.ENDING)  # a thread of its own runs it
+ENGINE_STAGES = (Stage.TAKEN, Stage.IN_ENGINE)  # what a drain may still hand back at a step boundary
+
+
 class StopReason(str, enum.Enum):
     CANCELED = "canceled"  # the client asked; the job ends `canceled`
     REQUEUE = "requeue"  # drain or warm shutdown; the job goes back to the queue for any worker
-    LEASE_LOST = "lease_lost"  # another worker took the job over; this one lets it go silently
+    LEASE_LOST = "lease_lost"  # this attempt no longer holds the job; it lets it go without a word
 
 
-@dataclass(slots=True)
-class ActiveJob:
+@dataclass(slots=True, eq=False)
+class HeldJob:
     job_id: str
+    attempt: int  # the job's attempt this worker runs (a take of it again here that joins this one moves it on)
+    holder: str  # `worker_id#attempt` (storage.job_record.holder_token): every write as the job's holder carries it
     tenant: str = ""  # whose job (shown by `celery inspect active`)
+    stage: Stage = Stage.TAKEN
+    thread: threading.Thread | None = None  # the job's own thread; None while the spool's uploader holds it
     future: JobFuture | None = None  # the engine's, once submitted; its `progress` is the job's (read, never counted)
-    submitted_at: float = field(default_factory=time.monotonic)  # just before the engine's submit
-    handed_over_at: float = field(default_factory=time.time)  # the same moment, in unix time
-    step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by the task thread
     stop_reason: StopReason | None = None
+    spooled: SpooledJob | None = None  # what its spooled images are (Stage.SPOOLED)
+    predecessor: HeldJob | None = None  # an earlier attempt here, stopping: this one enters the engine once it is gone
+    is_let_go: threading.Event = field(default_factory=threading.Event)  # set when the book lets it go
+    taken_at: float = field(default_factory=time.time)  # unix time this worker took this attempt
+    submitted_at: float = 0.0  # monotonic time just before the engine's submit
+    handed_over_at: float = 0.0  # the same moment, in unix time
+    step_times: list[float] = field(default_factory=list)  # monotonic time of each step; drained by its thread
     seconds_per_step: float | None = None  # recent seconds per step of its progress (worker.drain estimates with it)
     paced_step: int = 0  # the progress step and monotonic time seconds_per_step was last measured at
     paced_at: float | None = None

@@ -1,6 +1,6 @@
 """Small random-weight LoRA files for the built-in models, so tests and the bench need no download.
 
-    python -m tests.support.loras OUT_DIR [--model builtin:tiny] [--names a,b] [--text-encoder]
+    python -m benchmarks.random_loras OUT_DIR [--model builtin:tiny] [--names a,b] [--text-encoder]
 
 Each file is `<name>.safetensors` in the diffusers/PEFT format that `load_lora_weights` reads
 (`unet.*.lora_A.weight` / `lora_B.weight`, and `text_encoder.*` with `--text-encoder`). Both
