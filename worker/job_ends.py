@@ -93,7 +93,7 @@ def keep_in_spool(
     if not patiently(runtime, runtime.job_store.set_storing, job_id, held.holder, why):
         log.warning("job %s: not spooled: attempt %d no longer holds it", job_id, held.attempt)
         return "lease lost"
-    runtime.spool.add(spooled, images, why)
+    runtime.spool.add(spooled, images)
     runtime.held.spool(held, spooled)
     log.warning("job %s: image storage failed, its images wait in the spool: %s", job_id, why)
     metrics.JOBS.labels("spooled").inc()

@@ -143,7 +143,9 @@ def store_or_why(runtime: WorkerRuntime, images: list[OutputImage]) -> str | Non
     try:
         put_images(runtime.image_store, images)
     except StorageError as e:
-        return str(e) or type(e).__name__
+        why = str(e) or type(e).__name__
+        runtime.spool.note_error(why)  # the store's own error: what later jobs' reasons quote, once
+        return why
     return None
 
 

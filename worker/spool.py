@@ -140,8 +140,9 @@ class ImageSpool:
             os.rename(staging, self.folder)  # the open lock follows the folder
         self.last_error: str | None = None  # the image store's latest error while jobs wait
 
-    def add(self, job: SpooledJob, images: list[OutputImage], why: str) -> None:
-        """Keep the job's images until the store takes them. If the spool's own disk fails too, they are kept
+    def add(self, job: SpooledJob, images: list[OutputImage]) -> None:
+        """Keep the job's images until the store takes them (the store's error is `note_error`'s, not this job's
+        reason, which may only say it waits behind others). If the spool's own disk fails too, they are kept
         in memory (a process killed meanwhile loses them, and the job runs again)."""
         job.num_bytes = sum(len(image.data) for image in images)
         folder = self._job_folder(job.job_id)
@@ -155,7 +156,6 @@ class ImageSpool:
             log.error("job %s: the spool %s cannot take its images either (%s): kept in memory", job.job_id, folder, e)
             remove_folder(folder)
             job.in_memory = [image.data for image in images]
-        self.last_error = why
 
     def remove(self, job_id: str) -> None:
         """The job's images are stored (or no longer wanted): remove them."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.errors import StorageError
 from storage.job_record import JobRecord, JobState, new_job_id
 from storage.job_store import JobStore
 from storage.settings import StorageSettings
@@ -19,6 +20,7 @@ from tests.support.cluster import small_params
 from tests.support.job_factories import take_job
 from tests.support.waiting import wait_for
 from worker.job_ends import end_spooled_job
+from worker.job_steps import store_or_why
 from worker.output_images import OutputImage
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
@@ -37,7 +39,7 @@ def spooled_job(job_id: str, holder: str, data: bytes) -> tuple[SpooledJob, list
 def spool_one(spool: ImageSpool, job_id: str, data: bytes = b"\x89PNG fake") -> SpooledJob:
     """As that spool's worker spools its first attempt at `job_id`."""
     job, images = spooled_job(job_id, f"{spool.worker_id}#1", data)
-    spool.add(job, images, "S3 is down")
+    spool.add(job, images)
     return job
 
 
@@ -50,10 +52,15 @@ def runtime(redis_url, tmp_path):
     runtime.close()
 
 
-def hold_spooled(runtime: WorkerRuntime, record: JobRecord, data: bytes) -> None:
-    """What a job thread does when the store fails: its images to the spool, the job held there."""
+def hold_spooled(
+    runtime: WorkerRuntime, record: JobRecord, data: bytes, store_error: str | None = "S3 is down"
+) -> None:
+    """What a job thread does when the store fails (with `store_error`; None: noted already): its images to the
+    spool, the job held there."""
+    if store_error is not None:
+        runtime.spool.note_error(store_error)
     job, images = spooled_job(record.job_id, record.holder or "", data)
-    runtime.spool.add(job, images, "S3 is down")
+    runtime.spool.add(job, images)
     assert runtime.held.take(record, spooled=job) is not None
 
 
@@ -141,7 +148,7 @@ def test_a_stopped_workers_spooled_job_is_stored_and_ended_while_this_workers_mo
     taken = take_job(store, record.job_id, "host:1:stopped")
     left = ImageSpool(tmp_path / "spool", "host:1:stopped")
     job, outputs = spooled_job(record.job_id, taken.holder or "", b"the image")
-    left.add(job, outputs, "S3 is down")
+    left.add(job, outputs)
     left.close()  # that worker stopped
     runtime = WorkerRuntime(settings, "host:2:starting")
     is_loading, may_load = threading.Event(), threading.Event()
@@ -184,3 +191,28 @@ def test_a_new_spool_is_owner_only_and_the_default_one_is_this_users_not_a_folde
     assert Path(tempfile.gettempdir()) not in default_spool_dir().parents
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert default_spool_dir() == tmp_path / "state" / "stepwise" / "spool"
+
+
+class DownStore:
+    """A stand-in for an image store that is down, as S3 failing every retry looks to the worker (the real outages
+    run end to end in tests/faults/test_storage_outage.py; this checks only the reason text)."""
+
+    def put_image(self, key, data, metadata):
+        raise StorageError("S3 upload of s3://b/x/0.png failed after 5 attempts")
+
+
+def test_each_waiting_jobs_reason_quotes_the_stores_own_error_once_however_many_wait_before_it(runtime, redis_url):
+    runtime._image_store = DownStore()
+    store = runtime.job_store
+    reasons = []
+    for _ in range(3):
+        record = take_job(store, store.create(tenant="t", params=small_params())[0].job_id, runtime.worker_id)
+        outputs = [OutputImage(f"{record.job_id}/0.png", b"png", {"job_id": record.job_id})]
+        reasons.append(store_or_why(runtime, outputs))
+        hold_spooled(runtime, record, b"png", store_error=None)
+
+    assert reasons[0] == "S3 upload of s3://b/x/0.png failed after 5 attempts"
+    assert reasons[1:] == [
+        f"waiting behind {n} spooled jobs for image storage: S3 upload of s3://b/x/0.png failed after 5 attempts"
+        for n in (1, 2)
+    ]

@@ -80,7 +80,7 @@ def planted(tmp_path_factory) -> Iterator[Planted]:
     stopped = ImageSpool(spool, STOPPED)  # a real worker's spool: one job it spooled, then it stopped
     legit = held_by_the_stopped_worker(cluster, prompt="spooled by a worker that stopped")
     image = OutputImage(f"{legit}/0.png", PNG + b"the stopped worker's image", {"job_id": legit, "index": "0"})
-    stopped.add(SpooledJob(legit, f"{STOPPED}#1", [image.key], [image.metadata], 4, {}, time.time()), [image], "down")
+    stopped.add(SpooledJob(legit, f"{STOPPED}#1", [image.key], [image.metadata], 4, {}, time.time()), [image])
     stopped.close()
     probe.job_ids["legit"] = legit
 
