@@ -34,6 +34,7 @@ from batching.job_book import JobBook
 from batching.previews import previews_wanted
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
+from batching.step_phases import NoPhases, Phases, StepPhases
 from core.errors import InvalidParamsError, JobFailedError, LoraError
 from core.families import FAMILIES
 from core.image_inputs import input_images
@@ -79,6 +80,8 @@ class DiffusionEngine:
         encode_overlap = self.config.encode_overlap
         if encode_overlap is None:
             encode_overlap = ENCODE_OVERLAP_DEFAULT.get(model.device.type, True)
+        # Where each iteration's time goes (batching.step_phases), when the config asks: the GPU suite's profile.
+        self.phases: Phases = StepPhases(model.device) if self.config.phase_timing else NoPhases()
         self.model_runner = ModelRunner(
             model,
             max_num_seqs=self.config.max_num_seqs,
@@ -90,6 +93,7 @@ class DiffusionEngine:
             encode_overlap=encode_overlap,
             on_encoded=self._wake,
             default_cache=self.config.cache,
+            phases=self.phases,
         )
         self.book.set_snapshot(self.scheduler.snapshot())
         self._loop_failure: str | None = None  # why the loop thread stopped, when it could not go on
@@ -230,6 +234,7 @@ class DiffusionEngine:
                 "step_cache": self._step_cache_stats(),
                 **(self.loras.stats() if self.loras else {}),
                 **self.book.scheduler_snapshot,
+                **({"phases": self.phases.summary()} if self.config.phase_timing else {}),
             }
 
     def _threads_failed(self) -> dict[str, str]:
@@ -273,25 +278,32 @@ class DiffusionEngine:
 
     def step(self) -> bool:
         """One iteration: schedule -> execute -> update. False when there was nothing to run."""
-        self._take_inbox()
-        plan = self.scheduler.schedule()
+        phases = self.phases
+        phases.begin_iteration()
+        with phases.phase("schedule"):
+            self._take_inbox()
+            plan = self.scheduler.schedule()
         did_work = not plan.is_empty
         if did_work or self.model_runner.decoder.has_results():
             start = time.perf_counter()
             output = self.model_runner.execute(plan, self._abort_ended)
-            self.scheduler.update_from_output(plan, output)
-            if output.stepped_sample_ids:  # what the scheduler's slack estimates read
-                self.scheduler.step_times.observe(time.perf_counter() - start)
-            self.book.set_snapshot(self.scheduler.snapshot())  # before a job resolves: its caller sees it gone
-            # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
-            is_waiting = output.num_samples_starting > 0 and not (
-                output.rows_per_forward or output.failed or output.finished_sample_ids or plan.aborted_sample_ids
-            )
-            if not is_waiting:
-                self.book.record_iteration(output, time.perf_counter() - start)
-            self.book.record_output(output, self.model_runner.take_previews(), started_at=start)
-            did_work = did_work and not is_waiting
-        self._publish()
+            with phases.phase("update"):
+                self.scheduler.update_from_output(plan, output)
+                if output.stepped_sample_ids:  # what the scheduler's slack estimates read
+                    self.scheduler.step_times.observe(time.perf_counter() - start)
+                self.book.set_snapshot(self.scheduler.snapshot())  # before a job resolves: its caller sees it gone
+                # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
+                is_waiting = output.num_samples_starting > 0 and not (
+                    output.rows_per_forward or output.failed or output.finished_sample_ids or plan.aborted_sample_ids
+                )
+                if not is_waiting:
+                    self.book.record_iteration(output, time.perf_counter() - start)
+                self.book.record_output(output, self.model_runner.take_previews(), started_at=start)
+                did_work = did_work and not is_waiting
+                self._publish()
+        else:
+            self._publish()
+        phases.end_iteration(did_work)
         return did_work
 
     def _loop(self) -> None:

@@ -47,6 +47,8 @@ class EngineConfig:
     # STEPWISE_STEP_CACHE); ignored by a family without a step cache
     encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
     # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
+    phase_timing: bool = False  # time each iteration's phases (batching.step_phases) and report them in
+    # stats()["phases"]; on CUDA it records device events around every phase (a profile, not for serving)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -39,6 +39,7 @@ from batching.plan import RunnerOutput, SchedulerPlan
 from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
+from batching.step_phases import NoPhases, Phases
 from core.errors import LoraError
 from core.families import FAMILIES
 from core.params import CompatibilityKey
@@ -66,8 +67,10 @@ class ModelRunner:
         encode_overlap: bool = False,
         on_encoded: Callable[[], None] = lambda: None,
         default_cache: CacheSetting = "off",
+        phases: Phases | None = None,
     ) -> None:
         self.model = model
+        self.phases: Phases = phases or NoPhases()  # where each iteration's time goes (batching.step_phases)
         self.cache_kind = FAMILIES[model.family].step_cache  # None: the family has no step cache
         self.step_caching = cast(StepCaching, model) if self.cache_kind else None
         self.default_cache = default_cache  # of samples whose params name none
@@ -125,9 +128,10 @@ class ModelRunner:
             if batch_key[0] not in plan.groups:
                 del self.input_batches[batch_key]
         self.row_caps.keep_only(plan.groups)  # a drained group freed its memory
-        if plan.new_samples:
-            self._admit(plan.new_samples, output)
-        self._collect_started(output)  # samples still starting (prompts encoding) skip this iteration's forwards
+        with self.phases.phase("start"):
+            if plan.new_samples:
+                self._admit(plan.new_samples, output)
+            self._collect_started(output)  # samples still starting (prompts encoding) skip this iteration's forwards
         output.num_samples_starting = sum(
             sample_id in self.encoder.pending for sample_ids in plan.groups.values() for sample_id in sample_ids
         )
@@ -139,9 +143,10 @@ class ModelRunner:
                 finished += self._run_group(key, samples, output)
         self._drop(aborted_since())
         finished = [sample for sample in finished if sample.sample_id in self.samples]
-        if finished:
-            self._hand_to_decoder(finished, output)
-        self._collect_decoded(output)
+        with self.phases.phase("decode"):
+            if finished:
+                self._hand_to_decoder(finished, output)
+            self._collect_decoded(output)
         output.forward_seconds = self.timer.collect()
         return output
 
@@ -219,10 +224,11 @@ class ModelRunner:
         for sample, error in outcome.failed:
             self._fail(sample, alone_message(f"a forward of {key}", sample.num_rows, error), output)
         finished = []
-        for chunk, guided in outcome.results:
-            for sample, prediction in zip(chunk, guided):
-                if self._step(sample, prediction, output) and sample.is_finished:
-                    finished.append(sample)
+        with self.phases.phase("sampler"):
+            for chunk, guided in outcome.results:
+                for sample, prediction in zip(chunk, guided):
+                    if self._step(sample, prediction, output) and sample.is_finished:
+                        finished.append(sample)
         return finished
 
     def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
@@ -244,15 +250,21 @@ class ModelRunner:
         if input_batch is None:
             input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
             self.input_batches[batch_key] = input_batch
+        phases = self.phases
+        if input_batch.sample_ids != tuple(sample.sample_id for sample in samples):
+            phases.mark_churn()
         span = self.timer.start()
         try:
-            forward_batch = input_batch.prepare(samples)
-            with self._lora_rows(samples):
+            with phases.phase("inputs"):
+                forward_batch = input_batch.prepare(samples)
+            with phases.phase("forward"), self._lora_rows(samples):
                 predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
-            rows_of_samples = input_batch.split(predictions, samples)
-            guided = [
-                self.model.guided_prediction(rows, s.params, s.timestep) for rows, s in zip(rows_of_samples, samples)
-            ]
+            with phases.phase("guidance"):
+                rows_of_samples = input_batch.split(predictions, samples)
+                guided = [
+                    self.model.guided_prediction(rows, s.params, s.timestep)
+                    for rows, s in zip(rows_of_samples, samples)
+                ]
         except Exception:
             del self.input_batches[batch_key]
             raise
