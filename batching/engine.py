@@ -28,7 +28,13 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from batching.engine_config import DECODE_OVERLAP_DEFAULT, ENCODE_OVERLAP_DEFAULT, EngineConfig
+from batching.engine_config import (
+    DECODE_OVERLAP_DEFAULT,
+    ENCODE_OVERLAP_DEFAULT,
+    FORWARD_CURVE_DEFAULT,
+    EngineConfig,
+)
+from batching.forward_curve import ForwardCurve
 from batching.job import Ending, Job, JobFuture, JobProgress, ProgressCallback
 from batching.job_book import JobBook
 from batching.previews import previews_wanted
@@ -68,7 +74,6 @@ class DiffusionEngine:
         self.family: str = model.family
         self._native_size = model.native_size
         self.needs_init_image: bool | None = model.needs_init_image  # this model beyond its family (heartbeats say it)
-        self.scheduler = self._new_scheduler()
         self.book = JobBook()  # every job, the one exit, and all the state the threads share (batching.job_book)
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
@@ -95,6 +100,8 @@ class DiffusionEngine:
             default_cache=self.config.cache,
             phases=self.phases,
         )
+        self.forward_curve = self._measure_forward_curve()  # None: not measured; the token budget alone admits
+        self.scheduler = self._new_scheduler()
         self.book.set_snapshot(self.scheduler.snapshot())
         self._loop_failure: str | None = None  # why the loop thread stopped, when it could not go on
         self._thread = threading.Thread(target=self._loop, name=LOOP_THREAD_NAME, daemon=True)
@@ -105,7 +112,20 @@ class DiffusionEngine:
         config sets one (at start, and again after an engine error dropped every sample)."""
         spec = FAMILIES[self.family]
         budget = self.config.max_num_tokens or spec.default_token_budget(self.config.max_num_seqs, self._native_size)
-        return Scheduler(replace(self.config.scheduler_config, max_num_tokens=budget))
+        return Scheduler(replace(self.config.scheduler_config, max_num_tokens=budget, forward_curve=self.forward_curve))
+
+    def _measure_forward_curve(self) -> ForwardCurve | None:
+        """The denoiser's forward time against its rows, when the config (or the device's default) asks for it;
+        never in deterministic mode, whose forwards all carry the same padded rows."""
+        runner = self.model_runner
+        is_wanted = self.config.measure_forward_curve
+        if is_wanted is None:
+            is_wanted = FORWARD_CURVE_DEFAULT.get(runner.model.device.type, True)
+        if not is_wanted or self.config.deterministic:
+            return None
+        from batching.forward_measure import measure_forward_curve
+
+        return measure_forward_curve(runner.model, runner.encoder, self.config.max_num_seqs)
 
     def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
         if not self.config.lora_url or not FAMILIES[self.family].supports_lora:

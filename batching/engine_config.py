@@ -18,6 +18,11 @@ DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
 # runs in its own stream; on the CPU a second torch thread slowed the loop more than the built-in models' encodes
 # (a tenth of a forward) ever stall it (benchmarks/encode_overlap.py; docs/benchmarks.md gives the figures).
 ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": False}
+# Device type -> whether the engine measures its denoiser's forward curve at start and admits up to its knee
+# (batching.forward_curve). On CUDA a forward's time is flat in its rows until the device fills, and the knee
+# bounds every job's step time; on the CPU time grows with rows from the first one, and the measurement
+# would cost every engine start (tests start hundreds) seconds for a budget the default one already gives.
+FORWARD_CURVE_DEFAULT = {"cuda": True, "cpu": False}
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,9 @@ class EngineConfig:
     # STEPWISE_STEP_CACHE); ignored by a family without a step cache
     encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
     # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
+    measure_forward_curve: bool | None = None  # measure the denoiser's time against its rows at start and admit
+    # up to the knee (batching.forward_curve; never in deterministic mode); None: the device's default
+    # (FORWARD_CURVE_DEFAULT)
     phase_timing: bool = False  # time each iteration's phases (batching.step_phases) and report them in
     # stats()["phases"]; on CUDA it records device events around every phase (a profile, not for serving)
 
