@@ -253,6 +253,7 @@ class Encoder(BesideTheLoop[StartResult]):
             row_conditioning = [{**row, **extra} for row, extra in zip(row_conditioning, per_row, strict=True)]
         if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
             row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
+        sigmas = getattr(sampler, "sigmas", None)
         return SampleTensors(
             sample=sample,
             sampler=sampler,
@@ -260,6 +261,8 @@ class Encoder(BesideTheLoop[StartResult]):
             latents=image_start.latents,
             row_conditioning=row_conditioning,
             guide=image_start.guide,
+            host_timesteps=sampler.timesteps.cpu(),  # here, beside the loop: the loop never reads them back
+            host_sigmas=sigmas.cpu() if isinstance(sigmas, torch.Tensor) else None,
         )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from batching.host_copy import to_device
 from batching.pipelines.contract import Conditioning, ForwardBatch, PipelineAdapter
 from batching.sample_tensors import SampleTensors
 
@@ -43,14 +44,16 @@ class InputBatch:
         assert self.timesteps is not None  # the first prepare fills the buffers
         row = 0
         mixed_latents: list[torch.Tensor] = []
+        timesteps: list[torch.Tensor] = []  # each row's, as 0-dim host tensors
         for sample in samples:
             model_input = self.adapter.model_input(sample)  # [1, *latent_shape]
             if self.latents is None:
                 mixed_latents += [model_input[0]] * sample.num_rows
             else:
                 self.latents[row : row + sample.num_rows] = model_input  # broadcast over the sample's rows
-            self.timesteps[row : row + sample.num_rows] = sample.timestep
+            timesteps += [sample.host_timestep] * sample.num_rows
             row += sample.num_rows
+        self.timesteps[:row].copy_(to_device(timesteps, self.timesteps.device), non_blocking=True)  # one copy
         return ForwardBatch(
             self.latents if self.latents is not None else mixed_latents,
             self.timesteps,
@@ -58,19 +61,6 @@ class InputBatch:
             self.lengths,
             num_real_rows=self.num_rows if self.num_padded_rows is not None else None,
         )
-
-    def split(
-        self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]
-    ) -> list[torch.Tensor]:
-        """Each sample's rows [num_rows, *latent_shape] of the forward's output."""
-        rows, row = [], 0
-        for sample in samples:
-            if isinstance(predictions, list):
-                rows.append(torch.stack(predictions[row : row + sample.num_rows]))
-            else:
-                rows.append(predictions[row : row + sample.num_rows])
-            row += sample.num_rows
-        return rows
 
     def _refill_conditioning(self, samples: Sequence[SampleTensors]) -> None:
         self.num_rows = sum(sample.num_rows for sample in samples)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from batching.batched_steps import Stepped, batch_kind, guided_predictions, step_together
 from batching.decoder import Decoder, DecodeResult
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
@@ -226,10 +227,32 @@ class ModelRunner:
         finished = []
         with self.phases.phase("sampler"):
             for chunk, guided in outcome.results:
-                for sample, prediction in zip(chunk, guided):
-                    if self._step(sample, prediction, output) and sample.is_finished:
-                        finished.append(sample)
+                finished += self._step_chunk(chunk, guided, output)
         return finished
+
+    def _step_chunk(
+        self, samples: list[SampleTensors], guided: list[torch.Tensor], output: RunnerOutput
+    ) -> list[SampleTensors]:
+        """Step each sample once: those of a kind that steps together in one go (batching.batched_steps), the
+        rest (and a kind whose batched step failed) one by one. The samples that ran their last step."""
+        by_kind: dict[tuple, list[int]] = {}
+        for index, (sample, prediction) in enumerate(zip(samples, guided)):
+            if (kind := batch_kind(sample, prediction)) is not None:
+                by_kind.setdefault(kind, []).append(index)
+        stepped: list[Stepped | None] = [None] * len(samples)
+        for indices in by_kind.values():
+            try:
+                results = step_together([samples[i] for i in indices], [guided[i] for i in indices])
+            except Exception:
+                logger.exception("a batched sampler step failed; stepping its %d samples one by one", len(indices))
+                continue
+            for index, result in zip(indices, results):
+                stepped[index] = result
+        return [
+            sample
+            for sample, prediction, result in zip(samples, guided, stepped)
+            if self._step(sample, prediction, output, result) and sample.is_finished
+        ]
 
     def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
         """Each row's adapter for the group's forward (padding rows: none)."""
@@ -260,11 +283,7 @@ class ModelRunner:
             with phases.phase("forward"), self._lora_rows(samples):
                 predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
             with phases.phase("guidance"):
-                rows_of_samples = input_batch.split(predictions, samples)
-                guided = [
-                    self.model.guided_prediction(rows, s.params, s.timestep)
-                    for rows, s in zip(rows_of_samples, samples)
-                ]
+                guided = guided_predictions(self.model, predictions, samples)  # batching.batched_steps
         except Exception:
             del self.input_batches[batch_key]
             raise
@@ -299,11 +318,13 @@ class ModelRunner:
                 )
         return result.predictions
 
-    def _step(self, sample: SampleTensors, prediction, output: RunnerOutput) -> bool:
+    def _step(self, sample: SampleTensors, prediction, output: RunnerOutput, stepped: Stepped | None = None) -> bool:
+        """Advance the sample by its sampler's step (already taken with others when `stepped` is given)."""
         try:
-            stepped = sample.sampler.step(
-                prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
-            )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
+            if stepped is None:
+                stepped = sample.sampler.step(
+                    prediction, sample.host_timestep, sample.latents, generator=sample.generator, return_dict=False
+                )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
             sample.latents = stepped[0]
             sample.sample.num_steps_done += 1  # the one count of a sample's steps: everything else reads it
             blend_unmasked(self.model, sample)  # inpainting only
