@@ -99,8 +99,9 @@ class DiffusionEngine:
             on_encoded=self._wake,
             default_cache=self.config.cache,
             phases=self.phases,
+            denoiser_compile=self.config.denoiser_compile,
         )
-        self.forward_curve = self._measure_forward_curve()  # None: not measured; the token budget alone admits
+        self.forward_curve: ForwardCurve | None = None  # measured by the loop thread as it starts (_start_up)
         self.scheduler = self._new_scheduler()
         self.book.set_snapshot(self.scheduler.snapshot())
         self._loop_failure: str | None = None  # why the loop thread stopped, when it could not go on
@@ -326,8 +327,21 @@ class DiffusionEngine:
         phases.end_iteration(did_work)
         return did_work
 
+    def _start_up(self) -> None:
+        """Before the first job (jobs submitted meanwhile wait in the inbox): measure the forward curve where
+        wanted and admit by it. On this thread, which runs every forward after it (a compiled denoiser's CUDA
+        graphs belong to the thread that records them)."""
+        try:
+            self.forward_curve = self._measure_forward_curve()
+        except Exception:
+            logger.exception("measuring the forward curve failed; admitting by the token budget alone")
+        if self.forward_curve is not None:
+            self.scheduler = self._new_scheduler()
+            self.book.set_snapshot(self.scheduler.snapshot())
+
     def _loop(self) -> None:
         try:
+            self._start_up()
             while not (self.book.is_drained() and not self._has_unfinished()):
                 try:
                     did_work = self.step()

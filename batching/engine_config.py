@@ -10,6 +10,7 @@ from core.step_cache import CacheSetting, check_cache
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LORA_MODES = ("rows", "group")
+COMPILE_MODES = ("off", "inductor", "graphs", "aot_eager")  # EngineConfig.denoiser_compile (batching.denoiser_compile)
 # Device type -> whether decode overlaps the denoise loop by default. On CUDA the decode runs in its own
 # stream and the loop only launches work; on the CPU both threads compete for the same cores
 # (benchmarks/decode_overlap.py measured it; docs/benchmarks.md gives the figures).
@@ -55,6 +56,8 @@ class EngineConfig:
     measure_forward_curve: bool | None = None  # measure the denoiser's time against its rows at start and admit
     # up to the knee (batching.forward_curve; never in deterministic mode); None: the device's default
     # (FORWARD_CURVE_DEFAULT)
+    denoiser_compile: str = "off"  # "off", "inductor", "graphs" (CUDA graphs) or "aot_eager": the denoiser compiled
+    # per row-count bucket (batching.denoiser_compile); off until a GPU run measures it faster
     phase_timing: bool = False  # time each iteration's phases (batching.step_phases) and report them in
     # stats()["phases"]; on CUDA it records device events around every phase (a profile, not for serving)
 
@@ -63,6 +66,10 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
+        if self.denoiser_compile not in COMPILE_MODES:
+            raise ValueError(
+                f"denoiser_compile must be one of {', '.join(COMPILE_MODES)} (got {self.denoiser_compile!r})"
+            )
         if self.lora_mode not in LORA_MODES:
             raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
         check_cache(self.cache, "any", "any", field="cache")  # the family's support is checked once it loads

@@ -30,8 +30,10 @@ import torch
 
 from batching.batched_steps import Stepped, batch_kind, guided_predictions, step_together
 from batching.decoder import Decoder, DecodeResult
+from batching.denoiser_compile import compile_denoiser, mark_forward_start
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
+from batching.forward_curve import row_buckets
 from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
@@ -69,6 +71,7 @@ class ModelRunner:
         on_encoded: Callable[[], None] = lambda: None,
         default_cache: CacheSetting = "off",
         phases: Phases | None = None,
+        denoiser_compile: str = "off",
     ) -> None:
         self.model = model
         self.phases: Phases = phases or NoPhases()  # where each iteration's time goes (batching.step_phases)
@@ -81,6 +84,14 @@ class ModelRunner:
         # Deterministic mode fixes every batch size: forwards carry the most rows a full group can,
         # the text encoder sees fixed-size chunks, and the VAE decodes one image at a time.
         self.num_padded_rows = model.max_rows_per_sample * max_num_seqs if is_deterministic else None
+        # A compiled denoiser is specialised to its shapes: forwards are padded to row-count buckets.
+        self.compile_mode = denoiser_compile
+        self.compiled = compile_denoiser(model.pipeline, denoiser_compile, model.device)
+        self.row_buckets: tuple[int, ...] | None = None  # padded row counts of a forward (batching.input_batch)
+        if self.num_padded_rows is not None:
+            self.row_buckets = (self.num_padded_rows,)
+        elif self.compiled:
+            self.row_buckets = row_buckets(model.max_rows_per_sample * max_num_seqs, model.max_rows_per_sample)
         self.samples: dict[str, SampleTensors] = {}
         self.input_batches: dict[tuple[CompatibilityKey, str], InputBatch] = {}  # (key, chunk) -> its buffers
         self.row_caps: RowCaps[SampleTensors] = RowCaps()
@@ -254,14 +265,14 @@ class ModelRunner:
             if self._step(sample, prediction, output, result) and sample.is_finished
         ]
 
-    def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
+    def _lora_rows(self, samples: list[SampleTensors], num_buffer_rows: int) -> contextlib.AbstractContextManager:
         """Each row's adapter for the group's forward (padding rows: none)."""
         if all(sample.params.lora is None for sample in samples):
             return contextlib.nullcontext()
         row_adapters = [
             (sample.params.lora, sample.params.lora_scale) for sample in samples for _ in range(sample.num_rows)
         ]
-        row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
+        row_adapters += [(None, 0.0)] * (num_buffer_rows - len(row_adapters))
         assert self.loras is not None  # the engine refuses adapters without a LoRA store
         return self.loras.rows(row_adapters)
 
@@ -271,7 +282,7 @@ class ModelRunner:
         batch_key = (key, samples[0].sample_id) if key in self.row_caps.rows_by_key else (key, "")
         input_batch = self.input_batches.get(batch_key)
         if input_batch is None:
-            input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
+            input_batch = InputBatch(self.model, row_buckets=self.row_buckets)
             self.input_batches[batch_key] = input_batch
         phases = self.phases
         if input_batch.sample_ids != tuple(sample.sample_id for sample in samples):
@@ -280,7 +291,9 @@ class ModelRunner:
         try:
             with phases.phase("inputs"):
                 forward_batch = input_batch.prepare(samples)
-            with phases.phase("forward"), self._lora_rows(samples):
+            num_buffer_rows = len(forward_batch.timesteps)
+            with phases.phase("forward"), self._lora_rows(samples, num_buffer_rows):
+                mark_forward_start(self.compile_mode, self.model.device)
                 predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
             with phases.phase("guidance"):
                 guided = guided_predictions(self.model, predictions, samples)  # batching.batched_steps

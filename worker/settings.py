@@ -45,6 +45,7 @@ class WorkerSettings:
     decode_overlap: str = setting("STEPWISE_DECODE_OVERLAP")
     encode_overlap: str = setting("STEPWISE_ENCODE_OVERLAP")
     forward_curve: str = setting("STEPWISE_FORWARD_CURVE")  # auto, on or off: admit up to the measured knee
+    denoiser_compile: str = setting("STEPWISE_DENOISER_COMPILE")  # off, inductor, graphs or aot_eager
     lora_mode: str = setting("STEPWISE_LORA_MODE")  # rows (different adapters share a forward) or group
     lora_cache_adapters: int = setting("STEPWISE_LORA_CACHE_ADAPTERS")  # adapters kept loaded (LRU)
     lora_cache_bytes: int = setting("STEPWISE_LORA_CACHE_BYTES")  # their summed file sizes (LRU)

@@ -66,13 +66,14 @@ def test_a_curve_refuses_rows_out_of_order():
         ForwardCurve(((4, 0.1), (2, 0.05)), 64)
 
 
-def test_an_engine_measures_its_curve_at_start_and_reports_it(fresh_engine):
+def test_an_engine_measures_its_curve_before_its_first_job_and_reports_it(fresh_engine):
     engine = fresh_engine(max_num_seqs=2, measure_forward_curve=True)
+    params = make_params(num_inference_steps=2)
+
+    assert engine.submit(params).result(timeout=60).image.size == (params.width, params.height)
+
     stats = engine.stats()
     curve = stats["forward_curve"]
-
     assert list(curve["seconds_by_rows"]) == [2, 4], "builtin:tiny's CFG rows: one and two jobs"
     assert curve["knee_rows"] in (2, 4)
     assert stats["max_num_tokens"] == min(curve["token_budget"], FAMILIES["sd"].default_token_budget(2))
-    params = make_params(num_inference_steps=2)
-    assert engine.submit(params).result(timeout=60).image.size == (params.width, params.height)
