@@ -6,7 +6,9 @@ With `builtin:tiny` on the CPU a forward is cheap, so what the engine adds aroun
 assembly, guidance, sampler steps, bookkeeping. Each engine iteration is timed on the loop thread, and the
 time spent inside the adapter's model calls (the denoiser forward, the text encoder, the VAE decode) is
 subtracted; only iterations where every job runs and none starts or finishes count (the steady state), the
-first two and the last two of those left out. Target (issue 42): under 1 ms + 0.05 ms a job.
+first two and the last two of those left out. Target (issue 42): under 1 ms + 0.05 ms a job. Then, in a run
+of its own, the torch calls the loop thread makes there are counted: on CUDA each one that computes is a
+kernel launch, several microseconds of host time, whatever the CPU's speed.
 
 Each `--tree` (a checkout of the project, e.g. a `git worktree` of main; default: this one) runs in its own
 process with that tree first on `sys.path`, one thread, rounds alternating between trees; the medians over
@@ -27,12 +29,23 @@ from pathlib import Path
 
 TARGET_BASE_MS = 1.0
 TARGET_PER_JOB_MS = 0.05
+# torch calls that read a tensor's metadata and launch nothing
+NOT_CALLS = {"__get__", "dim", "size", "numel", "stride", "is_contiguous", "data_ptr", "element_size", "__len__"}
 
 
-def measure(num_jobs: int, num_steps: int) -> dict:
+def measure(num_jobs: int, num_steps: int, count_calls: bool = False) -> dict:
     """In this process: one engine with `num_jobs` jobs running together; per steady iteration, ms outside model
-    calls (median) and ms inside them."""
+    calls (median) and ms inside them. With `count_calls` (a run of its own: counting slows the loop), the torch
+    calls the loop thread makes outside model calls per steady iteration instead: on CUDA each one that computes
+    is a kernel launch."""
     import torch
+    from torch.overrides import TorchFunctionMode
+
+    class CallCounter(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not inside["depth"] and getattr(func, "__name__", "") not in NOT_CALLS:
+                inside["calls"] += 1
+            return func(*args, **(kwargs or {}))
 
     from batching import DiffusionEngine, EngineConfig, GenerationParams
 
@@ -41,14 +54,16 @@ def measure(num_jobs: int, num_steps: int) -> dict:
         EngineConfig(model="builtin:tiny", device="cpu", max_num_seqs=num_jobs, max_num_tokens=10**9, num_threads=1)
     )
     model = engine.model_runner.model
-    inside = {"seconds": 0.0, "starts": 0, "decodes": 0}
+    inside = {"seconds": 0.0, "starts": 0, "decodes": 0, "depth": 0, "calls": 0}
 
     def timed(function, counter: str | None = None):
         def call(*args, **kwargs):
             start = time.perf_counter()
+            inside["depth"] += 1
             try:
                 return function(*args, **kwargs)
             finally:
+                inside["depth"] -= 1
                 inside["seconds"] += time.perf_counter() - start
                 if counter:
                     inside[counter] += 1
@@ -58,14 +73,18 @@ def measure(num_jobs: int, num_steps: int) -> dict:
     model.forward = timed(model.forward)  # type: ignore[method-assign]  # instance attributes shadow them
     model.encode_prompts = timed(model.encode_prompts, "starts")  # type: ignore[method-assign]
     model.decode = timed(model.decode, "decodes")  # type: ignore[method-assign]
-    iterations: list[tuple[float, float, bool]] = []  # (wall s, inside model calls s, steady)
+    iterations: list[tuple[float, float, bool]] = []  # (wall s, inside model calls s or calls, steady)
     step = engine.step
 
     def timed_step() -> bool:
         before = dict(inside)
         is_full = engine.scheduler.num_running == num_jobs
         start = time.perf_counter()
-        did_work = step()
+        if count_calls:
+            with CallCounter():
+                did_work = step()
+        else:
+            did_work = step()
         wall = time.perf_counter() - start
         is_steady = (
             is_full
@@ -74,7 +93,8 @@ def measure(num_jobs: int, num_steps: int) -> dict:
             and inside["decodes"] == before["decodes"]
             and engine.scheduler.num_running == num_jobs
         )
-        iterations.append((wall, inside["seconds"] - before["seconds"], is_steady))
+        spent = inside["calls"] - before["calls"] if count_calls else inside["seconds"] - before["seconds"]
+        iterations.append((wall, spent, is_steady))
         return did_work
 
     def run_jobs(seed: int) -> None:
@@ -99,6 +119,8 @@ def measure(num_jobs: int, num_steps: int) -> dict:
     run_jobs(1000)
     engine.shutdown()
     steady = [(wall, model_seconds) for wall, model_seconds, is_steady in iterations if is_steady][2:-2]
+    if count_calls:
+        return {"num_jobs": num_jobs, "calls": statistics.median(calls for _, calls in steady)}
     return {
         "num_jobs": num_jobs,
         "num_steady_iterations": len(steady),
@@ -107,17 +129,18 @@ def measure(num_jobs: int, num_steps: int) -> dict:
     }
 
 
-def run_child(tree: Path, num_jobs: int, num_steps: int) -> dict:
+def run_child(tree: Path, num_jobs: int, num_steps: int, count_calls: bool = False) -> dict:
     environment = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     # This file is loaded by its path, so the measured tree's packages are the ones imported (first on the path).
     script = (
         "import importlib.util, json, sys; sys.path.insert(0, sys.argv[1]); "
         "spec = importlib.util.spec_from_file_location('host_cost_probe', sys.argv[2]); "
         "probe = importlib.util.module_from_spec(spec); spec.loader.exec_module(probe); "
-        "print(json.dumps(probe.measure(int(sys.argv[3]), int(sys.argv[4]))))"
+        "print(json.dumps(probe.measure(int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == 'calls')))"
     )
     completed = subprocess.run(
-        [sys.executable, "-c", script, str(tree), __file__, str(num_jobs), str(num_steps)],
+        [sys.executable, "-c", script, str(tree), __file__, str(num_jobs), str(num_steps)]
+        + ["calls" if count_calls else "time"],
         cwd=tree,
         env=environment,
         capture_output=True,
@@ -147,7 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"model {figures['model_ms']:.3f} ms ({figures['num_steady_iterations']} steady iterations)",
                     flush=True,
                 )
+    calls = {
+        str(tree): {n: run_child(tree, n, args.steps, count_calls=True)["calls"] for n in args.jobs} for tree in trees
+    }
     first = str(trees[0])
+    print("\ntorch calls per step outside model calls (each a kernel launch on CUDA where it computes):")
+    for tree in trees:
+        print(f"  {tree}: " + "; ".join(f"{n} jobs {calls[str(tree)][n]:.0f}" for n in args.jobs))
     print(f"\nmedian host ms per step outside model calls ({args.rounds} rounds; target 1 ms + 0.05 ms a job):")
     for tree in trees:
         cells = []
