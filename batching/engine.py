@@ -126,7 +126,9 @@ class DiffusionEngine:
             return None
         from batching.forward_measure import measure_forward_curve
 
-        return measure_forward_curve(runner.model, runner.encoder, self.config.max_num_seqs)
+        return measure_forward_curve(
+            runner.model, runner.encoder, self.config.max_num_seqs, warm_every_count=not runner.compiled
+        )
 
     def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
         if not self.config.lora_url or not FAMILIES[self.family].supports_lora:

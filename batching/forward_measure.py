@@ -5,8 +5,9 @@ so the measurement stays seconds long) is started as any job is (`Encoder.start_
 repeated to fill forwards of each row bucket (`batching.forward_curve.row_buckets`) through the real
 input path (`InputBatch`); each bucket runs once untimed (the first call of a shape pays for kernel
 selection, allocation and, with a compiled denoiser, compilation) and `repeats` times timed, waiting for
-the device. A bucket that runs out of memory ends the curve there. Runs before the loop thread starts,
-so the model is used by nobody else meanwhile.
+the device. A bucket that runs out of memory ends the curve there. With an eager denoiser every other
+sample count then runs once too, so no job that joins or leaves a running group meets a cold shape. Runs on
+the loop thread before its first job (`DiffusionEngine._start_up`): nothing else uses the model meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from batching.input_batch import InputBatch
 from batching.oom import free_memory, is_out_of_memory
 from batching.pipelines.contract import PipelineAdapter
 from batching.sample import make_samples
+from batching.sample_tensors import SampleTensors
 from core.errors import BatchingError
 from core.families import FAMILIES
 from core.params import GenerationParams
@@ -34,9 +36,12 @@ CURVE_JOB_ID = "stepwise-forward-curve"
 
 
 def measure_forward_curve(
-    adapter: PipelineAdapter, encoder: Encoder, max_num_seqs: int, *, repeats: int = 2
+    adapter: PipelineAdapter, encoder: Encoder, max_num_seqs: int, *, repeats: int = 2, warm_every_count: bool = True
 ) -> ForwardCurve | None:
-    """The curve, or None where the model's defaults cannot start a sample (an edit model needs an image)."""
+    """The curve, or None where the model's defaults cannot start a sample (an edit model needs an image).
+    `warm_every_count`: then one untimed forward at each other count of the sample's rows up to `max_num_seqs`
+    samples (an eager denoiser's first forward at a new batch size pays for kernel and plan selection: a
+    group whose jobs come and go runs at every count; a compiled one is padded to the buckets)."""
     started = time.perf_counter()
     spec = FAMILIES[adapter.family]
     height, width = adapter.native_size
@@ -74,6 +79,8 @@ def measure_forward_curve(
         points.append((copies * tensors.num_rows, seconds))
     if not points:
         return None
+    if warm_every_count:
+        _warm(adapter, tensors, points, max_num_seqs)
     tokens_per_row = spec.tokens_per_row(params.height, params.width, params.num_frames)
     curve = ForwardCurve(tuple(points), tokens_per_row)
     logger.info(
@@ -83,6 +90,19 @@ def measure_forward_curve(
         curve.knee_rows,
     )
     return curve
+
+
+@torch.inference_mode()
+def _warm(adapter: PipelineAdapter, tensors: SampleTensors, points: list[tuple[int, float]], max_num_seqs: int) -> None:
+    """One forward at every sample count not measured, up to the most that fitted."""
+    measured = {rows for rows, _ in points}
+    for copies in range(1, max_num_seqs + 1):
+        rows = copies * tensors.num_rows
+        if rows > points[-1][0]:
+            break
+        if rows not in measured:
+            adapter.forward(InputBatch(adapter).prepare([tensors] * copies))
+    _wait(adapter.device)
 
 
 @torch.inference_mode()

@@ -77,3 +77,27 @@ def test_an_engine_measures_its_curve_before_its_first_job_and_reports_it(fresh_
     assert list(curve["seconds_by_rows"]) == [2, 4], "builtin:tiny's CFG rows: one and two jobs"
     assert curve["knee_rows"] in (2, 4)
     assert stats["max_num_tokens"] == min(curve["token_budget"], FAMILIES["sd"].default_token_budget(2))
+
+
+def test_measuring_the_curve_also_runs_every_other_count_of_a_jobs_rows_once():
+    """An eager denoiser's first forward at a new batch size selects its kernels (on CUDA also cuDNN's plans):
+    after the curve every count of whole jobs up to max_num_seqs has run once, so none is cold when jobs come
+    and go."""
+    from batching.encoder import Encoder
+    from batching.forward_measure import measure_forward_curve
+    from batching.model_loading import load_model
+
+    adapter = load_model("builtin:tiny", "cpu")
+    rows_run: list[int] = []
+    forward = adapter.forward
+
+    def counting(batch):
+        rows_run.append(len(batch.timesteps))
+        return forward(batch)
+
+    adapter.forward = counting  # type: ignore[method-assign]
+
+    curve = measure_forward_curve(adapter, Encoder(adapter, is_async=False), max_num_seqs=5, repeats=1)
+
+    assert curve is not None and [rows for rows, _ in curve.points] == [2, 4, 8, 10]
+    assert sorted(set(rows_run)) == [2, 4, 6, 8, 10] and rows_run.count(6) == 1, "6 rows: warmed once, not timed"
