@@ -113,7 +113,28 @@ def write_table(document: dict, details: dict, path: Path) -> None:
             lines.append(
                 f"| {name} {size} | mixed shapes vs each alone | | | | {family['mixed_shapes_vs_alone']:.2f}x | | | |"
             )
+    for name, family in details.get("families", {}).items():
+        lines += _phase_tables(name, family)
     path.write_text("\n".join(lines) + "\n")
+
+
+def _phase_tables(name: str, family: dict) -> list[str]:
+    """The default engine's phases, burst against Poisson 2x, in ms per iteration (device time where measured)."""
+    from benchmarks.step_profile import phase_table
+
+    runs = family.get("runs", {}).get("default", {})
+    profiles = {w: runs[w] for w in ("burst", "poisson_2x") if runs.get(w, {}).get("phases")}
+    if not profiles:
+        return []
+    lines = ["", f"## {name}: the default engine's iteration, phase by phase (ms per iteration)", ""]
+    clocks = (
+        [("device_ms", "Device time")]
+        if any("device_ms" in k for p in profiles.values() for k in p["phases"].values())
+        else []
+    )
+    for clock, title in [("host_ms", "Host wall time on the loop thread"), ("cpu_ms", "Loop-thread CPU time"), *clocks]:
+        lines += [f"{title}:", "", *phase_table(profiles, clock), ""]
+    return lines
 
 
 def _cell(value: float | None, unit: str = "") -> str:

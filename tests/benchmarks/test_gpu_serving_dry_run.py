@@ -77,10 +77,14 @@ def test_the_default_engines_phase_profile_is_in_the_details_for_each_workload(d
         assert family["num_jobs"] == 3 and _is_positive(family["one_job_static_seconds"])
 
 
-def test_the_table_has_a_row_per_family_and_workload(dry_run):
-    document, _, table = dry_run
-    rows = [line for line in table.splitlines() if line.startswith("| ") and "workload" not in line]
+def test_the_table_has_a_row_per_family_and_workload_and_each_familys_phase_tables(dry_run):
+    _, _, table = dry_run
+    summary = table.split("\n## ")[0]
+    rows = [line for line in summary.splitlines() if line.startswith("| ") and "workload" not in line]
     assert len(rows) == 3 * 3 + 2, "three workloads each, and the mixed-shape rows of flux and wan"
+    for name in ("sd15", "flux", "wan"):
+        assert f"## {name}: the default engine's iteration, phase by phase" in table
+    assert table.count("| sampler |") == 3 * 2, "host and loop-thread CPU tables for each family (CPU: no device)"
 
 
 def test_the_shape_check_names_what_departs_from_the_design():
