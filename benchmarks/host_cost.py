@@ -33,11 +33,12 @@ TARGET_PER_JOB_MS = 0.05
 NOT_CALLS = {"__get__", "dim", "size", "numel", "stride", "is_contiguous", "data_ptr", "element_size", "__len__"}
 
 
-def measure(num_jobs: int, num_steps: int, count_calls: bool = False) -> dict:
+def measure(num_jobs: int, num_steps: int, count_calls: bool = False, stub_forward: bool = False) -> dict:
     """In this process: one engine with `num_jobs` jobs running together; per steady iteration, ms outside model
     calls (median) and ms inside them. With `count_calls` (a run of its own: counting slows the loop), the torch
     calls the loop thread makes outside model calls per steady iteration instead: on CUDA each one that computes
-    is a kernel launch."""
+    is a kernel launch. With `stub_forward` the denoiser's forward returns zeros at once: the engine alone, its
+    time not disturbed by the model's (on a shared machine the model's time, not the engine's, carries the noise)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -70,6 +71,8 @@ def measure(num_jobs: int, num_steps: int, count_calls: bool = False) -> dict:
 
         return call
 
+    if stub_forward:
+        model.forward = lambda batch: torch.zeros_like(batch.latents)  # type: ignore[method-assign,arg-type]
     model.forward = timed(model.forward)  # type: ignore[method-assign]  # instance attributes shadow them
     model.encode_prompts = timed(model.encode_prompts, "starts")  # type: ignore[method-assign]
     model.decode = timed(model.decode, "decodes")  # type: ignore[method-assign]
@@ -129,18 +132,19 @@ def measure(num_jobs: int, num_steps: int, count_calls: bool = False) -> dict:
     }
 
 
-def run_child(tree: Path, num_jobs: int, num_steps: int, count_calls: bool = False) -> dict:
+def run_child(tree: Path, num_jobs: int, num_steps: int, count_calls: bool = False, stub: bool = False) -> dict:
     environment = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     # This file is loaded by its path, so the measured tree's packages are the ones imported (first on the path).
     script = (
         "import importlib.util, json, sys; sys.path.insert(0, sys.argv[1]); "
         "spec = importlib.util.spec_from_file_location('host_cost_probe', sys.argv[2]); "
         "probe = importlib.util.module_from_spec(spec); spec.loader.exec_module(probe); "
-        "print(json.dumps(probe.measure(int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == 'calls')))"
+        "print(json.dumps(probe.measure(int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == 'calls', "
+        "sys.argv[6] == 'stub')))"
     )
     completed = subprocess.run(
         [sys.executable, "-c", script, str(tree), __file__, str(num_jobs), str(num_steps)]
-        + ["calls" if count_calls else "time"],
+        + ["calls" if count_calls else "time", "stub" if stub else "model"],
         cwd=tree,
         env=environment,
         capture_output=True,
@@ -157,13 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tree", type=Path, action="append", help="a checkout to measure (repeatable)")
+    parser.add_argument("--stub-forward", action="store_true", help="the forward returns zeros: the engine alone")
     args = parser.parse_args(argv)
     trees = args.tree or [Path(__file__).resolve().parents[1]]
     results: dict[str, dict[int, list[float]]] = {str(tree): {n: [] for n in args.jobs} for tree in trees}
     for round_index in range(args.rounds):
         for tree in trees:
             for num_jobs in args.jobs:
-                figures = run_child(tree, num_jobs, args.steps)
+                figures = run_child(tree, num_jobs, args.steps, stub=args.stub_forward)
                 results[str(tree)][num_jobs].append(figures["host_ms"])
                 print(
                     f"round {round_index + 1} {tree} jobs={num_jobs}: host {figures['host_ms']:.3f} ms, "
