@@ -41,8 +41,9 @@ from batching.previews import previews_wanted
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
 from batching.step_phases import NoPhases, Phases, StepPhases
+from core.builtin_models import is_builtin
 from core.errors import InvalidParamsError, JobFailedError, LoraError
-from core.families import FAMILIES
+from core.families import FAMILIES, FamilySpec
 from core.image_inputs import input_images
 from core.params import PRIORITIES, GenerationParams
 
@@ -56,6 +57,16 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 1.0
 LOOP_THREAD_NAME = "stepwise-engine"
+
+
+def serving_size(native: tuple[int, int], spec: FamilySpec, is_builtin: bool) -> tuple[int, int]:
+    """(height, width) the engine sizes its default token budget and forward curve by: the model's native size,
+    unless its pipeline states none (the adapter fell back to the family's small default size) for a checkpoint
+    (not a built-in): then its family's first checkpoint size. Z-Image's pipeline picks 1024 inside its call;
+    a budget at 128x128 would run every 1024x1024 job alone."""
+    if is_builtin or native != (spec.default_size, spec.default_size) or not spec.checkpoint_sizes:
+        return native
+    return spec.checkpoint_sizes[0], spec.checkpoint_sizes[0]
 
 
 class DiffusionEngine:
@@ -72,7 +83,7 @@ class DiffusionEngine:
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
-        self._native_size = model.native_size
+        self._native_size = serving_size(model.native_size, FAMILIES[self.family], is_builtin(self.config.model))
         self.needs_init_image: bool | None = model.needs_init_image  # this model beyond its family (heartbeats say it)
         self.book = JobBook()  # every job, the one exit, and all the state the threads share (batching.job_book)
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
@@ -127,7 +138,11 @@ class DiffusionEngine:
         from batching.forward_measure import measure_forward_curve
 
         return measure_forward_curve(
-            runner.model, runner.encoder, self.config.max_num_seqs, warm_every_count=not runner.compiled
+            runner.model,
+            runner.encoder,
+            self.config.max_num_seqs,
+            size=self._native_size,
+            warm_every_count=not runner.compiled,
         )
 
     def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:

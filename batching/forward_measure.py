@@ -1,7 +1,8 @@
 """Measuring the denoiser's forward curve when the engine starts (`EngineConfig.measure_forward_curve`).
 
-One sample of the model's defaults at its native size (a video family: at most `MAX_CURVE_FRAMES` frames,
-so the measurement stays seconds long) is started as any job is (`Encoder.start_now`), and its rows are
+One sample of the model's defaults at the size the engine serves by (`size`: its native size, see
+`batching.engine.serving_size`; a video family at most `MAX_CURVE_FRAMES` frames, so the measurement stays
+seconds long) is started as any job is (`Encoder.start_now`), and its rows are
 repeated to fill forwards of each row bucket (`batching.forward_curve.row_buckets`) through the real
 input path (`InputBatch`); each bucket runs once untimed (the first call of a shape pays for kernel
 selection, allocation and, with a compiled denoiser, compilation) and `repeats` times timed, waiting for
@@ -36,7 +37,13 @@ CURVE_JOB_ID = "stepwise-forward-curve"
 
 
 def measure_forward_curve(
-    adapter: PipelineAdapter, encoder: Encoder, max_num_seqs: int, *, repeats: int = 2, warm_every_count: bool = True
+    adapter: PipelineAdapter,
+    encoder: Encoder,
+    max_num_seqs: int,
+    *,
+    size: tuple[int, int] | None = None,
+    repeats: int = 2,
+    warm_every_count: bool = True,
 ) -> ForwardCurve | None:
     """The curve, or None where the model's defaults cannot start a sample (an edit model needs an image).
     `warm_every_count`: then one untimed forward at each other count of the sample's rows up to `max_num_seqs`
@@ -44,7 +51,7 @@ def measure_forward_curve(
     group whose jobs come and go runs at every count; a compiled one is padded to the buckets)."""
     started = time.perf_counter()
     spec = FAMILIES[adapter.family]
-    height, width = adapter.native_size
+    height, width = size or adapter.native_size
     try:
         params = GenerationParams(
             model=adapter.model,

@@ -101,3 +101,13 @@ def test_measuring_the_curve_also_runs_every_other_count_of_a_jobs_rows_once():
 
     assert curve is not None and [rows for rows, _ in curve.points] == [2, 4, 8, 10]
     assert sorted(set(rows_run)) == [2, 4, 6, 8, 10] and rows_run.count(6) == 1, "6 rows: warmed once, not timed"
+
+
+def test_a_checkpoint_whose_pipeline_states_no_size_is_served_by_its_familys_checkpoint_size():
+    from batching.engine import serving_size
+
+    zimage, sd = FAMILIES["zimage"], FAMILIES["sd"]
+    assert serving_size((128, 128), zimage, is_builtin=False) == (1024, 1024), "Z-Image's pipeline picks 1024 itself"
+    assert serving_size((128, 128), zimage, is_builtin=True) == (128, 128), "a built-in draws its own small size"
+    assert serving_size((512, 512), sd, is_builtin=False) == (512, 512), "a size the pipeline states is kept"
+    assert serving_size((480, 832), FAMILIES["wan"], is_builtin=False) == (480, 832)
