@@ -22,6 +22,7 @@ iteration, averaged over the iterations of each kind.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,13 +53,15 @@ class _Iteration:
 
 
 class StepPhases:
-    """Times the phases of the loop thread's iterations; one instance per engine, used by the loop thread only
-    (`summary()` may be called from any thread: it reads totals under the GIL, never the device)."""
+    """Times the phases of the loop thread's iterations; one instance per engine. The loop thread times;
+    `summary()` and `reset()` may be called from any thread (a lock guards the totals; nothing waits for the
+    device)."""
 
     def __init__(self, device: torch.device) -> None:
         self.is_cuda = device.type == "cuda"
         self.device = device
         self.totals = {kind: _Totals() for kind in KINDS}
+        self._lock = threading.Lock()
         self._current: _Iteration | None = None
         self._started = 0.0
         self._pending: list[_Iteration] = []  # ended iterations whose device events may not have completed
@@ -66,9 +69,10 @@ class StepPhases:
 
     def reset(self) -> None:
         """Forget what was timed so far (between a warm-up and the run to profile)."""
-        self.totals = {kind: _Totals() for kind in KINDS}
-        self._pending.clear()
-        self._last_end_event = None
+        with self._lock:
+            self.totals = {kind: _Totals() for kind in KINDS}
+            self._pending.clear()
+            self._last_end_event = None
 
     def begin_iteration(self) -> None:
         self._current = _Iteration()
@@ -99,19 +103,25 @@ class StepPhases:
         iteration, self._current = self._current, None
         if iteration is None or not did_work:
             return
-        totals = self.totals[iteration.kind]
-        totals.num_iterations += 1
-        totals.wall += time.perf_counter() - self._started
-        for name, host, cpu in iteration.host_times:
-            totals.host[name] = totals.host.get(name, 0.0) + host
-            totals.cpu[name] = totals.cpu.get(name, 0.0) + cpu
-        if self.is_cuda and iteration.events:
-            self._pending.append(iteration)
-        self._collect()
+        wall = time.perf_counter() - self._started
+        with self._lock:
+            totals = self.totals[iteration.kind]
+            totals.num_iterations += 1
+            totals.wall += wall
+            for name, host, cpu in iteration.host_times:
+                totals.host[name] = totals.host.get(name, 0.0) + host
+                totals.cpu[name] = totals.cpu.get(name, 0.0) + cpu
+            if self.is_cuda and iteration.events:
+                self._pending.append(iteration)
+            self._collect()
 
     def summary(self) -> dict[str, Any]:
         """Per kind of iteration: how many, and milliseconds per iteration of the wall and of each phase."""
-        self._collect()
+        with self._lock:
+            self._collect()
+            return self._summary()
+
+    def _summary(self) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for kind, totals in self.totals.items():
             count = totals.num_iterations
@@ -137,7 +147,8 @@ class StepPhases:
         return event
 
     def _collect(self) -> None:
-        """Read the device spans of ended iterations whose last event completed, oldest first; never waits."""
+        """Read the device spans of ended iterations whose last event completed, oldest first; never waits.
+        Under the lock."""
         while self._pending:
             iteration = self._pending[0]
             last = iteration.events[-1][2]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from batching.step_phases import PHASES
+import time
+
+import torch
+
+from batching.step_phases import PHASES, StepPhases
 from tests.support.engines import make_params
 
 
@@ -26,3 +30,42 @@ def test_phase_timing_reports_every_phase_of_steady_and_churn_iterations(fresh_e
 
 def test_without_phase_timing_stats_carry_no_phases(batched_engine):
     assert "phases" not in batched_engine.stats()
+
+
+class _Event:
+    """Stands in for a CUDA event (a GPU is not lent here): records the wall clock, completes at once."""
+
+    def __init__(self) -> None:
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: _Event) -> float:
+        return (end.at - self.at) * 1000
+
+
+def test_device_spans_are_read_per_phase_and_between_iterations(monkeypatch):
+    """The CUDA path's accounting, with events that complete at once: each phase's device time is the span
+    between its two events, and the gap is the time between one iteration's last event and the next's first."""
+    phases = StepPhases(torch.device("cpu"))
+    phases.is_cuda = True
+    monkeypatch.setattr(phases, "_record", _Event)
+    for kind in ("churn", "steady", "steady"):
+        phases.begin_iteration()
+        if kind == "churn":
+            phases.mark_churn()
+        with phases.phase("forward"):
+            time.sleep(0.01)
+        with phases.phase("sampler"):
+            pass
+        phases.end_iteration(did_work=True)
+        time.sleep(0.005)
+
+    summary = phases.summary()
+
+    steady = summary["steady"]
+    assert steady["iterations"] == steady["device_iterations"] == 2 and summary["churn"]["iterations"] == 1
+    assert 9 <= steady["device_ms"]["forward"] <= steady["host_ms"]["forward"] + 1
+    assert steady["device_ms"]["decode"] == 0.0, "a phase that did not run takes no device time"
+    assert steady["device_gap_ms"] >= 4, "the device idled between the iterations"
