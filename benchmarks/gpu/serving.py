@@ -73,6 +73,7 @@ class FamilyPlan:
     mixed: tuple[Shape, ...] = ()  # the mixed-shape burst's shapes at real size (transformer and video families)
     is_required: bool = True
     seconds: float = 90.0  # about what it takes: an optional family starts only with this much left
+    num_jobs: int | None = None  # None: as many as a serial burst runs in about SERIAL_BURST_SECONDS
     tiny_shape: Shape = (64, 64, 1)
     tiny_mixed: tuple[Shape, ...] = ()
 
@@ -83,7 +84,8 @@ TINY_MIXED = ((64, 64, 1), (64, 96, 1), (96, 64, 1))
 # Steps and jobs are cut to fit every must-have in one device call of 10 minutes (each family's `seconds`: an
 # estimate for an H100); the denoiser's step time and batching do not depend on the step count.
 PLANS = (
-    FamilyPlan("sd15", "sd", (512, 512, 1), 20, 8, 7.5, NEGATIVE, seconds=45),
+    # run2's workload (16 jobs of 20 steps, the same prompts, seeds and Poisson draws): before and after compare
+    FamilyPlan("sd15", "sd", (512, 512, 1), 20, 8, 7.5, NEGATIVE, seconds=80, num_jobs=16),
     FamilyPlan("sdxl", "sdxl", (1024, 1024, 1), 12, 8, 7.5, NEGATIVE, seconds=50),
     FamilyPlan(
         "flux", "flux", (1024, 1024, 1), 8, 8, 3.5, mixed=((1024, 1024, 1), WIDE), seconds=100, tiny_mixed=TINY_MIXED
@@ -157,9 +159,14 @@ def job(plan: FamilyPlan, profile: Profile, model: str, index: int, shape: Shape
     )
 
 
-def workload(name: str, params: list[GenerationParams], rate: float | None = None) -> Workload:
-    """A burst (no rate), or Poisson arrivals at `rate` a second from a seeded generator."""
-    rng, at, arrivals = random.Random(f"serving-{name}"), 0.0, []
+def sized_jobs(plan: FamilyPlan, one_job_seconds: float) -> int:
+    return max(3, min(2 * plan.max_num_seqs, round(SERIAL_BURST_SECONDS / one_job_seconds)))
+
+
+def workload(name: str, params: list[GenerationParams], rate: float | None = None, multiple: float = 1.0) -> Workload:
+    """A burst (no rate), or Poisson arrivals at `rate` a second, drawn as `benchmarks.workloads.poisson` draws
+    them for the same multiple of serial capacity (so SD 1.5's match the earlier GPU runs')."""
+    rng, at, arrivals = random.Random(f"poisson-0-{float(multiple)}"), 0.0, []
     for one in params:
         arrivals.append(Arrival(at, one))
         at += rng.expovariate(rate) if rate else 0.0
@@ -186,10 +193,10 @@ def run_family(plan: FamilyPlan, profile: Profile) -> tuple[dict, dict]:
         try:
             run_engine(serial, workload("warm-up", jobs(1, steps=warm_steps)), engine_clock)
             one_job = run_engine(serial, workload("one job", jobs(1, offset=90)), engine_clock).wall_seconds
-            num_jobs = profile.num_jobs or max(3, min(2 * plan.max_num_seqs, round(SERIAL_BURST_SECONDS / one_job)))
+            num_jobs = profile.num_jobs or plan.num_jobs or sized_jobs(plan, one_job)
             runs["serial"]["burst"] = run_engine(serial, workload("burst", jobs(num_jobs)), engine_clock)
             capacity = num_jobs / runs["serial"]["burst"].wall_seconds
-            arrivals = {f"poisson_{m}x": workload(f"poisson_{m}x", jobs(num_jobs), m * capacity) for m in (1, 2)}
+            arrivals = {f"poisson_{m}x": workload(f"poisson_{m}x", jobs(num_jobs), m * capacity, m) for m in (1, 2)}
             for name, arrival in arrivals.items():
                 runs["serial"][name] = run_engine(serial, arrival, engine_clock)
         finally:
