@@ -9,16 +9,17 @@
 Every run gives its throughput, each job's latency (submit to result), and the device time of the denoiser's
 calls over the run's wall time (device busy: CUDA events around each call, read after the run; on the CPU
 wall time): for the engine around the adapter's forward (input rows, the denoiser), for static around the
-pipeline's denoiser module.
+pipeline's denoiser module. An engine run also records Python's garbage collections during it (`gc_pauses`).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,12 +111,41 @@ def in_memory_engine(adapter: Any, **config: Any) -> DiffusionEngine:
         return DiffusionEngine(EngineConfig(model=adapter.model, device=str(adapter.device), **config))
 
 
+@contextmanager
+def gc_pauses(pauses: dict[str, float]) -> Iterator[None]:
+    """Python's garbage collections while in the block, by generation: how many, and their seconds (a full
+    collection walks every object the libraries loaded, and every thread waits for it)."""
+    started: list[float] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            key = f"generation_{info['generation']}"
+            pauses[f"{key}_count"] = pauses.get(f"{key}_count", 0) + 1
+            pauses[f"{key}_seconds"] = pauses.get(f"{key}_seconds", 0.0) + time.perf_counter() - started.pop()
+
+    gc.callbacks.append(record)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(record)
+
+
 def run_engine(engine: DiffusionEngine, workload: Workload, clock: DeviceClock) -> RunFigures:
     """Submit the workload's arrivals on their schedule; every job's latency, the run's wall time and device time
     (a failed job fails the run, with its error)."""
     clock.take()
     before = engine.stats()
     engine.phases.reset()
+    pauses: dict[str, float] = {}
+    with gc_pauses(pauses):
+        figures = _run_engine(engine, workload, clock, before)
+    figures.extra["gc"] = pauses
+    return figures
+
+
+def _run_engine(engine: DiffusionEngine, workload: Workload, clock: DeviceClock, before: dict) -> RunFigures:
     finished: dict[int, float] = {}
     all_done = threading.Semaphore(0)
     started = time.perf_counter()
