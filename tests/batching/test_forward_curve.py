@@ -6,12 +6,21 @@ from __future__ import annotations
 import pytest
 
 from batching.forward_curve import ForwardCurve, row_buckets
+from batching.sample import Sample, make_samples
 from core.families import FAMILIES
-from tests.batching.test_token_budget import sized_sample
+from core.params import GenerationParams
 from tests.support.engines import make_params
 from tests.support.scheduling import FakeRunner, admitted_ids, make_scheduler, run_iteration
 
 SD_512_TOKENS = FAMILIES["sd"].tokens_per_row(512, 512)
+
+
+def sized_sample(sample_id: str, size: int) -> Sample:
+    """A two-step CFG job of the SD family at `size` pixels a side, as the scheduler sees it."""
+    params = GenerationParams(
+        prompt="a red fox", model="test:A", height=size, width=size, num_inference_steps=2, guidance_scale=7.5, seed=0
+    )
+    return make_samples(sample_id, params, FAMILIES["sd"])[0]
 
 
 def curve_of(rows_per_second: dict[int, float], tokens_per_row: int = SD_512_TOKENS) -> ForwardCurve:
