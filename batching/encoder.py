@@ -98,6 +98,16 @@ class Encoder(BesideTheLoop[StartResult]):
             batch.ready.record(torch.cuda.current_stream(self.model.device))
         self._hand_over({sample.sample_id: sample for sample in samples}, [batch])
 
+    def start_now(self, samples: Sequence[Sample]) -> StartResult:
+        """Start these samples on the calling thread, outside the hand-over (the engine's start-up measurements:
+        the loop does not run yet). Failures are in the result, as for any batch."""
+        adapter_of = self._adapter_of
+        batch = _Batch(
+            list(samples), {sample.sample_id: adapter_of(sample.params) if adapter_of else None for sample in samples}
+        )
+        with torch.inference_mode():
+            return self._run([batch])
+
     def collect(self) -> list[StartResult]:
         """The batches started since the last call, without the discarded samples; never waits."""
         results = super().collect()
@@ -243,6 +253,7 @@ class Encoder(BesideTheLoop[StartResult]):
             row_conditioning = [{**row, **extra} for row, extra in zip(row_conditioning, per_row, strict=True)]
         if image_start.row_inputs:  # a model with mask channels: each row carries the sample's mask and image
             row_conditioning = [{**row, **image_start.row_inputs} for row in row_conditioning]
+        sigmas = getattr(sampler, "sigmas", None)
         return SampleTensors(
             sample=sample,
             sampler=sampler,
@@ -250,6 +261,8 @@ class Encoder(BesideTheLoop[StartResult]):
             latents=image_start.latents,
             row_conditioning=row_conditioning,
             guide=image_start.guide,
+            host_timesteps=sampler.timesteps.cpu(),  # here, beside the loop: the loop never reads them back
+            host_sigmas=sigmas.cpu() if isinstance(sigmas, torch.Tensor) else None,
         )
 
 

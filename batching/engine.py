@@ -28,14 +28,22 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from batching.engine_config import DECODE_OVERLAP_DEFAULT, ENCODE_OVERLAP_DEFAULT, EngineConfig
+from batching.engine_config import (
+    DECODE_OVERLAP_DEFAULT,
+    ENCODE_OVERLAP_DEFAULT,
+    FORWARD_CURVE_DEFAULT,
+    EngineConfig,
+)
+from batching.forward_curve import ForwardCurve
 from batching.job import Ending, Job, JobFuture, JobProgress, ProgressCallback
 from batching.job_book import JobBook
 from batching.previews import previews_wanted
 from batching.sample import make_samples
 from batching.scheduler import Scheduler
+from batching.step_phases import NoPhases, Phases, StepPhases
+from core.builtin_models import is_builtin
 from core.errors import InvalidParamsError, JobFailedError, LoraError
-from core.families import FAMILIES
+from core.families import FAMILIES, FamilySpec
 from core.image_inputs import input_images
 from core.params import PRIORITIES, GenerationParams
 
@@ -49,6 +57,16 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 1.0
 LOOP_THREAD_NAME = "stepwise-engine"
+
+
+def serving_size(native: tuple[int, int], spec: FamilySpec, is_builtin: bool) -> tuple[int, int]:
+    """(height, width) the engine sizes its default token budget and forward curve by: the model's native size,
+    unless its pipeline states none (the adapter fell back to the family's small default size) for a checkpoint
+    (not a built-in): then its family's first checkpoint size. Z-Image's pipeline picks 1024 inside its call;
+    a budget at 128x128 would run every 1024x1024 job alone."""
+    if is_builtin or native != (spec.default_size, spec.default_size) or not spec.checkpoint_sizes:
+        return native
+    return spec.checkpoint_sizes[0], spec.checkpoint_sizes[0]
 
 
 class DiffusionEngine:
@@ -65,10 +83,9 @@ class DiffusionEngine:
             torch.set_num_threads(self.config.num_threads)
         model = load_model(self.config.model, self.config.device, self.config.dtype)
         self.family: str = model.family
-        self._native_size = model.native_size
+        self._native_size = serving_size(model.native_size, FAMILIES[self.family], is_builtin(self.config.model))
         self.needs_init_image: bool | None = model.needs_init_image  # this model beyond its family (heartbeats say it)
         self.unusable_fields: frozenset[str] = model.unusable_fields  # its family's fields it cannot use (the same)
-        self.scheduler = self._new_scheduler()
         self.book = JobBook()  # every job, the one exit, and all the state the threads share (batching.job_book)
         # Deterministic mode keeps the size in the key: a forward's padded shape must not depend on its company.
         self._key_has_size = self.config.deterministic or not FAMILIES[self.family].mixes_sizes
@@ -80,6 +97,8 @@ class DiffusionEngine:
         encode_overlap = self.config.encode_overlap
         if encode_overlap is None:
             encode_overlap = ENCODE_OVERLAP_DEFAULT.get(model.device.type, True)
+        # Where each iteration's time goes (batching.step_phases), when the config asks: the GPU suite's profile.
+        self.phases: Phases = StepPhases(model.device) if self.config.phase_timing else NoPhases()
         self.model_runner = ModelRunner(
             model,
             max_num_seqs=self.config.max_num_seqs,
@@ -91,7 +110,11 @@ class DiffusionEngine:
             encode_overlap=encode_overlap,
             on_encoded=self._wake,
             default_cache=self.config.cache,
+            phases=self.phases,
+            denoiser_compile=self.config.denoiser_compile,
         )
+        self.forward_curve: ForwardCurve | None = None  # measured by the loop thread as it starts (_start_up)
+        self.scheduler = self._new_scheduler()
         self.book.set_snapshot(self.scheduler.snapshot())
         self._loop_failure: str | None = None  # why the loop thread stopped, when it could not go on
         self._thread = threading.Thread(target=self._loop, name=LOOP_THREAD_NAME, daemon=True)
@@ -102,7 +125,26 @@ class DiffusionEngine:
         config sets one (at start, and again after an engine error dropped every sample)."""
         spec = FAMILIES[self.family]
         budget = self.config.max_num_tokens or spec.default_token_budget(self.config.max_num_seqs, self._native_size)
-        return Scheduler(replace(self.config.scheduler_config, max_num_tokens=budget))
+        return Scheduler(replace(self.config.scheduler_config, max_num_tokens=budget, forward_curve=self.forward_curve))
+
+    def _measure_forward_curve(self) -> ForwardCurve | None:
+        """The denoiser's forward time against its rows, when the config (or the device's default) asks for it;
+        never in deterministic mode, whose forwards all carry the same padded rows."""
+        runner = self.model_runner
+        is_wanted = self.config.measure_forward_curve
+        if is_wanted is None:
+            is_wanted = FORWARD_CURVE_DEFAULT.get(runner.model.device.type, True)
+        if not is_wanted or self.config.deterministic:
+            return None
+        from batching.forward_measure import measure_forward_curve
+
+        return measure_forward_curve(
+            runner.model,
+            runner.encoder,
+            self.config.max_num_seqs,
+            size=self._native_size,
+            warm_every_count=not runner.compiled,
+        )
 
     def _make_loras(self, model: PipelineAdapter, lora_fetcher: LoraFetcher | None) -> EngineLoras | None:
         if not self.config.lora_url or not FAMILIES[self.family].supports_lora:
@@ -231,6 +273,7 @@ class DiffusionEngine:
                 "step_cache": self._step_cache_stats(),
                 **(self.loras.stats() if self.loras else {}),
                 **self.book.scheduler_snapshot,
+                **({"phases": self.phases.summary()} if self.config.phase_timing else {}),
             }
 
     def _threads_failed(self) -> dict[str, str]:
@@ -274,29 +317,49 @@ class DiffusionEngine:
 
     def step(self) -> bool:
         """One iteration: schedule -> execute -> update. False when there was nothing to run."""
-        self._take_inbox()
-        plan = self.scheduler.schedule()
+        phases = self.phases
+        phases.begin_iteration()
+        with phases.phase("schedule"):
+            self._take_inbox()
+            plan = self.scheduler.schedule()
         did_work = not plan.is_empty
         if did_work or self.model_runner.decoder.has_results():
             start = time.perf_counter()
             output = self.model_runner.execute(plan, self._abort_ended)
-            self.scheduler.update_from_output(plan, output)
-            if output.stepped_sample_ids:  # what the scheduler's slack estimates read
-                self.scheduler.step_times.observe(time.perf_counter() - start)
-            self.book.set_snapshot(self.scheduler.snapshot())  # before a job resolves: its caller sees it gone
-            # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
-            is_waiting = output.num_samples_starting > 0 and not (
-                output.rows_per_forward or output.failed or output.finished_sample_ids or plan.aborted_sample_ids
-            )
-            if not is_waiting:
-                self.book.record_iteration(output, time.perf_counter() - start)
-            self.book.record_output(output, self.model_runner.take_previews(), started_at=start)
-            did_work = did_work and not is_waiting
-        self._publish()
+            with phases.phase("update"):
+                self.scheduler.update_from_output(plan, output)
+                if output.stepped_sample_ids:  # what the scheduler's slack estimates read
+                    self.scheduler.step_times.observe(time.perf_counter() - start)
+                self.book.set_snapshot(self.scheduler.snapshot())  # before a job resolves: its caller sees it gone
+                # Only samples still being started were planned: nothing ran; the loop waits for the encoder.
+                is_waiting = output.num_samples_starting > 0 and not (
+                    output.rows_per_forward or output.failed or output.finished_sample_ids or plan.aborted_sample_ids
+                )
+                if not is_waiting:
+                    self.book.record_iteration(output, time.perf_counter() - start)
+                self.book.record_output(output, self.model_runner.take_previews(), started_at=start)
+                did_work = did_work and not is_waiting
+                self._publish()
+        else:
+            self._publish()
+        phases.end_iteration(did_work)
         return did_work
+
+    def _start_up(self) -> None:
+        """Before the first job (jobs submitted meanwhile wait in the inbox): measure the forward curve where
+        wanted and admit by it. On this thread, which runs every forward after it (a compiled denoiser's CUDA
+        graphs belong to the thread that records them)."""
+        try:
+            self.forward_curve = self._measure_forward_curve()
+        except Exception:
+            logger.exception("measuring the forward curve failed; admitting by the token budget alone")
+        if self.forward_curve is not None:
+            self.scheduler = self._new_scheduler()
+            self.book.set_snapshot(self.scheduler.snapshot())
 
     def _loop(self) -> None:
         try:
+            self._start_up()
             while not (self.book.is_drained() and not self._has_unfinished()):
                 try:
                     did_work = self.step()

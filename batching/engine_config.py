@@ -10,6 +10,7 @@ from core.step_cache import CacheSetting, check_cache
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LORA_MODES = ("rows", "group")
+COMPILE_MODES = ("off", "inductor", "graphs", "aot_eager")  # EngineConfig.denoiser_compile (batching.denoiser_compile)
 # Device type -> whether decode overlaps the denoise loop by default. On CUDA the decode runs in its own
 # stream and the loop only launches work; on the CPU both threads compete for the same cores
 # (benchmarks/decode_overlap.py measured it; docs/benchmarks.md gives the figures).
@@ -18,6 +19,11 @@ DECODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": True}
 # runs in its own stream; on the CPU a second torch thread slowed the loop more than the built-in models' encodes
 # (a tenth of a forward) ever stall it (benchmarks/encode_overlap.py; docs/benchmarks.md gives the figures).
 ENCODE_OVERLAP_DEFAULT = {"cuda": True, "cpu": False}
+# Device type -> whether the engine measures its denoiser's forward curve at start and admits up to its knee
+# (batching.forward_curve). On CUDA a forward's time is flat in its rows until the device fills, and the knee
+# bounds every job's step time; on the CPU time grows with rows from the first one, and the measurement
+# would cost every engine start (tests start hundreds) seconds for a budget the default one already gives.
+FORWARD_CURVE_DEFAULT = {"cuda": True, "cpu": False}
 
 
 @dataclass(frozen=True)
@@ -47,12 +53,23 @@ class EngineConfig:
     # STEPWISE_STEP_CACHE); ignored by a family without a step cache
     encode_overlap: bool | None = None  # start new samples (prompt encoding) on a worker thread beside the loop,
     # so running samples keep stepping; None: the device's default (ENCODE_OVERLAP_DEFAULT, docs/benchmarks.md)
+    measure_forward_curve: bool | None = None  # measure the denoiser's time against its rows at start and admit
+    # up to the knee (batching.forward_curve; never in deterministic mode); None: the device's default
+    # (FORWARD_CURVE_DEFAULT)
+    denoiser_compile: str = "off"  # "off", "inductor", "graphs" (CUDA graphs) or "aot_eager": the denoiser compiled
+    # per row-count bucket (batching.denoiser_compile); off until a GPU run measures it faster
+    phase_timing: bool = False  # time each iteration's phases (batching.step_phases) and report them in
+    # stats()["phases"]; on CUDA it records device events around every phase (a profile, not for serving)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
+        if self.denoiser_compile not in COMPILE_MODES:
+            raise ValueError(
+                f"denoiser_compile must be one of {', '.join(COMPILE_MODES)} (got {self.denoiser_compile!r})"
+            )
         if self.lora_mode not in LORA_MODES:
             raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)} (got {self.lora_mode!r})")
         check_cache(self.cache, "any", "any", field="cache")  # the family's support is checked once it loads

@@ -8,9 +8,12 @@ are rewritten every step into the same buffers. A conditioning tensor whose firs
 dimension differs between rows (Z-Image's per-token text features) is zero-padded,
 and each row's true length is kept in `ForwardBatch.lengths`.
 
-With `num_padded_rows` set (deterministic mode) every forward carries exactly that many
-rows, the extra ones being the adapter's padding row: a row's result no longer depends
-on how many other samples happen to run, so outputs are bit-identical alone and batched.
+With `row_buckets` set, a forward of uniform size carries the smallest bucket's rows that
+holds its samples, the extra ones being the adapter's padding row. Deterministic mode has one
+bucket, the most rows a group can have: a row's result no longer depends on how many other
+samples happen to run, so outputs are bit-identical alone and batched. A compiled denoiser
+(`batching.denoiser_compile`) has a few, one compiled shape each. Groups that mix sizes are
+never padded (their rows' latents differ in shape).
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ from collections.abc import Sequence
 
 import torch
 
+from batching.host_copy import to_device
 from batching.pipelines.contract import Conditioning, ForwardBatch, PipelineAdapter
 from batching.sample_tensors import SampleTensors
 
 
 class InputBatch:
-    def __init__(self, adapter: PipelineAdapter, *, num_padded_rows: int | None = None) -> None:
+    def __init__(self, adapter: PipelineAdapter, *, row_buckets: Sequence[int] | None = None) -> None:
         self.adapter = adapter
-        self.num_padded_rows = num_padded_rows
+        self.row_buckets = tuple(sorted(row_buckets)) if row_buckets else None  # padded row counts; None: unpadded
         self.sample_ids: tuple[str, ...] = ()  # membership the conditioning buffers were filled for
         self.num_rows = 0  # real rows, padding excluded
         self.latents: torch.Tensor | None = None  # [num_buffer_rows, *latent_shape]; None when sizes differ
@@ -43,49 +47,37 @@ class InputBatch:
         assert self.timesteps is not None  # the first prepare fills the buffers
         row = 0
         mixed_latents: list[torch.Tensor] = []
+        timesteps: list[torch.Tensor] = []  # each row's, as 0-dim host tensors
         for sample in samples:
             model_input = self.adapter.model_input(sample)  # [1, *latent_shape]
             if self.latents is None:
                 mixed_latents += [model_input[0]] * sample.num_rows
             else:
                 self.latents[row : row + sample.num_rows] = model_input  # broadcast over the sample's rows
-            self.timesteps[row : row + sample.num_rows] = sample.timestep
+            timesteps += [sample.host_timestep] * sample.num_rows
             row += sample.num_rows
+        self.timesteps[:row].copy_(to_device(timesteps, self.timesteps.device), non_blocking=True)  # one copy
         return ForwardBatch(
             self.latents if self.latents is not None else mixed_latents,
             self.timesteps,
             self.conditioning,
             self.lengths,
-            num_real_rows=self.num_rows if self.num_padded_rows is not None else None,
+            num_real_rows=self.num_rows if self.row_buckets is not None else None,
         )
-
-    def split(
-        self, predictions: torch.Tensor | list[torch.Tensor], samples: Sequence[SampleTensors]
-    ) -> list[torch.Tensor]:
-        """Each sample's rows [num_rows, *latent_shape] of the forward's output."""
-        rows, row = [], 0
-        for sample in samples:
-            if isinstance(predictions, list):
-                rows.append(torch.stack(predictions[row : row + sample.num_rows]))
-            else:
-                rows.append(predictions[row : row + sample.num_rows])
-            row += sample.num_rows
-        return rows
 
     def _refill_conditioning(self, samples: Sequence[SampleTensors]) -> None:
         self.num_rows = sum(sample.num_rows for sample in samples)
-        num_buffer_rows = self.num_padded_rows or self.num_rows
-        assert self.num_rows <= num_buffer_rows, f"{self.num_rows} rows exceed the fixed row count {num_buffer_rows}"
+        latents = samples[0].latents
+        is_uniform = all(sample.latents.shape == latents.shape for sample in samples)
+        num_buffer_rows = self._bucket(self.num_rows) if is_uniform else self.num_rows
         rows: list[Conditioning] = [row for sample in samples for row in sample.row_conditioning]
         if num_buffer_rows > self.num_rows:
             rows += [self.adapter.padding_row(samples[0].params)] * (num_buffer_rows - self.num_rows)
-        latents = samples[0].latents
-        if all(sample.latents.shape == latents.shape for sample in samples):
+        if is_uniform:
             self.latents = self._reuse(self.latents, (num_buffer_rows, *latents.shape[1:]), latents.dtype)
             self.latents[self.num_rows :] = 0
-        else:  # a family that mixes sizes: one latent per row, gathered every step
-            assert self.num_padded_rows is None, "deterministic mode keeps the size in the key"
-            self.latents = None
+        else:  # a family that mixes sizes: one latent per row, gathered every step (deterministic mode keeps the
+            self.latents = None  # size in the key: its groups are uniform)
         self.timesteps = self._reuse(self.timesteps, (num_buffer_rows,), torch.float32)
         self.timesteps[self.num_rows :] = 0
         self.lengths = {}
@@ -103,6 +95,12 @@ class InputBatch:
                 else:
                     buffer[index] = tensor
             self.conditioning[name] = buffer
+
+    def _bucket(self, num_rows: int) -> int:
+        """The rows a forward of `num_rows` real rows carries: the smallest bucket that holds them."""
+        if self.row_buckets is None:
+            return num_rows
+        return next((bucket for bucket in self.row_buckets if bucket >= num_rows), num_rows)
 
     def _reuse(self, buffer: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if buffer is not None and buffer.shape == shape and buffer.dtype == dtype:

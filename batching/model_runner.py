@@ -28,9 +28,12 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from batching.batched_steps import Stepped, batch_kind, guided_predictions, step_together
 from batching.decoder import Decoder, DecodeResult
+from batching.denoiser_compile import compile_denoiser, mark_forward_start
 from batching.device_timing import DeviceTimer
 from batching.encoder import Encoder
+from batching.forward_curve import row_buckets
 from batching.image_start import blend_unmasked
 from batching.input_batch import InputBatch
 from batching.oom import RowCaps, alone_message, run_splitting
@@ -39,6 +42,7 @@ from batching.plan import RunnerOutput, SchedulerPlan
 from batching.previews import PreviewMaker, PreviewPixels
 from batching.sample import Sample
 from batching.sample_tensors import SampleTensors
+from batching.step_phases import NoPhases, Phases
 from core.errors import LoraError
 from core.families import FAMILIES
 from core.params import CompatibilityKey
@@ -66,8 +70,11 @@ class ModelRunner:
         encode_overlap: bool = False,
         on_encoded: Callable[[], None] = lambda: None,
         default_cache: CacheSetting = "off",
+        phases: Phases | None = None,
+        denoiser_compile: str = "off",
     ) -> None:
         self.model = model
+        self.phases: Phases = phases or NoPhases()  # where each iteration's time goes (batching.step_phases)
         self.cache_kind = FAMILIES[model.family].step_cache  # None: the family has no step cache
         self.step_caching = cast(StepCaching, model) if self.cache_kind else None
         self.default_cache = default_cache  # of samples whose params name none
@@ -77,6 +84,14 @@ class ModelRunner:
         # Deterministic mode fixes every batch size: forwards carry the most rows a full group can,
         # the text encoder sees fixed-size chunks, and the VAE decodes one image at a time.
         self.num_padded_rows = model.max_rows_per_sample * max_num_seqs if is_deterministic else None
+        # A compiled denoiser is specialised to its shapes: forwards are padded to row-count buckets.
+        self.compile_mode = denoiser_compile
+        self.compiled = compile_denoiser(model.pipeline, denoiser_compile, model.device)
+        self.row_buckets: tuple[int, ...] | None = None  # padded row counts of a forward (batching.input_batch)
+        if self.num_padded_rows is not None:
+            self.row_buckets = (self.num_padded_rows,)
+        elif self.compiled:
+            self.row_buckets = row_buckets(model.max_rows_per_sample * max_num_seqs, model.max_rows_per_sample)
         self.samples: dict[str, SampleTensors] = {}
         self.input_batches: dict[tuple[CompatibilityKey, str], InputBatch] = {}  # (key, chunk) -> its buffers
         self.row_caps: RowCaps[SampleTensors] = RowCaps()
@@ -125,9 +140,10 @@ class ModelRunner:
             if batch_key[0] not in plan.groups:
                 del self.input_batches[batch_key]
         self.row_caps.keep_only(plan.groups)  # a drained group freed its memory
-        if plan.new_samples:
-            self._admit(plan.new_samples, output)
-        self._collect_started(output)  # samples still starting (prompts encoding) skip this iteration's forwards
+        with self.phases.phase("start"):
+            if plan.new_samples:
+                self._admit(plan.new_samples, output)
+            self._collect_started(output)  # samples still starting (prompts encoding) skip this iteration's forwards
         output.num_samples_starting = sum(
             sample_id in self.encoder.pending for sample_ids in plan.groups.values() for sample_id in sample_ids
         )
@@ -139,9 +155,10 @@ class ModelRunner:
                 finished += self._run_group(key, samples, output)
         self._drop(aborted_since())
         finished = [sample for sample in finished if sample.sample_id in self.samples]
-        if finished:
-            self._hand_to_decoder(finished, output)
-        self._collect_decoded(output)
+        with self.phases.phase("decode"):
+            if finished:
+                self._hand_to_decoder(finished, output)
+            self._collect_decoded(output)
         output.forward_seconds = self.timer.collect()
         return output
 
@@ -219,20 +236,43 @@ class ModelRunner:
         for sample, error in outcome.failed:
             self._fail(sample, alone_message(f"a forward of {key}", sample.num_rows, error), output)
         finished = []
-        for chunk, guided in outcome.results:
-            for sample, prediction in zip(chunk, guided):
-                if self._step(sample, prediction, output) and sample.is_finished:
-                    finished.append(sample)
+        with self.phases.phase("sampler"):
+            for chunk, guided in outcome.results:
+                finished += self._step_chunk(chunk, guided, output)
         return finished
 
-    def _lora_rows(self, samples: list[SampleTensors]) -> contextlib.AbstractContextManager:
+    def _step_chunk(
+        self, samples: list[SampleTensors], guided: list[torch.Tensor], output: RunnerOutput
+    ) -> list[SampleTensors]:
+        """Step each sample once: those of a kind that steps together in one go (batching.batched_steps), the
+        rest (and a kind whose batched step failed) one by one. The samples that ran their last step."""
+        by_kind: dict[tuple, list[int]] = {}
+        for index, (sample, prediction) in enumerate(zip(samples, guided)):
+            if (kind := batch_kind(sample, prediction)) is not None:
+                by_kind.setdefault(kind, []).append(index)
+        stepped: list[Stepped | None] = [None] * len(samples)
+        for indices in by_kind.values():
+            try:
+                results = step_together([samples[i] for i in indices], [guided[i] for i in indices])
+            except Exception:
+                logger.exception("a batched sampler step failed; stepping its %d samples one by one", len(indices))
+                continue
+            for index, result in zip(indices, results):
+                stepped[index] = result
+        return [
+            sample
+            for sample, prediction, result in zip(samples, guided, stepped)
+            if self._step(sample, prediction, output, result) and sample.is_finished
+        ]
+
+    def _lora_rows(self, samples: list[SampleTensors], num_buffer_rows: int) -> contextlib.AbstractContextManager:
         """Each row's adapter for the group's forward (padding rows: none)."""
         if all(sample.params.lora is None for sample in samples):
             return contextlib.nullcontext()
         row_adapters = [
             (sample.params.lora, sample.params.lora_scale) for sample in samples for _ in range(sample.num_rows)
         ]
-        row_adapters += [(None, 0.0)] * ((self.num_padded_rows or 0) - len(row_adapters))
+        row_adapters += [(None, 0.0)] * (num_buffer_rows - len(row_adapters))
         assert self.loras is not None  # the engine refuses adapters without a LoRA store
         return self.loras.rows(row_adapters)
 
@@ -242,17 +282,21 @@ class ModelRunner:
         batch_key = (key, samples[0].sample_id) if key in self.row_caps.rows_by_key else (key, "")
         input_batch = self.input_batches.get(batch_key)
         if input_batch is None:
-            input_batch = InputBatch(self.model, num_padded_rows=self.num_padded_rows)
+            input_batch = InputBatch(self.model, row_buckets=self.row_buckets)
             self.input_batches[batch_key] = input_batch
+        phases = self.phases
+        if input_batch.sample_ids != tuple(sample.sample_id for sample in samples):
+            phases.mark_churn()
         span = self.timer.start()
         try:
-            forward_batch = input_batch.prepare(samples)
-            with self._lora_rows(samples):
+            with phases.phase("inputs"):
+                forward_batch = input_batch.prepare(samples)
+            num_buffer_rows = len(forward_batch.timesteps)
+            with phases.phase("forward"), self._lora_rows(samples, num_buffer_rows):
+                mark_forward_start(self.compile_mode, self.model.device)
                 predictions = self._denoise(forward_batch, samples, output)  # [num_buffer_rows, *latent_shape]
-            rows_of_samples = input_batch.split(predictions, samples)
-            guided = [
-                self.model.guided_prediction(rows, s.params, s.timestep) for rows, s in zip(rows_of_samples, samples)
-            ]
+            with phases.phase("guidance"):
+                guided = guided_predictions(self.model, predictions, samples)  # batching.batched_steps
         except Exception:
             del self.input_batches[batch_key]
             raise
@@ -287,11 +331,13 @@ class ModelRunner:
                 )
         return result.predictions
 
-    def _step(self, sample: SampleTensors, prediction, output: RunnerOutput) -> bool:
+    def _step(self, sample: SampleTensors, prediction, output: RunnerOutput, stepped: Stepped | None = None) -> bool:
+        """Advance the sample by its sampler's step (already taken with others when `stepped` is given)."""
         try:
-            stepped = sample.sampler.step(
-                prediction, sample.timestep, sample.latents, generator=sample.generator, return_dict=False
-            )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
+            if stepped is None:
+                stepped = sample.sampler.step(
+                    prediction, sample.host_timestep, sample.latents, generator=sample.generator, return_dict=False
+                )  # (next latents,) or, for samplers that estimate it (DDIM, Euler), (next latents, final latents)
             sample.latents = stepped[0]
             sample.sample.num_steps_done += 1  # the one count of a sample's steps: everything else reads it
             blend_unmasked(self.model, sample)  # inpainting only

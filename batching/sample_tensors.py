@@ -36,6 +36,10 @@ class SampleTensors:
     row_conditioning: list[Conditioning]  # one per row the sample contributes to each forward
     guide: InpaintGuide | None = None  # an inpainting sample's (latent blend)
     step_cache: StepCacheState | None = None  # a sample that caches steps (core.step_cache): its own cache
+    # Host copies of the sampler's schedule, made when the sample starts: the loop reads a step's timestep and
+    # sigmas from them, never from the device (on CUDA a read of a device value waits for the device).
+    host_timesteps: torch.Tensor | None = None  # [num_inference_steps] on the CPU; None: read the sampler's
+    host_sigmas: torch.Tensor | None = None  # [num_inference_steps + 1] on the CPU, of samplers with sigmas
 
     @property
     def sample_id(self) -> str:
@@ -57,6 +61,13 @@ class SampleTensors:
     @property
     def timestep(self) -> torch.Tensor:
         return self.sampler.timesteps[self.sample.first_step + self.num_steps_done]
+
+    @property
+    def host_timestep(self) -> torch.Tensor:
+        """This step's timestep as a 0-dim host tensor (what the sampler's step and the guidance read)."""
+        if self.host_timesteps is None:
+            return self.timestep
+        return self.host_timesteps[self.sample.first_step + self.num_steps_done]
 
     @property
     def may_skip_step(self) -> bool:

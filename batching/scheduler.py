@@ -9,7 +9,8 @@ Guarantees under every policy:
 - At most `max_num_seqs` samples run at once, in at most the policy's `max_num_groups`
   groups; nobody is admitted while admission is paused.
 - The running samples' costs (rows x latent tokens, `FamilySpec.sample_cost`) sum to at
-  most `max_num_tokens`, except a sample that costs more than the whole budget: it is
+  most the token budget (`max_num_tokens`, lowered to the knee of the measured forward curve when
+  there is one: `batching.forward_curve`), except a sample that costs more than the whole budget: it is
   admitted only into an empty running set and runs alone, so it cannot starve.
 - Each plan lists every running sample exactly once, in the group of its key; samples
   with different step counts or at different current steps share a group.
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batching.admission import AdmissionPolicy, FifoAdmission, GroupedAdmission
+from batching.forward_curve import ForwardCurve
 from batching.plan import RunnerOutput, SchedulerPlan
 from batching.preemption import StepTimes, rank_key, samples_to_pause
 from batching.sample import Sample
@@ -64,6 +66,7 @@ class SchedulerConfig:
     max_wait_iterations: int = 50  # default policy: times a waiting sample may be overtaken before blocking
     max_num_tokens: int | None = None  # token budget of the running set (rows x latent tokens); None: no budget
     preemption: bool = True  # default policy: pause running samples at a step boundary for ones that outrank them
+    forward_curve: ForwardCurve | None = None  # the denoiser's measured time against its rows: admit up to its knee
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -75,6 +78,15 @@ class SchedulerConfig:
         tokens = self.max_num_tokens
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
             raise ValueError(f"max_num_tokens must be an integer >= 1 or None (got {tokens!r})")
+
+    @property
+    def token_budget(self) -> int | None:
+        """What the running set's costs may sum to: `max_num_tokens`, lowered to the forward curve's knee."""
+        if self.forward_curve is None:
+            return self.max_num_tokens
+        if self.max_num_tokens is None:
+            return self.forward_curve.token_budget
+        return min(self.max_num_tokens, self.forward_curve.token_budget)
 
     def admission_policy(self) -> AdmissionPolicy:
         if self.policy == "fifo":
@@ -95,6 +107,7 @@ class Scheduler:
         self._aborted_sample_ids: list[str] = []  # aborted while running, since the last plan
         self._admission_caps: dict[CompatibilityKey, int] = {}  # key -> most running samples (out-of-memory splits)
         self._is_admission_paused = False
+        self._curve_view = config.forward_curve.as_dict() if config.forward_curve else None  # for snapshot()
 
     @property
     def num_waiting(self) -> int:
@@ -167,7 +180,8 @@ class Scheduler:
             "waiting_by_tenant": dict(Counter(sample.tenant for sample in self._waiting.values())),
             "paused_by_tenant": dict(Counter(sample.tenant for sample in paused)),
             "num_running_tokens": self.num_running_tokens,
-            "max_num_tokens": self.config.max_num_tokens,
+            "max_num_tokens": self.config.token_budget,  # the budget in force (the curve's knee included)
+            "forward_curve": self._curve_view,
             "waiting_by_key": dict(Counter(str(sample.key) for sample in self._waiting.values())),
             "running_by_key": dict(Counter(str(sample.key) for sample in self._running.values())),
             "admission_caps_by_key": {str(key): cap for key, cap in self._admission_caps.items()},
@@ -187,7 +201,7 @@ class Scheduler:
         for sample in self._running.values():
             plan.groups.setdefault(sample.key, []).append(sample.sample_id)
         assert len(plan.groups) <= self._policy.max_num_groups and len(self._running) <= self.config.max_num_seqs
-        budget = self.config.max_num_tokens
+        budget = self.config.token_budget
         assert budget is None or self.num_running_tokens <= budget or len(self._running) == 1, "over the token budget"
         return plan
 
@@ -230,7 +244,7 @@ class Scheduler:
             and (not self._is_admission_paused or sample.is_paused)
         ]
         joinable.sort(key=lambda sample: (sample.num_iterations_overtaken < bound, rank(sample), sample.arrival))
-        budget = self.config.max_num_tokens
+        budget = self.config.token_budget
         victims = samples_to_pause(
             joinable,
             [sample for sample in self._running.values() if sample.num_steps_done >= 1],  # not while starting
@@ -251,7 +265,7 @@ class Scheduler:
 
     def _admit(self, now: float, *, paused_only: bool = False) -> list[Sample]:
         num_free = self.config.max_num_seqs - len(self._running)
-        budget = self.config.max_num_tokens
+        budget = self.config.token_budget
         tokens_free = math.inf if budget is None else budget - self.num_running_tokens
         running_by_key = Counter(sample.key for sample in self._running.values())
         self._admission_caps = {key: cap for key, cap in self._admission_caps.items() if running_by_key[key]}

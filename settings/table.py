@@ -194,6 +194,15 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "`on`: new jobs' prompts are encoded beside the loop, so running jobs keep stepping; `off`: "
              "inline; `auto`: the device's default, on for CUDA, off for the CPU (docs/benchmarks.md)", "worker",
              example="auto"),
+    Variable("STEPWISE_FORWARD_CURVE", OVERLAP, "auto",
+             "`on`: at start the worker times its denoiser against the rows of a forward and admits jobs up to the "
+             "knee, where more rows stop raising throughput (never above `STEPWISE_MAX_NUM_TOKENS`); `off`: the "
+             "token budget alone; `auto`: on for CUDA, off for the CPU (docs/benchmarks.md)", "worker",
+             example="auto"),
+    Variable("STEPWISE_DENOISER_COMPILE", Choice(("off", "inductor", "graphs", "aot_eager")), "off",
+             "the denoiser compiled per row-count bucket, forwards padded to the buckets: `inductor` "
+             "(`torch.compile`), `graphs` (its CUDA graphs: one launch a forward), `aot_eager` (traced, not "
+             "compiled: for checks); `off` until a GPU run measures it faster (docs/benchmarks.md)", "worker"),
     Variable("STEPWISE_LORA_MODE", Choice(("rows", "group")), "rows",
              "`rows`: different adapters share a forward; `group`: one adapter per forward", "worker"),
     Variable("STEPWISE_LORA_CACHE_ADAPTERS", COUNT, 16, "adapters a worker keeps loaded (LRU)", "worker"),

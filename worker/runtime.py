@@ -110,6 +110,8 @@ class WorkerRuntime:
             cache=cache_setting(s.cache),
             decode_overlap=OVERLAP_CHOICES[s.decode_overlap],
             encode_overlap=OVERLAP_CHOICES[s.encode_overlap],
+            measure_forward_curve=OVERLAP_CHOICES[s.forward_curve],
+            denoiser_compile=s.denoiser_compile,
             lora_url=s.storage.lora_url or None,
             lora_mode=s.lora_mode,
             lora_cache_adapters=s.lora_cache_adapters,

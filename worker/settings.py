@@ -44,6 +44,8 @@ class WorkerSettings:
     cache: str = setting("STEPWISE_STEP_CACHE")  # the step cache of jobs that name none: off, a preset or a threshold
     decode_overlap: str = setting("STEPWISE_DECODE_OVERLAP")
     encode_overlap: str = setting("STEPWISE_ENCODE_OVERLAP")
+    forward_curve: str = setting("STEPWISE_FORWARD_CURVE")  # auto, on or off: admit up to the measured knee
+    denoiser_compile: str = setting("STEPWISE_DENOISER_COMPILE")  # off, inductor, graphs or aot_eager
     lora_mode: str = setting("STEPWISE_LORA_MODE")  # rows (different adapters share a forward) or group
     lora_cache_adapters: int = setting("STEPWISE_LORA_CACHE_ADAPTERS")  # adapters kept loaded (LRU)
     lora_cache_bytes: int = setting("STEPWISE_LORA_CACHE_BYTES")  # their summed file sizes (LRU)
@@ -95,4 +97,5 @@ ENV_NAMES = {  # field -> the variable that sets it
     if "env" in field.metadata
 }
 
-OVERLAP_CHOICES = {"auto": None, "on": True, "off": False}  # setting -> EngineConfig's decode/encode_overlap
+# setting -> EngineConfig's decode_overlap, encode_overlap and measure_forward_curve
+OVERLAP_CHOICES = {"auto": None, "on": True, "off": False}

@@ -25,7 +25,7 @@ ROWS = [1, 2, 4, 8, 16]
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-dry-run")
     completed = subprocess.run(
-        [str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", str(out)],
+        [str(ROOT / "benchmarks/gpu/run.sh"), "--suite", "gpu", "--dry-run", str(out)],
         env=child_env(PYTHON=sys.executable),
         capture_output=True,
         text=True,
