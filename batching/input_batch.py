@@ -57,6 +57,7 @@ class InputBatch:
             self.conditioning,
             self.lengths,
             num_real_rows=self.num_rows if self.num_padded_rows is not None else None,
+            membership=sample_ids,
         )
 
     def split(

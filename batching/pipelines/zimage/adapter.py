@@ -20,10 +20,14 @@ from typing import Any
 
 import torch
 
+from batching.pipelines import packing
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
+from batching.pipelines.packing import LayoutCache
+from batching.pipelines.zimage import packed
+from batching.pipelines.zimage.packed import ZImageLayout
 from batching.pipelines.zimage.step_cache import NUM_BLOCKS_KEPT, residual_cached_forward
 from core.params import GenerationParams
 
@@ -40,6 +44,7 @@ class ZImageAdapter(FlowMatchingAdapter):
         super().__init__(model, pipeline, device, dtype)
         self.num_cache_blocks = len(self.transformer.layers)  # the main blocks, which a skip saves (zimage.step_cache)
         self.num_blocks_kept = NUM_BLOCKS_KEPT
+        self.layouts: LayoutCache[tuple[ZImageLayout, bool]] = LayoutCache()
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -62,15 +67,27 @@ class ZImageAdapter(FlowMatchingAdapter):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         latents, t, captions = self._transformer_inputs(batch)
-        return self._predictions(batch, self.transformer(latents, t, captions, return_dict=False)[0])
+        layout, is_uniform = self._layout(batch, latents)
+        batch.count_positions([i + c for i, c in zip(layout.image.lengths, layout.captions.lengths)])
+        if is_uniform or packing.USE_PADDED_ROWS:  # diffusers' own forward (it pads rows of different lengths)
+            if not is_uniform:
+                batch.num_positions = batch.num_padded_positions = 0
+                rows = [i + c for i, c in zip(layout.image.lengths, layout.captions.lengths)]
+                batch.count_positions(rows, max(rows))
+            outputs = self.transformer(latents, t, captions, return_dict=False)[0]
+        else:
+            outputs = packed.forward(self.transformer, layout, latents, t, captions)
+        return self._predictions(batch, outputs)
 
     @torch.inference_mode()
     def forward_cached(
         self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
     ) -> CachedForward:
         latents, t, captions = self._transformer_inputs(batch)
+        layout, _ = self._layout(batch, latents)
+        batch.count_positions([i + c for i, c in zip(layout.image.lengths, layout.captions.lengths)])
         outputs, skipped = residual_cached_forward(
-            self.transformer, latents, t, captions, samples, may_gather=may_gather
+            self.transformer, layout, latents, t, captions, samples, may_gather=may_gather
         )
         return CachedForward(self._predictions(batch, outputs), skipped)
 
@@ -82,8 +99,22 @@ class ZImageAdapter(FlowMatchingAdapter):
         captions = [row[:length] for row, length in zip(embeds, lengths)]
         return latents, (1000 - batch.timesteps) / 1000, captions
 
+    def _layout(self, batch: ForwardBatch, latents: list[torch.Tensor]) -> tuple[ZImageLayout, bool]:
+        """The rows' packed layout, and whether every row's sequences are as long as the others' (diffusers' forward
+        then pads nothing)."""
+        sizes = [(row.shape[1], row.shape[2], row.shape[3]) for row in latents]  # (frames, h, w) per row
+        caption_lengths = batch.row_lengths("embeds")
+
+        def build() -> tuple[ZImageLayout, bool]:
+            layout = packed.build_layout(self.transformer, sizes, caption_lengths, self.device)
+            rows = list(zip(layout.image.lengths, layout.captions.lengths))
+            return layout, len(set(rows)) == 1
+
+        key = (tuple(sizes), tuple(caption_lengths))  # all a row's positions follow from
+        return self.layouts.get(key, build)
+
     def _predictions(self, batch: ForwardBatch, outputs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
-        """Per row [16, h, w] (rows of different sizes: the transformer padded them with masks)."""
+        """Per row [16, h, w]."""
         return batch.like_latents([output.float().squeeze(1) for output in outputs])
 
     def guided_prediction(self, rows: torch.Tensor, params: GenerationParams, timestep: torch.Tensor) -> torch.Tensor:
