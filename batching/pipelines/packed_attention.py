@@ -97,7 +97,7 @@ def joint_attention(
     text_out, image_out = parts if text_first else parts[::-1]
     with image_rows.lora_tokens():
         image_out = _project_out(attn, image_out[None])
-    if getattr(attn, "to_add_out", None) is None:
+    if getattr(attn, "context_pre_only", False) or getattr(attn, "to_add_out", None) is None:
         return image_out, None
     with text_rows.lora_tokens():
         return image_out, attn.to_add_out(text_out.view(*text.shape[:-1], -1))

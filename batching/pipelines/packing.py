@@ -28,7 +28,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -159,6 +159,13 @@ def modulation(per_row: torch.Tensor, rows: Segments | None, num_chunks: int) ->
     over a packed stream, or [rows, 1, dim] (`rows` None) over rows of equal length, [rows, tokens, dim]."""
     laid = per_row[:, None] if rows is None else rows.per_token(per_row)[None]
     return laid.chunk(num_chunks, dim=-1)
+
+
+def continuous_norm(norm: Any, x: torch.Tensor, emb: torch.Tensor, rows: Segments | None) -> torch.Tensor:
+    """diffusers' `AdaLayerNormContinuous` (the output norm of FLUX, SD3, Qwen-Image) with each row's (scale, shift)
+    laid over its tokens of `x` ([1, tokens, dim] over packed `rows`, or [rows, tokens, dim] with `rows` None)."""
+    scale, shift = modulation(norm.linear(norm.silu(emb).to(x.dtype)), rows, 2)
+    return norm.norm(x) * (1 + scale) + shift
 
 
 def pack(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, Segments]:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from batching.pipelines.packed_attention import joint_attention, self_attention
-from batching.pipelines.packing import Joint, Segments, modulation
+from batching.pipelines.packing import Joint, Segments, continuous_norm, modulation
 
 
 @dataclass(eq=False)
@@ -114,10 +114,8 @@ def run_blocks(
 
 def output(transformer: Any, image: torch.Tensor, temb: torch.Tensor, layout: FluxLayout) -> torch.Tensor:
     """The output norm (modulated by each row's embedding) and projection: [1, image tokens, 64]."""
-    norm = transformer.norm_out
-    scale, shift = modulation(norm.linear(norm.silu(temb).to(image.dtype)), layout.image, 2)
     with layout.image.lora_tokens():
-        return transformer.proj_out(norm.norm(image) * (1 + scale) + shift)
+        return transformer.proj_out(continuous_norm(transformer.norm_out, image, temb, layout.image))
 
 
 def forward(transformer: Any, layout: FluxLayout, latents: torch.Tensor, **inputs: torch.Tensor | None) -> torch.Tensor:

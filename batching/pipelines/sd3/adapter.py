@@ -24,11 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from batching.pipelines import packing
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import clip_prompt_states, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.sd3 import attention
+from batching.pipelines.packing import LayoutCache
+from batching.pipelines.sd3 import attention, packed
+from batching.pipelines.sd3.packed import SD3Layout
 from core.errors import ModelLoadError
 from core.params import GenerationParams
 
@@ -49,6 +52,7 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
             raise ModelLoadError(f"model {model!r} has no pos_embed_max_size: its patch positions cannot be cropped")
         self.max_latent_size = config.pos_embed_max_size * config.patch_size  # latent pixels per side
         self.attention = attention.install(self.transformer)
+        self.layouts: LayoutCache[SD3Layout] = LayoutCache()
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -91,10 +95,20 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, 333, t5_width]
         pooled = batch.conditioning["pooled"]  # [rows, pooled_width]
-        if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
-            return attention.mixed_size_forward(
-                self.transformer, self.attention, batch.latents, batch.timesteps, embeds, pooled
-            )
+        patch = self.transformer.config.patch_size
+        grids = [(row.shape[-2] // patch, row.shape[-1] // patch) for row in batch.latents]
+        num_text = embeds.shape[1]
+        row_positions = [num_text + height * width for height, width in grids]
+        if isinstance(batch.latents, list):  # sizes differ
+            if packing.USE_PADDED_ROWS:
+                batch.count_positions(row_positions, max(row_positions))
+                return attention.mixed_size_forward(
+                    self.transformer, self.attention, batch.latents, batch.timesteps, embeds, pooled
+                )
+            batch.count_positions(row_positions)
+            layout = self.layouts.get(tuple(grids), lambda: packed.build_layout(grids, num_text, self.device))
+            return packed.forward(self.transformer, layout, batch.latents, batch.timesteps, embeds, pooled)
+        batch.count_positions(row_positions)
         return self.transformer(
             hidden_states=batch.latents,  # [rows, 16, h, w]
             timestep=batch.timesteps,
