@@ -1,18 +1,21 @@
-"""Rows of different sizes in one forward, padded against packed, on the CPU: what a mixed-size burst keeps of a
-uniform burst's pixels a second.
+"""Rows of different sizes packed into one forward, on the CPU: what a mixed-size burst keeps of a uniform burst's
+pixels a second.
 
     nice -n 10 python -m benchmarks.packed_rows [--models builtin:tiny-flux ...] [--rounds 3] [--steps 8]
-        [--pairs 3] [--out benchmarks/results/packed_rows]
+        [--pairs 3] [--out DIR]
 
-Per model, two variants: `padded` (rows zero-padded to the longest, padding keys masked: the engine's path
-before batching.pipelines.packing) and `packed`. Each round runs each variant in a process of its own (one
-torch thread), the order alternating between rounds; the process loads the model, warms up, then times
-`--pairs` uniform bursts (8 jobs at 96x96) and mixed-size bursts (64x64, 128x128, 64x128 and 128x64, twice
-each: the same pixels, the same jobs) back to back, in alternating order. Wan's jobs are 5-frame videos. One
-engine group holds every job (max_num_seqs 8, max_num_groups 1, a token budget that admits them all), so every
-forward of the mixed burst mixes sizes. Prints and writes, per model and variant, the median pixels a second
-of each burst, the mixed / uniform ratio (the target: >= 0.95 packed), packed / padded on the mixed burst, and
-the share of computed sequence positions that were padding (engine.stats()'s tokens_padded / tokens_computed).
+Per model, each round runs the engine in a process of its own (one torch thread): it loads the model, warms
+up, then times `--pairs` uniform bursts (8 jobs at 96x96) and mixed-size bursts (64x64, 128x128, 64x128 and
+128x64, twice each: the same pixels, the same jobs) back to back, in alternating order, and then the
+denoiser forward alone over each burst's batch of all 8 jobs. Wan's jobs are 5-frame videos. One engine
+group holds every job (max_num_seqs 8, max_num_groups 1, a token budget that admits them all), so every
+forward of the mixed burst mixes sizes. Prints and writes, per model, the median mixed / uniform ratio of
+pixels a second (the target: >= 0.95) on CPU time and on wall time, of the forward's time, and the share of
+computed sequence positions that were padding (engine.stats()'s tokens_padded / tokens_computed: 0).
+
+Until commit 19cf128 the engine could still pad rows to the longest instead (an option kept only for this
+measurement); its figures against packing are in benchmarks/results/packed_rows/ (docs/benchmarks.md,
+"Mixed sizes: packed rows").
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MODELS = [
     "builtin:tiny-flux",
@@ -39,7 +43,6 @@ MODELS = [
 UNIFORM = [(96, 96)] * 8
 MIXED = [(64, 64), (128, 128), (64, 128), (128, 64)] * 2  # the uniform burst's pixels, in the same number of jobs
 VIDEO_FRAMES = 5
-VARIANTS = ("padded", "packed")
 
 
 def burst_params(model: str, sizes: list[tuple[int, int]], steps: int, seed: int):
@@ -82,13 +85,11 @@ def run_burst(engine, params_list) -> dict:
     }
 
 
-def run_variant(model: str, variant: str, steps: int, pairs: int, mixed_first: bool) -> dict:
-    """In this process: one variant's warm-up, then `pairs` uniform and mixed bursts, alternating which goes first;
-    then the denoiser forward alone over each burst's batch of all 8 jobs, alternating (`forward_milliseconds`)."""
+def run_engine(model: str, steps: int, pairs: int, mixed_first: bool) -> dict:
+    """In this process: a warm-up, then `pairs` uniform and mixed bursts, alternating which goes first; then the
+    denoiser forward alone over each burst's batch of all 8 jobs, alternating (`forward_milliseconds`)."""
     from batching import DiffusionEngine, EngineConfig
-    from batching.pipelines import packing
 
-    packing.USE_PADDED_ROWS = variant == "padded"
     config = EngineConfig(
         model=model, device="cpu", max_num_seqs=8, max_num_groups=1, max_num_tokens=10**7, num_threads=1
     )
@@ -96,8 +97,9 @@ def run_variant(model: str, variant: str, steps: int, pairs: int, mixed_first: b
     with DiffusionEngine(config) as engine:
         for sizes in (UNIFORM[:4], MIXED[:4]):  # warm-up: both shapes of forward, a few steps
             run_burst(engine, burst_params(model, sizes, 2, seed=1000))
-        adapter = engine.model_runner.model
-        forward, batches = adapter.forward, {}
+        adapter: Any = engine.model_runner.model  # its forward is wrapped to keep a copy of each burst's batch
+        forward = adapter.forward
+        batches: dict[str, Any] = {}
         for pair in range(pairs):
             order = [("mixed", MIXED), ("uniform", UNIFORM)]
             for name, sizes in order if (pair % 2 == 0) == mixed_first else order[::-1]:
@@ -136,103 +138,78 @@ def _forward_milliseconds(forward, batches: dict, repeats: int = 5, calls: int =
 
 def compare(models: list[str], rounds: int, steps: int, pairs: int) -> dict:
     print(f"load average at the start: {os.getloadavg()}", flush=True)
-    runs: dict[str, dict[str, list[dict]]] = {model: {variant: [] for variant in VARIANTS} for model in models}
+    runs: dict[str, list[dict]] = {model: [] for model in models}
     for round_index in range(rounds):
         for model in models:
-            order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
-            for variant in order:
-                argv = ["--one", model, variant, "--steps", str(steps), "--pairs", str(pairs)]
-                if round_index % 2:
-                    argv.append("--mixed-first")
-                completed = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.packed_rows", *argv], capture_output=True, text=True, check=True
+            argv = ["--one", model, "--steps", str(steps), "--pairs", str(pairs)]
+            if round_index % 2:
+                argv.append("--mixed-first")
+            completed = subprocess.run(
+                [sys.executable, "-m", "benchmarks.packed_rows", *argv], capture_output=True, text=True, check=True
+            )
+            result = json.loads(completed.stdout.strip().splitlines()[-1])
+            runs[model].append(result)
+            ratios = [
+                (
+                    m["pixels_per_cpu_second"] / u["pixels_per_cpu_second"],
+                    m["pixels_per_second"] / u["pixels_per_second"],
                 )
-                result = json.loads(completed.stdout.strip().splitlines()[-1])
-                runs[model][variant].append(result)
-                ratios = [
-                    (
-                        m["pixels_per_cpu_second"] / u["pixels_per_cpu_second"],
-                        m["pixels_per_second"] / u["pixels_per_second"],
-                    )
-                    for m, u in zip(result["mixed"], result["uniform"])
-                ]
-                print(
-                    f"round {round_index + 1} {model:<26} {variant:<7} mixed / uniform (cpu, wall) "
-                    + " ".join(f"{cpu:.2f},{wall:.2f}" for cpu, wall in ratios),
-                    flush=True,
-                )
+                for m, u in zip(result["mixed"], result["uniform"])
+            ]
+            print(
+                f"round {round_index + 1} {model:<26} mixed / uniform (cpu, wall) "
+                + " ".join(f"{cpu:.2f},{wall:.2f}" for cpu, wall in ratios),
+                flush=True,
+            )
     return {"runs": runs, "summary": summarise(runs), "load_average_end": os.getloadavg()}
 
 
-def summarise(runs: dict[str, dict[str, list[dict]]]) -> dict:
-    """Per model and variant: the median pixels a second of each burst, and the median of the mixed / uniform
-    ratios of bursts run back to back (closer in time than any two medians, so the machine's load swings them
-    less)."""
+def summarise(runs: dict[str, list[dict]]) -> dict:
+    """Per model: the median pixels a second of each burst, and the median of the mixed / uniform ratios of bursts
+    run back to back (closer in time than any two medians, so the machine's load swings them less)."""
     summary = {}
-    for model, variants in runs.items():
-        figures: dict[str, dict] = {}
-        for variant, results in variants.items():
-            pairs = [(m, u) for run in results for m, u in zip(run["mixed"], run["uniform"])]
-            figures[variant] = {
-                "uniform_pixels_per_second": statistics.median(u["pixels_per_second"] for _, u in pairs),
-                "mixed_pixels_per_second": statistics.median(m["pixels_per_second"] for m, _ in pairs),
-                "mixed_over_uniform": statistics.median(
-                    m["pixels_per_second"] / u["pixels_per_second"] for m, u in pairs
-                ),
-                "uniform_pixels_per_cpu_second": statistics.median(u["pixels_per_cpu_second"] for _, u in pairs),
-                "mixed_pixels_per_cpu_second": statistics.median(m["pixels_per_cpu_second"] for m, _ in pairs),
-                "mixed_over_uniform_cpu": statistics.median(
-                    m["pixels_per_cpu_second"] / u["pixels_per_cpu_second"] for m, u in pairs
-                ),
-                "forward_mixed_over_uniform_cpu": statistics.median(
-                    run["forward_milliseconds"]["mixed"] / run["forward_milliseconds"]["uniform"] for run in results
-                ),
-                "padded_share_of_positions_mixed": sum(m["tokens_padded"] for m, _ in pairs)
-                / max(1, sum(m["tokens_computed"] for m, _ in pairs)),
-                "num_pairs": len(pairs),
-            }
+    for model, results in runs.items():
+        pairs = [(m, u) for run in results for m, u in zip(run["mixed"], run["uniform"])]
         summary[model] = {
-            **figures,
-            "packed_over_padded_mixed": figures["packed"]["mixed_pixels_per_second"]
-            / figures["padded"]["mixed_pixels_per_second"],
-            "packed_over_padded_mixed_cpu": figures["packed"]["mixed_pixels_per_cpu_second"]
-            / figures["padded"]["mixed_pixels_per_cpu_second"],
+            "uniform_pixels_per_second": statistics.median(u["pixels_per_second"] for _, u in pairs),
+            "mixed_pixels_per_second": statistics.median(m["pixels_per_second"] for m, _ in pairs),
+            "mixed_over_uniform": statistics.median(m["pixels_per_second"] / u["pixels_per_second"] for m, u in pairs),
+            "mixed_over_uniform_cpu": statistics.median(
+                m["pixels_per_cpu_second"] / u["pixels_per_cpu_second"] for m, u in pairs
+            ),
+            "forward_mixed_over_uniform_cpu": statistics.median(
+                run["forward_milliseconds"]["mixed"] / run["forward_milliseconds"]["uniform"] for run in results
+            ),
+            "padded_share_of_positions_mixed": sum(m["tokens_padded"] for m, _ in pairs)
+            / max(1, sum(m["tokens_computed"] for m, _ in pairs)),
+            "num_pairs": len(pairs),
         }
     return summary
 
 
 def markdown(result: dict, args: argparse.Namespace) -> str:
     lines = [
-        "# Mixed-size bursts: padded against packed rows (CPU)",
+        "# Mixed-size bursts of packed rows (CPU)",
         "",
         f"`nice -n 10 python -m benchmarks.packed_rows --rounds {args.rounds} --steps {args.steps} --pairs "
-        f"{args.pairs}`; {platform.machine()}, torch with 1 thread per variant, each variant in a process of its "
-        "own, variants and bursts in alternating order; the machine was shared with other engineers' tests (load "
-        f"average {result['load_average_end'][2]:.1f} over the last 15 minutes of the run, on 2 cores).",
+        f"{args.pairs}`; {platform.machine()}, torch with 1 thread, each round in a process of its own, bursts in "
+        "alternating order; the machine was shared with other engineers' tests (load average "
+        f"{result['load_average_end'][2]:.1f} over the last 15 minutes of the run, on 2 cores).",
         "",
         f"Bursts of 8 jobs, {args.steps} steps: uniform 96x96; mixed 64x64, 128x128, 64x128 and 128x64 twice (the "
         "same pixels, and the same image tokens but for Z-Image's rounding of each row to 32; Wan: "
         f"{VIDEO_FRAMES}-frame videos). Mixed / uniform: the median ratio of pixels a second of bursts run back to "
-        "back; packed / padded: of the mixed bursts' medians. Each figure is "
-        "given on CPU time (the process's, all its threads) and on wall time: on a machine whose load runs above "
-        "its cores, wall time measures the neighbours as much as the code, CPU time the work done.",
+        "back, on CPU time (the process's, all its threads) and on wall time: on a machine whose load runs above "
+        "its cores, wall time measures the neighbours as much as the code. The forward column: the time of the "
+        "denoiser alone over the mixed burst's 8 jobs over its time over the uniform burst's (CPU time).",
         "",
-        "The forward columns time the denoiser alone (CPU time) over each burst's batch of all 8 jobs: the time of a"
-        " mixed forward over a uniform one, over the same image tokens (a ratio below 1: the mixed forward is "
-        "cheaper).",
-        "",
-        "| model | padded: mixed / uniform | packed: mixed / uniform | packed / padded, mixed | forward time, mixed "
-        "/ uniform: padded, packed | padding among positions computed: padded, packed |",
-        "|---|---|---|---|---|---|",
+        "| model | mixed / uniform, CPU time | wall time | forward time, mixed / uniform | padding among positions |",
+        "|---|---|---|---|---|",
     ]
     for model, figures in result["summary"].items():
-        padded, packed = figures["padded"], figures["packed"]
         lines.append(
-            f"| {model} | {padded['mixed_over_uniform_cpu']:.2f}x ({padded['mixed_over_uniform']:.2f}x wall) | "
-            f"{packed['mixed_over_uniform_cpu']:.2f}x ({packed['mixed_over_uniform']:.2f}x wall) | "
-            f"{figures['packed_over_padded_mixed_cpu']:.2f}x ({figures['packed_over_padded_mixed']:.2f}x wall) | "
-            f"{padded['forward_mixed_over_uniform_cpu']:.2f}, {packed['forward_mixed_over_uniform_cpu']:.2f} | "
-            f"{padded['padded_share_of_positions_mixed']:.0%}, {packed['padded_share_of_positions_mixed']:.0%} |"
+            f"| {model} | {figures['mixed_over_uniform_cpu']:.2f}x | {figures['mixed_over_uniform']:.2f}x | "
+            f"{figures['forward_mixed_over_uniform_cpu']:.2f} | {figures['padded_share_of_positions_mixed']:.0%} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -244,11 +221,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--pairs", type=int, default=3, help="uniform and mixed bursts per process, alternating")
     parser.add_argument("--out", help="a folder for summary.json and results.md")
-    parser.add_argument("--one", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--mixed-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_variant(args.one[0], args.one[1], args.steps, args.pairs, args.mixed_first)))
+        print(json.dumps(run_engine(args.one, args.steps, args.pairs, args.mixed_first)))
         return
     result = compare(args.models, args.rounds, args.steps, args.pairs)
     text = markdown(result, args)

@@ -168,15 +168,6 @@ def continuous_norm(norm: Any, x: torch.Tensor, emb: torch.Tensor, rows: Segment
     return norm.norm(x) * (1 + scale) + shift
 
 
-def pack(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, Segments]:
-    """Rows of tokens [tokens_i, ...] -> ([1, tokens, ...] packed, their segments)."""
-    return torch.cat(list(rows))[None], Segments(tuple(row.shape[0] for row in rows), rows[0].device)
-
-
-# The padded path (rows zero-padded to the longest, padding keys masked), kept only until benchmarks/packed_rows.py
-# has measured it against packing on the CPU; set in the benchmark's own process.
-USE_PADDED_ROWS = False
-
 Layout = TypeVar("Layout")
 
 

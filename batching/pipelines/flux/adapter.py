@@ -6,9 +6,9 @@ states (padded to `max_sequence_length`); the sampler's shift `mu` grows with th
 count. FLUX-dev is guidance-distilled: one row per sample, the guidance value a per-row model
 input (so samples with different guidance share a forward); schnell has no guidance embedder and
 ignores it. Outside deterministic mode a group mixes sizes: each row carries its own image
-position ids, and a forward over rows of different sizes pads their image tokens and runs the
-attention of `flux.attention` (per-row positions, padding keys masked); a forward over rows of
-one size runs diffusers' attention as is. Step caching is First-Block Cache (`flux.step_cache`).
+position ids, and a forward over rows whose positions differ runs packed (`flux.packed`: their
+image tokens in one sequence, each row rotated by its own ids, attention per row); a forward over
+rows alike runs diffusers' forward as is. Step caching is First-Block Cache (`flux.step_cache`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from typing import Any
 
 import torch
 
-from batching.pipelines import mixed_sizes, packing
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.flux import attention, packed
+from batching.pipelines.flux import packed
 from batching.pipelines.flux.packed import FluxLayout
 from batching.pipelines.flux.step_cache import first_block_cached_forward
-from batching.pipelines.mixed_sizes import own_tokens, padded_tokens
 from batching.pipelines.packing import LayoutCache
 from core.params import GenerationParams
 
@@ -42,8 +40,6 @@ class FluxAdapter(FlowMatchingAdapter):
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
-        self.attention = attention.install(self.transformer)
-        self.padded_layouts = mixed_sizes.LayoutCache()
         self.layouts: LayoutCache[tuple[FluxLayout, bool]] = LayoutCache()
         self.text_ids = torch.zeros(MAX_SEQUENCE_LENGTH, 3, device=device, dtype=dtype)  # every text token at (0, 0, 0)
         blocks = self.transformer.transformer_blocks, self.transformer.single_transformer_blocks
@@ -93,12 +89,6 @@ class FluxAdapter(FlowMatchingAdapter):
                 img_ids=batch.conditioning["image_ids"][0],
                 return_dict=False,
             )[0]
-        if packing.USE_PADDED_ROWS:
-            batch.num_positions = batch.num_padded_positions = 0
-            batch.count_positions(
-                [text_length + n for n in layout.image.lengths], text_length + layout.image.max_length
-            )
-            return self._padded_forward(batch)
         predictions = packed.forward(self.transformer, layout, self._packed_latents(batch), **inputs)
         return batch.like_latents(layout.image.split(predictions[0]))
 
@@ -139,26 +129,6 @@ class FluxAdapter(FlowMatchingAdapter):
 
         return self.layouts.get(batch.membership or None, build)
 
-    def _padded_forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
-        """The padded path (rows zero-padded, padding keys masked), kept until benchmarks/packed_rows.py measures it."""
-        embeds = batch.conditioning["embeds"]
-        image_ids = batch.conditioning["image_ids"]
-        latents, num_tokens = padded_tokens(batch.latents)
-        lengths = (tuple(num_tokens), self.text_ids.shape[0])
-        build = lambda: attention.row_layout(self.transformer, self.text_ids, image_ids, num_tokens)  # noqa: E731
-        with self.attention.rows(self.padded_layouts.get(image_ids, lengths, build)):
-            predictions = self.transformer(
-                hidden_states=latents,
-                timestep=batch.timesteps.to(latents.dtype) / 1000,
-                guidance=batch.conditioning["guidance"] if self.has_guidance_embeds else None,
-                pooled_projections=batch.conditioning["pooled"],
-                encoder_hidden_states=embeds,
-                txt_ids=self.text_ids,
-                img_ids=image_ids[0],
-                return_dict=False,
-            )[0]
-        return own_tokens(batch.latents, predictions, num_tokens)
-
     def _image_ids(self, params: GenerationParams) -> torch.Tensor:
         """[tokens, 3] positions of the packed latent tokens: (0, row, column)."""
-        return attention.position_ids(0, *self.token_grid(params)).to(self.device, self.dtype)
+        return packed.position_ids(0, *self.token_grid(params)).to(self.device, self.dtype)

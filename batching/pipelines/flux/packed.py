@@ -61,6 +61,13 @@ def build_layout(transformer: Any, text_ids: torch.Tensor, image_ids: Sequence[t
     return FluxLayout(image, text, cos, sin)
 
 
+def position_ids(time: int, height: int, width: int, *length: int) -> torch.Tensor:
+    """[height * width (* length), axes] float32 position ids (time, row, column[, index]) of a grid of tokens,
+    row-major as the FLUX pipelines build them (FLUX.2's have the fourth axis)."""
+    axes = (torch.tensor([time]), torch.arange(height), torch.arange(width), *(torch.arange(n) for n in length))
+    return torch.cartesian_prod(*axes).float()
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding with interleaved real/imaginary pairs (FLUX's layout), a table row per token."""
     real, imaginary = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)

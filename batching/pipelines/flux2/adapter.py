@@ -14,9 +14,9 @@ pipeline reads its `image` (`core.image_inputs.reference_image`), VAE-encoded to
 patchified, normalised, and its tokens follow the noise tokens in the sequence with ids
 (10, row, column, 0); the model's prediction for them is dropped. They are row conditioning
 (`image_conditioning`: "reference", "image_ids"), so a job with references shares forwards with
-plain jobs: rows whose token counts or positions differ (sizes, references) are padded and run the
-attention of `flux2.attention` (per-row positions, padding keys masked); a forward whose rows
-agree runs diffusers' attention as is.
+plain jobs: rows whose token counts or positions differ (sizes, references) run packed
+(`flux2.packed`: one token sequence, each row rotated by its own ids, attention per row); a forward
+whose rows agree runs diffusers' forward as is.
 """
 
 from __future__ import annotations
@@ -28,16 +28,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from batching.pipelines import mixed_sizes, packing
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.encoded_images import EncodedImages
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.flux import attention as flux_attention
-from batching.pipelines.flux.attention import position_ids
-from batching.pipelines.flux.packed import FluxLayout, build_layout
-from batching.pipelines.flux2 import attention, packed
-from batching.pipelines.mixed_sizes import pad_rows
+from batching.pipelines.flux.packed import FluxLayout, build_layout, position_ids
+from batching.pipelines.flux2 import packed
 from batching.pipelines.packing import LayoutCache
 from batching.pipelines.vae import pixels_to_images
 from core.image_inputs import InputImages
@@ -59,8 +55,6 @@ class Flux2Adapter(FlowMatchingAdapter):
         super().__init__(model, pipeline, device, dtype)
         self.num_channels = self.transformer.config.in_channels  # per token: 2x2 patches of the VAE's channels
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
-        self.attention = attention.install(self.transformer)
-        self.padded_layouts = mixed_sizes.LayoutCache()
         self.layouts: LayoutCache[tuple[FluxLayout, bool]] = LayoutCache()
         self.text_ids = position_ids(0, 1, 1, MAX_SEQUENCE_LENGTH).to(device)  # [512, 4]: (0, 0, 0, token)
         # init_image -> its tokens [r, c] and ids [r, 4] (the job's images share them; so do retries)
@@ -123,11 +117,6 @@ class Flux2Adapter(FlowMatchingAdapter):
                 return_dict=False,
             )[0]
             own = list(predictions)
-        elif packing.USE_PADDED_ROWS:
-            batch.num_positions = batch.num_padded_positions = 0
-            lengths = [MAX_SEQUENCE_LENGTH + n for n in layout.image.lengths]
-            batch.count_positions(lengths, MAX_SEQUENCE_LENGTH + layout.image.max_length)
-            own = self._padded_forward(batch, rows)
         else:
             hidden = torch.cat(rows)[None].to(self.transformer.dtype)  # [1, image tokens, c]
             own = layout.image.split(packed.forward(self.transformer, layout, hidden, **inputs)[0])
@@ -145,23 +134,6 @@ class Flux2Adapter(FlowMatchingAdapter):
             return build_layout(self.transformer, self.text_ids, rows), is_uniform
 
         return self.layouts.get(batch.membership or None, build)
-
-    def _padded_forward(self, batch: ForwardBatch, rows: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The padded path (rows zero-padded, padding keys masked), kept until benchmarks/packed_rows.py measures it."""
-        conditioning = batch.conditioning
-        image_ids = conditioning["image_ids"]
-        hidden, num_tokens = pad_rows(rows)  # [rows, max tokens, c]
-        with self.attention.rows(self._row_layout(image_ids, num_tokens)):
-            predictions = self.transformer(
-                hidden_states=hidden.to(self.transformer.dtype),
-                timestep=batch.timesteps.to(hidden.dtype) / 1000,
-                guidance=conditioning["guidance"] if self.has_guidance_embeds else None,
-                encoder_hidden_states=conditioning["embeds"],
-                txt_ids=self.text_ids,
-                img_ids=image_ids[0],
-                return_dict=False,
-            )[0]
-        return list(predictions)
 
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
         patches = self.unpack_latents(latents, params_list[0])  # [n, c, h/16, w/16]
@@ -192,10 +164,6 @@ class Flux2Adapter(FlowMatchingAdapter):
         mean = batch_norm.running_mean.view(1, -1, 1, 1)
         std = torch.sqrt(batch_norm.running_var.view(1, -1, 1, 1) + self.vae.config.batch_norm_eps)
         return mean.to(like.device, like.dtype), std.to(like.device, like.dtype)
-
-    def _row_layout(self, image_ids: torch.Tensor, num_tokens: list[int]):
-        build = lambda: flux_attention.row_layout(self.transformer, self.text_ids, image_ids, num_tokens)  # noqa: E731
-        return self.padded_layouts.get(image_ids, tuple(num_tokens), build)
 
     def _image_ids(self, params: GenerationParams) -> torch.Tensor:
         """[tokens, 4] positions of the noise tokens: (0, row, column, 0)."""

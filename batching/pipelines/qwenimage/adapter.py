@@ -11,9 +11,9 @@ combined as the pipeline does (CFG, then rescaled to the conditional prediction'
 Its VAE is a causal video VAE (`batching.pipelines.vae`).
 
 Rows of every size and prompt length share a forward (the family's key holds no size outside
-deterministic mode): prompts are zero-padded with a mask, and rows of different image shapes run
-the attention of `qwenimage.attention` (per-row positions, padding keys masked); rows of one shape
-run diffusers' attention as is. The edit model (`qwenimage.edit`) extends this adapter: its rows
+deterministic mode): rows whose image shapes or prompt lengths differ run packed (`qwenimage.packed`:
+their image and text tokens each in one sequence, each row rotated by its own positions, attention
+per row); rows alike run diffusers' forward as is. The edit model (`qwenimage.edit`) extends this adapter: its rows
 carry the edit image's latents after their own.
 """
 
@@ -24,14 +24,12 @@ from typing import Any
 
 import torch
 
-from batching.pipelines import packing
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.mixed_sizes import pad_rows
 from batching.pipelines.packing import LayoutCache
-from batching.pipelines.qwenimage import attention, packed
+from batching.pipelines.qwenimage import packed
 from batching.pipelines.qwenimage.packed import ImageShapes, QwenLayout
 from core.params import GenerationParams
 
@@ -49,7 +47,6 @@ class QwenImageAdapter(FlowMatchingAdapter):
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.latent_channels = self.transformer.config.in_channels // 4
-        self.attention = attention.install(self.transformer)
         self.layouts: LayoutCache[tuple[QwenLayout, list[ImageShapes]]] = LayoutCache()
 
     @torch.inference_mode()
@@ -95,11 +92,6 @@ class QwenImageAdapter(FlowMatchingAdapter):
                 return_dict=False,
             )[0]
             own = list(predictions)
-        elif packing.USE_PADDED_ROWS:
-            batch.num_positions = batch.num_padded_positions = 0
-            positions = [text + image for text, image in zip(text_lengths, layout.image.lengths)]
-            batch.count_positions(positions, max(text_lengths) + layout.image.max_length)
-            own = self._padded_forward(batch, rows, shapes, text_lengths)
         else:
             text = torch.cat([row[:length] for row, length in zip(embeds, text_lengths)])[None]
             predictions = packed.forward(self.transformer, layout, torch.cat(rows)[None], timestep, text)
@@ -118,21 +110,6 @@ class QwenImageAdapter(FlowMatchingAdapter):
 
         return self.layouts.get(batch.membership or None, build)
 
-    def _padded_forward(
-        self, batch: ForwardBatch, rows: list[torch.Tensor], shapes: list[ImageShapes], text_lengths: list[int]
-    ) -> list[torch.Tensor]:
-        """The padded path (rows zero-padded, padding keys masked), kept until benchmarks/packed_rows.py measures it."""
-        embeds = batch.conditioning["embeds"]
-        hidden, num_tokens = pad_rows(rows)  # [rows, most image tokens, 64]
-        inputs: dict[str, Any] = dict(
-            hidden_states=hidden, timestep=batch.timesteps.to(hidden.dtype) / 1000, encoder_hidden_states=embeds
-        )
-        layout = attention.row_layout(self.transformer, shapes, num_tokens, text_lengths)
-        padded_shapes = [row + _padding_shape(max(num_tokens) - n) for row, n in zip(shapes, num_tokens)]
-        with self.attention.rows(layout):
-            predictions = self.transformer(**inputs, img_shapes=padded_shapes, return_dict=False)[0]
-        return list(predictions)
-
     def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
         """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
         return latents
@@ -148,9 +125,3 @@ class QwenImageAdapter(FlowMatchingAdapter):
     def _image_shapes(self, params: GenerationParams) -> torch.Tensor:
         """[1, 3]: the (frames, height, width) in patches of the row's image tokens, as `img_shapes` lists them."""
         return torch.tensor([[1, *self.token_grid(params)]])
-
-
-def _padding_shape(num_tokens: int) -> ImageShapes:
-    """A shape covering `num_tokens` padding tokens, so each row's `img_shapes` sums to the padded length (the
-    transformer derives per-token timestep modulation of zero_cond_t models from it)."""
-    return [(1, 1, num_tokens)] if num_tokens else []

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from batching.pipelines import packed_video, packing
+from batching.pipelines import packed_video
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch, Sampler
@@ -42,7 +42,7 @@ from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.loading import load_pipeline, pipeline_class_name
 from batching.pipelines.packed_video import VideoLayout
 from batching.pipelines.packing import LayoutCache
-from batching.pipelines.wan import image, samplers, transformer
+from batching.pipelines.wan import image, samplers
 from core.errors import InvalidParamsError, ModelLoadError
 from core.image_inputs import InputImages
 from core.params import GenerationParams
@@ -73,7 +73,6 @@ class WanAdapter(FlowMatchingAdapter):
         if getattr(pipeline, "transformer_2", None) is not None and config.get("boundary_ratio") is not None:
             self.experts.append(pipeline.transformer_2)
             self.boundary_timestep = config.boundary_ratio * pipeline.scheduler.config.num_train_timesteps
-        self.row_attention = [transformer.install(expert) for expert in self.experts]
         self.layouts: list[LayoutCache[VideoLayout]] = [LayoutCache() for _ in self.experts]
         self.latent_channels = self.vae.config.z_dim
         self.frames_per_latent = pipeline.vae_scale_factor_temporal
@@ -173,11 +172,9 @@ class WanAdapter(FlowMatchingAdapter):
                 if row >= num_real or row_experts[row] == expert:
                     outputs[row] = prediction
             kept = [row for row in rows if row < num_real and row_experts[row] == expert]
-            computed = [positions[row] for row in rows]
-            if packing.USE_PADDED_ROWS and isinstance(hidden, list) and len({hidden[row].shape for row in rows}) > 1:
-                computed = [max(computed)] * len(rows)
-            batch.num_positions += sum(computed)
-            batch.num_padded_positions += sum(computed) - sum(positions[row] for row in kept)
+            computed = sum(positions[row] for row in rows)
+            batch.num_positions += computed
+            batch.num_padded_positions += computed - sum(positions[row] for row in kept)
         return batch.like_latents([outputs[row] for row in range(num_rows)])
 
     def _row_positions(self, hidden: torch.Tensor | list[torch.Tensor], batch: ForwardBatch) -> list[int]:
@@ -252,9 +249,6 @@ class WanAdapter(FlowMatchingAdapter):
         if all(row.shape == chosen[0].shape for row in chosen):
             timestep = self._timestep(timesteps, [row.shape for row in chosen])
             return list(packed_video.run_uniform(model, torch.stack(chosen), timestep, embeds, image_embeds))
-        if packing.USE_PADDED_ROWS:
-            timestep = self._timestep(timesteps, [row.shape for row in chosen])
-            return transformer.run_mixed(model, self.row_attention[expert], chosen, timestep, embeds, image_embeds)
         shapes = tuple(row.shape for row in chosen)
         layout = self.layouts[expert].get(shapes, lambda: packed_video.build_layout(model, shapes))
         return packed_video.run_packed(model, layout, chosen, timesteps, embeds, image_embeds)

@@ -4,11 +4,12 @@ As `ZImagePipeline` does it: the prompt is wrapped in the Qwen3 chat template, p
 `max_sequence_length` for the text encoder, and the penultimate hidden states of its real
 tokens (a different count per prompt) are the conditioning; latents [1, 16, h/8, w/8] are
 drawn in float32 from the sample's own generator; the sampler is flow-matching Euler
-(`flow_matching`); the transformer takes a list of latents and a list of caption features and pads them itself
-with attention masks. Guidance is classifier-free for any scale above 0, with the
-pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the
-negated velocity. Because the transformer takes one latent per row, samples of different
-sizes share a forward: the family's key holds no size (except in deterministic mode).
+(`flow_matching`); the transformer takes a list of latents and a list of caption features (and pads
+rows of different lengths to the longest with attention masks: rows alike run it as is, others run
+packed, `zimage.packed`, without that padding). Guidance is classifier-free for any scale above 0, with
+the pipeline's own formula `cond + scale * (cond - uncond)`, and the model predicts the negated
+velocity. Samples of different sizes share a forward: the family's key holds no size (except in
+deterministic mode).
 Step caching decides from the first main block's modulated input, as TeaCache, and skips
 the main blocks (`batching.pipelines.zimage.step_cache`).
 """
@@ -20,7 +21,6 @@ from typing import Any
 
 import torch
 
-from batching.pipelines import packing
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
@@ -69,11 +69,7 @@ class ZImageAdapter(FlowMatchingAdapter):
         latents, t, captions = self._transformer_inputs(batch)
         layout, is_uniform = self._layout(batch, latents)
         batch.count_positions([i + c for i, c in zip(layout.image.lengths, layout.captions.lengths)])
-        if is_uniform or packing.USE_PADDED_ROWS:  # diffusers' own forward (it pads rows of different lengths)
-            if not is_uniform:
-                batch.num_positions = batch.num_padded_positions = 0
-                rows = [i + c for i, c in zip(layout.image.lengths, layout.captions.lengths)]
-                batch.count_positions(rows, max(rows))
+        if is_uniform:  # rows alike: diffusers' own forward (which pads rows of different lengths)
             outputs = self.transformer(latents, t, captions, return_dict=False)[0]
         else:
             outputs = packed.forward(self.transformer, layout, latents, t, captions)
