@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -172,18 +173,23 @@ Layout = TypeVar("Layout")
 
 
 class LayoutCache(Generic[Layout]):
-    """The last forward's layout (segments, rotary tables), reused while its rows stay the same (`ForwardBatch.
-    membership`: their conditioning, positions included, is fixed for a sample's life). A group's membership changes
-    far less often than every step, and building one reads the rows' positions off the device."""
+    """The last few forwards' layouts (segments, rotary tables), reused while their rows stay the same
+    (`ForwardBatch.membership`: their conditioning, positions included, is fixed for a sample's life). A group's
+    membership changes far less often than every step, building a layout reads the rows' positions off the
+    device, and an engine may run a few groups (or chunks of one) in turn."""
 
-    def __init__(self) -> None:
-        self._key: Hashable | None = None
-        self._layout: Layout | None = None
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._layouts: OrderedDict[Hashable, Layout] = OrderedDict()
 
     def get(self, key: Hashable | None, build: Callable[[], Layout]) -> Layout:
         """The layout for `key`; None (rows of unknown identity): built afresh and not kept."""
         if key is None:
             return build()
-        if self._key is None or key != self._key:
-            self._key, self._layout = key, build()
-        return self._layout  # type: ignore[return-value]  # built for this key
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = build()
+            if len(self._layouts) > self.size:
+                self._layouts.popitem(last=False)
+        self._layouts.move_to_end(key)
+        return layout

@@ -101,3 +101,22 @@ def test_on_cuda_the_varlen_kernel_equals_attention_row_by_row():
 
     for own, row_query, row_key, row_value in zip(rows.split(out), *(rows.split(t) for t in (query, key, value))):
         torch.testing.assert_close(own, row_attention(row_query, row_key, row_value), rtol=2e-2, atol=2e-2)
+
+
+def test_a_layout_is_kept_while_its_rows_run_and_rows_of_unknown_identity_get_a_fresh_one():
+    from batching.pipelines.packing import LayoutCache
+
+    builds: list[str] = []
+    cache: LayoutCache[str] = LayoutCache(size=2)
+
+    def build(name: str):
+        return lambda: builds.append(name) or name
+
+    for key in ("group a", "group b", "group a", "group b"):  # two groups in turn: each built once
+        assert cache.get((key,), build(key)) == key
+    cache.get(None, build("unknown"))
+    cache.get(None, build("unknown"))
+    cache.get(("group c",), build("group c"))  # a third group: the least recently used one goes
+    cache.get(("group a",), build("group a"))
+
+    assert builds == ["group a", "group b", "unknown", "unknown", "group c", "group a"]
