@@ -49,6 +49,7 @@ def attend(
     if attention_kernel(query.device, query.dtype, query.shape[-1]) == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
+        query, key, value = (t.contiguous() for t in (query, key, value))  # FLUX.2's fused projection gives views
         out = varlen_attn(
             query, key, value, query_rows.cu_seqlens, key_rows.cu_seqlens, query_rows.max_length, key_rows.max_length
         )

@@ -18,7 +18,7 @@ timestep in the pipelines this serves, so a row's modulation is the same over it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +37,13 @@ class VideoLayout:
     video: Segments
     cos: torch.Tensor  # [tokens, 1, head_dim]: each token's row's rotary table
     sin: torch.Tensor
+    _contexts: dict[int, Segments] = field(default_factory=dict)
+
+    def context(self, num_tokens: int) -> Segments:
+        """The segments of every row's `num_tokens` context tokens (kept: building them copies to the device)."""
+        if num_tokens not in self._contexts:
+            self._contexts[num_tokens] = Segments((num_tokens,) * self.video.num_rows, self.video.device)
+        return self._contexts[num_tokens]
 
 
 def build_layout(transformer: Any, shapes: Sequence[torch.Size]) -> VideoLayout:
@@ -112,7 +119,7 @@ def _block(
     normed = (block.norm1(hidden.float()) * (1 + scale_msa) + shift_msa).type_as(hidden)
     hidden = (hidden.float() + _self_attention(block.attn1, normed, layout) * gate_msa).type_as(hidden)
     normed = block.norm2(hidden.float()).type_as(hidden)
-    hidden = hidden + _cross_attention(block.attn2, normed, context, layout.video)
+    hidden = hidden + _cross_attention(block.attn2, normed, context, layout)
     normed = (block.norm3(hidden.float()) * (1 + c_scale_msa) + c_shift_msa).type_as(hidden)
     return (hidden.float() + block.ffn(normed).float() * c_gate_msa).type_as(hidden)
 
@@ -126,28 +133,28 @@ def _self_attention(attn: Any, hidden: torch.Tensor, layout: VideoLayout) -> tor
     return attn.to_out[1](attn.to_out[0](out))[None]
 
 
-def _cross_attention(attn: Any, hidden: torch.Tensor, context: torch.Tensor, rows: Segments) -> torch.Tensor:
+def _cross_attention(attn: Any, hidden: torch.Tensor, context: torch.Tensor, layout: VideoLayout) -> torch.Tensor:
     """`WanAttnProcessor` as a cross-attention: each row's packed tokens attend to its own context tokens
     ([rows, context tokens, dim]: an image-to-video model's image tokens, then the 512 text tokens)."""
     image_context = None
     if attn.add_k_proj is not None:
         image_context, context = context[:, : context.shape[1] - TEXT_CONTEXT], context[:, -TEXT_CONTEXT:]
     query = attn.norm_q(attn.to_q(hidden))[0].unflatten(-1, (attn.heads, -1))  # [tokens, heads, dim]
-    out = _attend_context(query, attn.norm_k(attn.to_k(context)), attn.to_v(context), rows, attn.heads)
+    out = _attend_context(query, attn.norm_k(attn.to_k(context)), attn.to_v(context), layout, attn.heads)
     if image_context is not None:
         key = attn.norm_added_k(attn.add_k_proj(image_context))
-        out = out + _attend_context(query, key, attn.add_v_proj(image_context), rows, attn.heads)
+        out = out + _attend_context(query, key, attn.add_v_proj(image_context), layout, attn.heads)
     return attn.to_out[1](attn.to_out[0](out))[None]
 
 
 def _attend_context(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: Segments, num_heads: int
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: VideoLayout, num_heads: int
 ) -> torch.Tensor:
     """Packed queries [tokens, heads, dim] against each row's own keys and values [rows, context tokens, dim]:
     [tokens, heads * dim] in the queries' dtype."""
-    context_rows = Segments((key.shape[1],) * key.shape[0], key.device)
+    context_rows = layout.context(key.shape[1])
     key, value = (t.flatten(0, 1).unflatten(-1, (num_heads, -1)) for t in (key, value))
-    return attend(query, key, value, rows, context_rows).flatten(1).type_as(query)
+    return attend(query, key, value, layout.video, context_rows).flatten(1).type_as(query)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

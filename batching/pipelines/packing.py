@@ -43,18 +43,19 @@ class Segments:
     cu_seqlens: torch.Tensor = field(init=False)  # [rows + 1] int32: each row's start, then the total
     row_of_token: torch.Tensor = field(init=False)  # [tokens] int64: the row each token belongs to
     starts: tuple[int, ...] = field(init=False)
+    lengths_tensor: torch.Tensor = field(init=False)  # [rows] int64: `lengths` on the device
     _token_indices: dict[tuple[int, ...], torch.Tensor] = field(init=False, default_factory=dict)
+    _selections: dict[tuple[int, ...], Segments] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         offsets = [0]
         for length in self.lengths:
             offsets.append(offsets[-1] + length)
         self.starts = tuple(offsets[:-1])
-        self.cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=self.device)
+        self.cu_seqlens = device_tensor(offsets, torch.int32, self.device)
+        self.lengths_tensor = device_tensor(self.lengths, torch.int64, self.device)
         rows = torch.arange(len(self.lengths), device=self.device)
-        self.row_of_token = rows.repeat_interleave(
-            torch.tensor(self.lengths, device=self.device), output_size=offsets[-1]
-        )
+        self.row_of_token = rows.repeat_interleave(self.lengths_tensor, output_size=offsets[-1])
 
     @property
     def num_rows(self) -> int:
@@ -82,8 +83,16 @@ class Segments:
         return list(tokens.split(list(self.lengths), dim=dim))
 
     def select(self, rows: Sequence[int]) -> tuple[Segments, torch.Tensor]:
-        """The segments of `rows` packed on their own, and the indices of their tokens in this stream."""
-        return Segments(tuple(self.lengths[row] for row in rows), self.device), self.token_index(rows)
+        """The segments of `rows` packed on their own, and the indices of their tokens in this stream (both kept
+        per row set)."""
+        key = tuple(rows)
+        if key not in self._selections:
+            self._selections[key] = Segments(tuple(self.lengths[row] for row in key), self.device)
+        return self._selections[key], self.token_index(key)
+
+    def row_lengths(self, rows: Sequence[int]) -> torch.Tensor:
+        """[n] int64 on the device: the token counts of `rows` (kept per row set)."""
+        return self.select(rows)[0].lengths_tensor
 
     def token_index(self, rows: Sequence[int]) -> torch.Tensor:
         """[n] int64: the positions of `rows`' tokens in this stream, in row order (kept per row set)."""
@@ -91,7 +100,7 @@ class Segments:
         index = self._token_indices.get(key)
         if index is None:
             positions = [i for row in key for i in range(self.starts[row], self.starts[row] + self.lengths[row])]
-            index = torch.tensor(positions, dtype=torch.int64, device=self.device)
+            index = device_tensor(positions, torch.int64, self.device)
             self._token_indices[key] = index
         return index
 
@@ -111,6 +120,15 @@ class _Current(threading.local):
 
 
 _current = _Current()
+
+
+def device_tensor(values: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`values` as a tensor on `device`, copied from pinned memory on CUDA: the copy is queued without waiting for
+    the device (a copy from ordinary host memory would wait for every kernel queued before it)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def current_lora_tokens() -> Segments | None:
@@ -142,7 +160,7 @@ class Joint:
             for stream, offset in zip(self.streams, bases)
             for i in range(offset + stream.starts[row], offset + stream.starts[row] + stream.lengths[row])
         ]
-        self.order = torch.tensor(order, dtype=torch.int64, device=first.device)
+        self.order = device_tensor(order, torch.int64, first.device)
         self.inverse = torch.empty_like(self.order)
         self.inverse[self.order] = torch.arange(len(order), device=first.device)
 

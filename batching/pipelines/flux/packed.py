@@ -33,6 +33,7 @@ class FluxLayout:
     cos: torch.Tensor  # [joint tokens, 1, head_dim] float32
     sin: torch.Tensor
     joint: Joint = field(init=False)
+    _selections: dict[tuple[int, ...], FluxLayout] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.joint = Joint((self.text, self.image))
@@ -42,11 +43,16 @@ class FluxLayout:
         return rotate(x, self.cos, self.sin)
 
     def select(self, rows: Sequence[int]) -> FluxLayout:
-        """The layout of `rows` alone (a step cache's rows that compute)."""
-        index = self.joint.segments.token_index(rows)
-        image, _ = self.image.select(rows)
-        text, _ = self.text.select(rows)
-        return FluxLayout(image, text, self.cos.index_select(0, index), self.sin.index_select(0, index))
+        """The layout of `rows` alone (a step cache's rows that compute), kept per row set."""
+        key = tuple(rows)
+        if key not in self._selections:
+            index = self.joint.segments.token_index(key)
+            image, _ = self.image.select(key)
+            text, _ = self.text.select(key)
+            self._selections[key] = FluxLayout(
+                image, text, self.cos.index_select(0, index), self.sin.index_select(0, index)
+            )
+        return self._selections[key]
 
 
 def build_layout(transformer: Any, text_ids: torch.Tensor, image_ids: Sequence[torch.Tensor]) -> FluxLayout:

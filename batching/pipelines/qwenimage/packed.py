@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from batching.pipelines.packed_attention import joint_attention, rotate_complex
-from batching.pipelines.packing import Joint, Segments, continuous_norm
+from batching.pipelines.packing import Joint, Segments, continuous_norm, device_tensor
 
 ImageShapes = list[tuple[int, int, int]]  # one row's (frames, height, width) in latent patches, as img_shapes
 
@@ -58,7 +58,7 @@ def build_layout(
         Segments(tuple(text_lengths), device),
         image,
         torch.cat(freqs),
-        torch.tensor(modulation, dtype=torch.int64, device=device),
+        device_tensor(modulation, torch.int64, device),
     )
     return layout
 
