@@ -38,6 +38,9 @@ class EngineStats:
     num_cache_blocks: int = 0  # step cache: block evaluations full forwards would have run (per row)
     num_cache_blocks_skipped: int = 0  # of those, skipped by samples reusing their step cache
     num_cache_steps_skipped: int = 0  # sample steps that reused their step cache
+    num_tokens_computed: int = 0  # denoiser sequence positions computed, all rows, text tokens included
+    num_tokens_padded: int = 0  # of those, positions of no sample's own: padding that equalises rows' lengths (none
+    # where rows are packed), deterministic mode's padding rows (docs/families.md, "Mixed sizes")
 
     def record(self, output: RunnerOutput, seconds: float) -> None:
         self.num_iterations += 1
@@ -54,6 +57,8 @@ class EngineStats:
         self.num_cache_blocks += output.num_cache_blocks
         self.num_cache_blocks_skipped += output.num_cache_blocks_skipped
         self.num_cache_steps_skipped += output.num_cache_steps_skipped
+        self.num_tokens_computed += output.num_tokens_computed
+        self.num_tokens_padded += output.num_tokens_padded
 
     def record_decode(self, result: DecodeResult) -> None:
         """A decoded batch, counted as it is decoded (the engine counts its finished samples, those of jobs
@@ -80,6 +85,8 @@ class EngineStats:
             "decode_seconds": round(self.decode_seconds, 6),
             "encode_seconds": round(self.encode_seconds, 6),
             "oom_splits": self.num_oom_splits,
+            "tokens_computed": self.num_tokens_computed,
+            "tokens_padded": self.num_tokens_padded,
             "steps_per_second": self.num_sample_steps / self.busy_seconds if self.busy_seconds else 0.0,
             "images_per_second": num_finished / self.busy_seconds if self.busy_seconds else 0.0,
         }

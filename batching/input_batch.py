@@ -63,6 +63,7 @@ class InputBatch:
             self.conditioning,
             self.lengths,
             num_real_rows=self.num_rows if self.row_buckets is not None else None,
+            membership=sample_ids,
         )
 
     def _refill_conditioning(self, samples: Sequence[SampleTensors]) -> None:

@@ -301,6 +301,8 @@ class ModelRunner:
             del self.input_batches[batch_key]
             raise
         self.timer.stop(span)
+        output.num_tokens_computed += forward_batch.num_positions
+        output.num_tokens_padded += forward_batch.num_padded_positions
         output.rows_per_forward.append(input_batch.num_rows)
         output.samples_per_forward.append(len(samples))
         output.sizes_per_forward.append(len({(sample.params.height, sample.params.width) for sample in samples}))

@@ -48,6 +48,9 @@ class RunnerOutput:
     # encoding, first latents; on the encoder worker when encoding overlaps the loop)
     num_samples_starting: int = 0  # planned samples still being started: they skipped this iteration's forwards
     num_oom_splits: int = 0  # out-of-memory errors answered by splitting a forward
+    num_tokens_computed: int = 0  # denoiser sequence positions this output's forwards computed, all rows, text
+    # tokens included (ForwardBatch.num_positions)
+    num_tokens_padded: int = 0  # of those, positions of no sample's own (ForwardBatch.num_padded_positions)
     num_cache_blocks: int = 0  # step cache (core.step_cache): block evaluations a full forward of every row
     # would have run, summed over this output's forwards (families with a step cache only)
     num_cache_blocks_skipped: int = 0  # of those, the ones skipped by samples that reused their cache

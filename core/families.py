@@ -67,7 +67,8 @@ class FamilySpec:
     guidance_kind: str = "cfg"  # "cfg": two rows above `cfg_above`; "embedded": a per-row model input, one row
     cfg_above: float = 1.0  # "cfg" families: guidance_scale above this runs classifier-free guidance
     cfg_needs_negative_prompt: bool = False  # ... and only with a negative prompt (Qwen-Image's true CFG)
-    mixes_sizes: bool = False  # its denoiser takes rows of different sizes in one forward (size not in the key)
+    mixes_sizes: bool = False  # its denoiser takes rows of different sizes and frame counts in one forward, packed
+    # (batching.pipelines.packing): size and frame count are not in the key outside deterministic mode
     supports_lora: bool = True  # the engine serves LoRA adapters for it (batching.lora)
     # How img2img turns a strength into steps run, as the family's own diffusers img2img pipeline rounds:
     # "floor_steps" runs int(steps * strength) (the UNet families); "floor_start" starts at
@@ -219,7 +220,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_guidance=3.5,
             max_guidance=20.0,
             guidance_kind="embedded",
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux/attention.py)
+            mixes_sizes=True,  # rows packed, each with its own positions (batching/pipelines/flux/packed.py)
             strength_rounding="floor_start",
             step_cache="first_block",
             checkpoint_sizes=(1024, 768, 512),
@@ -232,7 +233,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_steps=28,
             max_guidance=20.0,
             guidance_kind="embedded",
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/flux2/attention.py)
+            mixes_sizes=True,  # rows (noise and reference tokens) packed (batching/pipelines/flux2/packed.py)
             init_image_role="reference",
             reference_rules=ReferenceRules(),
             checkpoint_sizes=(1024,),
@@ -254,7 +255,7 @@ FAMILIES: dict[str, FamilySpec] = {
             size_multiple=16,
             default_guidance=5.0,
             cfg_above=0.0,
-            mixes_sizes=True,  # its transformer takes a list of latents and pads them with masks
+            mixes_sizes=True,  # rows packed, captions of their own lengths (batching/pipelines/zimage/packed.py)
             strength_rounding="floor_start",
             step_cache="modulated_input",
             checkpoint_sizes=(1024,),
@@ -266,7 +267,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_guidance=4.0,
             cfg_needs_negative_prompt=True,
             min_steps=2,
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/qwenimage_*)
+            mixes_sizes=True,  # image streams and prompts packed (batching/pipelines/qwenimage/packed.py)
             init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
             checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
         ),
@@ -288,7 +289,7 @@ FAMILIES: dict[str, FamilySpec] = {
             samplers=FLOW_SAMPLERS,
             size_multiple=16,  # the VAE's 8 x the 2x2 patches
             default_guidance=7.0,
-            mixes_sizes=True,  # padded image tokens with per-row positions and key masks (pipelines/sd3/attention.py)
+            mixes_sizes=True,  # rows packed, each with its own crop of the positions (batching/pipelines/sd3/packed.py)
             strength_rounding="floor_start",
             checkpoint_sizes=(1024,),
         ),
@@ -298,8 +299,8 @@ FAMILIES: dict[str, FamilySpec] = {
             default_sampler="unipc",  # the checkpoints' own scheduler
             size_multiple=16,  # the VAE's 8 x the 2x2 patches (Wan 2.2 TI2V-5B's VAE: 32, its adapter checks)
             default_guidance=5.0,
-            # Rows of every size and frame count share a forward: padded tokens, per-row positions, key masks
-            # (pipelines/wan/transformer.py); a two-expert model's expert is chosen per step, not per job.
+            # Rows of every size and frame count share a forward, packed (batching/pipelines/packed_video.py); a
+            # two-expert model's expert is chosen per step, not per job.
             mixes_sizes=True,
             init_image_role="first_frame",  # an image-to-video model's first frame (a text-to-video one refuses it)
             supports_lora=False,

@@ -382,9 +382,11 @@ class CompatibilityKey:
 
     Only what changes the denoiser's tensor contract or weights. Prompt, seed, step
     count, current step, guidance scale and sampler are deliberately absent, and so are
-    the size and frame count for families whose denoiser mixes sizes in one forward
-    (`FamilySpec.mixes_sizes`). A two-expert model's expert is not in it either: it is chosen per
-    step (by the step's timestep), so its adapter runs one forward per expert over a group's rows.
+    the size and frame count for families whose denoiser mixes sizes in one forward, their rows
+    packed without padding (`FamilySpec.mixes_sizes`; docs/families.md says what still splits a
+    group of those: deterministic mode, a LoRA adapter in group mode). A two-expert model's expert
+    is not in it either: it is chosen per step (by the step's timestep), so its adapter runs one
+    forward per expert over a group's rows.
     """
 
     model: str

@@ -37,8 +37,17 @@ ENGINE_FIELDS = (
     "running_by_key",
     "waiting_by_key",
     "threads_failed",  # the engine's threads that stopped: thread name -> why (empty while all is well)
+    "tokens_computed",  # denoiser sequence positions computed since the engine started, all rows, text included
+    "tokens_padded",  # of those, positions of no job's own (docs/families.md, "Mixed sizes")
 )
-_SUMMED_NUMBERS = ("num_running", "num_waiting", "steps_per_second", "images_per_second")
+_SUMMED_NUMBERS = (
+    "num_running",
+    "num_waiting",
+    "steps_per_second",
+    "images_per_second",
+    "tokens_computed",
+    "tokens_padded",
+)
 _SUMMED_COUNTERS = ("jobs_per_forward", "running_by_key", "waiting_by_key")
 
 

@@ -4,10 +4,12 @@ The adapters' PEFT layers stay in the model with their adapters disabled, so the
 itself computes only the base output; a forward hook then adds, for each adapter present in
 the forward, `scale_row * B(A(x_rows)) * alpha/r` to that adapter's rows only (gathered by
 index, computed once per adapter, scattered back with `index_add_`). Rows without an adapter
-get nothing added. This is PEFT's mixed-batch idea (`adapter_names`), extended with a scale
-per row, which PEFT keeps per adapter. Outside `RowLoras.rows(...)` the hooks add nothing.
-What is active is per thread: the text encoder may run on the encoder's thread (`every_row`)
-while the loop runs a denoiser forward with its own rows.
+get nothing added. In a forward that packs rows of different sizes into one token sequence
+(`batching.pipelines.packing`), a layer's input is a stream's packed tokens: each adapter's rows
+are then their tokens in the stream the forward marks as current. This is PEFT's mixed-batch idea
+(`adapter_names`), extended with a scale per row, which PEFT keeps per adapter. Outside
+`RowLoras.rows(...)` the hooks add nothing. What is active is per thread: the text encoder may run on
+the encoder's thread (`every_row`) while the loop runs a denoiser forward with its own rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import torch
+
+from batching.pipelines.packing import current_lora_tokens
 
 # PEFT's LoRA layers are recognised by their attributes: importing peft here would import accelerate,
 # which imports boto3 when it is installed (batching must not load it). Typed Any: duck-typed too.
@@ -33,6 +37,7 @@ def is_lora_layer(module: torch.nn.Module) -> TypeGuard[LoraLayer]:
 class AdapterRows:
     index: torch.Tensor | None  # [n] int64: the rows using this adapter; None: every row
     scales: torch.Tensor  # [n] float: each row's scale ([1] with index None)
+    rows: tuple[int, ...] = ()  # the rows of `index`, on the host (a packed stream finds their tokens from them)
 
 
 class _Active(threading.local):
@@ -68,7 +73,7 @@ class RowLoras:
                 indices.append(row)
                 scales.append(scale)
         self._active.adapters = {
-            name: AdapterRows(torch.tensor(indices, device=device), torch.tensor(scales, device=device))
+            name: AdapterRows(torch.tensor(indices, device=device), torch.tensor(scales, device=device), tuple(indices))
             for name, (indices, scales) in by_adapter.items()
         } or None
         self._active.num_rows = len(row_adapters)
@@ -96,15 +101,27 @@ class RowLoras:
                 continue
             lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
             if rows.index is None:
-                sub_batch = x.to(lora_A.weight.dtype)
-            else:
-                num_rows = self._active.num_rows
-                assert x.shape[0] == num_rows, f"a LoRA layer saw {x.shape[0]} rows, not {num_rows}"
-                sub_batch = x.index_select(0, rows.index).to(lora_A.weight.dtype)
-            delta = lora_B(lora_A(sub_batch)) * layer.scaling[name]  # [n, *out_shape]
-            row_scales = rows.scales.to(delta.dtype).view(-1, *([1] * (delta.dim() - 1)))
-            if rows.index is None:
-                output += (delta * row_scales).to(output.dtype)
-            else:
+                delta = lora_B(lora_A(x.to(lora_A.weight.dtype))) * layer.scaling[name]
+                output += (delta * rows.scales.to(delta.dtype)).to(output.dtype)
+            elif x.shape[0] == self._active.num_rows:  # a row per sample row (or rows of equal token counts)
+                delta = lora_B(lora_A(x.index_select(0, rows.index).to(lora_A.weight.dtype))) * layer.scaling[name]
+                row_scales = rows.scales.to(delta.dtype).view(-1, *([1] * (delta.dim() - 1)))
                 output.index_add_(0, rows.index, (delta * row_scales).to(output.dtype))
+            else:  # the tokens of a packed stream (batching.pipelines.packing)
+                self._add_token_deltas(layer, name, rows, x, output)
         return output
+
+    def _add_token_deltas(
+        self, layer: LoraLayer, name: str, rows: AdapterRows, x: torch.Tensor, output: torch.Tensor
+    ) -> None:
+        stream = current_lora_tokens()
+        tokens = x.reshape(-1, x.shape[-1])  # [packed tokens, in]
+        assert stream is not None and tokens.shape[0] == stream.num_tokens, (
+            f"a LoRA layer saw {tokens.shape[0]} packed tokens outside their stream"
+        )
+        index = stream.token_index(rows.rows)
+        lora_A, lora_B = layer.lora_A[name], layer.lora_B[name]
+        delta = lora_B(lora_A(tokens.index_select(0, index).to(lora_A.weight.dtype))) * layer.scaling[name]
+        lengths = stream.row_lengths(rows.rows)  # kept by the stream: no copy to the device per layer
+        token_scales = rows.scales.to(delta.dtype).repeat_interleave(lengths, output_size=index.shape[0])
+        output.view(-1, output.shape[-1]).index_add_(0, index, (delta * token_scales[:, None]).to(output.dtype))

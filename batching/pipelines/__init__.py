@@ -1,12 +1,13 @@
 """Pipeline adapters: one folder per model family, each implementing `contract.PipelineAdapter`.
 
 `<family>/adapter.py` holds what is the family's own (prompt encoding, noise shape, the transformer
-call, where its pipeline departs from the shared parts), beside its mixed-size attention, its step
-cache and its built-in's builder. What families share is here once: `flow_matching` (sampler, initial
+call, where its pipeline departs from the shared parts), beside its packed forward (`<family>/packed.py`),
+its step cache and its built-in's builder. What families share is here once: `flow_matching` (sampler, initial
 latents, packing, token grid, decode), `adapter_base` (a sample's rows and their guidance, padding rows'
 zeros, tokenizing, CLIP prompt states), `contract.ForwardBatch` (each row's lengths, predictions in the
-batch's form), `vae` (encoding, decoding), `mixed_sizes` (padded tokens, joint attention with per-row
-positions and key masks), `encoded_images` (the last reference, edit or first-frame images encoded),
+batch's form), `vae` (encoding, decoding), `packing` and `packed_attention` (rows of different sizes
+packed into one token sequence, attention per row), `packed_video` (a video DiT built like Wan over
+packed rows), `encoded_images` (the last reference, edit or first-frame images encoded),
 `step_cache_rows`, `image_latents`. docs/families.md, "Adding a family", lists what a new one writes.
 
 A model's family is the family of the adapter that declares its diffusers pipeline class

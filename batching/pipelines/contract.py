@@ -67,11 +67,24 @@ class ForwardBatch:
     lengths: dict[str, list[int]]  # name -> each row's true first-dim length, for the names padded above
     num_real_rows: int | None = None  # deterministic mode: rows from this index on are padding, and an adapter
     # that splits a forward (Wan's two experts) keeps every call at the batch's row count; None: all rows are real
+    membership: tuple[str, ...] = ()  # the samples whose rows these are, in order: their conditioning (positions
+    # included) stays the same while this does, so an adapter may keep what it derives from it; (): unknown
+    num_positions: int = 0  # filled by the forward: denoiser sequence positions it computed, all rows, text included
+    num_padded_positions: int = 0  # filled by the forward: of those, positions of no sample's own (padding that
+    # equalises rows' lengths, deterministic mode's padding rows)
 
     def row_lengths(self, name: str) -> list[int]:
         """Each row's true first-dim length of conditioning `name` (its padded length where no row was padded)."""
         padded = self.conditioning[name]
         return self.lengths.get(name) or [padded.shape[1]] * padded.shape[0]
+
+    def count_positions(self, row_positions: Sequence[int], padded_width: int | None = None) -> None:
+        """Record the forward's sequence positions: each row's own (`row_positions`, every row of the batch), and
+        `padded_width` where its rows were padded to one length (None: packed, or equally long)."""
+        num_real = len(row_positions) if self.num_real_rows is None else self.num_real_rows
+        width = [padded_width] * len(row_positions) if padded_width is not None else list(row_positions)
+        self.num_positions += sum(width)
+        self.num_padded_positions += sum(width) - sum(row_positions[:num_real])
 
     def like_latents(self, predictions: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         """Each row's prediction as `forward` returns them: a list when the rows' latents came as one, else stacked."""

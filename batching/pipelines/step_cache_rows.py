@@ -79,23 +79,21 @@ def reuse_residuals(
     samples: Sequence[CachedSample],
     skipped: Sequence[bool],
     features: Sequence[torch.Tensor],
-    before: torch.Tensor,
-    after: torch.Tensor,
-    lengths: Sequence[int],
+    before: Sequence[torch.Tensor],
+    after: Sequence[torch.Tensor],
 ) -> None:
-    """Residual caching (FLUX.1's First-Block Cache, Z-Image's): `before` and `after` are each row's tokens
-    [rows, tokens, dim] around the skippable blocks, real for each row's first `lengths[row]`. The rows of a sample
-    that skips get `before` plus the residual those blocks added at its last full step (in `after`, in place); a
+    """Residual caching (FLUX.1's First-Block Cache, Z-Image's): `before` and `after` are each row's own tokens
+    [tokens_i, dim] around the skippable blocks (views into the packed forward). The rows of a sample that skips
+    get `before` plus the residual those blocks added at its last full step (written into `after`, in place); a
     caching sample that computed keeps its feature and its new residual."""
-    residuals: list[torch.Tensor | None] = [None] * len(lengths)  # per row: what the skippable blocks added
+    residuals: list[torch.Tensor | None] = [None] * len(before)  # per row: what the skippable blocks added
     for sample, rows, is_skip in zip(samples, sample_rows(samples), skipped):
         for index_in_sample, row in enumerate(rows):
-            n = lengths[row]
             if is_skip:
                 assert sample.state is not None and sample.state.cached is not None
-                after[row, :n] = before[row, :n] + sample.state.cached[index_in_sample]
+                after[row].copy_(before[row] + sample.state.cached[index_in_sample])
             elif sample.state is not None:
-                residuals[row] = after[row, :n] - before[row, :n]
+                residuals[row] = after[row] - before[row]
     keep(samples, skipped, features, residuals)
 
 

@@ -18,7 +18,7 @@ weights built from configs by `benchmarks.gpu.models`, fp16):
 Then (`benchmarks.gpu.transformers_alone`) forward_ceiling of a FLUX-sized transformer alone (the
 whole FLUX pipeline is too large to build, save and load within the time), and a Wan 2.1 1.3B-sized video transformer
 alone: videos batched vs one forward per video (serial), and videos of mixed sizes and frame
-counts in one forward (per-row positions, key masks) vs each alone, with how far a mixed row's
+counts in one forward (packed: per-row positions, attention per row) vs each alone, with how far a mixed row's
 prediction lies from its alone one. Sections run in that order while the
 time budget lasts; one that does not fit is listed under "skipped", never silently left
 out. Writes gpu_results.json and gpu_summary.md to the folder.

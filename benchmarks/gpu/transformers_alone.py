@@ -52,17 +52,16 @@ def flux_ceiling(profile: Profile) -> list[dict]:
 
 def wan_batching(profile: Profile) -> dict:
     """A Wan 2.1 1.3B-sized transformer alone (random weights, bf16 on a GPU), as the engine's Wan adapter runs it
-    (`batching.pipelines.wan.transformer`), 512 prompt tokens per row and the rows' own timesteps.
+    (`batching.pipelines.packed_video`), 512 prompt tokens per row and the rows' own timesteps.
     - uniform: `rows` videos of the first shape in one forward (batched) against one forward per video (serial);
-    - mixed: one video of each shape in one forward (per-row rotary tables, padding keys masked) against each
-      alone, and the largest difference of a mixed video's prediction from its alone one, absolute and relative
-      to the largest alone value."""
-    from batching.pipelines.wan.transformer import install, run_mixed, run_uniform
+    - mixed: one video of each shape in one forward (packed: per-row rotary tables, attention per row, no padding)
+      against each alone, and the largest difference of a mixed video's prediction from its alone one, absolute
+      and relative to the largest alone value."""
+    from batching.pipelines.packed_video import build_layout, run_packed, run_uniform
 
     device = torch.device(profile.device)
     dtype = getattr(torch, "bfloat16" if profile.device == "cuda" else profile.dtype)
     model = wan_transformer(profile.scale, device, dtype)
-    row_attention = install(model)
     generator = torch.Generator("cpu").manual_seed(0)
     text = torch.randn(1, 512, model.config.text_dim, generator=generator).to(device, dtype)
 
@@ -100,8 +99,9 @@ def wan_batching(profile: Profile) -> dict:
                     {"rows": rows, "seconds": seconds, "serial_seconds": rows * one, "speedup": rows * one / seconds}
                 )
             steps = timesteps(len(videos))
+            layout = build_layout(model, [video.shape for video in videos])
             mixed_call = functools.partial(
-                run_mixed, model, row_attention, videos, steps, text.expand(len(videos), -1, -1), None
+                run_packed, model, layout, videos, steps, text.expand(len(videos), -1, -1), None
             )
             alone_calls = [
                 functools.partial(run_uniform, model, video[None], steps[index : index + 1], text, None)

@@ -1,12 +1,14 @@
-"""SDXL, FLUX.1 and Z-Image through the one engine: every guarantee the SD family has, per family.
+"""SDXL and the DiT families (FLUX.1, FLUX.2, Z-Image, Qwen-Image, SD3) through the one engine: every guarantee
+the SD family has, per family, and the DiT families' rows of different sizes packed into one forward.
 
-Each family runs on its tiny built-in at 64x64 with few steps. The same assertions run
+Each family runs on its tiny built-in at 64-128 px with few steps. The same assertions run
 for every family (parametrized); what differs is only the family's own parameters
 (FLUX has no CFG rows, so its mixed guidance is the embedded value).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -35,18 +37,20 @@ class Family:
     guidances: tuple[float, ...]  # one per staggered sample; includes "none" where the family has CFG
     negative_prompt: str  # "" where the family refuses negative prompts
     guidance_name: str = "guidance_scale"  # the argument of diffusers' pipeline that guidance_scale is
+    text_tokens: int | None = None  # every row's text tokens (the pipeline pads its prompts to them); None: each
+    # prompt's own count (Z-Image, Qwen-Image), or not a packed family (SDXL)
 
 
 FAMILIES = [
     Family("sdxl", "builtin:tiny-sdxl", "StableDiffusionXLPipeline", (5.0, 1.0, 8.0, 3.0), "blurry"),
-    Family("flux", "builtin:tiny-flux", "FluxPipeline", (3.5, 1.0, 6.0, 2.0), ""),
+    Family("flux", "builtin:tiny-flux", "FluxPipeline", (3.5, 1.0, 6.0, 2.0), "", text_tokens=512),
     Family("zimage", "builtin:tiny-zimage", "ZImagePipeline", (4.0, 0.0, 6.0, 2.0), "blurry"),
     # true CFG: the guided samples with a negative prompt run two rows, the others one (whatever their scale)
     Family(
         "qwenimage", "builtin:tiny-qwen-image", "QwenImagePipeline", (4.0, 1.0, 6.0, 2.0), "blurry", "true_cfg_scale"
     ),
-    Family("sd3", "builtin:tiny-sd3", "StableDiffusion3Pipeline", (7.0, 1.0, 8.0, 3.0), "blurry"),
-    Family("flux2", "builtin:tiny-flux2", "Flux2Pipeline", (4.0, 1.0, 6.0, 2.0), ""),
+    Family("sd3", "builtin:tiny-sd3", "StableDiffusion3Pipeline", (7.0, 1.0, 8.0, 3.0), "blurry", text_tokens=77 + 256),
+    Family("flux2", "builtin:tiny-flux2", "Flux2Pipeline", (4.0, 1.0, 6.0, 2.0), "", text_tokens=512),
 ]
 
 
@@ -103,8 +107,11 @@ def engines(family):
 
 def test_a_co_batched_sample_matches_itself_alone_and_forwards_carry_several(family, engines):
     params_list = staggered_params(family)
+    before = engines["solo"].stats()["tokens_computed"]
     alone = run_alone(engines["solo"], params_list)
+    computed_alone = engines["solo"].stats()["tokens_computed"] - before
     assert len({pixels(image).tobytes() for image in alone}) == len(params_list)
+    before = engines["batched"].stats()
 
     batched = run_staggered(engines["batched"], params_list)
 
@@ -113,12 +120,15 @@ def test_a_co_batched_sample_matches_itself_alone_and_forwards_carry_several(fam
     stats = engines["batched"].stats()
     assert stats["family"] == family.name
     assert max(stats["jobs_per_forward"]) >= 3, stats["jobs_per_forward"]
+    assert stats["tokens_computed"] - before["tokens_computed"] == computed_alone > 0, "rows of one size: no padding"
+    assert stats["tokens_padded"] == before["tokens_padded"]
 
 
 def test_deterministic_mode_is_bit_identical_alone_and_co_batched(family, engines):
     params_list = staggered_params(family)
     engine = engines["deterministic"]
     alone = run_alone(engine, params_list)
+    assert engine.stats()["tokens_padded"] > 0, "a job alone runs beside padding rows, counted as padding"
     shared_before = num_shared_forwards(engine)
 
     batched = run_staggered(engine, params_list)
@@ -126,15 +136,6 @@ def test_deterministic_mode_is_bit_identical_alone_and_co_batched(family, engine
     assert num_shared_forwards(engine) > shared_before, "the samples shared forwards"
     for image_alone, image_batched in zip(alone, batched):
         assert (pixels(image_alone) == pixels(image_batched)).all()
-
-
-def test_a_sample_matches_diffusers_own_pipeline_for_the_same_seed(family, engines):
-    params = family_params(family, negative_prompt=family.negative_prompt)
-    expected = own_pipeline_image(own_pipeline(family.model, family.pipeline_class), params, family.guidance_name)
-
-    image = engines["batched"].submit(params).result(timeout=120).image
-
-    assert max_pixel_diff(image, expected) <= 2
 
 
 @pytest.mark.parametrize(
@@ -202,6 +203,70 @@ def test_a_checkpoint_of_an_unsupported_family_is_refused_naming_it_and_the_supp
         DiffusionEngine(EngineConfig(model=str(tmp_path), device="cpu"))
 
 
+# 64x64 has a quarter of 128x128's image tokens; 64x128 and 128x64 have equal counts on transposed grids
+PACKED_SIZES = [(128, 128), (64, 64), (64, 128), (128, 64)]
+
+
+def test_jobs_of_different_sizes_joining_at_staggered_steps_are_packed_without_padding_each_equal_to_itself_alone(
+    family, engines
+):
+    """Four jobs of their own sizes (a 4x token ratio between two of them), step counts, seeds, prompts, guidance
+    (none included) and negative prompts join a running group one step apart: every forward packs their tokens
+    with no padding position, each job equals itself alone, and the 64x64 one, co-batched, equals diffusers' own
+    pipeline. SDXL (a UNet: its key holds the size) runs the same jobs at one size."""
+    is_packed = family.name != "sdxl"
+    sizes = PACKED_SIZES if is_packed else [(64, 64)] * len(PACKED_SIZES)
+    params_list = [
+        family_params(
+            family,
+            prompt=prompt,
+            seed=30 + index,
+            num_inference_steps=num_steps,
+            guidance_scale=guidance,
+            negative_prompt=family.negative_prompt if index == 1 else "",
+            height=height,
+            width=width,
+        )
+        for index, (prompt, num_steps, guidance, (height, width)) in enumerate(
+            zip(
+                ("a red fox", "a blue bird over the sea", "snow", "a castle"),
+                (6, 4, 5, 3),
+                family.guidances,
+                sizes,
+            )
+        )
+    ]
+    solo, batched = engines["solo"], engines["batched"]
+    before = solo.stats()["tokens_computed"]
+    alone = run_alone(solo, params_list)
+    computed_alone = solo.stats()["tokens_computed"] - before
+    before_stats = batched.stats()
+
+    images = run_staggered(batched, params_list)
+
+    stats = batched.stats()
+    for params, image_alone, image in zip(params_list, alone, images):
+        assert image.size == (params.width, params.height)
+        assert max_pixel_diff(image_alone, image) <= 1, f"{params.width}x{params.height} job differs"
+    sizes_per_forward = Counter(stats["sizes_per_forward"]) - Counter(before_stats["sizes_per_forward"])
+    jobs_per_forward = Counter(stats["jobs_per_forward"]) - Counter(before_stats["jobs_per_forward"])
+    assert max(sizes_per_forward if is_packed else jobs_per_forward) >= 3, (sizes_per_forward, jobs_per_forward)
+    assert stats["tokens_padded"] == before_stats["tokens_padded"], "packed: no position is padding"
+    assert stats["tokens_computed"] - before_stats["tokens_computed"] == computed_alone, "what the jobs compute alone"
+    if family.text_tokens is not None:  # each row: its text tokens and its 16x16-pixel image patches, every step
+        spec = params_list[0].family_spec
+        assert computed_alone == sum(
+            p.num_inference_steps
+            * spec.num_rows(p.guidance_scale, p.negative_prompt)
+            * (family.text_tokens + p.height * p.width // 256)
+            for p in params_list
+        )
+    expected = own_pipeline_image(
+        own_pipeline(family.model, family.pipeline_class), params_list[1], family.guidance_name
+    )
+    assert max_pixel_diff(images[1], expected) <= 2
+
+
 MIXED_SIZES = [(64, 64), (96, 96), (64, 128), (128, 64)]  # the last two: equal token counts, transposed grids
 
 
@@ -218,37 +283,6 @@ def mixed_size_params(model: str, guidances: tuple[float, ...]) -> list[Generati
         )
         for index, (height, width) in enumerate(MIXED_SIZES)
     ]
-
-
-@pytest.mark.parametrize(
-    "model, guidances",
-    [
-        ("builtin:tiny-zimage", (4.0, 0.0, 2.0, 3.0)),
-        ("builtin:tiny-flux", (3.5, 1.0, 2.0, 5.0)),
-        ("builtin:tiny-sd3", (7.0, 1.0, 2.0, 5.0)),
-        ("builtin:tiny-flux2", (4.0, 1.0, 2.0, 5.0)),
-    ],
-)
-def test_samples_of_different_sizes_share_one_forward_and_each_matches_itself_alone(model, guidances):
-    params_list = mixed_size_params(model, guidances)
-    solo = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=1))
-    batched = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, max_num_groups=1))
-    try:
-        alone = run_alone(solo, params_list)
-        batched.pause()
-        futures = [batched.submit(params) for params in params_list]
-        batched.resume()
-        images = [future.result(timeout=120).image for future in futures]
-
-        assert [image.size for image in images] == [(width, height) for height, width in MIXED_SIZES]
-        for image_alone, image in zip(alone, images):
-            assert max_pixel_diff(image_alone, image) <= 1
-        stats = batched.stats()
-        assert stats["jobs_per_forward"] == {4: 3}, "one group, all four sizes in every forward"
-        assert stats["sizes_per_forward"] == {4: 3}
-    finally:
-        solo.shutdown(abort=True)
-        batched.shutdown(abort=True)
 
 
 @pytest.mark.parametrize(
@@ -271,39 +305,3 @@ def test_deterministic_mode_keeps_sizes_apart_and_is_bit_identical_alone_and_bat
         assert set(engine.stats()["sizes_per_forward"]) == {1}, "the size stays in the key"
     finally:
         engine.shutdown(abort=True)
-
-
-@pytest.mark.parametrize("model, guidances", [("builtin:tiny-sd3", (7.0, 1.0, 4.0, 2.5))])
-def test_staggered_samples_of_different_sizes_steps_and_guidance_share_forwards_each_equal_to_itself_alone(
-    model, guidances
-):
-    """Joining a running group one step apart, with their own sizes, step counts, seeds, guidance (none
-    included) and negative prompts (one given, the others empty)."""
-    params_list = [
-        GenerationParams(
-            prompt=prompt,
-            model=model,
-            seed=20 + index,
-            num_inference_steps=num_steps,
-            guidance_scale=guidance,
-            negative_prompt="blurry" if index == 2 else "",
-            height=height,
-            width=width,
-        )
-        for index, (prompt, num_steps, guidance, (height, width)) in enumerate(
-            zip(("a red fox", "a blue bird", "snow", "a castle"), (6, 3, 5, 4), guidances, MIXED_SIZES)
-        )
-    ]
-    solo = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=1))
-    batched = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, max_num_groups=1))
-    try:
-        alone = run_alone(solo, params_list)
-        images = run_staggered(batched, params_list)
-
-        for params, image_alone, image in zip(params_list, alone, images):
-            assert image.size == (params.width, params.height)
-            assert max_pixel_diff(image_alone, image) <= 1, f"{params.width}x{params.height} sample differs"
-        assert max(batched.stats()["sizes_per_forward"]) >= 3, batched.stats()["sizes_per_forward"]
-    finally:
-        solo.shutdown(abort=True)
-        batched.shutdown(abort=True)

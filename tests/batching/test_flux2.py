@@ -58,7 +58,10 @@ def engines():
 
 def test_staggered_jobs_of_different_sizes_and_references_share_forwards_each_equal_to_itself_alone(engines):
     workload = mixed_workload()
+    computed_before = engines["solo"].stats()["tokens_computed"]
     alone = run_alone(engines["solo"], workload)
+    computed_alone = engines["solo"].stats()["tokens_computed"] - computed_before
+    before = engines["batched"].stats()
 
     together = run_staggered(engines["batched"], workload)
 
@@ -68,6 +71,8 @@ def test_staggered_jobs_of_different_sizes_and_references_share_forwards_each_eq
     stats = engines["batched"].stats()
     assert max(stats["jobs_per_forward"]) == len(workload)
     assert max(stats["sizes_per_forward"]) >= 3, "rows of different sizes shared forwards"
+    assert stats["tokens_padded"] == before["tokens_padded"], "sizes and references packed, not padded"
+    assert stats["tokens_computed"] - before["tokens_computed"] == computed_alone
 
 
 def test_a_reference_image_job_equals_diffusers_pipeline_given_the_same_image(engines):
@@ -152,6 +157,7 @@ def test_klein_runs_true_cfg_rows_beside_single_rows_each_equal_to_itself_alone_
     engine = DiffusionEngine(EngineConfig(model=KLEIN, device="cpu", max_num_seqs=4, max_num_groups=1))
     try:
         alone = run_alone(engine, workload)
+        computed_alone = engine.stats()["tokens_computed"]
         together = run_staggered(engine, workload)
         stats = engine.stats()
     finally:
@@ -161,6 +167,7 @@ def test_klein_runs_true_cfg_rows_beside_single_rows_each_equal_to_itself_alone_
         assert max_pixel_diff(image_alone, image_together) <= 1, params.prompt
     assert stats["family"] == "flux2_klein"
     assert max(stats["rows_per_forward"]) >= 5, "CFG jobs' two rows beside a job's one"
+    assert stats["tokens_padded"] == 0 and stats["tokens_computed"] == 2 * computed_alone, "packed, not padded"
     pipeline = own_pipeline(KLEIN, "Flux2KleinPipeline")  # its unconditional prompt is always empty
     for params, image in [(workload[0], alone[0]), (workload[3], alone[3])]:
         expected = own_pipeline_image(pipeline, params, image=reference_picture() if params.init_image else None)

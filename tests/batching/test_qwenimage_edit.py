@@ -60,16 +60,20 @@ def test_edit_jobs_of_different_images_sizes_and_guidance_join_at_staggered_step
         edit_params(seed=3, init_image=PORTRAIT, width=96, guidance_scale=6.0, negative_prompt="dark, low quality"),
     ]
     engine = engines["batched"]
+    computed_before = engine.stats()["tokens_computed"]
     alone = run_alone(engine, params_list)
-    before = dict(engine.stats()["sizes_per_forward"])
+    computed_alone = engine.stats()["tokens_computed"] - computed_before
+    before = engine.stats()
 
     together = run_staggered(engine, params_list)
 
     assert [image.size for image in together] == [(p.width, p.height) for p in params_list]
     for image_alone, image in zip(alone, together):
         assert max_pixel_diff(image_alone, image) <= 1
-    sizes = engine.stats()["sizes_per_forward"]
-    assert sizes.get(3, 0) > before.get(3, 0), "a forward carried all three output sizes"
+    stats = engine.stats()
+    assert stats["sizes_per_forward"].get(3, 0) > before["sizes_per_forward"].get(3, 0), "all three sizes in one"
+    assert stats["tokens_padded"] == before["tokens_padded"], "edit images, sizes and prompts packed, not padded"
+    assert stats["tokens_computed"] - before["tokens_computed"] == computed_alone
 
 
 def test_an_edit_job_equals_diffusers_own_edit_pipeline_for_the_same_seed(engines):

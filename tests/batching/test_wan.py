@@ -117,8 +117,11 @@ def test_staggered_jobs_of_mixed_sizes_frames_steps_and_guidance_each_equal_them
     model, engines
 ):
     params_list = staggered_params(model)
+    computed_before = engines["solo"].stats()["tokens_computed"]
     alone = run_alone(engines["solo"], params_list)
+    computed_alone = engines["solo"].stats()["tokens_computed"] - computed_before
     assert len({pixels(result.image).tobytes() for result in alone}) == len(params_list)
+    before = engines["batched"].stats()
 
     together = staggered_results(engines["batched"], params_list)
 
@@ -131,6 +134,16 @@ def test_staggered_jobs_of_mixed_sizes_frames_steps_and_guidance_each_equal_them
     assert stats["family"] == "wan"
     assert max(stats["jobs_per_forward"]) >= 3, stats["jobs_per_forward"]
     assert max(stats["sizes_per_forward"]) >= 3, "videos of different sizes and frame counts shared forwards"
+    assert stats["tokens_padded"] == before["tokens_padded"], "packed: no position is padding"
+    assert stats["tokens_computed"] - before["tokens_computed"] == computed_alone, "what the jobs compute alone"
+    if not model.is_image_to_video:  # a row: its latent frames' 2x2 patches of 8x8 pixels, and 512 text tokens
+        spec = params_list[0].family_spec
+        assert computed_alone == sum(
+            p.num_inference_steps
+            * spec.num_rows(p.guidance_scale, p.negative_prompt)
+            * (((p.num_frames - 1) // 4 + 1) * (p.height // 16) * (p.width // 16) + 512)
+            for p in params_list
+        )
 
 
 def test_deterministic_mode_is_bit_identical_alone_and_co_batched(model, engines):

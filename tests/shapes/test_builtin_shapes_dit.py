@@ -62,6 +62,7 @@ def test_a_job_matches_what_diffusers_own_pipeline_draws_from_the_folder(dit_eng
 def test_co_batched_jobs_of_two_sizes_draw_the_asked_shape_in_the_asked_colours(dit_engine):
     cases = fixed_cases(NUM_CASES, model=MODEL, sizes=SIZES)
     forwards_before = dict(dit_engine.stats()["jobs_per_forward"])
+    padded_before = dit_engine.stats()["tokens_padded"]
 
     images = run_co_batched(dit_engine, cases)
 
@@ -72,6 +73,7 @@ def test_co_batched_jobs_of_two_sizes_draw_the_asked_shape_in_the_asked_colours(
         assert report.num_passed >= MIN_PASSED[size], f"{size}x{size}:\n" + "\n".join(report.failures)
     forwards = dit_engine.stats()["jobs_per_forward"]
     assert any(forwards.get(n, 0) > forwards_before.get(n, 0) for n in range(4, 9)), forwards
+    assert dit_engine.stats()["tokens_padded"] == padded_before, "two sizes packed into each forward, not padded"
     # sharing forwards with jobs of the other size must not change what is drawn: the first cases alone agree
     num_alone = 6
     alone = score(cases[:num_alone], run_alone(dit_engine, cases[:num_alone]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.heartbeats import Heartbeat
+from storage.heartbeats import Heartbeat, engine_snapshot
 from storage.queue_names import generate_queue
 
 
@@ -14,7 +14,7 @@ def beat(clock, worker_id: str, model: str = "builtin:tiny", **fields) -> Heartb
         family="sd",
         capacity=4,
         seen_at=clock.now,
-        engine={"num_running": 1, "images_per_second": 0.5, "jobs_per_forward": {"1": 2}},
+        engine={"num_running": 1, "images_per_second": 0.5, "jobs_per_forward": {"1": 2}, "tokens_computed": 100},
     )
     values.update(fields)
     return Heartbeat(**values)
@@ -22,7 +22,13 @@ def beat(clock, worker_id: str, model: str = "builtin:tiny", **fields) -> Heartb
 
 def test_models_sum_their_live_workers_and_count_their_queued_jobs(store, clock):
     store.beat(beat(clock, "a"))
-    engine = {"num_running": 2, "images_per_second": 1.0, "jobs_per_forward": {"1": 1, "2": 3}}
+    engine = {
+        "num_running": 2,
+        "images_per_second": 1.0,
+        "jobs_per_forward": {"1": 1, "2": 3},
+        "tokens_computed": 250,
+        "tokens_padded": 50,
+    }
     store.beat(beat(clock, "b", engine=engine))
     store.beat(beat(clock, "c", model="builtin:small"))
     store.create(tenant="t", params={"prompt": "x", "model": "builtin:small"}, priority="low")
@@ -32,6 +38,7 @@ def test_models_sum_their_live_workers_and_count_their_queued_jobs(store, clock)
     assert (tiny.model, tiny.available, tiny.workers, tiny.capacity) == ("builtin:tiny", True, 2, 8)
     assert tiny.engine["num_running"] == 3 and tiny.engine["images_per_second"] == 1.5
     assert tiny.engine["jobs_per_forward"] == {"1": 3, "2": 3}
+    assert (tiny.engine["tokens_computed"], tiny.engine["tokens_padded"]) == (350, 50)
     assert (small.queue_depth, small.queued_by_priority["low"], tiny.queue_depth) == (1, 1, 0)
 
 
@@ -53,3 +60,9 @@ def test_a_malformed_heartbeat_is_ignored(store, clock, redis_url):
     redis.Redis.from_url(redis_url).hset("stepwise:workers", "junk", "not json")
     store.beat(beat(clock, "a"))
     assert [m.model for m in store.models()] == ["builtin:tiny"]
+
+
+def test_a_heartbeat_carries_the_engines_token_counts():
+    stats = {"tokens_computed": 4096, "tokens_padded": 0, "rows_per_forward": {4: 2}, "model": "builtin:tiny-flux"}
+
+    assert engine_snapshot(stats) == {"tokens_computed": 4096, "tokens_padded": 0}

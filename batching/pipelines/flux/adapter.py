@@ -6,14 +6,13 @@ states (padded to `max_sequence_length`); the sampler's shift `mu` grows with th
 count. FLUX-dev is guidance-distilled: one row per sample, the guidance value a per-row model
 input (so samples with different guidance share a forward); schnell has no guidance embedder and
 ignores it. Outside deterministic mode a group mixes sizes: each row carries its own image
-position ids, and a forward over rows of different sizes pads their image tokens and runs the
-attention of `flux.attention` (per-row positions, padding keys masked); a forward over rows of
-one size runs diffusers' attention as is. Step caching is First-Block Cache (`flux.step_cache`).
+position ids, and a forward over rows whose positions differ runs packed (`flux.packed`: their
+image tokens in one sequence, each row rotated by its own ids, attention per row); a forward over
+rows alike runs diffusers' forward as is. Step caching is First-Block Cache (`flux.step_cache`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,9 +22,10 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.flux import attention
-from batching.pipelines.flux.step_cache import LayoutOf, first_block_cached_forward
-from batching.pipelines.mixed_sizes import LayoutCache, own_tokens, padded_tokens
+from batching.pipelines.flux import packed
+from batching.pipelines.flux.packed import FluxLayout
+from batching.pipelines.flux.step_cache import first_block_cached_forward
+from batching.pipelines.packing import LayoutCache
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default T5 length
@@ -40,8 +40,8 @@ class FluxAdapter(FlowMatchingAdapter):
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
-        self.attention = attention.install(self.transformer)
-        self.layouts = LayoutCache()
+        self.layouts: LayoutCache[tuple[FluxLayout, bool]] = LayoutCache()
+        self.text_ids = torch.zeros(MAX_SEQUENCE_LENGTH, 3, device=device, dtype=dtype)  # every text token at (0, 0, 0)
         blocks = self.transformer.transformer_blocks, self.transformer.single_transformer_blocks
         self.num_cache_blocks = sum(len(part) for part in blocks)
         self.num_blocks_kept = 1  # First-Block Cache (flux.step_cache): the first double-stream block decides
@@ -73,63 +73,62 @@ class FluxAdapter(FlowMatchingAdapter):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
-        latents, num_tokens, inputs = self._transformer_inputs(batch)
-        with self._layout_of(inputs, num_tokens)(list(range(len(num_tokens)))):
-            predictions = self.transformer(
-                hidden_states=latents,
+        layout, is_uniform = self._layout(batch)
+        inputs = self._inputs(batch)
+        text_length = inputs["embeds"].shape[1]
+        batch.count_positions([text_length + n for n in layout.image.lengths])
+        if is_uniform:  # rows alike: diffusers' own forward
+            assert isinstance(batch.latents, torch.Tensor)
+            return self.transformer(
+                hidden_states=batch.latents,
                 timestep=inputs["timestep"],
                 guidance=inputs["guidance"],
                 pooled_projections=inputs["pooled"],
                 encoder_hidden_states=inputs["embeds"],
-                txt_ids=inputs["text_ids"],
-                img_ids=inputs["img_ids"],  # the rows' own positions, when they differ, come from the layout
+                txt_ids=self.text_ids,
+                img_ids=batch.conditioning["image_ids"][0],
                 return_dict=False,
             )[0]
-        return own_tokens(batch.latents, predictions, num_tokens)
+        predictions = packed.forward(self.transformer, layout, self._packed_latents(batch), **inputs)
+        return batch.like_latents(layout.image.split(predictions[0]))
 
     @torch.inference_mode()
     def forward_cached(
         self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
     ) -> CachedForward:
-        latents, num_tokens, inputs = self._transformer_inputs(batch)
-        layout_of = self._layout_of(inputs, num_tokens)
+        layout, _ = self._layout(batch)
+        batch.count_positions([self.text_ids.shape[0] + n for n in layout.image.lengths])
         predictions, skipped = first_block_cached_forward(
-            self.transformer, latents, num_tokens, inputs, samples, layout_of, may_gather=may_gather
+            self.transformer, layout, self._packed_latents(batch), self._inputs(batch), samples, may_gather=may_gather
         )
-        return CachedForward(own_tokens(batch.latents, predictions, num_tokens), skipped)
+        return CachedForward(batch.like_latents(layout.image.split(predictions[0])), skipped)
 
-    def _transformer_inputs(self, batch: ForwardBatch) -> tuple[torch.Tensor, list[int], dict[str, Any]]:
-        embeds = batch.conditioning["embeds"]  # [rows, 512, t5_dim]
-        image_ids = batch.conditioning["image_ids"]  # [rows, max tokens, 3], zero-padded
-        latents, num_tokens = padded_tokens(batch.latents)  # [rows, max tokens, 64]
-        inputs = {
-            "timestep": batch.timesteps.to(latents.dtype) / 1000,
+    def _inputs(self, batch: ForwardBatch) -> dict[str, Any]:
+        """`packed.embed`'s inputs but the latents: each row's timestep in [0, 1], guidance, pooled and T5 states."""
+        return {
+            "timestep": batch.timesteps.to(batch.latents[0].dtype) / 1000,
             "guidance": batch.conditioning["guidance"] if self.has_guidance_embeds else None,
             "pooled": batch.conditioning["pooled"],
-            "embeds": embeds,
-            "text_ids": torch.zeros(embeds.shape[1], 3, device=self.device, dtype=self.dtype),
-            "img_ids": image_ids[0],
-            "image_ids": image_ids,
+            "embeds": batch.conditioning["embeds"],  # [rows, 512, t5_dim]
         }
-        return latents, num_tokens, inputs
 
-    def _layout_of(self, inputs: dict[str, Any], num_tokens: list[int]) -> LayoutOf:
-        """Batch rows -> the attention layout of a forward over them (none when the batch is of one size)."""
-        image_ids, text_ids = inputs["image_ids"], inputs["text_ids"]
-        is_uniform = bool((image_ids == image_ids[:1]).all())  # 128x192 and 192x128 have equal token counts
+    def _packed_latents(self, batch: ForwardBatch) -> torch.Tensor:
+        """[1, image tokens, 64]: every row's latent tokens, one after another."""
+        return torch.cat(list(batch.latents))[None]
 
-        def layout_of(rows: list[int]) -> contextlib.AbstractContextManager:
-            if is_uniform:
-                return contextlib.nullcontext()
-            if len(rows) == len(num_tokens):
-                lengths = (tuple(num_tokens), text_ids.shape[0])
-                build = lambda: attention.row_layout(self.transformer, text_ids, image_ids, num_tokens)  # noqa: E731
-                return self.attention.rows(self.layouts.get(image_ids, lengths, build))
-            some = [num_tokens[row] for row in rows]
-            return self.attention.rows(attention.row_layout(self.transformer, text_ids, image_ids[rows], some))
+    def _layout(self, batch: ForwardBatch) -> tuple[FluxLayout, bool]:
+        """The rows' packed layout, and whether every row has the same positions (diffusers' forward then runs as
+        is: 128x192 and 192x128 have equal token counts, not equal positions)."""
 
-        return layout_of
+        def build() -> tuple[FluxLayout, bool]:
+            image_ids = batch.conditioning["image_ids"]  # [rows, most tokens, 3], zero-padded
+            lengths = batch.row_lengths("image_ids")
+            rows = [ids[:length] for ids, length in zip(image_ids, lengths)]
+            is_uniform = len(set(lengths)) == 1 and bool((image_ids == image_ids[:1]).all())
+            return packed.build_layout(self.transformer, self.text_ids, rows), is_uniform
+
+        return self.layouts.get(batch.membership or None, build)
 
     def _image_ids(self, params: GenerationParams) -> torch.Tensor:
         """[tokens, 3] positions of the packed latent tokens: (0, row, column)."""
-        return attention.position_ids(0, *self.token_grid(params)).to(self.device, self.dtype)
+        return packed.position_ids(0, *self.token_grid(params)).to(self.device, self.dtype)

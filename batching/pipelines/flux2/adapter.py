@@ -14,14 +14,13 @@ pipeline reads its `image` (`core.image_inputs.reference_image`), VAE-encoded to
 patchified, normalised, and its tokens follow the noise tokens in the sequence with ids
 (10, row, column, 0); the model's prediction for them is dropped. They are row conditioning
 (`image_conditioning`: "reference", "image_ids"), so a job with references shares forwards with
-plain jobs: rows whose token counts or positions differ (sizes, references) are padded and run the
-attention of `flux2.attention` (per-row positions, padding keys masked); a forward whose rows
-agree runs diffusers' attention as is.
+plain jobs: rows whose token counts or positions differ (sizes, references) run packed
+(`flux2.packed`: one token sequence, each row rotated by its own ids, attention per row); a forward
+whose rows agree runs diffusers' forward as is.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,10 +32,9 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.encoded_images import EncodedImages
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.flux import attention as flux_attention
-from batching.pipelines.flux.attention import position_ids
-from batching.pipelines.flux2 import attention
-from batching.pipelines.mixed_sizes import LayoutCache, pad_rows, unpadded
+from batching.pipelines.flux.packed import FluxLayout, build_layout, position_ids
+from batching.pipelines.flux2 import packed
+from batching.pipelines.packing import LayoutCache
 from batching.pipelines.vae import pixels_to_images
 from core.image_inputs import InputImages
 from core.params import GenerationParams
@@ -57,8 +55,7 @@ class Flux2Adapter(FlowMatchingAdapter):
         super().__init__(model, pipeline, device, dtype)
         self.num_channels = self.transformer.config.in_channels  # per token: 2x2 patches of the VAE's channels
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
-        self.attention = attention.install(self.transformer)
-        self.layouts = LayoutCache()
+        self.layouts: LayoutCache[tuple[FluxLayout, bool]] = LayoutCache()
         self.text_ids = position_ids(0, 1, 1, MAX_SEQUENCE_LENGTH).to(device)  # [512, 4]: (0, 0, 0, token)
         # init_image -> its tokens [r, c] and ids [r, 4] (the job's images share them; so do retries)
         self._references: EncodedImages[tuple[torch.Tensor, torch.Tensor]] = EncodedImages(NUM_CACHED_REFERENCES)
@@ -98,35 +95,45 @@ class Flux2Adapter(FlowMatchingAdapter):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        layout, is_uniform = self._layout(batch)
         conditioning = batch.conditioning
-        image_ids = conditioning["image_ids"]  # [rows, max tokens, 4], zero-padded
-        references = conditioning["reference"]  # [rows, max reference tokens, c], zero-padded
-        num_rows = image_ids.shape[0]
-        reference_lengths = batch.row_lengths("reference")
-        if isinstance(batch.latents, list):
-            rows = [torch.cat([own, ref[:n]]) for own, ref, n in zip(batch.latents, references, reference_lengths)]
-            hidden, num_tokens = pad_rows(rows)  # [rows, max tokens, c]
-            num_noise = [latents.shape[0] for latents in batch.latents]
-        else:
-            num_noise = [batch.latents.shape[1]] * num_rows
-            num_tokens = [noise + length for noise, length in zip(num_noise, reference_lengths)]
-            hidden = batch.latents
-            if references.shape[1]:
-                hidden = torch.cat([hidden, references], dim=1)  # the shorter rows' references are zero-padded
-        is_uniform = len(set(num_tokens)) == 1 and bool((image_ids == image_ids[:1]).all())
-        with contextlib.nullcontext() if is_uniform else self.attention.rows(self._row_layout(image_ids, num_tokens)):
+        references = conditioning["reference"]  # [rows, most reference tokens, c], zero-padded
+        latents = list(batch.latents)  # per row [noise tokens, c]
+        rows = [torch.cat([own, ref[:n]]) for own, ref, n in zip(latents, references, batch.row_lengths("reference"))]
+        batch.count_positions([MAX_SEQUENCE_LENGTH + n for n in layout.image.lengths])
+        inputs: dict[str, Any] = {
+            "timestep": batch.timesteps.to(latents[0].dtype) / 1000,
+            "guidance": conditioning["guidance"] if self.has_guidance_embeds else None,
+            "embeds": conditioning["embeds"],  # [rows, 512, layers * text_dim]
+        }
+        if is_uniform:  # rows alike: diffusers' own forward
             predictions = self.transformer(
-                hidden_states=hidden.to(self.transformer.dtype),
-                timestep=batch.timesteps.to(hidden.dtype) / 1000,
-                guidance=conditioning["guidance"] if self.has_guidance_embeds else None,
-                encoder_hidden_states=conditioning["embeds"],
+                hidden_states=torch.stack(rows).to(self.transformer.dtype),
+                timestep=inputs["timestep"],
+                guidance=inputs["guidance"],
+                encoder_hidden_states=inputs["embeds"],
                 txt_ids=self.text_ids,
-                img_ids=image_ids[0],  # the rows' own positions, when they differ, come from the layout
+                img_ids=conditioning["image_ids"][0],
                 return_dict=False,
             )[0]
-        if isinstance(batch.latents, list):
-            return unpadded(predictions, num_noise)
-        return predictions[:, : num_noise[0]]  # the references' predictions are dropped, as the pipeline does
+            own = list(predictions)
+        else:
+            hidden = torch.cat(rows)[None].to(self.transformer.dtype)  # [1, image tokens, c]
+            own = layout.image.split(packed.forward(self.transformer, layout, hidden, **inputs)[0])
+        # the references' predictions are dropped, as the pipeline does
+        return batch.like_latents([row[: noise.shape[0]] for row, noise in zip(own, latents)])
+
+    def _layout(self, batch: ForwardBatch) -> tuple[FluxLayout, bool]:
+        """The rows' packed layout (noise, then reference tokens), and whether every row has the same positions."""
+
+        def build() -> tuple[FluxLayout, bool]:
+            image_ids = batch.conditioning["image_ids"]  # [rows, most tokens, 4], zero-padded
+            lengths = batch.row_lengths("image_ids")
+            rows = [ids[:length] for ids, length in zip(image_ids, lengths)]
+            is_uniform = len(set(lengths)) == 1 and bool((image_ids == image_ids[:1]).all())
+            return build_layout(self.transformer, self.text_ids, rows), is_uniform
+
+        return self.layouts.get(batch.membership or None, build)
 
     def decode(self, latents: torch.Tensor, params_list: Sequence[GenerationParams]) -> list[Image.Image | None]:
         patches = self.unpack_latents(latents, params_list[0])  # [n, c, h/16, w/16]
@@ -157,10 +164,6 @@ class Flux2Adapter(FlowMatchingAdapter):
         mean = batch_norm.running_mean.view(1, -1, 1, 1)
         std = torch.sqrt(batch_norm.running_var.view(1, -1, 1, 1) + self.vae.config.batch_norm_eps)
         return mean.to(like.device, like.dtype), std.to(like.device, like.dtype)
-
-    def _row_layout(self, image_ids: torch.Tensor, num_tokens: list[int]):
-        build = lambda: flux_attention.row_layout(self.transformer, self.text_ids, image_ids, num_tokens)  # noqa: E731
-        return self.layouts.get(image_ids, tuple(num_tokens), build)
 
     def _image_ids(self, params: GenerationParams) -> torch.Tensor:
         """[tokens, 4] positions of the noise tokens: (0, row, column, 0)."""

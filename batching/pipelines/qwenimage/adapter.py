@@ -11,9 +11,9 @@ combined as the pipeline does (CFG, then rescaled to the conditional prediction'
 Its VAE is a causal video VAE (`batching.pipelines.vae`).
 
 Rows of every size and prompt length share a forward (the family's key holds no size outside
-deterministic mode): prompts are zero-padded with a mask, and rows of different image shapes run
-the attention of `qwenimage.attention` (per-row positions, padding keys masked); rows of one shape
-run diffusers' attention as is. The edit model (`qwenimage.edit`) extends this adapter: its rows
+deterministic mode): rows whose image shapes or prompt lengths differ run packed (`qwenimage.packed`:
+their image and text tokens each in one sequence, each row rotated by its own positions, attention
+per row); rows alike run diffusers' forward as is. The edit model (`qwenimage.edit`) extends this adapter: its rows
 carry the edit image's latents after their own.
 """
 
@@ -28,9 +28,9 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.mixed_sizes import pad_rows, padding_mask, unpadded
-from batching.pipelines.qwenimage import attention
-from batching.pipelines.qwenimage.attention import ImageShapes
+from batching.pipelines.packing import LayoutCache
+from batching.pipelines.qwenimage import packed
+from batching.pipelines.qwenimage.packed import ImageShapes, QwenLayout
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline's default: prompt states past it are cut
@@ -47,7 +47,7 @@ class QwenImageAdapter(FlowMatchingAdapter):
     def __init__(self, model: str, pipeline: Any, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(model, pipeline, device, dtype)
         self.latent_channels = self.transformer.config.in_channels // 4
-        self.attention = attention.install(self.transformer)
+        self.layouts: LayoutCache[tuple[QwenLayout, list[ImageShapes]]] = LayoutCache()
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -78,24 +78,37 @@ class QwenImageAdapter(FlowMatchingAdapter):
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, longest prompt, dim], zero-padded
         text_lengths = batch.row_lengths("embeds")
-        shapes: list[ImageShapes] = [
-            [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
-        ]
         latents = list(batch.latents)  # per row [tokens, 64]
-        hidden, num_tokens = pad_rows(self.image_tokens(latents, batch))  # [rows, most image tokens, 64]
-        inputs: dict[str, Any] = dict(
-            hidden_states=hidden, timestep=batch.timesteps.to(hidden.dtype) / 1000, encoder_hidden_states=embeds
-        )
-        if all(row_shapes == shapes[0] for row_shapes in shapes):  # diffusers' own attention and text mask
-            if len(set(text_lengths)) > 1:
-                inputs["encoder_hidden_states_mask"] = padding_mask(text_lengths, embeds.shape[1], self.device)
-            predictions = self.transformer(**inputs, img_shapes=shapes, return_dict=False)[0]
+        rows = self.image_tokens(latents, batch)  # per row [image stream tokens, 64]
+        layout, shapes = self._layout(batch)
+        batch.count_positions([text + image for text, image in zip(text_lengths, layout.image.lengths)])
+        timestep = batch.timesteps.to(rows[0].dtype) / 1000
+        if len(set(map(repr, shapes))) == 1 and len(set(text_lengths)) == 1:  # rows alike: diffusers' forward
+            predictions = self.transformer(
+                hidden_states=torch.stack(rows),
+                timestep=timestep,
+                encoder_hidden_states=embeds,
+                img_shapes=shapes,
+                return_dict=False,
+            )[0]
+            own = list(predictions)
         else:
-            layout = attention.row_layout(self.transformer, shapes, num_tokens, text_lengths)
-            padded_shapes = [row + _padding_shape(max(num_tokens) - n) for row, n in zip(shapes, num_tokens)]
-            with self.attention.rows(layout):
-                predictions = self.transformer(**inputs, img_shapes=padded_shapes, return_dict=False)[0]
-        return batch.like_latents(unpadded(predictions, [own.shape[0] for own in latents]))  # rows' own image tokens
+            text = torch.cat([row[:length] for row, length in zip(embeds, text_lengths)])[None]
+            predictions = packed.forward(self.transformer, layout, torch.cat(rows)[None], timestep, text)
+            own = layout.image.split(predictions[0])
+        return batch.like_latents([row[: latent.shape[0]] for row, latent in zip(own, latents)])  # rows' own tokens
+
+    def _layout(self, batch: ForwardBatch) -> tuple[QwenLayout, list[ImageShapes]]:
+        """The rows' packed layout and their `img_shapes` (each row's own image, then an edit image)."""
+
+        def build() -> tuple[QwenLayout, list[ImageShapes]]:
+            shapes: list[ImageShapes] = [
+                [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
+            ]
+            lengths = batch.row_lengths("embeds")
+            return packed.build_layout(self.transformer, shapes, lengths, self.device), shapes
+
+        return self.layouts.get(batch.membership or None, build)
 
     def image_tokens(self, latents: list[torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
         """Each row's image-stream tokens: its latents (an edit row adds its edit image's latents)."""
@@ -112,9 +125,3 @@ class QwenImageAdapter(FlowMatchingAdapter):
     def _image_shapes(self, params: GenerationParams) -> torch.Tensor:
         """[1, 3]: the (frames, height, width) in patches of the row's image tokens, as `img_shapes` lists them."""
         return torch.tensor([[1, *self.token_grid(params)]])
-
-
-def _padding_shape(num_tokens: int) -> ImageShapes:
-    """A shape covering `num_tokens` padding tokens, so each row's `img_shapes` sums to the padded length (the
-    transformer derives per-token timestep modulation of zero_cond_t models from it)."""
-    return [(1, 1, num_tokens)] if num_tokens else []

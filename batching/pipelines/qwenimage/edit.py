@@ -17,7 +17,7 @@ An edit job's conditioning depends on its image, so its prompts are encoded per 
 when it starts (`image_conditioning`, on the encoder's thread, with the image decoded
 once at submit) rather than in the shared text-encoder call, each text alone as the
 pipeline encodes it. Rows of edit jobs share forwards whatever their output sizes, edit
-images and prompt lengths (mixed shapes run `qwenimage.attention`); a model serves
+images and prompt lengths (packed: `qwenimage.packed`); a model serves
 either editing or text-to-image jobs, so edit rows never meet plain Qwen-Image rows
 (their checkpoints differ anyway).
 """

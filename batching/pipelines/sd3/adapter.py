@@ -12,8 +12,8 @@ prompt encoded as the empty text. Decode undoes the VAE's scaling and shift fact
 family (`flow_matching`): its sampler's sigmas are the scheduler's own, as its pipeline leaves them.
 
 Outside deterministic mode a group mixes sizes: a forward over rows of different sizes
-runs `sd3.attention` (per-row patch positions, padded image tokens, masked keys); a
-forward over rows of one size runs diffusers' transformer as is.
+runs packed (`sd3.packed`: each row patch-embedded with its own positions, the image tokens in one
+sequence, attention per row); a forward over rows of one size runs diffusers' transformer as is.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import clip_prompt_states, tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.sd3 import attention
+from batching.pipelines.packing import LayoutCache
+from batching.pipelines.sd3 import packed
+from batching.pipelines.sd3.packed import SD3Layout
 from core.errors import ModelLoadError
 from core.params import GenerationParams
 
@@ -48,7 +50,7 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
         if not config.pos_embed_max_size:
             raise ModelLoadError(f"model {model!r} has no pos_embed_max_size: its patch positions cannot be cropped")
         self.max_latent_size = config.pos_embed_max_size * config.patch_size  # latent pixels per side
-        self.attention = attention.install(self.transformer)
+        self.layouts: LayoutCache[SD3Layout] = LayoutCache()
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -91,10 +93,14 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, 333, t5_width]
         pooled = batch.conditioning["pooled"]  # [rows, pooled_width]
-        if isinstance(batch.latents, list):  # sizes differ: pad the image tokens, mask the padding
-            return attention.mixed_size_forward(
-                self.transformer, self.attention, batch.latents, batch.timesteps, embeds, pooled
-            )
+        patch = self.transformer.config.patch_size
+        grids = [(row.shape[-2] // patch, row.shape[-1] // patch) for row in batch.latents]
+        num_text = embeds.shape[1]
+        row_positions = [num_text + height * width for height, width in grids]
+        batch.count_positions(row_positions)
+        if isinstance(batch.latents, list):  # sizes differ
+            layout = self.layouts.get(tuple(grids), lambda: packed.build_layout(grids, num_text, self.device))
+            return packed.forward(self.transformer, layout, batch.latents, batch.timesteps, embeds, pooled)
         return self.transformer(
             hidden_states=batch.latents,  # [rows, 16, h, w]
             timestep=batch.timesteps,

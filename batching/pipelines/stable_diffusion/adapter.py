@@ -129,6 +129,7 @@ class StableDiffusionAdapter(AdapterBase):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self._count_positions(batch)
         return self.unet(
             self._unet_input(batch),
             batch.timesteps,
@@ -141,6 +142,7 @@ class StableDiffusionAdapter(AdapterBase):
     def forward_cached(
         self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
     ) -> CachedForward:
+        self._count_positions(batch)
         return deep_cached_forward(
             self.unet,
             self._unet_input(batch),
@@ -150,6 +152,13 @@ class StableDiffusionAdapter(AdapterBase):
             samples,
             may_gather=may_gather,
         )
+
+    def _count_positions(self, batch: ForwardBatch) -> None:
+        """A UNet row's positions: its latent pixels (the sequence of its first attention blocks) and its text
+        tokens. Rows of a group are one size (it is in the key), so none is padded but deterministic padding rows."""
+        latents, embeds = batch.latents, batch.conditioning["embeds"]  # [rows, c, h, w], [rows, 77, dim]
+        assert isinstance(latents, torch.Tensor)
+        batch.count_positions([latents.shape[-2] * latents.shape[-1] + embeds.shape[1]] * latents.shape[0])
 
     def _unet_input(self, batch: ForwardBatch) -> torch.Tensor:
         latents = batch.latents  # [num_rows, 4, h, w]

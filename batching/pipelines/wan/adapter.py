@@ -17,7 +17,7 @@ TI2V-5B's per-token timesteps) and `WanImageToVideoPipeline`, each as its diffus
   one iteration: the forward runs each expert once over the rows that need it. In deterministic mode
   each expert needed runs over the whole padded batch (a row's arithmetic must not depend on how many
   rows share its expert), and each row keeps its own expert's output.
-- Mixed shapes: rows of any size and frame count share a forward (`wan.transformer`).
+- Mixed shapes: rows of any size and frame count share a forward, packed (`batching.pipelines.packed_video`).
 - Image-to-video (`wan.image`): the job's `init_image` is the first frame; it conditions every row
   (`edits_init_image`), and the sample starts from noise.
 - Decode: the video VAE (`batching.pipelines.vae.LatentVae.decode_video`) to each sample's frames; a
@@ -34,12 +34,15 @@ from typing import Any
 import torch
 from PIL import Image
 
+from batching.pipelines import packed_video
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
 from batching.pipelines.contract import Conditioning, ForwardBatch, Sampler
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.loading import load_pipeline, pipeline_class_name
-from batching.pipelines.wan import image, samplers, transformer
+from batching.pipelines.packed_video import VideoLayout
+from batching.pipelines.packing import LayoutCache
+from batching.pipelines.wan import image, samplers
 from core.errors import InvalidParamsError, ModelLoadError
 from core.image_inputs import InputImages
 from core.params import GenerationParams
@@ -71,7 +74,7 @@ class WanAdapter(FlowMatchingAdapter):
         self.unusable_fields = frozenset(
             {"init_image"} if not self.is_image_to_video else set()  # text-to-video: no first frame
         ) | frozenset({"guidance_scale_2"} if self.boundary_timestep is None else set())  # one expert
-        self.row_attention = [transformer.install(expert) for expert in self.experts]
+        self.layouts: list[LayoutCache[VideoLayout]] = [LayoutCache() for _ in self.experts]
         self.latent_channels = self.vae.config.z_dim
         self.frames_per_latent = pipeline.vae_scale_factor_temporal
         self.patch_size = tuple(self.transformer.config.patch_size)  # (frames, height, width)
@@ -151,6 +154,7 @@ class WanAdapter(FlowMatchingAdapter):
         hidden = self._hidden_states(batch)  # [rows, c_in, f, h, w], or per row [c_in, f, h, w] of mixed shapes
         num_real = batch.num_real_rows if batch.num_real_rows is not None else num_rows
         row_experts = self._experts_of(batch.timesteps, num_real)  # per real row: the index of its expert
+        positions = self._row_positions(hidden, batch)
         outputs: dict[int, torch.Tensor] = {}  # row -> its prediction
         for expert in sorted(set(row_experts)):
             if batch.num_real_rows is None:
@@ -161,7 +165,20 @@ class WanAdapter(FlowMatchingAdapter):
             for row, prediction in zip(rows, predictions):
                 if row >= num_real or row_experts[row] == expert:
                     outputs[row] = prediction
+            kept = [row for row in rows if row < num_real and row_experts[row] == expert]
+            computed = sum(positions[row] for row in rows)
+            batch.num_positions += computed
+            batch.num_padded_positions += computed - sum(positions[row] for row in kept)
         return batch.like_latents([outputs[row] for row in range(num_rows)])
+
+    def _row_positions(self, hidden: torch.Tensor | list[torch.Tensor], batch: ForwardBatch) -> list[int]:
+        """Each row's sequence positions: its video tokens, and its context's (512 text tokens, an image-to-video
+        row's image tokens too), which the transformer embeds per row."""
+        p_t, p_h, p_w = self.patch_size
+        image_embeds = batch.conditioning.get("image_embeds")
+        context = MAX_SEQUENCE_LENGTH + (image_embeds.shape[1] if image_embeds is not None else 0)
+        shapes = [row.shape for row in hidden]
+        return [(f // p_t) * (h // p_h) * (w // p_w) + context for _, f, h, w in shapes]
 
     def guidance_scale(self, params: GenerationParams, timestep: torch.Tensor) -> float:
         """The low-noise expert's steps of a two-expert model guide with `guidance_scale_2` where the job names it,
@@ -221,13 +238,14 @@ class WanAdapter(FlowMatchingAdapter):
         if isinstance(hidden, torch.Tensor):
             selected = hidden if len(rows) == hidden.shape[0] else hidden.index_select(0, index)
             timestep = self._timestep(timesteps, [selected.shape[1:]] * len(rows))
-            return list(transformer.run_uniform(model, selected, timestep, embeds, image_embeds))
+            return list(packed_video.run_uniform(model, selected, timestep, embeds, image_embeds))
         chosen = [hidden[row] for row in rows]
         if all(row.shape == chosen[0].shape for row in chosen):
             timestep = self._timestep(timesteps, [row.shape for row in chosen])
-            return list(transformer.run_uniform(model, torch.stack(chosen), timestep, embeds, image_embeds))
-        timestep = self._timestep(timesteps, [row.shape for row in chosen])
-        return transformer.run_mixed(model, self.row_attention[expert], chosen, timestep, embeds, image_embeds)
+            return list(packed_video.run_uniform(model, torch.stack(chosen), timestep, embeds, image_embeds))
+        shapes = tuple(row.shape for row in chosen)
+        layout = self.layouts[expert].get(shapes, lambda: packed_video.build_layout(model, shapes))
+        return packed_video.run_packed(model, layout, chosen, timesteps, embeds, image_embeds)
 
     def _timestep(self, timesteps: torch.Tensor, shapes: Sequence[torch.Size]) -> torch.Tensor:
         """The transformer's `timestep`: one per row, or (TI2V-5B's `expand_timesteps`) one per token of each row,
