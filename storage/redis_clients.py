@@ -74,15 +74,21 @@ def _master_kwargs(sentinel: SentinelUrl) -> dict[str, Any]:
     return kwargs
 
 
+def _pool_options(max_connections: int | None, pool_timeout: float | None) -> dict[str, Any]:
+    """redis-py's pool options for a bound on connections and a wait for a free one (either may be unset)."""
+    options: dict[str, Any] = {}
+    if max_connections is not None:
+        options["max_connections"] = max_connections
+    if pool_timeout is not None:
+        options["timeout"] = pool_timeout
+    return options
+
+
 def open_redis(url: str, *, max_connections: int | None = None, pool_timeout: float | None = None, **connection: Any):
     """A client of `url`. `connection`: redis-py's connection options (decode_responses, socket_timeout, retry...).
     With `pool_timeout`, a blocking pool of `max_connections`: a caller waits up to that long for a free one."""
     sentinel = sentinel_url(url)
-    pool_options: dict[str, Any] = {}
-    if max_connections is not None:
-        pool_options["max_connections"] = max_connections
-    if pool_timeout is not None:
-        pool_options["timeout"] = pool_timeout
+    pool_options = _pool_options(max_connections, pool_timeout)
     if sentinel is None:
         pool_class = redis.BlockingConnectionPool if pool_timeout is not None else redis.ConnectionPool
         return redis.Redis.from_pool(pool_class.from_url(url, **pool_options, **connection))
@@ -101,11 +107,7 @@ def open_async_redis(
 ) -> aioredis.Redis:
     """`open_redis` for asyncio."""
     sentinel = sentinel_url(url)
-    pool_options: dict[str, Any] = {}
-    if max_connections is not None:
-        pool_options["max_connections"] = max_connections
-    if pool_timeout is not None:
-        pool_options["timeout"] = pool_timeout
+    pool_options = _pool_options(max_connections, pool_timeout)
     if sentinel is None:
         pool_class = aioredis.BlockingConnectionPool if pool_timeout is not None else aioredis.ConnectionPool
         return aioredis.Redis.from_pool(pool_class.from_url(url, **pool_options, **connection))
