@@ -8,7 +8,9 @@ created and the key's first characters (to recognise it). `RedisKeys.api_key_ids
 its digest. A key is shown once, when it is created.
 
 The API reads the whole hash again at most once a second (`ApiKeyTable`), so a key created or
-revoked is honoured by every API process within a second, without a restart. A revocation is also
+revoked is honoured by every API process within a second, without a restart; a key it does not know
+makes it read again sooner (at most every MISS_REFRESH_SECONDS), so a new key works at once in every
+process, whichever one a client's next request reaches. A revocation is also
 published (`RedisKeys.api_key_revocations`, the key's id): the requests still open with that key,
 event streams and waits, end at once (storage.job_events).
 """
@@ -36,6 +38,7 @@ KEY_PREFIX = "sk_"
 ID_PREFIX = "key_"
 SHOWN_CHARS = 8  # of a key, kept to recognise it in a listing
 REFRESH_SECONDS = 1.0
+MISS_REFRESH_SECONDS = 0.1  # an unknown key reads the keys again at most this often (a flood of bad keys costs little)
 
 
 def digest_of(key: str) -> str:
@@ -132,21 +135,31 @@ class ApiKeyTable:
     fails the keys read before stay in force; with none read yet, `lookup` raises RedisUnavailableError."""
 
     def __init__(
-        self, store: ApiKeyStore, refresh_seconds: float = REFRESH_SECONDS, clock: Callable[[], float] = time.monotonic
+        self,
+        store: ApiKeyStore,
+        refresh_seconds: float = REFRESH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        miss_refresh_seconds: float = MISS_REFRESH_SECONDS,
     ) -> None:
         self.store = store
         self.refresh_seconds = refresh_seconds
+        self.miss_refresh_seconds = miss_refresh_seconds
         self.clock = clock
         self._lock = threading.Lock()
         self._keys: dict[str, ApiKey] | None = None
         self._read_at = float("-inf")
 
     def lookup(self, key: str) -> ApiKey | None:
-        return self._current().get(digest_of(key))
+        digest = digest_of(key)
+        found = self._current(self.refresh_seconds).get(digest)
+        if found is None:  # maybe created since the last read (by `stepwise keys create`, or through another process)
+            found = self._current(self.miss_refresh_seconds).get(digest)
+        return found
 
-    def _current(self) -> dict[str, ApiKey]:
+    def _current(self, max_age: float) -> dict[str, ApiKey]:
+        """The keys, read again first if the last read is `max_age` seconds old."""
         with self._lock:
-            if self.clock() - self._read_at >= self.refresh_seconds:
+            if self.clock() - self._read_at >= max_age:
                 try:
                     self._keys = self.store.all()
                     self._read_at = self.clock()

@@ -30,16 +30,18 @@ def test_a_created_key_is_stored_only_as_its_digest(key_store, redis_url):
 
 def test_a_reader_sees_a_new_key_and_a_revoked_one_within_its_refresh(key_store):
     clock = FakeClock(0.0)
-    table = ApiKeyTable(key_store, refresh_seconds=1.0, clock=clock)
+    table = ApiKeyTable(key_store, refresh_seconds=1.0, clock=clock, miss_refresh_seconds=0.1)
     assert table.lookup("sk_nothing_yet") is None
     key, record = key_store.create("team-a", "admin")
 
-    assert table.lookup(key) is None  # read less than a second ago
-    clock.advance(1.0)
-    assert table.lookup(key) == record and record.is_admin
+    assert table.lookup(key) is None  # an unknown key was looked up less than 0.1 s ago
+    clock.advance(0.1)
+    assert table.lookup(key) == record and record.is_admin  # a miss reads again: no second's wait for a new key
 
     assert key_store.revoke(record.key_id) == record
-    clock.advance(1.0)
+    clock.advance(0.5)
+    assert table.lookup(key) == record  # a known key waits for the refresh: one read a second, however busy
+    clock.advance(0.5)
     assert table.lookup(key) is None
 
 
