@@ -323,6 +323,7 @@ class DiffusionEngine:
             self._take_inbox()
             plan = self.scheduler.schedule()
         did_work = not plan.is_empty
+        recorded = False  # whether the stats count this iteration; the phases count the same ones
         if did_work or self.model_runner.decoder.has_results():
             start = time.perf_counter()
             output = self.model_runner.execute(plan, self._abort_ended)
@@ -337,12 +338,13 @@ class DiffusionEngine:
                 )
                 if not is_waiting:
                     self.book.record_iteration(output, time.perf_counter() - start)
+                    recorded = True
                 self.book.record_output(output, self.model_runner.take_previews(), started_at=start)
                 did_work = did_work and not is_waiting
                 self._publish()
         else:
             self._publish()
-        phases.end_iteration(did_work)
+        phases.end_iteration(recorded)
         return did_work
 
     def _start_up(self) -> None:

@@ -98,10 +98,11 @@ class StepPhases:
                 iteration.events.append((name, start_event, self._record()))
             iteration.host_times.append((name, time.perf_counter() - host, time.thread_time() - cpu))
 
-    def end_iteration(self, did_work: bool) -> None:
-        """Count the iteration under its kind, unless it did no work (it waited for the encoder)."""
+    def end_iteration(self, counted: bool) -> None:
+        """Count the iteration under its kind when the engine's stats count it (not when nothing ran, or it
+        waited for the encoder), so the phases' iterations add up to the stats' `iterations`."""
         iteration, self._current = self._current, None
-        if iteration is None or not did_work:
+        if iteration is None or not counted:
             return
         wall = time.perf_counter() - self._started
         with self._lock:
@@ -186,7 +187,7 @@ class NoPhases:
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         return self._nothing
 
-    def end_iteration(self, did_work: bool) -> None:
+    def end_iteration(self, counted: bool) -> None:
         pass
 
     def summary(self) -> dict[str, Any]:

@@ -9,8 +9,8 @@ its digest. A key is shown once, when it is created.
 
 The API reads the whole hash again at most once a second (`ApiKeyTable`), so a key created or
 revoked is honoured by every API process within a second, without a restart; a key it does not know
-makes it read again sooner (at most every MISS_REFRESH_SECONDS), so a new key works at once in every
-process, whichever one a client's next request reaches. A revocation is also
+is looked up by its digest at once (one HGET), so a new key works at once in every process, whichever
+one a client's next request reaches. A revocation is also
 published (`RedisKeys.api_key_revocations`, the key's id): the requests still open with that key,
 event streams and waits, end at once (storage.job_events).
 """
@@ -38,7 +38,6 @@ KEY_PREFIX = "sk_"
 ID_PREFIX = "key_"
 SHOWN_CHARS = 8  # of a key, kept to recognise it in a listing
 REFRESH_SECONDS = 1.0
-MISS_REFRESH_SECONDS = 0.1  # an unknown key reads the keys again at most this often (a flood of bad keys costs little)
 
 
 def digest_of(key: str) -> str:
@@ -106,6 +105,14 @@ class ApiKeyStore:
                 continue
         return keys
 
+    def find(self, digest: str) -> ApiKey | None:
+        """The key record of one digest, or None if there is no such key (or its entry is malformed)."""
+        text = self._redis.hget(self.keys_key, digest)
+        try:
+            return ApiKey(**json.loads(text)) if text is not None else None
+        except (ValueError, TypeError):
+            return None
+
     def revoke(self, key_or_id: str) -> ApiKey | None:
         """Revoke a key given by itself or by its id; returns what was revoked, or None if no such key."""
         digest = self._redis.hget(self.ids_key, key_or_id) if key_or_id.startswith(ID_PREFIX) else None
@@ -139,11 +146,9 @@ class ApiKeyTable:
         store: ApiKeyStore,
         refresh_seconds: float = REFRESH_SECONDS,
         clock: Callable[[], float] = time.monotonic,
-        miss_refresh_seconds: float = MISS_REFRESH_SECONDS,
     ) -> None:
         self.store = store
         self.refresh_seconds = refresh_seconds
-        self.miss_refresh_seconds = miss_refresh_seconds
         self.clock = clock
         self._lock = threading.Lock()
         self._keys: dict[str, ApiKey] | None = None
@@ -153,7 +158,14 @@ class ApiKeyTable:
         digest = digest_of(key)
         found = self._current(self.refresh_seconds).get(digest)
         if found is None:  # maybe created since the last read (by `stepwise keys create`, or through another process)
-            found = self._current(self.miss_refresh_seconds).get(digest)
+            try:
+                found = self.store.find(digest)
+            except redis.exceptions.RedisError:
+                return None  # as with a failed refresh: the keys read before are what is known
+            if found is not None:
+                with self._lock:
+                    assert self._keys is not None
+                    self._keys[digest] = found
         return found
 
     def _current(self, max_age: float) -> dict[str, ApiKey]:

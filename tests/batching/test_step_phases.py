@@ -16,6 +16,7 @@ def test_phase_timing_reports_every_phase_of_steady_and_churn_iterations(fresh_e
     futures = [engine.submit(make_params(seed=seed, num_inference_steps=steps)) for seed, steps in ((1, 3), (2, 6))]
     for future in futures:
         future.result(timeout=120)
+    engine.shutdown()  # a job resolves before its iteration ends: after the loop exits, every iteration has ended
 
     stats = engine.stats()
     phases = stats["phases"]
@@ -59,7 +60,7 @@ def test_device_spans_are_read_per_phase_and_between_iterations(monkeypatch):
             time.sleep(0.01)
         with phases.phase("sampler"):
             pass
-        phases.end_iteration(did_work=True)
+        phases.end_iteration(counted=True)
         time.sleep(0.005)
 
     summary = phases.summary()

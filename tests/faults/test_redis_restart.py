@@ -66,7 +66,7 @@ def test_a_redis_restart_loses_no_accepted_job_and_api_and_worker_reconnect_by_t
         images = sorted(str(p.relative_to(folder_cluster.images)) for p in folder_cluster.images.rglob("*.png"))
         assert images == sorted(r.image_keys[0] for r in records)
         assert get_job(http, api, job_ids[0]).json()["state"] == "succeeded"
-        assert "StorageUnavailableError" in worker.log_text()  # some record I/O was retried
+        assert "RedisUnavailableError" in worker.log_text()  # some record I/O was retried
     finally:
         http.close()
         api.stop()
