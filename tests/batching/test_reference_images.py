@@ -156,3 +156,73 @@ def test_init_image_is_the_one_image_form_of_the_list():
     init_images, list_images = input_images(as_init), input_images(as_list)
     assert init_images is not None and list_images is not None
     assert [image.tobytes() for image in init_images.listed] == [image.tobytes() for image in list_images.listed]
+
+
+def edit_plus_params(**overrides) -> GenerationParams:
+    values = dict(prompt="put the fox in the room", model=EDIT_PLUS, seed=5, num_inference_steps=3, height=64, width=64)
+    values.update(overrides)
+    return GenerationParams(**values)
+
+
+@pytest.fixture(scope="module")
+def edit_plus_engine():
+    engine = DiffusionEngine(  # a budget that holds three jobs of up to three ~1024x1024-pixel images each
+        EngineConfig(model=EDIT_PLUS, device="cpu", max_num_seqs=3, max_num_groups=1, max_num_tokens=80_000)
+    )
+    yield engine
+    engine.shutdown(abort=True)
+
+
+def test_a_two_image_edit_plus_job_equals_diffusers_pipeline_given_the_same_list(edit_plus_engine):
+    import torch
+
+    from batching.builtin_model import builtin_model_path
+    from batching.pipelines.qwenimage.edit_plus import QwenImageEditPlusAdapter
+
+    params = edit_plus_params(reference_images=URIS[:2], negative_prompt="blurry", height=None, width=None)
+    image = edit_plus_engine.submit(params).result(timeout=300).image
+    pipeline = QwenImageEditPlusAdapter.load_pipeline(
+        EDIT_PLUS, str(builtin_model_path(EDIT_PLUS)), torch.device("cpu"), torch.float32
+    )
+    pipeline.set_progress_bar_config(disable=True)
+
+    def drawn(images: list[Image.Image]) -> Image.Image:
+        return pipeline(
+            image=images,
+            prompt=params.prompt,
+            negative_prompt=params.negative_prompt,
+            true_cfg_scale=params.guidance_scale,
+            num_inference_steps=params.num_inference_steps,
+            generator=torch.Generator("cpu").manual_seed(params.seed),
+        ).images[0]
+
+    expected = drawn(PICTURES[:2])
+    assert image.size == expected.size == (832, 1248)  # the last image's aspect ratio at about 1024x1024 pixels
+    assert max_pixel_diff(image, expected) <= 2
+    assert max_pixel_diff(image, drawn([PICTURES[1]])) > 3, "the first image changes the picture"
+
+
+def test_edit_plus_jobs_with_one_to_three_images_share_forwards_each_equal_to_itself_alone(edit_plus_engine):
+    workload = [
+        edit_plus_params(seed=1, num_inference_steps=4, reference_images=URIS, negative_prompt="dark"),
+        edit_plus_params(seed=2, init_image=URIS[2], height=80),
+        edit_plus_params(seed=3, prompt="a fox", reference_images=URIS[1:]),
+    ]
+    alone = run_alone(edit_plus_engine, workload)
+    before = edit_plus_engine.stats()
+
+    together = run_staggered(edit_plus_engine, workload)
+
+    for params, image_alone, image_together in zip(workload, alone, together):
+        assert max_pixel_diff(image_alone, image_together) <= 1, params.prompt
+    stats = edit_plus_engine.stats()
+    assert max(stats["jobs_per_forward"]) == len(workload)
+    assert stats["tokens_padded"] == before["tokens_padded"], "image tokens packed, not padded"
+
+
+def test_an_edit_plus_job_without_an_image_is_refused_naming_the_list():
+    with pytest.raises(InvalidParamsError) as error:
+        edit_plus_params()
+
+    assert error.value.field == "reference_images"
+    assert "1 to 3" in str(error.value)
