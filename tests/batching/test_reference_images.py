@@ -226,3 +226,18 @@ def test_an_edit_plus_job_without_an_image_is_refused_naming_the_list():
 
     assert error.value.field == "reference_images"
     assert "1 to 3" in str(error.value)
+
+
+def test_the_edit_plus_builtin_has_qwen_image_edit_2509_s_folder_layout_and_its_family_serves_it():
+    import json
+
+    from batching.builtin_model import builtin_model_path
+    from batching.pipelines import adapter_serving
+
+    folder = builtin_model_path(EDIT_PLUS)
+    index = json.loads((folder / "model_index.json").read_text())
+
+    assert index["_class_name"] == "QwenImageEditPlusPipeline"
+    assert index["processor"] == ["transformers", "Qwen2VLProcessor"] and (folder / "processor").is_dir()
+    assert {"scheduler", "text_encoder", "tokenizer", "transformer", "vae"} <= index.keys()
+    assert adapter_serving(EDIT_PLUS, str(folder)).family == "qwenimage_edit_plus"
