@@ -30,7 +30,8 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form boundaries and part headers around 
 
 @bp.post("")
 @documented(
-    "Store an input image (init_image, mask_image, an item of reference_images) for the caller's tenant; expires like jobs.",
+    "Store an input image (init_image, mask_image, an item of reference_images) for the caller's tenant; expires "
+    "like jobs.",
     body_content={
         **dict.fromkeys(IMAGE_TYPES, BINARY),
         "multipart/form-data": {

@@ -4,8 +4,8 @@ A job names its images in `init_image` / `mask_image`, and a list of them in `re
 the families that read several: `FamilySpec.max_reference_images`; there `init_image` is the list's
 one-image form), each as a `data:` URI (base64 PNG, JPEG or WebP) or, through the API, as an upload
 id (`upl_...`, resolved to a data URI by the worker before the engine sees the job) or a URL (fetched
-by the API). A listed image's field is `reference_images[i]` (`image_entries`). Every check here raises `InvalidParamsError`
-naming the field, so the API (which imports this module without torch) and the engine
+by the API). A listed image's field is `reference_images[i]` (`image_entries`). Every check here raises
+`InvalidParamsError` naming the field, so the API (which imports this module without torch) and the engine
 refuse the same inputs with the same words, and read the same pixels from what they accept.
 
 Hostile bytes: only Pillow's PNG, JPEG and WebP plugins ever parse them, and the byte and
@@ -208,9 +208,7 @@ def job_images(params: object, family: str | None = None) -> tuple[Image.Image |
     return init, mask
 
 
-def reference_image(
-    field: str, image: Image.Image, rules: ReferenceRules, size_multiple: int
-) -> Image.Image:
+def reference_image(field: str, image: Image.Image, rules: ReferenceRules, size_multiple: int) -> Image.Image:
     """A reference image as its family's pipeline prepares it: refused where that pipeline refuses it (naming
     `field`), scaled down to `rules.max_pixels` if above (Lanczos), then center-cropped to multiples of
     `size_multiple`."""

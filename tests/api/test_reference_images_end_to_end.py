@@ -65,7 +65,9 @@ def test_the_openai_client_edits_with_two_images_as_reference_images(flux2_api, 
     second = Image.new("RGB", (64, 64), (240, 200, 20))
     options = {"model": MODEL, "prompt": "the fox in the room", "extra_body": {"num_inference_steps": 3, "seed": 4}}
 
-    both = client.images.edit(image=[("a.png", png(first), "image/png"), ("b.png", png(second), "image/png")], **options)
+    both = client.images.edit(
+        image=[("a.png", png(first), "image/png"), ("b.png", png(second), "image/png")], **options
+    )
     one = client.images.edit(image=("a.png", png(first), "image/png"), **options)
 
     assert both.size == one.size == "80x64", "the first image sets the size, as Flux2Pipeline's does"

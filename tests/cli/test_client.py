@@ -169,7 +169,9 @@ def test_the_reference_image_flag_given_several_times_sends_a_list_in_order(tmp_
     add_image_arguments(parser, format_flag="--format")
     picture = tmp_path / "room.png"
     picture.write_bytes(b"\x89PNG...")
-    args = parser.parse_args(["--reference-image", "https://images.example.com/fox.png", "--reference-image", str(picture)])
+    args = parser.parse_args(
+        ["--reference-image", "https://images.example.com/fox.png", "--reference-image", str(picture)]
+    )
 
     fields = image_fields(args, upload=lambda path: f"upl_for_{path.name}")
 

@@ -14,13 +14,15 @@ one-image form) are read at submit as the pipeline reads its `image=[...]`, each
 (`core.image_inputs.reference_image`), VAE-encoded to its mode, patchified, normalised, and their
 tokens follow the noise tokens in the sequence, the i-th image's with ids (10 + 10 * i, row, column,
 0); the model's prediction for them is dropped. They are row conditioning (`image_conditioning`:
-"reference", "image_ids"), so a job with any number of references shares forwards with plain jobs: rows whose token counts or positions differ (sizes, references) run packed
-(`flux2.packed`: one token sequence, each row rotated by its own ids, attention per row); a forward
-whose rows agree runs diffusers' forward as is.
+"reference", "image_ids"), so a job with any number of references shares forwards with plain jobs:
+rows whose token counts or positions differ (sizes, references) run packed (`flux2.packed`: one token
+sequence, each row rotated by its own ids, attention per row); a forward whose rows agree runs
+diffusers' forward as is.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,7 +91,7 @@ class Flux2Adapter(FlowMatchingAdapter):
         each reference's, the i-th at time 10 + 10 * i (the pipeline's `_prepare_image_ids`)."""
         tokens, ids = [], [self._image_ids(params)]
         for index, ((_, value), image) in enumerate(zip(listed_images(params, self.spec), images.listed, strict=True)):
-            reference, (height, width) = self._references.get(value, lambda image=image: self._encode_reference(image))
+            reference, (height, width) = self._references.get(value, functools.partial(self._encode_reference, image))
             tokens.append(reference)
             ids.append(position_ids(REFERENCE_TIME_STEP * (1 + index), height, width, 1).to(self.device))
         return {"reference": torch.cat(tokens), "image_ids": torch.cat(ids)}
