@@ -11,6 +11,7 @@ are driven lives in its adapter, under `batching/pipelines/`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -209,6 +210,28 @@ class FamilySpec:
         return (self.edit_area, self.edit_condition_area) if self.edit_condition_area else (self.edit_area,)
 
 
+# guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
+QWEN_IMAGE = FamilySpec(
+    name="qwenimage",
+    samplers=FLOW_SAMPLERS,
+    size_multiple=16,
+    default_guidance=4.0,
+    cfg_needs_negative_prompt=True,
+    min_steps=2,
+    mixes_sizes=True,  # image streams and prompts packed (batching/pipelines/qwenimage/packed.py)
+    init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
+    checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
+)
+QWEN_IMAGE_EDIT = dataclasses.replace(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
+    QWEN_IMAGE,
+    name="qwenimage_edit",
+    init_image_role="edit",
+    edit_area=1024 * 1024,
+    extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
+    checkpoint_sizes=(1024,),
+)
+
+
 FAMILIES: dict[str, FamilySpec] = {
     spec.name: spec
     for spec in (
@@ -277,43 +300,15 @@ FAMILIES: dict[str, FamilySpec] = {
             step_cache="modulated_input",
             checkpoint_sizes=(1024,),
         ),
-        FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
-            name="qwenimage",
-            samplers=FLOW_SAMPLERS,
-            size_multiple=16,
-            default_guidance=4.0,
-            cfg_needs_negative_prompt=True,
-            min_steps=2,
-            mixes_sizes=True,  # image streams and prompts packed (batching/pipelines/qwenimage/packed.py)
-            init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
-            checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
-        ),
-        FamilySpec(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
-            name="qwenimage_edit",
-            samplers=FLOW_SAMPLERS,
-            size_multiple=16,
-            default_guidance=4.0,
-            cfg_needs_negative_prompt=True,
-            min_steps=2,
-            mixes_sizes=True,
-            init_image_role="edit",
-            edit_area=1024 * 1024,
-            extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
-            checkpoint_sizes=(1024,),
-        ),
-        FamilySpec(  # Qwen-Image-Edit-2509/2511 (QwenImageEditPlusPipeline): one to three images, each in every row
+        QWEN_IMAGE,
+        QWEN_IMAGE_EDIT,
+        dataclasses.replace(  # Qwen-Image-Edit-2509/2511 (QwenImageEditPlusPipeline): one to three images
+            QWEN_IMAGE_EDIT,
             name="qwenimage_edit_plus",
-            samplers=FLOW_SAMPLERS,
-            size_multiple=16,
-            default_guidance=4.0,
-            cfg_needs_negative_prompt=True,
-            min_steps=2,
-            mixes_sizes=True,
-            init_image_role="edit",
-            edit_area=1024 * 1024,  # each image's latents (the pipeline's VAE_IMAGE_SIZE), and the output's default
-            edit_condition_area=384 * 384,  # what the text encoder sees of each (CONDITION_IMAGE_SIZE)
-            max_reference_images=3,  # the model card's "1 to 3 images"
-            checkpoint_sizes=(1024,),
+            edit_condition_area=384 * 384,  # what the text encoder sees of each (the pipeline's CONDITION_IMAGE_SIZE)
+            max_reference_images=3,  # the model card's "1 to 3 images"; each image's latents at `edit_area` (its
+            # VAE_IMAGE_SIZE), and the output's default size from the last
+            extra_tokens_per_row=0,  # its images' tokens are counted per job (batching.sample)
         ),
         FamilySpec(  # Stable Diffusion 3: CFG above 1, as the SD families
             name="sd3",

@@ -30,10 +30,15 @@ PICTURES = [picture(80, 72, (250, 250, 0)), picture(64, 96, (0, 200, 90)), pictu
 URIS = [png_data_uri(image) for image in PICTURES]
 
 
-def flux2_params(**overrides) -> GenerationParams:
-    values = dict(prompt="a red fox", model=FLUX2, seed=7, num_inference_steps=5, height=64, width=64)
+def job_params(model: str, **overrides) -> GenerationParams:
+    """A small job of `model`: 64x64 unless the overrides say (None: the images' size), a few steps."""
+    values = dict(prompt="the fox in the room", model=model, seed=7, num_inference_steps=3, height=64, width=64)
     values.update(overrides)
     return GenerationParams(**values)
+
+
+def flux2_params(**overrides) -> GenerationParams:
+    return job_params(FLUX2, **{"num_inference_steps": 5, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +61,21 @@ def test_a_two_image_flux2_job_equals_diffusers_pipeline_given_the_same_list(flu
     assert max_pixel_diff(image, one_image) > 3, "the second image changes the picture"
 
 
+def assert_co_batched_jobs_equal_themselves_alone_packed(engine: DiffusionEngine, workload: list) -> None:
+    """Each job alone, then all joining one after another: each equals itself alone within 1/255, some forward
+    carried them all, and no position was padded."""
+    alone = run_alone(engine, workload)
+    before = engine.stats()
+
+    together = run_staggered(engine, workload)
+
+    for params, image_alone, image_together in zip(workload, alone, together):
+        assert max_pixel_diff(image_alone, image_together) <= 1, params.prompt
+    stats = engine.stats()
+    assert max(stats["jobs_per_forward"]) == len(workload)
+    assert stats["tokens_padded"] == before["tokens_padded"], "image tokens packed, not padded"
+
+
 def test_flux2_jobs_with_zero_to_three_images_share_forwards_each_equal_to_itself_alone(flux2_engine):
     workload = [
         flux2_params(prompt="a red fox", seed=1, num_inference_steps=6),
@@ -63,16 +83,8 @@ def test_flux2_jobs_with_zero_to_three_images_share_forwards_each_equal_to_itsel
         flux2_params(prompt="a calm lake", seed=3, num_inference_steps=4, reference_images=URIS[:2]),
         flux2_params(prompt="an old castle", seed=4, num_inference_steps=3, reference_images=URIS, width=96),
     ]
-    alone = run_alone(flux2_engine, workload)
-    before = flux2_engine.stats()
 
-    together = run_staggered(flux2_engine, workload)
-
-    for params, image_alone, image_together in zip(workload, alone, together):
-        assert max_pixel_diff(image_alone, image_together) <= 1, params.prompt
-    stats = flux2_engine.stats()
-    assert max(stats["jobs_per_forward"]) == len(workload)
-    assert stats["tokens_padded"] == before["tokens_padded"], "image tokens packed, not padded"
+    assert_co_batched_jobs_equal_themselves_alone_packed(flux2_engine, workload)
 
 
 def test_listed_images_count_in_what_a_job_costs_each_forward():
@@ -159,9 +171,7 @@ def test_init_image_is_the_one_image_form_of_the_list():
 
 
 def edit_plus_params(**overrides) -> GenerationParams:
-    values = dict(prompt="put the fox in the room", model=EDIT_PLUS, seed=5, num_inference_steps=3, height=64, width=64)
-    values.update(overrides)
-    return GenerationParams(**values)
+    return job_params(EDIT_PLUS, **{"seed": 5, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -186,20 +196,11 @@ def test_a_two_image_edit_plus_job_equals_diffusers_pipeline_given_the_same_list
     )
     pipeline.set_progress_bar_config(disable=True)
 
-    def drawn(images: list[Image.Image]) -> Image.Image:
-        return pipeline(
-            image=images,
-            prompt=params.prompt,
-            negative_prompt=params.negative_prompt,
-            true_cfg_scale=params.guidance_scale,
-            num_inference_steps=params.num_inference_steps,
-            generator=torch.Generator("cpu").manual_seed(params.seed),
-        ).images[0]
-
-    expected = drawn(PICTURES[:2])
+    expected = own_pipeline_image(pipeline, params, "true_cfg_scale", image=PICTURES[:2])
     assert image.size == expected.size == (832, 1248)  # the last image's aspect ratio at about 1024x1024 pixels
     assert max_pixel_diff(image, expected) <= 2
-    assert max_pixel_diff(image, drawn([PICTURES[1]])) > 3, "the first image changes the picture"
+    second_alone = own_pipeline_image(pipeline, params, "true_cfg_scale", image=PICTURES[1:2])
+    assert max_pixel_diff(image, second_alone) > 3, "the first image changes the picture"
 
 
 def test_edit_plus_jobs_with_one_to_three_images_share_forwards_each_equal_to_itself_alone(edit_plus_engine):
@@ -208,16 +209,8 @@ def test_edit_plus_jobs_with_one_to_three_images_share_forwards_each_equal_to_it
         edit_plus_params(seed=2, init_image=URIS[2], height=80),
         edit_plus_params(seed=3, prompt="a fox", reference_images=URIS[1:]),
     ]
-    alone = run_alone(edit_plus_engine, workload)
-    before = edit_plus_engine.stats()
 
-    together = run_staggered(edit_plus_engine, workload)
-
-    for params, image_alone, image_together in zip(workload, alone, together):
-        assert max_pixel_diff(image_alone, image_together) <= 1, params.prompt
-    stats = edit_plus_engine.stats()
-    assert max(stats["jobs_per_forward"]) == len(workload)
-    assert stats["tokens_padded"] == before["tokens_padded"], "image tokens packed, not padded"
+    assert_co_batched_jobs_equal_themselves_alone_packed(edit_plus_engine, workload)
 
 
 def test_an_edit_plus_job_without_an_image_is_refused_naming_the_list():
