@@ -150,9 +150,9 @@ class GenerationParams:
         """(field, value) of the image whose size is the job's when it names none: init_image, or the listed image
         the family's pipeline sizes its output by (Flux2Pipeline: the first, QwenImageEditPlusPipeline: the last)."""
         listed = listed_images(self, spec)
-        if len(listed) > 1 and spec.init_image_role == "edit":
-            return listed[-1]
-        return listed[0] if listed else ("init_image", self.init_image)
+        if not listed:
+            return "init_image", self.init_image
+        return listed[-1] if spec.init_image_role == "edit" else listed[0]
 
     @property
     def family_spec(self) -> FamilySpec:
@@ -186,7 +186,7 @@ class GenerationParams:
         return OUTPUT_FORMATS[self.output_format]
 
     def to_dict(self) -> dict[str, Any]:
-        # Every field holds a scalar (validate() checks their types), so a shallow copy is
+        # Every field holds a scalar or a tuple (validate() checks their types), so a shallow copy is
         # dataclasses.asdict's result, without its recursive deep copy (it is on the submit path).
         return {name: getattr(self, name) for name in _FIELD_NAMES}
 
