@@ -12,7 +12,9 @@ from api.schemas import JobStateName, Priority, RequeueReason, WebhookEvent
 
 
 class UploadView(BaseModel):
-    id: str = Field(description="upl_...: name it in init_image or mask_image (only your tenant can).")
+    id: str = Field(
+        description="upl_...: name it in init_image, mask_image or reference_images (only your tenant can)."
+    )
     content_type: str = Field(description="image/png, image/jpeg or image/webp.")
     width: int
     height: int

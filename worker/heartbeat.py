@@ -50,6 +50,7 @@ def family_limits(family: str) -> dict:
         "supports_lora": spec.supports_lora,
         "negative_prompt": spec.guidance_kind == "cfg",  # families with embedded guidance refuse one
         "init_image": spec.init_image_role,  # start (img2img/inpainting), edit, reference or none
+        "max_reference_images": spec.max_reference_images,  # 0: the family takes no reference_images
     }
 
 

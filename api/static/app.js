@@ -135,6 +135,10 @@ function showModelChoices() {
   if (defaults.guidance_scale != null) $("guidance").value = defaults.guidance_scale;
   $("steps").max = String(limits.max_steps || 200);
   $("guidance").max = String(limits.max_guidance || 50);
+  // several input images (reference_images), for the models whose family reads a list
+  const maxReferences = limits.max_reference_images || 0;
+  $("reference-images-field").hidden = maxReferences === 0;
+  $("reference-images-limit").textContent = `up to ${maxReferences}`;
 }
 
 function showCustomSize() {
@@ -154,13 +158,23 @@ function chooseSize(width, height) {
 
 // ---- submitting ----
 
-async function uploadInitImage() {
-  const file = $("init-image").files[0];
-  if (!file) return null;
+async function uploadImage(file) {
   const form = new FormData();
   form.append("file", file);
   const upload = await api("/v1/uploads", { method: "POST", body: form });
   return upload.id;
+}
+
+async function uploadInitImage() {
+  const file = $("init-image").files[0];
+  return file ? uploadImage(file) : null;
+}
+
+async function uploadReferenceImages() {
+  if ($("reference-images-field").hidden) return [];
+  const ids = [];
+  for (const file of $("reference-images").files) ids.push(await uploadImage(file)); // in the order chosen
+  return ids;
 }
 
 async function jobRequest() {
@@ -182,6 +196,8 @@ async function jobRequest() {
   if ($("cache").value) request.cache = $("cache").value;
   const initImage = await uploadInitImage();
   if (initImage) Object.assign(request, { init_image: initImage, strength: Number($("strength").value), resize_mode: "crop" });
+  const referenceImages = await uploadReferenceImages();
+  if (referenceImages.length) request.reference_images = referenceImages;
   return request;
 }
 
