@@ -1,5 +1,6 @@
 """`stepwise up`'s processes: no Celery banner, a second worker beside it, a SIGKILLed worker restarted, and
-SIGTERM leaving no process (last in this folder: it stops the shared `up`)."""
+SIGTERM leaving no process, after which Celery's tools in its folder say its service is gone (last in this folder:
+it stops the shared `up`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import psutil
 import requests
@@ -133,3 +136,20 @@ def test_sigterm_stops_every_child_and_leaves_no_process(up):
     alive = wait_until_gone(children, timeout=10)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}\n{up.log()}"
     assert "[api]" in up.log() and "[worker]" in up.log() and "[redis]" in up.log()
+
+    celery = str(Path(sys.executable).with_name("celery"))  # in its folder now: says what it tried, tries no other
+    ping = subprocess.run(
+        [celery, "-A", "worker", "inspect", "ping", "-t", "2"],
+        cwd=up.workdir,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ping.returncode == 2, ping.stdout + ping.stderr
+    assert ping.stderr.strip() == (
+        f"stepwise: STEPWISE_REDIS_URL is not set, and {up.var_dir / 'stepwise.json'} names Redis {up.redis_url} of "
+        f"the `stepwise up` with pid {up.process.pid}, which is not running: start it again (`stepwise up` or "
+        "`make run` in this folder), or set STEPWISE_REDIS_URL to the Redis you mean (the default is not tried: "
+        "another program may answer there)"
+    )
