@@ -70,6 +70,18 @@ def browser():
     driver.quit()
 
 
+CUT_OFF_SELECTS = """
+const measure = document.createElement("canvas").getContext("2d");
+return [...document.querySelectorAll("select")].filter((select) => select.offsetParent !== null).flatMap((select) => {
+  const style = getComputedStyle(select);
+  measure.font = style.font;
+  const widest = Math.max(...[...select.options].map((option) => measure.measureText(option.text).width));
+  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight) - 20;  // the arrow
+  return widest > room ? [`${select.id}: ${Math.round(widest)} px of text in ${Math.round(room)} px`] : [];
+});
+"""
+
+
 def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
     """`wait_for` on the page: a condition the browser cannot answer yet (WebDriverException) has not held."""
 
@@ -147,6 +159,9 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         "the model list",
         seen=lambda: browser.find_element(By.ID, "engine-panel").text,
     )
+    browser.set_window_size(1280, 1000)  # a laptop: every select shows its longest choice whole
+    wait_until(lambda: browser.execute_script("return window.innerWidth") <= 1280, 10, "the 1280 px window")
+    assert script(browser, CUT_OFF_SELECTS) == []
     served = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
     recommended = next(model for model in served if model["model"] == "builtin:tiny")["sizes"]
     sizes = script(browser, "return [...document.querySelectorAll('#size option')].map(o => o.value)")
