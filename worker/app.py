@@ -30,13 +30,11 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from settings import SettingsError
-
 from storage.queue_names import ENGINE_ROLE, WEBHOOK_QUEUE, WEBHOOK_TASK
 from storage.redis_clients import celery_redis_config
 from storage.redis_location import RedisLocation
 from worker.broker import transport_for
 from worker.settings import WorkerSettings
-
 
 
 def is_celery_command_line() -> bool:

@@ -62,9 +62,7 @@ def test_without_a_state_file_the_default_is_used(var_dir):
 
 
 @pytest.mark.parametrize("content", ["stopped", "no pid", "not json"])
-def test_a_stopped_ups_file_or_a_broken_one_stops_the_process_naming_it_instead_of_trying_the_default(
-    var_dir, content
-):
+def test_a_stopped_ups_file_or_a_broken_one_stops_the_process_naming_it_instead_of_trying_the_default(var_dir, content):
     if content == "stopped":
         pid = dead_pid()
         save_state(var_dir, "redis://:pw@127.0.0.1:6390/0", pid)
