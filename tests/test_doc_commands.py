@@ -23,6 +23,7 @@ from PIL import Image
 from settings import default
 from stepwise_cli.main import build_parser, main
 from tests.support.doc_commands import ROOT, DocCommand, doc_commands
+from tests.support.routes import ROUTES
 from tests.support.servers import child_env
 
 COMMANDS = doc_commands()
@@ -231,3 +232,32 @@ def test_the_readme_promises_preview_events_only_for_jobs_that_ask_as_the_defaul
 
     assert default("STEPWISE_PREVIEW_EVERY") == 0  # a job that gives no preview_every gets none
     assert '"preview_every"' in sentence and "none by default" in sentence, sentence
+
+
+def curl_request(command: DocCommand) -> tuple[str, str] | None:
+    """(method, path) of a `curl` the docs show against the API, or None for one to another server."""
+    url = next(
+        (a for a in command.argv[1:] if re.match(r"(\$API|https?://127\.0\.0\.1:8000|localhost:8000)/", a)), None
+    )
+    if url is None:
+        return None
+    path = "/" + url.split("/", 3 if url.startswith("http") else 1)[-1].split("?")[0]
+    arguments = command.argv[1:]
+    if "-X" in arguments:
+        method = arguments[arguments.index("-X") + 1]
+    else:
+        method = "POST" if {"-d", "-F", "--data-binary"} & set(arguments) else "GET"
+    return method.lower(), path
+
+
+def test_every_curl_in_the_docs_calls_a_route_the_api_serves_with_that_method():
+    patterns = {(re.sub(r"\{[^}]+\}", "[^/]+", path), method) for path, method in ROUTES}
+    shown = [(command, request) for command in of_program("curl") if (request := curl_request(command))]
+    unknown = [
+        f"{command.where}: {method.upper()} {path}"
+        for command, (method, path) in shown
+        if not any(method == m and re.fullmatch(pattern, path) for pattern, m in patterns)
+    ]
+
+    assert len(shown) > 30
+    assert unknown == [], "\n".join(unknown)

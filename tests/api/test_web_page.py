@@ -172,6 +172,17 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         wait_until(lambda field=field: browser.find_element(By.ID, field).is_displayed(), 15, f"the {field} field")
         browser.find_element(By.ID, field).clear()
         browser.find_element(By.ID, field).send_keys(value)
+    # a typed size past the model's advertised pixel limit is refused on the page, naming that limit
+    max_pixels = next(model for model in served if model["model"] == "builtin:tiny")["limits"]["max_pixels"]
+    browser.find_element(By.ID, "width").send_keys("0")  # 960 x 64 fits
+    assert script(browser, "return document.querySelector('#width').validationMessage") == ""
+    browser.find_element(By.ID, "height").send_keys("0")  # 960 x 640 does not (the CPU limit: 512 x 512)
+    message = script(browser, "return document.querySelector('#height').validationMessage")
+    assert message == f"width × height = 614400 is over this model's limit of {max_pixels} pixels"
+    for field, value in (("width", "96"), ("height", "64")):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    assert script(browser, "return document.querySelector('#height').validationMessage") == ""
 
     # an upload the API refuses: the message says why; the next submit's message replaces it
     (tmp_path / "not-an-image.png").write_text("plain text")
