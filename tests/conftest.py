@@ -1,26 +1,15 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import boto3
 import pytest
 import redis
 import requests
 
+import tests.support.own_var_dir  # noqa: F401  (first of the project's: see its docstring)
 from tests.support.cluster import Cluster, local_folder_cluster
 from tests.support.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
-
-
-def pytest_configure(config):
-    """Every stepwise process finds its Redis through `<STEPWISE_VAR_DIR>/stepwise.json` when no URL is set, and
-    refuses to start when that file names a `stepwise up` that stopped (storage.redis_location). The checkout's
-    var/ is the user's (a `make run` here, running or not): the tests, which name their own Redis, look in a folder
-    of their own, set before any test module imports the worker's settings."""
-    var_dir = tempfile.mkdtemp(prefix="stepwise-tests-var-")
-    os.environ["STEPWISE_VAR_DIR"] = var_dir
-    config.add_cleanup(lambda: shutil.rmtree(var_dir, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")
