@@ -22,8 +22,6 @@ class FolderInUse(Exception):
     """Another `stepwise up` holds this folder; the message names it (pid, API URL) and the ways out."""
 
     def __init__(self, lock_path: Path, pid: int | None, api_url: str | None) -> None:
-        self.pid = pid
-        self.api_url = api_url
         who = f"pid {pid}" if pid else "its pid not written yet"
         where = f", API {api_url}" if api_url else ""
         stop = f"Ctrl-C in its terminal, or `kill {pid}`" if pid else "Ctrl-C in its terminal"

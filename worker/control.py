@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Literal
 
 from celery.utils.functional import maybe_list
 from celery.worker import control as celery_control
@@ -107,7 +107,10 @@ def revoke(state, task_id, terminate: bool = False, signal=None, **kwargs) -> di
     return {"ok": "; ".join(said)}
 
 
-def cancel_job(runtime: WorkerRuntime, job_id: str) -> str:
+CancelOutcome = Literal["canceled", "not held here", "no such job"]
+
+
+def cancel_job(runtime: WorkerRuntime, job_id: str) -> CancelOutcome:
     """Cancel `job_id` as the API does, and stop it here at once if this worker holds it. Returns what this worker
     did: "canceled" (it held the job, or the job was still queued), "not held here" (running elsewhere, or
     already ended) or "no such job"."""
