@@ -97,7 +97,11 @@ class ModelView(BaseModel):
     queued_by_priority: dict[str, int]
     last_seen: datetime
     defaults: dict[str, Any] = Field(description="What omitted fields become for this model's family.")
-    limits: dict[str, Any] = Field(description="What this model's family accepts.")
+    limits: dict[str, Any] = Field(
+        description="What this model's family accepts, and the API's cost limits for it (max_pixels: height x width "
+        "of one image; max_pixel_steps: images x frames x height x width x steps of one job): what a job is checked "
+        "against."
+    )
     sizes: list[int] = Field(
         description="Square sizes (pixels a side) to offer, best first: a trained built-in's training sizes, a "
         "checkpoint family's trained sizes; any other size its family accepts (limits) is drawn too."
@@ -105,7 +109,16 @@ class ModelView(BaseModel):
     engine: dict[str, Any] = Field(description="Engine statistics summed over its live workers.")
 
 
+class OpenAiModel(BaseModel):
+    id: str = Field(description="The model's name, as a job's `model` takes it.")
+    object: Literal["model"]
+    created: int = Field(description="Unix time of its latest heartbeat.")
+    owned_by: str
+
+
 class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAiModel] = Field(description="The same models in OpenAI's shape (`client.models.list()`).")
     models: list[ModelView]
 
 

@@ -19,6 +19,7 @@ const OTHER_SIZE = "other"; // the size option that shows the width and height f
 const images = new Map(); // image URL -> blob: URL (fetched once)
 const streams = new Map(); // job id -> AbortController of its event stream
 let models = []; // GET /v1/models
+let maxPixels = null; // the chosen model's limits.max_pixels: height x width the API accepts (GET /v1/models)
 let cursors = [null]; // the cursor of each page seen, newest first; the last one is shown
 let shownJobs = []; // the jobs of the page shown, as listed
 let timers = [];
@@ -123,6 +124,7 @@ function showModelChoices() {
       element("option", { value: size, text: `${size.replace("x", " × ")}${index === 0 ? " (recommended)" : ""}` })),
     element("option", { value: OTHER_SIZE, text: "another size…" }));
   const multiple = String(limits.size_multiple || 8);
+  maxPixels = limits.max_pixels || null;
   for (const id of ["width", "height"]) {
     Object.assign($(id), { step: multiple, min: multiple, max: String(limits.max_size || 2048) });
     $(id).value = sizes[0].split("x")[id === "width" ? 0 : 1];
@@ -143,6 +145,15 @@ function showModelChoices() {
 
 function showCustomSize() {
   $("custom-size").hidden = $("size").value !== OTHER_SIZE;
+  checkCustomSize();
+}
+
+// A typed size over the model's pixel limit is refused here, with the API's own limit, before it is sent.
+function checkCustomSize() {
+  const pixels = Number($("width").value) * Number($("height").value);
+  const isOver = $("size").value === OTHER_SIZE && maxPixels !== null && pixels > maxPixels;
+  const message = isOver ? `width × height = ${pixels} is over this model's limit of ${maxPixels} pixels` : "";
+  for (const id of ["width", "height"]) $(id).setCustomValidity(message);
 }
 
 function chooseSize(width, height) {
@@ -601,6 +612,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("job-form").addEventListener("submit", submitJob);
   $("model").addEventListener("change", showModelChoices);
   $("size").addEventListener("change", showCustomSize);
+  for (const id of ["width", "height"]) $(id).addEventListener("input", checkCustomSize);
   $("viewer-image").addEventListener("load", fitViewer);
   $("newer-jobs").addEventListener("click", () => pageTo(-1));
   $("older-jobs").addEventListener("click", () => pageTo(1));

@@ -76,6 +76,18 @@ def browser():
     driver.quit()
 
 
+CUT_OFF_SELECTS = """
+const measure = document.createElement("canvas").getContext("2d");
+return [...document.querySelectorAll("select")].filter((select) => select.offsetParent !== null).flatMap((select) => {
+  const style = getComputedStyle(select);
+  measure.font = style.font;
+  const widest = Math.max(...[...select.options].map((option) => measure.measureText(option.text).width));
+  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight) - 20;  // the arrow
+  return widest > room ? [`${select.id}: ${Math.round(widest)} px of text in ${Math.round(room)} px`] : [];
+});
+"""
+
+
 def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
     """`wait_for` on the page: a condition the browser cannot answer yet (WebDriverException) has not held."""
 
@@ -198,6 +210,9 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         "the model list",
         seen=lambda: browser.find_element(By.ID, "engine-panel").text,
     )
+    browser.set_window_size(1280, 1000)  # a laptop: every select shows its longest choice whole
+    wait_until(lambda: browser.execute_script("return window.innerWidth") <= 1280, 10, "the 1280 px window")
+    assert script(browser, CUT_OFF_SELECTS) == []
     served = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
     recommended = next(model for model in served if model["model"] == "builtin:tiny")["sizes"]
     sizes = script(browser, "return [...document.querySelectorAll('#size option')].map(o => o.value)")
@@ -208,6 +223,17 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         wait_until(lambda field=field: browser.find_element(By.ID, field).is_displayed(), 15, f"the {field} field")
         browser.find_element(By.ID, field).clear()
         browser.find_element(By.ID, field).send_keys(value)
+    # a typed size past the model's advertised pixel limit is refused on the page, naming that limit
+    max_pixels = next(model for model in served if model["model"] == "builtin:tiny")["limits"]["max_pixels"]
+    browser.find_element(By.ID, "width").send_keys("0")  # 960 x 64 fits
+    assert script(browser, "return document.querySelector('#width').validationMessage") == ""
+    browser.find_element(By.ID, "height").send_keys("0")  # 960 x 640 does not (the CPU limit: 512 x 512)
+    message = script(browser, "return document.querySelector('#height').validationMessage")
+    assert message == f"width × height = 614400 is over this model's limit of {max_pixels} pixels"
+    for field, value in (("width", "96"), ("height", "64")):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    assert script(browser, "return document.querySelector('#height').validationMessage") == ""
 
     # an upload the API refuses: the message says why; the next submit's message replaces it
     (tmp_path / "not-an-image.png").write_text("plain text")
