@@ -19,6 +19,8 @@ from tests.support.compose import ComposeRefusal, interpolate, read_env_file, re
 from tests.support.compose import load as load_compose
 from tests.support.servers import child_env
 
+pytestmark = pytest.mark.deploy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

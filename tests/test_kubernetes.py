@@ -18,6 +18,8 @@ from settings.placeholders import is_placeholder
 from stepwise_cli.main import COMMANDS
 from tests.support.routes import ROUTES
 
+pytestmark = pytest.mark.deploy
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "deploy" / "kubernetes"
 # The oldest Kubernetes we target and the newest kubernetes-validate knows: the manifests hold for both.

@@ -17,6 +17,8 @@ from tests.support.pictures import png_data_uri
 from tests.support.processes import TENANT_KEYS, WorkerProcess
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.workers
+
 CHEAP = {"model": "builtin:tiny-wan", "num_inference_steps": 2, "guidance_scale": 1.0}
 
 

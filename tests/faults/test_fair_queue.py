@@ -17,7 +17,7 @@ from storage.queue_names import generate_queue
 from tests.support.cluster import FAST_RECOVERY, Cluster, local_folder_cluster, small_params
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 ONE_AT_A_TIME = {"STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WORKER_CONCURRENCY": "1", "OMP_NUM_THREADS": "1"}
 QUEUE = generate_queue("builtin:tiny")

@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 
 import psutil
+import pytest
 import requests
 from PIL import Image
 
@@ -22,6 +23,8 @@ from tests.support.up_process import (
     api_call,
 )
 from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("stepwise-up")]  # the folder's one `up`
 
 
 def test_up_prints_no_celery_banner_and_no_note_about_running_as_root(up):
