@@ -58,8 +58,17 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint redis-server chromium
-	$(PY) -m pytest
+# The suite in parallel (docs/testing.md): TEST_WORKERS pytest-xdist workers, each test file (or xdist_group) a
+# unit; mypy runs beside the tests, its report printed after theirs, and either failing fails `make test`.
+# PYTHONDONTWRITEBYTECODE is cleared so the many processes the tests start share compiled modules.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
+test: install-test redis-server chromium
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@$(VENV)/bin/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); tests=$$?; \
+	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; [ $$tests -eq 0 ] && [ $$types -eq 0 ]
 
 clean:
 	rm -rf $(VENV) var build *.egg-info
