@@ -71,11 +71,9 @@ def test_the_default_engines_phase_profile_is_in_the_details_for_each_workload(d
     for name, family in details["families"].items():
         for workload in WORKLOADS:
             phases = family["runs"]["default"][workload]["phases"]
-            assert set(phases) in ({"churn"}, {"steady", "churn"}), (name, workload)  # a run's first forward churns
-            assert all(set(kind["host_ms"]) == set(PHASES) for kind in phases.values())
-            # every churn iteration ran a forward; a steady one may only have collected decoded images (on a busy
-            # machine, every steady iteration of a run can be one of those: its forward is then 0)
-            assert phases["churn"]["host_ms"]["forward"] > 0, (name, workload)
+            assert phases and set(phases) <= {"steady", "churn"}, (name, workload)
+            for kind in phases.values():
+                assert set(kind["host_ms"]) == set(PHASES) and kind["host_ms"]["forward"] > 0
         assert family["num_jobs"] == 3 and _is_positive(family["one_job_static_seconds"])
 
 
