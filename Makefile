@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.installed-test
 # pip quietly: no "new version of pip" notice, and no setuptools notice that an editable install reads this folder
 QUIET_PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::UserWarning $(PIP) install --quiet
 
-.PHONY: install install-test run lint test redis-server chromium clean
+.PHONY: install install-test run style lint test redis-server chromium clean
 
 # What running needs: torch ($(TORCH_SPEC), see above) and the project with its engine extra.
 $(STAMP): pyproject.toml
@@ -53,14 +53,24 @@ chromium:
 run: install redis-server
 	@$(VENV)/bin/stepwise up$(if $(PORT), --port $(PORT))
 
-# Lint, format and types (config in pyproject.toml): ruff over the tree, mypy over every package.
-lint: install-test
+# Lint and format (ruff over the tree), then types (mypy over every package); config in pyproject.toml.
+style: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+lint: style
 	$(VENV)/bin/mypy
 
-test: lint redis-server chromium
-	$(PY) -m pytest
+# The suite in parallel (docs/testing.md): TEST_WORKERS pytest-xdist workers, each test file (or xdist_group) a
+# unit, after ruff; mypy checks types beside the tests (its minute overlaps their waiting), its report printed
+# after theirs, and either failing fails `make test`. PYTHONDONTWRITEBYTECODE is cleared so the many processes
+# the tests start share compiled modules.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
+test: style redis-server chromium
+	@$(VENV)/bin/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); tests=$$?; \
+	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; [ $$tests -eq 0 ] && [ $$types -eq 0 ]
 
 clean:
 	rm -rf $(VENV) var build *.egg-info

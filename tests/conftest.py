@@ -8,8 +8,39 @@ import redis
 import requests
 
 import tests.support.own_var_dir  # noqa: F401  (first of the project's: see its docstring)
+from tests.support import parallel, tiers
 from tests.support.cluster import Cluster, local_folder_cluster
 from tests.support.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a worker or browser test is an e2e test too
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tiers.add_implied(item)
+    parallel.heaviest_units_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s `--dist loadgroup`: files and groups as units, heaviest first (tests/support/parallel.py)."""
+    if config.getvalue("dist") == "loadgroup":
+        return parallel.FileOrGroupScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start anything
+def pytest_runtest_setup(item):
+    tiers.set_running(item)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_state_folder(tmp_path_factory):
+    """`$XDG_STATE_HOME` of this test process's own, for it and the processes it starts: a worker's default
+    spool is there, and a worker adopts the spooled jobs of any stopped worker in its spool, so the workers of
+    tests running in parallel (pytest-xdist) must not share one (nor with anything else on this machine)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,8 @@ from tests.support.compose import ComposeRefusal, interpolate, read_env_file, re
 from tests.support.compose import load as load_compose
 from tests.support.servers import child_env
 
+pytestmark = pytest.mark.deploy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -190,7 +192,9 @@ def test_make_run_installs_only_what_running_needs_and_make_test_adds_the_test_e
     makefile = (ROOT / "Makefile").read_text()
     run_install = makefile.split("$(STAMP): pyproject.toml")[1].split("\n\n")[0]
     assert "'.[engine]'" in run_install and ",test]" not in run_install
-    assert re.search(r"^test: lint\b", makefile, flags=re.M) and re.search(r"^lint: install-test", makefile, flags=re.M)
+    assert re.search(r"^test: style\b", makefile, flags=re.M) and re.search(r"^style: install-test", makefile, re.M)
+    style, test = (makefile.split(f"\n{target}: ")[1].split("\n\n")[0] for target in ("style", "test"))
+    assert "ruff check" in style and "bin/mypy" in test  # make test lints too (mypy beside the tests)
 
 
 def test_every_setting_in_env_example_passes_the_checks_every_process_runs_at_start(monkeypatch, tmp_path):

@@ -15,6 +15,8 @@ from setuptools import find_packages
 
 from tests.support.package_build import ROOT, Dockerfile, build_context, build_wheel
 
+pytestmark = pytest.mark.deploy
+
 DOCKERFILES = ["docker/api.Dockerfile", "docker/worker.Dockerfile"]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The CUDA version of PyPI's Linux wheel of each torch the worker image may pin: its metadata requires

@@ -28,6 +28,8 @@ from tests.support.package_build import ROOT, build_wheel
 from tests.support.servers import child_env, free_port
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.deploy
+
 TORCH_VERSION = re.search(r"^TORCH_VERSION := (\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
 PACKAGES = ["settings", "batching", "storage", "worker", "api", "stepwise_cli"]
 
@@ -115,6 +117,7 @@ def test_a_lora_benchmark_runs_from_the_installed_package_with_its_random_adapte
     assert "largest difference, per-row deltas vs PEFT: " in forward.stdout
 
 
+@pytest.mark.workers
 def test_stepwise_up_from_another_folder_becomes_ready_serves_the_page_and_draws_a_shape(installed):
     port, redis_port = free_port(), free_port()
     log_path = installed.home / "up.log"

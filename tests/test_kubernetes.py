@@ -21,6 +21,8 @@ from stepwise_cli.main import COMMANDS
 from tests.support.routes import ROUTES
 from tests.support.servers import child_env
 
+pytestmark = pytest.mark.deploy
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "deploy" / "kubernetes"
 # The oldest Kubernetes we target and the newest kubernetes-validate knows: the manifests hold for both.

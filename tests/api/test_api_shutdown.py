@@ -29,7 +29,7 @@ from tests.support.waiting import wait_for
 DRAIN_SECONDS = 3
 JOB = {"prompt": "a lighthouse", "num_inference_steps": 20}
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.e2e]
 
 
 @pytest.fixture

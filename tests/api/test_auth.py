@@ -58,10 +58,12 @@ def test_another_tenants_jobs_are_not_listed(client):
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/openapi.json"])
+@pytest.mark.e2e
 def test_operational_routes_need_no_key(api, http, path):
     assert http.get(f"{api.url}{path}", timeout=10).status_code == 200
 
 
+@pytest.mark.e2e
 def test_metrics_need_an_admin_key(api, http):
     assert http.get(f"{api.url}/metrics", timeout=10).status_code == 401
     forbidden = http.get(f"{api.url}/metrics", headers=auth("alice"), timeout=10)

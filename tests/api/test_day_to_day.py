@@ -72,6 +72,7 @@ def readiness(http, api) -> dict:
     return response.json()
 
 
+@pytest.mark.e2e
 def test_before_any_worker_a_configured_models_job_is_queued_and_readyz_says_it_waits(ops_api, http, early):
     job = http.get(f"{ops_api.url}/v1/jobs/{early['job_id']}", headers=auth(), timeout=10).json()
     assert job["state"] == "queued" and job["attempts"] == 0 and job["requeued"] is None
@@ -85,6 +86,7 @@ def test_before_any_worker_a_configured_models_job_is_queued_and_readyz_says_it_
     assert any("builtin:tiny" in warning and "accepted and wait" in warning for warning in ready["warnings"])
 
 
+@pytest.mark.e2e
 def test_a_model_neither_configured_nor_seen_keeps_its_422_naming_the_served_ones(ops_api, http, early):
     refused = submit(http, ops_api, {"prompt": "x", "model": "builtin:small", **TINY})
 
@@ -107,6 +109,7 @@ def answer(http, api, path: str, key: str) -> requests.Response:
     return http.get(f"{api.url}{path}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
 
 
+@pytest.mark.e2e
 def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_revoked(ops_api, http, early):
     created = keys_cli(ops_api, "create", "--tenant", "dave")
     assert created.returncode == 0, created.stderr
@@ -125,6 +128,7 @@ def test_a_key_created_with_stepwise_keys_works_without_a_restart_until_it_is_re
     assert keys_cli(ops_api, "revoke", key).returncode == 1  # already gone
 
 
+@pytest.mark.e2e
 def test_a_command_whose_reader_went_away_exits_quietly_as_a_pipe_to_head_expects(ops_api):
     assert keys_cli(ops_api, "create", "--tenant", "erin").returncode == 0  # a line to print
     listing = subprocess.Popen(  # `stepwise keys list | head -0`: the reader is gone before the first line
@@ -141,6 +145,7 @@ def test_a_command_whose_reader_went_away_exits_quietly_as_a_pipe_to_head_expect
     assert stderr == ""  # no BrokenPipeError traceback
 
 
+@pytest.mark.e2e
 def test_an_admin_key_reads_metrics_and_every_tenants_queue_totals_and_no_series_names_a_tenant(ops_api, http, early):
     key = keys_cli(ops_api, "create", "--tenant", "operators", "--admin").stdout.strip()
     metrics = wait_for(lambda: (r := answer(http, ops_api, "/metrics", key)).status_code == 200 and r, 10, "metrics")
@@ -151,12 +156,14 @@ def test_an_admin_key_reads_metrics_and_every_tenants_queue_totals_and_no_series
     assert answer(http, ops_api, "/v1/admin/tenants", TENANT_KEYS["alice"]).status_code == 403
 
 
+@pytest.mark.e2e
 def test_a_bearer_token_beyond_ascii_is_an_invalid_key_not_a_missing_one(ops_api, http):
     response = http.get(f"{ops_api.url}/v1/jobs", headers={"Authorization": "Bearer sk_ключ".encode()}, timeout=10)
 
     assert response.status_code == 401 and response.json()["error"]["message"] == "invalid API key"
 
 
+@pytest.mark.workers
 def test_the_early_job_succeeds_once_a_worker_starts_20s_later(ops_api, http, early, late_worker):
     job = wait_for_job(http, ops_api, early["job_id"], {"succeeded"}, timeout=240)
 
@@ -166,6 +173,7 @@ def test_the_early_job_succeeds_once_a_worker_starts_20s_later(ops_api, http, ea
     assert not any("builtin:tiny" in warning for warning in ready["warnings"])
 
 
+@pytest.mark.workers
 def test_deleting_a_succeeded_job_removes_its_images_and_a_running_one_is_stopped_first(
     ops_api, http, early, late_worker, storage_url
 ):
@@ -187,6 +195,7 @@ def test_deleting_a_succeeded_job_removes_its_images_and_a_running_one_is_stoppe
     assert not (images.parent / running["job_id"]).exists()
 
 
+@pytest.mark.workers
 def test_a_drained_worker_is_shown_in_readyz_until_it_resumes(ops_api, http, module_redis, late_worker):
     control = Celery(broker=module_redis.url, set_as_current=False).control
     try:

@@ -21,6 +21,8 @@ from tests.support.processes import WEBHOOK_SECRET, WorkerProcess
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import Delivery, WebhookReceiver
 
+pytestmark = pytest.mark.workers
+
 SMALL = {
     "prompt": "a red fox in snow",
     "seed": 7,

@@ -71,6 +71,7 @@ def workers(module_redis, storage_url, tmp_path_factory, fleet_api):
     tiny.stop(), small.stop()
 
 
+@pytest.mark.e2e
 def test_with_no_worker_every_model_is_refused_naming_model_and_none_is_listed(fleet_api, http):
     refused = submit(http, fleet_api, cheap("builtin:tiny"))
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "model"
@@ -78,6 +79,7 @@ def test_with_no_worker_every_model_is_refused_naming_model_and_none_is_listed(f
     assert models_by_name(http, fleet_api) == {}
 
 
+@pytest.mark.workers
 def test_each_worker_serves_its_models_queue_and_takes_only_webhook_deliveries_from_celery(module_redis, workers):
     """Jobs are not Celery messages: a worker's feeder takes its model's jobs from that model's queue (its
     heartbeat names it); the one Celery queue it consumes is the webhook deliveries'."""
@@ -90,6 +92,7 @@ def test_each_worker_serves_its_models_queue_and_takes_only_webhook_deliveries_f
         assert [queue["name"] for queue in replies.get(worker.name, [])] == ["stepwise.webhooks"], replies
 
 
+@pytest.mark.workers
 def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields_are_refused(fleet_api, http, workers):
     served = wait_for(
         lambda: (
@@ -111,6 +114,7 @@ def test_models_are_listed_once_their_workers_run_and_unserved_models_and_fields
     assert "LoRA store" in lora.json()["error"]["message"]
 
 
+@pytest.mark.workers
 def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_still_finishes_low_ones(
     fleet_api, http, workers
 ):
@@ -144,11 +148,13 @@ def test_a_busy_worker_starts_high_priority_jobs_before_an_earlier_backlog_and_s
     assert ended[low]["state"] == "succeeded"
 
 
+@pytest.mark.workers
 def test_a_tenant_limited_to_normal_priority_cannot_ask_for_high(fleet_api, http, workers):
     refused = submit(http, fleet_api, cheap("builtin:tiny", priority="high"), tenant="bob")
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "priority"
 
 
+@pytest.mark.workers
 def test_each_model_runs_on_its_own_worker_and_stopping_one_leaves_the_other_running_and_its_jobs_queued(
     fleet_api, http, workers
 ):

@@ -11,6 +11,7 @@ from tests.support.calls import auth, get_job, submit
 BODY = {"prompt": "a lighthouse at dusk", "seed": 11, "num_inference_steps": 3, "height": 64, "width": 64}
 
 
+@pytest.mark.e2e
 def test_submit_answers_202_with_the_job_and_its_urls(api, http):
     response = submit(http, api, BODY)
 
@@ -25,12 +26,14 @@ def test_submit_answers_202_with_the_job_and_its_urls(api, http):
     assert job["image_url"] is None and job["error"] is None
 
 
+@pytest.mark.e2e
 def test_a_random_seed_is_drawn_and_recorded(api, http):
     job = submit(http, api, {"prompt": "seedless"}).json()
 
     assert isinstance(job["params"]["seed"], int)
 
 
+@pytest.mark.e2e
 def test_poll_shows_the_same_job_with_timestamps_and_progress(api, http):
     submitted = submit(http, api, BODY).json()
 
@@ -44,6 +47,7 @@ def test_poll_shows_the_same_job_with_timestamps_and_progress(api, http):
     assert job["queue_position"] is not None
 
 
+@pytest.mark.e2e
 def test_queue_position_counts_the_jobs_ahead(api, http):
     first = submit(http, api, BODY).json()
     second = submit(http, api, BODY).json()
@@ -51,6 +55,7 @@ def test_queue_position_counts_the_jobs_ahead(api, http):
     assert second["queue_position"] == first["queue_position"] + 1
 
 
+@pytest.mark.e2e
 def test_the_same_idempotency_key_and_body_return_the_original_job(api, http):
     key = uuid.uuid4().hex
     first = submit(http, api, BODY, **{"Idempotency-Key": key})
@@ -61,6 +66,7 @@ def test_the_same_idempotency_key_and_body_return_the_original_job(api, http):
     assert again.headers.get("Idempotent-Replayed") == "true"
 
 
+@pytest.mark.e2e
 def test_the_same_idempotency_key_with_another_body_gets_409(api, http):
     key = uuid.uuid4().hex
     submit(http, api, BODY, **{"Idempotency-Key": key})
@@ -71,6 +77,7 @@ def test_the_same_idempotency_key_with_another_body_gets_409(api, http):
     assert response.json()["error"]["code"] == "idempotency_conflict"
 
 
+@pytest.mark.e2e
 def test_idempotency_keys_belong_to_their_tenant(api, http):
     key = uuid.uuid4().hex
     alice = submit(http, api, BODY, "alice", **{"Idempotency-Key": key}).json()
@@ -80,6 +87,7 @@ def test_idempotency_keys_belong_to_their_tenant(api, http):
     assert bob.json()["job_id"] != alice["job_id"]
 
 
+@pytest.mark.e2e
 def test_canceling_a_queued_job_cancels_it_at_once(api, http):
     job = submit(http, api, BODY).json()
 
@@ -90,6 +98,7 @@ def test_canceling_a_queued_job_cancels_it_at_once(api, http):
     assert get_job(http, api, job["job_id"]).json()["state"] == "canceled"
 
 
+@pytest.mark.e2e
 def test_canceling_a_finished_job_gets_409(api, http):
     job = submit(http, api, BODY).json()
     http.post(job["cancel_url"], headers=auth(), timeout=10)
@@ -100,6 +109,7 @@ def test_canceling_a_finished_job_gets_409(api, http):
     assert response.json()["error"]["code"] == "job_finished"
 
 
+@pytest.mark.e2e
 def test_the_image_of_a_job_that_has_not_succeeded_gets_409(api, http):
     job = submit(http, api, BODY).json()
 
@@ -109,6 +119,7 @@ def test_the_image_of_a_job_that_has_not_succeeded_gets_409(api, http):
     assert response.json()["error"]["code"] == "no_image"
 
 
+@pytest.mark.e2e
 def test_listing_shows_only_the_callers_jobs_newest_first_in_pages(api, http):
     job_ids = [submit(http, api, {**BODY, "seed": seed}, "carol").json()["job_id"] for seed in range(5)]
     submit(http, api, BODY, "alice")
@@ -126,6 +137,7 @@ def test_listing_shows_only_the_callers_jobs_newest_first_in_pages(api, http):
     assert seen == list(reversed(job_ids))
 
 
+@pytest.mark.e2e
 def test_listing_filters_by_state(api, http):
     queued = submit(http, api, BODY, "carol").json()
     canceled = submit(http, api, BODY, "carol").json()
@@ -150,6 +162,7 @@ def test_listing_filters_by_state(api, http):
         ({"cursor": "not-a-cursor!"}, "cursor"),
     ],
 )
+@pytest.mark.e2e
 def test_bad_listing_parameters_get_422_naming_them(api, http, params, field):
     response = http.get(f"{api.url}/v1/jobs", params=params, headers=auth(), timeout=10)
 
@@ -157,6 +170,7 @@ def test_bad_listing_parameters_get_422_naming_them(api, http, params, field):
     assert response.json()["error"]["field"] == field
 
 
+@pytest.mark.e2e
 def test_a_batch_validates_each_job_and_answers_per_item(api, http):
     jobs = [BODY, {**BODY, "height": 65}, "not a job", {**BODY, "seed": 5}]
 
@@ -171,6 +185,7 @@ def test_a_batch_validates_each_job_and_answers_per_item(api, http):
     assert get_job(http, api, results[3]["job"]["job_id"]).json()["params"]["seed"] == 5
 
 
+@pytest.mark.e2e
 def test_a_batch_over_the_limit_gets_422(api, http):
     response = http.post(f"{api.url}/v1/jobs/batch", json={"jobs": [BODY] * 101}, headers=auth(), timeout=10)
 
@@ -178,6 +193,7 @@ def test_a_batch_over_the_limit_gets_422(api, http):
     assert response.json()["error"]["field"] == "jobs"
 
 
+@pytest.mark.e2e
 def test_a_replayed_batch_returns_the_same_jobs(api, http):
     key = uuid.uuid4().hex
     headers = {**auth(), "Idempotency-Key": key}
@@ -189,6 +205,7 @@ def test_a_replayed_batch_returns_the_same_jobs(api, http):
     assert [r["job"]["job_id"] for r in again["results"]] == [r["job"]["job_id"] for r in first["results"]]
 
 
+@pytest.mark.e2e
 def test_deleting_a_queued_job_cancels_and_removes_it_and_another_tenant_gets_404(api, http):
     job = submit(http, api, BODY).json()
 

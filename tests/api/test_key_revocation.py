@@ -19,6 +19,8 @@ from storage.job_store import JobStore
 from tests.support.processes import ApiProcess
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.e2e
+
 JOB = {"prompt": "a lighthouse", "model": "builtin:tiny"}
 PROMPT_SECONDS = 1.0  # how soon after its revocation an open request must end (issue 35)
 

@@ -8,6 +8,8 @@ import pytest
 from tests.support.calls import auth, submit
 from tests.support.processes import ApiProcess
 
+pytestmark = pytest.mark.e2e
+
 BODY = {"prompt": "a paper boat", "seed": 1, "num_inference_steps": 2}
 MAX_QUEUE_DEPTH = 3
 

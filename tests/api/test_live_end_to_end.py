@@ -22,6 +22,8 @@ from tests.support.processes import TENANT_KEYS, WEBHOOK_SECRET, ApiProcess
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import WebhookReceiver
 
+pytestmark = pytest.mark.workers
+
 SHORT = {"prompt": "a red fox", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 96, "guidance_scale": 1.0}
 LONG = {"prompt": "a long walk", "seed": 3, "num_inference_steps": 200, "height": 256, "width": 256}
 STREAMED = {"prompt": "a lighthouse", "seed": 5, "num_inference_steps": 60, "height": 128, "width": 128}

@@ -15,6 +15,8 @@ from benchmarks.random_loras import make_lora
 from tests.support.calls import auth, submit, wait_for_job
 from tests.support.processes import ApiProcess, WorkerProcess
 
+pytestmark = pytest.mark.workers
+
 JOB = {"prompt": "a red fox in snow", "seed": 7, "num_inference_steps": 4, "height": 64, "width": 64}
 
 

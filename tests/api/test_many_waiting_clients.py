@@ -16,6 +16,8 @@ from benchmarks.waiting_clients import hold_waiting_clients, probe_healthz
 from storage.job_store import JobStore
 from tests.support.processes import TENANT_KEYS, ApiProcess
 
+pytestmark = pytest.mark.e2e
+
 NUM_WAITS = 500
 NUM_STREAMS = 500
 PROBE_TIMEOUT_SECONDS = 1.0  # what a health checker such as Kubernetes' waits by default

@@ -37,6 +37,8 @@ from tests.support.calls import auth
 from tests.support.processes import ApiProcess
 from tests.support.routes import ROUTES
 
+pytestmark = pytest.mark.e2e
+
 OFFLINE_SITE = Path(__file__).with_name("offline_site")
 MAX_EXAMPLES = 40
 # Fields whose acceptable values depend on content or state no schema holds (see the module docstring).

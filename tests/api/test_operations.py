@@ -15,6 +15,7 @@ from tests.support.calls import auth, submit
 from tests.support.routes import ROUTES
 
 
+@pytest.mark.e2e
 def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_warns_that_no_worker_runs(api, http):
     assert http.get(f"{api.url}/healthz", timeout=10).json() == {"status": "ok"}
     ready = http.get(f"{api.url}/readyz", timeout=10).json()
@@ -31,6 +32,7 @@ def test_healthz_and_readyz_answer_ok_when_redis_and_storage_are_up_and_readyz_w
     assert len(ready["warnings"]) == 1 and "no worker has been seen" in ready["warnings"][0]
 
 
+@pytest.mark.e2e
 def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):
     submit(http, api, {"prompt": "a metric", "num_inference_steps": 2})
     for _ in range(4):  # reach both API worker processes
@@ -50,6 +52,7 @@ def test_metrics_show_jobs_by_state_queue_depth_and_request_latency(api, http):
     assert healthz_count and float(healthz_count.group(1)) >= 4  # summed over the workers
 
 
+@pytest.mark.e2e
 def test_the_openapi_document_covers_every_route_with_the_engines_limits(api, http):
     document = http.get(f"{api.url}/openapi.json", timeout=10).json()
 

@@ -18,6 +18,8 @@ from tests.support.servers import RedisServer, TlsFiles, child_env
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import WebhookReceiver
 
+pytestmark = pytest.mark.workers
+
 SMALL = {"prompt": "a red fox", "seed": 7, "num_inference_steps": 3, "height": 64, "width": 64, "guidance_scale": 1.0}
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from PIL import Image
 
 from tests.support.calls import auth, submit, wait_for_job
 from tests.support.processes import ApiProcess, WorkerProcess
 from tests.support.servers import RedisServer, s3_env
+
+pytestmark = pytest.mark.workers
 
 
 def test_with_s3_storage_the_image_url_is_presigned_and_the_image_route_redirects(s3_server, s3_bucket, tmp_path, http):

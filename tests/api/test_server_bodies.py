@@ -10,6 +10,8 @@ import pytest
 from tests.support.calls import auth, get_job
 from tests.support.pictures import image_bytes
 
+pytestmark = pytest.mark.e2e
+
 MAX_BODY = 4096
 
 

@@ -17,7 +17,9 @@ from tests.support.calls import auth
 HOOK = "http://127.0.0.1:9/hook"  # the test server allows 127.0.0.1 (STEPWISE_WEBHOOK_ALLOW_HOSTS)
 VALID = {"prompt": "a red fox", "seed": 1, "num_inference_steps": 2}
 
-# (field, bad value): one case per rule in core/params.py, and the API's own fields.
+# (field, bad value): one case per rule in core/params.py, and the API's own fields. A value computed from the
+# clock gets an id of its own: parallel workers (pytest-xdist) collect at different moments and need equal ids.
+NOW = datetime.now(UTC)
 INVALID_FIELDS = [
     ("prompt", ""),
     ("prompt", "   "),
@@ -95,12 +97,12 @@ INVALID_FIELDS = [
     ("webhook_events", "started"),
     ("deadline", "tomorrow"),
     ("deadline", "2030-01-01T00:00:00"),
-    ("deadline", (datetime.now(UTC) - timedelta(minutes=1)).isoformat()),
+    pytest.param("deadline", (NOW - timedelta(minutes=1)).isoformat(), id="'deadline'-a minute ago"),
     ("complete_by", "soon"),
     ("complete_by", "2030-01-01T00:00:00"),
     ("complete_by", 1900000000),
-    ("complete_by", (datetime.now(UTC) - timedelta(minutes=1)).isoformat()),
-    ("complete_by", (datetime.now(UTC) + timedelta(days=31)).isoformat()),
+    pytest.param("complete_by", (NOW - timedelta(minutes=1)).isoformat(), id="'complete_by'-a minute ago"),
+    pytest.param("complete_by", (NOW + timedelta(days=31)).isoformat(), id="'complete_by'-in 31 days"),
     ("slo_seconds", 0),
     ("slo_seconds", -5),
     ("slo_seconds", "30"),

@@ -20,6 +20,8 @@ from tests.support.processes import TENANT_KEYS, WorkerProcess
 from tests.support.servers import child_env
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.workers
+
 CHEAP = {"model": "builtin:tiny-wan", "num_inference_steps": 2, "guidance_scale": 1.0}
 
 

@@ -27,6 +27,7 @@ from storage.heartbeats import Heartbeat
 from storage.job_store import JobState
 from storage.queue_names import generate_queue
 from storage.settings import StorageSettings
+from tests.support import tiers
 from tests.support.calls import auth
 from tests.support.job_factories import take_job
 from tests.support.processes import TENANT_KEYS
@@ -55,6 +56,7 @@ def test_the_page_and_its_files_are_served_without_a_key_and_load_nothing_from_e
 
 @pytest.fixture
 def browser():
+    tiers.require(tiers.BROWSER, "Chromium")
     if CHROMIUM is None or CHROMEDRIVER is None:
         pytest.fail("chromium and chromedriver are needed: `make chromium` or apt-get install chromium chromium-driver")
     options = webdriver.ChromeOptions()
@@ -114,6 +116,7 @@ def script(browser, code: str, *args):
     return browser.execute_script(code, *args)
 
 
+@pytest.mark.browser
 def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_on(browser, redis_url, tmp_path):
     """The page against the API in this process (no worker: the store plays one), so it is quick."""
     settings = ApiSettings(
@@ -146,6 +149,7 @@ def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_
         server.shutdown()
 
 
+@pytest.mark.browser
 def test_the_page_attaches_several_images_in_order_for_a_model_that_reads_a_list(browser, redis_url, tmp_path):
     """The page against the API in this process; heartbeats say which models are served and what they take."""
     settings = ApiSettings(
@@ -191,6 +195,8 @@ def test_the_page_attaches_several_images_in_order_for_a_model_that_reads_a_list
         server.shutdown()
 
 
+@pytest.mark.browser
+@pytest.mark.workers
 def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_list_pages_and_cancels(
     api, worker, browser, tmp_path, http
 ):
@@ -411,6 +417,7 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     assert errors == []
 
 
+@pytest.mark.browser
 def test_a_video_jobs_card_plays_its_mp4(browser, redis_url, tmp_path):
     """A succeeded video job (the store plays the worker, with an MP4 encoded as the worker encodes one) shows in a
     <video> element that the browser decodes to the video's size."""

@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_two_simulated_workers_run_jobs_of_every_tenant_and_report_redis_costs(tmp_path):
-    argv = [sys.executable, "-m", "benchmarks.fleet", "--workers", "2", "--queued", "40", "--seconds", "2"]
-    argv += ["--warm-up", "1", "--job-seconds", "0.4", "--departed", "1", "--out", str(tmp_path)]
+    # The window opens after a fixed warm-up: long enough for the simulated workers' processes to start and take
+    # jobs on a busy machine (with 1 s, under a parallel run's load, none had ended a job within the window), with
+    # jobs enough queued that some are still left to end in it.
+    argv = [sys.executable, "-m", "benchmarks.fleet", "--workers", "2", "--queued", "400", "--seconds", "2"]
+    argv += ["--warm-up", "4", "--job-seconds", "0.4", "--departed", "1", "--out", str(tmp_path)]
     done = subprocess.run(argv, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -15,6 +15,8 @@ from storage.queue_names import generate_queue
 from tests.support.processes import TENANT_KEYS, ApiProcess
 from tests.support.servers import RedisServer, child_env
 
+pytestmark = pytest.mark.e2e
+
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 
 

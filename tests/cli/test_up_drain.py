@@ -13,7 +13,7 @@ from storage.job_record import JobState
 from tests.support.cluster import Cluster, long_params
 from tests.support.servers import child_env, free_port
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 

@@ -7,10 +7,13 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 import requests
 
 from tests.support.servers import child_env, free_port, wait_until_gone
 from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.workers
 
 STEPWISE = [sys.executable, "-m", "stepwise_cli.main"]
 

@@ -173,6 +173,7 @@ def strict_api(tmp_path_factory):
 @pytest.mark.parametrize(
     "url", ["http://localhost:9/hook", "http://127.0.0.1:9/hook", "http://[::1]/hook", "http://2130706433/hook"]
 )
+@pytest.mark.e2e
 def test_the_api_refuses_a_webhook_url_to_this_machine(strict_api, url):
     api, _ = strict_api
     with requests.Session() as http:
@@ -195,6 +196,7 @@ def test_api_keys_are_compared_in_constant_time_and_all_of_them_every_time(monke
         assert len(compared) == len(TENANT_KEYS)  # no early exit: the time does not tell which key matched
 
 
+@pytest.mark.e2e
 def test_api_keys_never_reach_the_logs(strict_api):
     api, redis = strict_api
     wrong_key = "sk_live_" + "q" * 24

@@ -52,6 +52,7 @@ def api(tmp_path_factory):
     ],
     ids=str,
 )
+@pytest.mark.e2e
 def test_absurd_sizes_and_counts_get_422_naming_the_field(api, http, field, value):
     response = submit(http, api, {**VALID, field: value})
 
@@ -59,6 +60,7 @@ def test_absurd_sizes_and_counts_get_422_naming_the_field(api, http, field, valu
     assert response.json()["error"]["field"] == field
 
 
+@pytest.mark.e2e
 def test_the_largest_seed_with_several_images_is_refused_rather_than_overflowing(api, http):
     response = submit(http, api, {**VALID, "seed": P.MAX_SEED, "num_images": 2})
 
@@ -66,6 +68,7 @@ def test_the_largest_seed_with_several_images_is_refused_rather_than_overflowing
     assert response.json()["error"]["field"] == "seed"
 
 
+@pytest.mark.e2e
 def test_a_prompt_of_megabytes_gets_413_and_one_under_the_body_limit_gets_422(api, http):
     huge = submit(http, api, {**VALID, "prompt": "fox " * 1_000_000})
     long = submit(http, api, {**VALID, "prompt": "fox " * 100_000})
@@ -91,6 +94,7 @@ def test_a_prompt_of_megabytes_gets_413_and_one_under_the_body_limit_gets_422(ap
     ],
     ids=repr,
 )
+@pytest.mark.e2e
 def test_unicode_and_control_characters_are_accepted_and_kept_exactly(api, http, prompt):
     response = submit(http, api, {**VALID, "prompt": prompt})
 
@@ -107,6 +111,7 @@ def test_unicode_and_control_characters_are_accepted_and_kept_exactly(api, http,
     ],
     ids=repr,
 )
+@pytest.mark.e2e
 def test_a_prompt_that_is_not_text_gets_422_naming_it(api, http, raw):
     response = http.post(
         f"{api.url}/v1/jobs", data=raw, timeout=10, headers={**auth(), "Content-Type": "application/json"}
@@ -136,6 +141,7 @@ def test_the_engine_refuses_absurd_params_before_allocating_anything():
         engine.shutdown()
 
 
+@pytest.mark.workers
 def test_an_emoji_and_cjk_prompt_generates_an_image_end_to_end(folder_cluster, tmp_path, http):
     folder_cluster.start_worker()
     api = ApiProcess(tmp_path / "api", folder_cluster.redis.url, folder_cluster.images.resolve().as_uri()).start()

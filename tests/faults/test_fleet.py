@@ -24,7 +24,7 @@ from tests.support.cluster import FAST_RECOVERY, small_params
 from tests.support.processes import WorkerProcess
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.workers]
 
 TENANTS = ("red", "blue")
 NUM_JOBS = {"builtin:tiny": 150, "other": 50}  # "other": builtin:tiny's weights under another name (a folder)

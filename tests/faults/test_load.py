@@ -28,7 +28,7 @@ BATCH_SIZE = 100  # STEPWISE_MAX_BATCH_JOBS' default
 RSS_MARGIN_MB = 50
 TINY = {"prompt": "a tiny fox", "height": 64, "width": 64, "guidance_scale": 1.0}
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.workers]
 
 
 def submit_all(api: ApiProcess, num_jobs: int, first_seed: int) -> list[str]:

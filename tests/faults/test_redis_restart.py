@@ -16,7 +16,7 @@ from tests.support.calls import get_job, submit
 from tests.support.processes import ApiProcess
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 TINY = {"prompt": "a lantern in fog", "height": 64, "width": 64, "guidance_scale": 1.0}
 OUTAGE_SECONDS = 6

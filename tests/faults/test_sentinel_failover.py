@@ -37,7 +37,7 @@ from tests.support.servers import child_env
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import WebhookReceiver
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 TINY = {"prompt": "a lighthouse at dusk", "height": 64, "width": 64, "guidance_scale": 1.0, "num_inference_steps": 4}
 SUBMIT_EVERY = 0.1  # seconds between a client's submits

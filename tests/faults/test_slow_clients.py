@@ -20,7 +20,7 @@ REQUEST_TIMEOUT = 4
 NUM_SLOW = 60  # far more than the 8 app threads a `stepwise api` of 2 workers x 4 threads has
 MODES = ("headers", "body", "auth-body", "auth-upload")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

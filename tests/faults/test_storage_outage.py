@@ -20,7 +20,7 @@ from tests.support.cluster import TEST_WORKER_ENV, Cluster, s3_client, small_par
 from tests.support.servers import MotoS3Server, RedisServer, s3_env
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 
 class LocalFolderOutage:

@@ -15,7 +15,7 @@ from tests.support.servers import free_port
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import WebhookReceiver
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 # Retries after 0.5, 1, 2, 4 and 8 s: room to bring a receiver back between two of them.
 PATIENT_WEBHOOKS = {"STEPWISE_WEBHOOK_MAX_ATTEMPTS": "6", "STEPWISE_WEBHOOK_BACKOFF": "0.5"}

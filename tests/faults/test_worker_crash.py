@@ -12,7 +12,7 @@ from storage.job_record import JobState
 from tests.support.cluster import FAST_RECOVERY, small_params
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 NUM_IN_FLIGHT = 20
 

@@ -14,6 +14,7 @@ from typing import Self
 
 import requests
 
+from tests.support import tiers
 from tests.support.servers import child_env, free_port
 from tests.support.waiting import wait_for
 
@@ -28,7 +29,10 @@ def api_keys_setting() -> str:
 
 
 class ChildProcess:
-    """A child process in its own process group, logging to a file the failure message shows."""
+    """A child process in its own process group, logging to a file the failure message shows. Only a test with
+    the subclass's tier marker (`tier`, tests/support/tiers.py) may start one."""
+
+    tier: str
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.name = name
@@ -39,6 +43,7 @@ class ChildProcess:
 
     def launch(self) -> Self:
         """Start the process without waiting (start several, then `wait_ready` each)."""
+        tiers.require(self.tier, self.name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -91,6 +96,8 @@ class ChildProcess:
 
 class ApiProcess(ChildProcess):
     """`stepwise api` on a free loopback port."""
+
+    tier = tiers.E2E
 
     def __init__(
         self,
@@ -159,6 +166,8 @@ class WorkerProcess(ChildProcess):
     environment names another model). API tests take the threads pool and the defaults below; the
     worker tests' `Cluster` passes `pool=None`, so the app's own pool, concurrency and prefetch are
     what runs, or `via_stepwise=True` to start it as `stepwise worker` does."""
+
+    tier = tiers.WORKERS
 
     def __init__(
         self,

@@ -4,7 +4,9 @@ injects faults), and SeaweedFS (where real S3 behaviour matters: signatures, pre
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -14,14 +16,39 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.local_services import SeaweedS3Server  # noqa: F401 (the tests' real S3 server, shared)
+from benchmarks import local_services
 from tests.support.waiting import wait_for
+
+# Ports for the servers tests start, below the kernel's ephemeral range (32768-60999 here): a port asked of the
+# kernel (bind to 0) is free only until the next outgoing connection or another test process takes it, and the
+# servers start seconds later. Each pytest-xdist worker (gw0, gw1, ...) walks a range of its own, from a random
+# point so that two test runs on one machine seldom try the same port at once.
+PORT_RANGE_START, PORT_RANGE_SIZE, PORT_RANGES = 20_000, 2_000, 6
+
+
+def _port_range() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw")) % PORT_RANGES if worker.startswith("gw") else 0
+    start = PORT_RANGE_START + index * PORT_RANGE_SIZE
+    return range(start, start + PORT_RANGE_SIZE)
+
+
+_ports = _port_range()
+_first = random.randrange(len(_ports))
+_next_port = itertools.cycle([*_ports[_first:], *_ports[:_first]])
 
 
 def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, from this test process's own range (see above)."""
+    for _ in range(len(_ports)):
+        port = next(_next_port)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # a server of this run, or of another, listens there
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_ports}")
 
 
 def wait_for_port(port: int, timeout: float = 20.0) -> None:
@@ -88,6 +115,15 @@ class TlsFiles:
     def client_query(self) -> str:
         """The query of a rediss:// URL that checks the server and shows the client's certificate."""
         return f"ssl_cert_reqs=required&ssl_ca_certs={self.ca}&ssl_certfile={self.client}&ssl_keyfile={self.client_key}"
+
+
+class SeaweedS3Server(local_services.SeaweedS3Server):
+    """The benchmarks' SeaweedFS S3 server (the tests' real S3), on ports from this test process's range."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir)
+        self.port = free_port()
+        self.ports = {option: free_port() for option in self.PORT_OPTIONS}
 
 
 class RedisServer:

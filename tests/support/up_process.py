@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from tests.support import tiers
 from tests.support.servers import child_env, free_port
 from tests.support.waiting import wait_for
 
@@ -37,6 +38,7 @@ class UpProcess:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def start(self) -> UpProcess:
+        tiers.require(tiers.WORKERS, "stepwise up")
         self.started_at = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from storage.job_record import JobState
 from tests.support.cluster import long_params
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("s3-cluster")]  # one `s3_cluster` for these files
 
 
 def cli_replies(result) -> dict:

@@ -26,7 +26,7 @@ from tests.support.cluster import Cluster, local_folder_cluster, long_params
 from tests.support.processes import WorkerProcess
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.workers]
 
 WORKER_TIMEOUT = 10.0  # the dead-worker watch's, as by default
 LEASE_SECONDS = 3  # the engine worker's leases: a freeze of a few seconds lets one lapse

@@ -3,10 +3,14 @@ S3 (moto's server over HTTP) or a local folder."""
 
 from __future__ import annotations
 
+import pytest
+
 from storage.image_store import open_image_store
 from storage.job_record import JobState
 from storage.settings import StorageSettings
 from tests.support.cluster import Cluster, engine_stats_from_cli, long_params, png_size, small_params
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("s3-cluster")]  # one `s3_cluster` for these files
 
 
 def key_for(cluster: Cluster, job_id: str, index: int = 0) -> str:

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from storage.job_record import JobState
 from tests.support.cluster import long_params, small_params
 
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("s3-cluster")]  # one `s3_cluster` for these files
+
 
 @pytest.mark.timeout(600)
 def test_drain_stops_admission_while_in_flight_jobs_finish_and_resume_restarts_it(s3_cluster, main_worker):

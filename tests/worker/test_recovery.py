@@ -12,7 +12,7 @@ import pytest
 from storage.job_record import JobState
 from tests.support.cluster import long_params, small_params
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.workers]
 
 
 def test_sigterm_lets_a_running_job_that_fits_in_the_drain_finish_before_the_worker_exits(folder_cluster):

@@ -11,7 +11,7 @@ import pytest
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.workers]
 
 
 def refused_start(cluster: Cluster, spool) -> str:

@@ -24,7 +24,7 @@ from tests.support.job_factories import take_job
 from worker.output_images import OutputImage
 from worker.spool import JOB_FILE, ImageSpool, SpooledJob
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.workers]
 
 STOPPED = "host:1:stopped"  # the stopped worker whose spool folder the probes are planted in
 ANOTHER_USER = 65534  # nobody

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from storage.job_record import JobState
 from tests.support.cluster import small_params
+
+pytestmark = pytest.mark.workers
 
 
 def test_a_worker_answers_ping_only_after_a_warm_up_job_ran_through_its_engine(folder_cluster):

@@ -14,6 +14,8 @@ from tests.support.cluster import small_params
 from tests.support.processes import WEBHOOK_SECRET
 from tests.support.waiting import wait_for
 
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("s3-cluster")]  # one `s3_cluster` for these files
+
 
 class Receiver:
     """Records every POST; answers with the queued status codes first, then 200."""

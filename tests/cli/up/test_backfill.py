@@ -8,12 +8,16 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from storage.job_store import JobStore
 from tests.support.servers import child_env
 from tests.support.up_process import (
     STEPWISE,
 )
 from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("stepwise-up")]  # the folder's one `up`
 
 INVALID_LINES = {
     5: "{not json",

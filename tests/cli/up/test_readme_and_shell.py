@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 from PIL import Image
 
@@ -16,6 +17,8 @@ from tests.support.servers import child_env
 from tests.support.up_process import (
     readme_block,
 )
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("stepwise-up")]  # the folder's one `up`
 
 
 def test_the_readme_curl_tour_runs_as_written_against_stepwise_up(up, tmp_path):

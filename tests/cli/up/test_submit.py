@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 
+import pytest
 from PIL import Image
 
 from storage.job_store import JobStore
@@ -17,6 +18,8 @@ from tests.support.up_process import (
     run_cli,
 )
 from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("stepwise-up")]  # the folder's one `up`
 
 
 def test_submit_wait_saves_the_image_from_a_fresh_stepwise_up(up, tmp_path):

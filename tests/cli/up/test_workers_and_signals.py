@@ -16,6 +16,7 @@ from pathlib import Path
 
 import av
 import psutil
+import pytest
 
 from tests.support.servers import child_env, wait_until_gone
 from tests.support.up_process import (
@@ -24,6 +25,8 @@ from tests.support.up_process import (
     readme_block,
 )
 from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("stepwise-up")]  # the folder's one `up`
 
 
 def test_up_prints_no_celery_banner_and_no_note_about_running_as_root(up):
