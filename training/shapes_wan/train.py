@@ -204,6 +204,20 @@ def train_transformer(transformer, text_encoder, data: TrainingSet, num_steps: i
             save(ema_transformer, ema_text_encoder, step + 1)
 
 
+def finetune_folder(folder: Path, args, log) -> None:
+    """Stage 3: more decoder steps on a trained folder's VAE. The encoder, and so the latents the transformer
+    learned, stay as they are; only how latents become pixels gets sharper."""
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(folder / "vae", local_files_only=True)
+    finetune_decoder(vae, np.random.default_rng(args.seed + 2), args.decoder_steps, args.decoder_batch, log)
+    vae.save_pretrained(folder / "vae")
+    record = json.loads((folder / "training.json").read_text())
+    record["decoder_finetune_steps"] = record.get("decoder_finetune_steps", 0) + args.decoder_steps
+    (folder / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    log(f"saved {folder / 'vae'} after {args.decoder_steps} more decoder steps")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="train builtin:shapes-wan on procedural clips (CPU)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the trained pipeline")
@@ -214,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder-steps", type=int, default=60)
     parser.add_argument("--decoder-batch", type=int, default=4)
     parser.add_argument("--vae-from", type=Path, help="a folder this script wrote: take its VAE, skip stage 1")
+    parser.add_argument(
+        "--finetune-decoder",
+        type=Path,
+        help="a folder this script wrote: fine-tune its VAE's decoder for --decoder-steps more steps, in place",
+    )
     parser.add_argument("--steps", type=int, default=3000, help="transformer steps")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=TRANSFORMER_LR)
@@ -227,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.time() - started:7.1f}s] {message}", flush=True)
 
     torch.manual_seed(args.seed)
+    if args.finetune_decoder is not None:
+        finetune_folder(args.finetune_decoder, args, log)
+        return 0
     pipeline = shapes_wan.build_pipeline()
     tokenizer, vae = pipeline.tokenizer, pipeline.vae
     record: dict = {"size": SIZE, "num_frames": NUM_FRAMES, "seed": args.seed, "batch": args.batch, "lr": args.lr}
