@@ -61,7 +61,11 @@ BUILTIN_MODELS = {
     ),
     # a small Wan 2.1 text-to-video model, trained by training/shapes_wan/train.py (docs/shapes-wan.md), never built
     "shapes-wan": BuiltinModel(
-        version="v1", family="wan", shipped_folder="builtin-shapes-wan", sizes=(64,), vocabulary="moving-shapes",
+        version="v1",
+        family="wan",
+        shipped_folder="builtin-shapes-wan",
+        sizes=(64,),
+        vocabulary="moving-shapes",
         num_frames=9,
     ),
 }

@@ -23,12 +23,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down")  # builtin:shapes-wan's motions
 
-_PROMPT = re.compile(
-    r"^\s*an?\s+(?P<fg>[a-z]+)\s+(?P<shape>[a-z]+)\s+on\s+an?\s+(?P<bg>[a-z]+)\s+background\s*\.?\s*$",
-    re.IGNORECASE,
-)
-_MOVING_PROMPT = re.compile(
-    r"^\s*an?\s+(?P<fg>[a-z]+)\s+(?P<shape>[a-z]+)\s+moving\s+(?P<direction>[a-z]+)"
+_PROMPT = re.compile(  # a still prompt, or a moving one with "moving <direction>" after the shape
+    r"^\s*an?\s+(?P<fg>[a-z]+)\s+(?P<shape>[a-z]+)(?:\s+moving\s+(?P<direction>[a-z]+))?"
     r"\s+on\s+an?\s+(?P<bg>[a-z]+)\s+background\s*\.?\s*$",
     re.IGNORECASE,
 )
@@ -47,13 +43,25 @@ class ShapePrompt:
 
 def parse_prompt(text: str) -> ShapePrompt | None:
     """The prompt's colours and shape, or None when it is not of the form the model draws."""
+    words = _prompt_words(text)
+    if words is None or words[2] is not None:
+        return None
+    return ShapePrompt(words[0], words[1], words[3])
+
+
+def _prompt_words(text: str) -> tuple[str, str, str | None, str] | None:
+    """(foreground, shape, direction or None, background) of a still or moving prompt of known words; None for
+    any other text."""
     match = _PROMPT.match(text)
     if match is None:
         return None
     fg, shape, bg = (match.group(name).lower() for name in ("fg", "shape", "bg"))
+    direction = match.group("direction").lower() if match.group("direction") else None
     if fg not in COLOURS or bg not in COLOURS or shape not in SHAPES or fg == bg:
         return None
-    return ShapePrompt(fg, shape, bg)
+    if direction is not None and direction not in DIRECTIONS:
+        return None
+    return fg, shape, direction, bg
 
 
 def all_prompts() -> list[ShapePrompt]:
@@ -83,13 +91,10 @@ class MovingShapePrompt:
 
 def parse_moving_prompt(text: str) -> MovingShapePrompt | None:
     """The prompt's colours, shape and direction, or None when it is not of the form builtin:shapes-wan draws."""
-    match = _MOVING_PROMPT.match(text)
-    if match is None:
+    words = _prompt_words(text)
+    if words is None or words[2] is None:
         return None
-    fg, shape, direction, bg = (match.group(name).lower() for name in ("fg", "shape", "direction", "bg"))
-    if fg not in COLOURS or bg not in COLOURS or shape not in SHAPES or direction not in DIRECTIONS or fg == bg:
-        return None
-    return MovingShapePrompt(fg, shape, direction, bg)
+    return MovingShapePrompt(words[0], words[1], words[2], words[3])
 
 
 def all_moving_prompts() -> list[MovingShapePrompt]:

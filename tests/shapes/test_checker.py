@@ -24,6 +24,7 @@ from core.shapes_vocabulary import (
     ShapePrompt,
     all_moving_prompts,
     all_prompts,
+    parse_moving_prompt,
     parse_prompt,
 )
 
@@ -95,3 +96,14 @@ def test_a_still_shape_a_clip_played_backwards_and_noise_fail_the_clip_check():
     noise = [Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)) for _ in range(9)]
     assert not check_clip(noise, prompt)
     assert not check_clip(clip, "a red circle on a blue background")  # not a moving prompt
+
+
+def test_the_moving_grammar_reads_every_moving_prompt_and_the_still_grammar_none_of_them():
+    moving = all_moving_prompts()
+    assert len(moving) == 672 and all(parse_moving_prompt(prompt.text) == prompt for prompt in moving)
+    assert not any(parse_prompt(prompt.text) for prompt in moving)
+    assert not any(parse_moving_prompt(prompt.text) for prompt in all_prompts())
+    assert parse_moving_prompt("An Orange square moving Left on a white background.") == MovingShapePrompt(
+        "orange", "square", "left", "white"
+    )
+    assert parse_moving_prompt("a red circle moving sideways on a blue background") is None
