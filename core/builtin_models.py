@@ -116,10 +116,11 @@ def prompt_warnings(model: str, prompt: str) -> list[str]:
     if entry is None or entry.vocabulary is None:
         return []
     if entry.vocabulary == "moving-shapes":
-        known, grammar = shapes_vocabulary.parse_moving_prompt(prompt), shapes_vocabulary.moving_grammar()
+        known = shapes_vocabulary.parse_moving_prompt(prompt) is not None
+        grammar = shapes_vocabulary.moving_grammar()
     else:
-        known, grammar = shapes_vocabulary.parse_prompt(prompt), shapes_vocabulary.grammar()
-    if known is not None:
+        known, grammar = shapes_vocabulary.parse_prompt(prompt) is not None, shapes_vocabulary.grammar()
+    if known:
         return []
     return [
         f"the prompt is outside what {model} knows, so its picture will not follow it: the model draws only "
