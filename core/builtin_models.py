@@ -27,7 +27,10 @@ class BuiltinModel:
     # is, never built
     sizes: tuple[int, ...] = ()  # a trained model's sizes (pixels a side) it was trained at, its best first; ()
     # for random weights, which draw any size alike
-    vocabulary: str | None = None  # "shapes": it knows only core.shapes_vocabulary's prompts; None: any prompt
+    vocabulary: str | None = None  # "shapes" or "moving-shapes": it knows only core.shapes_vocabulary's prompts
+    # (still, or moving); None: any prompt
+    num_frames: int | None = None  # a trained video built-in's clip length (frames) it was trained on, its jobs'
+    # default; None: the family's default
 
 
 BUILTIN_MODELS = {
@@ -59,6 +62,15 @@ BUILTIN_MODELS = {
     "shapes-dit": BuiltinModel(  # trained at 96, 112 and 128 (best at 112 and 128, docs/shapes-dit.md)
         version="v1", family="zimage", shipped_folder="builtin-shapes-dit", sizes=(128, 112, 96), vocabulary="shapes"
     ),
+    # a small Wan 2.1 text-to-video model, trained by training/shapes_wan/train.py (docs/shapes-wan.md), never built
+    "shapes-wan": BuiltinModel(
+        version="v1",
+        family="wan",
+        shipped_folder="builtin-shapes-wan",
+        sizes=(64,),
+        vocabulary="moving-shapes",
+        num_frames=9,
+    ),
 }
 
 
@@ -88,13 +100,32 @@ def short_name(model: str) -> str:
     return model.removeprefix(BUILTIN_PREFIX)
 
 
+def builtin_field_defaults(model: str) -> dict[str, int]:
+    """What a trained built-in's omitted fields become where they differ from its family's: its best size and its
+    clip length; {} for every other model."""
+    entry = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
+    defaults: dict[str, int] = {}
+    if entry is not None and entry.sizes:
+        defaults.update(height=entry.sizes[0], width=entry.sizes[0])
+    if entry is not None and entry.num_frames is not None:
+        defaults["num_frames"] = entry.num_frames
+    return defaults
+
+
 def prompt_warnings(model: str, prompt: str) -> list[str]:
     """Sentences for a person about a prompt the model will draw but does not know (a trained built-in's fixed
     vocabulary); [] for every other model and prompt."""
     entry = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
-    if entry is None or entry.vocabulary != "shapes" or shapes_vocabulary.parse_prompt(prompt) is not None:
+    if entry is None or entry.vocabulary is None:
+        return []
+    if entry.vocabulary == "moving-shapes":
+        known = shapes_vocabulary.parse_moving_prompt(prompt) is not None
+        grammar = shapes_vocabulary.moving_grammar()
+    else:
+        known, grammar = shapes_vocabulary.parse_prompt(prompt) is not None, shapes_vocabulary.grammar()
+    if known:
         return []
     return [
         f"the prompt is outside what {model} knows, so its picture will not follow it: the model draws only "
-        f"{shapes_vocabulary.grammar()} (two different colours)"
+        f"{grammar} (two different colours)"
     ]

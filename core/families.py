@@ -15,7 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
+from core.builtin_models import BUILTIN_MODELS, builtin_field_defaults, is_builtin, short_name
 from core.output_formats import DEFAULT_IMAGE_FORMAT, DEFAULT_VIDEO_FORMAT, IMAGE_FORMATS, VIDEO_FORMATS
 
 UNET_SAMPLERS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
@@ -351,6 +351,12 @@ def family_of_model(model: str) -> str | None:
     """The family of a built-in model; None for a folder or repo id (known once loaded)."""
     built_in = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
     return built_in.family if built_in else None
+
+
+def model_field_defaults(model: str | None, spec: FamilySpec) -> dict[str, int | float | str | None]:
+    """What a job's omitted fields become for `model` of family `spec`: the family's defaults, a trained built-in's
+    own size and clip length over them (builtin:shapes-wan draws 9 frames of 64x64)."""
+    return {**spec.field_defaults(), **(builtin_field_defaults(model) if isinstance(model, str) else {})}
 
 
 def recommended_sizes(model: str, family: str) -> list[int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidParamsError
-from core.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
+from core.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model, model_field_defaults
 from core.image_inputs import REFERENCE_IMAGES, RESIZE_MODES, check_reference, image_size, is_data_uri, listed_images
 from core.output_formats import DEFAULT_IMAGE_FORMAT, DEFAULT_VIDEO_FORMAT, OUTPUT_FORMATS, VIDEO_FORMATS
 from core.step_cache import CacheSetting, check_cache
@@ -118,7 +118,7 @@ class GenerationParams:
         if self.strength is None:
             only_init = self.init_image is not None and self.mask_image is None and spec.init_image_role == "start"
             object.__setattr__(self, "strength", DEFAULT_IMG2IMG_STRENGTH if only_init else 1.0)
-        for name, value in spec.field_defaults().items():
+        for name, value in model_field_defaults(self.model, spec).items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         if self.output_format is None:

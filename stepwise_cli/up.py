@@ -41,8 +41,9 @@ from pathlib import Path
 import redis
 import requests
 
+from core.builtin_models import BUILTIN_MODELS, is_builtin, short_name
 from core.params import SHOWCASE_MODEL
-from core.shapes_vocabulary import ShapePrompt
+from core.shapes_vocabulary import MovingShapePrompt, ShapePrompt
 from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
 from stepwise_cli.folder_lock import FolderInUse, hold_folder
@@ -187,9 +188,13 @@ def saved_port(var_dir: Path, key: str) -> int | None:
 
 
 def suggested_prompt(model: str) -> str:
-    """A prompt the served model draws: the shapes models' grammar, else any prompt (random-weight
-    built-ins draw noise-like patterns whatever they are asked)."""
-    if model.startswith(f"{SHOWCASE_MODEL}"):
+    """A prompt the served model draws: the shapes models' grammar (still or moving), else any prompt
+    (random-weight built-ins draw noise-like patterns whatever they are asked)."""
+    entry = BUILTIN_MODELS.get(short_name(model)) if is_builtin(model) else None
+    vocabulary = entry.vocabulary if entry is not None else None
+    if vocabulary == "moving-shapes":
+        return MovingShapePrompt("red", "circle", "right", "blue").text
+    if vocabulary == "shapes":
         return ShapePrompt("red", "circle", "blue").text
     return "a red fox in the snow"
 

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from core.families import FAMILIES
+from core.families import FAMILIES, model_field_defaults
 from core.params import MAX_FPS, MAX_NUM_IMAGES, MAX_SIZE, MAX_STEPS
 from storage.errors import StorageError
 from storage.heartbeats import Heartbeat, engine_snapshot
@@ -26,10 +26,10 @@ def engine_family(runtime: WorkerRuntime) -> str:
     return runtime.engine.family
 
 
-def family_defaults(family: str) -> dict:
-    """What an omitted field becomes for this family (core.families, as GenerationParams fills them)."""
+def family_defaults(family: str, model: str | None = None) -> dict:
+    """What an omitted field becomes for `model` of this family (core.families, as GenerationParams fills them)."""
     spec = FAMILIES[family]
-    return {**spec.field_defaults(), "output_format": spec.default_output_format}
+    return {**model_field_defaults(model, spec), "output_format": spec.default_output_format}
 
 
 def family_limits(family: str) -> dict:
@@ -66,7 +66,7 @@ def current_heartbeat(runtime: WorkerRuntime) -> Heartbeat:
         seen_at=time.time(),
         is_admitting=runtime.is_admitting and not runtime.is_shutting_down and runtime.is_engine_running,
         is_draining=not runtime.is_admitting and not runtime.is_shutting_down,
-        defaults=family_defaults(family),
+        defaults=family_defaults(family, settings.model),
         limits={
             **family_limits(family),
             "needs_init_image": runtime.engine.needs_init_image,

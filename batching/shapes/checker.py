@@ -6,7 +6,9 @@ the image's border. The foreground is the pixels labelled with the asked shape c
 it must be one sizeable, roughly centred blob, and the shape is read from how much of
 its bounding box it fills (square 1, circle pi/4, triangle 1/2; on the box that holds
 98% of the blob, which trims thin tips, about 1.0, 0.86 and 0.62) and, for the
-triangle, from its mass sitting low in the box. No torch: the check runs
+triangle, from its mass sitting low in the box. A clip (`check_clip`, builtin:shapes-wan) is judged the
+same way frame by frame, without the centring, and its direction from how the blob's centroid moves
+between the first and the last frame that show it. No torch: the check runs
 wherever numpy and Pillow do, and on any image, not only the model's.
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from core.shapes_vocabulary import COLOURS, ShapePrompt, parse_prompt
+from core.shapes_vocabulary import COLOURS, MovingShapePrompt, ShapePrompt, parse_moving_prompt, parse_prompt
 
 MAX_COLOUR_DISTANCE = 80.0  # RGB distance beyond which a pixel matches no palette colour
 MIN_BACKGROUND_BORDER_SHARE = 0.6  # of border pixels in the asked background colour
@@ -27,6 +29,11 @@ MAX_CENTRE_OFFSET = 0.15  # of the image side, between the blob's bounding-box c
 MIN_BLOB_SHARE = 0.85  # of the foreground colour's pixels inside the blob's bounding box
 # bounding-box fill ratio ranges per shape; the gaps between them are where no shape is read
 FILL_RANGES = {"triangle": (0.40, 0.70), "circle": (0.74, 0.93), "square": (0.93, 1.01)}
+# a clip's moving shape (its box 30-40% of the side) covers less of a frame than a still one
+CLIP_MIN_FOREGROUND_SHARE = 0.025
+CLIP_MAX_FOREGROUND_SHARE = 0.30
+MIN_FRAMES_WITH_SHAPE = 0.75  # of a clip's frames, each holding a sizeable foreground blob
+MIN_TRAVEL = 0.15  # of the side: the least centroid motion read as a direction (drawn clips travel 0.40)
 _PALETTE_NAMES = list(COLOURS)
 _PALETTE = np.array([COLOURS[name] for name in _PALETTE_NAMES], dtype=np.float32)  # [num_colours, 3]
 
@@ -89,6 +96,67 @@ def check_image(image: Image.Image, prompt: ShapePrompt | str) -> CheckResult:
         message = f"the {prompt.foreground} shape looks like a {shape or 'blob'}, not a {prompt.shape}"
         return CheckResult(False, message, seen_background, shape)
     return CheckResult(True, f"a {prompt.foreground} {shape} on {seen_background}", seen_background, shape)
+
+
+@dataclass(frozen=True)
+class ClipCheckResult:
+    passed: bool
+    reason: str  # why it failed, or what was seen when it passed
+    background: str | None = None  # the frames' borders' palette colour
+    shape: str | None = None  # the shape most frames show
+    direction: str | None = None  # where the shape's centroid went, from the first frame that shows it to the last
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+
+def check_clip(frames: list[Image.Image], prompt: MovingShapePrompt | str) -> ClipCheckResult:
+    """Whether `frames` show `prompt`'s shape in its colours on its background, moving in its direction."""
+    if isinstance(prompt, str):
+        parsed = parse_moving_prompt(prompt)
+        if parsed is None:
+            return ClipCheckResult(False, f"not a moving shapes prompt: {prompt!r}")
+        prompt = parsed
+    labels = np.stack([palette_labels(frame) for frame in frames])  # [frames, H, W]
+    height, width = labels.shape[1:]
+    border = np.concatenate([labels[:, 0], labels[:, -1], labels[:, :, 0], labels[:, :, -1]], axis=1).ravel()
+    counts = np.bincount(border[border >= 0], minlength=len(_PALETTE_NAMES))
+    background = _PALETTE_NAMES[int(counts.argmax())] if counts.any() else None
+    if np.mean(border == _PALETTE_NAMES.index(prompt.background)) < MIN_BACKGROUND_BORDER_SHARE:
+        return ClipCheckResult(
+            False, f"background is not {prompt.background} (borders mostly {background})", background
+        )
+
+    shapes, centroids = [], []  # per frame holding a sizeable foreground blob: its shape and centroid (x, y)
+    for mask in labels == _PALETTE_NAMES.index(prompt.foreground):
+        if not CLIP_MIN_FOREGROUND_SHARE <= mask.mean() <= CLIP_MAX_FOREGROUND_SHARE:
+            continue
+        rows, cols = _blob_extent(mask)
+        shapes.append(read_shape(mask[rows[0] : rows[1] + 1, cols[0] : cols[1] + 1]))
+        ys, xs = np.nonzero(mask)
+        centroids.append((xs.mean() / width, ys.mean() / height))
+    if len(shapes) < MIN_FRAMES_WITH_SHAPE * len(frames):
+        message = f"{len(shapes)} of {len(frames)} frames show a {prompt.foreground} shape of a sensible size"
+        return ClipCheckResult(False, message, background)
+    shape = max(set(shapes), key=lambda name: (shapes.count(name), name is not None))  # the most frames' reading
+    (first_x, first_y), (last_x, last_y) = centroids[0], centroids[-1]
+    direction = read_direction(last_x - first_x, last_y - first_y)
+    seen = f"a {prompt.foreground} {shape or 'blob'} moving {direction or 'nowhere'} on {background}"
+    if shape != prompt.shape:
+        return ClipCheckResult(False, f"{seen}: not a {prompt.shape}", background, shape, direction)
+    if direction != prompt.direction:
+        return ClipCheckResult(False, f"{seen}: not moving {prompt.direction}", background, shape, direction)
+    return ClipCheckResult(True, seen, background, shape, direction)
+
+
+def read_direction(dx: float, dy: float) -> str | None:
+    """The direction of a displacement (fractions of the side, y downward) along its larger axis; None when it is
+    shorter than MIN_TRAVEL."""
+    if max(abs(dx), abs(dy)) < MIN_TRAVEL:
+        return None
+    if abs(dx) >= abs(dy):
+        return "right" if dx > 0 else "left"
+    return "down" if dy > 0 else "up"
 
 
 def read_shape(box: np.ndarray) -> str | None:

@@ -39,6 +39,7 @@ def test_the_models_list_offers_each_models_trained_or_recommended_sizes(client)
     for model, family in [
         ("builtin:shapes", "sd"),
         ("builtin:shapes-dit", "zimage"),
+        ("builtin:shapes-wan", "wan"),
         ("builtin:tiny", "sd"),
         ("/models/sdxl-base", "sdxl"),
     ]:
@@ -50,6 +51,7 @@ def test_the_models_list_offers_each_models_trained_or_recommended_sizes(client)
     assert sizes == {
         "builtin:shapes": [128],  # what it was trained at: 192 and 256 draw nothing it knows
         "builtin:shapes-dit": [128, 112, 96],
+        "builtin:shapes-wan": [64],
         "builtin:tiny": [128],  # random weights: its family's default
         "/models/sdxl-base": [1024],  # a checkpoint: its family's trained size
     }
@@ -71,6 +73,7 @@ def test_a_prompt_outside_the_shapes_grammar_is_accepted_and_its_job_says_the_mo
     [
         ("builtin:shapes", "a yellow triangle on a purple background"),
         ("builtin:shapes-dit", "A Red circle on a blue background."),
+        ("builtin:shapes-wan", "a white square moving up on a black background"),
         ("builtin:tiny", "a watercolor of a fox"),  # random weights know nothing, so nothing is outside
     ],
 )
@@ -125,3 +128,16 @@ def test_the_models_list_is_also_in_openais_list_shape(client):
     assert model["id"] == "builtin:shapes" and model["object"] == "model" and model["owned_by"] == "stepwise"
     assert abs(model["created"] - time.time()) < 60
     assert [entry["model"] for entry in listed["models"]] == ["builtin:shapes"]  # our own fields stay
+
+
+def test_a_still_shapes_prompt_for_the_video_model_is_accepted_with_its_grammar_and_gets_its_clip_defaults(client):
+    response = client.post(
+        "/v1/jobs", json={"prompt": "a red circle on a blue background", "model": "builtin:shapes-wan"}, headers=AUTH
+    )
+
+    assert response.status_code == 202, response.json
+    (warning,) = response.json["warnings"]
+    assert "a <colour> <shape> moving <direction> on a <colour> background" in warning and "left" in warning
+    job = client.get(f"/v1/jobs/{response.json['job_id']}", headers=AUTH).json
+    params = job.get("params", job)
+    assert (params["height"], params["width"], params["num_frames"]) == (64, 64, 9)  # what it was trained on

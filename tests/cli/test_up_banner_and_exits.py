@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from api.settings import ApiSettings
-from core.shapes_vocabulary import parse_prompt
+from core.shapes_vocabulary import parse_moving_prompt, parse_prompt
 from stepwise_cli import up
 from stepwise_cli.client import ApiTarget, save_local_target
 from stepwise_cli.supervisor import MAX_FAST_FAILURES, ServiceError, Supervisor, mask_password, mask_urls
@@ -164,6 +164,7 @@ def test_the_banner_names_the_page_and_a_prompt_the_served_model_draws(tmp_path)
     assert "page:     http://127.0.0.1:8000/" in text
     assert up.suggested_prompt("builtin:shapes") == "a red circle on a blue background"
     assert parse_prompt(up.suggested_prompt("builtin:shapes")) is not None  # one the shapes model draws
+    assert parse_moving_prompt(up.suggested_prompt("builtin:shapes-wan")) is not None  # the video one's grammar
 
 
 def test_the_banners_curl_hint_sends_the_key_when_pasted_into_a_shell(tmp_path):

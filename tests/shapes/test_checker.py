@@ -1,13 +1,32 @@
-"""The pixel checker on images whose truth is known: the procedural generator's, noise, and wrong prompts."""
+"""The pixel checker on images and clips whose truth is known: the procedural generator's, noise, and wrong
+prompts."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 from PIL import Image
 
-from batching.shapes.checker import check_image
-from batching.shapes.drawing import MAX_BOX_FRACTION, MIN_BOX_FRACTION, draw
-from core.shapes_vocabulary import SHAPES, ShapePrompt, all_prompts, parse_prompt
+from batching.shapes.checker import check_clip, check_image
+from batching.shapes.drawing import (
+    CLIP_MAX_BOX_FRACTION,
+    CLIP_MIN_BOX_FRACTION,
+    MAX_BOX_FRACTION,
+    MIN_BOX_FRACTION,
+    draw,
+    draw_clip,
+)
+from core.shapes_vocabulary import (
+    DIRECTIONS,
+    SHAPES,
+    MovingShapePrompt,
+    ShapePrompt,
+    all_moving_prompts,
+    all_prompts,
+    parse_moving_prompt,
+    parse_prompt,
+)
 
 
 def test_every_generated_image_passes_for_its_own_prompt_at_the_smallest_and_largest_size():
@@ -50,3 +69,41 @@ def test_prompts_outside_the_grammar_are_reported_not_guessed():
     assert parse_prompt("a red fox on a blue background") is None
     assert parse_prompt("a red circle on a red background") is None
     assert "not a shapes prompt" in check_image(Image.new("RGB", (128, 128)), "a cat").reason
+
+
+def test_drawn_clips_pass_for_their_own_moving_prompt_and_fail_for_any_other_direction_shape_or_colours():
+    failures, accepted = [], []
+    for index, prompt in enumerate(all_moving_prompts()[::9]):  # 75 of 672: every colour, shape and direction
+        fraction = (CLIP_MIN_BOX_FRACTION, CLIP_MAX_BOX_FRACTION)[index % 2]
+        clip = draw_clip(prompt, 64, 9, fraction)
+        if not (result := check_clip(clip, prompt)):
+            failures.append((prompt.text, fraction, result.reason))
+        others = [replace(prompt, direction=d) for d in DIRECTIONS if d != prompt.direction]
+        others += [replace(prompt, shape=shape) for shape in SHAPES if shape != prompt.shape]
+        others.append(replace(prompt, foreground=prompt.background, background=prompt.foreground))
+        accepted += [other.text for other in others if check_clip(clip, other)]
+    assert failures == [] and accepted == []
+
+
+def test_a_still_shape_a_clip_played_backwards_and_noise_fail_the_clip_check():
+    prompt = MovingShapePrompt("red", "circle", "right", "blue")
+    clip = draw_clip(prompt, 64, 9)
+    still = [clip[4]] * 9
+    assert check_clip(still, prompt).direction is None and not check_clip(still, prompt)
+    backwards = check_clip(clip[::-1], prompt)
+    assert not backwards and backwards.direction == "left" and backwards.shape == "circle"
+    rng = np.random.default_rng(0)
+    noise = [Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)) for _ in range(9)]
+    assert not check_clip(noise, prompt)
+    assert not check_clip(clip, "a red circle on a blue background")  # not a moving prompt
+
+
+def test_the_moving_grammar_reads_every_moving_prompt_and_the_still_grammar_none_of_them():
+    moving = all_moving_prompts()
+    assert len(moving) == 672 and all(parse_moving_prompt(prompt.text) == prompt for prompt in moving)
+    assert not any(parse_prompt(prompt.text) for prompt in moving)
+    assert not any(parse_moving_prompt(prompt.text) for prompt in all_prompts())
+    assert parse_moving_prompt("An Orange square moving Left on a white background.") == MovingShapePrompt(
+        "orange", "square", "left", "white"
+    )
+    assert parse_moving_prompt("a red circle moving sideways on a blue background") is None

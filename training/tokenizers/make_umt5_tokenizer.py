@@ -20,7 +20,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from batching.builtin_models.components import ASSETS_DIR
 from training.tokenizers import make_t5_tokenizer
-from training.tokenizers.make_t5_tokenizer import CHAR_SCORE, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN
+from training.tokenizers.make_t5_tokenizer import CHAR_SCORE, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN, WORD_SCORE, WORD_START
 from training.tokenizers.make_tokenizer import write_tokenizer_files
 
 OUT_DIR = ASSETS_DIR / "tiny-umt5-tokenizer"
@@ -32,11 +32,16 @@ WAN_NEGATIVE_PROMPT = (
 )
 
 
-def build_tokenizer() -> Tokenizer:
+def build_tokenizer(extra_words: tuple[str, ...] = ()) -> Tokenizer:
+    """The tokenizer; `extra_words` (builtin:shapes-wan's prompt words the shared list lacks) become whole-word
+    pieces after the others, so every other id stays as the Wan built-ins have it."""
     from tokenizers.models import Unigram
 
     characters = sorted({char for char in WAN_NEGATIVE_PROMPT if not char.isascii()})
     pieces = make_t5_tokenizer.build_pieces() + [(char, CHAR_SCORE) for char in characters]
+    known = {piece for piece, _ in pieces}
+    words = [WORD_START + word for word in dict.fromkeys(extra_words)]
+    pieces += [(word, WORD_SCORE) for word in words if word not in known]
     assert len(pieces) == len({piece for piece, _ in pieces})
     tokenizer = make_t5_tokenizer.build_tokenizer()
     tokenizer.model = Unigram(pieces, unk_id=2, byte_fallback=False)
@@ -44,9 +49,9 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def write_tokenizer(out_dir: Path = OUT_DIR) -> Path:
+def write_tokenizer(out_dir: Path = OUT_DIR, extra_words: tuple[str, ...] = ()) -> Path:
     settings = {"eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN, "extra_ids": 0}
-    return write_tokenizer_files(out_dir, "T5Tokenizer", MODEL_MAX_LENGTH, settings, build_tokenizer())
+    return write_tokenizer_files(out_dir, "T5Tokenizer", MODEL_MAX_LENGTH, settings, build_tokenizer(extra_words))
 
 
 if __name__ == "__main__":
