@@ -8,7 +8,7 @@ happens. Each cached job gets its own threshold here, so that its decisions can 
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -40,68 +40,52 @@ def decisions(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def zimage_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
+def engines():
+    """model -> its engine (8 jobs at once), started on first use and shut down with the module."""
+    started: dict[str, DiffusionEngine] = {}
+
+    def engine_for(model: str) -> DiffusionEngine:
+        if model not in started:
+            started[model] = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=8))
+        return started[model]
+
+    yield engine_for
+    for engine in started.values():
+        engine.shutdown(abort=True)
 
 
 @pytest.fixture(scope="module")
-def flux_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
+def zimage_engine(engines):
+    return engines("builtin:tiny-zimage")
 
 
-@pytest.fixture(scope="module")
-def sdxl_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-sdxl", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
-
-
-@pytest.fixture(scope="module")
-def sd_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
-
-
-def zimage_jobs(num_jobs: int) -> list[GenerationParams]:
-    """Cached jobs (each its own threshold) between uncached ones, of three sizes, with and without CFG."""
+def transformer_jobs(model: str, num_jobs: int, **fields) -> list[GenerationParams]:
+    """Cached jobs (each its own threshold) between uncached ones, of three sizes (mixed in a forward), with and
+    without guidance (CFG rows where the family runs them, or its embedded guidance)."""
     sizes = (64, 96, 80)
     return [
         GenerationParams(
             prompt=f"a shape number {index}",
-            model="builtin:tiny-zimage",
+            model=model,
             seed=index,
             num_inference_steps=num_jobs + 6,
             height=sizes[index % 3],
             width=sizes[(index + 1) % 3],
-            guidance_scale=0.0 if index % 4 == 3 else 4.0,
+            guidance_scale=0.0 if index % 4 == 3 else 4.0 + index % 2,
             cache="off" if index % 3 == 1 else 1.0 - index / 1000,
+            **fields,
         )
         for index in range(num_jobs)
     ]
 
 
-def flux_jobs(num_jobs: int) -> list[GenerationParams]:
-    """As zimage_jobs, FLUX.1-dev style: one row per job, guidance embedded, sizes mixed in a forward."""
-    return [
-        dataclasses.replace(params, model="builtin:tiny-flux", guidance_scale=3.5 + index % 2)
-        for index, params in enumerate(zimage_jobs(num_jobs))
-    ]
-
-
-def sdxl_jobs(num_jobs: int) -> list[GenerationParams]:
-    """As sd_jobs, on SDXL: its added conditioning (pooled text, time ids) gathered with the computing rows."""
-    return [dataclasses.replace(params, model="builtin:tiny-sdxl") for params in sd_jobs(num_jobs)]
-
-
-def sd_jobs(num_jobs: int) -> list[GenerationParams]:
+def unet_jobs(model: str, num_jobs: int) -> list[GenerationParams]:
+    """As transformer_jobs on a UNet family, one size, the samplers mixed: DeepCache's deep path gathered with the
+    computing rows (SDXL's added conditioning, pooled text and time ids, too)."""
     return [
         GenerationParams(
             prompt=f"a fox number {index}",
+            model=model,
             seed=index,
             num_inference_steps=num_jobs + 6,
             height=64,
@@ -122,18 +106,26 @@ def near_threshold(changes: list[float], threshold: float) -> int:
     return sum(abs(change - threshold) < NEAR_THRESHOLD for change in changes)
 
 
-@pytest.mark.parametrize(
-    ("engine_name", "jobs"),
-    [
-        ("zimage_engine", zimage_jobs),
-        ("flux_engine", flux_jobs),
-        ("sd_engine", sd_jobs),
-        ("sdxl_engine", sdxl_jobs),
-    ],
-)
-def test_a_cached_job_co_batched_decides_and_draws_as_it_does_alone(request, decisions, engine_name, jobs):
-    engine = request.getfixturevalue(engine_name)
-    params_list = jobs(8)
+# Every family's step cache, on its tiny built-in: model -> its jobs. Qwen-Image runs CFG only with a negative
+# prompt; the Wan jobs are short videos, Wan 2.2's steps split between its two experts.
+FAMILY_JOBS = {
+    "builtin:tiny-zimage": functools.partial(transformer_jobs, "builtin:tiny-zimage"),
+    "builtin:tiny-flux": functools.partial(transformer_jobs, "builtin:tiny-flux"),
+    "builtin:tiny": functools.partial(unet_jobs, "builtin:tiny"),
+    "builtin:tiny-sdxl": functools.partial(unet_jobs, "builtin:tiny-sdxl"),
+    "builtin:tiny-sd3": functools.partial(transformer_jobs, "builtin:tiny-sd3"),
+    "builtin:tiny-flux2": functools.partial(transformer_jobs, "builtin:tiny-flux2"),
+    "builtin:tiny-flux2-klein": functools.partial(transformer_jobs, "builtin:tiny-flux2-klein"),
+    "builtin:tiny-qwen-image": functools.partial(transformer_jobs, "builtin:tiny-qwen-image", negative_prompt="dull"),
+    "builtin:tiny-wan": functools.partial(transformer_jobs, "builtin:tiny-wan", num_frames=5),
+    "builtin:tiny-wan22": functools.partial(transformer_jobs, "builtin:tiny-wan22", num_frames=5),
+}
+
+
+@pytest.mark.parametrize("model", FAMILY_JOBS)
+def test_a_cached_job_co_batched_decides_and_draws_as_it_does_alone(engines, decisions, model):
+    engine = engines(model)
+    params_list = FAMILY_JOBS[model](8)
     alone = run_alone(engine, params_list)
     decisions_alone = {threshold: list(changes) for threshold, changes in decisions.items()}
     decisions.clear()
