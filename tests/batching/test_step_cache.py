@@ -16,7 +16,8 @@ import pytest
 import batching.pipelines.step_cache_rows as step_cache_rows
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from core.errors import InvalidParamsError
-from core.step_cache import num_final_steps, sample_threshold
+from core.families import FAMILIES
+from core.step_cache import STEP_CACHE_KINDS, check_cache, num_final_steps, sample_threshold
 from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
 
 NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size
@@ -186,20 +187,23 @@ def test_over_many_jobs_decisions_near_the_threshold_are_rare_and_the_only_ones_
     assert num_different <= num_near <= num_decisions // 20, f"{num_near} of {num_decisions} near the threshold"
 
 
-def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched():
-    engine = DiffusionEngine(
-        EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=4, deterministic=True)
-    )
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [("builtin:tiny-zimage", {}), ("builtin:tiny-wan22", {"num_frames": 5})],  # Wan 2.2: each expert on every row
+)
+def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched(model, fields):
+    engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, deterministic=True))
     try:
         params_list = [
             GenerationParams(
                 prompt=f"a shape {index}",
-                model="builtin:tiny-zimage",
+                model=model,
                 seed=index,
                 num_inference_steps=8,
                 height=64,
                 width=64,
                 cache="off" if index == 1 else 1.0,
+                **fields,
             )
             for index in range(4)
         ]
@@ -209,7 +213,7 @@ def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched()
 
         for image_alone, image_batched in zip(alone, batched):
             assert (pixels(image_alone) == pixels(image_batched)).all()
-        assert engine.stats()["step_cache"]["zimage"]["steps_skipped"] > 0
+        assert engine.stats()["step_cache"][engine.family]["steps_skipped"] > 0
     finally:
         engine.shutdown(abort=True)
 
@@ -251,12 +255,21 @@ def test_an_invalid_cache_value_is_refused_naming_the_field(cache):
     assert error.value.field == "cache"
 
 
-def test_a_cache_for_a_family_without_one_is_refused_naming_the_field():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_takes_a_cache_setting(family):
+    spec = FAMILIES[family]
+
+    assert spec.step_cache in STEP_CACHE_KINDS, f"{family} has no step cache"
+    for cache in ("off", "balanced", "fast", 0.3):
+        check_cache(cache, family, spec.step_cache)
+
+
+def test_a_cache_for_a_family_without_a_step_cache_is_refused_naming_the_field():
     with pytest.raises(InvalidParamsError) as error:
-        GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="fast")
+        check_cache("fast", "new", None)
 
     assert error.value.field == "cache"
-    assert GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="off").cache == "off"
+    check_cache("off", "new", None)
 
 
 def test_a_cached_z_image_job_computes_its_first_step_and_its_last_fifth(zimage_engine, decisions):
@@ -271,6 +284,19 @@ def test_a_cached_z_image_job_computes_its_first_step_and_its_last_fifth(zimage_
     assert len(decisions[0.9]) == 10 - 1 - num_final_steps("modulated_input", 10) == 7
     steps_skipped = zimage_engine.stats()["step_cache"]["zimage"]["steps_skipped"] - steps_skipped_before
     assert steps_skipped == sum(change < 0.9 for change in decisions[0.9]) > 0
+
+
+def test_a_two_expert_wan_job_computes_the_first_step_of_each_expert(engines, decisions):
+    def num_decisions(model: str, threshold: float) -> int:
+        params = GenerationParams(prompt="a shape", model=model, seed=1, num_inference_steps=10, height=64, width=64,
+                                  num_frames=5, guidance_scale=1.0, cache=threshold)  # fmt: skip
+        engines(model).submit(params).result(timeout=120)
+        return len(decisions[threshold])
+
+    # step 0 has no full step to compare with; steps 8 and 9 (the last fifth) always compute
+    assert num_decisions("builtin:tiny-wan", 0.99) == 10 - 1 - 2
+    # and the low-noise expert's first step: a cache is its expert's
+    assert num_decisions("builtin:tiny-wan22", 0.98) == 10 - 1 - 2 - 1
 
 
 @pytest.mark.parametrize(
