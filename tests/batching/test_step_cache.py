@@ -18,7 +18,7 @@ from batching import DiffusionEngine, EngineConfig, GenerationParams
 from core.errors import InvalidParamsError
 from core.families import FAMILIES
 from core.step_cache import STEP_CACHE_KINDS, check_cache, num_final_steps, sample_threshold
-from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
+from tests.support.engines import engines_by_model, max_pixel_diff, pixels, run_alone, run_staggered
 
 NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size
 
@@ -43,16 +43,8 @@ def decisions(monkeypatch):
 @pytest.fixture(scope="module")
 def engines():
     """model -> its engine (8 jobs at once), started on first use and shut down with the module."""
-    started: dict[str, DiffusionEngine] = {}
-
-    def engine_for(model: str) -> DiffusionEngine:
-        if model not in started:
-            started[model] = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=8))
-        return started[model]
-
-    yield engine_for
-    for engine in started.values():
-        engine.shutdown(abort=True)
+    with engines_by_model(max_num_seqs=8) as engine_for:
+        yield engine_for
 
 
 @pytest.fixture(scope="module")
