@@ -339,6 +339,8 @@ class DiffusionEngine:
                 if not is_waiting:
                     self.book.record_iteration(output, time.perf_counter() - start)
                     recorded = True
+                    if not output.rows_per_forward:  # no forward: its samples left (decoded, failed or aborted)
+                        phases.mark_churn()
                 self.book.record_output(output, self.model_runner.take_previews(), started_at=start)
                 did_work = did_work and not is_waiting
                 self._publish()

@@ -15,7 +15,8 @@ input batch), `forward` (the denoiser call), `guidance` (each sample's rows spli
   iterations.
 
 Iterations are reported apart by kind: `steady` (every forward ran the same samples as the last one) and
-`churn` (a sample joined or left a forward: its inputs were refilled). The summary gives milliseconds per
+`churn` (a sample joined or left a forward: its inputs were refilled; or no forward ran, only the decoding
+or ending of samples that left). The summary gives milliseconds per
 iteration, averaged over the iterations of each kind.
 """
 
@@ -79,7 +80,8 @@ class StepPhases:
         self._started = time.perf_counter()
 
     def mark_churn(self) -> None:
-        """A forward of this iteration ran a different set of samples than the one before."""
+        """A forward of this iteration ran a different set of samples than the one before, or it ran no forward
+        (its samples left: only decoding, failures or aborts)."""
         if self._current is not None:
             self._current.kind = "churn"
 

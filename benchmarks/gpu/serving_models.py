@@ -89,24 +89,26 @@ def _building(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _t5(tokenizer: Any, d_model: int = 4096) -> Any:
+def _t5_fields(tokenizer: Any, d_model: int = 4096) -> dict[str, Any]:
     """T5-XXL's encoder width and attention (FLUX's, SD3's; Wan's UMT5 is the same shape), two layers."""
+    return dict(
+        vocab_size=len(tokenizer),
+        d_model=d_model,
+        d_kv=64,
+        d_ff=10240,
+        num_layers=2,
+        num_heads=64,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _t5(tokenizer: Any, d_model: int = 4096) -> Any:
     from transformers import T5Config, T5EncoderModel
 
-    return T5EncoderModel(
-        T5Config(  # type: ignore[call-arg]  # decoder_start_token_id passes through **kwargs
-            vocab_size=len(tokenizer),
-            d_model=d_model,
-            d_kv=64,
-            d_ff=10240,
-            num_layers=2,
-            num_heads=64,
-            feed_forward_proj="gated-gelu",
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
-    ).eval()
+    return T5EncoderModel(T5Config(**_t5_fields(tokenizer, d_model))).eval()
 
 
 def _clip(tokenizer: Any, hidden: int, layers: int, heads: int, projection: bool = False) -> Any:
@@ -234,18 +236,7 @@ def _wan(place: Place) -> Any:
     from batching.pipelines.wan.builtin import _scheduler, umt5_tokenizer
 
     tokenizer, scheduler = umt5_tokenizer(), _scheduler(3.0)
-    config = UMT5Config(
-        vocab_size=len(tokenizer),
-        d_model=4096,
-        d_kv=64,
-        d_ff=10240,
-        num_layers=2,
-        num_heads=64,
-        feed_forward_proj="gated-gelu",
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )
+    config = UMT5Config(**_t5_fields(tokenizer))
     with place():
         modules = dict(
             text_encoder=UMT5EncoderModel(config),

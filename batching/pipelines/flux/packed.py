@@ -151,6 +151,33 @@ def double_block(
     )
     norm_image = norm.norm(image) * (1 + scale_msa) + shift_msa
     norm_text = context_norm.norm(text) * (1 + c_scale_msa) + c_shift_msa
+    return attend_and_feed(
+        block,
+        image,
+        text,
+        norm_image,
+        norm_text,
+        (gate_msa, shift_mlp, scale_mlp, gate_mlp),
+        (c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp),
+        layout,
+    )
+
+
+def attend_and_feed(
+    block: Any,
+    image: torch.Tensor,
+    text: torch.Tensor,
+    norm_image: torch.Tensor,
+    norm_text: torch.Tensor,
+    image_mod: tuple[torch.Tensor, ...],
+    text_mod: tuple[torch.Tensor, ...],
+    layout: FluxLayout,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rest of a FLUX.1 or FLUX.2 double-stream block once both streams are normed and modulated: joint
+    attention, then each stream's feed-forward. `image_mod`, `text_mod`: (gate_msa, shift_mlp, scale_mlp,
+    gate_mlp) of each stream."""
+    gate_msa, shift_mlp, scale_mlp, gate_mlp = image_mod
+    c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = text_mod
     attn_image, attn_text = joint_attention(block.attn, norm_image, norm_text, layout.joint, layout.rotate)
     assert attn_text is not None  # every block projects its text output (SD3's last one alone does not)
     image = image + gate_msa * attn_image

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.flux.packed import Embedded, FluxLayout, output
-from batching.pipelines.packed_attention import attend, joint_attention
+from batching.pipelines.flux.packed import Embedded, FluxLayout, attend_and_feed, output
+from batching.pipelines.packed_attention import attend
 from batching.pipelines.packing import Segments, modulation
 
 Chunks = tuple[torch.Tensor, ...]  # a modulation's shift, scale and gate (twice for the double-stream blocks)
@@ -84,15 +84,16 @@ def double_block(
     c_shift_msa, c_scale_msa, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = text_mod
     norm_image = (1 + scale_msa) * block.norm1(image) + shift_msa
     norm_text = (1 + c_scale_msa) * block.norm1_context(text) + c_shift_msa
-    attn_image, attn_text = joint_attention(block.attn, norm_image, norm_text, layout.joint, layout.rotate)
-    assert attn_text is not None  # every block projects its text output (SD3's last one alone does not)
-    image = image + gate_msa * attn_image
-    image = image + gate_mlp * block.ff(block.norm2(image) * (1 + scale_mlp) + shift_mlp)
-    text = text + c_gate_msa * attn_text
-    text = text + c_gate_mlp * block.ff_context(block.norm2_context(text) * (1 + c_scale_mlp) + c_shift_mlp)
-    if text.dtype == torch.float16:
-        text = text.clip(-65504, 65504)
-    return image, text
+    return attend_and_feed(
+        block,
+        image,
+        text,
+        norm_image,
+        norm_text,
+        (gate_msa, shift_mlp, scale_mlp, gate_mlp),
+        (c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp),
+        layout,
+    )
 
 
 def single_block(block: Any, joint: torch.Tensor, mod: Chunks, layout: FluxLayout) -> torch.Tensor:
