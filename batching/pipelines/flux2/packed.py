@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from batching.pipelines.flux.packed import Embedded, FluxLayout, attend_and_feed, output
+from batching.pipelines.flux.packed import Embedded, FluxLayout, attend_and_feed, output, run_single_stream
 from batching.pipelines.packed_attention import attend
 from batching.pipelines.packing import Segments, modulation
 
@@ -54,11 +54,9 @@ def run_blocks(
                 image, text = double_block(block, image, text, image_mod, text_mod, layout)
     if single_blocks:
         single_mod = modulation(model.single_stream_modulation(temb), layout.joint.segments, 3)
-        joint = layout.joint.join(text.flatten(0, 1), image[0])[None]  # [1, joint tokens, dim]
-        with layout.joint.segments.lora_tokens():
-            for block in single_blocks:
-                joint = single_block(block, joint, single_mod, layout)
-        image = layout.joint.unjoin(joint[0])[1][None]
+        image = run_single_stream(
+            single_blocks, image, text, layout, lambda b, x: single_block(b, x, single_mod, layout)
+        )
     return Embedded(image, text, temb)
 
 
