@@ -49,8 +49,9 @@ chromium:
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) || \
 	  { echo "could not install chromium; install it with: sudo apt-get install chromium chromium-driver"; exit 1; }; }
 
+# `make run PORT=8080` puts the API on another port (so does STEPWISE_API_PORT=8080); by default 8000.
 run: install redis-server
-	@$(VENV)/bin/stepwise up
+	@$(VENV)/bin/stepwise up$(if $(PORT), --port $(PORT))
 
 # Lint, format and types (config in pyproject.toml): ruff over the tree, mypy over every package.
 lint: install-test

@@ -12,7 +12,9 @@ from api.schemas import JobStateName, Priority, RequeueReason, WebhookEvent
 
 
 class UploadView(BaseModel):
-    id: str = Field(description="upl_...: name it in init_image or mask_image (only your tenant can).")
+    id: str = Field(
+        description="upl_...: name it in init_image, mask_image or reference_images (only your tenant can)."
+    )
     content_type: str = Field(description="image/png, image/jpeg or image/webp.")
     width: int
     height: int
@@ -95,7 +97,11 @@ class ModelView(BaseModel):
     queued_by_priority: dict[str, int]
     last_seen: datetime
     defaults: dict[str, Any] = Field(description="What omitted fields become for this model's family.")
-    limits: dict[str, Any] = Field(description="What this model's family accepts.")
+    limits: dict[str, Any] = Field(
+        description="What this model's family accepts, and the API's cost limits for it (max_pixels: height x width "
+        "of one image; max_pixel_steps: images x frames x height x width x steps of one job): what a job is checked "
+        "against."
+    )
     sizes: list[int] = Field(
         description="Square sizes (pixels a side) to offer, best first: a trained built-in's training sizes, a "
         "checkpoint family's trained sizes; any other size its family accepts (limits) is drawn too."
@@ -103,7 +109,16 @@ class ModelView(BaseModel):
     engine: dict[str, Any] = Field(description="Engine statistics summed over its live workers.")
 
 
+class OpenAiModel(BaseModel):
+    id: str = Field(description="The model's name, as a job's `model` takes it.")
+    object: Literal["model"]
+    created: int = Field(description="Unix time of its latest heartbeat.")
+    owned_by: str
+
+
 class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAiModel] = Field(description="The same models in OpenAI's shape (`client.models.list()`).")
     models: list[ModelView]
 
 

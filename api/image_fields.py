@@ -1,6 +1,7 @@
 """A job's input images in the API: resolving upload ids, checking the images, keeping records small.
 
-`init_image` / `mask_image` arrive as data URIs, upload ids or http(s) URLs. Before the
+`init_image` / `mask_image` and each item of `reference_images` (the field `reference_images[i]`,
+`core.image_inputs.image_entries`) arrive as data URIs, upload ids or http(s) URLs. Before the
 engine's rules run, an upload id is replaced by the tenant's stored image (a missing,
 expired or other tenant's upload is one and the same 422 naming the field) and a URL by
 the image fetched from it, if the operator allows its host (`api.remote_images`; otherwise
@@ -21,7 +22,7 @@ from typing import Any
 from api.errors import ApiError, from_params_error, invalid
 from api.remote_images import DEFAULT_FETCH_SECONDS, ImageURL, fetch_images, is_remote_url
 from core.errors import InvalidParamsError
-from core.image_inputs import IMAGE_FIELDS, canonical_data_uri, input_images, is_upload_id
+from core.image_inputs import canonical_data_uri, image_entries, input_images, is_upload_id, with_images
 from core.params import GenerationParams
 from storage.errors import StorageError
 from storage.upload_store import UploadStore
@@ -29,10 +30,10 @@ from storage.url_policy import AllowList
 
 
 def remote_image_urls(params: Any, prefix: str = "") -> list[ImageURL]:
-    """The (field, url) of each image field of a job's params (as sent) that holds an http(s) URL."""
+    """The (field, url) of each image of a job's params (as sent) given as an http(s) URL."""
     if not isinstance(params, dict):
         return []
-    return [(f"{prefix}{name}", value) for name in IMAGE_FIELDS if is_remote_url(value := params.get(name))]
+    return [(f"{prefix}{field}", value) for field, value in image_entries(params) if is_remote_url(value)]
 
 
 def resolve_images(
@@ -51,20 +52,19 @@ def resolve_images(
     missing = [image_url for image_url in remote_image_urls(params, prefix) if image_url not in fetched]
     if missing:
         fetched = {**fetched, **fetch_images(missing, image_hosts, seconds=fetch_seconds)}
-    resolved = dict(params)
-    for name in IMAGE_FIELDS:
-        value = resolved.get(name)
+    resolved: dict[str, str] = {}
+    for field, value in image_entries(params):
         if is_remote_url(value):
-            result = fetched[(f"{prefix}{name}", value)]
+            result = fetched[(f"{prefix}{field}", value)]
             if isinstance(result, ApiError):
                 raise result
-            resolved[name] = result
+            resolved[field] = result
         elif isinstance(value, str) and is_upload_id(value):
             data_uri = _get(uploads, tenant, value) if uploads is not None else None
             if data_uri is None:
-                raise invalid(f"{prefix}{name}", f"{prefix}{name} names no upload of yours (it may have expired)")
-            resolved[name] = data_uri
-    return resolved
+                raise invalid(f"{prefix}{field}", f"{prefix}{field} names no upload of yours (it may have expired)")
+            resolved[field] = data_uri
+    return with_images(params, resolved)
 
 
 def check_images(params: GenerationParams, prefix: str = "") -> None:
@@ -75,8 +75,8 @@ def check_images(params: GenerationParams, prefix: str = "") -> None:
 
 
 def sent_upload_ids(sent: dict[str, Any]) -> dict[str, str]:
-    """Image field -> upload id, for the image fields of a job (as sent) that name an upload."""
-    return {name: value for name in IMAGE_FIELDS if isinstance(value := sent.get(name), str) and is_upload_id(value)}
+    """Image field -> upload id, for the images of a job (as sent) that name an upload."""
+    return {field: value for field, value in image_entries(sent) if isinstance(value, str) and is_upload_id(value)}
 
 
 def record_params(
@@ -89,16 +89,15 @@ def record_params(
     new_uploads: dict[str, str] = {}
     if uploads is None:
         return stored, new_uploads
-    for name in IMAGE_FIELDS:
-        if stored.get(name) is None:
-            continue
-        if name in upload_ids:
-            stored[name] = upload_ids[name]
+    kept: dict[str, str] = {}
+    for field, value in image_entries(stored):
+        if field in upload_ids:
+            kept[field] = upload_ids[field]
         else:
-            upload_id, key = uploads.pending(tenant, stored[name])
-            new_uploads[key] = canonical_data_uri(name, stored[name])
-            stored[name] = upload_id
-    return stored, new_uploads
+            upload_id, key = uploads.pending(tenant, value)
+            new_uploads[key] = canonical_data_uri(field, value)
+            kept[field] = upload_id
+    return with_images(stored, kept), new_uploads
 
 
 def _get(uploads: UploadStore, tenant: str, upload_id: str) -> str | None:

@@ -57,6 +57,12 @@ class LimitTable:
         limits = self.overrides or (CPU_LIMITS if is_cpu else GPU_LIMITS)
         return replace(limits, **self.per_model.get(model, {}))
 
+    def advertised(self, model: str) -> dict[str, int]:
+        """The limits `check` enforces for `model`, as GET /v1/models lists them (the engine's own pixel limit
+        folded in: an operator's override cannot raise it)."""
+        limits = self.for_model(model)
+        return {"max_pixels": min(limits.max_pixels, P.MAX_PIXELS), "max_pixel_steps": limits.max_pixel_steps}
+
     def check(self, params: P.GenerationParams, field_prefix: str = "") -> None:
         """Raise a 422 naming the field to lower, or return when the job fits its model's limits."""
         limits = self.for_model(params.model)

@@ -21,7 +21,7 @@ from api.errors import ApiError, from_params_error, from_validation_error, inval
 from api.openai_schemas import EXTENSIONS, OpenAIImageFields
 from core.errors import InvalidParamsError
 from core.families import FAMILIES
-from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, open_image, to_data_uri
+from core.image_inputs import INPUT_FORMATS, MAX_IMAGE_BYTES, REFERENCE_IMAGES, open_image, to_data_uri
 
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 
@@ -32,9 +32,9 @@ class JobTranslation:
     response_format: str  # b64_json or url
 
 
-def translate(fields: Any, *, images: dict[str, str], is_form: bool = False) -> JobTranslation:
-    """`fields`: the JSON object, or the form's values (`is_form`); `images`: init_image / mask_image data URIs
-    (edits)."""
+def translate(fields: Any, *, images: dict[str, Any], is_form: bool = False) -> JobTranslation:
+    """`fields`: the JSON object, or the form's values (`is_form`); `images`: the job's image fields (edits:
+    `edit_images`)."""
     if not isinstance(fields, dict):
         raise invalid(None, "the request body must be a JSON object")
     for name in fields:
@@ -52,7 +52,7 @@ def translate(fields: Any, *, images: dict[str, str], is_form: bool = False) -> 
     match = SIZE.fullmatch(request.size or "")
     if match is not None:  # else auto, or none: the job's (or its image's) own size
         job["width"], job["height"] = int(match.group(1)), int(match.group(2))
-        if images:
+        if "init_image" in images:
             job["resize_mode"] = "crop"  # an image of another size is scaled to cover the size, then cropped
     if request.output_format is not None:
         job["output_format"] = request.output_format
@@ -77,13 +77,16 @@ def check_model_kind(model: str, family: str | None, *, wants_video: bool) -> No
     raise ApiError(400, "model_not_image", message, field="model")
 
 
-def edit_images(files: MultiDict[str, FileStorage]) -> dict[str, str]:
-    """`image` (or the first `image[]`) and the optional `mask` as data URIs. OpenAI's mask edits where it
-    is transparent; stepwise's repaints where it is white: the mask's alpha channel becomes that."""
-    part = files.get("image") or files.get("image[]")
-    if part is None:
-        raise invalid("image", "image: send the image to edit as a file part named image")
-    images = {"init_image": data_uri("image", part)}
+def edit_images(files: MultiDict[str, FileStorage]) -> dict[str, Any]:
+    """The images to edit and the optional `mask` as data URIs: one image (a part named `image`, or one `image[]`)
+    is the job's `init_image`, several (repeated `image` parts, or `image[]` as OpenAI's SDKs send a list) its
+    `reference_images` in order, for the models that read a list. OpenAI's mask edits where it is transparent;
+    stepwise's repaints where it is white: the mask's alpha channel becomes that."""
+    parts = files.getlist("image") + files.getlist("image[]")
+    if not parts:
+        raise invalid("image", "image: send the image to edit as a file part named image (several: image[])")
+    uris = [data_uri("image" if len(parts) == 1 else f"image[{index}]", part) for index, part in enumerate(parts)]
+    images: dict[str, Any] = {"init_image": uris[0]} if len(uris) == 1 else {REFERENCE_IMAGES: uris}
     mask = files.get("mask")
     if mask is not None:
         images["mask_image"] = mask_from_alpha(mask)

@@ -35,6 +35,7 @@ from api.resources import get_fleet, get_image_store, get_job_store, get_setting
 from api.submission import submit_job
 from api.waiting import Rendered, json_rendered, waited
 from core.image_inputs import MAX_IMAGE_BYTES
+from core.params import MAX_REFERENCE_IMAGES
 from storage.job_record import JobRecord, JobState
 
 bp = Blueprint("openai_images", __name__, url_prefix="/v1/images")
@@ -48,6 +49,7 @@ PARAM_OF_FIELD = {
     "resize_mode": "size",
     "output_quality": "output_compression",
     "init_image": "image",
+    "reference_images": "image",  # reference_images[i]: image[i], the i-th image sent
     "mask_image": "mask",
 }
 NO_RETRY = [("x-should-retry", "false")]  # the job exists: an SDK's automatic retry would make another
@@ -72,7 +74,8 @@ def openai_error_answer(error: Exception, param_of_field: dict[str, str]):
     if api_error.status == 500 and current_app.testing:
         raise error
     status, code = api_error.status, api_error.code
-    param = param_of_field.get(api_error.field or "", api_error.field)
+    name, index = (api_error.field or "").partition("[")[::2]
+    param = param_of_field[name] + (f"[{index}" if index else "") if name in param_of_field else api_error.field
     if status == 422:  # OpenAI answers 400 for any invalid request, 404 for a model it does not serve
         status, code = (404, "model_not_found") if param == "model" else (400, "invalid_value")
     if status == 401:
@@ -119,7 +122,8 @@ def openai_image_generations():
     error_model=OpenAIError,
 )
 def openai_image_edits():
-    limit = 2 * MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES  # an image and a mask; not STEPWISE_MAX_BODY_BYTES
+    # the most images a job reads, and a mask; not STEPWISE_MAX_BODY_BYTES
+    limit = (MAX_REFERENCE_IMAGES + 1) * MAX_IMAGE_BYTES + MULTIPART_OVERHEAD_BYTES
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, "payload_too_large", f"image: at most {MAX_IMAGE_BYTES} bytes each", field="image")
     request.max_content_length = limit

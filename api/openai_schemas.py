@@ -102,11 +102,16 @@ def without_nulls(schema: dict[str, Any]) -> None:
 
 
 class OpenAIImageEdit(OpenAIImageFields):
-    """POST /v1/images/edits, multipart: the image, an optional mask (transparent: edit there), and the fields."""
+    """POST /v1/images/edits, multipart: the image (or several), an optional mask (transparent: edit there), and the
+    fields."""
 
     model_config = ConfigDict(json_schema_extra=without_nulls)
 
-    image: bytes = Field(description="PNG, JPEG or WebP.", json_schema_extra={"format": "binary"})
+    image: bytes = Field(
+        description="PNG, JPEG or WebP. Several (repeated image parts, or image[] as OpenAI's SDKs send a list) "
+        "become the job's reference_images, in order, for models that read a list (Qwen-Image-Edit-Plus, FLUX.2).",
+        json_schema_extra={"format": "binary"},
+    )
     mask: bytes | None = Field(None, description="With an alpha channel.", json_schema_extra={"format": "binary"})
 
 

@@ -67,6 +67,7 @@ VIDEO_ERRORS = {
     400: "Invalid request (OpenAI's shape; `param` names the field); an image model: code model_not_video "
     "(POST /v1/images/generations draws images).",
     404: "No such video for this key, or no worker serves the model (model_not_found).",
+    409: "This Idempotency-Key was used with a different request body (idempotency_conflict).",
     503: "Redis, storage or the queue is unavailable.",
 }
 del VIDEO_ERRORS[500], VIDEO_ERRORS[504]  # nothing waits here

@@ -1,4 +1,4 @@
-"""Fetching `init_image` / `mask_image` URLs at submit, from the hosts the operator allows.
+"""Fetching image URLs (`init_image`, `mask_image`, `reference_images[i]`) at submit, from allowed hosts.
 
 Nothing is fetched unless `STEPWISE_IMAGE_URL_HOSTS` lists hosts; then a URL must pass the
 image URL policy (`storage.url_policy.check_image_url`: a listed host, and the webhooks'

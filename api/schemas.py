@@ -46,6 +46,14 @@ IMAGE_REFERENCE_PATTERN = (
     r"|[dD][aA][tT][aA]:(?:[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+=[^;,]*)*;[bB][aA][sS][eE]64,[\s\S]*"
     r"|[hH][tT][tT][pP][sS]?://[\s\S]+)$"
 )
+ImageReference = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_DATA_URI_CHARS,
+        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by core.image_inputs
+    ),
+]
 ResizeMode = Literal[RESIZE_MODES]  # type: ignore[valid-type]
 OutputFormat = Literal[tuple(P.OUTPUT_FORMATS)]  # type: ignore[valid-type]
 
@@ -227,6 +235,15 @@ class JobRequest(StrictModel):
         json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},  # checked by core.image_inputs
         description="Inpainting: white repaints, black keeps; the init_image's size. Needs init_image. "
         "The same forms as init_image.",
+    )
+    reference_images: list[ImageReference] | None = Field(
+        None,
+        # the families' own limits (at most MAX_REFERENCE_IMAGES) are core.params' rule, which names the item
+        json_schema_extra={"maxItems": P.MAX_REFERENCE_IMAGES},
+        description="Several input images, in order, each in any form init_image takes, for the models that read "
+        "a list: Qwen-Image-Edit-Plus (1 to 3: the images to edit from, required), FLUX.2 and FLUX.2 [klein] (up "
+        f"to {P.MAX_REFERENCE_IMAGES} reference images). There init_image is the one-image form: give one or the "
+        "other. Other models refuse it. A refusal names the item: reference_images[i].",
     )
     strength: Strength | None = Field(
         None,

@@ -4,7 +4,7 @@ The body is the image itself or a multipart form with the image in a `file` part
 filename is never read). The bytes decide the format, not the Content-Type: the image is
 decoded with Pillow (core.image_inputs: PNG, JPEG or WebP) and checked
 against the same byte and pixel limits as inline images, then kept in Redis as long as a
-job record (storage.upload_store). Jobs name it in `init_image` / `mask_image`; only the
+job record (storage.upload_store). Jobs name it in `init_image`, `mask_image` or `reference_images`; only the
 uploading tenant can.
 """
 
@@ -30,14 +30,15 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form boundaries and part headers around 
 
 @bp.post("")
 @documented(
-    "Store an input image (init_image, mask_image) for the caller's tenant; expires like jobs.",
+    "Store an input image (init_image, mask_image, an item of reference_images) for the caller's tenant; expires "
+    "like jobs.",
     body_content={
         **dict.fromkeys(IMAGE_TYPES, BINARY),
         "multipart/form-data": {
             "schema": {"type": "object", "required": ["file"], "properties": {"file": BINARY["schema"]}}
         },
     },
-    responses={201: Answer("Stored; name its id in init_image or mask_image.", UploadView)},
+    responses={201: Answer("Stored; name its id in init_image, mask_image or reference_images.", UploadView)},
     errors=api_errors(413, 422, 503),
 )
 def upload_image():

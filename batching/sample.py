@@ -63,7 +63,7 @@ def make_samples(
     `preview_every`: the job's previews, which show its first image."""
     num_steps = params.steps_to_run(family.name)
     assert num_steps >= 1, "validation refuses a strength that runs no step"
-    assert (images is None) == (params.init_image is None), "an init image is decoded once, for all its samples"
+    assert (images is None) == (params.init_image is None and params.reference_images is None), "decoded once"
     samples = []
     for index in range(params.num_images):
         one = params.for_image(index)
@@ -86,9 +86,12 @@ def make_samples(
 
 
 def _reference_cost(family: FamilySpec, params: GenerationParams, images: InputImages | None) -> int:
-    """A reference image's tokens (FamilySpec.init_image_role "reference"), which join each of the sample's rows."""
-    if images is None or family.init_image_role != "reference":
+    """The tokens a list-taking family's images add to each of the sample's rows (FLUX.2's references as its
+    pipeline prepared them, Qwen-Image-Edit-Plus's each at the pipeline's size for its latents)."""
+    if images is None:
         return 0
-    width, height = images.init.size  # as the pipeline prepared it: multiples of the size multiple
-    tokens = (width // family.size_multiple) * (height // family.size_multiple)
+    tokens = 0
+    for image in images.listed:
+        width, height = image.size if family.init_image_role == "reference" else family.edit_size(*image.size)
+        tokens += (width // family.size_multiple) * (height // family.size_multiple)
     return family.num_rows(params.guidance_scale, params.negative_prompt) * tokens

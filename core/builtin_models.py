@@ -41,6 +41,9 @@ BUILTIN_MODELS = {
     "tiny-qwen-image-edit": BuiltinModel(
         version="v3", family="qwenimage_edit", builder="batching.pipelines.qwenimage.builtin"
     ),
+    "tiny-qwen-image-edit-plus": BuiltinModel(  # the Qwen-Image-Edit-2509 layout
+        version="v1", family="qwenimage_edit_plus", builder="batching.pipelines.qwenimage.builtin"
+    ),
     "tiny-sd3": BuiltinModel(version="v1", family="sd3", builder="batching.pipelines.sd3.builtin"),
     "tiny-flux2": BuiltinModel(version="v1", family="flux2", builder="batching.pipelines.flux2.builtin"),
     "tiny-flux2-klein": BuiltinModel(version="v1", family="flux2_klein", builder="batching.pipelines.flux2.builtin"),

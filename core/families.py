@@ -11,6 +11,7 @@ are driven lives in its adapter, under `batching/pipelines/`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -22,6 +23,9 @@ FLOW_SAMPLERS = ("euler",)  # FlowMatchEulerDiscreteScheduler, as the families' 
 # Wan's: flow-matching UniPC (UniPCMultistepScheduler with flow sigmas and `flow_shift`, what the checkpoints
 # ship) and flow-matching Euler (FlowMatchEulerDiscreteScheduler with the same shift)
 VIDEO_SAMPLERS = ("unipc", "euler")
+# FLUX.2's reference images: its pipeline takes any number; Black Forest Labs' playground takes up to 10 (and
+# advises at most 6 for [dev], 4 for [klein])
+MAX_FLUX2_REFERENCES = 10
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,13 @@ class FamilySpec:
     # sample starts from noise; fitted to the job's size as "start" images are); "none": not served yet.
     init_image_role: str = "start"
     edit_area: int = 0  # "edit" families: the pixel area the pipeline gives the output when the job names no size
+    # (and, with several images, each image's latents)
+    edit_condition_area: int = 0  # an "edit" family whose text encoder sees each image at its own smaller area
+    # (Qwen-Image-Edit-Plus: 384x384); 0: at `edit_area`
+    # How many images `reference_images` may hold (0: the family takes none). Where it is above 0, `init_image` is
+    # the list's one-image form: a job gives one or the other. A "reference" family's default size is its first
+    # image's (Flux2Pipeline), an "edit" family's its last image's (QwenImageEditPlusPipeline).
+    max_reference_images: int = 0
     extra_tokens_per_row: int = 0  # tokens each row carries besides its image's own (an edit image's latents)
     reference_rules: ReferenceRules | None = None  # "reference" families: how the pipeline reads the image
     step_cache: str | None = None  # the per-sample step cache its adapter runs (core.step_cache.STEP_CACHE_KINDS);
@@ -106,6 +117,7 @@ class FamilySpec:
         assert 1 <= self.default_num_frames <= self.max_num_frames, self.name
         assert (self.default_num_frames - 1) % self.frames_per_latent == 0, self.name
         assert (self.default_fps is not None) == self.is_video, self.name
+        assert self.max_reference_images == 0 or self.init_image_role in ("edit", "reference"), self.name
 
     @property
     def is_video(self) -> bool:
@@ -185,13 +197,40 @@ class FamilySpec:
             height, width, self.default_guidance, negative_prompt, self.default_num_frames
         )
 
-    def edit_size(self, image_width: int, image_height: int) -> tuple[int, int]:
+    def edit_size(self, image_width: int, image_height: int, area: int | None = None) -> tuple[int, int]:
         """(width, height) the edit pipeline sizes an edit image to, and an edit's output when the job names no
-        size: the image's aspect ratio at `edit_area` pixels, each side rounded to a multiple of 32
-        (the Qwen-Image-Edit pipeline's `calculate_dimensions`)."""
+        size: the image's aspect ratio at `area` pixels (`edit_area` unless given), each side rounded to a
+        multiple of 32 (the Qwen-Image-Edit pipelines' `calculate_dimensions`)."""
         ratio = image_width / image_height
-        width = math.sqrt(self.edit_area * ratio)
+        width = math.sqrt((area or self.edit_area) * ratio)
         return round(width / 32) * 32, round(width / ratio / 32) * 32
+
+    def edit_areas(self) -> tuple[int, ...]:
+        """The areas an edit image is sized to: for the VAE, and for the text encoder where that differs."""
+        return (self.edit_area, self.edit_condition_area) if self.edit_condition_area else (self.edit_area,)
+
+
+# guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
+QWEN_IMAGE = FamilySpec(
+    name="qwenimage",
+    samplers=FLOW_SAMPLERS,
+    size_multiple=16,
+    default_guidance=4.0,
+    cfg_needs_negative_prompt=True,
+    min_steps=2,
+    mixes_sizes=True,  # image streams and prompts packed (batching/pipelines/qwenimage/packed.py)
+    init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
+    step_cache="first_block",  # its editors' too (dataclasses.replace below)
+    checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
+)
+QWEN_IMAGE_EDIT = dataclasses.replace(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
+    QWEN_IMAGE,
+    name="qwenimage_edit",
+    init_image_role="edit",
+    edit_area=1024 * 1024,
+    extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
+    checkpoint_sizes=(1024,),
+)
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -236,6 +275,7 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,  # rows (noise and reference tokens) packed (batching/pipelines/flux2/packed.py)
             init_image_role="reference",
             reference_rules=ReferenceRules(),
+            max_reference_images=MAX_FLUX2_REFERENCES,
             step_cache="first_block",
             checkpoint_sizes=(1024,),
         ),
@@ -248,6 +288,7 @@ FAMILIES: dict[str, FamilySpec] = {
             mixes_sizes=True,
             init_image_role="reference",
             reference_rules=ReferenceRules(),
+            max_reference_images=MAX_FLUX2_REFERENCES,
             step_cache="first_block",
             checkpoint_sizes=(1024,),
         ),
@@ -262,31 +303,15 @@ FAMILIES: dict[str, FamilySpec] = {
             step_cache="modulated_input",
             checkpoint_sizes=(1024,),
         ),
-        FamilySpec(  # guidance_scale is the Qwen-Image pipeline's true_cfg_scale: CFG above 1 with a negative prompt
-            name="qwenimage",
-            samplers=FLOW_SAMPLERS,
-            size_multiple=16,
-            default_guidance=4.0,
-            cfg_needs_negative_prompt=True,
-            min_steps=2,
-            mixes_sizes=True,  # image streams and prompts packed (batching/pipelines/qwenimage/packed.py)
-            init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
-            step_cache="first_block",
-            checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
-        ),
-        FamilySpec(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
-            name="qwenimage_edit",
-            samplers=FLOW_SAMPLERS,
-            size_multiple=16,
-            default_guidance=4.0,
-            cfg_needs_negative_prompt=True,
-            min_steps=2,
-            mixes_sizes=True,
-            init_image_role="edit",
-            edit_area=1024 * 1024,
-            extra_tokens_per_row=(1024 // 16) ** 2,  # the edit image, sized to about 1024x1024 pixels
-            step_cache="first_block",
-            checkpoint_sizes=(1024,),
+        QWEN_IMAGE,
+        QWEN_IMAGE_EDIT,
+        dataclasses.replace(  # Qwen-Image-Edit-2509/2511 (QwenImageEditPlusPipeline): one to three images
+            QWEN_IMAGE_EDIT,
+            name="qwenimage_edit_plus",
+            edit_condition_area=384 * 384,  # what the text encoder sees of each (the pipeline's CONDITION_IMAGE_SIZE)
+            max_reference_images=3,  # the model card's "1 to 3 images"; each image's latents at `edit_area` (its
+            # VAE_IMAGE_SIZE), and the output's default size from the last
+            extra_tokens_per_row=0,  # its images' tokens are counted per job (batching.sample)
         ),
         FamilySpec(  # Stable Diffusion 3: CFG above 1, as the SD families
             name="sd3",

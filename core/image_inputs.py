@@ -1,9 +1,11 @@
 """Input images of image-to-image and inpainting jobs: decoding, limits, resizing. Torch-free.
 
-A job names its images in `init_image` / `mask_image` as a `data:` URI (base64 PNG, JPEG
-or WebP) or, through the API, as an upload id (`upl_...`, resolved to a data URI by the
-worker before the engine sees the job). Every check here raises `InvalidParamsError`
-naming the field, so the API (which imports this module without torch) and the engine
+A job names its images in `init_image` / `mask_image`, and a list of them in `reference_images` (for
+the families that read several: `FamilySpec.max_reference_images`; there `init_image` is the list's
+one-image form), each as a `data:` URI (base64 PNG, JPEG or WebP) or, through the API, as an upload
+id (`upl_...`, resolved to a data URI by the worker before the engine sees the job) or a URL (fetched
+by the API). A listed image's field is `reference_images[i]` (`image_entries`). Every check here raises
+`InvalidParamsError` naming the field, so the API (which imports this module without torch) and the engine
 refuse the same inputs with the same words, and read the same pixels from what they accept.
 
 Hostile bytes: only Pillow's PNG, JPEG and WebP plugins ever parse them, and the byte and
@@ -31,16 +33,18 @@ import contextlib
 import io
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from core.errors import InvalidParamsError
-from core.families import FAMILIES, ReferenceRules
+from core.families import FAMILIES, FamilySpec, ReferenceRules
 
-IMAGE_FIELDS = ("init_image", "mask_image")
+IMAGE_FIELDS = ("init_image", "mask_image")  # the one-image fields
+REFERENCE_IMAGES = "reference_images"  # the list field
 RESIZE_MODES = ("none", "stretch", "crop")
 PILLOW_FORMATS = ("PNG", "JPEG", "WEBP")  # the only Pillow plugins that ever parse input bytes
 INPUT_FORMATS = {  # Pillow format -> MIME type; MPO: a camera JPEG holding more pictures, read as its first
@@ -67,6 +71,42 @@ _OTHER_FORMATS = {  # leading bytes -> name, only for the message refusing them
     b"\x00\x00\x00\x0cjP  ": "JPEG 2000",
 }
 _TURNED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def image_entries(params: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(field, value) of each image a job's params (a dict, as sent or stored) name: init_image and mask_image,
+    then each item of reference_images as `reference_images[i]`. Values are not checked."""
+    entries = [(name, params[name]) for name in IMAGE_FIELDS if params.get(name) is not None]
+    listed = params.get(REFERENCE_IMAGES)
+    if isinstance(listed, (list, tuple)):
+        entries += [(f"{REFERENCE_IMAGES}[{index}]", value) for index, value in enumerate(listed)]
+    return entries
+
+
+def with_images(params: Mapping[str, Any], images: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `params` with the image at each field of `images` (an `image_entries` field) replaced."""
+    replaced = dict(params)
+    for field, value in images.items():
+        name, _, index = field.partition("[")
+        if index:
+            listed = list(replaced[name])
+            listed[int(index.rstrip("]"))] = value
+            replaced[name] = listed
+        else:
+            replaced[name] = value
+    return replaced
+
+
+def listed_images(params: object, spec: FamilySpec) -> list[tuple[str, Any]]:
+    """(field, value) of the images a list-taking family reads, in order: reference_images' items, or init_image
+    as the list's one-image form; [] for other families and for a job with neither."""
+    if not spec.max_reference_images:
+        return []
+    listed = getattr(params, REFERENCE_IMAGES, None)
+    if isinstance(listed, tuple) and listed:
+        return [(f"{REFERENCE_IMAGES}[{index}]", value) for index, value in enumerate(listed)]
+    init = getattr(params, "init_image", None)
+    return [("init_image", init)] if init is not None else []
 
 
 def is_upload_id(value: str) -> bool:
@@ -144,17 +184,15 @@ def image_size(field: str, value: str) -> tuple[int, int]:
 def job_images(params: object, family: str | None = None) -> tuple[Image.Image | None, Image.Image | None]:
     """The job's init image (RGB) and mask (L, 0 or 255) at the job's size, resized as `resize_mode` says;
     each None when not given. Refuses what the fields' rules forbid, naming the field. `family`: the family
-    the engine loaded (else the model name's). Where its init_image is a reference image, that image as the
-    family's pipeline reads it, at its own size (`reference_image`)."""
+    the engine loaded (else the model name's). An edit family's init_image is the image to edit, as given.
+    (A list-taking family's images: `input_images`.)"""
     init_value, mask_value = getattr(params, "init_image", None), getattr(params, "mask_image", None)
     if init_value is None:
         if mask_value is not None:
             raise InvalidParamsError("mask_image", "<image>", "needs an init_image")
         return None, None
     init = _upright_pixels("init_image", init_value, "RGB")
-    spec = FAMILIES[family] if family else params.family_spec  # type: ignore[attr-defined]
-    if spec.reference_rules is not None:
-        return reference_image(init, spec.reference_rules, spec.size_multiple), None
+    spec = _spec_of(params, family)
     if spec.init_image_role == "edit":  # the image to edit, as given: the edit pipeline sizes it itself
         return init, None
     mask = _upright_pixels("mask_image", mask_value, "L") if mask_value is not None else None
@@ -170,12 +208,13 @@ def job_images(params: object, family: str | None = None) -> tuple[Image.Image |
     return init, mask
 
 
-def reference_image(image: Image.Image, rules: ReferenceRules, size_multiple: int) -> Image.Image:
-    """A reference image as its family's pipeline prepares it: refused where that pipeline refuses it, scaled
-    down to `rules.max_pixels` if above (Lanczos), then center-cropped to multiples of `size_multiple`."""
+def reference_image(field: str, image: Image.Image, rules: ReferenceRules, size_multiple: int) -> Image.Image:
+    """A reference image as its family's pipeline prepares it: refused where that pipeline refuses it (naming
+    `field`), scaled down to `rules.max_pixels` if above (Lanczos), then center-cropped to multiples of
+    `size_multiple`."""
     problem = rules.problem(image.width, image.height)
     if problem is not None:
-        raise InvalidParamsError("init_image", f"{image.width}x{image.height}", problem)
+        raise InvalidParamsError(field, f"{image.width}x{image.height}", problem)
     size = rules.scaled_size(image.width, image.height)
     if size != image.size:
         image = image.resize(size, Image.Resampling.LANCZOS)
@@ -186,14 +225,26 @@ def reference_image(image: Image.Image, rules: ReferenceRules, size_multiple: in
 
 @dataclass(frozen=True)
 class InputImages:
-    """A job's input images, decoded once at the job's size (`input_images`) and shared by its samples."""
+    """A job's input images, decoded once (`input_images`) and shared by its samples."""
 
-    init: Image.Image  # RGB (a reference family's: the reference image as its pipeline prepares it)
+    init: Image.Image | None  # RGB at the job's size (an edit family's: the image to edit, as given); None for a
+    # list-taking family, whose images are `listed`
     mask: Image.Image | None  # L, 0 or 255 (white is repainted); None: image-to-image without a mask
+    listed: tuple[Image.Image, ...] = ()  # a list-taking family's images in order (init_image: its one-image
+    # form), RGB: a reference family's as its pipeline prepares them (`reference_image`), an edit family's as given
 
 
 def input_images(params: object, family: str | None = None) -> InputImages | None:
-    """The job's decoded input images (`job_images`); None for text-to-image."""
+    """The job's decoded input images; None for text-to-image. Refuses an image its family's pipeline would not
+    read, naming its field (`reference_images[i]` for a listed one)."""
+    spec = _spec_of(params, family)
+    listed = listed_images(params, spec)
+    if listed:
+        images = [_upright_pixels(field, value, "RGB") for field, value in listed]
+        if spec.reference_rules is not None:
+            rules, multiple = spec.reference_rules, spec.size_multiple
+            images = [reference_image(field, image, rules, multiple) for (field, _), image in zip(listed, images)]
+        return InputImages(None, None, tuple(images))
     init, mask = job_images(params, family)
     return None if init is None else InputImages(init, mask)
 
@@ -203,7 +254,13 @@ def keep_unmasked_pixels(images: InputImages | None, image: Image.Image) -> Imag
     what AUTOMATIC1111 does by default): the VAE round trip would otherwise blur the region the user kept."""
     if images is None or images.mask is None:
         return image
+    assert images.init is not None  # a mask comes with its init image
     return Image.composite(image.convert("RGB"), images.init, images.mask)  # mask white: the generated pixels
+
+
+def _spec_of(params: object, family: str | None) -> FamilySpec:
+    """The family a job's images are read by: the engine's loaded one, else its model name's."""
+    return FAMILIES[family] if family else params.family_spec  # type: ignore[attr-defined]
 
 
 def _open_header(field: str, data: bytes) -> Image.Image:

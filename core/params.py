@@ -17,7 +17,7 @@ from typing import Any
 
 from core.errors import InvalidParamsError
 from core.families import FALLBACK_FAMILY, FAMILIES, FamilySpec, family_of_model
-from core.image_inputs import RESIZE_MODES, check_reference, image_size, is_data_uri
+from core.image_inputs import REFERENCE_IMAGES, RESIZE_MODES, check_reference, image_size, is_data_uri, listed_images
 from core.output_formats import DEFAULT_IMAGE_FORMAT, DEFAULT_VIDEO_FORMAT, OUTPUT_FORMATS, VIDEO_FORMATS
 from core.step_cache import CacheSetting, check_cache
 from settings.table import DEVICE
@@ -37,6 +37,7 @@ MIN_GUIDANCE = 0.0
 MAX_GUIDANCE = max(spec.max_guidance for spec in FAMILIES.values())  # the loosest; families may ask less
 MAX_SEED = 2**63 - 1
 MAX_NUM_IMAGES = 8
+MAX_REFERENCE_IMAGES = max(spec.max_reference_images for spec in FAMILIES.values())  # the loosest
 MAX_NUM_FRAMES = max(spec.max_num_frames for spec in FAMILIES.values())  # the loosest; families may ask less
 MAX_VIDEO_PIXELS = 161 * 1280 * 720  # frames x height x width of one video: ten seconds of 720p at 16 fps
 MAX_FPS = 120
@@ -82,6 +83,9 @@ class GenerationParams:
     lora_scale: float = 1.0  # the adapter's strength; rows with different adapters and scales share a forward
     init_image: str | None = None  # data: URI or upload id (core.image_inputs); None: text-to-image
     mask_image: str | None = None  # white = repaint; needs init_image of the same size
+    reference_images: tuple[str, ...] | None = None  # several input images in order, each a data: URI or upload id,
+    # for families that take a list (FamilySpec.max_reference_images; init_image is its one-image form); a list
+    # given is kept as a tuple, an empty one as None
     strength: float = None  # type: ignore[assignment]  # None: 0.8 with init_image, 1.0 with a mask or without images
     resize_mode: str = "none"  # core.image_inputs.RESIZE_MODES
     output_format: str = None  # type: ignore[assignment]  # core.output_formats; None: png for an image, mp4 for
@@ -91,11 +95,14 @@ class GenerationParams:
     # None: the engine's default (off unless the worker sets one)
 
     def __post_init__(self) -> None:
+        if isinstance(self.reference_images, list):  # as JSON gives it: kept immutable, like every other field
+            object.__setattr__(self, "reference_images", tuple(self.reference_images) or None)
         spec = self.family_spec
-        from_image: list[str] = []  # the size fields the init image set
+        from_image: list[str] = []  # the size fields the sizing image set
         image_width = image_height = 0
-        if (self.height is None or self.width is None) and is_data_uri(self.init_image):
-            image_width, image_height = image_size("init_image", self.init_image)  # unless the job names a size
+        sizing_field, sizing_image = self._sizing_image(spec)
+        if (self.height is None or self.width is None) and is_data_uri(sizing_image):
+            image_width, image_height = image_size(sizing_field, sizing_image)  # unless the job names a size
             if spec.init_image_role == "edit":  # the edit pipeline's output size for the image
                 output_width, output_height = spec.edit_size(image_width, image_height)
             elif spec.reference_rules is not None:  # the reference's size as its pipeline reads it
@@ -123,7 +130,7 @@ class GenerationParams:
             if e.field not in from_image:
                 raise
             raise InvalidParamsError(
-                "init_image",
+                sizing_field,
                 f"{image_width}x{image_height}",
                 f"sets the job's {e.field}, which {e.message}: name height and width, with resize_mode stretch or crop",
             ) from None
@@ -138,6 +145,14 @@ class GenerationParams:
         """
         is_known = family is not None or (isinstance(self.model, str) and family_of_model(self.model) is not None)
         _validate(self, FAMILIES[family] if family else self.family_spec, is_known)
+
+    def _sizing_image(self, spec: FamilySpec) -> tuple[str, object]:
+        """(field, value) of the image whose size is the job's when it names none: init_image, or the listed image
+        the family's pipeline sizes its output by (Flux2Pipeline: the first, QwenImageEditPlusPipeline: the last)."""
+        listed = listed_images(self, spec)
+        if not listed:
+            return "init_image", self.init_image
+        return listed[-1] if spec.init_image_role == "edit" else listed[0]
 
     @property
     def family_spec(self) -> FamilySpec:
@@ -171,7 +186,7 @@ class GenerationParams:
         return OUTPUT_FORMATS[self.output_format]
 
     def to_dict(self) -> dict[str, Any]:
-        # Every field holds a scalar (validate() checks their types), so a shallow copy is
+        # Every field holds a scalar or a tuple (validate() checks their types), so a shallow copy is
         # dataclasses.asdict's result, without its recursive deep copy (it is on the submit path).
         return {name: getattr(self, name) for name in _FIELD_NAMES}
 
@@ -240,14 +255,43 @@ def _validate(p: GenerationParams, spec: FamilySpec, is_known: bool = True) -> N
             )
     _check_number(p, "lora_scale", -MAX_LORA_SCALE, MAX_LORA_SCALE)
     check_cache(p.cache, spec.name, spec.step_cache)
-    _validate_image_fields(p, spec)
+    _validate_image_fields(p, spec, is_known)
 
 
-def _validate_image_fields(p: GenerationParams, spec: FamilySpec) -> None:
-    """Shapes and ranges only; decoding and sizes are checked by core.image_inputs.job_images."""
+def _validate_reference_images(p: GenerationParams, spec: FamilySpec, is_known: bool) -> None:
+    """The list's shape, length and items; each refusal names the item, `reference_images[i]`. A model whose
+    family is not known yet (a folder) may list up to the loosest family's number: its engine checks its own."""
+    listed = p.reference_images
+    if listed is None:
+        return
+    if not isinstance(listed, tuple):
+        raise InvalidParamsError(REFERENCE_IMAGES, listed, "must be a list of images (data: URIs or upload ids)")
+    limit = spec.max_reference_images if is_known else MAX_REFERENCE_IMAGES
+    if limit == 0:
+        takers = ", ".join(name for name, other in FAMILIES.items() if other.max_reference_images)
+        raise InvalidParamsError(
+            f"{REFERENCE_IMAGES}[0]", "<image>", f"is not supported by {spec.name} models (only {takers} take a list)"
+        )
+    if len(listed) > limit:
+        raise InvalidParamsError(
+            f"{REFERENCE_IMAGES}[{limit}]",
+            f"<{len(listed)} images>",
+            f"is one too many: {spec.name} models take at most {limit} reference_images",
+        )
+    for index, value in enumerate(listed):
+        check_reference(f"{REFERENCE_IMAGES}[{index}]", value)
+    if p.init_image is not None:
+        raise InvalidParamsError(
+            "init_image", "<image>", "cannot be given with reference_images: it is their one-image form (list it)"
+        )
+
+
+def _validate_image_fields(p: GenerationParams, spec: FamilySpec, is_known: bool) -> None:
+    """Shapes and ranges only; decoding and sizes are checked by core.image_inputs.input_images."""
     for name in ("init_image", "mask_image"):
         if getattr(p, name) is not None:
             check_reference(name, getattr(p, name))
+    _validate_reference_images(p, spec, is_known)
     if spec.init_image_role in ("edit", "reference"):
         _validate_edit_fields(p, spec)
     if spec.init_image_role == "first_frame" and p.init_image is not None and p.mask_image is not None:
@@ -318,9 +362,17 @@ def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
     """An edit model's job edits its init_image, and a reference model's job is conditioned on it: whole, at the
     pipeline's size for it, with every step (strength does not apply: a folder model's job gets img2img's
     default before its family is known)."""
-    if p.init_image is None:
+    listed = listed_images(p, spec)
+    if p.init_image is None and not listed:
         if spec.init_image_role == "reference":
             return
+        if spec.max_reference_images:
+            raise InvalidParamsError(
+                REFERENCE_IMAGES,
+                None,
+                f"is required by {spec.name} models: 1 to {spec.max_reference_images} images to edit "
+                "(or one in init_image)",
+            )
         raise InvalidParamsError("init_image", None, f"is required by {spec.name} models: the image to edit")
     what = "edit the whole image" if spec.init_image_role == "edit" else "read init_image as a reference image"
     if p.mask_image is not None:
@@ -329,15 +381,20 @@ def _validate_edit_fields(p: GenerationParams, spec: FamilySpec) -> None:
         raise InvalidParamsError(
             "resize_mode", p.resize_mode, f"must be none for {spec.name} models (the pipeline sizes the image itself)"
         )
-    if spec.init_image_role == "edit" and is_data_uri(p.init_image):
-        image_width, image_height = image_size("init_image", p.init_image)
-        if min(spec.edit_size(image_width, image_height)) < MIN_EDIT_IMAGE_SIDE:
-            raise InvalidParamsError(
-                "init_image",
-                f"{image_width}x{image_height}",
-                f"is too narrow for {spec.name} models: sized to about {spec.edit_area} pixels, a side "
-                f"would be under {MIN_EDIT_IMAGE_SIDE}",
-            )
+    if spec.init_image_role != "edit":
+        return
+    for field, value in listed or [("init_image", p.init_image)]:
+        if not is_data_uri(value):
+            continue
+        image_width, image_height = image_size(field, value)
+        for area in spec.edit_areas():
+            if min(spec.edit_size(image_width, image_height, area)) < MIN_EDIT_IMAGE_SIDE:
+                raise InvalidParamsError(
+                    field,
+                    f"{image_width}x{image_height}",
+                    f"is too narrow for {spec.name} models: sized to about {area} pixels, a side "
+                    f"would be under {MIN_EDIT_IMAGE_SIDE}",
+                )
 
 
 def _check_str(p: GenerationParams, name: str, max_len: int, *, allow_empty: bool) -> str:

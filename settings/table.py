@@ -157,7 +157,9 @@ VARIABLES = (  # the columns line up by section; the formatter would give each a
              "a `/metrics` series per tenant (`stepwise_tenant_jobs{tenant,state}`); off: none names a tenant", "api"),
     # server: stepwise_cli.api_cmd and the processes it starts
     Variable("STEPWISE_API_HOST", Text(), "127.0.0.1", "the default of `stepwise api --host`", "server"),
-    Variable("STEPWISE_API_PORT", PORT, 8000, "the default of `stepwise api --port`", "server"),
+    Variable("STEPWISE_API_PORT", PORT, 8000,
+             "the default of `stepwise api --port` and `stepwise up --port` (`make run PORT=N` passes --port)",
+             "server"),
     Variable("STEPWISE_API_THREADS", COUNT, 4,
              "app threads per API process: the default of `stepwise api --threads`", "server"),
     Variable("STEPWISE_API_HEADER_TIMEOUT", SECONDS, 10.0,

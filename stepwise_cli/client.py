@@ -50,6 +50,10 @@ class ApiResponseError(ClientError):
         super().__init__(f"{message} [{code}, HTTP {status}]")
 
 
+class ApiUnreachableError(ClientError):
+    """Nothing listens at the API's address (connection refused), for a client told not to wait for one."""
+
+
 class TransientError(ClientError):
     """A failure worth retrying: no connection, a 5xx, or 429 (with the server's Retry-After)."""
 
@@ -137,9 +141,13 @@ class ApiClient:
         retry_seconds: float = 60.0,
         max_connections: int = 10,
         on_retry: Callable[[ClientError, float], None] | None = None,
+        retries_refused: bool = True,
     ) -> None:
+        """`retries_refused=False`: a refused connection (no API there at all) ends the call at once, for
+        commands a person runs to look (status, jobs, cancel); a submit keeps retrying (the API may be restarting)."""
         self.target = target
         self.timeout = timeout
+        self.retries_refused = retries_refused
         self.session = requests.Session()
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max_connections)
         self.session.mount("http://", adapter)
@@ -218,6 +226,10 @@ class ApiClient:
         except requests.Timeout as e:
             raise TransientError(f"{method} {url}: no answer within {self.timeout:.0f}s") from e
         except requests.ConnectionError as e:
+            if not self.retries_refused and _is_refused(e):
+                raise ApiUnreachableError(
+                    f"no API answers at {self.target.url} (connection refused): is `stepwise up` running?"
+                ) from e
             raise TransientError(f"{method} {url}: cannot connect ({_connection_failure(e)})") from e
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientError(
@@ -250,6 +262,12 @@ def _connection_failure(error: requests.ConnectionError) -> str:
     """`[Errno 111] Connection refused` rather than urllib3's nested repr."""
     reason = getattr(error.args[0], "reason", None) if error.args else None
     return str(reason or error).rsplit(": ", 1)[-1]
+
+
+def _is_refused(error: requests.ConnectionError) -> bool:
+    """The address answered that nothing listens there (urllib3 keeps the socket's error as the cause)."""
+    reason = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(getattr(reason, "__cause__", None), ConnectionRefusedError)
 
 
 def _retry_after_seconds(response: requests.Response) -> float | None:

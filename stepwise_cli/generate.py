@@ -30,6 +30,7 @@ FLAG_OF_FIELD = {
     "lora": "--lora",
     "lora_scale": "--lora-scale",
     "init_image": "--init-image",
+    "reference_images": "--reference-image",
     "strength": "--strength",
     "cache": "--cache",
     "num_frames": "--num-frames",
@@ -79,6 +80,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a PNG/JPEG/WebP file: image-to-image starts from it (its size unless --width/--height); "
         "FLUX.2 takes it as a reference image",
     )
+    parser.add_argument(
+        "--reference-image",
+        dest="reference_images",
+        type=Path,
+        action="append",
+        default=None,
+        help="a PNG/JPEG/WebP file; give it once per image, in order: the images a Qwen-Image-Edit-Plus or FLUX.2 "
+        "model reads (reference_images)",
+    )
     parser.add_argument("--strength", type=float, default=None, help="with --init-image: fraction of the steps run")
     parser.add_argument(
         "--cache",
@@ -114,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         init_image = image_file_uri(args.init_image) if args.init_image else None
+        reference_images = [image_file_uri(path) for path in args.reference_images] if args.reference_images else None
     except OSError as e:
-        print(f"stepwise generate: error: --init-image: {e}", file=sys.stderr)
+        flag = "--init-image" if e.filename == str(args.init_image) else "--reference-image"
+        print(f"stepwise generate: error: {flag}: {e}", file=sys.stderr)
         return 2
     try:
         params = GenerationParams(
@@ -131,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
             lora=args.lora,
             lora_scale=args.lora_scale,
             init_image=init_image,
+            reference_images=reference_images,  # type: ignore[arg-type]  # a list: kept as a tuple
             strength=args.strength,
             cache=args.cache,
             num_frames=args.num_frames,
@@ -138,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             output_format=output_format_of(args.out),  # type: ignore[arg-type]  # None: the model's default format
         )
     except InvalidParamsError as e:
-        flag = FLAG_OF_FIELD.get(e.field, e.field)
+        flag = FLAG_OF_FIELD.get(e.field.partition("[")[0], e.field)
         print(f"stepwise generate: error: {flag}: {e}", file=sys.stderr)
         return 2
     problem = device_problem(args.device)

@@ -1,5 +1,6 @@
-"""The image and video flags `stepwise submit` and `stepwise backfill` share: --init-image, --mask, --strength,
---num-frames, --fps and the output format; and the file extension of a job's outputs."""
+"""The image and video flags `stepwise submit` and `stepwise backfill` share: --init-image, --reference-image
+(repeatable), --mask, --strength, --num-frames, --fps and the output format; and the file extension of a job's
+outputs."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ def add_image_arguments(parser: argparse.ArgumentParser, *, format_flag: str) ->
         "--init-image",
         type=file_or_url,
         help="image-to-image: start from this PNG/JPEG/WebP file, or an http(s) URL the API may fetch",
+    )
+    parser.add_argument(
+        "--reference-image",
+        dest="reference_images",
+        type=file_or_url,
+        action="append",
+        help="once per image, in order: the images a Qwen-Image-Edit-Plus or FLUX.2 model reads (reference_images); "
+        "a file or an http(s) URL",
     )
     parser.add_argument(
         "--mask",
@@ -57,12 +66,18 @@ def image_file_uri(path: Path) -> str:
 def image_fields(args: argparse.Namespace, upload: Any = None) -> dict[str, Any]:
     """The request fields of the image flags; `upload(path) -> id` sends files as uploads, else inline."""
     fields: dict[str, Any] = {}
+
+    def sent(path: Path | str) -> str:
+        if isinstance(path, str):  # a URL
+            return path
+        return upload(path) if upload else image_file_uri(path)
+
     for flag, name in (("init_image", "init_image"), ("mask", "mask_image")):
         path = getattr(args, flag, None)
-        if isinstance(path, str):  # a URL
-            fields[name] = path
-        elif path is not None:
-            fields[name] = upload(path) if upload else image_file_uri(path)
+        if path is not None:
+            fields[name] = sent(path)
+    if getattr(args, "reference_images", None):
+        fields["reference_images"] = [sent(path) for path in args.reference_images]
     for name in ("strength", "resize_mode", "output_format", "output_quality", "num_frames", "fps"):
         if getattr(args, name, None) is not None:
             fields[name] = getattr(args, name)

@@ -32,9 +32,11 @@ def describe(job: dict[str, Any]) -> str:
         lines.append(f"  queue position: {job['queue_position']}")
     params = job.get("params") or {}
     if params:
+        num_frames, fps = params.get("num_frames") or 1, params.get("fps")
+        video = f", {num_frames} frames" + (f" at {fps} fps" if fps else "") if num_frames > 1 else ""
         lines.append(
             f"  {params.get('model')}: {params.get('prompt')!r}, {params.get('width')}x"
-            f"{params.get('height')}, {params.get('num_inference_steps')} steps, seed {params.get('seed')}"
+            f"{params.get('height')}{video}, {params.get('num_inference_steps')} steps, seed {params.get('seed')}"
         )
     lines += [f"  note: {warning}" for warning in job.get("warnings") or []]  # e.g. a prompt the model does not know
     if job.get("timings"):
@@ -48,7 +50,7 @@ def describe(job: dict[str, Any]) -> str:
 def run_with_client(args: argparse.Namespace, command: str, action) -> int:
     """Shared by status, cancel and jobs: resolve the API, run `action(client)`, one-line errors."""
     try:
-        client = ApiClient(resolve_target(args), retry_seconds=10.0)
+        client = ApiClient(resolve_target(args), retry_seconds=10.0, retries_refused=False)
     except ClientError as e:
         print(f"stepwise {command}: {e}", file=sys.stderr)
         return 2

@@ -45,6 +45,7 @@ from core.params import SHOWCASE_MODEL
 from core.shapes_vocabulary import ShapePrompt
 from settings import SettingsError, read, read_if_set
 from stepwise_cli.client import STATE_FILE_NAME, ApiTarget, default_var_dir, load_local_target, save_local_target
+from stepwise_cli.folder_lock import FolderInUse, hold_folder
 from stepwise_cli.supervisor import ServiceError, StopRequested, Supervisor, mask_password
 from storage.queue_names import WEBHOOK_QUEUE
 from storage.redis_clients import celery_redis_config, close_redis, open_redis
@@ -63,7 +64,9 @@ or run `make run`, which installs it when it can; or set STEPWISE_REDIS_URL=redi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="API address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
+    parser.add_argument(
+        "--port", type=int, default=read("STEPWISE_API_PORT"), help="API port (default: $STEPWISE_API_PORT or 8000)"
+    )
     parser.add_argument(
         "--model",
         help=f"model the worker serves and jobs get by default (default: $STEPWISE_MODEL, else {SHOWCASE_MODEL})",
@@ -264,7 +267,11 @@ def preflight_error(args: argparse.Namespace, redis_url: str | None, redis_binar
     if not redis_url and not redis_binary:
         return REDIS_MISSING
     if not port_is_free(args.host, args.port):
-        return f"stepwise up: port {args.port} on {args.host} is in use; choose another with --port\n"
+        other = args.port + 1
+        return (
+            f"stepwise up: port {args.port} on {args.host} is in use; choose another: `stepwise up --port {other}`, "
+            f"`make run PORT={other}`, or STEPWISE_API_PORT={other}\n"
+        )
     if args.redis_port and not redis_url and not port_is_free("127.0.0.1", args.redis_port):
         return f"stepwise up: port {args.redis_port} is in use; choose another --redis-port\n"
     try:
@@ -277,6 +284,21 @@ def preflight_error(args: argparse.Namespace, redis_url: str | None, redis_binar
 
 def run(args: argparse.Namespace) -> int:
     var_dir = (args.var_dir or default_var_dir()).resolve()
+    api_url = f"http://{connect_host(args.host)}:{args.port}"
+    var_dir.mkdir(parents=True, exist_ok=True)
+    try:  # first of all: a second `up` here is refused before it touches anything (stepwise_cli.folder_lock)
+        lock_fd = hold_folder(var_dir, api_url)
+    except FolderInUse as e:
+        sys.stderr.write(f"stepwise up: {e}\n")
+        return 1
+    try:
+        return run_holding_folder(args, var_dir, api_url)
+    finally:
+        os.close(lock_fd)
+
+
+def run_holding_folder(args: argparse.Namespace, var_dir: Path, api_url: str) -> int:
+    """Everything `up` does once it holds its folder: check, start the children, report, supervise, stop."""
     redis_url = read_if_set("STEPWISE_REDIS_URL")
     if redis_url:  # a Sentinel URL carries its master's name (saved so in the state file)
         redis_url = with_sentinel_master(redis_url, read_if_set("STEPWISE_REDIS_SENTINEL_MASTER"))
@@ -285,14 +307,12 @@ def run(args: argparse.Namespace) -> int:
     if error:
         sys.stderr.write(error)
         return 1
-    var_dir.mkdir(parents=True, exist_ok=True)
     api_key = choose_api_key(var_dir)
     env = child_environment(args, var_dir, api_key.key)
     error = settings_error(env)
     if error:
         sys.stderr.write(error)
         return 2
-    api_url = f"http://{connect_host(args.host)}:{args.port}"
     env.setdefault("STEPWISE_PUBLIC_URL", api_url)  # the worker's webhook payloads link to this API
     started = time.monotonic()
 

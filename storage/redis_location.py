@@ -5,10 +5,13 @@
 2. else the Redis of a `stepwise up` still running from this folder: `up` saves its Redis URL and its
    process id in `<STEPWISE_VAR_DIR>/stepwise.json` (the state file, which also holds the API's URL and
    key for `stepwise submit`), and the URL counts while that process lives;
-3. else the default, `redis://127.0.0.1:6379/0`.
+3. else, when there is no state file, the default, `redis://127.0.0.1:6379/0`.
 
 So a shell in the folder where `make run` runs reaches that Redis with `celery -A worker inspect ...`,
-`stepwise keys` or a second `stepwise worker`, without exporting anything, and never a stale one.
+`stepwise keys` or a second `stepwise worker`, without exporting anything, and never a stale one. A state file
+whose `up` no longer runs (or that cannot be read) stops the process with a SettingsError naming the file, the
+Redis and the pid it holds: falling back to the default there would quietly reach whatever else listens on
+6379 (another program's Redis) instead of this folder's service.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ def find_redis(configured: str | None, var_dir: Path, sentinel_master: str | Non
     if configured:
         return RedisLocation(with_sentinel_master(configured, sentinel_master), "STEPWISE_REDIS_URL")
     state_file = (var_dir / STATE_FILE_NAME).absolute()
+    if not state_file.exists():
+        return RedisLocation(default("STEPWISE_REDIS_URL"), "the default")
     saved = running_up_redis(state_file)
-    if saved is not None:
-        return saved
-    return RedisLocation(default("STEPWISE_REDIS_URL"), "the default")
+    if saved is None:
+        raise SettingsError(stopped_up_message(state_file))
+    return saved
 
 
 def with_sentinel_master(url: str, master: str | None) -> str:
@@ -81,6 +86,20 @@ def running_up_redis(state_file: Path) -> RedisLocation | None:
             checked = declared("STEPWISE_REDIS_URL").kind.parse(f"redis_url in {state_file}", url)
             return RedisLocation(checked, f"{state_file}, saved by `stepwise up`, pid {pid}")
     return None
+
+
+def stopped_up_message(state_file: Path) -> str:
+    """Why the state file's Redis is not used: what it names and that its `up` is not running, and what to do."""
+    try:
+        saved = json.loads(state_file.read_text())
+        tried = f"Redis {mask_password(str(saved['redis_url']))} of the `stepwise up` with pid {saved.get('pid')}"
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        tried = f"a Redis it cannot tell ({type(e).__name__}: {e})"
+    return (
+        f"STEPWISE_REDIS_URL is not set, and {state_file} names {tried}, which is not running: start it again "
+        "(`stepwise up` or `make run` in this folder), or set STEPWISE_REDIS_URL to the Redis you mean "
+        "(the default is not tried: another program may answer there)"
+    )
 
 
 def is_running(pid: int) -> bool:

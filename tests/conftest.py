@@ -7,6 +7,7 @@ import pytest
 import redis
 import requests
 
+import tests.support.own_var_dir  # noqa: F401  (first of the project's: see its docstring)
 from tests.support.cluster import Cluster, local_folder_cluster
 from tests.support.servers import S3_TEST_ENV, MotoS3Server, RedisServer, SeaweedS3Server
 

@@ -5,6 +5,8 @@ agree with each other and with the service (names, the scaling route, capacity, 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -17,6 +19,7 @@ from settings import BY_NAME, default
 from settings.placeholders import is_placeholder
 from stepwise_cli.main import COMMANDS
 from tests.support.routes import ROUTES
+from tests.support.servers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "deploy" / "kubernetes"
@@ -273,3 +276,135 @@ def test_every_stepwise_variable_the_manifests_set_is_declared():
     text = "\n".join(path.read_text() for path in FOLDER.glob("*.yaml"))
 
     assert set(re.findall(r"\bSTEPWISE_[A-Z0-9_]+", text)) - set(BY_NAME) == set()
+
+
+OVERLAY = FOLDER / "overlays" / "ingress-tls"
+OVERLAY_DOCUMENTS = [
+    document
+    for path in sorted(OVERLAY.glob("*.yaml"))
+    if path.name != "kustomization.yaml"
+    for document in yaml.safe_load_all(path.read_text())
+    if document
+]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+@pytest.mark.parametrize("version", TARGET_VERSIONS)
+def test_the_ingress_overlay_is_valid_and_applies_the_base_with_its_own_files(version):
+    kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
+    own_files = sorted(path.name for path in OVERLAY.glob("*.yaml") if path.name != "kustomization.yaml")
+
+    assert kustomization["resources"] == ["../..", *own_files]
+    assert (OVERLAY / "../..").resolve() == FOLDER
+    for document in OVERLAY_DOCUMENTS:
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_ingress_serves_the_api_over_tls_at_the_public_url_and_leaves_event_streams_unbuffered():
+    (ingress,) = [document for document in OVERLAY_DOCUMENTS if document["kind"] == "Ingress"]
+    service = named("Service", "stepwise-api")
+    public_url = urlsplit(named("ConfigMap", "stepwise-config")["data"]["STEPWISE_PUBLIC_URL"])
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    (tls,) = ingress["spec"]["tls"]
+
+    assert public_url.scheme == "https" and rule["host"] == public_url.hostname and tls["hosts"] == [rule["host"]]
+    assert tls["secretName"]
+    assert path["backend"]["service"]["name"] == service["metadata"]["name"]
+    assert path["backend"]["service"]["port"]["name"] in [port["name"] for port in service["spec"]["ports"]]
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 600  # Prefer: wait, streams
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-body-size"].rstrip("m")) * 2**20 > default(
+        "STEPWISE_MAX_BODY_BYTES"
+    )  # the API, not the proxy, refuses a large body (a 413 naming the limit)
+
+
+def test_the_shared_volumes_ask_for_read_write_many_on_a_storage_class_the_operator_sets():
+    for claim in of_kind("PersistentVolumeClaim"):
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"], claim["metadata"]["name"]
+        assert is_placeholder(claim["spec"]["storageClassName"]), claim["metadata"]["name"]  # a value to set
+
+
+def test_workers_tolerate_the_gpu_taint_serve_offline_and_keep_their_spool_on_a_shared_volume():
+    claims = {claim["metadata"]["name"] for claim in of_kind("PersistentVolumeClaim")}
+    for worker in component("worker"):
+        pod = worker["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = container_env(worker)
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        assert env["HF_HUB_OFFLINE"] == "1"
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+        (spool_mount,) = [path for path in mounts if env["STEPWISE_SPOOL_DIR"].startswith(path + "/")]
+        spool_claim = volumes[mounts[spool_mount]]["persistentVolumeClaim"]["claimName"]
+        assert spool_claim in claims and spool_claim != "stepwise-model-cache"
+
+
+def fetch_jobs() -> dict[str, dict]:
+    """The model-fetch Jobs by the repo each fetches."""
+    jobs = {}
+    for job in of_kind("Job"):
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        jobs[env_of(container)["MODEL_REPO"]["value"]] = job
+    return jobs
+
+
+def test_each_checkpoint_a_worker_serves_is_fetched_by_a_job_into_the_cache_that_worker_loads_from():
+    jobs = fetch_jobs()
+    (secret,) = of_kind("Secret")
+    checkpoints = [w for w in component("worker") if not container_env(w)["STEPWISE_MODEL"].startswith("builtin:")]
+
+    assert checkpoints, "an example of a worker serving real weights"
+    for worker in checkpoints:
+        env = container_env(worker)
+        job = jobs[env["STEPWISE_MODEL"]]
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        job_env = env_of(container)
+        assert job_env["HF_HOME"]["value"] == env["HF_HOME"]
+        worker_pod = worker["spec"]["template"]["spec"]
+        claim_of = {
+            mount["mountPath"]: volume["persistentVolumeClaim"]["claimName"]
+            for spec in (pod, worker_pod)
+            for mount in spec["containers"][0]["volumeMounts"]
+            for volume in spec["volumes"]
+            if volume["name"] == mount["name"]
+        }
+        (cache_path,) = [path for path in claim_of if env["HF_HOME"].startswith(path + "/")]
+        job_claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]]
+        assert job_claims == [claim_of[cache_path]]  # the same volume, mounted at the same path
+        assert pod["securityContext"]["runAsUser"] == worker_pod["securityContext"]["runAsUser"]  # files it can read
+        assert "nvidia.com/gpu" not in str(container["resources"])
+        token = job_env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert token["name"] == secret["metadata"]["name"] and token["key"] in secret["stringData"]
+        assert container["image"].startswith("stepwise-worker:")  # huggingface_hub comes with diffusers there
+
+
+def test_the_fetch_jobs_command_runs_as_written_and_finds_a_snapshot_the_cache_already_holds(tmp_path):
+    """No hub can be reached from here: the command runs offline against a cache laid out as huggingface_hub
+    lays one out, so the code itself (imports, call, arguments) runs; the download is huggingface_hub's own."""
+    (job,) = fetch_jobs().values()
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = {name: item["value"] for name, item in env_of(container).items() if "value" in item}
+    repo_cache = tmp_path / "hub" / f"models--{env['MODEL_REPO'].replace('/', '--')}"
+    commit = "0" * 40
+    (repo_cache / "refs").mkdir(parents=True)
+    (repo_cache / "refs" / env["MODEL_REVISION"]).write_text(commit)
+    (repo_cache / "snapshots" / commit).mkdir(parents=True)
+    (repo_cache / "snapshots" / commit / "model_index.json").write_text("{}")
+    assert container["command"][:2] == ["python", "-c"]
+
+    result = subprocess.run(
+        [sys.executable, "-c", container["command"][2]],
+        env={**child_env(), **env, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"fetched {env['MODEL_REPO']} into {repo_cache / 'snapshots' / commit}"

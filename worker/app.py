@@ -18,7 +18,7 @@ one task it runs:
   that lets the consumer reconnect after Redis restarts or fails over (`worker.broker`);
 - the Redis every stepwise process finds (`storage.redis_location`: STEPWISE_REDIS_URL, else a running
   `stepwise up`'s, else the default), which Celery's command line names on stderr
-  (`celery -A worker inspect ping` says which Redis it asked).
+  (`celery -A worker inspect ping` says which Redis it asked, or in one line why it cannot tell).
 """
 
 from __future__ import annotations
@@ -29,13 +29,29 @@ import click
 from celery import Celery
 from kombu import Exchange, Queue
 
+from settings import SettingsError
 from storage.queue_names import ENGINE_ROLE, WEBHOOK_QUEUE, WEBHOOK_TASK
 from storage.redis_clients import celery_redis_config
 from storage.redis_location import RedisLocation
 from worker.broker import transport_for
 from worker.settings import WorkerSettings
 
-settings = WorkerSettings.from_env()
+
+def is_celery_command_line() -> bool:
+    """Loaded by Celery's own command line (`celery -A worker ...`, which imports this module while it reads -A)."""
+    context = click.get_current_context(silent=True)
+    return context is not None and context.command.name == "celery"
+
+
+try:
+    settings = WorkerSettings.from_env()
+except SettingsError as e:
+    if not is_celery_command_line():
+        raise
+    # Celery would print its "Unable to load celery application" and two tracebacks around the one line that
+    # matters (a malformed variable, or the stopped `stepwise up` whose Redis this folder names: redis_location)
+    print(f"stepwise: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 redis_config = celery_redis_config(
     settings.storage.redis_url,
@@ -69,8 +85,7 @@ app.conf.update(
 def say_which_redis(location: RedisLocation) -> None:
     """Under Celery's command line (`celery -A worker inspect ...`, which loads this module while it
     reads `-A`), name the Redis it will talk to, on stderr so `--json` output stays parseable."""
-    context = click.get_current_context(silent=True)
-    if context is not None and context.command.name == "celery":
+    if is_celery_command_line():
         print(f"stepwise: Redis {location.describe()}", file=sys.stderr)
 
 

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Literal
 
 from celery.utils.functional import maybe_list
 from celery.worker import control as celery_control
 from celery.worker.control import control_command, inspect_command
 
 from storage.errors import InvalidTransitionError, JobNotFoundError
+from storage.job_record import JobState
 from worker.app import settings
 from worker.heartbeat import beat_now
 from worker.held_job import HeldJob, StopReason
@@ -85,31 +86,46 @@ def job_info(runtime: WorkerRuntime, held: HeldJob, hostname: str) -> dict[str, 
 
 @control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")
 def revoke(state, task_id, terminate: bool = False, signal=None, **kwargs) -> dict[str, Any]:
-    """Cancel each id that names a job (at its next step, wherever it runs); revoke other ids as Celery does."""
+    """Cancel each id that names a job (at its next step, wherever it runs); revoke other ids as Celery does.
+
+    Every worker gets the command; each answers for itself: "canceled" only where it ended the job (the worker
+    that holds it, or any engine worker for a job still queued), "not held here" where it only recorded the
+    cancel. A worker that runs no engine (webhooks only) leaves jobs alone and treats every id as Celery does."""
     runtime = current_runtime()
     ids = list(maybe_list(task_id) or [])
-    canceled = [job_id for job_id in ids if runtime is not None and cancel_job(runtime, job_id)]
-    others = [task for task in ids if task not in canceled]
+    outcomes = {job_id: cancel_job(runtime, job_id) for job_id in ids} if runtime and runtime.runs_engine else {}
+    canceled = [job_id for job_id, outcome in outcomes.items() if outcome == "canceled"]
+    elsewhere = [job_id for job_id, outcome in outcomes.items() if outcome == "not held here"]
+    others = [task for task in ids if outcomes.get(task) in (None, "no such job")]
     if others:
         _celery_revoke(state, others, terminate=terminate, signal=signal, **kwargs)
-    if canceled:
-        return {"ok": f"jobs {canceled} canceled" + (f"; tasks {others} flagged as revoked" if others else "")}
-    return {"ok": f"tasks {others} flagged as revoked"}
+    said = [
+        *([f"jobs {canceled} canceled"] if canceled else []),
+        *([f"jobs {elsewhere} not held here (cancel recorded; their worker stops them)"] if elsewhere else []),
+        *([f"tasks {others} flagged as revoked"] if others else []),
+    ]
+    return {"ok": "; ".join(said)}
 
 
-def cancel_job(runtime: WorkerRuntime, job_id: str) -> bool:
-    """Cancel `job_id` as the API does, and stop it here at once if this worker holds it. False: no such job."""
+CancelOutcome = Literal["canceled", "not held here", "no such job"]
+
+
+def cancel_job(runtime: WorkerRuntime, job_id: str) -> CancelOutcome:
+    """Cancel `job_id` as the API does, and stop it here at once if this worker holds it. Returns what this worker
+    did: "canceled" (it held the job, or the job was still queued), "not held here" (running elsewhere, or
+    already ended) or "no such job"."""
     try:
-        runtime.job_store.request_cancel(job_id)
+        state = runtime.job_store.request_cancel(job_id)
     except JobNotFoundError:
-        return False
+        return "no such job"
     except InvalidTransitionError:  # already ended (another worker's revoke may have done it)
-        pass
+        state = None
     held = runtime.held.get(job_id)
     if held is not None:
         runtime.stop_job(held, StopReason.CANCELED)
         log.info("revoke: job %s stops at its next step", job_id)
-    return True
+        return "canceled"
+    return "canceled" if state is JobState.CANCELED else "not held here"
 
 
 @inspect_command()

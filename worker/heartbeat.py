@@ -13,7 +13,7 @@ import threading
 import time
 
 from core.families import FAMILIES
-from core.params import MAX_FPS, MAX_NUM_IMAGES, MAX_PIXELS, MAX_SIZE, MAX_STEPS
+from core.params import MAX_FPS, MAX_NUM_IMAGES, MAX_SIZE, MAX_STEPS
 from storage.errors import StorageError
 from storage.heartbeats import Heartbeat, engine_snapshot
 from worker.runtime import WorkerRuntime
@@ -33,11 +33,11 @@ def family_defaults(family: str) -> dict:
 
 
 def family_limits(family: str) -> dict:
-    """What the served family accepts; the API refuses a job outside it naming the field."""
+    """What the served family accepts; the API refuses a job outside it naming the field. The pixel limits are
+    the API's (api.limits adds them to GET /v1/models), not the worker's."""
     spec = FAMILIES[family]
     return {
         "max_size": MAX_SIZE,
-        "max_pixels": MAX_PIXELS,
         "size_multiple": spec.size_multiple,
         "max_steps": MAX_STEPS,
         "max_guidance": spec.max_guidance,
@@ -50,6 +50,7 @@ def family_limits(family: str) -> dict:
         "supports_lora": spec.supports_lora,
         "negative_prompt": spec.guidance_kind == "cfg",  # families with embedded guidance refuse one
         "init_image": spec.init_image_role,  # start (img2img/inpainting), edit, reference or none
+        "max_reference_images": spec.max_reference_images,  # 0: the family takes no reference_images
     }
 
 

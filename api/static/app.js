@@ -19,6 +19,7 @@ const OTHER_SIZE = "other"; // the size option that shows the width and height f
 const images = new Map(); // image URL -> blob: URL (fetched once)
 const streams = new Map(); // job id -> AbortController of its event stream
 let models = []; // GET /v1/models
+let maxPixels = null; // the chosen model's limits.max_pixels: height x width the API accepts (GET /v1/models)
 let cursors = [null]; // the cursor of each page seen, newest first; the last one is shown
 let shownJobs = []; // the jobs of the page shown, as listed
 let timers = [];
@@ -123,6 +124,7 @@ function showModelChoices() {
       element("option", { value: size, text: `${size.replace("x", " × ")}${index === 0 ? " (recommended)" : ""}` })),
     element("option", { value: OTHER_SIZE, text: "another size…" }));
   const multiple = String(limits.size_multiple || 8);
+  maxPixels = limits.max_pixels || null;
   for (const id of ["width", "height"]) {
     Object.assign($(id), { step: multiple, min: multiple, max: String(limits.max_size || 2048) });
     $(id).value = sizes[0].split("x")[id === "width" ? 0 : 1];
@@ -135,10 +137,23 @@ function showModelChoices() {
   if (defaults.guidance_scale != null) $("guidance").value = defaults.guidance_scale;
   $("steps").max = String(limits.max_steps || 200);
   $("guidance").max = String(limits.max_guidance || 50);
+  // several input images (reference_images), for the models whose family reads a list
+  const maxReferences = limits.max_reference_images || 0;
+  $("reference-images-field").hidden = maxReferences === 0;
+  $("reference-images-limit").textContent = `up to ${maxReferences}`;
 }
 
 function showCustomSize() {
   $("custom-size").hidden = $("size").value !== OTHER_SIZE;
+  checkCustomSize();
+}
+
+// A typed size over the model's pixel limit is refused here, with the API's own limit, before it is sent.
+function checkCustomSize() {
+  const pixels = Number($("width").value) * Number($("height").value);
+  const isOver = $("size").value === OTHER_SIZE && maxPixels !== null && pixels > maxPixels;
+  const message = isOver ? `width × height = ${pixels} is over this model's limit of ${maxPixels} pixels` : "";
+  for (const id of ["width", "height"]) $(id).setCustomValidity(message);
 }
 
 function chooseSize(width, height) {
@@ -154,13 +169,23 @@ function chooseSize(width, height) {
 
 // ---- submitting ----
 
-async function uploadInitImage() {
-  const file = $("init-image").files[0];
-  if (!file) return null;
+async function uploadImage(file) {
   const form = new FormData();
   form.append("file", file);
   const upload = await api("/v1/uploads", { method: "POST", body: form });
   return upload.id;
+}
+
+async function uploadInitImage() {
+  const file = $("init-image").files[0];
+  return file ? uploadImage(file) : null;
+}
+
+async function uploadReferenceImages() {
+  if ($("reference-images-field").hidden) return [];
+  const ids = [];
+  for (const file of $("reference-images").files) ids.push(await uploadImage(file)); // in the order chosen
+  return ids;
 }
 
 async function jobRequest() {
@@ -182,6 +207,8 @@ async function jobRequest() {
   if ($("cache").value) request.cache = $("cache").value;
   const initImage = await uploadInitImage();
   if (initImage) Object.assign(request, { init_image: initImage, strength: Number($("strength").value), resize_mode: "crop" });
+  const referenceImages = await uploadReferenceImages();
+  if (referenceImages.length) request.reference_images = referenceImages;
   return request;
 }
 
@@ -585,6 +612,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("job-form").addEventListener("submit", submitJob);
   $("model").addEventListener("change", showModelChoices);
   $("size").addEventListener("change", showCustomSize);
+  for (const id of ["width", "height"]) $(id).addEventListener("input", checkCustomSize);
   $("viewer-image").addEventListener("load", fitViewer);
   $("newer-jobs").addEventListener("click", () => pageTo(-1));
   $("older-jobs").addEventListener("click", () => pageTo(1));

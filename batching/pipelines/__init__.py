@@ -26,6 +26,7 @@ from batching.pipelines.flux2.klein import Flux2KleinAdapter
 from batching.pipelines.loading import pipeline_class_name
 from batching.pipelines.qwenimage.adapter import QwenImageAdapter
 from batching.pipelines.qwenimage.edit import QwenImageEditAdapter
+from batching.pipelines.qwenimage.edit_plus import QwenImageEditPlusAdapter
 from batching.pipelines.sd3.adapter import StableDiffusion3Adapter
 from batching.pipelines.stable_diffusion.adapter import StableDiffusionAdapter
 from batching.pipelines.stable_diffusion.sdxl import StableDiffusionXLAdapter
@@ -51,6 +52,7 @@ ADAPTERS: tuple[AdapterClass, ...] = (
     ZImageAdapter,
     QwenImageAdapter,
     QwenImageEditAdapter,
+    QwenImageEditPlusAdapter,
     StableDiffusion3Adapter,
     Flux2Adapter,
     Flux2KleinAdapter,

@@ -207,6 +207,23 @@ def test_an_image_url_that_cannot_be_used_gets_a_422_naming_the_field(fetching_c
     assert time.monotonic() - started < 5, "one deadline bounds the whole fetch"
 
 
+def test_reference_images_take_urls_beside_data_uris_each_kept_as_an_upload(fetching_client, image_server):
+    app, client = fetching_client
+    inline = "data:image/png;base64," + __import__("base64").b64encode(image_bytes(64, 80, seed=4)).decode()
+    listed = [url_of(image_server, "/cat.png"), inline, url_of(image_server, "/missing.png")]
+    body = {**JOB, "model": "builtin:tiny-flux2", "reference_images": listed}
+
+    refused = submit(client, body)
+    created = submit(client, {**body, "reference_images": listed[:2]})
+
+    assert refused.status_code == 422 and refused.json["error"]["field"] == "reference_images[2]", refused.json
+    assert "answered HTTP 404" in refused.json["error"]["message"]
+    assert created.status_code == 202, created.json
+    assert (created.json["params"]["width"], created.json["params"]["height"]) == (96, 64), "the first one's, cropped"
+    stored = stored_params(app, created.json["job_id"])["reference_images"]
+    assert len(stored) == 2 and all(is_upload_id(upload_id) for upload_id in stored)
+
+
 def test_without_allowed_hosts_no_url_is_fetched(client, image_server):
     before = len(image_server.paths_seen)
 

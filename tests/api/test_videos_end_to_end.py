@@ -4,6 +4,8 @@ local storage. The MP4 a client downloads is decoded with PyAV (FFmpeg), as a pl
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from PIL import Image
 from tests.support.calls import auth, submit, wait_for_job
 from tests.support.pictures import png_data_uri
 from tests.support.processes import TENANT_KEYS, WorkerProcess
+from tests.support.servers import child_env
 from tests.support.waiting import wait_for
 
 CHEAP = {"model": "builtin:tiny-wan", "num_inference_steps": 2, "guidance_scale": 1.0}
@@ -88,6 +91,7 @@ def test_the_openai_client_creates_polls_downloads_lists_and_deletes_a_video_tha
     assert (done.progress, done.completed_at is not None) == (100, True)
     assert decoded(content) == (9, (64, 64), 16.0)
     assert created.id in [video.id for video in client.videos.list()]
+    assert "builtin:tiny-wan" in [model.id for model in client.models.list()]  # GET /v1/models in OpenAI's shape
     bob = auth("bob")
     for method, path in [("GET", ""), ("GET", "/content"), ("DELETE", "")]:
         response = http.request(method, f"{api.url}/v1/videos/{created.id}{path}", headers=bob, timeout=10)
@@ -139,15 +143,22 @@ def test_fields_its_model_cannot_use_are_refused_at_submit_naming_them(api, wan_
     assert "only two-expert models" in second_guidance.json()["error"]["message"]
 
 
-def test_the_docs_python_video_example_runs_as_written(api, wan_worker, tmp_path, monkeypatch):
+def test_the_docs_python_video_example_runs_as_written_and_prints_no_warning(api, wan_worker, tmp_path):
     text = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
     section = text[text.index("## Videos") :]
     start = section.index("```python") + len("```python")
     example = section[start : section.index("```", start)]
-    monkeypatch.chdir(tmp_path)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        exec(example.replace("http://127.0.0.1:8000", api.url), {"KEY": TENANT_KEYS["alice"]})  # noqa: S102
+    result = subprocess.run(  # as a user runs it: a script of its own, so Python shows DeprecationWarnings
+        [sys.executable, "-"],
+        input=example,
+        cwd=tmp_path,
+        env=child_env(STEPWISE_API_URL=api.url, STEPWISE_API_KEY=TENANT_KEYS["alice"]),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
+    assert result.returncode == 0, result.stderr
+    assert (result.stdout, result.stderr) == ("saved clip.mp4\n", "")
     assert decoded((tmp_path / "clip.mp4").read_bytes()) == (9, (64, 64), 16.0)

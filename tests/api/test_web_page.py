@@ -3,9 +3,12 @@ stack (`stepwise api` over HTTP, a real Celery worker, real Redis)."""
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import shutil
 import threading
+import time
 
 import pytest
 from PIL import Image
@@ -20,12 +23,15 @@ from werkzeug.serving import make_server
 from api import create_app
 from api.settings import ApiSettings
 from core.output_encoding import encode_video
+from storage.heartbeats import Heartbeat
 from storage.job_store import JobState
+from storage.queue_names import generate_queue
 from storage.settings import StorageSettings
 from tests.support.calls import auth
 from tests.support.job_factories import take_job
 from tests.support.processes import TENANT_KEYS
 from tests.support.waiting import wait_for
+from worker.heartbeat import family_defaults, family_limits
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -68,6 +74,18 @@ def browser():
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()
+
+
+CUT_OFF_SELECTS = """
+const measure = document.createElement("canvas").getContext("2d");
+return [...document.querySelectorAll("select")].filter((select) => select.offsetParent !== null).flatMap((select) => {
+  const style = getComputedStyle(select);
+  measure.font = style.font;
+  const widest = Math.max(...[...select.options].map((option) => measure.measureText(option.text).width));
+  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight) - 20;  // the arrow
+  return widest > room ? [`${select.id}: ${Math.round(widest)} px of text in ${Math.round(room)} px`] : [];
+});
+"""
 
 
 def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
@@ -128,6 +146,51 @@ def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_
         server.shutdown()
 
 
+def test_the_page_attaches_several_images_in_order_for_a_model_that_reads_a_list(browser, redis_url, tmp_path):
+    """The page against the API in this process; heartbeats say which models are served and what they take."""
+    settings = ApiSettings(
+        api_keys=(("alice", KEY),),
+        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
+    )
+    app = create_app({"API_SETTINGS": settings})
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = app.extensions["stepwise.job_store"]
+    for model, family in (("builtin:tiny", "sd"), ("builtin:tiny-flux2", "flux2")):
+        limits, defaults = family_limits(family), family_defaults(family)
+        store.beat(Heartbeat(f"w-{model}", model, generate_queue(model), family, 4, time.time(), True, False,
+                             defaults=defaults, limits=limits))  # fmt: skip
+    files = []
+    for index, colour in enumerate([(200, 40, 40), (40, 200, 40)]):
+        files.append(tmp_path / f"image-{index}.png")
+        Image.new("RGB", (96, 64), colour).save(files[-1])
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_port}/")
+        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
+        wait_until(lambda: len(Select(browser.find_element(By.ID, "model")).options) == 2, 30, "the model list")
+        Select(browser.find_element(By.ID, "model")).select_by_value("builtin:tiny")
+        assert not browser.find_element(By.ID, "reference-images").is_displayed(), "SD takes no list"
+        Select(browser.find_element(By.ID, "model")).select_by_value("builtin:tiny-flux2")
+        wait_until(lambda: browser.find_element(By.ID, "reference-images").is_displayed(), 15, "the images field")
+        assert "up to 10" in browser.find_element(By.ID, "reference-images-field").text
+        browser.find_element(By.ID, "reference-images").send_keys("\n".join(str(path) for path in files))
+        browser.find_element(By.ID, "prompt").send_keys("the fox in the room")
+        browser.find_element(By.ID, "submit-job").click()
+        status = wait_until(
+            lambda: re.search(r"Submitted job (\S+) ", browser.find_element(By.ID, "job-status").text),
+            30,
+            "the page to say the job was submitted",
+            seen=lambda: page_state(browser),
+        )
+        stored = store.get(status.group(1)).params["reference_images"]
+        uploads = app.extensions["stepwise.upload_store"]
+        sent = [uploads.get("alice", upload_id) for upload_id in stored]
+        colours = [Image.open(io.BytesIO(base64.b64decode(uri.split(",")[1]))).getpixel((0, 0)) for uri in sent]
+        assert colours == [(200, 40, 40), (40, 200, 40)], "both images, in the order chosen"
+    finally:
+        server.shutdown()
+
+
 def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_list_pages_and_cancels(
     api, worker, browser, tmp_path, http
 ):
@@ -147,6 +210,9 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         "the model list",
         seen=lambda: browser.find_element(By.ID, "engine-panel").text,
     )
+    browser.set_window_size(1280, 1000)  # a laptop: every select shows its longest choice whole
+    wait_until(lambda: browser.execute_script("return window.innerWidth") <= 1280, 10, "the 1280 px window")
+    assert script(browser, CUT_OFF_SELECTS) == []
     served = http.get(f"{api.url}/v1/models", headers=auth(), timeout=10).json()["models"]
     recommended = next(model for model in served if model["model"] == "builtin:tiny")["sizes"]
     sizes = script(browser, "return [...document.querySelectorAll('#size option')].map(o => o.value)")
@@ -157,6 +223,17 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
         wait_until(lambda field=field: browser.find_element(By.ID, field).is_displayed(), 15, f"the {field} field")
         browser.find_element(By.ID, field).clear()
         browser.find_element(By.ID, field).send_keys(value)
+    # a typed size past the model's advertised pixel limit is refused on the page, naming that limit
+    max_pixels = next(model for model in served if model["model"] == "builtin:tiny")["limits"]["max_pixels"]
+    browser.find_element(By.ID, "width").send_keys("0")  # 960 x 64 fits
+    assert script(browser, "return document.querySelector('#width').validationMessage") == ""
+    browser.find_element(By.ID, "height").send_keys("0")  # 960 x 640 does not (the CPU limit: 512 x 512)
+    message = script(browser, "return document.querySelector('#height').validationMessage")
+    assert message == f"width × height = 614400 is over this model's limit of {max_pixels} pixels"
+    for field, value in (("width", "96"), ("height", "64")):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    assert script(browser, "return document.querySelector('#height').validationMessage") == ""
 
     # an upload the API refuses: the message says why; the next submit's message replaces it
     (tmp_path / "not-an-image.png").write_text("plain text")

@@ -160,3 +160,19 @@ def test_image_flags_send_a_url_as_is_and_a_file_as_an_upload_or_inline(tmp_path
     assert uploaded == {"init_image": "https://images.example.com/house.png", "mask_image": "upl_for_door.png"}
     assert inline["init_image"] == "https://images.example.com/house.png"
     assert inline["mask_image"].startswith("data:image/png;base64,")
+
+
+def test_the_reference_image_flag_given_several_times_sends_a_list_in_order(tmp_path):
+    from stepwise_cli.image_args import add_image_arguments, image_fields
+
+    parser = argparse.ArgumentParser()
+    add_image_arguments(parser, format_flag="--format")
+    picture = tmp_path / "room.png"
+    picture.write_bytes(b"\x89PNG...")
+    args = parser.parse_args(
+        ["--reference-image", "https://images.example.com/fox.png", "--reference-image", str(picture)]
+    )
+
+    fields = image_fields(args, upload=lambda path: f"upl_for_{path.name}")
+
+    assert fields == {"reference_images": ["https://images.example.com/fox.png", "upl_for_room.png"]}

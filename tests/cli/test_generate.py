@@ -113,6 +113,32 @@ def test_generate_draws_flux2_and_takes_an_init_image_as_its_reference_at_the_im
         assert image.size == (96, 64), "the reference image's size"
 
 
+def test_generate_takes_the_reference_image_flag_once_per_image_in_order(tmp_path, capsys):
+    first, second = tmp_path / "fox.png", tmp_path / "room.png"
+    Image.new("RGB", (96, 64), (200, 90, 30)).save(first)
+    Image.new("RGB", (64, 80), (30, 90, 200)).save(second)
+    options = ["--model", "builtin:tiny-flux2", "--prompt", "the fox in the room", "--seed", "3", "--steps", "2"]
+    options += ["--device", "cpu", "--reference-image", str(first), "--reference-image", str(second)]
+
+    drawn = main(["generate", *options, "--out", str(tmp_path / "both.png")])
+    refused = main(["generate", *options, "--reference-image", str(tmp_path / "missing.png")])
+
+    assert drawn == 0
+    with Image.open(tmp_path / "both.png") as image:
+        assert image.size == (96, 64), "the first image's size"
+    assert refused == 2 and "--reference-image" in capsys.readouterr().err
+
+
+def test_generate_refuses_a_reference_image_for_a_model_that_takes_none_naming_the_flag(tmp_path, capsys):
+    picture = tmp_path / "fox.png"
+    Image.new("RGB", (96, 64), (200, 90, 30)).save(picture)
+
+    code = generate_96x64(tmp_path / "out.png", "builtin:tiny", "--reference-image", str(picture))
+
+    assert code == 2
+    assert "--reference-image" in capsys.readouterr().err
+
+
 def test_generate_refuses_a_size_the_family_does_not_allow_naming_the_flag(tmp_path, capsys):
     code = main(
         [

@@ -23,6 +23,7 @@ from storage.job_store import JobState
 from storage.settings import StorageSettings
 from storage.url_policy import AllowList
 from tests.support.job_factories import take_job
+from tests.support.servers import free_port
 
 KEY = "sk_cli_test_key_0123456789abcdef"
 
@@ -105,6 +106,30 @@ def test_status_shows_a_multi_image_jobs_own_steps_and_the_image_it_is_on(live_a
     live_api.store.set_progress(job_id, 5, 8, current_image=2)  # its images run one after another
     assert live_api.cli("status", job_id) == 0
     assert capsys.readouterr().out.startswith(f"{job_id}  running  step 5/8, image 2 of 2\n")
+
+
+def test_status_shows_a_videos_frame_count_and_frame_rate(live_api, capsys):
+    job_id = submit_json(
+        live_api, capsys, "a red fox running", "--model", "builtin:tiny-wan", "--num-frames", "9", "--fps", "8"
+    )["job_id"]
+
+    assert live_api.cli("status", job_id) == 0
+    assert ", 9 frames at 8 fps, " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["status", "some-job"], ["cancel", "some-job"]])
+def test_status_jobs_and_cancel_say_at_once_that_no_api_answers(capsys, command):
+    closed_port = free_port()  # nothing listens there
+    started = time.monotonic()
+
+    status = main([*command, "--api-url", f"http://127.0.0.1:{closed_port}", "--api-key", KEY])
+
+    assert status == 2 and time.monotonic() - started < 3
+    said = capsys.readouterr().err.strip()
+    assert said == (
+        f"stepwise {command[0]}: no API answers at http://127.0.0.1:{closed_port} (connection refused): "
+        "is `stepwise up` running?"
+    )
 
 
 def test_status_cancel_and_jobs_cover_the_api(live_api, capsys):

@@ -57,18 +57,31 @@ def test_the_environment_wins_over_a_running_ups_file(var_dir, monkeypatch):
     assert found().url == "redis://127.0.0.1:6391/2" and found().source == "STEPWISE_REDIS_URL"
 
 
+def test_without_a_state_file_the_default_is_used(var_dir):
+    assert found().url == "redis://127.0.0.1:6379/0" and found().source == "the default"
+
+
 @pytest.mark.parametrize("content", ["stopped", "no pid", "not json"])
-def test_a_stopped_ups_file_or_a_broken_one_leaves_the_default(var_dir, content):
+def test_a_stopped_ups_file_or_a_broken_one_stops_the_process_naming_it_instead_of_trying_the_default(var_dir, content):
     if content == "stopped":
-        save_state(var_dir, "redis://127.0.0.1:6390/0", dead_pid())
+        pid = dead_pid()
+        save_state(var_dir, "redis://:pw@127.0.0.1:6390/0", pid)
+        named = f"Redis redis://:***@127.0.0.1:6390/0 of the `stepwise up` with pid {pid}"
     elif content == "no pid":  # written by an `up` before pids were saved: nothing says it still runs
         var_dir.mkdir(parents=True)
         (var_dir / "stepwise.json").write_text(json.dumps({"redis_url": "redis://127.0.0.1:6390/0"}))
+        named = "Redis redis://127.0.0.1:6390/0 of the `stepwise up` with pid None"
     else:
         var_dir.mkdir(parents=True)
         (var_dir / "stepwise.json").write_text("{")
+        named = "a Redis it cannot tell (JSONDecodeError"
 
-    assert found().url == "redis://127.0.0.1:6379/0" and found().source == "the default"
+    with pytest.raises(SettingsError) as refused:
+        found()
+
+    said = str(refused.value)
+    assert str(var_dir / "stepwise.json") in said and named in said and "which is not running" in said
+    assert "6379" not in said and ":pw@" not in said
 
 
 def test_a_password_is_never_shown_where_the_location_is_described(var_dir, monkeypatch):

@@ -9,14 +9,15 @@ sampler's shift `mu` is FLUX.2's empirical function of the token count and the s
 FLUX.2-dev is guidance-distilled: one row per sample, its guidance a per-row model input. Decode
 undoes the VAE's batch-norm normalisation, unpatchifies and runs the VAE.
 
-Reference images (multi-reference editing): a job's `init_image` is read at submit as the
-pipeline reads its `image` (`core.image_inputs.reference_image`), VAE-encoded to its mode,
-patchified, normalised, and its tokens follow the noise tokens in the sequence with ids
-(10, row, column, 0); the model's prediction for them is dropped. They are row conditioning
-(`image_conditioning`: "reference", "image_ids"), so a job with references shares forwards with
-plain jobs: rows whose token counts or positions differ (sizes, references) run packed
-(`flux2.packed`: one token sequence, each row rotated by its own ids, attention per row); a forward
-whose rows agree runs diffusers' forward as is.
+Reference images (multi-reference editing): a job's `reference_images` (or its `init_image`, the
+one-image form) are read at submit as the pipeline reads its `image=[...]`, each at its own size
+(`core.image_inputs.reference_image`), VAE-encoded to its mode, patchified, normalised, and their
+tokens follow the noise tokens in the sequence, the i-th image's with ids (10 + 10 * i, row, column,
+0); the model's prediction for them is dropped. They are row conditioning (`image_conditioning`:
+"reference", "image_ids"), so a job with any number of references shares forwards with plain jobs:
+rows whose token counts or positions differ (sizes, references) run packed (`flux2.packed`: one token
+sequence, each row rotated by its own ids, attention per row); a forward whose rows agree runs
+diffusers' forward as is.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from batching.pipelines.flux.step_cache import NUM_BLOCKS_KEPT, first_block_cach
 from batching.pipelines.flux2 import packed
 from batching.pipelines.packing import LayoutCache
 from batching.pipelines.vae import pixels_to_images
-from core.image_inputs import InputImages
+from core.image_inputs import InputImages, listed_images
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # Flux2Pipeline's default
 REFERENCE_TIME_STEP = 10  # the time coordinate of the i-th reference image is 10 + 10 * i
-NUM_CACHED_REFERENCES = 4  # encoded reference images kept
+NUM_CACHED_REFERENCES = 10  # encoded reference images kept (one job's list, at most)
 
 
 class Flux2Adapter(FlowMatchingAdapter):
@@ -59,8 +60,9 @@ class Flux2Adapter(FlowMatchingAdapter):
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.layouts: LayoutCache[tuple[FluxLayout, bool]] = LayoutCache()
         self.text_ids = position_ids(0, 1, 1, MAX_SEQUENCE_LENGTH).to(device)  # [512, 4]: (0, 0, 0, token)
-        # init_image -> its tokens [r, c] and ids [r, 4] (the job's images share them; so do retries)
-        self._references: EncodedImages[tuple[torch.Tensor, torch.Tensor]] = EncodedImages(NUM_CACHED_REFERENCES)
+        # a reference image (its data URI) -> its tokens [r, c] and latent grid (h, w) (the job's images share
+        # them; so do retries)
+        self._references: EncodedImages[tuple[torch.Tensor, tuple[int, int]]] = EncodedImages(NUM_CACHED_REFERENCES)
         self.num_cache_blocks = num_flux_blocks(self.transformer)  # First-Block Cache (flux.step_cache), as FLUX.1
         self.num_blocks_kept = NUM_BLOCKS_KEPT
 
@@ -88,10 +90,14 @@ class Flux2Adapter(FlowMatchingAdapter):
         }
 
     def image_conditioning(self, params: GenerationParams, images: InputImages) -> Conditioning:
-        """The reference image's tokens [r, c], and the row's image ids: the noise tokens', then the reference's."""
-        assert params.init_image is not None
-        reference, reference_ids = self._references.get(params.init_image, lambda: self._encode_reference(images.init))
-        return {"reference": reference, "image_ids": torch.cat([self._image_ids(params), reference_ids])}
+        """The reference images' tokens [r, c] one after another, and the row's image ids: the noise tokens', then
+        each reference's, the i-th at time 10 + 10 * i (the pipeline's `_prepare_image_ids`)."""
+        tokens, ids = [], [self._image_ids(params)]
+        for index, ((_, value), image) in enumerate(zip(listed_images(params, self.spec), images.listed, strict=True)):
+            reference, (height, width) = self._references.get(value, functools.partial(self._encode_reference, image))
+            tokens.append(reference)
+            ids.append(position_ids(REFERENCE_TIME_STEP * (1 + index), height, width, 1).to(self.device))
+        return {"reference": torch.cat(tokens), "image_ids": torch.cat(ids)}
 
     def padding_row(self, params: GenerationParams) -> Conditioning:
         embeds = self.zeros(MAX_SEQUENCE_LENGTH, self.transformer.config.joint_attention_dim)
@@ -167,9 +173,9 @@ class Flux2Adapter(FlowMatchingAdapter):
         return pixels_to_images(self.vae.decode(raw, return_dict=False)[0])
 
     @torch.inference_mode()
-    def _encode_reference(self, image: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tokens [r, c] and ids [r, 4] of `image` (RGB, scaled and cropped as the pipeline prepares a
-        reference: core.image_inputs), as the pipeline encodes a reference image."""
+    def _encode_reference(self, image: Any) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The tokens [r, c] of `image` (RGB, scaled and cropped as the pipeline prepares a reference:
+        core.image_inputs) as the pipeline encodes a reference image, and their grid (rows, columns)."""
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2 - 1
         raw = self.latent_vae.encode_mode(pixels)  # [1, c/4, h, w]
         _, channels, height, width = raw.shape
@@ -177,8 +183,7 @@ class Flux2Adapter(FlowMatchingAdapter):
         patches = patches.reshape(1, channels * 4, height // 2, width // 2)
         mean, std = self._batch_norm_statistics(patches)
         tokens = self.pack_latents((patches - mean) / std)[0]  # [r, c]
-        ids = position_ids(REFERENCE_TIME_STEP, height // 2, width // 2, 1)  # (10, row, column, 0)
-        return tokens.to(self.device, self.dtype), ids.to(self.device)
+        return tokens.to(self.device, self.dtype), (height // 2, width // 2)
 
     def _batch_norm_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's latent normalisation (its batch norm's running mean and std), shaped to broadcast over `like`."""

@@ -134,11 +134,12 @@ class QwenImageAdapter(FlowMatchingAdapter):
         return torch.cat([row[:length] for row, length in zip(embeds, batch.row_lengths("embeds"))])[None]
 
     def _layout(self, batch: ForwardBatch) -> tuple[QwenLayout, list[ImageShapes]]:
-        """The rows' packed layout and their `img_shapes` (each row's own image, then an edit image)."""
+        """The rows' packed layout and their `img_shapes` (each row's own image, then its edit images)."""
 
         def build() -> tuple[QwenLayout, list[ImageShapes]]:
+            rows = zip(batch.conditioning["image_shapes"], batch.row_lengths("image_shapes"))  # [rows, most, 3]
             shapes: list[ImageShapes] = [
-                [(int(f), int(h), int(w)) for f, h, w in row.tolist()] for row in batch.conditioning["image_shapes"]
+                [(int(f), int(h), int(w)) for f, h, w in row[:length].tolist()] for row, length in rows
             ]
             lengths = batch.row_lengths("embeds")
             return packed.build_layout(self.transformer, shapes, lengths, self.device), shapes

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from PIL import Image
 
 from batching.pipelines.contract import Conditioning, ForwardBatch
 from batching.pipelines.encoded_images import EncodedImages
@@ -64,7 +65,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
                 f"could not load the processor of model {model!r} from a local folder or the Hugging Face cache "
                 f"(nothing is downloaded at run time): {type(e).__name__}: {e}"
             ) from e
-        return load_pipeline(diffusers.QwenImageEditPipeline, model, source, device, dtype, processor=processor)
+        pipeline_class = getattr(diffusers, cls.pipeline_classes[0])
+        return load_pipeline(pipeline_class, model, source, device, dtype, processor=processor)
 
     def texts_to_encode(self, params: GenerationParams) -> list[str]:
         return []  # encoded with the job's image, in image_conditioning
@@ -74,24 +76,41 @@ class QwenImageEditAdapter(QwenImageAdapter):
 
     @torch.inference_mode()
     def image_conditioning(self, params: GenerationParams, images: InputImages) -> list[Conditioning]:
-        """Each row's prompt (cond, then uncond) encoded with the edit image, and the image's latents."""
-        image = images.init
-        width, height = self.spec.edit_size(image.width, image.height)
-        resized = self.pipeline.image_processor.resize(image, height, width)  # what the VL encoder sees
-        image_latents, image_shape = self._edit_latents(params.init_image, resized, height, width)
-        texts = super().texts_to_encode(params)  # [cond, uncond]
-        shapes = torch.cat([self._image_shapes(params), image_shape])  # [2, 3]: the row's image, the edit image
+        """Each row's prompt (cond, then uncond) encoded with the edit images, and the images' latents one after
+        another, each at its own size (its img_shapes entry after the row's own image)."""
+        edited = self.edit_images(params, images)
+        latents, shapes = [], [self._image_shapes(params)]
+        for reference, image in edited:
+            width, height = self.spec.edit_size(image.width, image.height)
+            image_latents, image_shape = self._edit_latents(reference, image, height, width)
+            latents.append(image_latents)
+            shapes.append(image_shape)
+        prefix, seen = self.encoder_view([image for _, image in edited])
+        image_latents, image_shapes = torch.cat(latents), torch.cat(shapes)  # [tokens, 64], [1 + images, 3]
         return [
-            {"embeds": self._encode_with_image(text, resized), "image_latents": image_latents, "image_shapes": shapes}
-            for text in texts
-        ]
+            {"embeds": self._encode_with_images(prefix + text, seen), "image_latents": image_latents,
+             "image_shapes": image_shapes}
+            for text in super().texts_to_encode(params)  # [cond, uncond]
+        ]  # fmt: skip
 
-    def _encode_with_image(self, text: str, image: Any) -> torch.Tensor:
-        """[tokens, dim]: the text encoder's last states of the image's and the prompt's tokens (one text per call,
-        as the pipeline encodes its prompt and negative prompt)."""
+    def edit_images(self, params: GenerationParams, images: InputImages) -> list[tuple[str, Image.Image]]:
+        """(data URI, RGB image as given) of each image the job edits: its init_image."""
+        assert params.init_image is not None and images.init is not None  # required: core.params
+        return [(params.init_image, images.init)]
+
+    def encoder_view(self, images: list[Image.Image]) -> tuple[str, list[Image.Image]]:
+        """What the text encoder reads with the prompt: the text before it (the edit template holds the image's
+        own vision tokens), and the image as the pipeline resizes it for the encoder (the edit size)."""
+        (image,) = images
+        width, height = self.spec.edit_size(image.width, image.height)
+        return "", [self.pipeline.image_processor.resize(image, height, width)]
+
+    def _encode_with_images(self, text: str, images: list[Image.Image]) -> torch.Tensor:
+        """[tokens, dim]: the text encoder's last states of the images' and the prompt's tokens (one text per call,
+        as the pipelines encode their prompt and negative prompt)."""
         pipeline = self.pipeline
         inputs = pipeline.processor(
-            text=[pipeline.prompt_template_encode.format(text)], images=image, padding=True, return_tensors="pt"
+            text=[pipeline.prompt_template_encode.format(text)], images=images, padding=True, return_tensors="pt"
         ).to(self.device)
         hidden = pipeline.text_encoder(
             input_ids=inputs["input_ids"],
@@ -102,15 +121,17 @@ class QwenImageEditAdapter(QwenImageAdapter):
         ).hidden_states[-1][0]  # [tokens, dim]
         return hidden[inputs["attention_mask"][0].bool()][pipeline.prompt_template_encode_start_idx :].to(self.dtype)
 
-    def _edit_latents(self, reference: Any, resized: Any, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """([tokens, 64] packed, normalised latents of the edit image, [1, 3] their img_shapes entry), cached by
-        the image."""
+    def _edit_latents(
+        self, reference: str, image: Image.Image, height: int, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """([tokens, 64] packed, normalised latents of an edit image at height x width, [1, 3] their img_shapes
+        entry), cached by the image and its size."""
         image_key = hashlib.sha256(f"{width}x{height}:{reference}".encode()).hexdigest()
         key = (self.model, str(self.device), str(self.dtype), image_key)
-        return _EDIT_LATENTS.get(key, lambda: self._encode_edit_image(resized, height, width))
+        return _EDIT_LATENTS.get(key, lambda: self._encode_edit_image(image, height, width))
 
-    def _encode_edit_image(self, resized: Any, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pixels = self.pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
+    def _encode_edit_image(self, image: Image.Image, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels = self.pipeline.image_processor.preprocess(image, height, width).unsqueeze(2)  # [1, 3, 1, H, W]
         raw = self.latent_vae.encode_mode(pixels)  # [1, 16, 1, h, w]
         latents = self.latent_vae.to_latent_space(raw).to(self.dtype)  # as the pipeline normalises
         latent_height, latent_width = latents.shape[-2:]

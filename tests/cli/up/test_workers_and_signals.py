@@ -1,25 +1,27 @@
-"""`stepwise up`'s processes: no Celery banner, a second worker beside it, a SIGKILLed worker restarted, and
-SIGTERM leaving no process (last in this folder: it stops the shared `up`)."""
+"""`stepwise up`'s processes: no Celery banner, the README's video worker beside it, a SIGKILLed worker restarted, and
+SIGTERM leaving no process, after which Celery's tools in its folder say its service is gone (last in this folder:
+it stops the shared `up`)."""
 
 from __future__ import annotations
 
-import io
 import json
+import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
+import av
 import psutil
-import requests
-from PIL import Image
 
 from tests.support.servers import child_env, wait_until_gone
 from tests.support.up_process import (
     STARTUP_TIMEOUT,
-    STEPWISE,
     api_call,
+    readme_block,
 )
 from tests.support.waiting import wait_for
 
@@ -32,56 +34,61 @@ def test_up_prints_no_celery_banner_and_no_note_about_running_as_root(up):
     assert "stepwise is up after" in log
 
 
-def test_a_second_worker_started_beside_up_finds_ups_settings_and_serves_another_model(up, tmp_path):
+def test_the_readmes_video_worker_started_beside_up_joins_its_service_and_the_readmes_clip_is_saved(up, tmp_path):
+    """The README's video block as written, in up's folder with no STEPWISE_* variable set: its worker line (run
+    in the background, as its `&` says) joins up's service, and its submit saves the clip as an MP4."""
     saved = json.loads((up.var_dir / "stepwise.json").read_text())
     assert saved["service_env"]["STEPWISE_REDIS_URL"] == up.redis_url
     banner_port = re.search(r"worker http://127\.0\.0\.1:(\d+)/metrics", up.log_path.read_text()).group(1)
     assert saved["worker_metrics_port"] == int(banner_port)  # kept for the next run, as the Redis port is
-    log_path = tmp_path / "second-worker.log"
-    with log_path.open("wb") as log:  # as a user types it in up's folder: no STEPWISE_* variable set
-        second = subprocess.Popen(
-            [*STEPWISE, "worker", "--model", "builtin:shapes", "--metrics-port", "0"],
+    block = readme_block("stepwise worker --model")
+    worker_line, submit_line = [
+        line.split("#")[0].strip() for line in block.splitlines() if line.startswith("stepwise")
+    ]
+    assert worker_line.endswith("&")
+    bin_dir = Path(sys.executable).parent  # what `source .venv/bin/activate` puts first on PATH
+    env = child_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    log_path = tmp_path / "video-worker.log"
+    with log_path.open("wb") as log:
+        video_worker = subprocess.Popen(
+            # --metrics-port 0: a free port, not the default another test's worker on this machine may hold
+            ["bash", "-c", f"exec {worker_line.removesuffix('&')} --metrics-port 0"],
             cwd=up.workdir,
-            env=child_env(),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
     try:
 
-        def shapes_served() -> bool:
-            assert second.poll() is None, log_path.read_text()
+        def video_model_served() -> bool:  # what the README says to wait for: the worker's model is listed
+            assert video_worker.poll() is None, log_path.read_text()
             models = api_call(up, "GET", "/v1/models")["models"]
-            return any(model["model"] == "builtin:shapes" and model["available"] for model in models)
+            return any(model["model"] == "builtin:tiny-wan" and model["available"] for model in models)
 
-        wait_for(shapes_served, STARTUP_TIMEOUT, lambda: f"the second worker's model:\n{log_path.read_text()}")
-        # few steps: the first job of a fresh worker is slow on a busy CPU, and the drawing is not the point here
-        body = {"prompt": "a red circle on a blue background", "model": "builtin:shapes", "num_inference_steps": 4}
-        job_id = api_call(up, "POST", "/v1/jobs", json=body)["job_id"]
-        done = wait_for(
-            lambda: (view := api_call(up, "GET", f"/v1/jobs/{job_id}"))["state"] not in ("queued", "running") and view,
-            240,
-            lambda: f"the shapes job to end:\n{log_path.read_text()}",
-            interval=0.5,
-        )
-        image = requests.get(
-            f"{saved['api_url']}/v1/jobs/{job_id}/image",
-            headers={"Authorization": f"Bearer {saved['api_key']}"},
-            timeout=30,
+        wait_for(video_model_served, STARTUP_TIMEOUT, lambda: f"the video worker:\n{log_path.read_text()}")
+        submitted = subprocess.run(
+            ["bash", "-c", submit_line],
+            cwd=up.workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STARTUP_TIMEOUT + 240,
         )
     finally:
-        second.send_signal(signal.SIGTERM)
+        video_worker.send_signal(signal.SIGTERM)
         try:
-            second.wait(60)
+            video_worker.wait(60)
         except subprocess.TimeoutExpired:
-            second.kill()
-            second.wait()
+            video_worker.kill()
+            video_worker.wait()
 
-    assert done["state"] == "succeeded", done
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr + log_path.read_text()
+    (clip,) = (up.workdir / "out").glob("*.mp4")
+    with av.open(str(clip)) as video:
+        num_frames = sum(1 for _ in video.decode(video.streams.video[0]))
+    assert num_frames == int(re.search(r"--num-frames (\d+)", submit_line).group(1))
     joined = log_path.read_text()  # it says where its settings came from
     assert "joining the `stepwise up` that runs from here: STEPWISE_STORAGE_URL" in joined, joined
-    assert done["params"]["model"] == "builtin:shapes" and done["attempts"] == 1
-    with Image.open(io.BytesIO(image.content)) as drawn:  # stored where up's API reads images
-        assert drawn.size == (128, 128)  # builtin:shapes' size (up's builtin:tiny would draw its default too)
 
 
 def test_a_sigkilled_worker_is_restarted_and_its_job_requeued_from_its_heartbeat_within_15s(up):
@@ -133,3 +140,20 @@ def test_sigterm_stops_every_child_and_leaves_no_process(up):
     alive = wait_until_gone(children, timeout=10)
     assert not alive, f"left running: {[p.cmdline() for p in alive]}\n{up.log()}"
     assert "[api]" in up.log() and "[worker]" in up.log() and "[redis]" in up.log()
+
+    celery = str(Path(sys.executable).with_name("celery"))  # in its folder now: says what it tried, tries no other
+    ping = subprocess.run(
+        [celery, "-A", "worker", "inspect", "ping", "-t", "2"],
+        cwd=up.workdir,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ping.returncode == 2, ping.stdout + ping.stderr
+    assert ping.stderr.strip() == (
+        f"stepwise: STEPWISE_REDIS_URL is not set, and {up.var_dir / 'stepwise.json'} names Redis {up.redis_url} of "
+        f"the `stepwise up` with pid {up.process.pid}, which is not running: start it again (`stepwise up` or "
+        "`make run` in this folder), or set STEPWISE_REDIS_URL to the Redis you mean (the default is not tried: "
+        "another program may answer there)"
+    )
