@@ -268,7 +268,7 @@ class JobRequest(StrictModel):
         description=f"Step caching: {step_cache.CACHE_OFF}, a preset ({', '.join(step_cache.PRESET_NAMES)}: fewer "
         "denoiser FLOPs "
         "for a small quality cost), or a threshold (0 < t <= 1: the relative change of an early feature under "
-        "which a step reuses the job's cache). Cached and uncached jobs share forwards. SD, SDXL, FLUX.1, Z-Image. "
+        "which a step reuses the job's cache). Cached and uncached jobs share forwards. Every family. "
         f"Default: the worker's (STEPWISE_STEP_CACHE, {step_cache.CACHE_OFF} unless set).",
     )
     webhook_url: str | None = Field(

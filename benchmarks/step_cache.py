@@ -1,10 +1,11 @@
 """Step caching inside the continuous batch: images/s of uncached vs each preset, with quality beside speed.
 
     python -m benchmarks.step_cache [--models builtin:shapes-dit builtin:shapes] [--variants off balanced fast]
-                                    [--threads 1] [--out benchmarks/results/step_cache/run1]
+                                    [--rounds 1] [--threads 1] [--out benchmarks/results/step_cache/run1]
 
-Per model, each variant (`cache` on every job: off, a preset, or a threshold) runs in a process of its
-own, once, on the same two workloads:
+Per model, each variant (`cache` on every job: off, a preset, or a threshold; `serial`: uncached on an
+engine that runs one job at a time, `max_num_seqs=1`) runs in a process of its own, once a round (rounds
+alternate the variants' order; each figure is the median over the rounds), on the same two workloads:
 - burst: 16 jobs of the fixed shapes cases (batching.shapes.accuracy) submitted at once;
 - poisson: the 24 fixed cases arriving as a Poisson process (seeded: the same arrival times in every
   variant) at 3x the uncached burst's images/s, so that the queue does not drain in any variant and
@@ -16,7 +17,9 @@ pixels in turn, so forwards mix sizes; on the others at 128. Figures per variant
 against the same job uncached (median, minimum). Beside wall-clock images/s, images per CPU-second of
 the variant's process (every thread): on a shared machine other processes' load moves wall time, not
 the work done. Where the time went: the engine's forward, decode, encode and loop-busy seconds.
-Images are kept under OUT/<model>/<variant>/ for a look.
+With `serial` among the variants, each variant's burst images/s is also given over serial's ("x serial"),
+and the checker's passes over the 16 burst images beside the 24 Poisson ones. Images (the last round's)
+are kept under OUT/<model>/<variant>/ for a look.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from pathlib import Path
 
 MIXED_SIZES = (112, 128)  # a family that mixes sizes in a forward draws case i at MIXED_SIZES[i % 2]; others 128
 NUM_BURST_JOBS = 16
+MAX_NUM_SEQS = 8  # every variant's engine but serial's (one job at a time)
+SERIAL = "serial"
 POISSON_LOAD = 3.0  # arrival rate over the uncached burst's images/s: above what the fastest variant serves
 POISSON_SEED = 25
 
@@ -58,11 +63,12 @@ def run_variant(args: argparse.Namespace) -> dict:
     from batching.shapes.accuracy import fixed_cases
     from batching.shapes.checker import check_image
 
-    cache = _cache_value(args.variant)
+    cache = "off" if args.variant == SERIAL else _cache_value(args.variant)
     cases = fixed_cases()
     folder = Path(args.images)
     folder.mkdir(parents=True, exist_ok=True)
-    config = EngineConfig(model=args.model, device="cpu", max_num_seqs=8, num_threads=args.threads)
+    max_num_seqs = 1 if args.variant == SERIAL else MAX_NUM_SEQS
+    config = EngineConfig(model=args.model, device="cpu", max_num_seqs=max_num_seqs, num_threads=args.threads)
     figures: dict = {"variant": args.variant}
     with DiffusionEngine(config) as engine:
         engine.submit(job_params(args.model, engine.family, cases[0], 0, cache)).result()  # warm-up, not timed
@@ -109,14 +115,13 @@ def run_variant(args: argparse.Namespace) -> dict:
             }
             for index, result in enumerate(results):
                 result.image.save(folder / f"{workload}-{index:02d}.png")
-            if workload == "poisson":
-                checks = [check_image(result.image, case.prompt) for result, case in zip(results, cases)]
-                figures[workload]["checker_passed"] = sum(bool(check) for check in checks)
-                figures[workload]["checker_failures"] = [
-                    f"{case.prompt.text} (seed {case.seed}): {check.reason}"
-                    for case, check in zip(cases, checks)
-                    if not check
-                ]
+            checks = [check_image(result.image, case.prompt) for result, case in zip(results, cases)]
+            figures[workload]["checker_passed"] = sum(bool(check) for check in checks)
+            figures[workload]["checker_failures"] = [
+                f"{case.prompt.text} (seed {case.seed}): {check.reason}"
+                for case, check in zip(cases, checks)
+                if not check
+            ]
     return figures
 
 
@@ -157,46 +162,66 @@ def psnr(folder_a: Path, folder_b: Path, workload: str) -> list[float]:
 def run_model(args: argparse.Namespace, model: str) -> dict:
     out = Path(args.out)
     model_folder = out / model.replace(":", "-").replace("/", "_")
-    runs: dict[str, dict] = {}
-    rate = 0.0  # the uncached run (the first) sets it from its own burst
-    for variant in args.variants:
-        command = [sys.executable, "-m", "benchmarks.step_cache", "--variant", variant, "--model", model]
-        command += ["--threads", str(args.threads), "--images", str(model_folder / variant), "--rate", str(rate)]
-        print(f"{model} {variant} ...", file=sys.stderr, flush=True)
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        runs[variant] = json.loads(output.strip().splitlines()[-1])
-        rate = runs[variant]["poisson_rate"]
+    rounds: dict[str, list[dict]] = {variant: [] for variant in args.variants}
+    rate = 0.0  # the uncached run (the first of the first round) sets it from its own burst
+    for round_index in range(args.rounds):
+        order = args.variants if round_index % 2 == 0 else args.variants[::-1]
+        for variant in order:
+            command = [sys.executable, "-m", "benchmarks.step_cache", "--variant", variant, "--model", model]
+            command += ["--threads", str(args.threads), "--images", str(model_folder / variant), "--rate", str(rate)]
+            print(f"{model} {variant} (round {round_index + 1}) ...", file=sys.stderr, flush=True)
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            rounds[variant].append(json.loads(output.strip().splitlines()[-1]))
+            rate = rate or rounds[variant][-1]["poisson_rate"]
+    runs = {variant: _median_figures(figures) for variant, figures in rounds.items()}
     baseline = runs[args.variants[0]]
     for variant, figures in runs.items():
         for workload in ("burst", "poisson"):
             for rate_name, ratio_name in (("images_per_second", "speedup"), ("images_per_cpu_second", "cpu_speedup")):
                 ratio = figures[workload][rate_name] / baseline[workload][rate_name]
                 figures[workload][ratio_name] = round(ratio, 3)
+            if SERIAL in runs:
+                ratio = figures[workload]["images_per_second"] / runs[SERIAL][workload]["images_per_second"]
+                figures[workload]["over_serial"] = round(ratio, 3)
             values = sorted(psnr(model_folder / variant, model_folder / args.variants[0], workload))
             finite = [value for value in values if value != float("inf")]
             figures[workload]["psnr_median_db"] = round(values[len(values) // 2], 2) if finite else None
             figures[workload]["psnr_min_db"] = round(values[0], 2) if finite else None
-    return {"model": model, "poisson_rate": rate, "variants": runs}
+    return {"model": model, "poisson_rate": rate, "rounds": args.rounds, "variants": runs}
+
+
+def _median_figures(rounds: list[dict]) -> dict:
+    """One variant's figures over its rounds: each number the median of its values, anything else the last
+    round's."""
+    figures = json.loads(json.dumps(rounds[-1]))
+    for workload in ("burst", "poisson"):
+        for name, value in figures[workload].items():
+            if isinstance(value, (int, float)):
+                values = sorted(one[workload][name] for one in rounds)
+                figures[workload][name] = values[len(values) // 2]
+    return figures
 
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| model | cache | burst images/s (x) | per CPU-s (x) | Poisson images/s (x) | per CPU-s (x) "
-        "| blocks skipped | checker /24 | PSNR median (min) dB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | cache | burst images/s (x) | x serial | per CPU-s (x) | Poisson images/s (x) | per CPU-s (x) "
+        "| blocks skipped | checker /16 burst, /24 Poisson | PSNR median (min) dB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         for variant, f in result["variants"].items():
             burst, poisson = f["burst"], f["poisson"]
             median, least = poisson["psnr_median_db"], poisson["psnr_min_db"]
             quality = "identical" if median is None else f"{median} ({least})"
+            over_serial = f"{burst['over_serial']:.2f}" if "over_serial" in burst else "-"
             lines.append(
                 f"| {result['model']} | {variant} "
-                f"| {burst['images_per_second']:.3f} ({burst['speedup']:.2f}) "
+                f"| {burst['images_per_second']:.3f} ({burst['speedup']:.2f}) | {over_serial} "
                 f"| {burst['images_per_cpu_second']:.3f} ({burst['cpu_speedup']:.2f}) "
                 f"| {poisson['images_per_second']:.3f} ({poisson['speedup']:.2f}) "
                 f"| {poisson['images_per_cpu_second']:.3f} ({poisson['cpu_speedup']:.2f}) "
-                f"| {poisson['skipped_fraction']:.0%} | {poisson['checker_passed']} | {quality} |"
+                f"| {poisson['skipped_fraction']:.0%} | {burst['checker_passed']}, {poisson['checker_passed']} "
+                f"| {quality} |"
             )
     return "\n".join(lines)
 
@@ -204,7 +229,8 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["builtin:shapes-dit", "builtin:shapes"])
-    parser.add_argument("--variants", nargs="+", default=["off", "balanced", "fast"])
+    parser.add_argument("--variants", nargs="+", default=["off", "balanced", "fast"], help=f"and {SERIAL}")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; figures are their medians")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/step_cache/run1")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # a child process: run this variant only
@@ -219,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_model(args, model) for model in args.models]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"threads": args.threads, "results": results}, indent=2) + "\n")
+    document = {"threads": args.threads, "rounds": args.rounds, "results": results}
+    (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     (out / "table.md").write_text(table(results) + "\n")
     print(table(results))
     return 0

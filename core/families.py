@@ -220,6 +220,7 @@ QWEN_IMAGE = FamilySpec(
     min_steps=2,
     mixes_sizes=True,  # image streams and prompts packed (batching/pipelines/qwenimage/packed.py)
     init_image_role="none",  # Qwen-Image's img2img and inpaint pipelines: not served yet
+    step_cache="first_block",  # its editors' too (dataclasses.replace below)
     checkpoint_sizes=(1328, 1024),  # its pipeline's own 1:1 size, and its default
 )
 QWEN_IMAGE_EDIT = dataclasses.replace(  # Qwen-Image-Edit: the edit image's latents join every row's image tokens
@@ -275,6 +276,7 @@ FAMILIES: dict[str, FamilySpec] = {
             init_image_role="reference",
             reference_rules=ReferenceRules(),
             max_reference_images=MAX_FLUX2_REFERENCES,
+            step_cache="first_block",
             checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # FLUX.2 [klein]: true CFG above 1 (none for step-distilled checkpoints)
@@ -287,6 +289,7 @@ FAMILIES: dict[str, FamilySpec] = {
             init_image_role="reference",
             reference_rules=ReferenceRules(),
             max_reference_images=MAX_FLUX2_REFERENCES,
+            step_cache="first_block",
             checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # its pipeline runs CFG for any guidance above 0
@@ -317,6 +320,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_guidance=7.0,
             mixes_sizes=True,  # rows packed, each with its own crop of the positions (batching/pipelines/sd3/packed.py)
             strength_rounding="floor_start",
+            step_cache="first_block",
             checkpoint_sizes=(1024,),
         ),
         FamilySpec(  # Wan 2.1 / 2.2 video: CFG above 1, as WanPipeline and WanImageToVideoPipeline run it
@@ -334,6 +338,7 @@ FAMILIES: dict[str, FamilySpec] = {
             default_num_frames=33,  # two seconds at 16 fps
             frames_per_latent=4,
             default_fps=16,  # Wan 2.1's and Wan 2.2 A14B's (TI2V-5B's videos are 24)
+            step_cache="modulated_input",  # TeaCache's feature (its Wan 2.1 results), per expert
             model_fields={
                 "guidance_scale_2": "two-expert models (Wan 2.2 A14B: the low-noise expert's guidance)",
                 "init_image": "image-to-video models (WanImageToVideoPipeline: the first frame)",

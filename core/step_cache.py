@@ -10,11 +10,14 @@ against a lower threshold (GUIDANCE_EXPONENT). The rows that compute
 run the expensive part gathered into a smaller forward, so cached and uncached samples share
 forwards: `cache` is not in the compatibility key.
 
-The kind of cache is the family's (`FamilySpec.step_cache`), implemented by its adapter:
-- "first_block" (FLUX.1, First-Block Cache): the early feature is the residual the first
-  transformer block adds; a skip reuses the residual of the other blocks.
-- "modulated_input" (Z-Image, TeaCache's feature): the early feature is the first main
-  block's timestep-modulated input; a skip reuses the residual of every main block.
+The kind of cache is the family's (`FamilySpec.step_cache`), implemented by its adapter on one
+shared mechanism (`batching.pipelines.step_cache_rows.cached_blocks`):
+- "first_block" (FLUX.1, FLUX.2 and klein, SD3, Qwen-Image and its editors: First-Block
+  Cache): the early feature is the residual the first transformer block adds to the image
+  tokens; a skip reuses the residual of the other blocks.
+- "modulated_input" (Z-Image, Wan: TeaCache's feature): the early feature is the first main
+  block's timestep-modulated input; a skip reuses the residual of every main block (Wan 2.2:
+  of its expert's; a sample's first step on its second expert computes).
 - "deep" (the UNet families, DeepCache): the early feature is the first down block's output;
   a skip reuses the input the last up block took from the deep path, and computes only the
   shallow path (conv_in, the first down block, the last up block).
@@ -44,7 +47,8 @@ FINAL_STEPS_FRACTION: dict[str, float] = {"first_block": 0.0, "modulated_input":
 # kind -> how fast a sample's threshold falls with classifier-free guidance above its family's default: at scale g
 # it is the setting's times (default / g) ** exponent. A reused residual's error reaches the guided prediction
 # multiplied by the guidance, and strongly guided trajectories fork sooner (Z-Image, builtin:shapes-dit: measured).
-# The others are as first measured: DeepCache kept every builtin:shapes case at guidance 10; FLUX.1 has no CFG rows.
+# The others are as first measured: DeepCache kept every builtin:shapes case at guidance 10; FLUX.1 has no CFG rows
+# (SD3, Qwen-Image and klein do: no trained model of theirs here to measure a rule on).
 GUIDANCE_EXPONENT: dict[str, float] = {"first_block": 0.0, "modulated_input": 2.0, "deep": 0.0}
 MAX_THRESHOLD = 1.0  # a feature that changed by more than its own size is not "unchanged"
 

@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=cache_setting,
         default=None,
         help=f"step caching: {CACHE_OFF} (default), {', '.join(CACHE_PRESETS)}, or a threshold (0 < t <= 1); "
-        "SD, SDXL, FLUX.1 and Z-Image models",
+        "every family",
     )
     parser.add_argument(
         "--num-frames", type=int, default=None, help="video models: frames (Wan: 4k+1; default: the family's, 33)"

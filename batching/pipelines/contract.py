@@ -90,6 +90,11 @@ class ForwardBatch:
         """Each row's prediction as `forward` returns them: a list when the rows' latents came as one, else stacked."""
         return list(predictions) if isinstance(self.latents, list) else torch.stack(list(predictions))
 
+    def own_tokens(self, predictions: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        """`like_latents` of each row's prediction of its own latent tokens (per row [tokens_i, c]): the tokens a row
+        carries after its own (an edit image's, reference images') are dropped, as the pipelines drop them."""
+        return self.like_latents([row[: own.shape[0]] for row, own in zip(predictions, self.latents)])
+
 
 class Sampler(Protocol):
     """A sample's own diffusers scheduler (`new_sampler`), its timesteps set. It keeps state between steps (a step
@@ -141,6 +146,8 @@ class StepCacheState:
     # in the adapter's layout
     constant: list[torch.Tensor] | None = None  # per row: what the adapter computes once per sample, not per step
     # (Z-Image: the refined caption, which no timestep modulates)
+    denoiser: int = 0  # which of the adapter's denoisers gave `reference` and `cached` (Wan 2.2: its expert); a
+    # step another one runs computes
 
 
 @dataclass

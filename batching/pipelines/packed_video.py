@@ -10,6 +10,7 @@ cross-attention reads each row's own prompt (and image) tokens, norms and the ML
 and each row's timestep modulation is laid over its own tokens. Each row's prediction is
 unpatchified from its own tokens. A family of this architecture (Wan; the next video family built
 the same way) calls these and keeps only what is its own (experts, first-frame conditioning).
+`run_cached` is `run_packed` with the step cache (TeaCache's feature, as Z-Image's).
 
 Per-token timesteps (Wan 2.2 TI2V-5B's `expand_timesteps`) give every token of a row its row's
 timestep in the pipelines this serves, so a row's modulation is the same over its tokens.
@@ -23,8 +24,10 @@ from typing import Any
 
 import torch
 
+from batching.pipelines.contract import CachedSample
 from batching.pipelines.packed_attention import attend
 from batching.pipelines.packing import Segments
+from batching.pipelines.step_cache_rows import cached_blocks
 
 TEXT_CONTEXT = 512  # the text tokens at the end of a row's context (an image-to-video row's image tokens come first)
 
@@ -38,12 +41,24 @@ class VideoLayout:
     cos: torch.Tensor  # [tokens, 1, head_dim]: each token's row's rotary table
     sin: torch.Tensor
     _contexts: dict[int, Segments] = field(default_factory=dict)
+    _selections: dict[tuple[int, ...], VideoLayout] = field(default_factory=dict)
 
     def context(self, num_tokens: int) -> Segments:
         """The segments of every row's `num_tokens` context tokens (kept: building them copies to the device)."""
         if num_tokens not in self._contexts:
             self._contexts[num_tokens] = Segments((num_tokens,) * self.video.num_rows, self.video.device)
         return self._contexts[num_tokens]
+
+    def select(self, rows: Sequence[int]) -> VideoLayout:
+        """The layout of `rows` alone (a step cache's rows that compute), kept per row set."""
+        key = tuple(rows)
+        if key not in self._selections:
+            video, index = self.video.select(key)
+            grids = [self.grids[row] for row in key]
+            self._selections[key] = VideoLayout(
+                grids, video, self.cos.index_select(0, index), self.sin.index_select(0, index)
+            )
+        return self._selections[key]
 
 
 def build_layout(transformer: Any, shapes: Sequence[torch.Size]) -> VideoLayout:
@@ -88,13 +103,73 @@ def run_packed(
 ) -> list[torch.Tensor]:
     """The forward over rows of any shapes, each [c_in, f, h, w]; `timestep` [rows], embeds [rows, 512,
     text_dim], image_embeds [rows, image tokens, image_dim] or None. Each row's prediction [c_out, f, h, w]."""
+    state = embed(transformer, rows, timestep, embeds, image_embeds)
+    hidden = run_blocks(transformer.blocks, state.hidden, state.context, state.modulation, layout)
+    return output(transformer, layout, hidden, state.temb)
+
+
+def run_cached(
+    transformer: Any,
+    layout: VideoLayout,
+    rows: Sequence[torch.Tensor],
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],  # run_packed's timestep, embeds, image_embeds
+    samples: Sequence[CachedSample],
+    *,
+    may_gather: bool,
+) -> tuple[list[torch.Tensor], list[bool]]:
+    """`run_packed` with the step cache (`step_cache_rows.cached_blocks`): the early feature is TeaCache's, the
+    first block's timestep-modulated input, and a skip saves every block. Each row's prediction and which samples
+    skipped."""
+    model = transformer
+    state = embed(model, rows, *inputs)
+    shift_msa, scale_msa = _modulation(model.blocks[0], state.modulation, layout)[:2]
+    modulated = model.blocks[0].norm1(state.hidden.float()) * (1 + scale_msa) + shift_msa  # [1, tokens, dim]
+    features = layout.video.split(modulated[0])
+
+    def run(computing: Sequence[int] | None, hidden: torch.Tensor) -> torch.Tensor:
+        if computing is None:
+            return run_blocks(model.blocks, hidden, state.context, state.modulation, layout)
+        part = layout.select(computing)
+        return run_blocks(model.blocks, hidden, state.context[computing], state.modulation[computing], part)
+
+    hidden, skipped = cached_blocks(samples, features, state.hidden, layout.video, run, may_gather=may_gather)
+    return output(model, layout, hidden, state.temb), skipped
+
+
+@dataclass
+class Embedded:
+    hidden: torch.Tensor  # [1, tokens, dim]: every row's patch tokens, packed
+    context: torch.Tensor  # [rows, context tokens, dim]: an image-to-video row's image tokens, then its text's
+    modulation: torch.Tensor  # [rows, 6, dim]: each row's timestep projection, which every block modulates with
+    temb: torch.Tensor  # [rows, dim]: each row's timestep embedding (the output norm's)
+
+
+def embed(
+    transformer: Any,
+    rows: Sequence[torch.Tensor],
+    timestep: torch.Tensor,
+    embeds: torch.Tensor,
+    image_embeds: torch.Tensor | None,
+) -> Embedded:
     model = transformer
     hidden = torch.cat([model.patch_embedding(row[None]).flatten(2).transpose(1, 2)[0] for row in rows])[None]
     temb, timestep_proj, text, image = model.condition_embedder(timestep, embeds, image_embeds)
-    context = text if image is None else torch.cat([image, text], dim=1)  # [rows, context tokens, dim]
-    modulation = timestep_proj.unflatten(1, (6, -1))  # [rows, 6, dim]
-    for block in model.blocks:
+    context = text if image is None else torch.cat([image, text], dim=1)
+    return Embedded(hidden, context, timestep_proj.unflatten(1, (6, -1)), temb)
+
+
+def run_blocks(
+    blocks: Sequence[Any], hidden: torch.Tensor, context: torch.Tensor, modulation: torch.Tensor, layout: VideoLayout
+) -> torch.Tensor:
+    """`blocks` over the packed rows [1, tokens, dim]: the tokens after them."""
+    for block in blocks:
         hidden = _block(block, hidden, context, modulation, layout)
+    return hidden
+
+
+def output(transformer: Any, layout: VideoLayout, hidden: torch.Tensor, temb: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's prediction [c_out, f, h, w] from the tokens after the last block."""
+    model = transformer
     shift, scale = (model.scale_shift_table.to(temb.device) + temb.unsqueeze(1)).chunk(2, dim=1)  # [rows, 1, dim]
     shift, scale = (layout.video.per_token(values[:, 0])[None] for values in (shift, scale))
     hidden = (model.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
@@ -107,15 +182,19 @@ def run_packed(
     return predictions
 
 
+def _modulation(block: Any, modulation: torch.Tensor, layout: VideoLayout) -> list[torch.Tensor]:
+    """The block's six modulations (shift, scale and gate of its self-attention, then of its MLP), each row's
+    laid over its tokens: each [1, tokens, dim] float32."""
+    per_row = (block.scale_shift_table + modulation.float()).chunk(6, dim=1)  # each [rows, 1, dim]
+    return [layout.video.per_token(values[:, 0])[None] for values in per_row]
+
+
 def _block(
     block: Any, hidden: torch.Tensor, context: torch.Tensor, modulation: torch.Tensor, layout: VideoLayout
 ) -> torch.Tensor:
     """`WanTransformerBlock.forward` over packed [1, tokens, dim], each row's modulation [rows, 6, dim] laid over
     its tokens."""
-    per_row = (block.scale_shift_table + modulation.float()).chunk(6, dim=1)  # each [rows, 1, dim]
-    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
-        layout.video.per_token(values[:, 0])[None] for values in per_row
-    )
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = _modulation(block, modulation, layout)
     normed = (block.norm1(hidden.float()) * (1 + scale_msa) + shift_msa).type_as(hidden)
     hidden = (hidden.float() + _self_attention(block.attn1, normed, layout) * gate_msa).type_as(hidden)
     normed = block.norm2(hidden.float()).type_as(hidden)

@@ -9,11 +9,12 @@ reuses (`core.step_cache`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from batching.pipelines.contract import CachedSample
+from batching.pipelines.packing import Segments
 
 
 def decide(samples: Sequence[CachedSample], features: Sequence[torch.Tensor]) -> list[bool]:
@@ -73,6 +74,39 @@ def rows_to_run(samples: Sequence[CachedSample], skipped: Sequence[bool], num_ro
     if rows and not (may_gather and len(rows) < num_rows):
         return list(range(num_rows))
     return rows
+
+
+def first_block_features(before: torch.Tensor, after: torch.Tensor, rows: Segments) -> list[torch.Tensor]:
+    """First-Block Cache's early feature: per row [tokens_i, dim], what the first block added to its tokens (`before`
+    and `after` it: [1, tokens, dim], packed as `rows`)."""
+    return [now - then for now, then in zip(rows.split(after[0]), rows.split(before[0]))]
+
+
+def cached_blocks(
+    samples: Sequence[CachedSample],
+    features: Sequence[torch.Tensor],
+    hidden: torch.Tensor,  # [1, tokens, dim]: every row's tokens before the skippable blocks, packed
+    rows: Segments,  # each row's tokens in `hidden`
+    run: Callable[[Sequence[int] | None, torch.Tensor], torch.Tensor],
+    *,
+    may_gather: bool,
+) -> tuple[torch.Tensor, list[bool]]:
+    """Residual caching over a packed stream, what every transformer family's step cache does after its early
+    feature (`features`, per row): decide per sample, run the skippable blocks (`run(rows, their tokens)`, rows
+    None: every row, the forward's own layout) only on the rows that compute, packed on their own, and give the
+    rows of a sample that skips their tokens plus the residual those blocks added at its last full step
+    (`reuse_residuals`). The tokens after the skippable blocks [1, tokens, dim] and which samples skipped."""
+    skipped = decide(samples, features)
+    computing = rows_to_run(samples, skipped, rows.num_rows, may_gather)
+    if len(computing) == rows.num_rows:
+        after = run(None, hidden)
+    else:
+        after = hidden.clone()  # the rows that compute filled in below, those that skip by reuse_residuals
+        if computing:
+            index = rows.token_index(computing)
+            after[:, index] = run(computing, hidden[:, index])
+    reuse_residuals(samples, skipped, features, rows.split(hidden[0]), rows.split(after[0]))
+    return after, skipped
 
 
 def reuse_residuals(

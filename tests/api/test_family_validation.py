@@ -62,17 +62,20 @@ def test_a_wan_job_gets_the_family_video_defaults_and_a_one_frame_one_may_be_an_
     assert (image.num_frames, image.output_format) == (1, "webp")
 
 
-@pytest.mark.parametrize("cache", ["fast", 0.1])
-def test_a_cache_for_a_family_without_a_step_cache_gets_422_naming_the_field(validate, cache):
-    with pytest.raises(ApiError) as error:
-        validate({"prompt": "a fox", "model": "builtin:tiny-sd3", "cache": cache})
-
-    assert (error.value.status, error.value.field) == (422, "cache")
-
-
+@pytest.mark.parametrize(
+    "model",
+    [
+        "builtin:tiny-zimage",
+        "builtin:tiny-sd3",
+        "builtin:tiny-flux2",
+        "builtin:tiny-flux2-klein",
+        "builtin:tiny-qwen-image",
+        "builtin:tiny-wan",
+    ],
+)
 @pytest.mark.parametrize("cache", ["off", "fast", "balanced", 0.05])
-def test_a_cache_setting_reaches_the_job_params(validate, cache):
-    job = validate({"prompt": "a fox", "model": "builtin:tiny-zimage", "cache": cache})
+def test_a_cache_setting_reaches_the_job_params_on_every_transformer_family(validate, model, cache):
+    job = validate({"prompt": "a fox", "model": model, "cache": cache})
 
     assert job.params.cache == cache
 

@@ -8,7 +8,7 @@ happens. Each cached job gets its own threshold here, so that its decisions can 
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -16,8 +16,9 @@ import pytest
 import batching.pipelines.step_cache_rows as step_cache_rows
 from batching import DiffusionEngine, EngineConfig, GenerationParams
 from core.errors import InvalidParamsError
-from core.step_cache import num_final_steps, sample_threshold
-from tests.support.engines import max_pixel_diff, pixels, run_alone, run_staggered
+from core.families import FAMILIES
+from core.step_cache import STEP_CACHE_KINDS, check_cache, num_final_steps, sample_threshold
+from tests.support.engines import engines_by_model, max_pixel_diff, pixels, run_alone, run_staggered
 
 NEAR_THRESHOLD = 1e-4  # a relative change this close to its threshold may fall either side with the batch size
 
@@ -40,68 +41,44 @@ def decisions(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def zimage_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
+def engines():
+    """model -> its engine (8 jobs at once), started on first use and shut down with the module."""
+    with engines_by_model(max_num_seqs=8) as engine_for:
+        yield engine_for
 
 
 @pytest.fixture(scope="module")
-def flux_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-flux", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
+def zimage_engine(engines):
+    return engines("builtin:tiny-zimage")
 
 
-@pytest.fixture(scope="module")
-def sdxl_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny-sdxl", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
-
-
-@pytest.fixture(scope="module")
-def sd_engine():
-    engine = DiffusionEngine(EngineConfig(model="builtin:tiny", device="cpu", max_num_seqs=8))
-    yield engine
-    engine.shutdown(abort=True)
-
-
-def zimage_jobs(num_jobs: int) -> list[GenerationParams]:
-    """Cached jobs (each its own threshold) between uncached ones, of three sizes, with and without CFG."""
+def transformer_jobs(model: str, num_jobs: int, **fields) -> list[GenerationParams]:
+    """Cached jobs (each its own threshold) between uncached ones, of three sizes (mixed in a forward), with and
+    without guidance (CFG rows where the family runs them, or its embedded guidance)."""
     sizes = (64, 96, 80)
     return [
         GenerationParams(
             prompt=f"a shape number {index}",
-            model="builtin:tiny-zimage",
+            model=model,
             seed=index,
             num_inference_steps=num_jobs + 6,
             height=sizes[index % 3],
             width=sizes[(index + 1) % 3],
-            guidance_scale=0.0 if index % 4 == 3 else 4.0,
+            guidance_scale=0.0 if index % 4 == 3 else 4.0 + index % 2,
             cache="off" if index % 3 == 1 else 1.0 - index / 1000,
+            **fields,
         )
         for index in range(num_jobs)
     ]
 
 
-def flux_jobs(num_jobs: int) -> list[GenerationParams]:
-    """As zimage_jobs, FLUX.1-dev style: one row per job, guidance embedded, sizes mixed in a forward."""
-    return [
-        dataclasses.replace(params, model="builtin:tiny-flux", guidance_scale=3.5 + index % 2)
-        for index, params in enumerate(zimage_jobs(num_jobs))
-    ]
-
-
-def sdxl_jobs(num_jobs: int) -> list[GenerationParams]:
-    """As sd_jobs, on SDXL: its added conditioning (pooled text, time ids) gathered with the computing rows."""
-    return [dataclasses.replace(params, model="builtin:tiny-sdxl") for params in sd_jobs(num_jobs)]
-
-
-def sd_jobs(num_jobs: int) -> list[GenerationParams]:
+def unet_jobs(model: str, num_jobs: int) -> list[GenerationParams]:
+    """As transformer_jobs on a UNet family, one size, the samplers mixed: DeepCache's deep path gathered with the
+    computing rows (SDXL's added conditioning, pooled text and time ids, too)."""
     return [
         GenerationParams(
             prompt=f"a fox number {index}",
+            model=model,
             seed=index,
             num_inference_steps=num_jobs + 6,
             height=64,
@@ -122,18 +99,26 @@ def near_threshold(changes: list[float], threshold: float) -> int:
     return sum(abs(change - threshold) < NEAR_THRESHOLD for change in changes)
 
 
-@pytest.mark.parametrize(
-    ("engine_name", "jobs"),
-    [
-        ("zimage_engine", zimage_jobs),
-        ("flux_engine", flux_jobs),
-        ("sd_engine", sd_jobs),
-        ("sdxl_engine", sdxl_jobs),
-    ],
-)
-def test_a_cached_job_co_batched_decides_and_draws_as_it_does_alone(request, decisions, engine_name, jobs):
-    engine = request.getfixturevalue(engine_name)
-    params_list = jobs(8)
+# Every family's step cache, on its tiny built-in: model -> its jobs. Qwen-Image runs CFG only with a negative
+# prompt; the Wan jobs are short videos, Wan 2.2's steps split between its two experts.
+FAMILY_JOBS = {
+    "builtin:tiny-zimage": functools.partial(transformer_jobs, "builtin:tiny-zimage"),
+    "builtin:tiny-flux": functools.partial(transformer_jobs, "builtin:tiny-flux"),
+    "builtin:tiny": functools.partial(unet_jobs, "builtin:tiny"),
+    "builtin:tiny-sdxl": functools.partial(unet_jobs, "builtin:tiny-sdxl"),
+    "builtin:tiny-sd3": functools.partial(transformer_jobs, "builtin:tiny-sd3"),
+    "builtin:tiny-flux2": functools.partial(transformer_jobs, "builtin:tiny-flux2"),
+    "builtin:tiny-flux2-klein": functools.partial(transformer_jobs, "builtin:tiny-flux2-klein"),
+    "builtin:tiny-qwen-image": functools.partial(transformer_jobs, "builtin:tiny-qwen-image", negative_prompt="dull"),
+    "builtin:tiny-wan": functools.partial(transformer_jobs, "builtin:tiny-wan", num_frames=5),
+    "builtin:tiny-wan22": functools.partial(transformer_jobs, "builtin:tiny-wan22", num_frames=5),
+}
+
+
+@pytest.mark.parametrize("model", FAMILY_JOBS)
+def test_a_cached_job_co_batched_decides_and_draws_as_it_does_alone(engines, decisions, model):
+    engine = engines(model)
+    params_list = FAMILY_JOBS[model](8)
     alone = run_alone(engine, params_list)
     decisions_alone = {threshold: list(changes) for threshold, changes in decisions.items()}
     decisions.clear()
@@ -194,20 +179,23 @@ def test_over_many_jobs_decisions_near_the_threshold_are_rare_and_the_only_ones_
     assert num_different <= num_near <= num_decisions // 20, f"{num_near} of {num_decisions} near the threshold"
 
 
-def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched():
-    engine = DiffusionEngine(
-        EngineConfig(model="builtin:tiny-zimage", device="cpu", max_num_seqs=4, deterministic=True)
-    )
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [("builtin:tiny-zimage", {}), ("builtin:tiny-wan22", {"num_frames": 5})],  # Wan 2.2: each expert on every row
+)
+def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched(model, fields):
+    engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, deterministic=True))
     try:
         params_list = [
             GenerationParams(
                 prompt=f"a shape {index}",
-                model="builtin:tiny-zimage",
+                model=model,
                 seed=index,
                 num_inference_steps=8,
                 height=64,
                 width=64,
                 cache="off" if index == 1 else 1.0,
+                **fields,
             )
             for index in range(4)
         ]
@@ -217,7 +205,7 @@ def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched()
 
         for image_alone, image_batched in zip(alone, batched):
             assert (pixels(image_alone) == pixels(image_batched)).all()
-        assert engine.stats()["step_cache"]["zimage"]["steps_skipped"] > 0
+        assert engine.stats()["step_cache"][engine.family]["steps_skipped"] > 0
     finally:
         engine.shutdown(abort=True)
 
@@ -259,12 +247,21 @@ def test_an_invalid_cache_value_is_refused_naming_the_field(cache):
     assert error.value.field == "cache"
 
 
-def test_a_cache_for_a_family_without_one_is_refused_naming_the_field():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_takes_a_cache_setting(family):
+    spec = FAMILIES[family]
+
+    assert spec.step_cache in STEP_CACHE_KINDS, f"{family} has no step cache"
+    for cache in ("off", "balanced", "fast", 0.3):
+        check_cache(cache, family, spec.step_cache)
+
+
+def test_a_cache_for_a_family_without_a_step_cache_is_refused_naming_the_field():
     with pytest.raises(InvalidParamsError) as error:
-        GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="fast")
+        check_cache("fast", "new", None)
 
     assert error.value.field == "cache"
-    assert GenerationParams(prompt="a fox", model="builtin:tiny-flux2", cache="off").cache == "off"
+    check_cache("off", "new", None)
 
 
 def test_a_cached_z_image_job_computes_its_first_step_and_its_last_fifth(zimage_engine, decisions):
@@ -279,6 +276,19 @@ def test_a_cached_z_image_job_computes_its_first_step_and_its_last_fifth(zimage_
     assert len(decisions[0.9]) == 10 - 1 - num_final_steps("modulated_input", 10) == 7
     steps_skipped = zimage_engine.stats()["step_cache"]["zimage"]["steps_skipped"] - steps_skipped_before
     assert steps_skipped == sum(change < 0.9 for change in decisions[0.9]) > 0
+
+
+def test_a_two_expert_wan_job_computes_the_first_step_of_each_expert(engines, decisions):
+    def num_decisions(model: str, threshold: float) -> int:
+        params = GenerationParams(prompt="a shape", model=model, seed=1, num_inference_steps=10, height=64, width=64,
+                                  num_frames=5, guidance_scale=1.0, cache=threshold)  # fmt: skip
+        engines(model).submit(params).result(timeout=120)
+        return len(decisions[threshold])
+
+    # step 0 has no full step to compare with; steps 8 and 9 (the last fifth) always compute
+    assert num_decisions("builtin:tiny-wan", 0.99) == 10 - 1 - 2
+    # and the low-noise expert's first step: a cache is its expert's
+    assert num_decisions("builtin:tiny-wan22", 0.98) == 10 - 1 - 2 - 1
 
 
 @pytest.mark.parametrize(

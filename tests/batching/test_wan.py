@@ -20,7 +20,14 @@ from batching import DiffusionEngine, EngineConfig, GenerationParams, InvalidPar
 from batching.sample import make_samples
 from batching.scheduler import Scheduler, SchedulerConfig
 from core.families import FAMILIES
-from tests.support.engines import max_pixel_diff, num_shared_forwards, own_pipeline, pixels, staggered_results
+from tests.support.engines import (
+    engines_by_model,
+    max_pixel_diff,
+    num_shared_forwards,
+    own_pipeline,
+    pixels,
+    staggered_results,
+)
 from tests.support.pictures import data_uri, image_bytes
 
 
@@ -355,16 +362,8 @@ def test_each_model_names_the_family_fields_it_cannot_use_for_its_workers_to_rep
 
 @pytest.fixture(scope="module")
 def engines_by_name():
-    built: dict[str, DiffusionEngine] = {}
-
-    def engine(name: str) -> DiffusionEngine:
-        if name not in built:
-            built[name] = DiffusionEngine(EngineConfig(model=name, device="cpu", max_num_seqs=1))
-        return built[name]
-
-    yield engine
-    for engine in built.values():
-        engine.shutdown(abort=True)
+    with engines_by_model(max_num_seqs=1) as engine_for:
+        yield engine_for
 
 
 def test_a_wan_22_ti2v_folder_with_its_own_vae_and_per_token_timesteps_loads_and_matches_its_pipeline(tmp_path):

@@ -3,15 +3,34 @@ diffusers' own pipelines as references, and ways of submitting jobs alone, toget
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-from batching import DiffusionEngine, GenerationParams
+from batching import DiffusionEngine, EngineConfig, GenerationParams
 from batching.job import GenerationResult
 
 DEADLINE_SECONDS = 60  # the longest a test waits for something the engine does in well under a second
+
+
+@contextlib.contextmanager
+def engines_by_model(max_num_seqs: int) -> Iterator[Callable[[str], DiffusionEngine]]:
+    """model -> its CPU engine of `max_num_seqs`, started on first use; every one shut down on leaving."""
+    started: dict[str, DiffusionEngine] = {}
+
+    def engine_for(model: str) -> DiffusionEngine:
+        if model not in started:
+            started[model] = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=max_num_seqs))
+        return started[model]
+
+    try:
+        yield engine_for
+    finally:
+        for engine in started.values():
+            engine.shutdown(abort=True)
 
 
 def make_params(**overrides) -> GenerationParams:

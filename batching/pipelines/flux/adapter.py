@@ -24,7 +24,7 @@ from batching.pipelines.contract import CachedForward, CachedSample, Conditionin
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.flux import packed
 from batching.pipelines.flux.packed import FluxLayout
-from batching.pipelines.flux.step_cache import first_block_cached_forward
+from batching.pipelines.flux.step_cache import NUM_BLOCKS_KEPT, first_block_cached_blocks, num_flux_blocks
 from batching.pipelines.packing import LayoutCache
 from core.params import GenerationParams
 
@@ -42,9 +42,8 @@ class FluxAdapter(FlowMatchingAdapter):
         self.has_guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.layouts: LayoutCache[tuple[FluxLayout, bool]] = LayoutCache()
         self.text_ids = torch.zeros(MAX_SEQUENCE_LENGTH, 3, device=device, dtype=dtype)  # every text token at (0, 0, 0)
-        blocks = self.transformer.transformer_blocks, self.transformer.single_transformer_blocks
-        self.num_cache_blocks = sum(len(part) for part in blocks)
-        self.num_blocks_kept = 1  # First-Block Cache (flux.step_cache): the first double-stream block decides
+        self.num_cache_blocks = num_flux_blocks(self.transformer)  # First-Block Cache (flux.step_cache)
+        self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -98,9 +97,11 @@ class FluxAdapter(FlowMatchingAdapter):
     ) -> CachedForward:
         layout, _ = self._layout(batch)
         batch.count_positions([self.text_ids.shape[0] + n for n in layout.image.lengths])
-        predictions, skipped = first_block_cached_forward(
-            self.transformer, layout, self._packed_latents(batch), self._inputs(batch), samples, may_gather=may_gather
+        state = packed.embed(self.transformer, layout, self._packed_latents(batch), **self._inputs(batch))
+        image, skipped = first_block_cached_blocks(
+            self.transformer, layout, state, packed.run_blocks, samples, may_gather=may_gather
         )
+        predictions = packed.output(self.transformer, image, state.temb, layout)  # [1, image tokens, 64]
         return CachedForward(batch.like_latents(layout.image.split(predictions[0])), skipped)
 
     def _inputs(self, batch: ForwardBatch) -> dict[str, Any]:

@@ -13,7 +13,7 @@ double-stream blocks and the single-stream blocks (`run_blocks`, over any subset
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,12 +117,24 @@ def run_blocks(
         for block in double_blocks:
             image, text = double_block(block, image, text, temb, layout)
     if single_blocks:
-        joint = layout.joint.join(text.flatten(0, 1), image[0])[None]  # [1, joint tokens, dim]
-        with layout.joint.segments.lora_tokens():
-            for block in single_blocks:
-                joint = single_block(block, joint, temb, layout)
-        image = layout.joint.unjoin(joint[0])[1][None]
+        image = run_single_stream(single_blocks, image, text, layout, lambda b, x: single_block(b, x, temb, layout))
     return Embedded(image, text, temb)
+
+
+def run_single_stream(
+    blocks: Sequence[Any],
+    image: torch.Tensor,
+    text: torch.Tensor,
+    layout: FluxLayout,
+    run_block: Callable[[Any, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Single-stream blocks (`run_block(block, joint)`) over each row's joint [text | image] sequence, packed row by
+    row (FLUX.1's and FLUX.2's): the image tokens after them [1, image tokens, dim]."""
+    joint = layout.joint.join(text.flatten(0, 1), image[0])[None]  # [1, joint tokens, dim]
+    with layout.joint.segments.lora_tokens():
+        for block in blocks:
+            joint = run_block(block, joint)
+    return layout.joint.unjoin(joint[0])[1][None]
 
 
 def output(transformer: Any, image: torch.Tensor, temb: torch.Tensor, layout: FluxLayout) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""First-Block Cache for the FLUX.1 transformer, decided per sample inside one forward.
+"""First-Block Cache for the FLUX transformers (FLUX.1, FLUX.2 and klein), decided per sample inside one forward.
 
-The packed forward (`flux.packed`) split where the cache decides: the embeddings and the first
-double-stream block run on every row; each caching sample's first-block residual (what that block
-added to its image tokens) is compared with the one at its last full step (`step_cache_rows.decide`);
+The packed forward (`flux.packed`, `flux2.packed`: `embed`, `run_blocks`, `output`) split where the
+cache decides: the embeddings and the first double-stream block run on every row; each caching
+sample's first-block residual (what that block added to its image tokens: a FLUX.2 row's reference
+tokens included) is compared with the one at its last full step (`step_cache_rows.cached_blocks`);
 the other double-stream blocks and every single-stream block run only on the rows of samples that
 compute, packed on their own (`FluxLayout.select`); a sample that skips adds the image-token residual
 those blocks added at its last full step. The output norm (modulated by each row's own timestep) and
@@ -11,41 +12,44 @@ projection run on every row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from batching.pipelines.contract import CachedSample
-from batching.pipelines.flux import packed
 from batching.pipelines.flux.packed import Embedded, FluxLayout
-from batching.pipelines.step_cache_rows import decide, reuse_residuals, rows_to_run
+from batching.pipelines.step_cache_rows import cached_blocks, first_block_features
+
+NUM_BLOCKS_KEPT = 1  # the first double-stream block runs on every row: its residual decides
+# the family's `run_blocks`: (double-stream blocks, single-stream blocks, state, layout) -> the state after them
+RunBlocks = Callable[[Sequence[Any], Sequence[Any], Embedded, FluxLayout], Embedded]
 
 
-def first_block_cached_forward(
+def num_flux_blocks(transformer: Any) -> int:
+    """Double- and single-stream blocks: the blocks a full forward runs, the unit the skipped fraction counts."""
+    return len(transformer.transformer_blocks) + len(transformer.single_transformer_blocks)
+
+
+def first_block_cached_blocks(
     transformer: Any,
     layout: FluxLayout,
-    latents: torch.Tensor,  # [1, image tokens, 64], packed
-    inputs: dict[str, Any],  # packed.embed's: timestep, guidance, pooled, embeds
+    state: Embedded,  # the family's `embed` of every row
+    run_blocks: RunBlocks,
     samples: Sequence[CachedSample],
     *,
     may_gather: bool,
 ) -> tuple[torch.Tensor, list[bool]]:
-    """The transformer's prediction [1, image tokens, 64] and which samples skipped."""
+    """The image tokens after every block [1, image tokens, dim] and which samples skipped."""
     model = transformer
-    state = packed.embed(model, layout, latents, **inputs)
-    first = packed.run_blocks(model.transformer_blocks[:1], (), state, layout)
-    before, after_first = layout.image.split(state.image[0]), layout.image.split(first.image[0])
-    features = [now - then for now, then in zip(after_first, before)]  # per row [tokens_i, dim]
-    skipped = decide(samples, features)
-    rows = rows_to_run(samples, skipped, layout.image.num_rows, may_gather)
-    out = first.image.clone()  # [1, image tokens, dim]: the last block's image tokens, filled in below
+    first = run_blocks(model.transformer_blocks[:1], (), state, layout)
+    features = first_block_features(state.image, first.image, layout.image)
     rest = (model.transformer_blocks[1:], model.single_transformer_blocks)
-    if len(rows) == layout.image.num_rows:
-        out = packed.run_blocks(*rest, first, layout).image
-    elif rows:
-        index = layout.image.token_index(rows)
-        part = Embedded(first.image[:, index], first.text[rows], first.temb[rows])
-        out[:, index] = packed.run_blocks(*rest, part, layout.select(rows)).image
-    reuse_residuals(samples, skipped, features, after_first, layout.image.split(out[0]))
-    return packed.output(model, out, state.temb, layout), skipped
+
+    def run_rest(rows: Sequence[int] | None, image: torch.Tensor) -> torch.Tensor:
+        if rows is None:
+            return run_blocks(*rest, first, layout).image
+        part = Embedded(image, first.text[rows], first.temb[rows])
+        return run_blocks(*rest, part, layout.select(rows)).image
+
+    return cached_blocks(samples, features, first.image, layout.image, run_rest, may_gather=may_gather)

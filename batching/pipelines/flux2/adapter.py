@@ -31,10 +31,11 @@ import torch
 from PIL import Image
 
 from batching.pipelines import published_latent_rgb as published
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.encoded_images import EncodedImages
 from batching.pipelines.flow_matching import FlowMatchingAdapter
-from batching.pipelines.flux.packed import FluxLayout, build_layout, position_ids
+from batching.pipelines.flux.packed import FluxLayout, build_layout, output, position_ids
+from batching.pipelines.flux.step_cache import NUM_BLOCKS_KEPT, first_block_cached_blocks, num_flux_blocks
 from batching.pipelines.flux2 import packed
 from batching.pipelines.packing import LayoutCache
 from batching.pipelines.vae import pixels_to_images
@@ -62,6 +63,8 @@ class Flux2Adapter(FlowMatchingAdapter):
         # a reference image (its data URI) -> its tokens [r, c] and latent grid (h, w) (the job's images share
         # them; so do retries)
         self._references: EncodedImages[tuple[torch.Tensor, tuple[int, int]]] = EncodedImages(NUM_CACHED_REFERENCES)
+        self.num_cache_blocks = num_flux_blocks(self.transformer)  # First-Block Cache (flux.step_cache), as FLUX.1
+        self.num_blocks_kept = NUM_BLOCKS_KEPT
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -103,16 +106,7 @@ class Flux2Adapter(FlowMatchingAdapter):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         layout, is_uniform = self._layout(batch)
-        conditioning = batch.conditioning
-        references = conditioning["reference"]  # [rows, most reference tokens, c], zero-padded
-        latents = list(batch.latents)  # per row [noise tokens, c]
-        rows = [torch.cat([own, ref[:n]]) for own, ref, n in zip(latents, references, batch.row_lengths("reference"))]
-        batch.count_positions([MAX_SEQUENCE_LENGTH + n for n in layout.image.lengths])
-        inputs: dict[str, Any] = {
-            "timestep": batch.timesteps.to(latents[0].dtype) / 1000,
-            "guidance": conditioning["guidance"] if self.has_guidance_embeds else None,
-            "embeds": conditioning["embeds"],  # [rows, 512, layers * text_dim]
-        }
+        rows, inputs = self._inputs(batch, layout)
         if is_uniform:  # rows alike: diffusers' own forward
             predictions = self.transformer(
                 hidden_states=torch.stack(rows).to(self.transformer.dtype),
@@ -120,15 +114,42 @@ class Flux2Adapter(FlowMatchingAdapter):
                 guidance=inputs["guidance"],
                 encoder_hidden_states=inputs["embeds"],
                 txt_ids=self.text_ids,
-                img_ids=conditioning["image_ids"][0],
+                img_ids=batch.conditioning["image_ids"][0],
                 return_dict=False,
             )[0]
-            own = list(predictions)
-        else:
-            hidden = torch.cat(rows)[None].to(self.transformer.dtype)  # [1, image tokens, c]
-            own = layout.image.split(packed.forward(self.transformer, layout, hidden, **inputs)[0])
-        # the references' predictions are dropped, as the pipeline does
-        return batch.like_latents([row[: noise.shape[0]] for row, noise in zip(own, latents)])
+            return batch.own_tokens(list(predictions))
+        hidden = torch.cat(rows)[None].to(self.transformer.dtype)  # [1, image tokens, c]
+        predictions = packed.forward(self.transformer, layout, hidden, **inputs)  # [1, image tokens, c]
+        return batch.own_tokens(layout.image.split(predictions[0]))
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        layout, _ = self._layout(batch)
+        rows, inputs = self._inputs(batch, layout)
+        model = self.transformer
+        state = packed.embed(model, layout, torch.cat(rows)[None].to(model.dtype), **inputs)
+        run_blocks = functools.partial(packed.run_blocks, model)
+        image, skipped = first_block_cached_blocks(model, layout, state, run_blocks, samples, may_gather=may_gather)
+        predictions = output(model, image, state.temb, layout)  # [1, image tokens, c]
+        return CachedForward(batch.own_tokens(layout.image.split(predictions[0])), skipped)
+
+    def _inputs(self, batch: ForwardBatch, layout: FluxLayout) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """Each row's image tokens (its noise, then its reference's) [tokens_i, c] and `packed.embed`'s other
+        inputs; counts the forward's positions."""
+        conditioning = batch.conditioning
+        references = conditioning["reference"]  # [rows, most reference tokens, c], zero-padded
+        rows = [
+            torch.cat([own, ref[:n]]) for own, ref, n in zip(batch.latents, references, batch.row_lengths("reference"))
+        ]
+        batch.count_positions([MAX_SEQUENCE_LENGTH + n for n in layout.image.lengths])
+        inputs: dict[str, Any] = {
+            "timestep": batch.timesteps.to(rows[0].dtype) / 1000,
+            "guidance": conditioning["guidance"] if self.has_guidance_embeds else None,
+            "embeds": conditioning["embeds"],  # [rows, 512, layers * text_dim]
+        }
+        return rows, inputs
 
     def _layout(self, batch: ForwardBatch) -> tuple[FluxLayout, bool]:
         """The rows' packed layout (noise, then reference tokens), and whether every row has the same positions."""

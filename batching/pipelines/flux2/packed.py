@@ -7,48 +7,66 @@ text tokens (512 per row) stay a [rows, 512, dim] batch. FLUX.2 computes each ro
 per forward from its timestep and guidance embedding, shared by every block: here it is laid over
 the row's tokens once. The calls are the model's own submodules in its forward's order; attention
 runs per row (`packed_attention`). The single-stream blocks fuse the attention's and the MLP's input
-projections (`_fused_attention`).
+projections (`_fused_attention`). Split as FLUX.1's forward is (`embed`, `run_blocks`, `output`), for
+the same First-Block Cache (`flux.step_cache`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from batching.pipelines.flux.packed import FluxLayout, attend_and_feed, output
+from batching.pipelines.flux.packed import Embedded, FluxLayout, attend_and_feed, output, run_single_stream
 from batching.pipelines.packed_attention import attend
 from batching.pipelines.packing import Segments, modulation
 
 Chunks = tuple[torch.Tensor, ...]  # a modulation's shift, scale and gate (twice for the double-stream blocks)
 
 
-def forward(
+def embed(
     transformer: Any,
     layout: FluxLayout,
     latents: torch.Tensor,  # [1, image tokens, channels]: every row's noise and reference tokens
     timestep: torch.Tensor,  # [rows], in [0, 1]
     guidance: torch.Tensor | None,  # [rows], or None without a guidance embedder (klein)
     embeds: torch.Tensor,  # [rows, 512, text_dim]
-) -> torch.Tensor:
-    """The forward over packed rows: [1, image tokens, channels] (the references' predictions included)."""
+) -> Embedded:
     model = transformer
     dtype = latents.dtype
     temb = model.time_guidance_embed(timestep.to(dtype) * 1000, None if guidance is None else guidance.to(dtype) * 1000)
-    image_mod = modulation(model.double_stream_modulation_img(temb), layout.image, 6)
-    text_mod = modulation(model.double_stream_modulation_txt(temb), None, 6)
-    single_mod = modulation(model.single_stream_modulation(temb), layout.joint.segments, 3)
     with layout.image.lora_tokens():
-        image = model.x_embedder(latents)
-        text = model.context_embedder(embeds)
-        for block in model.transformer_blocks:
-            image, text = double_block(block, image, text, image_mod, text_mod, layout)
-    joint = layout.joint.join(text.flatten(0, 1), image[0])[None]  # [1, joint tokens, dim]
-    with layout.joint.segments.lora_tokens():
-        for block in model.single_transformer_blocks:
-            joint = single_block(block, joint, single_mod, layout)
-    image = layout.joint.unjoin(joint[0])[1][None]
-    return output(model, image, temb, layout)
+        return Embedded(model.x_embedder(latents), model.context_embedder(embeds), temb)
+
+
+def run_blocks(
+    transformer: Any, double_blocks: Sequence[Any], single_blocks: Sequence[Any], state: Embedded, layout: FluxLayout
+) -> Embedded:
+    """The blocks over the packed rows, each row's modulations (of its `state.temb`, shared by every block) laid
+    over its tokens once; the state after them (the text as the last double-stream block left it)."""
+    model, image, text, temb = transformer, state.image, state.text, state.temb
+    if double_blocks:
+        image_mod = modulation(model.double_stream_modulation_img(temb), layout.image, 6)
+        text_mod = modulation(model.double_stream_modulation_txt(temb), None, 6)
+        with layout.image.lora_tokens():
+            for block in double_blocks:
+                image, text = double_block(block, image, text, image_mod, text_mod, layout)
+    if single_blocks:
+        single_mod = modulation(model.single_stream_modulation(temb), layout.joint.segments, 3)
+        image = run_single_stream(
+            single_blocks, image, text, layout, lambda b, x: single_block(b, x, single_mod, layout)
+        )
+    return Embedded(image, text, temb)
+
+
+def forward(transformer: Any, layout: FluxLayout, latents: torch.Tensor, **inputs: torch.Tensor | None) -> torch.Tensor:
+    """The forward over packed rows (`embed`'s inputs): [1, image tokens, channels] (the references' predictions
+    included)."""
+    model = transformer
+    state = embed(model, layout, latents, **inputs)  # type: ignore[arg-type]
+    state = run_blocks(model, model.transformer_blocks, model.single_transformer_blocks, state, layout)
+    return output(model, state.image, state.temb, layout)
 
 
 def double_block(

@@ -14,7 +14,8 @@ Rows of every size and prompt length share a forward (the family's key holds no 
 deterministic mode): rows whose image shapes or prompt lengths differ run packed (`qwenimage.packed`:
 their image and text tokens each in one sequence, each row rotated by its own positions, attention
 per row); rows alike run diffusers' forward as is. The edit model (`qwenimage.edit`) extends this adapter: its rows
-carry the edit image's latents after their own.
+carry the edit image's latents after their own. Step caching is First-Block Cache (`forward_cached`), as
+FLUX's: an edit row's residual covers its edit image's tokens too.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch
 
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.packing import LayoutCache
 from batching.pipelines.qwenimage import packed
 from batching.pipelines.qwenimage.packed import ImageShapes, QwenLayout
+from batching.pipelines.step_cache_rows import cached_blocks, first_block_features
 from core.params import GenerationParams
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline's default: prompt states past it are cut
@@ -48,6 +50,8 @@ class QwenImageAdapter(FlowMatchingAdapter):
         super().__init__(model, pipeline, device, dtype)
         self.latent_channels = self.transformer.config.in_channels // 4
         self.layouts: LayoutCache[tuple[QwenLayout, list[ImageShapes]]] = LayoutCache()
+        self.num_cache_blocks = len(self.transformer.transformer_blocks)  # First-Block Cache (`forward_cached`)
+        self.num_blocks_kept = 1  # the first block runs on every row: its residual decides
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -76,13 +80,9 @@ class QwenImageAdapter(FlowMatchingAdapter):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
+        rows, layout, shapes, timestep = self._inputs(batch)
         embeds = batch.conditioning["embeds"]  # [rows, longest prompt, dim], zero-padded
         text_lengths = batch.row_lengths("embeds")
-        latents = list(batch.latents)  # per row [tokens, 64]
-        rows = self.image_tokens(latents, batch)  # per row [image stream tokens, 64]
-        layout, shapes = self._layout(batch)
-        batch.count_positions([text + image for text, image in zip(text_lengths, layout.image.lengths)])
-        timestep = batch.timesteps.to(rows[0].dtype) / 1000
         if len(set(map(repr, shapes))) == 1 and len(set(text_lengths)) == 1:  # rows alike: diffusers' forward
             predictions = self.transformer(
                 hidden_states=torch.stack(rows),
@@ -91,12 +91,47 @@ class QwenImageAdapter(FlowMatchingAdapter):
                 img_shapes=shapes,
                 return_dict=False,
             )[0]
-            own = list(predictions)
-        else:
-            text = torch.cat([row[:length] for row, length in zip(embeds, text_lengths)])[None]
-            predictions = packed.forward(self.transformer, layout, torch.cat(rows)[None], timestep, text)
-            own = layout.image.split(predictions[0])
-        return batch.like_latents([row[: latent.shape[0]] for row, latent in zip(own, latents)])  # rows' own tokens
+            return batch.own_tokens(list(predictions))
+        predictions = packed.forward(self.transformer, layout, torch.cat(rows)[None], timestep, self._text(batch))
+        return batch.own_tokens(layout.image.split(predictions[0]))
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        """First-Block Cache: the first block runs on every row and its residual on the image stream decides
+        (`step_cache_rows`); the other blocks run on the rows that compute, packed on their own."""
+        model = self.transformer
+        rows, layout, _, timestep = self._inputs(batch)
+        image, text, temb = packed.embed(model, layout, torch.cat(rows)[None], timestep, self._text(batch))
+        first, first_text = packed.run_blocks(model.transformer_blocks[:1], image, text, temb, layout)
+        rest = model.transformer_blocks[1:]
+
+        def run_rest(computing: Sequence[int] | None, part: torch.Tensor) -> torch.Tensor:
+            if computing is None:
+                return packed.run_blocks(rest, part, first_text, temb, layout)[0]
+            part_text = first_text[:, layout.text.token_index(computing)]
+            part_temb = temb[layout.modulation_rows(computing)]
+            return packed.run_blocks(rest, part, part_text, part_temb, layout.select(computing))[0]
+
+        features = first_block_features(image, first, layout.image)
+        out, skipped = cached_blocks(samples, features, first, layout.image, run_rest, may_gather=may_gather)
+        predictions = packed.output(model, layout, out, temb)  # [1, image tokens, 64]
+        return CachedForward(batch.own_tokens(layout.image.split(predictions[0])), skipped)
+
+    def _inputs(self, batch: ForwardBatch) -> tuple[list[torch.Tensor], QwenLayout, list[ImageShapes], torch.Tensor]:
+        """Each row's image-stream tokens [tokens_i, 64], the rows' layout and `img_shapes`, and their timesteps
+        in [0, 1]; counts the forward's positions."""
+        rows = self.image_tokens(list(batch.latents), batch)
+        layout, shapes = self._layout(batch)
+        text_lengths = batch.row_lengths("embeds")
+        batch.count_positions([text + image for text, image in zip(text_lengths, layout.image.lengths)])
+        return rows, layout, shapes, batch.timesteps.to(rows[0].dtype) / 1000
+
+    def _text(self, batch: ForwardBatch) -> torch.Tensor:
+        """[1, text tokens, dim]: every row's prompt states, packed."""
+        embeds = batch.conditioning["embeds"]  # [rows, longest prompt, dim], zero-padded
+        return torch.cat([row[:length] for row, length in zip(embeds, batch.row_lengths("embeds"))])[None]
 
     def _layout(self, batch: ForwardBatch) -> tuple[QwenLayout, list[ImageShapes]]:
         """The rows' packed layout and their `img_shapes` (each row's own image, then its edit images)."""

@@ -6,7 +6,9 @@ is rotated by its own positions (the transformer's own rotary embedding of the r
 prompt length: its text positions start after the row's largest image side), and the joint attention
 ([text | image]) runs per row. A row's modulation (its timestep embedding) is laid over its tokens;
 a `zero_cond_t` model (Qwen-Image-Edit-2511) modulates a row's edit-image tokens with timestep 0, as
-the model's own `modulate_index` does. The calls are the model's own submodules in its forward's order.
+the model's own `modulate_index` does. The calls are the model's own submodules in its forward's order,
+split for First-Block Cache (`embed`, `run_blocks` over any blocks and any subset of the rows with
+`QwenLayout.select`, `output`), as FLUX's forward is.
 """
 
 from __future__ import annotations
@@ -32,10 +34,32 @@ class QwenLayout:
     image: Segments
     freqs: torch.Tensor  # [joint tokens, head_dim / 2] complex
     image_modulation: torch.Tensor  # [image tokens] int64: a row (or, zero_cond_t, rows + row for edit tokens)
+    zero_cond_t: bool  # the embedding has a second row per row, at timestep 0, for its edit-image tokens
     joint: Joint = field(init=False)
+    _selections: dict[tuple[int, ...], QwenLayout] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.joint = Joint((self.text, self.image))
+
+    def select(self, rows: Sequence[int]) -> QwenLayout:
+        """The layout of `rows` alone (a step cache's rows that compute), kept per row set; its modulation rows
+        are `modulation_rows(rows)` of this one's."""
+        key = tuple(rows)
+        if key not in self._selections:
+            text, _ = self.text.select(key)
+            image, image_index = self.image.select(key)
+            freqs = self.freqs.index_select(0, self.joint.segments.token_index(key))
+            renumbered = [-1] * (2 * self.text.num_rows)  # a modulation row of this layout -> of the selection's
+            for own, row in enumerate(self.modulation_rows(key)):
+                renumbered[row] = own
+            lookup = device_tensor(renumbered, torch.int64, self.image.device)
+            modulation = lookup[self.image_modulation[image_index]]
+            self._selections[key] = QwenLayout(text, image, freqs, modulation, self.zero_cond_t)
+        return self._selections[key]
+
+    def modulation_rows(self, rows: Sequence[int]) -> list[int]:
+        """The rows of the timestep embedding that `rows` take: their own (and, zero_cond_t, their edit tokens')."""
+        return [*rows, *(self.text.num_rows + row for row in rows)] if self.zero_cond_t else list(rows)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         return rotate_complex(x, self.freqs)
@@ -59,33 +83,53 @@ def build_layout(
         image,
         torch.cat(freqs),
         device_tensor(modulation, torch.int64, device),
+        bool(transformer.zero_cond_t),
     )
     return layout
 
 
-def forward(
+def embed(
     transformer: Any,
     layout: QwenLayout,
     latents: torch.Tensor,  # [1, image tokens, 64]: every row's image stream
     timestep: torch.Tensor,  # [rows], in [0, 1]
     embeds: torch.Tensor,  # [1, text tokens, text_dim]: every row's prompt states
-) -> torch.Tensor:
-    """[1, image tokens, 64]: the prediction of every row's image stream (an edit image's tokens included)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed image [1, image tokens, dim] and text [1, text tokens, dim] streams, and the timestep embedding
+    [rows, dim] (zero_cond_t: [2 * rows, dim], each row's edit-image tokens at timestep 0 after the rows)."""
     model = transformer
     with layout.image.lora_tokens():
         image = model.img_in(latents)
     timestep = timestep.to(image.dtype)
-    if model.zero_cond_t:
-        timestep = torch.cat([timestep, timestep * 0])  # [2 * rows]: an edit image's tokens at timestep 0
+    if layout.zero_cond_t:
+        timestep = torch.cat([timestep, timestep * 0])
     with layout.text.lora_tokens():
         text = model.txt_in(model.txt_norm(embeds))
-    temb = model.time_text_embed(timestep, image)  # [rows] (or [2 * rows]) x dim
-    for transformer_block in model.transformer_blocks:
+    return image, text, model.time_text_embed(timestep, image)
+
+
+def run_blocks(
+    blocks: Sequence[Any], image: torch.Tensor, text: torch.Tensor, temb: torch.Tensor, layout: QwenLayout
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`blocks` over the packed streams: the image and text tokens after them."""
+    for transformer_block in blocks:
         image, text = block(transformer_block, image, text, temb, layout)
-    if model.zero_cond_t:
+    return image, text
+
+
+def output(transformer: Any, layout: QwenLayout, image: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+    """[1, image tokens, 64]: the prediction of every row's image stream (an edit image's tokens included)."""
+    if layout.zero_cond_t:
         temb = temb.chunk(2, dim=0)[0]
     with layout.image.lora_tokens():
-        return model.proj_out(continuous_norm(model.norm_out, image, temb, layout.image))
+        return transformer.proj_out(continuous_norm(transformer.norm_out, image, temb, layout.image))
+
+
+def forward(transformer: Any, layout: QwenLayout, latents: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """The whole forward over packed rows (`embed`'s inputs): [1, image tokens, 64]."""
+    image, text, temb = embed(transformer, layout, latents, *inputs)
+    image, _ = run_blocks(transformer.transformer_blocks, image, text, temb, layout)
+    return output(transformer, layout, image, temb)
 
 
 def block(

@@ -13,7 +13,8 @@ family (`flow_matching`): its sampler's sigmas are the scheduler's own, as its p
 
 Outside deterministic mode a group mixes sizes: a forward over rows of different sizes
 runs packed (`sd3.packed`: each row patch-embedded with its own positions, the image tokens in one
-sequence, attention per row); a forward over rows of one size runs diffusers' transformer as is.
+sequence, attention per row); a forward over rows of one size runs diffusers' transformer as is. Step
+caching is First-Block Cache (`forward_cached`), as FLUX's.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch
 
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import clip_prompt_states, tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.packing import LayoutCache
 from batching.pipelines.sd3 import packed
 from batching.pipelines.sd3.packed import SD3Layout
+from batching.pipelines.step_cache_rows import cached_blocks, first_block_features
 from core.errors import ModelLoadError
 from core.params import GenerationParams
 
@@ -51,6 +53,8 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
             raise ModelLoadError(f"model {model!r} has no pos_embed_max_size: its patch positions cannot be cropped")
         self.max_latent_size = config.pos_embed_max_size * config.patch_size  # latent pixels per side
         self.layouts: LayoutCache[SD3Layout] = LayoutCache()
+        self.num_cache_blocks = len(self.transformer.transformer_blocks)  # the joint blocks (First-Block Cache)
+        self.num_blocks_kept = 1  # the first runs on every row: its residual decides
 
     @torch.inference_mode()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditioning]:
@@ -93,13 +97,9 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
         embeds = batch.conditioning["embeds"]  # [rows, 333, t5_width]
         pooled = batch.conditioning["pooled"]  # [rows, pooled_width]
-        patch = self.transformer.config.patch_size
-        grids = [(row.shape[-2] // patch, row.shape[-1] // patch) for row in batch.latents]
-        num_text = embeds.shape[1]
-        row_positions = [num_text + height * width for height, width in grids]
-        batch.count_positions(row_positions)
+        grids = self._grids(batch)
         if isinstance(batch.latents, list):  # sizes differ
-            layout = self.layouts.get(tuple(grids), lambda: packed.build_layout(grids, num_text, self.device))
+            layout = self._layout(grids, embeds.shape[1])
             return packed.forward(self.transformer, layout, batch.latents, batch.timesteps, embeds, pooled)
         return self.transformer(
             hidden_states=batch.latents,  # [rows, 16, h, w]
@@ -108,3 +108,39 @@ class StableDiffusion3Adapter(FlowMatchingAdapter):
             pooled_projections=pooled,
             return_dict=False,
         )[0]
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        """First-Block Cache: the first joint block runs on every row and its residual on the image tokens decides
+        (`step_cache_rows`); the other blocks run on the rows that compute, packed on their own."""
+        model, conditioning = self.transformer, batch.conditioning
+        layout = self._layout(self._grids(batch), conditioning["embeds"].shape[1])
+        image, text, temb = packed.embed(
+            model, layout, list(batch.latents), batch.timesteps, conditioning["embeds"], conditioning["pooled"]
+        )
+        first, first_text = packed.run_blocks(model.transformer_blocks[:1], image, text, temb, layout)
+        assert first_text is not None  # the last block alone leaves no text; a model has more than one
+        rest = model.transformer_blocks[1:]
+
+        def run_rest(rows: Sequence[int] | None, part: torch.Tensor) -> torch.Tensor:
+            if rows is None:
+                return packed.run_blocks(rest, part, first_text, temb, layout)[0]
+            return packed.run_blocks(rest, part, first_text[rows], temb[rows], layout.select(rows))[0]
+
+        features = first_block_features(image, first, layout.image)
+        out, skipped = cached_blocks(samples, features, first, layout.image, run_rest, may_gather=may_gather)
+        return CachedForward(batch.like_latents(packed.output(model, layout, out, temb)), skipped)
+
+    def _grids(self, batch: ForwardBatch) -> tuple[tuple[int, int], ...]:
+        """Each row's (height, width) in patches; counts the forward's positions (its text's and its patches')."""
+        patch = self.transformer.config.patch_size
+        grids = tuple((row.shape[-2] // patch, row.shape[-1] // patch) for row in batch.latents)
+        num_text = batch.conditioning["embeds"].shape[1]
+        batch.count_positions([num_text + height * width for height, width in grids])
+        return grids
+
+    def _layout(self, grids: tuple[tuple[int, int], ...], num_text: int) -> SD3Layout:
+        """The packed layout of rows of `grids` (kept per set of grids)."""
+        return self.layouts.get(grids, lambda: packed.build_layout(grids, num_text, self.device))

@@ -7,7 +7,8 @@ work per token or per row except attention; `proj_out` is per token. So the pack
 parts in the model's order with each row's image tokens packed into one sequence, its 333 text tokens
 a [rows, 333, dim] batch, each row's modulation laid over its own tokens, and the joint attention
 ([image | text], SD3's order) and SD3.5's image-only second attention run per row. Positions are added
-before attention, so there is no rotary table.
+before attention, so there is no rotary table. Split for First-Block Cache (`embed`, `run_blocks`
+over any blocks and any subset of the rows with `SD3Layout.select`, `output`), as FLUX's forward is.
 """
 
 from __future__ import annotations
@@ -29,8 +30,19 @@ class SD3Layout:
     text: Segments
     joint: Joint = field(init=False)
 
+    _selections: dict[tuple[int, ...], SD3Layout] = field(init=False, default_factory=dict)
+
     def __post_init__(self) -> None:
         self.joint = Joint((self.image, self.text))  # SD3 joins [image | text]
+
+    def select(self, rows: Sequence[int]) -> SD3Layout:
+        """The layout of `rows` alone (a step cache's rows that compute), kept per row set."""
+        key = tuple(rows)
+        if key not in self._selections:
+            image, _ = self.image.select(key)
+            text, _ = self.text.select(key)
+            self._selections[key] = SD3Layout([self.grids[row] for row in key], image, text)
+        return self._selections[key]
 
 
 def build_layout(grids: Sequence[tuple[int, int]], num_text_tokens: int, device: torch.device) -> SD3Layout:
@@ -38,23 +50,38 @@ def build_layout(grids: Sequence[tuple[int, int]], num_text_tokens: int, device:
     return SD3Layout(list(grids), image, Segments((num_text_tokens,) * len(grids), device))
 
 
-def forward(
+def embed(
     transformer: Any,
     layout: SD3Layout,
     latents: Sequence[torch.Tensor],  # per row [c, h, w]
     timesteps: torch.Tensor,  # [rows]
     embeds: torch.Tensor,  # [rows, 333, t5_width]
     pooled: torch.Tensor,  # [rows, pooled_width]
-) -> list[torch.Tensor]:
-    """Each row's prediction [c, h, w]."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed image tokens [1, image tokens, dim], the text [rows, 333, dim] and each row's embedding
+    [rows, dim] of its timestep and pooled prompt."""
     model = transformer
     with layout.image.lora_tokens():
-        image = embed_patches(model.pos_embed, latents)  # [1, image tokens, dim]
-        temb = model.time_text_embed(timesteps, pooled)  # [rows, dim]
-        text: torch.Tensor | None = model.context_embedder(embeds)  # [rows, 333, dim]
-        for transformer_block in model.transformer_blocks:
-            assert text is not None  # only the last block leaves no text
-            image, text = block(transformer_block, image, text, temb, layout)
+        image = embed_patches(model.pos_embed, latents)
+        return image, model.context_embedder(embeds), model.time_text_embed(timesteps, pooled)
+
+
+def run_blocks(
+    blocks: Sequence[Any], image: torch.Tensor, text: torch.Tensor, temb: torch.Tensor, layout: SD3Layout
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`blocks` over the packed rows: the image tokens after them, and the text (None after the last block)."""
+    out_text: torch.Tensor | None = text
+    with layout.image.lora_tokens():
+        for transformer_block in blocks:
+            assert out_text is not None  # only the last block leaves no text
+            image, out_text = block(transformer_block, image, out_text, temb, layout)
+    return image, out_text
+
+
+def output(transformer: Any, layout: SD3Layout, image: torch.Tensor, temb: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's prediction [c, h, w] from the image tokens after the last block."""
+    model = transformer
+    with layout.image.lora_tokens():
         out = model.proj_out(continuous_norm(model.norm_out, image, temb, layout.image))[0]  # [tokens, p * p * c]
     patch = model.config.patch_size
     predictions = []
@@ -64,6 +91,15 @@ def forward(
             torch.einsum("hwpqc->chpwq", patches).reshape(-1, height * patch, width * patch)
         )
     return predictions
+
+
+def forward(
+    transformer: Any, layout: SD3Layout, latents: Sequence[torch.Tensor], *inputs: torch.Tensor
+) -> list[torch.Tensor]:
+    """Each row's prediction [c, h, w] (`embed`'s inputs)."""
+    image, text, temb = embed(transformer, layout, latents, *inputs)
+    image, _ = run_blocks(transformer.transformer_blocks, image, text, temb, layout)
+    return output(transformer, layout, image, temb)
 
 
 def embed_patches(pos_embed: Any, latents: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -18,6 +18,8 @@ TI2V-5B's per-token timesteps) and `WanImageToVideoPipeline`, each as its diffus
   each expert needed runs over the whole padded batch (a row's arithmetic must not depend on how many
   rows share its expert), and each row keeps its own expert's output.
 - Mixed shapes: rows of any size and frame count share a forward, packed (`batching.pipelines.packed_video`).
+- Step caching: TeaCache's feature, the first block's modulated input (`packed_video.run_cached`), per
+  expert: a sample's cache is the expert's that computed it, so the first step of its second expert computes.
 - Image-to-video (`wan.image`): the job's `init_image` is the first frame; it conditions every row
   (`edits_init_image`), and the sample starts from noise.
 - Decode: the video VAE (`batching.pipelines.vae.LatentVae.decode_video`) to each sample's frames; a
@@ -28,7 +30,7 @@ forward of a two-expert model (small beside a video forward).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,11 +39,12 @@ from PIL import Image
 from batching.pipelines import packed_video
 from batching.pipelines import published_latent_rgb as published
 from batching.pipelines.adapter_base import tokenize
-from batching.pipelines.contract import Conditioning, ForwardBatch, Sampler
+from batching.pipelines.contract import CachedForward, CachedSample, Conditioning, ForwardBatch, Sampler
 from batching.pipelines.flow_matching import FlowMatchingAdapter
 from batching.pipelines.loading import load_pipeline, pipeline_class_name
 from batching.pipelines.packed_video import VideoLayout
 from batching.pipelines.packing import LayoutCache
+from batching.pipelines.step_cache_rows import sample_rows
 from batching.pipelines.wan import image, samplers
 from core.errors import InvalidParamsError, ModelLoadError
 from core.image_inputs import InputImages
@@ -79,6 +82,8 @@ class WanAdapter(FlowMatchingAdapter):
         self.frames_per_latent = pipeline.vae_scale_factor_temporal
         self.patch_size = tuple(self.transformer.config.patch_size)  # (frames, height, width)
         self.first_frame = image.FirstFrame(pipeline, self.latent_vae, device) if self.is_image_to_video else None
+        self.num_cache_blocks = len(self.transformer.blocks)  # an expert's blocks, which a skip saves (TeaCache)
+        self.num_blocks_kept = 0
 
     @classmethod
     def load(cls, model: str, source: str, device: torch.device, dtype: torch.dtype) -> WanAdapter:
@@ -150,8 +155,55 @@ class WanAdapter(FlowMatchingAdapter):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | list[torch.Tensor]:
-        num_rows = batch.timesteps.shape[0]
         hidden = self._hidden_states(batch)  # [rows, c_in, f, h, w], or per row [c_in, f, h, w] of mixed shapes
+        return self._by_expert(batch, hidden, lambda expert, rows, _: self._run(expert, hidden, rows, batch))
+
+    @torch.inference_mode()
+    def forward_cached(
+        self, batch: ForwardBatch, samples: Sequence[CachedSample], *, may_gather: bool
+    ) -> CachedForward:
+        """The step cache (TeaCache's feature: `packed_video.run_cached`), run per expert as `forward` runs them.
+        A sample's cache is its expert's: the first step of a sample's second expert computes."""
+        hidden = list(self._hidden_states(batch))  # per row [c_in, f, h, w]
+        skipped = [False] * len(samples)
+
+        def run(expert: int, rows: list[int], row_experts: list[int]) -> list[torch.Tensor]:
+            call, own = [], []  # the call's samples (those whose rows run); of them, the indices of this expert's
+            for index, (sample, sample_range) in enumerate(zip(samples, sample_rows(samples))):
+                if sample_range[0] not in rows:
+                    continue
+                if row_experts[sample_range[0]] != expert:  # deterministic mode: computed here, the result dropped
+                    call.append(CachedSample(sample.num_rows, None, False))
+                    continue
+                state = sample.state
+                own.append((index, len(call)))
+                may_skip = sample.may_skip and state is not None and state.denoiser == expert
+                call.append(CachedSample(sample.num_rows, state, may_skip))
+            chosen = [hidden[row] for row in rows]
+            model, shapes = self.experts[expert], tuple(row.shape for row in chosen)
+            layout = self.layouts[expert].get(shapes, lambda: packed_video.build_layout(model, shapes))
+            predictions, call_skipped = packed_video.run_cached(
+                model, layout, chosen, self._row_inputs(rows, batch), call, may_gather=may_gather
+            )
+            for index, position in own:
+                skipped[index] = call_skipped[position]
+                state = samples[index].state
+                if state is not None and not skipped[index]:
+                    state.denoiser = expert
+            return predictions
+
+        return CachedForward(self._by_expert(batch, hidden, run), skipped)
+
+    def _by_expert(
+        self,
+        batch: ForwardBatch,
+        hidden: torch.Tensor | list[torch.Tensor],
+        run: Callable[[int, list[int], list[int]], list[torch.Tensor]],
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Each row's prediction, each expert run once (`run(expert, rows, each real row's expert)`: the predictions
+        of `rows`) over the rows that need it; in deterministic mode over every row, each row keeping its own
+        expert's. Counts the forward's positions."""
+        num_rows = batch.timesteps.shape[0]
         num_real = batch.num_real_rows if batch.num_real_rows is not None else num_rows
         row_experts = self._experts_of(batch.timesteps, num_real)  # per real row: the index of its expert
         positions = self._row_positions(hidden, batch)
@@ -161,8 +213,7 @@ class WanAdapter(FlowMatchingAdapter):
                 rows = [row for row, own in enumerate(row_experts) if own == expert]
             else:  # deterministic mode: a fixed row count per call
                 rows = list(range(num_rows))
-            predictions = self._run(expert, hidden, rows, batch)
-            for row, prediction in zip(rows, predictions):
+            for row, prediction in zip(rows, run(expert, rows, row_experts)):
                 if row >= num_real or row_experts[row] == expert:
                     outputs[row] = prediction
             kept = [row for row in rows if row < num_real and row_experts[row] == expert]
@@ -229,13 +280,10 @@ class WanAdapter(FlowMatchingAdapter):
         self, expert: int, hidden: torch.Tensor | list[torch.Tensor], rows: list[int], batch: ForwardBatch
     ) -> list[torch.Tensor]:
         """The expert's forward over `rows` of the batch: each row's prediction [c_out, f, h, w]."""
-        index = torch.tensor(rows, device=self.device)
-        embeds = batch.conditioning["embeds"].index_select(0, index)
-        image_embeds = batch.conditioning.get("image_embeds")
-        image_embeds = None if image_embeds is None else image_embeds.index_select(0, index)
-        timesteps = batch.timesteps.index_select(0, index)  # [rows] float32
+        timesteps, embeds, image_embeds = self._row_inputs(rows, batch)
         model = self.experts[expert]
         if isinstance(hidden, torch.Tensor):
+            index = torch.tensor(rows, device=self.device)
             selected = hidden if len(rows) == hidden.shape[0] else hidden.index_select(0, index)
             timestep = self._timestep(timesteps, [selected.shape[1:]] * len(rows))
             return list(packed_video.run_uniform(model, selected, timestep, embeds, image_embeds))
@@ -246,6 +294,18 @@ class WanAdapter(FlowMatchingAdapter):
         shapes = tuple(row.shape for row in chosen)
         layout = self.layouts[expert].get(shapes, lambda: packed_video.build_layout(model, shapes))
         return packed_video.run_packed(model, layout, chosen, timesteps, embeds, image_embeds)
+
+    def _row_inputs(
+        self, rows: list[int], batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The timesteps [n] float32, prompt states [n, 512, text_dim] and (image-to-video) image states of `rows`."""
+        index = torch.tensor(rows, device=self.device)
+        image_embeds = batch.conditioning.get("image_embeds")
+        return (
+            batch.timesteps.index_select(0, index),
+            batch.conditioning["embeds"].index_select(0, index),
+            None if image_embeds is None else image_embeds.index_select(0, index),
+        )
 
     def _timestep(self, timesteps: torch.Tensor, shapes: Sequence[torch.Size]) -> torch.Tensor:
         """The transformer's `timestep`: one per row, or (TI2V-5B's `expand_timesteps`) one per token of each row,

@@ -3,7 +3,7 @@
 The packed forward (`zimage.packed`) split where the cache decides: the refiners (image tokens,
 caption tokens) run on every row (but a caching sample refines its caption once: no timestep
 modulates it, `_refined_captions`); each caching sample's early feature is compared with the one at
-its last full step (`step_cache_rows.decide`); the main blocks run only on the rows of samples that
+its last full step (`step_cache_rows.cached_blocks`); the main blocks run only on the rows of samples that
 compute, packed on their own (`ZImageLayout.select_unified`); a sample that skips adds the residual
 those blocks added at its last full step.
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from batching.pipelines.contract import CachedSample
-from batching.pipelines.step_cache_rows import decide, reuse_residuals, rows_to_run, sample_rows
+from batching.pipelines.step_cache_rows import cached_blocks, first_block_features, sample_rows
 from batching.pipelines.zimage import packed
 from batching.pipelines.zimage.packed import ZImageLayout
 
@@ -48,21 +48,20 @@ def residual_cached_forward(
     all_rows, freqs = layout.unified.segments, layout.unified_freqs
     first = packed.run_layers(model.layers[:NUM_BLOCKS_KEPT], unified, all_rows, freqs, state.adaln)
     if NUM_BLOCKS_KEPT:
-        features = [now - then for now, then in zip(all_rows.split(first[0]), all_rows.split(unified[0]))]
+        features = first_block_features(unified, first, all_rows)
     else:  # TeaCache's early feature: the first block's timestep-modulated input
         block = model.layers[0]
         scale_msa = packed.modulated_input_scales(block, state.adaln, all_rows)[0]
         features = all_rows.split((block.attention_norm1(unified) * scale_msa)[0])  # per row [seq_i, dim]
-    skipped = decide(samples, features)
-    rows = rows_to_run(samples, skipped, all_rows.num_rows, may_gather)
-    hidden = first.clone()  # [1, unified tokens, dim]: the last block's output, filled in below
     rest = model.layers[NUM_BLOCKS_KEPT:]
-    if len(rows) == all_rows.num_rows:
-        hidden = packed.run_layers(rest, first, all_rows, freqs, state.adaln)
-    elif rows:
-        segments, index, part_freqs = layout.select_unified(rows)
-        hidden[:, index] = packed.run_layers(rest, first[:, index], segments, part_freqs, state.adaln[rows])
-    reuse_residuals(samples, skipped, features, all_rows.split(first[0]), all_rows.split(hidden[0]))
+
+    def run_rest(rows: Sequence[int] | None, x: torch.Tensor) -> torch.Tensor:
+        if rows is None:
+            return packed.run_layers(rest, x, all_rows, freqs, state.adaln)
+        segments, _, part_freqs = layout.select_unified(rows)
+        return packed.run_layers(rest, x, segments, part_freqs, state.adaln[rows])
+
+    hidden, skipped = cached_blocks(samples, features, first, all_rows, run_rest, may_gather=may_gather)
     return packed.output(model, layout, hidden, state.adaln), skipped
 
 
