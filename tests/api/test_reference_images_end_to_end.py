@@ -18,6 +18,8 @@ from tests.support.pictures import init_picture
 from tests.support.processes import TENANT_KEYS, ApiProcess, WorkerProcess
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.workers
+
 MODEL = "builtin:tiny-flux2"
 
 

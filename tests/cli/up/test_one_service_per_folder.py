@@ -15,6 +15,8 @@ import pytest
 from tests.support.servers import child_env, free_port
 from tests.support.up_process import STEPWISE
 
+pytestmark = [pytest.mark.workers, pytest.mark.xdist_group("stepwise-up")]  # the folder's one `up`
+
 REPO = Path(__file__).resolve().parents[3]
 
 
