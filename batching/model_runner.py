@@ -315,7 +315,10 @@ class ModelRunner:
             return self.model.forward(batch)
         caching = self.step_caching
         num_rows = sum(sample.num_rows for sample in samples)
-        if all(sample.step_cache is None for sample in samples):
+        # In deterministic mode every forward takes the cached path, cache or not: a family's plain forward may
+        # run other kernels for the same rows (diffusers' own forward for rows of one shape, packed blocks in
+        # the cached one), and an uncached job's bits must not depend on whether a batch mate caches.
+        if all(sample.step_cache is None for sample in samples) and not self.is_deterministic:
             predictions = self.model.forward(batch)
             output.num_cache_blocks += num_rows * caching.num_cache_blocks
             return predictions

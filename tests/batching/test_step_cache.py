@@ -179,11 +179,24 @@ def test_over_many_jobs_decisions_near_the_threshold_are_rare_and_the_only_ones_
     assert num_different <= num_near <= num_decisions // 20, f"{num_near} of {num_decisions} near the threshold"
 
 
-@pytest.mark.parametrize(
-    ("model", "fields"),
-    [("builtin:tiny-zimage", {}), ("builtin:tiny-wan22", {"num_frames": 5})],  # Wan 2.2: each expert on every row
-)
-def test_deterministic_mode_keeps_a_cached_job_bit_identical_alone_and_batched(model, fields):
+# Each family's fields for a short job (Qwen-Image runs CFG only with a negative prompt; Wan 2.2: each expert on
+# every row in deterministic mode).
+DETERMINISTIC_FIELDS = {
+    "builtin:tiny-zimage": {},
+    "builtin:tiny-flux": {},
+    "builtin:tiny": {},
+    "builtin:tiny-sd3": {},
+    "builtin:tiny-flux2": {},
+    "builtin:tiny-qwen-image": {"negative_prompt": "dull"},
+    "builtin:tiny-wan": {"num_frames": 5},
+    "builtin:tiny-wan22": {"num_frames": 5},
+}
+
+
+@pytest.mark.parametrize(("model", "fields"), DETERMINISTIC_FIELDS.items())
+def test_deterministic_mode_keeps_cached_and_uncached_jobs_bit_identical_alone_and_batched(model, fields):
+    """Cached and uncached jobs share forwards; each, cached or not, draws the same bits as alone (an uncached job
+    alone runs beside no cached one: its forwards must not change kernels when one joins)."""
     engine = DiffusionEngine(EngineConfig(model=model, device="cpu", max_num_seqs=4, deterministic=True))
     try:
         params_list = [
