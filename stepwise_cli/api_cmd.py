@@ -92,7 +92,7 @@ def serve(args: argparse.Namespace) -> None:
 
     header_timeout = read("STEPWISE_API_HEADER_TIMEOUT")
     os.environ["STEPWISE_API_THREADS"] = str(args.threads)  # read by stepwise_cli.api_rsgi in each worker
-    Server(
+    server = Server(
         "stepwise_cli.api_rsgi:app",
         address=args.host,
         port=args.port,
@@ -106,4 +106,19 @@ def serve(args: argparse.Namespace) -> None:
         respawn_failed_workers=True,
         # a worker still up a second after its drain (stepwise_cli.api_rsgi) is killed: the exit stays bounded
         workers_kill_timeout=math.ceil(read("STEPWISE_API_DRAIN_SECONDS")) + 1,
-    ).serve()
+    )
+    try:
+        server.serve()
+    except SystemExit as e:
+        # A stop sent to the process group (a terminal's Ctrl-C, `stepwise up`, `kill -- -PGID`) reaches every
+        # worker at once: a worker with nothing in flight drains in milliseconds and can exit before granian's
+        # main process has marked its workers as stopped by it, which granian counts as a worker failure (exit 1).
+        # After a SIGTERM or SIGINT this process heard itself, the stop is the one asked for.
+        if e.code == 1 and server.interrupt_signal:
+            log_stopped_on_signal()
+            return
+        raise
+
+
+def log_stopped_on_signal() -> None:
+    print("stepwise api: stopped on signal (a worker finished its drain before granian asked it to)", file=sys.stderr)
