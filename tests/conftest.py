@@ -2,6 +2,12 @@ from __future__ import annotations
 
 import os
 
+# One OpenMP thread per test process and per process it starts (they inherit the environment), set before
+# anything imports torch. The suite runs several processes per core; torch's default of a thread per core
+# makes each parallel region spin-wait for threads that are not running: on this 2-core machine a third of
+# the suite's CPU time went to that (docs/testing.md). A test that wants more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import boto3
 import pytest
 import redis
