@@ -2,17 +2,12 @@ from __future__ import annotations
 
 import os
 
-# One OpenMP thread per test process and per process it starts (they inherit the environment), set before
-# anything imports torch. The suite runs several processes per core; torch's default of a thread per core
-# makes each parallel region spin-wait for threads that are not running: on this 2-core machine a third of
-# the suite's CPU time went to that (docs/testing.md). A test that wants more threads sets them itself.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import boto3
 import pytest
 import redis
 import requests
 
+import tests.support.one_thread  # noqa: F401  (before anything imports torch: see its docstring)
 import tests.support.own_var_dir  # noqa: F401  (first of the project's: see its docstring)
 from tests.support import parallel, tiers
 from tests.support.cluster import Cluster, local_folder_cluster
