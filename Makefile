@@ -65,7 +65,7 @@ lint: style
 # unit, after ruff; mypy checks types beside the tests (its minute overlaps their waiting), its report printed
 # after theirs, and either failing fails `make test`. PYTHONDONTWRITEBYTECODE is cleared so the many processes
 # the tests start share compiled modules.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PYTEST_ARGS ?=
 test: style redis-server chromium
 	@$(VENV)/bin/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
