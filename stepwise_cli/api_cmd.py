@@ -115,10 +115,6 @@ def serve(args: argparse.Namespace) -> None:
         # main process has marked its workers as stopped by it, which granian counts as a worker failure (exit 1).
         # After a SIGTERM or SIGINT this process heard itself, the stop is the one asked for.
         if e.code == 1 and server.interrupt_signal:
-            log_stopped_on_signal()
+            print("stepwise api: stopped on signal (a worker drained before granian asked it to)", file=sys.stderr)
             return
         raise
-
-
-def log_stopped_on_signal() -> None:
-    print("stepwise api: stopped on signal (a worker finished its drain before granian asked it to)", file=sys.stderr)
