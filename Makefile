@@ -12,25 +12,36 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_INDEX_URL ?=
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
-# pip quietly: no "new version of pip" notice, and no setuptools notice that an editable install reads this folder
-QUIET_PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::UserWarning $(PIP) install --quiet
+# pip quietly (no "new version of pip" notice, no setuptools notice that an editable install reads this folder) and
+# without byte-compiling every module it unpacks (about 70 CPU-seconds, most of it torch modules nothing imports):
+# Python compiles what is imported on first use, and $(WARM_IMPORTS) does that once for what every process imports.
+comma := ,
+QUIET_PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::UserWarning $(PIP) install --quiet --no-compile
+WARM_IMPORTS := PYTHONDONTWRITEBYTECODE= PYTHONWARNINGS=ignore TRANSFORMERS_VERBOSITY=error $(PY) -c \
+	"import stepwise_cli.main, worker.app, api, peft, boto3; from diffusers import StableDiffusionPipeline, WanPipeline"
 
 .PHONY: install install-test run style lint test redis-server chromium clean
 
-# What running needs: torch ($(TORCH_SPEC), see above) and the project with its engine extra.
-$(STAMP): pyproject.toml
-	@echo "make: installing $(TORCH_SPEC)$(if $(TORCH_INDEX_URL), from $(TORCH_INDEX_URL)) and stepwise into $(VENV)"
+# The venv with torch ($(TORCH_SPEC), see above) and the project with the extras $(1), in one pip resolve.
+define install_venv
+	@echo "make: installing $(TORCH_SPEC)$(if $(TORCH_INDEX_URL), from $(TORCH_INDEX_URL)) and stepwise[$(1)] into $(VENV)"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(QUIET_PIP) --upgrade pip
 	@$(QUIET_PIP) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
-	@$(QUIET_PIP) -e '.[engine]'
+	@$(QUIET_PIP) -e '.[$(1)]'
+	@$(WARM_IMPORTS)
+endef
+
+# What running needs: torch and the project with its engine extra.
+$(STAMP): pyproject.toml
+	$(call install_venv,engine)
 	@touch $(STAMP)
 
-# What the tests need on top: pytest, moto, schemathesis, matplotlib ...
-$(TEST_STAMP): $(STAMP) pyproject.toml
-	@echo "make: installing the test tools into $(VENV)"
-	@$(QUIET_PIP) -e '.[engine,test]'
-	@touch $(TEST_STAMP)
+# What the tests need on top (pytest, moto, schemathesis, matplotlib ...): installed with the rest in one go on a
+# fresh clone, which also makes $(STAMP) current.
+$(TEST_STAMP): pyproject.toml
+	$(call install_venv,engine$(comma)test)
+	@touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)
 
