@@ -199,7 +199,7 @@ def flux_scheduler(**extra):
 
 
 def t5_tokenizer():
-    from transformers import T5TokenizerFast  # type: ignore[attr-defined]  # exported lazily
+    from transformers import T5TokenizerFast
 
     return T5TokenizerFast.from_pretrained(T5_TOKENIZER_DIR)
 
@@ -209,7 +209,7 @@ def tiny_t5_encoder(tokenizer, d_model: int):
     from transformers import T5Config, T5EncoderModel
 
     return T5EncoderModel(
-        T5Config(  # type: ignore[call-arg]  # extra settings (decoder_start_token_id) pass through **kwargs
+        T5Config(  # extra settings (decoder_start_token_id) pass through **kwargs
             vocab_size=len(tokenizer),
             d_model=d_model,
             d_kv=16,

@@ -104,7 +104,8 @@ def test_a_fleet_loses_no_job_and_runs_none_twice_when_workers_are_killed_and_st
     counts = cluster.store.counts_by_state()
     assert counts == {**counts, "succeeded": len(job_ids), "running": 0, "queued": 0}  # each reached it once
     assert cluster.stored_images() == sorted(record.image_keys[0] for record in ended)  # one image each, no leftover
-    assert Counter(record.tenant for record in ended) == Counter(TENANTS[i % 2] for n in NUM_JOBS.values() for i in range(n))
+    submitted_by = Counter(TENANTS[index % 2] for count in NUM_JOBS.values() for index in range(count))
+    assert Counter(record.tenant for record in ended) == submitted_by
     finished_by = Counter(record.worker_id.partition(":")[0] for record in ended)
     assert all(finished_by[worker.name] for worker in workers if worker not in (killed, stopped)), finished_by
     # What the killed worker held ran again elsewhere (one it finished in the instant before the kill excepted).

@@ -134,7 +134,7 @@ def mistral3_text_encoder(tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    vision_config = PixtralVisionConfig(  # type: ignore[call-arg]  # head_dim: a field its signature omits
+    vision_config = PixtralVisionConfig(  # head_dim: a field its signature omits
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8, patch_size=8
     )
     return Mistral3ForConditionalGeneration(
