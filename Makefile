@@ -19,6 +19,9 @@ comma := ,
 QUIET_PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::UserWarning $(PIP) install --quiet --no-compile
 WARM_IMPORTS := PYTHONDONTWRITEBYTECODE= PYTHONWARNINGS=ignore TRANSFORMERS_VERBOSITY=error $(PY) -c \
 	"import stepwise_cli.main, worker.app, api, peft, boto3; from diffusers import StableDiffusionPipeline, WanPipeline"
+# and what the test processes import on top, so that four pytest-xdist workers do not each compile it at once
+WARM_TEST_IMPORTS := PYTHONDONTWRITEBYTECODE= PYTHONWARNINGS=ignore $(PY) -c \
+	"import pytest, xdist, moto.server, schemathesis, hypothesis, openai, matplotlib.pyplot, selenium.webdriver, httpx"
 
 .PHONY: install install-test run style lint test redis-server chromium clean
 
@@ -41,6 +44,7 @@ $(STAMP): pyproject.toml
 # fresh clone, which also makes $(STAMP) current.
 $(TEST_STAMP): pyproject.toml
 	$(call install_venv,engine$(comma)test)
+	@$(WARM_TEST_IMPORTS)
 	@touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)

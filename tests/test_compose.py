@@ -191,7 +191,11 @@ def test_the_worker_image_pins_the_same_torch_as_make_run():
 def _make_dry_run(target: str, tmp_path: Path) -> str:
     """The commands `make TARGET` would run for a venv that does not exist yet (`make -n`: nothing runs)."""
     done = subprocess.run(
-        ["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", target, f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout
 
