@@ -149,7 +149,7 @@ class TrainingSet:
                 stds.append(posterior.std)
                 if start % 160 == 0:
                     log(f"encoded {start + 16} of {len(prompts)} prompts")
-        self.means, self.stds = torch.cat(means), torch.cat(stds)  # [n, z, 3, 8, 8]
+        self.means, self.stds = torch.cat(means), torch.cat(stds)  # [n, z, latent frames, 16, 16]
         self.prompt_rows = torch.arange(len(prompts)).repeat_interleave(NUM_BOX_SIZES)
         self.channel_mean = self.means.mean(dim=(0, 2, 3, 4))  # [z]
         self.channel_std = self.means.std(dim=(0, 2, 3, 4))
@@ -157,7 +157,7 @@ class TrainingSet:
         self.empty_ids = tokenizer("").input_ids
 
     def sample(self, num_rows: int) -> tuple[torch.Tensor, list[list[int]]]:
-        """`num_rows` normalised latents [rows, z, 3, 8, 8] (as the pipeline's latents) and their prompts' ids."""
+        """`num_rows` normalised latents [rows, z, latent frames, 16, 16] (as the pipeline's latents) and their prompts' ids."""
         rows = torch.randint(len(self.means), (num_rows,))
         raw = self.means[rows] + self.stds[rows] * torch.randn_like(self.means[rows])
         shape = (1, -1, 1, 1, 1)
