@@ -157,7 +157,8 @@ class TrainingSet:
         self.empty_ids = tokenizer("").input_ids
 
     def sample(self, num_rows: int) -> tuple[torch.Tensor, list[list[int]]]:
-        """`num_rows` normalised latents [rows, z, latent frames, 16, 16] (as the pipeline's latents) and their prompts' ids."""
+        """`num_rows` normalised latents [rows, z, latent frames, 16, 16] (as the pipeline's latents) and their
+        prompts' ids."""
         rows = torch.randint(len(self.means), (num_rows,))
         raw = self.means[rows] + self.stds[rows] * torch.randn_like(self.means[rows])
         shape = (1, -1, 1, 1, 1)
