@@ -17,10 +17,11 @@ TEST_STAMP := $(VENV)/.installed-test
 # Python compiles what is imported on first use, and $(WARM_IMPORTS) does that once for what every process imports.
 comma := ,
 QUIET_PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::UserWarning $(PIP) install --quiet --no-compile
-WARM_IMPORTS := PYTHONDONTWRITEBYTECODE= PYTHONWARNINGS=ignore TRANSFORMERS_VERBOSITY=error $(PY) -c \
+IMPORT_ONCE := PYTHONDONTWRITEBYTECODE= PYTHONWARNINGS=ignore TRANSFORMERS_VERBOSITY=error $(PY) -c
+WARM_IMPORTS := $(IMPORT_ONCE) \
 	"import stepwise_cli.main, worker.app, api, peft, boto3; from diffusers import StableDiffusionPipeline, WanPipeline"
 # and what the test processes import on top, so that four pytest-xdist workers do not each compile it at once
-WARM_TEST_IMPORTS := PYTHONDONTWRITEBYTECODE= PYTHONWARNINGS=ignore $(PY) -c \
+WARM_TEST_IMPORTS := $(IMPORT_ONCE) \
 	"import pytest, xdist, moto.server, schemathesis, hypothesis, openai, matplotlib.pyplot, selenium.webdriver, httpx"
 
 .PHONY: install install-test run style lint test redis-server chromium clean

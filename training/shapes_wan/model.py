@@ -1,15 +1,15 @@
 """The untrained builtin:shapes-wan pipeline: Wan 2.1's text-to-video layout, sized for two CPU cores.
 
 The classes and config keys of a Wan 2.1 T2V checkpoint (`WanPipeline`: a UMT5 encoder, a
-`WanTransformer3DModel` over 1x2x2 patches, a causal 3D `AutoencoderKLWan` that makes 4 frames
-after the first one latent frame, flow-matching UniPC), so the trained folder loads through
-`WanPipeline.from_pretrained` and the engine serves it as any Wan checkpoint. Only the sizes are
-small, and the VAE downsamples twice (4x4 pixels to a latent pixel) where Wan's does three times: at
-8x8 this VAE had learned far less after the same CPU minutes. Only its second downsampling is also in
-time (2 frames to a latent frame after the first, where Wan's folds 4): folding 4 frames of a shape
-that moves 2 pixels a frame smeared it (35 of 48 held-out clips pass the checker after encode and
-decode at 2 frames, 28 at 4; docs/shapes-wan.md). A 9-frame 64x64 clip is 5 latent frames of 16x16,
-320 tokens. (The shipped weights predate this and fold 4 frames: their folder's config says so.)
+`WanTransformer3DModel` over 1x2x2 patches, a causal 3D `AutoencoderKLWan`, flow-matching UniPC),
+so the trained folder loads through `WanPipeline.from_pretrained` and the engine serves it as any
+Wan checkpoint. Only the sizes are small, and the VAE downsamples twice (4x4 pixels to a latent
+pixel) where Wan's does three times: at 8x8 this VAE had learned far less after the same CPU minutes.
+Only its second downsampling is also in time (2 frames to a latent frame after the first, where
+Wan's folds 4): folding 4 frames of a shape that moves 2 pixels a frame smeared it (35 of 48
+held-out clips pass the checker after encode and decode at 2 frames, 28 at 4; docs/shapes-wan.md).
+A 9-frame 64x64 clip is 5 latent frames of 16x16, 320 tokens. (The shipped weights predate this and
+fold 4 frames: their folder's config says so.)
 The tokenizer is the Wan built-ins' tiny UMT5 one plus the grammar's words it lacks (shapes,
 directions, "moving") as whole words.
 """
