@@ -88,12 +88,22 @@ def keep_in_spool(
     runtime: WorkerRuntime, held: HeldJob, record: JobRecord, spooled: SpooledJob, images: list[OutputImage], why: str
 ) -> str:
     """The image store failed: the job stays running, its images in this worker's spool (worker.spool) until the
-    spool's uploader stores them and ends it (`end_spooled_job`). It stays held meanwhile (its lease renewed)."""
+    spool's uploader stores them and ends it (`end_spooled_job`). It stays held meanwhile (its lease renewed).
+
+    The images are in the spool before the record says the job is storing: a worker killed between the two
+    leaves a spooled job that the next worker on this spool adopts (its attempt still holds it), never a record
+    that says its images wait in a spool that lacks them."""
     job_id = record.job_id
-    if not patiently(runtime, runtime.job_store.set_storing, job_id, held.holder, why):
+    runtime.spool.add(spooled, images)
+    try:
+        is_held = patiently(runtime, runtime.job_store.set_storing, job_id, held.holder, why)
+    except StorageError:  # left to its lease: it runs again, so its images leave the spool
+        runtime.spool.remove(job_id)
+        raise
+    if not is_held:
+        runtime.spool.remove(job_id)
         log.warning("job %s: not spooled: attempt %d no longer holds it", job_id, held.attempt)
         return "lease lost"
-    runtime.spool.add(spooled, images)
     runtime.held.spool(held, spooled)
     log.warning("job %s: image storage failed, its images wait in the spool: %s", job_id, why)
     metrics.JOBS.labels("spooled").inc()

@@ -19,7 +19,7 @@ from storage.settings import StorageSettings
 from tests.support.cluster import small_params
 from tests.support.job_factories import take_job
 from tests.support.waiting import wait_for
-from worker.job_ends import end_spooled_job
+from worker.job_ends import end_spooled_job, keep_in_spool
 from worker.job_steps import store_or_why
 from worker.output_images import OutputImage
 from worker.runtime import WorkerRuntime
@@ -132,6 +132,36 @@ def test_a_job_deleted_while_its_images_wait_for_storage_leaves_the_spool_at_the
     assert runtime.held.holds(kept) and not runtime.held.holds(deleted)
     assert not (runtime.spool.folder / deleted).exists()
     assert store.get(kept).state is JobState.RUNNING
+
+
+def test_a_jobs_record_says_it_is_storing_only_once_its_images_are_in_the_spool_and_a_lost_job_leaves_it(
+    runtime, monkeypatch
+):
+    # A worker killed right after its record says "storing" must leave the images for the next worker to adopt.
+    store = runtime.job_store
+    kept, lost = [
+        take_job(store, store.create(tenant="tests", params=small_params(seed=seed))[0].job_id, runtime.worker_id, 60)
+        for seed in (1, 2)
+    ]
+    spooled_when_marked = []
+    set_storing = store.set_storing
+
+    def watched_set_storing(job_id: str, *args) -> bool:
+        spooled_when_marked.append((runtime.spool.folder / job_id / "job.json").is_file())
+        return set_storing(job_id, *args)
+
+    monkeypatch.setattr(store, "set_storing", watched_set_storing)
+    store.release(lost.job_id, lost.holder, "worker_drained", "another worker's sweeper re-queued it")
+
+    outcomes = [
+        keep_in_spool(runtime, runtime.held.take(record), record, *spooled_job(record.job_id, record.holder, b""), "S3")
+        for record in (kept, lost)
+    ]
+
+    assert outcomes == ["spooled", "lease lost"]
+    assert spooled_when_marked == [True, True]
+    assert store.get(kept.job_id).storing_reason == "S3"
+    assert (runtime.spool.folder / kept.job_id).is_dir() and not (runtime.spool.folder / lost.job_id).exists()
 
 
 @pytest.mark.timeout(60)
