@@ -17,6 +17,7 @@ import requests
 from tests.support import tiers
 from tests.support.servers import child_env, free_port
 from tests.support.waiting import wait_for
+from tests.support.worker_forks import ForkedProcess, start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_KEYS = {"alice": "sk_test_alice", "bob": "sk_test_bob", "carol": "sk_test_carol"}
@@ -39,17 +40,20 @@ class ChildProcess:
         self.argv = argv
         self.env = env
         self.log_path = log_path
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | ForkedProcess | None = None
 
     def launch(self) -> Self:
         """Start the process without waiting (start several, then `wait_ready` each)."""
         tiers.require(self.tier, self.name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = self.popen()
+        return self
+
+    def popen(self) -> subprocess.Popen | ForkedProcess:
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            return subprocess.Popen(
                 self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        return self
 
     def start(self, timeout: float | None = None) -> Self:
         """Start the process and wait until it is ready (`wait_ready`, with its own default timeout)."""
@@ -202,6 +206,9 @@ class WorkerProcess(ChildProcess):
             argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues]
             argv += [*(["--pool", pool] if pool else []), "--loglevel", "INFO", "--hostname", name]
         super().__init__(name, argv, env, tmp_dir / f"{label}.log")
+
+    def popen(self) -> subprocess.Popen | ForkedProcess:
+        return start_process(self.argv, self.env, self.log_path)  # a fork where that is the same process
 
     def wait_ready(self, timeout: float = 120.0) -> Self:
         def ready() -> bool:
