@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 E2E = "e2e"  # starts the service's own processes: `stepwise api`, a worker, `stepwise up`
-WORKERS = "workers"  # starts worker processes (each loads its model: about 2 s here as a fork, 10-20 s started afresh); an e2e test too
+WORKERS = "workers"  # starts worker processes (each loads its model: about 2 s here as a fork); an e2e test too
 BROWSER = "browser"  # drives headless Chromium; an e2e test too
 DEPLOY = "deploy"  # checks what deploys the service: compose, Kubernetes, Dockerfiles, the installed wheel
 
