@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-# From their modules, not `diffusers`: mypy would read the package's torch-less dummy classes.
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_dpmsolver_multistep import DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_euler_ancestral_discrete import EulerAncestralDiscreteScheduler
@@ -17,8 +16,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from core.families import UNET_SAMPLERS
 
-UnetSampler = DDIMScheduler | DPMSolverMultistepScheduler | EulerAncestralDiscreteScheduler | EulerDiscreteScheduler
-SAMPLER_CLASSES: dict[str, tuple[type[UnetSampler], dict[str, Any]]] = {
+SAMPLER_CLASSES: dict[str, tuple[type[SchedulerMixin], dict[str, Any]]] = {
     "ddim": (DDIMScheduler, {}),
     "euler": (EulerDiscreteScheduler, {}),
     "euler_ancestral": (EulerAncestralDiscreteScheduler, {}),

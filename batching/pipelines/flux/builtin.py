@@ -61,5 +61,5 @@ def build_pipeline(name: str):
         tokenizer=tokenizer,
         text_encoder_2=text_encoder_2.eval(),
         tokenizer_2=tokenizer_2,
-        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        transformer=transformer.eval(),
     )

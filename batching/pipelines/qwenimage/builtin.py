@@ -85,7 +85,7 @@ def build_pipeline(name: str):
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        transformer=transformer.eval(),
     )
     if name == "tiny-qwen-image-edit":
         return QwenImageEditPipeline(processor=_processor(tokenizer), **components)

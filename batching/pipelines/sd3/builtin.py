@@ -69,7 +69,7 @@ def build_pipeline(name: str):
         text_encoder_3 = tiny_t5_encoder(tokenizer_3, T5_HIDDEN_SIZE)
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)  # SD3's scheduler config
     return StableDiffusion3Pipeline(
-        transformer=transformer.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        transformer=transformer.eval(),
         scheduler=scheduler,
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),

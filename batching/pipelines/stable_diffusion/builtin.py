@@ -63,7 +63,7 @@ def build_pipeline(name: str):
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         tokenizer=tokenizer,
-        unet=unet.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        unet=unet.eval(),
         scheduler=scheduler,
         safety_checker=None,
         feature_extractor=None,

@@ -62,16 +62,14 @@ def build_pipeline(name: str):
     # this config inherits: without clip_sample=False a ddim job clamps its x0 estimate to [-1, 1], which
     # SDXL does not, and on this untrained UNet the clamp turns float noise between batch sizes into
     # whole pixel levels.
-    scheduler.register_to_config(  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
-        clip_sample=False, set_alpha_to_one=False, skip_prk_steps=True, sample_max_value=1.0
-    )
+    scheduler.register_to_config(clip_sample=False, set_alpha_to_one=False, skip_prk_steps=True, sample_max_value=1.0)
     return StableDiffusionXLPipeline(
         vae=vae.eval(),
         text_encoder=text_encoder.eval(),
         text_encoder_2=text_encoder_2.eval(),
         tokenizer=tokenizer,
         tokenizer_2=tokenizer,
-        unet=unet.eval(),  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy class
+        unet=unet.eval(),
         scheduler=scheduler,
         force_zeros_for_empty_prompt=True,
         add_watermarker=False,

@@ -104,7 +104,7 @@ def _transformer(
             image_dim=image_dim,
             added_kv_proj_dim=inner_dim if image_dim is not None else None,
         )
-    return transformer.eval()  # type: ignore[attr-defined]  # mypy reads diffusers' torch-less dummy classes
+    return transformer.eval()
 
 
 def _vae(z_dim: int, **layout):
