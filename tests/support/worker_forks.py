@@ -28,6 +28,7 @@ from pathlib import Path
 from tests.support.servers import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
+WORKER_COMMAND = [sys.executable, "-m", "celery"]  # what a fork runs (`tests.support.fork_server.run_child`)
 
 
 class ForkServer:
@@ -101,7 +102,8 @@ _server_lock = threading.Lock()
 def start_process(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | ForkedProcess:
     """Start `argv` as `Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=STDOUT, start_new_session=True)` does,
     as a fork of the fork server where that is the same process."""
-    server = fork_server() if os.environ.get("TESTS_FORK_WORKERS", "1") != "0" else None
+    wanted = os.environ.get("TESTS_FORK_WORKERS", "1") != "0" and argv[:3] == WORKER_COMMAND
+    server = fork_server() if wanted else None  # no server for a test process that starts no such worker
     if server is not None and server.can_start(argv, env):
         return server.start(argv, env, log_path)
     with open(log_path, "ab") as log:
@@ -123,7 +125,7 @@ READ_WHEN_USED = ("STEPWISE_", "AWS_", "PYTEST_CURRENT_TEST")
 
 def is_same_process(argv: list[str], env: dict[str, str], server_env: dict[str, str]) -> bool:
     """Whether `argv` started with `env` is what a fork of a server started with `server_env` runs."""
-    return argv[:3] == [sys.executable, "-m", "celery"] and read_at_import(env) == read_at_import(server_env)
+    return argv[:3] == WORKER_COMMAND and read_at_import(env) == read_at_import(server_env)
 
 
 def read_at_import(env: dict[str, str]) -> dict[str, str]:
