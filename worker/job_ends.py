@@ -95,13 +95,13 @@ def keep_in_spool(
     that says its images wait in a spool that lacks them."""
     job_id = record.job_id
     runtime.spool.add(spooled, images)
+    is_held = False
     try:
         is_held = patiently(runtime, runtime.job_store.set_storing, job_id, held.holder, why)
-    except StorageError:  # left to its lease: it runs again, so its images leave the spool
-        runtime.spool.remove(job_id)
-        raise
+    finally:
+        if not is_held:  # lost, or left to its lease by a Redis error: it runs again, so its images leave
+            runtime.spool.remove(job_id)
     if not is_held:
-        runtime.spool.remove(job_id)
         log.warning("job %s: not spooled: attempt %d no longer holds it", job_id, held.attempt)
         return "lease lost"
     runtime.held.spool(held, spooled)

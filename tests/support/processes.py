@@ -17,7 +17,7 @@ import requests
 from tests.support import tiers
 from tests.support.servers import child_env, free_port
 from tests.support.waiting import wait_for
-from tests.support.worker_forks import ForkedProcess, start_process
+from tests.support.worker_forks import ForkedProcess, forked
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_KEYS = {"alice": "sk_test_alice", "bob": "sk_test_bob", "carol": "sk_test_carol"}
@@ -208,7 +208,7 @@ class WorkerProcess(ChildProcess):
         super().__init__(name, argv, env, tmp_dir / f"{label}.log")
 
     def popen(self) -> subprocess.Popen | ForkedProcess:
-        return start_process(self.argv, self.env, self.log_path)  # a fork where that is the same process
+        return forked(self.argv, self.env, self.log_path) or super().popen()  # a fork where that is the same process
 
     def wait_ready(self, timeout: float = 120.0) -> Self:
         def ready() -> bool:

@@ -99,15 +99,14 @@ _server: ForkServer | None = None
 _server_lock = threading.Lock()
 
 
-def start_process(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | ForkedProcess:
-    """Start `argv` as `Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=STDOUT, start_new_session=True)` does,
-    as a fork of the fork server where that is the same process."""
-    wanted = os.environ.get("TESTS_FORK_WORKERS", "1") != "0" and argv[:3] == WORKER_COMMAND
-    server = fork_server() if wanted else None  # no server for a test process that starts no such worker
-    if server is not None and server.can_start(argv, env):
-        return server.start(argv, env, log_path)
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def forked(argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess | None:
+    """`argv` started as a fork of the fork server, logging to `log_path`, where that is the same process as
+    `Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=STDOUT, start_new_session=True)`; else None (the caller
+    starts it so)."""
+    if os.environ.get("TESTS_FORK_WORKERS", "1") == "0" or argv[:3] != WORKER_COMMAND:
+        return None  # and no server for a test process that starts no such worker
+    server = fork_server()
+    return server.start(argv, env, log_path) if server.can_start(argv, env) else None
 
 
 def fork_server() -> ForkServer:
