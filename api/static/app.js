@@ -18,6 +18,10 @@ const OTHER_SIZE = "other"; // the size option that shows the width and height f
 
 const images = new Map(); // image URL -> blob: URL (fetched once)
 const streams = new Map(); // job id -> AbortController of its event stream
+// Jobs not to follow again: ended (their stream gave the end state, which is final), gone (deleted elsewhere or past
+// retention: the stream's error event, or a 404), or deleted here. Until the next reread of the list shows them
+// ended or drops them, following one again would only get a 404 once it is deleted. (A refused key is not the job's.)
+const unfollowable = new Set();
 let models = []; // GET /v1/models
 let maxPixels = null; // the chosen model's limits.max_pixels: height x width the API accepts (GET /v1/models)
 let cursors = [null]; // the cursor of each page seen, newest first; the last one is shown
@@ -243,7 +247,11 @@ async function follow(jobId, onEvent, signal) {
     if (lastId) headers["Last-Event-ID"] = lastId;
     try {
       const response = await fetch(`/v1/jobs/${jobId}/events`, { headers, signal, cache: "no-store" });
-      if (!response.ok) return; // gone, or the key was refused: nothing to follow
+      if (response.status === 404) return "gone";
+      if (!response.ok) { // the key was refused: nothing to follow with it; look again later, not at once
+        await sleep(RECONNECT_MS);
+        return;
+      }
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       let event = { name: "message", data: [] };
@@ -276,7 +284,9 @@ async function follow(jobId, onEvent, signal) {
 }
 
 function followSome() {
-  const live = shownJobs.filter((job) => LIVE_STATES.has(job.state) && !streams.has(job.job_id));
+  const live = shownJobs.filter(
+    (job) => LIVE_STATES.has(job.state) && !streams.has(job.job_id) && !unfollowable.has(job.job_id),
+  );
   live.sort((a, b) => Number(b.state === "running") - Number(a.state === "running")); // running ones first
   for (const job of live.slice(0, Math.max(0, MAX_STREAMS - streams.size))) {
     const card = document.querySelector(`li.job[data-job-id="${job.job_id}"]`);
@@ -285,7 +295,7 @@ function followSome() {
 }
 
 function watch(card, job) {
-  if (streams.has(job.job_id) || !LIVE_STATES.has(job.state)) return;
+  if (streams.has(job.job_id) || unfollowable.has(job.job_id) || !LIVE_STATES.has(job.state)) return;
   const controller = new AbortController();
   streams.set(job.job_id, controller);
   follow(job.job_id, (name, data) => {
@@ -297,9 +307,12 @@ function watch(card, job) {
     if (name === "storing") showStoring(live, data.reason);
     if (["queued", "started", "progress", "preview", "storing"].includes(name)) return false;
     streams.delete(job.job_id);
+    if (name !== "error" || (data.error && data.error.code === "not_found")) unfollowable.add(job.job_id);
     if (name !== "error") live.replaceWith(jobCard(data)); // the end state carries the job's view
     return true; // an error (the job deleted, the key revoked): nothing more will come
-  }, controller.signal).finally(() => {
+  }, controller.signal).then((ended) => {
+    if (ended === "gone") unfollowable.add(job.job_id);
+  }).finally(() => {
     streams.delete(job.job_id);
     followSome(); // its connection is free: follow another live job
   });
@@ -393,9 +406,10 @@ async function cancelJob(job, button) {
 
 async function deleteJob(job, button) {
   button.disabled = true;
+  unfollowable.add(job.job_id);
+  streams.get(job.job_id)?.abort(); // before the job is gone: a stream reconnecting after the delete gets a 404
   try {
     await api(`/v1/jobs/${job.job_id}`, { method: "DELETE" }); // a live job is canceled first, by the API
-    if (streams.has(job.job_id)) streams.get(job.job_id).abort();
     for (const url of job.image_urls || []) {
       if (images.has(url)) URL.revokeObjectURL(images.get(url));
       images.delete(url);
@@ -404,6 +418,8 @@ async function deleteJob(job, button) {
     say("job-status", `Deleted job ${job.job_id} and its images.`, "ok");
     await showJobs();
   } catch (error) {
+    unfollowable.delete(job.job_id);
+    followSome(); // still there: follow it again
     button.disabled = false;
     button.textContent = `Not deleted: ${error.message}`;
   }
