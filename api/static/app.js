@@ -14,6 +14,7 @@ const MAX_STREAMS = 4;
 const RECONNECT_MS = 2000;
 const PREVIEW_EVERY = 2; // steps between live previews, when the box is ticked
 const LIVE_STATES = new Set(["queued", "running"]);
+const END_STATES = new Set(["succeeded", "failed", "canceled", "expired"]); // a stream's last event, with the job's view
 const OTHER_SIZE = "other"; // the size option that shows the width and height fields
 
 const images = new Map(); // image URL -> blob: URL (fetched once)
@@ -305,7 +306,9 @@ function watch(card, job) {
     if (name === "queued") showState(live, "queued", data.queue_position);
     if (name === "started") showState(live, "running", null);
     if (name === "storing") showStoring(live, data.reason);
-    if (["queued", "started", "progress", "preview", "storing"].includes(name)) return false;
+    // Any other event but an end state or an error goes on; `reconnect` says this API process is stopping: its
+    // stream ends, and follow() resumes the job's after the last event seen (Last-Event-ID), on another replica.
+    if (!END_STATES.has(name) && name !== "error") return false;
     streams.delete(job.job_id);
     if (name !== "error" || (data.error && data.error.code === "not_found")) unfollowable.add(job.job_id);
     if (name !== "error") live.replaceWith(jobCard(data)); // the end state carries the job's view

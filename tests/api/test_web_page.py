@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import shutil
 import threading
@@ -145,6 +146,49 @@ def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_
             seen=lambda: text_of(browser, card.format(running)),
         )
         assert "canceled · step 3/8" in text_of(browser, card.format(canceled)), "its own count, not of 16"
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.browser
+def test_a_followed_jobs_stream_that_ends_with_reconnect_is_followed_again_and_its_card_stays_whole(
+    browser, redis_url, tmp_path
+):
+    """An API process that stops ends its streams with a `reconnect` event (api.event_stream), and the client
+    follows the job on from another connection. Here the job's first connection answers only that event, as a
+    stopping replica does; the page must keep the job's card as it was and follow it again."""
+    settings = ApiSettings(
+        api_keys=(("alice", KEY),),
+        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
+        accept_unserved_models=True,
+    )
+    app = create_app({"API_SETTINGS": settings})
+    client = app.test_client()
+    body = {"prompt": "a green square", "num_inference_steps": 8, "height": 64, "width": 64}
+    job_id = client.post("/v1/jobs", json=body, headers=auth()).json["job_id"]  # no worker: it stays queued
+    connections: list[float] = []
+
+    def stopping_once(environ, start_response):
+        if environ["PATH_INFO"] == f"/v1/jobs/{job_id}/events":
+            connections.append(time.monotonic())
+            if len(connections) == 1:
+                start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-store")])
+                reason = "this API process is shutting down: reconnect (with Last-Event-ID) to follow the job on"
+                data = json.dumps({"job_id": job_id, "reason": reason})
+                return [f"retry: 500\nevent: reconnect\ndata: {data}\n\n".encode()]
+        return app(environ, start_response)
+
+    server = make_server("127.0.0.1", 0, stopping_once, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    card = f"li.job[data-job-id='{job_id}']"
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_port}/")
+        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
+        wait_until(lambda: len(connections) >= 2, 30, "the page to follow the job again", seen=lambda: connections)
+        assert text_of(browser, f"{card} .prompt") == "a green square", "the card as it was, not one of the event"
+        assert "queued" in text_of(browser, f"{card} .state")
+        errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert errors == []
     finally:
         server.shutdown()
 
