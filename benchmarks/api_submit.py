@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from benchmarks.local_services import free_port, wait_until
+from benchmarks.local_services import free_port, redis_server, wait_until
 
 BODY = {"prompt": "a lighthouse on a cliff at dusk", "num_inference_steps": 20, "height": 128, "width": 128}
 WARM_UP_SECONDS = 1.0
@@ -71,72 +71,32 @@ def local_api_processes(
     **env_overrides: str,
 ):
     """`local_api`, yielding a LocalApi; `env_overrides` are STEPWISE_* settings of the API."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (or pass --url and --key of a running API)")
-    folder = Path(tempfile.mkdtemp(prefix="stepwise-bench-"))
-    redis_port, api_port, key = free_port(), free_port(), f"sk_bench_{secrets.token_hex(8)}"
-    env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
-    env.update(
-        STEPWISE_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-        STEPWISE_STORAGE_URL=(folder / "images").as_uri(),
-        STEPWISE_VAR_DIR=str(folder / "var"),
-        STEPWISE_API_KEYS=f"bench:{key}",
-        STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
-        STEPWISE_ACCEPT_UNSERVED_MODELS="true",
-        PYTHONPATH=str(tree),
-        **env_overrides,
-    )
-    children = []
-    try:
-        children.append(
-            subprocess.Popen(
-                [
-                    binary,
-                    "--port",
-                    str(redis_port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(folder),
-                ],
-                stdout=subprocess.DEVNULL,
-            )
+    temporary = tempfile.TemporaryDirectory(prefix="stepwise-bench-", ignore_cleanup_errors=True)
+    with temporary as work, redis_server(work) as redis_url:
+        folder = Path(work)
+        api_port, key = free_port(), f"sk_bench_{secrets.token_hex(8)}"
+        env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
+        env.update(
+            STEPWISE_REDIS_URL=redis_url,
+            STEPWISE_STORAGE_URL=(folder / "images").as_uri(),
+            STEPWISE_VAR_DIR=str(folder / "var"),
+            STEPWISE_API_KEYS=f"bench:{key}",
+            STEPWISE_MAX_QUEUE_DEPTH=str(10**9),
+            STEPWISE_ACCEPT_UNSERVED_MODELS="true",
+            PYTHONPATH=str(tree),
+            **env_overrides,
         )
-        children.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "stepwise_cli.main",
-                    "api",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(api_port),
-                    *(["--workers", str(num_workers)] if num_workers else []),
-                    "--threads",
-                    str(num_threads),
-                ],
-                cwd=tree,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        url = f"http://127.0.0.1:{api_port}"
-        wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
-        yield LocalApi(url, key, f"redis://127.0.0.1:{redis_port}/0", children[-1].pid)
-    finally:
-        for child in reversed(children):
-            child.terminate()
+        argv = [sys.executable, "-m", "stepwise_cli.main", "api", "--host", "127.0.0.1", "--port", str(api_port)]
+        argv += [*(["--workers", str(num_workers)] if num_workers else []), "--threads", str(num_threads)]
+        api = subprocess.Popen(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{api_port}"
+            wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
+            yield LocalApi(url, key, redis_url, api.pid)
+        finally:
+            api.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(15)
-        shutil.rmtree(folder, ignore_errors=True)
+                api.wait(15)
 
 
 @contextlib.contextmanager

@@ -11,9 +11,9 @@ the service itself:
     engine time = engine queue wait + denoise + decode  (engine.submit -> future resolved)
     overhead    = latency - engine time: broker delivery and waiting for a free task
                   thread, PNG encoding, upload, record writes
-    broker wait = started_at - created_at: delivery, plus waiting for a free task thread
+    broker wait = started_at - created_at: delivery, plus waiting for a free job thread
                   when more jobs are in flight than the worker has threads (a burst)
-    worker overhead = overhead - broker wait: the task thread's own work around the engine,
+    worker overhead = overhead - broker wait: the job thread's own work around the engine,
                   in parts (`PARTS`): start (taken -> handed to the engine: lease, input
                   images, params), collect (the engine's wall time beyond its own
                   stamps: the decoded image waiting for the loop to resolve the job's

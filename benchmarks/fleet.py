@@ -21,25 +21,22 @@ upper bounds; Redis's own CPU seconds and command counts do not depend on that.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
 import platform
 import random
-import shutil
 import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import redis
 
-from benchmarks.local_services import free_port, wait_until
+from benchmarks.local_services import redis_server
 from storage.job_store import JobStore
 from storage.new_job import NewJobSpec
 from storage.queue_names import generate_queue
@@ -52,24 +49,6 @@ STAND_IN = (
     "THE ENGINE IS A TIMED STAND-IN: a job 'runs' for its drawn seconds while its thread does the job's Redis I/O "
     "(cancel checks, progress); no model runs and no image is made or stored"
 )
-
-
-@contextlib.contextmanager
-def redis_server(folder: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed")
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", ""]
-    argv += ["--appendonly", "yes", "--appendfsync", "everysec", "--maxclients", "10000"]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server")
-        yield url
-    finally:
-        process.terminate()
-        process.wait()
 
 
 def queue_jobs(url: str, num_jobs: int) -> dict[str, int]:
@@ -137,7 +116,7 @@ def measure(
     folder: Path,
     warm_up: float = WARM_UP_SECONDS,
 ) -> dict[str, Any]:
-    with redis_server(folder) as url:
+    with redis_server(folder, "--appendonly", "yes", "--appendfsync", "everysec", "--maxclients", "10000") as url:
         queued = queue_jobs(url, num_queued)
         leave_departed_workers(url, num_departed)
         context = multiprocessing.get_context("spawn")

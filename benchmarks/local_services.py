@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 TEST_CREDENTIALS = ("testing", "testing")  # what the tests and benchmarks sign their S3 requests with
@@ -28,6 +30,32 @@ def wait_until(check, timeout: float, what: str, interval: float = 0.05) -> None
                 return
         time.sleep(interval)
     raise TimeoutError(f"{what} not ready within {timeout}s")
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path | str, *options: str, timeout: float = 20.0) -> Iterator[str]:
+    """A redis-server of its own on a free loopback port, its files in `folder`, no snapshots; `options` are more
+    of its flags (`"--appendonly", "yes"`). Yields its URL; stops it on the way out."""
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (`make redis-server` installs it)")
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "", *options]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        with redis.Redis.from_url(url) as client:
+            wait_until(client.ping, timeout, "redis-server")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 class SeaweedS3Server:

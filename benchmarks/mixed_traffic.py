@@ -24,10 +24,10 @@ backfill jobs finished while the stream ran. Writes `results.json`, `results.md`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -54,14 +54,12 @@ class Deployment:
     """A redis-server and one worker of the code at `code`, in `folder`."""
 
     def __init__(self, folder: Path, code: Path, preemption: bool) -> None:
-        from benchmarks.local_services import free_port
-
         self.folder = folder
         self.code = code
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = ""  # the redis-server's, once started
         self.preemption = preemption
         self.processes: list[subprocess.Popen] = []
+        self.services = contextlib.ExitStack()
 
     def __enter__(self) -> Deployment:
         try:
@@ -73,17 +71,9 @@ class Deployment:
     def _start(self) -> Deployment:
         import redis
 
-        from benchmarks.local_services import wait_until
+        from benchmarks.local_services import redis_server, wait_until
 
-        redis_server = shutil.which("redis-server") or "redis-server"
-        self.processes.append(
-            subprocess.Popen(
-                [redis_server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                cwd=self.folder,
-                stdout=subprocess.DEVNULL,
-            )
-        )
-        wait_until(lambda: redis.Redis.from_url(self.url).ping(), 20, "redis-server")
+        self.url = self.services.enter_context(redis_server(self.folder))
         env = {name: value for name, value in os.environ.items() if not name.startswith("STEPWISE_")}
         env.update(
             PYTHONPATH=str(self.code),
@@ -119,6 +109,7 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self.services.close()
 
 
 def run_variant(name: str, code: Path, alone_latency: float, seconds: float, seed: int) -> dict:

@@ -8,7 +8,7 @@ every `--every` steps ("on"), each variant in a process of its own, `--repeats` 
 (off on, on off, off on, ...: neither variant always runs first).
 In "on" the engine makes each preview on its loop thread (the latent-to-RGB matmul) and hands it
 to a callback that queues it; a second thread encodes each one into its JPEG data URI, as a
-worker's task thread does (the Redis write that follows is not the engine's and is left out).
+worker's job thread does (the Redis write that follows is not the engine's and is left out).
 
 Figures per run: images/s over the burst (first submit to last result), and the ratio on/off of
 their medians (and the median of each "on" run's ratio to the "off" run beside it); CPU
@@ -40,7 +40,7 @@ def run_variant(args: argparse.Namespace, previews_on: bool) -> dict:
     encoded: list[int] = []
     seconds = {"make": 0.0, "encode": 0.0}
 
-    def encode_previews() -> None:  # the worker's task threads' part
+    def encode_previews() -> None:  # the worker's job threads' part
         while (preview := made.get()) is not None:
             started = time.perf_counter()
             encoded.append(len(preview.data_uri()))

@@ -13,13 +13,12 @@ quote them). The figure depends on the prompt's length (a 60-character prompt he
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import tempfile
 
 import redis
 
-from benchmarks.local_services import free_port, wait_until
+from benchmarks.local_services import redis_server
 from core.params import GenerationParams
 from storage.job_record import JobState
 from storage.job_store import JobStore
@@ -33,48 +32,36 @@ def used_memory(client: redis.Redis) -> int:
 
 
 def measure(num_jobs: int) -> dict[str, float]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as data_dir:
-        server = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", data_dir],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            client = redis.Redis.from_url(url)
-            wait_until(client.ping, 10, "redis-server")
-            store = JobStore.from_settings(StorageSettings(redis_url=url, storage_url="file:///tmp/unused"))
-            before = used_memory(client)
-            job_ids = []
-            for index in range(num_jobs):
-                params = GenerationParams(prompt=PROMPT, model="builtin:shapes", seed=index, height=128, width=128)
-                record, _ = store.create(
-                    tenant=f"tenant-{index % 10}",
-                    params=params.to_dict(),
-                    webhook_url="https://hooks.example.com/stepwise",
-                    idempotency_key=f"key-{index:08d}",
-                    request_hash=f"{index:064x}",
-                )
-                job_ids.append(record.job_id)
-            queued = used_memory(client)
-            queue = store.get(job_ids[0]).queue
-            for _ in job_ids:  # the fair order takes them all, each once
-                taken = store.take_next(queue, "worker-1", 60)
-                assert taken is not None
-                store.finish(
-                    taken.job_id,
-                    JobState.SUCCEEDED,
-                    holder=taken.holder,
-                    image_keys=[f"{taken.job_id}/0.png"],
-                    timings={"queued": 0.5, "denoise": 1.2, "decode": 0.1, "store": 0.05},
-                )
-            finished = used_memory(client)
-            store.close()
-            client.close()
-        finally:
-            server.terminate()
-            server.wait(10)
+    with tempfile.TemporaryDirectory() as data_dir, redis_server(data_dir) as url:
+        client = redis.Redis.from_url(url)
+        store = JobStore.from_settings(StorageSettings(redis_url=url, storage_url="file:///tmp/unused"))
+        before = used_memory(client)
+        job_ids = []
+        for index in range(num_jobs):
+            params = GenerationParams(prompt=PROMPT, model="builtin:shapes", seed=index, height=128, width=128)
+            record, _ = store.create(
+                tenant=f"tenant-{index % 10}",
+                params=params.to_dict(),
+                webhook_url="https://hooks.example.com/stepwise",
+                idempotency_key=f"key-{index:08d}",
+                request_hash=f"{index:064x}",
+            )
+            job_ids.append(record.job_id)
+        queued = used_memory(client)
+        queue = store.get(job_ids[0]).queue
+        for _ in job_ids:  # the fair order takes them all, each once
+            taken = store.take_next(queue, "worker-1", 60)
+            assert taken is not None
+            store.finish(
+                taken.job_id,
+                JobState.SUCCEEDED,
+                holder=taken.holder,
+                image_keys=[f"{taken.job_id}/0.png"],
+                timings={"queued": 0.5, "denoise": 1.2, "decode": 0.1, "store": 0.05},
+            )
+        finished = used_memory(client)
+        store.close()
+        client.close()
     return {
         "queued_bytes_per_job": (queued - before) / num_jobs,
         "finished_bytes_per_job": (finished - before) / num_jobs,

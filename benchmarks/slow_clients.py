@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ import time
 
 import requests
 
-from benchmarks.local_services import free_port, wait_until
+from benchmarks.local_services import free_port, redis_server, wait_until
 
 KEY = "sk_slow_clients_probe"
 
@@ -87,26 +86,15 @@ def probe(url: str, headers: dict[str, str]) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    work = tempfile.mkdtemp(prefix="stepwise-slow-")
-    redis_port, api_port = free_port(), free_port()
-    redis = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            work,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with tempfile.TemporaryDirectory(prefix="stepwise-slow-") as work, redis_server(work) as redis_url:
+        return measure_api(args, work, redis_url)
+
+
+def measure_api(args: argparse.Namespace, work: str, redis_url: str) -> dict:
+    api_port = free_port()
     env = {
         **os.environ,
-        "STEPWISE_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "STEPWISE_REDIS_URL": redis_url,
         "STEPWISE_STORAGE_URL": f"file://{work}/images",
         "STEPWISE_API_KEYS": f"probe:{KEY}",
     }
@@ -150,10 +138,7 @@ def measure(args: argparse.Namespace) -> dict:
     finally:
         stop.set()
         api.terminate()
-        redis.terminate()
         api.wait(20)
-        redis.wait(20)
-        shutil.rmtree(work, ignore_errors=True)
 
     def summary(latencies: list[float | None]) -> dict:
         answered = [latency for latency in latencies if latency is not None]

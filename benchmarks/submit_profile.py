@@ -15,15 +15,12 @@ import cProfile
 import os
 import pstats
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-import redis
-
 from benchmarks.api_submit import BODY
-from benchmarks.local_services import free_port, wait_until
+from benchmarks.local_services import redis_server
 
 KEY = "sk_profile"
 
@@ -35,18 +32,15 @@ def main() -> None:
     parser.add_argument("--sort", default="cumulative", help="pstats sort key")
     parser.add_argument("--top", type=int, default=40, help="profile lines to print")
     args = parser.parse_args()
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed")
     folder = Path(tempfile.mkdtemp(prefix="stepwise-profile-"))
-    port = free_port()
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-    )
     try:
-        url = f"redis://127.0.0.1:{port}/0"
-        wait_until(lambda: redis.Redis.from_url(url).ping(), 10, "redis-server")
+        profile_submits(args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def profile_submits(args: argparse.Namespace, folder: Path) -> None:
+    with redis_server(folder) as url:
         os.environ.update(
             STEPWISE_API_KEYS=f"profile:{KEY}",
             STEPWISE_REDIS_URL=url,
@@ -83,10 +77,6 @@ def main() -> None:
             submit()
         profile.disable()
         pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
-    finally:
-        server.terminate()
-        server.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ import asyncio
 import json
 import multiprocessing
 import os
-import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -34,7 +32,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from benchmarks.local_services import free_port, wait_until
+from benchmarks.local_services import redis_server
 from storage.job_event_feed import JobEventFeed
 from storage.job_store import JobStore
 
@@ -45,10 +43,8 @@ def write_events(store: JobStore, job_ids: list[str], rate: float, stop: threadi
     step = 0
     while not stop.wait(1 / rate):
         step += 1
-        with store.redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.evalsha(store._set_progress.sha, 1, store.job_key(job_id), store.namespace, job_id, step, 10_000)
-            pipe.execute()
+        for job_id in job_ids:  # the worker's own write (it once pipelined the script by hand, and broke with it)
+            store.set_progress(job_id, step, 10_000)
 
 
 async def waiter(mechanism: str, feed: JobEventFeed, client: aioredis.Redis, job_id: str, latencies, stop):
@@ -114,21 +110,12 @@ def redis_cpu(redis_url: str) -> float:
 
 
 def measure(mechanism: str, num_waiters: int, seconds: float, rate: float) -> dict:
-    folder = tempfile.mkdtemp(prefix="stepwise-wakeup-")
-    port = free_port()
-    server = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "", "--dir", folder],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        redis_url = f"redis://127.0.0.1:{port}/0"
-        wait_until(lambda: redis.Redis.from_url(redis_url).ping(), 10, "redis-server")
+    with tempfile.TemporaryDirectory(prefix="stepwise-wakeup-") as folder, redis_server(folder) as redis_url:
         store = JobStore(redis_url)
         job_ids = []
         for index in range(num_waiters):
             record, _ = store.create(tenant="bench", params={"prompt": f"job {index}", "model": "builtin:tiny"})
             store.take_next(record.queue, "bench-worker", 3600)  # the one queued job: this one
-            store.set_progress(record.job_id, 0, 10_000)  # also loads the script the writer pipelines
             job_ids.append(record.job_id)
         results: multiprocessing.Queue = multiprocessing.Queue()
         ready = multiprocessing.Event()
@@ -144,10 +131,6 @@ def measure(mechanism: str, num_waiters: int, seconds: float, rate: float) -> di
         writer_stop.set()
         child.join(30)
         return {**result, "events_per_second_per_job": rate, "load_average": os.getloadavg()[0]}
-    finally:
-        server.terminate()
-        server.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

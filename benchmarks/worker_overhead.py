@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -26,28 +25,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import redis
-
-from benchmarks.local_services import free_port, wait_until
-
-
-@contextlib.contextmanager
-def redis_server(folder: Path):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_until(lambda: redis.Redis.from_url(url).ping(), 20, "redis-server")
-        yield url
-    finally:
-        process.terminate()
-        process.wait()
+from benchmarks.local_services import free_port, redis_server, wait_until
 
 
 @contextlib.contextmanager
@@ -169,7 +147,7 @@ def main() -> int:
     print(
         f"{args.jobs} jobs, {args.steps} steps, {args.size}x{args.size}, storage={args.storage}, "
         f"model {stats['model']} on {stats['device']}, max_num_seqs {settings.max_num_seqs}, "
-        f"task threads {settings.concurrency}"
+        f"jobs held at once {settings.concurrency}"
     )
     print(
         f"wall {wall:.2f} s for all jobs; engine: {stats['steps_per_second']:.1f} steps/s, "

@@ -53,7 +53,7 @@ def fleet_api(module_redis, storage_url, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(module_redis, storage_url, tmp_path_factory, fleet_api):
-    """builtin:tiny (one job at a time, four task threads: a busy worker) and builtin:small, started together."""
+    """builtin:tiny (one job at a time, four jobs held at once: a busy worker) and builtin:small, started together."""
     common = {
         "STEPWISE_HEARTBEAT_INTERVAL": "0.5",
         "STEPWISE_MAX_NUM_SEQS": "1",

@@ -1,7 +1,7 @@
 """The queue's order on a real worker and a real Redis: fair share across tenants, and queue positions
 that stay the order jobs are taken in across cancels, a SIGKILLed worker and its job's re-queue.
 
-The worker runs one job at a time with one task thread, so the order in which jobs start
+The worker holds one job at a time, so the order in which jobs start
 (`started_at`) is the order the queue handed them out."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_reported_positions_stay_the_take_order_across_cancels_a_killed_worker_a
     worker = cluster.main
     assert worker.is_alive(), worker.log_tail()
     [victim] = submit(cluster, "bulk", [small_params(prompt="killed mid-run", num_inference_steps=200)])
-    cluster.wait_for_progress(victim, min_step=1)  # it holds the worker's only task thread
+    cluster.wait_for_progress(victim, min_step=1)  # it holds the worker's only job slot
     waiting = (
         submit(cluster, "bulk", [small_params(prompt=f"bulk {i}", seed=i) for i in range(6)])
         + submit(cluster, "alice", [small_params(prompt=f"alice {i}", seed=i) for i in range(3)])

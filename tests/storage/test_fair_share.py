@@ -38,7 +38,7 @@ def weighted_store(redis_url, clock):
 
 def test_a_tenant_with_nothing_queued_is_served_next_whatever_another_tenant_has_queued(store):
     backlog = queue_jobs(store, "bulk", 200)
-    held = take(store, 12)  # what a worker's task threads hold
+    held = take(store, 12)  # what a worker holds at once
     assert held == backlog[:12]
 
     interactive = queue_jobs(store, "alice", 3)

@@ -27,6 +27,6 @@ def test_a_channel_whose_transport_was_detached_closes_and_acknowledges_quietly(
         connection.transport.client = None
 
         channel.close()  # with kombu's own transport: AttributeError, and the consumer stops for good
-        message.ack()  # the job's task thread acknowledges it later: the same AttributeError
+        message.ack()  # the task's thread acknowledges it later: the same AttributeError
 
         assert channel.closed

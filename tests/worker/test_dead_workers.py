@@ -160,7 +160,7 @@ def test_a_lapsed_lease_this_worker_still_holds_is_not_requeued_by_its_own_sweep
         clock.advance(10)  # both leases lapsed: the keeper was starved
         own = LapsedLeaseSweeper(store, interval=1, is_held_here={held.job_id}.__contains__)
 
-        assert own.sweep() == [dropped.job_id]  # no task thread holds this one here any more
+        assert own.sweep() == [dropped.job_id]  # no job thread holds this one here any more
         assert store.get(held.job_id).state is JobState.RUNNING and store.renew_lease(held.job_id, "me#1", 3)
         clock.advance(10)
         other = LapsedLeaseSweeper(store, interval=1)

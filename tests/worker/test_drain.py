@@ -1,6 +1,6 @@
 """The drain at SIGTERM (worker.drain), decided from measured step times.
 
-The worker's own code (task threads, runtime, drain, real Redis) runs in this process against an engine
+The worker's own code (job threads, runtime, drain, real Redis) runs in this process against an engine
 whose steps take a known time, so which job fits in the drain does not depend on how busy the machine
 is. The same through real worker processes and `stepwise up`: tests/worker/test_recovery.py and
 tests/cli/test_up_drain.py.

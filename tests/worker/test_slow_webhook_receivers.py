@@ -90,7 +90,7 @@ def test_an_attempt_ends_at_its_deadline_however_slowly_the_receiver_answers(tri
 @pytest.mark.timeout(400)
 @pytest.mark.workers
 def test_slow_receivers_never_hold_the_threads_generation_needs(folder_cluster, trickling_receiver):
-    """`stepwise worker` as `stepwise up` starts it, with 3 task threads, beside a webhook worker."""
+    """`stepwise worker` as `stepwise up` starts it, holding 3 jobs at once, beside a webhook worker."""
     settings = {"STEPWISE_MAX_NUM_SEQS": "1", "STEPWISE_WEBHOOK_TIMEOUT": "2", "STEPWISE_WEBHOOK_MAX_ATTEMPTS": "1"}
     workers = [
         folder_cluster.start_worker("generate", via_stepwise=True, wait=False, **settings),
