@@ -32,6 +32,18 @@ def wait_until(check, timeout: float, what: str, interval: float = 0.05) -> None
     raise TimeoutError(f"{what} not ready within {timeout}s")
 
 
+def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """SIGTERM a child process, then SIGKILL if it has not exited within `timeout` seconds; reaped either way."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @contextlib.contextmanager
 def redis_server(folder: Path | str, *options: str, timeout: float = 20.0) -> Iterator[str]:
     """A redis-server of its own on a free loopback port, its files in `folder`, no snapshots; `options` are more
@@ -50,12 +62,7 @@ def redis_server(folder: Path | str, *options: str, timeout: float = 20.0) -> It
             wait_until(client.ping, timeout, "redis-server")
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 class SeaweedS3Server:
@@ -142,13 +149,8 @@ class SeaweedS3Server:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process, 15)
         self.process = None
 
     def restart(self) -> None:

@@ -102,13 +102,10 @@ class Deployment:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        from benchmarks.local_services import stop_process
+
         for process in reversed(self.processes):
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process, 30)
         self.services.close()
 
 

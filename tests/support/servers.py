@@ -76,16 +76,7 @@ def wait_until_gone(processes: list, timeout: float = 10.0) -> list:
         time.sleep(0.05)
 
 
-def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
-    """Terminate a child process, killing it if it does not exit within `timeout`."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+stop_process = local_services.stop_process
 
 
 class TlsFiles:
