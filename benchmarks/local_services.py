@@ -149,8 +149,7 @@ class SeaweedS3Server:
         return self
 
     def stop(self) -> None:
-        if self.process is not None:
-            stop_process(self.process, 15)
+        stop_process(self.process, 15)
         self.process = None
 
     def restart(self) -> None:

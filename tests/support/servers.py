@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 
 from benchmarks import local_services
+from benchmarks.local_services import stop_process
 from tests.support.waiting import wait_for
 
 # Ports for the servers tests start, below the kernel's ephemeral range (32768-60999 here): a port asked of the
@@ -74,9 +75,6 @@ def wait_until_gone(processes: list, timeout: float = 10.0) -> list:
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.05)
-
-
-stop_process = local_services.stop_process
 
 
 class TlsFiles:

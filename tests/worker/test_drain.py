@@ -28,7 +28,8 @@ def start(runtime: WorkerRuntime, store: JobStore, steps: int) -> tuple[str, lis
     outcome: list[str] = []
     task = threading.Thread(target=lambda: outcome.append(tasks.run_job(runtime)), daemon=True)
     task.start()
-    wait_for(lambda: store.get(record.job_id).state is JobState.RUNNING, 10, "the job to start")
+    # its record says running a moment before this worker's book holds it: wait for the book
+    wait_for(lambda: runtime.held.holds(record.job_id), 10, "this worker to hold the job")
     return record.job_id, outcome, task
 
 
@@ -39,8 +40,7 @@ def test_sigterm_lets_a_job_that_will_finish_in_time_finish_and_hands_one_that_w
     near_id, near_outcome, near_task = start(paced_runtime, store, steps=12)  # about 2.4 s in all
     far_id, far_outcome, far_task = start(paced_runtime, store, steps=100)  # about 20 s: past the drain
     in_engine = paced_runtime.held.before_or_in_engine
-    # the record says running a moment before this worker's book holds the job: wait for both in the book
-    wait_for(lambda: [held.step >= 3 for held in in_engine()] == [True, True], 10, "both to measure their pace")
+    wait_for(lambda: all(held.step >= 3 for held in in_engine()), 10, "both to measure their pace")
 
     paced_runtime.begin_shutdown(drain_seconds=8.0)
     far_task.join(10)
@@ -60,8 +60,8 @@ def test_sigterm_lets_a_job_that_will_finish_in_time_finish_and_hands_one_that_w
 def test_a_second_signal_hands_back_every_running_job_at_its_next_step(paced_runtime, redis_url):
     store = JobStore(redis_url)
     job_id, outcome, task = start(paced_runtime, store, steps=40)  # about 8 s: it fits in the drain
-    in_engine = paced_runtime.held.before_or_in_engine  # empty for a moment after the record says running
-    [held] = wait_for(lambda: [held for held in in_engine() if held.step >= 3], 10, "the job to measure its pace")
+    [held] = paced_runtime.held.before_or_in_engine()
+    wait_for(lambda: held.step >= 3, 10, "the job to measure its pace")
     # a drain it fits in however slowly a busy machine runs its first steps (their pace decides what fits)
     paced_runtime.begin_shutdown(drain_seconds=600.0)
     signaled_at_step = held.step
