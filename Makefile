@@ -58,7 +58,7 @@ redis-server:
 	  (apt-get update -qq && apt-get install -y -qq redis-server) || \
 	  { echo "could not install redis-server; install it with: sudo apt-get install redis-server"; exit 1; }; }
 
-# Headless Chromium and its driver, for the web page's browser test (tests/api/test_web_page.py): without the
+# Headless Chromium and its driver, for the web page's browser tests (tests/api/test_web_page*.py): without the
 # packages Debian only recommends (126 packages, systemd and avahi among them: 3 minutes on a fresh machine, against
 # 20 packages in 17 s), with the fonts the page is laid out in.
 chromium:

@@ -9,6 +9,7 @@ from storage.url_policy import AllowList
 from tests.support.app_context import get_task_queue_of
 from tests.support.processes import ADMIN_KEYS, TENANT_KEYS, ApiProcess, WorkerProcess
 from tests.support.servers import RedisServer
+from tests.support.web_page import headless_chromium
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,9 @@ def app(redis_url, tmp_path):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium for the web page's tests (tests.support.web_page)."""
+    yield from headless_chromium()

@@ -1,43 +1,32 @@
-"""The web page at `GET /`: served by the API itself, and driven in headless Chromium against a live
-stack (`stepwise api` over HTTP, a real Celery worker, real Redis)."""
+"""The web page at `GET /`: served by the API itself, and driven in headless Chromium against a live stack
+(`stepwise api` over HTTP, a real Celery worker, real Redis). Its cards and its form against the API in the test's
+own process: test_web_page_cards.py and test_web_page_form.py."""
 
 from __future__ import annotations
 
-import base64
-import io
-import json
 import re
-import shutil
-import threading
-import time
 
 import pytest
 from PIL import Image
-from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
-from werkzeug.serving import make_server
 
 from api import create_app
 from api.settings import ApiSettings
-from core.output_encoding import encode_video
-from storage.heartbeats import Heartbeat
-from storage.job_store import JobState
-from storage.queue_names import generate_queue
-from storage.settings import StorageSettings
-from tests.support import tiers
 from tests.support.calls import auth
-from tests.support.job_factories import take_job
-from tests.support.processes import TENANT_KEYS
-from tests.support.waiting import wait_for
-from worker.heartbeat import family_defaults, family_limits
+from tests.support.web_page import KEY, console_errors, page_state, script, text_of, wait_until
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-KEY = TENANT_KEYS["alice"]
+CUT_OFF_SELECTS = """
+const measure = document.createElement("canvas").getContext("2d");
+return [...document.querySelectorAll("select")].filter((select) => select.offsetParent !== null).flatMap((select) => {
+  const style = getComputedStyle(select);
+  measure.font = style.font;
+  const widest = Math.max(...[...select.options].map((option) => measure.measureText(option.text).width));
+  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight) - 20;  // the arrow
+  return widest > room ? [`${select.id}: ${Math.round(widest)} px of text in ${Math.round(room)} px`] : [];
+});
+"""
 
 
 def test_the_page_and_its_files_are_served_without_a_key_and_load_nothing_from_elsewhere(tmp_path, monkeypatch):
@@ -53,190 +42,6 @@ def test_the_page_and_its_files_are_served_without_a_key_and_load_nothing_from_e
         assert url.startswith("/static/"), url
         assert client.get(url).status_code == 200, url
     assert client.get("/static/app.js").mimetype in ("text/javascript", "application/javascript")
-
-
-@pytest.fixture
-def browser():
-    tiers.require(tiers.BROWSER, "Chromium")
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.fail("chromium and chromedriver are needed: `make chromium` or apt-get install chromium chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1200,1000",
-        "--no-first-run",
-        "--disable-extensions",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
-
-
-CUT_OFF_SELECTS = """
-const measure = document.createElement("canvas").getContext("2d");
-return [...document.querySelectorAll("select")].filter((select) => select.offsetParent !== null).flatMap((select) => {
-  const style = getComputedStyle(select);
-  measure.font = style.font;
-  const widest = Math.max(...[...select.options].map((option) => measure.measureText(option.text).width));
-  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight) - 20;  // the arrow
-  return widest > room ? [`${select.id}: ${Math.round(widest)} px of text in ${Math.round(room)} px`] : [];
-});
-"""
-
-
-def wait_until(condition, timeout: float, what: str, seen=lambda: ""):
-    """`wait_for` on the page: a condition the browser cannot answer yet (WebDriverException) has not held."""
-
-    def holds():
-        try:
-            return condition()
-        except WebDriverException:
-            return None
-
-    return wait_for(holds, timeout, lambda: f"{what}; the page shows: {seen()}", interval=0.05)
-
-
-def page_state(browser) -> str:
-    status = browser.find_element(By.ID, "job-status").text
-    paging = script(browser, "return [cursors.length, document.querySelector('#older-jobs').dataset.cursor]")
-    return f"status {status!r}, pages {paging}, console {browser.get_log('browser')}"
-
-
-def text_of(browser, selector: str) -> str:
-    return script(browser, "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", selector)
-
-
-def script(browser, code: str, *args):
-    return browser.execute_script(code, *args)
-
-
-@pytest.mark.browser
-def test_a_multi_image_jobs_card_counts_its_own_steps_and_names_the_image_it_is_on(browser, redis_url, tmp_path):
-    """The page against the API in this process (no worker: the store plays one), so it is quick."""
-    settings = ApiSettings(
-        api_keys=(("alice", KEY),),
-        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
-        accept_unserved_models=True,
-    )
-    app = create_app({"API_SETTINGS": settings})
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    store = app.extensions["stepwise.job_store"]
-    client = app.test_client()
-    body = {"prompt": "a red circle", "num_images": 2, "num_inference_steps": 8, "height": 64, "width": 64}
-    canceled, running = (client.post("/v1/jobs", json=body, headers=auth()).json["job_id"] for _ in range(2))
-    holders = {job_id: take_job(store, job_id, "fake-worker").holder for job_id in (canceled, running)}
-    store.set_progress(running, 5, 8, current_image=2)  # as a worker running its images one after another
-    store.finish(canceled, JobState.CANCELED, holder=holders[canceled], progress_step=3, progress_total=8)
-    try:
-        browser.get(f"http://127.0.0.1:{server.server_port}/")
-        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
-        card = "li.job[data-job-id='{}'] .meta"
-        wait_until(
-            lambda: "step 5/8 · image 2 of 2" in text_of(browser, card.format(running)),
-            30,
-            "the running job's card to count its own steps and name its image",
-            seen=lambda: text_of(browser, card.format(running)),
-        )
-        assert "canceled · step 3/8" in text_of(browser, card.format(canceled)), "its own count, not of 16"
-    finally:
-        server.shutdown()
-
-
-@pytest.mark.browser
-def test_a_followed_jobs_stream_that_ends_with_reconnect_is_followed_again_and_its_card_stays_whole(
-    browser, redis_url, tmp_path
-):
-    """An API process that stops ends its streams with a `reconnect` event (api.event_stream), and the client
-    follows the job on from another connection. Here the job's first connection answers only that event, as a
-    stopping replica does; the page must keep the job's card as it was and follow it again."""
-    settings = ApiSettings(
-        api_keys=(("alice", KEY),),
-        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
-        accept_unserved_models=True,
-    )
-    app = create_app({"API_SETTINGS": settings})
-    client = app.test_client()
-    body = {"prompt": "a green square", "num_inference_steps": 8, "height": 64, "width": 64}
-    job_id = client.post("/v1/jobs", json=body, headers=auth()).json["job_id"]  # no worker: it stays queued
-    connections: list[float] = []
-
-    def stopping_once(environ, start_response):
-        if environ["PATH_INFO"] == f"/v1/jobs/{job_id}/events":
-            connections.append(time.monotonic())
-            if len(connections) == 1:
-                start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-store")])
-                reason = "this API process is shutting down: reconnect (with Last-Event-ID) to follow the job on"
-                data = json.dumps({"job_id": job_id, "reason": reason})
-                return [f"retry: 500\nevent: reconnect\ndata: {data}\n\n".encode()]
-        return app(environ, start_response)
-
-    server = make_server("127.0.0.1", 0, stopping_once, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    card = f"li.job[data-job-id='{job_id}']"
-    try:
-        browser.get(f"http://127.0.0.1:{server.server_port}/")
-        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
-        wait_until(lambda: len(connections) >= 2, 30, "the page to follow the job again", seen=lambda: connections)
-        assert text_of(browser, f"{card} .prompt") == "a green square", "the card as it was, not one of the event"
-        assert "queued" in text_of(browser, f"{card} .state")
-        errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-        assert errors == []
-    finally:
-        server.shutdown()
-
-
-@pytest.mark.browser
-def test_the_page_attaches_several_images_in_order_for_a_model_that_reads_a_list(browser, redis_url, tmp_path):
-    """The page against the API in this process; heartbeats say which models are served and what they take."""
-    settings = ApiSettings(
-        api_keys=(("alice", KEY),),
-        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
-    )
-    app = create_app({"API_SETTINGS": settings})
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    store = app.extensions["stepwise.job_store"]
-    for model, family in (("builtin:tiny", "sd"), ("builtin:tiny-flux2", "flux2")):
-        limits, defaults = family_limits(family), family_defaults(family)
-        store.beat(Heartbeat(f"w-{model}", model, generate_queue(model), family, 4, time.time(), True, False,
-                             defaults=defaults, limits=limits))  # fmt: skip
-    files = []
-    for index, colour in enumerate([(200, 40, 40), (40, 200, 40)]):
-        files.append(tmp_path / f"image-{index}.png")
-        Image.new("RGB", (96, 64), colour).save(files[-1])
-    try:
-        browser.get(f"http://127.0.0.1:{server.server_port}/")
-        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
-        wait_until(lambda: len(Select(browser.find_element(By.ID, "model")).options) == 2, 30, "the model list")
-        Select(browser.find_element(By.ID, "model")).select_by_value("builtin:tiny")
-        assert not browser.find_element(By.ID, "reference-images").is_displayed(), "SD takes no list"
-        Select(browser.find_element(By.ID, "model")).select_by_value("builtin:tiny-flux2")
-        wait_until(lambda: browser.find_element(By.ID, "reference-images").is_displayed(), 15, "the images field")
-        assert "up to 10" in browser.find_element(By.ID, "reference-images-field").text
-        browser.find_element(By.ID, "reference-images").send_keys("\n".join(str(path) for path in files))
-        browser.find_element(By.ID, "prompt").send_keys("the fox in the room")
-        browser.find_element(By.ID, "submit-job").click()
-        status = wait_until(
-            lambda: re.search(r"Submitted job (\S+) ", browser.find_element(By.ID, "job-status").text),
-            30,
-            "the page to say the job was submitted",
-            seen=lambda: page_state(browser),
-        )
-        stored = store.get(status.group(1)).params["reference_images"]
-        uploads = app.extensions["stepwise.upload_store"]
-        sent = [uploads.get("alice", upload_id) for upload_id in stored]
-        colours = [Image.open(io.BytesIO(base64.b64decode(uri.split(",")[1]))).getpixel((0, 0)) for uri in sent]
-        assert colours == [(200, 40, 40), (40, 200, 40)], "both images, in the order chosen"
-    finally:
-        server.shutdown()
 
 
 @pytest.mark.browser
@@ -461,50 +266,5 @@ def test_a_job_from_the_page_streams_its_progress_then_opens_full_size_and_the_l
     browser.save_screenshot(str(tmp_path / "page-phone.png"))
     assert (tmp_path / "page-desktop.png").stat().st_size > 0 and (tmp_path / "page-phone.png").stat().st_size > 0
 
-    errors = [
-        entry["message"]
-        for entry in browser.get_log("browser")
-        if entry["level"] == "SEVERE" and "/v1/uploads" not in entry["message"]
-    ]  # the refused upload's 422 is logged by the browser
-    assert errors == []
-
-
-@pytest.mark.browser
-def test_a_video_jobs_card_plays_its_mp4(browser, redis_url, tmp_path):
-    """A succeeded video job (the store plays the worker, with an MP4 encoded as the worker encodes one) shows in a
-    <video> element that the browser decodes to the video's size."""
-    settings = ApiSettings(
-        api_keys=(("alice", KEY),),
-        storage=StorageSettings(redis_url=redis_url, storage_url=(tmp_path / "images").as_uri()),
-        accept_unserved_models=True,
-    )
-    app = create_app({"API_SETTINGS": settings})
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    store, images = app.extensions["stepwise.job_store"], app.extensions["stepwise.image_store"]
-    body = {"model": "builtin:tiny-wan", "prompt": "a red circle", "num_frames": 9, "height": 64, "width": 96}
-    job_id = app.test_client().post("/v1/jobs", json=body, headers=auth()).json["job_id"]
-    holder = take_job(store, job_id, "fake-worker").holder
-    key = images.key_for(job_id, 0, "mp4")
-    frames = [Image.new("RGB", (96, 64), (30 * index, 80, 160)) for index in range(9)]
-    images.put_image(key, encode_video(frames, "mp4", fps=16), {"job_id": job_id})
-    store.finish(job_id, JobState.SUCCEEDED, holder=holder, image_keys=[key])
-    try:
-        browser.get(f"http://127.0.0.1:{server.server_port}/")
-        browser.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
-        video = f"li.job[data-job-id='{job_id}'] video"
-        size = wait_until(
-            lambda: script(
-                browser,
-                "const v = document.querySelector(arguments[0]); return v && v.readyState >= 1 && [v.videoWidth, "
-                "v.videoHeight]",
-                video,
-            ),
-            30,
-            "the video job's card to load its MP4",
-            seen=lambda: text_of(browser, f"li.job[data-job-id='{job_id}']"),
-        )
-        assert size == [96, 64]
-        assert "9 frames at 16 fps" in text_of(browser, f"li.job[data-job-id='{job_id}']")
-    finally:
-        server.shutdown()
+    errors = [message for message in console_errors(browser) if "/v1/uploads" not in message]
+    assert errors == []  # the refused upload's 422, which the browser logs, aside
