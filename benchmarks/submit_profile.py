@@ -14,7 +14,6 @@ import argparse
 import cProfile
 import os
 import pstats
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,11 +31,8 @@ def main() -> None:
     parser.add_argument("--sort", default="cumulative", help="pstats sort key")
     parser.add_argument("--top", type=int, default=40, help="profile lines to print")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="stepwise-profile-"))
-    try:
-        profile_submits(args, folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="stepwise-profile-", ignore_cleanup_errors=True) as folder:
+        profile_submits(args, Path(folder))
 
 
 def profile_submits(args: argparse.Namespace, folder: Path) -> None:
