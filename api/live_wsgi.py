@@ -10,6 +10,7 @@ Redis subscription: right for tests, not a way to serve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -99,5 +100,6 @@ def serve_wsgi(body: LiveBody, feed: JobEventFeed) -> Iterator[bytes]:
                 yield item
     finally:
         if thread.is_alive():
-            loop.call_soon_threadsafe(gone.set)
+            with contextlib.suppress(RuntimeError):  # the loop closed in between: the coroutine has returned
+                loop.call_soon_threadsafe(gone.set)
             thread.join(JOIN_SECONDS)
