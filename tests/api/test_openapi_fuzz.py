@@ -44,7 +44,8 @@ MAX_EXAMPLES = 40
 # Fields whose acceptable values depend on content or state no schema holds (see the module docstring).
 CONTENT_FIELDS = re.compile(
     r"^(jobs\[\d+\]\.)?"
-    r"(init_image|mask_image|image|mask|file|body|lora|webhook_url|deadline|complete_by|name|strength|size"
+    r"(init_image|mask_image|reference_images\[\d+\]|image|mask|file|body|lora|webhook_url|deadline|complete_by|name"
+    r"|strength|size"
     r"|num_frames|fps|guidance_scale_2|output_format|sampler|seconds|input_reference)$"
 )
 CONTENT_CODES = {"limit_exceeded", "not_found", "model_not_video", "model_not_image"}
