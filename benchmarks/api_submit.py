@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from benchmarks.local_services import free_port, redis_server, wait_until
+from benchmarks.local_services import free_port, redis_server, stop_process, wait_until
 
 BODY = {"prompt": "a lighthouse on a cliff at dusk", "num_inference_steps": 20, "height": 128, "width": 128}
 WARM_UP_SECONDS = 1.0
@@ -94,9 +94,7 @@ def local_api_processes(
             wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "stepwise api")
             yield LocalApi(url, key, redis_url, api.pid)
         finally:
-            api.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                api.wait(15)
+            stop_process(api, 15)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import time
 
 import requests
 
-from benchmarks.local_services import free_port, redis_server, wait_until
+from benchmarks.local_services import free_port, redis_server, stop_process, wait_until
 
 KEY = "sk_slow_clients_probe"
 
@@ -137,8 +137,7 @@ def measure_api(args: argparse.Namespace, work: str, redis_url: str) -> dict:
         rss_during = tree_rss_mib(api.pid)
     finally:
         stop.set()
-        api.terminate()
-        api.wait(20)
+        stop_process(api, 20)
 
     def summary(latencies: list[float | None]) -> dict:
         answered = [latency for latency in latencies if latency is not None]

@@ -46,7 +46,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from benchmarks.local_services import TEST_CREDENTIALS, SeaweedS3Server, free_port, wait_until
+from benchmarks.local_services import TEST_CREDENTIALS, SeaweedS3Server, free_port, stop_process, wait_until
 from benchmarks.soak_report import account, write_report
 
 TENANTS = {"alice": "sk_soak_alice_0123456789", "bob": "sk_soak_bob_0123456789"}
@@ -176,13 +176,7 @@ class Service:
         return Fault(kind, started, time.time() - started, note, storage_back_at)
 
     def stop(self) -> None:
-        if self.up is not None and self.up.poll() is None:
-            self.up.send_signal(signal.SIGTERM)
-            try:
-                self.up.wait(120)
-            except subprocess.TimeoutExpired:
-                self.up.kill()
-                self.up.wait()
+        stop_process(self.up, 120)  # SIGTERM: up drains its worker first
         self.s3.stop()
 
 

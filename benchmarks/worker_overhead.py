@@ -25,7 +25,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.local_services import free_port, redis_server, wait_until
+from benchmarks.local_services import free_port, redis_server, stop_process, wait_until
 
 
 @contextlib.contextmanager
@@ -49,8 +49,7 @@ def storage_env(kind: str, folder: Path):
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="stepwise-bench")
         yield {"STEPWISE_STORAGE_URL": "s3://stepwise-bench/images", "STEPWISE_S3_ENDPOINT_URL": endpoint}
     finally:
-        process.terminate()
-        process.wait()
+        stop_process(process)
 
 
 class TimedJobStore:
